@@ -1,0 +1,1 @@
+"""The txmq broker: an asyncio TCP server over a durable local store."""

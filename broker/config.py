@@ -1,0 +1,229 @@
+"""Broker configuration: one frozen dataclass, resolved in one function.
+
+Keys are RocketMQ's ``BrokerConfig`` / ``MessageStoreConfig`` names (camelCase in TOML files and
+on ``--set``), so an operator's knowledge carries over; Python code uses the snake_case attribute.
+
+Precedence: defaults in code, then the TOML file, then the environment (``TXMQ_`` + the key in
+upper snake case, e.g. ``TXMQ_LISTEN_PORT``, ``TXMQ_FLUSH_DISK_TYPE``), then command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from txmq.protocol.headers import camel
+
+GiB = 1024 * 1024 * 1024
+MiB = 1024 * 1024
+
+FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key and the source."""
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    # -- identity and network --------------------------------------------------------------
+    broker_name: str = "broker-a"
+    broker_cluster_name: str = "DefaultCluster"
+    broker_id: int = 0
+    #: Address clients are told to use (route answers, offsetMsgId).
+    broker_i_p1: str = "127.0.0.1"
+    #: Interface the server binds; 127.0.0.1 unless configured otherwise.
+    bind_address: str = "127.0.0.1"
+    listen_port: int = 10911
+    #: Largest frame accepted, in bytes (refused as soon as the length prefix arrives).
+    max_frame_size: int = 16 * MiB
+    #: A connection with no HEART_BEAT for this long is closed (ms).
+    channel_expired_timeout: int = 120_000
+
+    # -- store -------------------------------------------------------------------------------
+    store_path_root_dir: str = "./data"
+    flush_disk_type: str = "ASYNC_FLUSH"
+    #: ASYNC_FLUSH: fsync the commit log this often (ms).
+    flush_interval_commit_log: int = 500
+    #: SYNC_FLUSH: answer FLUSH_DISK_TIMEOUT if the fsync takes longer (ms).
+    sync_flush_timeout: int = 5000
+    mapped_file_size_commit_log: int = 1 * GiB
+    mapped_file_size_consume_queue: int = 300_000 * 20
+    #: Commit-log segments older than this are deleted (hours).
+    file_reserved_time: float = 72.0
+    #: Delete the oldest segments when the disk is fuller than this (percent).
+    disk_max_used_space_ratio: int = 75
+    #: How often retention runs (ms).
+    clean_resource_interval: int = 10_000
+    max_message_size: int = 4 * MiB
+    flush_consumer_offset_interval: int = 5000
+
+    # -- topics ------------------------------------------------------------------------------
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 4
+    long_polling_enable: bool = True
+    #: Delay levels for delayed messages and consumer retries (RocketMQ's default scale).
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    max_reconsume_times: int = 16
+
+    # -- transactions ------------------------------------------------------------------------
+    transaction_time_out: int = 6000
+    transaction_check_interval: int = 30_000
+    transaction_check_max: int = 15
+    reject_transaction_message: bool = False
+    #: How long the broker waits for a producer to acknowledge a CHECK_TRANSACTION_STATE (ms).
+    transaction_check_request_timeout: int = 3000
+
+    # -- operations --------------------------------------------------------------------------
+    #: Serve Prometheus metrics over HTTP on this port (0 = off).
+    metrics_port: int = 0
+    #: Seconds a SIGTERM shutdown waits for in-flight requests.
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.flush_disk_type not in FLUSH_TYPES:
+            raise ConfigError(
+                f"flushDiskType must be one of {', '.join(FLUSH_TYPES)}, got {self.flush_disk_type!r}"
+            )
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError(f"listenPort must be 0..65535, got {self.listen_port}")
+        if self.mapped_file_size_commit_log < 4096:
+            raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
+        if self.max_message_size >= self.mapped_file_size_commit_log:
+            raise ConfigError("maxMessageSize must be smaller than mappedFileSizeCommitLog")
+        if self.default_topic_queue_nums < 1:
+            raise ConfigError("defaultTopicQueueNums must be at least 1")
+        delay_levels(self.message_delay_level)
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == "SYNC_FLUSH"
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def as_rocketmq_dict(self) -> dict[str, Any]:
+        return {key_name(f.name): getattr(self, f.name) for f in fields(self)}
+
+
+def key_name(attr: str) -> str:
+    """The RocketMQ key of an attribute (``broker_i_p1`` -> ``brokerIP1``)."""
+    if attr == "broker_i_p1":
+        return "brokerIP1"
+    return camel(attr)
+
+
+def env_name(attr: str) -> str:
+    if attr == "broker_i_p1":
+        return "TXMQ_BROKER_IP1"
+    return "TXMQ_" + attr.upper()
+
+
+_KEYS = {key_name(f.name): f for f in fields(BrokerConfig)}
+
+
+def _convert(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
+    tp = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool,
+                                                   "str": str}[str(f.type)]
+    key = key_name(f.name)
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("true", "1", "yes", "on"):
+                return True
+            if s in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(value)
+        if tp is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            if isinstance(value, str):
+                return _parse_int(value)
+            return int(value)
+        if tp is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} from {source}: {value!r} is not a valid {tp.__name__}") from None
+
+
+def _parse_int(s: str) -> int:
+    s = s.strip().replace("_", "")
+    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", s, re.IGNORECASE)
+    if not m:
+        return int(s)
+    n = int(m.group(1))
+    unit = (m.group(2) or "").upper()[:1]
+    return n * {"": 1, "K": 1024, "M": MiB, "G": GiB}[unit]
+
+
+def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> None:
+    for key, value in items.items():
+        f = _KEYS.get(key)
+        if f is None:
+            # accept snake_case too, for convenience
+            f = next((x for x in fields(BrokerConfig) if x.name == key), None)
+        if f is None:
+            raise ConfigError(f"unknown configuration key {key!r} in {source}")
+        values[f.name] = _convert(f, value, source)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Resolve the configuration: defaults, then ``path`` (TOML), then ``env``, then
+    ``overrides`` (RocketMQ key names, as the CLI passes them)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+        # Sections are allowed for readability ([broker], [store], [transaction]); keys are flat.
+        flat: dict[str, Any] = {}
+        for k, v in doc.items():
+            if isinstance(v, dict):
+                flat.update(v)
+            else:
+                flat[k] = v
+        _apply(values, flat, str(path))
+    environ = os.environ if env is None else env
+    for f in fields(BrokerConfig):
+        name = env_name(f.name)
+        if name in environ:
+            values[f.name] = _convert(f, environ[name], f"environment variable {name}")
+    if overrides:
+        _apply(values, {k: v for k, v in overrides.items() if v is not None}, "the command line")
+    try:
+        return BrokerConfig(**values)
+    except ConfigError:
+        raise
+
+
+_DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "ms": 1}
+
+
+def delay_levels(spec: str) -> list[int]:
+    """Parse ``messageDelayLevel`` (``"1s 5s 1m"``) into milliseconds per level (level 1 first)."""
+    out = []
+    for tok in spec.split():
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", tok)
+        if not m:
+            raise ConfigError(f"messageDelayLevel: cannot parse {tok!r}")
+        out.append(int(float(m.group(1)) * _DELAY_UNITS[m.group(2)]))
+    if not out:
+        raise ConfigError("messageDelayLevel must list at least one level")
+    return out

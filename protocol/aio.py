@@ -1,0 +1,245 @@
+"""The one asyncio adapter shared by broker and client.
+
+A :class:`Connection` reads frames with :class:`~txmq.protocol.frame.FrameDecoder`, resolves
+responses to the futures of their requests (by ``opaque``), and runs incoming requests through a
+handler, each in its own task, so a long-polling pull never delays a send on the same
+connection.  It serves both directions: the broker also sends requests to clients
+(CHECK_TRANSACTION_STATE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .codes import ResponseCode, SerializeType
+from .command import RemotingCommand
+from .errors import (
+    ConnectionClosedError,
+    FrameTooLargeError,
+    MalformedFrameError,
+    ProtocolError,
+    RequestTimeoutError,
+    TxmqError,
+)
+from .frame import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
+
+Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+
+_opaques = itertools.count(1)
+
+
+def next_opaque() -> int:
+    return next(_opaques) & 0x7FFFFFFF
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection speaking remoting frames.
+
+    Args:
+        handler: coroutine run for every incoming *request*; its return value is the response
+            (ignored for oneway requests).  A :class:`TxmqError` it raises becomes a response with
+            the error's code and message; anything else becomes SYSTEM_ERROR.
+        max_frame_size: frames announcing more are refused and the connection closed.
+        on_close: called once with this connection when it closes.
+    """
+
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        on_close: Callable[[Connection], None] | None = None,
+        on_protocol_error: Callable[[Connection, ProtocolError], None] | None = None,
+    ) -> None:
+        self.handler = handler
+        self.on_close = on_close
+        self.on_protocol_error = on_protocol_error
+        self._decoder = FrameDecoder(max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.get_running_loop().create_future()
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.peer: tuple[str, int] = ("", 0)
+        self.local: tuple[str, int] = ("", 0)
+        #: Free slot for the owner (e.g. the broker keeps the client id here).
+        self.context: dict[str, Any] = {}
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        if isinstance(peer, tuple):
+            self.peer = (str(peer[0]), int(peer[1]))
+        if isinstance(local, tuple):
+            self.local = (str(local[0]), int(local[1]))
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.feed(data)
+        while True:
+            try:
+                cmd = self._decoder.next_command()
+            except FrameTooLargeError as exc:
+                self._report(exc)
+                self._write_error(0, str(exc), SerializeType.MSGPACK)
+                self.close()
+                return
+            except MalformedFrameError as exc:
+                self._report(exc)
+                self._write_error(0, f"malformed frame: {exc}", SerializeType.MSGPACK)
+                continue
+            if cmd is None:
+                return
+            self._dispatch(cmd)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        err = ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} closed")
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+        if not self._closed.done():
+            self._closed.set_result(None)
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _report(self, exc: ProtocolError) -> None:
+        if self.on_protocol_error is not None:
+            self.on_protocol_error(self, exc)
+
+    def _write_error(self, opaque: int, remark: str, st: SerializeType) -> None:
+        cmd = RemotingCommand(code=ResponseCode.SYSTEM_ERROR, opaque=opaque, flag=1,
+                              remark=remark, serialize_type=st)
+        self.write(cmd)
+
+    def _dispatch(self, cmd: RemotingCommand) -> None:
+        if cmd.is_response:
+            fut = self._pending.pop(cmd.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(cmd)
+            return
+        if self.handler is None:
+            if not cmd.is_oneway:
+                self.write(cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                        f"request code {cmd.code} not supported here"))
+            return
+        task = asyncio.get_running_loop().create_task(self._handle(cmd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, cmd: RemotingCommand) -> None:
+        assert self.handler is not None
+        try:
+            resp = await self.handler(self, cmd)
+        except TxmqError as exc:
+            resp = cmd.response(exc.code, str(exc) or type(exc).__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the peer gets an answer, the connection survives
+            resp = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        if resp is not None and not cmd.is_oneway:
+            resp.opaque = cmd.opaque
+            resp.serialize_type = cmd.serialize_type
+            self.write(resp)
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    @property
+    def inflight(self) -> int:
+        """Requests from the peer being handled now."""
+        return len(self._tasks)
+
+    def write(self, cmd: RemotingCommand) -> None:
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
+        assert self._transport is not None
+        self._transport.write(encode_frame(cmd))
+
+    async def drain(self) -> None:
+        if self._write_paused and not self.closed:
+            fut = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            await fut
+
+    async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        """Send a request and wait for its response."""
+        cmd.opaque = next_opaque()
+        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[cmd.opaque] = fut
+        try:
+            self.write(cmd)
+            await self.drain()
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
+                f"within {timeout:.3f}s"
+            ) from None
+        finally:
+            self._pending.pop(cmd.opaque, None)
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        cmd.opaque = next_opaque()
+        cmd.flag |= 0x2
+        self.write(cmd)
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    async def wait_handlers(self) -> None:
+        """Wait until the requests being handled now have been answered."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+async def open_connection(
+    host: str,
+    port: int,
+    handler: Handler | None = None,
+    *,
+    timeout: float = 3.0,
+    **kwargs: Any,
+) -> Connection:
+    """Connect to ``host:port`` and return the :class:`Connection`."""
+    loop = asyncio.get_running_loop()
+    try:
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection(handler, **kwargs), host, port), timeout
+        )
+    except TimeoutError:
+        raise RequestTimeoutError(f"connecting to {host}:{port} timed out") from None
+    except OSError as exc:
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
+    return proto

@@ -1,0 +1,110 @@
+"""RocketMQ's numeric codes, kept as they are so RocketMQ users find their way.
+
+Request codes, response codes, serialize types and language codes all use the numbers of
+``org.apache.rocketmq.remoting.protocol.RequestCode`` / ``ResponseCode``.  txmq's own extensions
+take codes from 10000 up; each is documented where it is defined.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class RequestCode(IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_CONSUMER_OFFSET = 14
+    UPDATE_CONSUMER_OFFSET = 15
+    UPDATE_AND_CREATE_TOPIC = 17
+    GET_ALL_TOPIC_CONFIG = 21
+    GET_MAX_OFFSET = 30
+    GET_MIN_OFFSET = 31
+    VIEW_MESSAGE_BY_ID = 33
+    HEART_BEAT = 34
+    UNREGISTER_CLIENT = 35
+    CONSUMER_SEND_MSG_BACK = 36
+    END_TRANSACTION = 37
+    GET_CONSUMER_LIST_BY_GROUP = 38
+    CHECK_TRANSACTION_STATE = 39
+    NOTIFY_CONSUMER_IDS_CHANGED = 40
+    SEARCH_OFFSET_BY_TIMESTAMP = 29
+    GET_ROUTEINFO_BY_TOPIC = 105
+    GET_BROKER_RUNTIME_INFO = 28
+    SEND_MESSAGE_V2 = 310
+    SEND_BATCH_MESSAGE = 320
+    RESUME_CHECK_HALF_MESSAGE = 323
+
+    # --- txmq extensions (10000+) -------------------------------------------------------
+    #: List transactions (pending, parked after the check budget, or decided).  Header:
+    #: ``producerGroup`` (optional), ``topic`` (optional), ``state`` (optional), ``limit``.
+    #: Body of the answer: JSON list of transaction records.
+    TXMQ_LIST_TRANSACTIONS = 10001
+    #: Show one transaction by id.  Header: ``transactionId``.  Body: JSON record.
+    TXMQ_GET_TRANSACTION = 10002
+    #: Force a decision as an operator.  Header: ``transactionId``, ``commitOrRollback``
+    #: (8 commit, 12 rollback).  Goes through the same state machine as END_TRANSACTION.
+    TXMQ_FORCE_DECIDE = 10003
+    #: Broker metrics as JSON (answer body).
+    TXMQ_GET_METRICS = 10004
+    #: Decide a batch of transactions atomically and idempotently (the Spark sink's commit).
+    #: Header: ``producerGroup``, ``batchKey``; body: JSON ``{"commit": [transactionId, ...]}``.
+    #: Commits the listed transactions and rolls back every other pending transaction of the
+    #: group tagged with the same batch key.  Asking again returns the first decision.
+    TXMQ_DECIDE_BATCH = 10005
+
+
+class ResponseCode(IntEnum):
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    TRANSACTION_FAILED = 4
+    FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12
+    MESSAGE_ILLEGAL = 13
+    SERVICE_NOT_AVAILABLE = 14
+    NO_PERMISSION = 16
+    TOPIC_NOT_EXIST = 17
+    PULL_NOT_FOUND = 19
+    PULL_RETRY_IMMEDIATELY = 20
+    PULL_OFFSET_MOVED = 21
+    QUERY_NOT_FOUND = 22
+    SUBSCRIPTION_NOT_EXIST = 24
+    SUBSCRIPTION_NOT_LATEST = 25
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26
+    INVALID_PARAMETER = 29
+    ILLEGAL_OPERATION = 604
+
+
+class SerializeType(IntEnum):
+    JSON = 0
+    ROCKETMQ = 1
+    MSGPACK = 2
+
+
+class LanguageCode(IntEnum):
+    JAVA = 0
+    CPP = 1
+    DOTNET = 2
+    PYTHON = 3
+    DELPHI = 4
+    ERLANG = 5
+    RUBY = 6
+    OTHER = 7
+    HTTP = 8
+    GO = 9
+    PHP = 10
+    OMS = 11
+    RUST = 12
+    NODE_JS = 13
+    UNKNOWN = 14
+
+
+#: ``flag`` bits of a remoting command.
+RPC_TYPE_RESPONSE = 0x1
+RPC_ONEWAY = 0x2
+
+#: The version number txmq puts in the ``version`` header field (RocketMQ's V4_9_4 is 413; ours
+#: marks txmq's protocol revision).
+TXMQ_PROTOCOL_VERSION = 1

@@ -1,0 +1,326 @@
+"""Typed request/response headers <-> ``extFields``.
+
+Python code uses snake_case attributes; the wire uses RocketMQ's camelCase names (derived from
+the attribute name, e.g. ``producer_group`` <-> ``producerGroup``).  This is the one place that
+converts.  Decoding accepts native values (msgpack) and strings (JSON, ROCKETMQ); encoding
+produces native values, and :func:`~txmq.protocol.frame.encode_header` stringifies them for the
+string encodings.
+
+A missing required field or a value of the wrong type raises
+:class:`~txmq.protocol.errors.InvalidParameterError` naming the field, so a sender learns
+exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from .errors import InvalidParameterError
+
+H = TypeVar("H", bound="Header")
+
+_MISSING = dataclasses.MISSING
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _coerce(value: Any, tp: Any, wire: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or value == "" and args[0] is not str:
+            return None
+        return _coerce(value, args[0], wire)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise InvalidParameterError(f"header field {wire!r} has an invalid value {value!r}")
+
+
+@dataclass
+class Header:
+    """Base of the typed headers.  Subclasses are dataclasses; ``WIRE_NAMES`` overrides the
+    derived camelCase name of an attribute where RocketMQ spells it differently."""
+
+    WIRE_NAMES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def _fields(cls) -> list[tuple[dataclasses.Field[Any], str, Any]]:
+        hints = typing.get_type_hints(cls)
+        return [
+            (f, cls.WIRE_NAMES.get(f.name, camel(f.name)), hints[f.name])
+            for f in dataclasses.fields(cls)
+        ]
+
+    def to_ext_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f, wire, _ in self._fields():
+            v = getattr(self, f.name)
+            if v is not None:
+                out[wire] = v
+        return out
+
+    @classmethod
+    def from_ext_fields(cls: type[H], ext: dict[str, Any]) -> H:
+        kwargs: dict[str, Any] = {}
+        for f, wire, tp in cls._fields():
+            if wire in ext and ext[wire] is not None:
+                kwargs[f.name] = _coerce(ext[wire], tp, wire)
+            elif f.default is _MISSING and f.default_factory is _MISSING:
+                raise InvalidParameterError(f"the custom field <{wire}> is null")
+        return cls(**kwargs)
+
+
+# --- send -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SendMessageRequestHeader(Header):
+    producer_group: str
+    topic: str
+    default_topic: str = "TBW102"
+    default_topic_queue_nums: int = 4
+    queue_id: int = -1
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    flag: int = 0
+    properties: str | None = None
+    reconsume_times: int | None = None
+    unit_mode: bool | None = None
+    batch: bool | None = None
+    max_reconsume_times: int | None = None
+    broker_name: str | None = None
+
+    #: SEND_MESSAGE_V2's single-letter keys (``SendMessageRequestHeaderV2``).
+    V2_KEYS: ClassVar[dict[str, str]] = {
+        "producerGroup": "a",
+        "topic": "b",
+        "defaultTopic": "c",
+        "defaultTopicQueueNums": "d",
+        "queueId": "e",
+        "sysFlag": "f",
+        "bornTimestamp": "g",
+        "flag": "h",
+        "properties": "i",
+        "reconsumeTimes": "j",
+        "unitMode": "k",
+        "maxReconsumeTimes": "l",
+        "batch": "m",
+        "brokerName": "n",
+    }
+
+    def to_v2_ext_fields(self) -> dict[str, Any]:
+        return {self.V2_KEYS[k]: v for k, v in self.to_ext_fields().items()}
+
+    @classmethod
+    def from_v2_ext_fields(cls, ext: dict[str, Any]) -> SendMessageRequestHeader:
+        back = {v: k for k, v in cls.V2_KEYS.items()}
+        return cls.from_ext_fields({back.get(k, k): v for k, v in ext.items()})
+
+
+@dataclass
+class SendMessageResponseHeader(Header):
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str | None = None
+    batch_uniq_id: str | None = None
+
+
+# --- pull -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PullMessageRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int = 32
+    sys_flag: int = 0
+    commit_offset: int = 0
+    suspend_timeout_millis: int = 0
+    subscription: str | None = None
+    sub_version: int = 0
+    expression_type: str | None = None
+
+
+@dataclass
+class PullMessageResponseHeader(Header):
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_which_broker_id: int = 0
+
+
+# --- offsets ----------------------------------------------------------------------------------
+
+
+@dataclass
+class QueryConsumerOffsetRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+
+
+@dataclass
+class QueryConsumerOffsetResponseHeader(Header):
+    offset: int
+
+
+@dataclass
+class UpdateConsumerOffsetRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    commit_offset: int
+
+
+@dataclass
+class GetMaxOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+
+
+@dataclass
+class GetMinOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+
+
+@dataclass
+class GetOffsetResponseHeader(Header):
+    offset: int
+
+
+@dataclass
+class SearchOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+    timestamp: int
+
+
+# --- clients ----------------------------------------------------------------------------------
+
+
+@dataclass
+class UnregisterClientRequestHeader(Header):
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"client_id": "clientID"}
+    client_id: str
+    producer_group: str | None = None
+    consumer_group: str | None = None
+
+
+@dataclass
+class GetConsumerListByGroupRequestHeader(Header):
+    consumer_group: str
+
+
+@dataclass
+class GetRouteInfoRequestHeader(Header):
+    topic: str
+
+
+@dataclass
+class CreateTopicRequestHeader(Header):
+    topic: str
+    default_topic: str = "TBW102"
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = 6
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+
+@dataclass
+class ConsumerSendMsgBackRequestHeader(Header):
+    offset: int
+    group: str
+    delay_level: int = 0
+    origin_msg_id: str | None = None
+    origin_topic: str | None = None
+    unit_mode: bool = False
+    max_reconsume_times: int | None = None
+
+
+@dataclass
+class ViewMessageRequestHeader(Header):
+    offset: int
+
+
+# --- transactions -----------------------------------------------------------------------------
+
+
+@dataclass
+class EndTransactionRequestHeader(Header):
+    producer_group: str
+    tran_state_table_offset: int
+    commit_log_offset: int
+    commit_or_rollback: int
+    from_transaction_check: bool = False
+    msg_id: str | None = None
+    transaction_id: str | None = None
+
+
+@dataclass
+class CheckTransactionStateRequestHeader(Header):
+    tran_state_table_offset: int
+    commit_log_offset: int
+    msg_id: str | None = None
+    transaction_id: str | None = None
+    offset_msg_id: str | None = None
+
+
+@dataclass
+class ResumeCheckHalfMessageRequestHeader(Header):
+    msg_id: str
+
+
+@dataclass
+class ListTransactionsRequestHeader(Header):
+    producer_group: str | None = None
+    topic: str | None = None
+    state: str | None = None
+    limit: int = 1000
+
+
+@dataclass
+class GetTransactionRequestHeader(Header):
+    transaction_id: str
+
+
+@dataclass
+class ForceDecideRequestHeader(Header):
+    transaction_id: str
+    commit_or_rollback: int
+
+
+@dataclass
+class DecideBatchRequestHeader(Header):
+    producer_group: str
+    batch_key: str

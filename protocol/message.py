@@ -1,0 +1,469 @@
+"""Messages: property keys, sysFlag bits, the stored-message layout, and message ids.
+
+Stored-message layout (RocketMQ's ``MessageDecoder.encode``, IPv4 hosts, big-endian); PULL
+bodies and CHECK_TRANSACTION_STATE bodies carry messages in this form, and the broker's commit
+log stores them in it::
+
+    off  size  field
+    0    4     TOTALSIZE                 whole record, this field included
+    4    4     MAGICCODE                 MESSAGE_MAGIC_CODE (V1)
+    8    4     BODYCRC                   CRC32 of the body
+    12   4     QUEUEID
+    16   4     FLAG                      user flag
+    20   8     QUEUEOFFSET               offset in the consume queue
+    28   8     PHYSICALOFFSET            offset in the commit log
+    36   4     SYSFLAG
+    40   8     BORNTIMESTAMP             ms, producer's clock
+    48   8     BORNHOST                  IPv4 (4) + port (i32)
+    56   8     STORETIMESTAMP            ms, broker's clock
+    64   8     STOREHOST                 IPv4 (4) + port (i32)
+    72   4     RECONSUMETIMES
+    76   8     PREPARED_TRANSACTION_OFFSET
+    84   4+n   BODY                      length i32 + bytes
+    ..   1+n   TOPIC                     length u8 + UTF-8
+    ..   2+n   PROPERTIES                length i16 + properties string
+
+Properties string: ``key \\x01 value \\x02`` repeated.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import ProtocolError
+
+MESSAGE_MAGIC_CODE = -626843481
+FORMAT_VERSION = 1
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+
+class MessageConst:
+    """Property keys (RocketMQ's ``MessageConst``)."""
+
+    KEYS = "KEYS"
+    TAGS = "TAGS"
+    WAIT_STORE_MSG_OK = "WAIT"
+    DELAY = "DELAY"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    TRAN_MSG = "TRAN_MSG"
+    PGROUP = "PGROUP"
+    MIN_OFFSET = "MIN_OFFSET"
+    MAX_OFFSET = "MAX_OFFSET"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    TRAN_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
+    UNIQ_KEY = "UNIQ_KEY"
+    TRANSACTION_ID = "__transactionId__"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    CONSUME_START_TIME = "CONSUME_START_TIME"
+    #: txmq: the batch a Spark sink transaction belongs to (see TXMQ_DECIDE_BATCH).
+    TXMQ_BATCH_KEY = "TXMQ_BATCH_KEY"
+
+    #: Keys the system sets; ``MessageExt.user_properties`` leaves them out.
+    SYSTEM_KEYS = frozenset(
+        {
+            KEYS, TAGS, WAIT_STORE_MSG_OK, DELAY, RETRY_TOPIC, REAL_TOPIC, REAL_QID, TRAN_MSG,
+            PGROUP, MIN_OFFSET, MAX_OFFSET, ORIGIN_MESSAGE_ID, TRANSACTION_CHECK_TIMES,
+            CHECK_IMMUNITY_TIME_IN_SECONDS, TRAN_PREPARED_QUEUE_OFFSET, UNIQ_KEY, TRANSACTION_ID,
+            MAX_RECONSUME_TIMES, CONSUME_START_TIME, TXMQ_BATCH_KEY,
+        }
+    )
+
+
+class MessageSysFlag:
+    COMPRESSED = 0x1
+    MULTI_TAGS = 0x2
+    TRANSACTION_NOT_TYPE = 0x0
+    TRANSACTION_PREPARED_TYPE = 0x4
+    TRANSACTION_COMMIT_TYPE = 0x8
+    TRANSACTION_ROLLBACK_TYPE = 0xC
+    TRANSACTION_MASK = 0xC
+    BORNHOST_V6 = 0x10
+    STOREHOST_V6 = 0x20
+
+    @staticmethod
+    def transaction_value(flag: int) -> int:
+        return flag & MessageSysFlag.TRANSACTION_MASK
+
+    @staticmethod
+    def reset_transaction_value(flag: int, tx: int) -> int:
+        return (flag & ~MessageSysFlag.TRANSACTION_MASK) | tx
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+def properties_to_string(props: dict[str, str]) -> str:
+    for k, v in props.items():
+        for s in (k, v):
+            if NAME_VALUE_SEPARATOR in s or PROPERTY_SEPARATOR in s:
+                raise ProtocolError(f"property {k!r} contains a reserved separator character")
+    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+
+
+def string_to_properties(s: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if not s:
+        return out
+    for item in s.split(PROPERTY_SEPARATOR):
+        if not item:
+            continue
+        k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            out[k] = v
+    return out
+
+
+# --- hosts and ids ----------------------------------------------------------------------------
+
+
+def _ip4_bytes(host: str) -> bytes:
+    try:
+        return ipaddress.IPv4Address(host).packed
+    except ValueError:
+        try:
+            return ipaddress.IPv4Address(socket.gethostbyname(host)).packed
+        except OSError:
+            return b"\x7f\x00\x00\x01"
+
+
+def pack_host(host: tuple[str, int]) -> bytes:
+    return _ip4_bytes(host[0]) + struct.pack(">i", host[1])
+
+
+def unpack_host(b: bytes) -> tuple[str, int]:
+    return (str(ipaddress.IPv4Address(b[:4])), struct.unpack(">i", b[4:8])[0])
+
+
+def create_offset_msg_id(store_host: tuple[str, int], commit_log_offset: int) -> str:
+    """RocketMQ's ``MessageDecoder.createMessageId``: store host + commit-log offset, 32 hex."""
+    return (pack_host(store_host) + struct.pack(">q", commit_log_offset)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
+    """The (store host, commit-log offset) an offsetMsgId names."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise ProtocolError(f"not an offsetMsgId: {msg_id!r}") from None
+    if len(raw) != 16:
+        raise ProtocolError(f"not an offsetMsgId: {msg_id!r}")
+    return unpack_host(raw[:8]), struct.unpack(">q", raw[8:])[0]
+
+
+class UniqIdGenerator:
+    """Client-made message ids (RocketMQ's ``MessageClientIDSetter``).
+
+    ``IP (4) + pid (2) + per-process value (4)`` as a fixed 20-hex prefix, then
+    ``ms since the start of the month (4) + counter (2)``: 32 hex characters in all.
+    """
+
+    def __init__(self, ip: str | None = None) -> None:
+        ip_bytes = _ip4_bytes(ip or _local_ip())
+        pid = os.getpid() & 0xFFFF
+        salt = int.from_bytes(os.urandom(4), "big")
+        self._prefix = (ip_bytes + struct.pack(">HI", pid, salt)).hex().upper()
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._month_start = 0.0
+        self._next_month = 0.0
+
+    def _roll_month(self, now: float) -> None:
+        t = time.localtime(now)
+        start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+        y, m = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+        self._month_start = start
+        self._next_month = time.mktime((y, m, 1, 0, 0, 0, 0, 0, -1))
+
+    def next_id(self) -> str:
+        now = time.time()
+        with self._lock:
+            if now >= self._next_month:
+                self._roll_month(now)
+            self._counter = (self._counter + 1) & 0xFFFF
+            counter = self._counter
+        diff = int((now - self._month_start) * 1000) & 0xFFFFFFFF
+        return self._prefix + struct.pack(">IH", diff, counter).hex().upper()
+
+
+def _local_ip() -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip: str = s.getsockname()[0]
+            return ip
+    except OSError:
+        return "127.0.0.1"
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode`` (the consume queue's tag code, as RocketMQ computes it)."""
+    h = 0
+    for ch in s.encode("utf-16-be").decode("utf-16-be"):
+        code = ord(ch)
+        if code > 0xFFFF:  # surrogate pair, as Java sees it
+            code -= 0x10000
+            for unit in (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)):
+                h = (31 * h + unit) & 0xFFFFFFFF
+        else:
+            h = (31 * h + code) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    return java_string_hash(tags) if tags else 0
+
+
+# --- subscriptions ----------------------------------------------------------------------------
+
+SUB_ALL = "*"
+
+
+def parse_subscription(expression: str | None) -> frozenset[str] | None:
+    """``*`` (or empty) -> None (everything); ``TagA || TagB`` -> the set of tags."""
+    if expression is None or expression.strip() in ("", SUB_ALL):
+        return None
+    tags = frozenset(t.strip() for t in expression.split("||") if t.strip())
+    return tags or None
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Message:
+    """A message to send.
+
+    Args:
+        topic: destination topic.
+        body: payload bytes (``str`` is encoded as UTF-8).
+        tags: one tag used for filtering on the consumer side.
+        keys: business key(s), space separated, e.g. an order id.
+        properties: user properties (string to string).
+        flag: a user flag carried as is.
+        delay_level: deliver later (RocketMQ's delay levels); ignored for transactional sends.
+    """
+
+    topic: str
+    body: bytes | str = b""
+    tags: str | None = None
+    keys: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    delay_level: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.body, str):
+            self.body = self.body.encode("utf-8")
+
+    def wire_properties(self) -> dict[str, str]:
+        props = dict(self.properties)
+        if self.tags:
+            props[MessageConst.TAGS] = self.tags
+        if self.keys:
+            props[MessageConst.KEYS] = self.keys
+        if self.delay_level > 0:
+            props[MessageConst.DELAY] = str(self.delay_level)
+        return props
+
+
+@dataclass
+class MessageExt:
+    """A stored message, as consumers and check-back listeners see it."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    commit_log_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    store_timestamp: int = 0
+    store_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    body_crc: int = 0
+    store_size: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(MessageConst.TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(MessageConst.KEYS)
+
+    @property
+    def offset_msg_id(self) -> str:
+        return create_offset_msg_id(self.store_host, self.commit_log_offset)
+
+    @property
+    def msg_id(self) -> str:
+        """The id users see: UNIQ_KEY when the client set one, else the offsetMsgId."""
+        return self.properties.get(MessageConst.UNIQ_KEY) or self.offset_msg_id
+
+    @property
+    def transaction_id(self) -> str | None:
+        return self.properties.get(MessageConst.TRANSACTION_ID) or self.properties.get(
+            MessageConst.UNIQ_KEY
+        )
+
+    @property
+    def user_properties(self) -> dict[str, str]:
+        return {k: v for k, v in self.properties.items() if k not in MessageConst.SYSTEM_KEYS}
+
+    def get_property(self, key: str, default: str | None = None) -> str | None:
+        return self.properties.get(key, default)
+
+    def copy(self, **changes: Any) -> MessageExt:
+        c = replace(self, **changes)
+        if "properties" not in changes:
+            c.properties = dict(self.properties)
+        return c
+
+
+_FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including the body length
+FIXED_SIZE = _FIXED.size  # 88
+#: Byte positions the broker patches when it stores a message.
+POS_QUEUE_OFFSET = 20
+POS_PHYSICAL_OFFSET = 28
+POS_STORE_TIMESTAMP = 56
+
+
+def encode_message(m: MessageExt) -> bytes:
+    """Encode in the stored-message layout (``TOTALSIZE`` computed here)."""
+    topic = m.topic.encode("utf-8")
+    if len(topic) > 255:
+        raise ProtocolError(f"topic longer than 255 bytes: {m.topic!r}")
+    props = properties_to_string(m.properties).encode("utf-8")
+    if len(props) > 32767:
+        raise ProtocolError("properties longer than 32767 bytes")
+    body = bytes(m.body)
+    total = FIXED_SIZE + len(body) + 1 + len(topic) + 2 + len(props)
+    sys_flag = m.sys_flag & ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
+    return b"".join(
+        (
+            _FIXED.pack(
+                total, MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF, m.queue_id, m.flag,
+                m.queue_offset, m.commit_log_offset, sys_flag, m.born_timestamp,
+                pack_host(m.born_host), m.store_timestamp, pack_host(m.store_host),
+                m.reconsume_times, m.prepared_transaction_offset, len(body),
+            ),
+            body,
+            struct.pack(">B", len(topic)),
+            topic,
+            struct.pack(">h", len(props)),
+            props,
+        )
+    )
+
+
+def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
+    """Decode one stored message starting at ``pos``; raises ProtocolError if it is not one."""
+    try:
+        (total, magic, body_crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_host,
+         store_ts, store_host, reconsume, prepared, body_len) = _FIXED.unpack_from(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE:
+            raise ProtocolError(f"bad message magic code {magic}")
+        if sys_flag & (MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6):
+            raise ProtocolError("IPv6 hosts are not supported")
+        if total < FIXED_SIZE or pos + total > len(buf) or body_len < 0:
+            raise ProtocolError("message record is truncated")
+        p = pos + FIXED_SIZE
+        body = bytes(buf[p : p + body_len])
+        p += body_len
+        tlen = buf[p]
+        p += 1
+        topic = bytes(buf[p : p + tlen]).decode("utf-8")
+        p += tlen
+        (plen,) = struct.unpack_from(">h", buf, p)
+        p += 2
+        props = string_to_properties(bytes(buf[p : p + plen]).decode("utf-8"))
+        p += plen
+        if p - pos != total:
+            raise ProtocolError("message record size does not match its fields")
+    except ProtocolError:
+        raise
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"cannot decode stored message: {exc}") from None
+    return MessageExt(
+        topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
+        commit_log_offset=phys, sys_flag=sys_flag, born_timestamp=born_ts,
+        born_host=unpack_host(born_host), store_timestamp=store_ts,
+        store_host=unpack_host(store_host), reconsume_times=reconsume,
+        prepared_transaction_offset=prepared, properties=props, body_crc=body_crc,
+        store_size=total,
+    )
+
+
+def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
+    """Decode a PULL body: stored messages back to back."""
+    out: list[MessageExt] = []
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        m = decode_message(buf, pos)
+        out.append(m)
+        pos += m.store_size
+    return out
+
+
+# --- batches ----------------------------------------------------------------------------------
+# SEND_BATCH_MESSAGE body (RocketMQ's MessageDecoder.encodeMessages): per message
+#   TOTALSIZE i32 | MAGICCODE i32 (0) | BODYCRC i32 | FLAG i32 | BODY len i32 + bytes |
+#   PROPERTIES len i16 + string
+
+
+def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
+    """Encode (body, flag, properties) triples as a SEND_BATCH_MESSAGE body."""
+    parts = []
+    for body, flag, props in messages:
+        p = properties_to_string(props).encode("utf-8")
+        total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
+        parts.append(
+            struct.pack(">iiiii", total, 0, zlib.crc32(body) & 0x7FFFFFFF, flag, len(body))
+            + body + struct.pack(">h", len(p)) + p
+        )
+    return b"".join(parts)
+
+
+def decode_batch(buf: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
+    out = []
+    pos = 0
+    try:
+        while pos < len(buf):
+            total, _magic, _crc, flag, blen = struct.unpack_from(">iiiii", buf, pos)
+            if total < 22 or pos + total > len(buf) or blen < 0:
+                raise ProtocolError("batch entry is truncated")
+            p = pos + 20
+            body = bytes(buf[p : p + blen])
+            p += blen
+            (plen,) = struct.unpack_from(">h", buf, p)
+            p += 2
+            props = string_to_properties(bytes(buf[p : p + plen]).decode("utf-8"))
+            p += plen
+            if p - pos != total:
+                raise ProtocolError("batch entry size does not match its fields")
+            out.append((body, flag, props))
+            pos += total
+    except ProtocolError:
+        raise
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"cannot decode batch: {exc}") from None
+    return out
