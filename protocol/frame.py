@@ -53,6 +53,22 @@ def _string_ext_fields(ext: dict[str, Any]) -> dict[str, str]:
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
+    """The header bytes of ``cmd`` in its serialize type.
+
+    Raises :class:`ProtocolError` when the encoding cannot carry a value (e.g. a code outside
+    the 16-bit range of the ROCKETMQ form, an int beyond 64 bits, a value msgpack cannot pack).
+    """
+    try:
+        return _encode_header(cmd)
+    except ProtocolError:
+        raise
+    except (struct.error, OverflowError, TypeError, ValueError) as exc:
+        raise ProtocolError(
+            f"cannot encode a {SerializeType(cmd.serialize_type).name} header: {exc}"
+        ) from None
+
+
+def _encode_header(cmd: RemotingCommand) -> bytes:
     st = cmd.serialize_type
     if st == SerializeType.MSGPACK:
         return msgpack.packb(
@@ -171,7 +187,7 @@ def decode_header(st_byte: int, header: bytes, body: bytes) -> RemotingCommand:
                 lang = _int_field(doc, "language", LanguageCode.OTHER)
         else:
             return _decode_rocketmq(header, body)
-        if "code" not in doc:
+        if doc.get("code") is None:
             raise MalformedFrameError("header has no 'code'")
         return RemotingCommand(
             code=_int_field(doc, "code"),

@@ -20,8 +20,13 @@ log stores them in it::
     72   4     RECONSUMETIMES
     76   8     PREPARED_TRANSACTION_OFFSET
     84   4+n   BODY                      length i32 + bytes
-    ..   1+n   TOPIC                     length u8 + UTF-8
+    ..   1+n   TOPIC                     length i8 + UTF-8 (V1) or length i16 + UTF-8 (V2)
     ..   2+n   PROPERTIES                length i16 + properties string
+
+The magic code says how wide the topic length is: ``MESSAGE_MAGIC_CODE`` (V1) has one byte,
+which Java reads as signed, so V1 carries topics up to 127 bytes; longer topics (retry and DLQ
+topics may reach 255) are written with ``MESSAGE_MAGIC_CODE_V2`` and a two-byte length, as
+RocketMQ's ``CommitLog`` does (``autoMessageVersionOnTopicLen``).
 
 Properties string: ``key \\x01 value \\x02`` repeated.
 """
@@ -41,6 +46,10 @@ from typing import Any
 from .errors import ProtocolError
 
 MESSAGE_MAGIC_CODE = -626843481
+#: Magic code of records whose topic is longer than 127 bytes (two-byte topic length).
+MESSAGE_MAGIC_CODE_V2 = -626843477
+#: Longest topic a V1 record can carry (its length is a signed byte in Java).
+V1_MAX_TOPIC_LENGTH = 127
 FORMAT_VERSION = 1
 
 NAME_VALUE_SEPARATOR = "\x01"
@@ -355,18 +364,22 @@ def encode_message(m: MessageExt) -> bytes:
     if len(props) > 32767:
         raise ProtocolError("properties longer than 32767 bytes")
     body = bytes(m.body)
-    total = FIXED_SIZE + len(body) + 1 + len(topic) + 2 + len(props)
+    if len(topic) <= V1_MAX_TOPIC_LENGTH:
+        magic, topic_len = MESSAGE_MAGIC_CODE, struct.pack(">B", len(topic))
+    else:
+        magic, topic_len = MESSAGE_MAGIC_CODE_V2, struct.pack(">h", len(topic))
+    total = FIXED_SIZE + len(body) + len(topic_len) + len(topic) + 2 + len(props)
     sys_flag = m.sys_flag & ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
     return b"".join(
         (
             _FIXED.pack(
-                total, MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF, m.queue_id, m.flag,
+                total, magic, zlib.crc32(body) & 0x7FFFFFFF, m.queue_id, m.flag,
                 m.queue_offset, m.commit_log_offset, sys_flag, m.born_timestamp,
                 pack_host(m.born_host), m.store_timestamp, pack_host(m.store_host),
                 m.reconsume_times, m.prepared_transaction_offset, len(body),
             ),
             body,
-            struct.pack(">B", len(topic)),
+            topic_len,
             topic,
             struct.pack(">h", len(props)),
             props,
@@ -379,7 +392,7 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
     try:
         (total, magic, body_crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_host,
          store_ts, store_host, reconsume, prepared, body_len) = _FIXED.unpack_from(buf, pos)
-        if magic != MESSAGE_MAGIC_CODE:
+        if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
             raise ProtocolError(f"bad message magic code {magic}")
         if sys_flag & (MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6):
             raise ProtocolError("IPv6 hosts are not supported")
@@ -388,8 +401,14 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
         p = pos + FIXED_SIZE
         body = bytes(buf[p : p + body_len])
         p += body_len
-        tlen = buf[p]
-        p += 1
+        if magic == MESSAGE_MAGIC_CODE:
+            tlen = buf[p]
+            p += 1
+        else:
+            (tlen,) = struct.unpack_from(">h", buf, p)
+            p += 2
+            if tlen < 0:
+                raise ProtocolError("negative topic length")
         topic = bytes(buf[p : p + tlen]).decode("utf-8")
         p += tlen
         (plen,) = struct.unpack_from(">h", buf, p)
@@ -426,8 +445,10 @@ def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
 
 # --- batches ----------------------------------------------------------------------------------
 # SEND_BATCH_MESSAGE body (RocketMQ's MessageDecoder.encodeMessages): per message
-#   TOTALSIZE i32 | MAGICCODE i32 (0) | BODYCRC i32 | FLAG i32 | BODY len i32 + bytes |
+#   TOTALSIZE i32 | MAGICCODE i32 (0) | BODYCRC i32 (0) | FLAG i32 | BODY len i32 + bytes |
 #   PROPERTIES len i16 + string
+# RocketMQ writes 0 in both MAGICCODE and BODYCRC here (the broker computes each message's CRC
+# when it stores it), so txmq does the same and ignores both fields when decoding.
 
 
 def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
@@ -437,7 +458,7 @@ def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
         p = properties_to_string(props).encode("utf-8")
         total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
         parts.append(
-            struct.pack(">iiiii", total, 0, zlib.crc32(body) & 0x7FFFFFFF, flag, len(body))
+            struct.pack(">iiiii", total, 0, 0, flag, len(body))
             + body + struct.pack(">h", len(p)) + p
         )
     return b"".join(parts)

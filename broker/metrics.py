@@ -1,0 +1,58 @@
+"""Broker metrics on a private Prometheus registry (no globals), also readable as JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages_put = Counter("txmq_messages_put", "Messages stored", ["topic"], registry=r)
+        self.bytes_put = Counter("txmq_bytes_put", "Message bytes stored", registry=r)
+        self.messages_pulled = Counter("txmq_messages_pulled", "Messages returned by pulls",
+                                       registry=r)
+        self.requests = Counter("txmq_requests", "Requests handled", ["code"], registry=r)
+        self.request_errors = Counter("txmq_request_errors", "Error responses", ["code"],
+                                      registry=r)
+        self.protocol_errors = Counter("txmq_protocol_errors", "Malformed or oversized frames",
+                                       registry=r)
+        self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
+        self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
+        # transactions
+        self.tx_half = Counter("txmq_transaction_halves", "Half messages stored", registry=r)
+        self.tx_commits = Counter("txmq_transaction_commits", "Transactions committed",
+                                  registry=r)
+        self.tx_rollbacks = Counter("txmq_transaction_rollbacks", "Transactions rolled back",
+                                    registry=r)
+        self.tx_discards = Counter("txmq_transaction_discards",
+                                   "Transactions parked after the check budget", registry=r)
+        self.tx_checks_sent = Counter("txmq_transaction_checks_sent",
+                                      "Checks delivered to a live producer", registry=r)
+        self.tx_checks_answered = Counter("txmq_transaction_checks_answered",
+                                          "END_TRANSACTION answers to checks", registry=r)
+        self.tx_checks_unexpected = Counter(
+            "txmq_transaction_checks_unexpected",
+            "Checks answered for transactions already decided", registry=r)
+        self.tx_pending = Gauge("txmq_transaction_pending", "Pending half messages",
+                                ["topic", "group"], registry=r)
+        self.tx_pending_oldest = Gauge("txmq_transaction_pending_oldest_seconds",
+                                       "Age of the oldest pending half", ["topic", "group"],
+                                       registry=r)
+
+    def serve_http(self, port: int, addr: str) -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def snapshot(self) -> dict[str, Any]:
+        """All samples as ``{"name{label=value}": value}``."""
+        out: dict[str, Any] = {}
+        for metric in self.registry.collect():
+            for s in metric.samples:
+                if s.name.endswith("_created"):
+                    continue
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return out

@@ -1,0 +1,192 @@
+"""Clients, offsets, topics, routes and broker information."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from txmq.protocol.aio import Connection
+from txmq.protocol.codes import ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import InvalidParameterError, TopicNotExistError
+from txmq.protocol.headers import (
+    CreateTopicRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    GetOffsetResponseHeader,
+    GetRouteInfoRequestHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryConsumerOffsetResponseHeader,
+    SearchOffsetRequestHeader,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
+)
+from txmq.protocol.message import encode_message
+
+from ..clients import parse_heartbeat
+from ..store import TopicConfig
+from ..topics import RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
+
+if TYPE_CHECKING:
+    from ..server import BrokerController
+
+
+def json_body(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+class AdminProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+
+    # -- clients --------------------------------------------------------------------------------
+
+    async def heart_beat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        data = parse_heartbeat(cmd.body)
+        for c in data.get("consumerDataSet") or []:
+            if isinstance(c, dict) and c.get("groupName"):
+                self.broker.topics.ensure(retry_topic(c["groupName"]), 1)
+        self.broker.clients.heartbeat(conn, data, cmd.language, cmd.version)
+        return cmd.response()
+
+    async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = UnregisterClientRequestHeader.from_ext_fields(cmd.ext_fields)
+        self.broker.clients.unregister(conn, h.producer_group, h.consumer_group)
+        return cmd.response()
+
+    async def get_consumer_list_by_group(self, conn: Connection,
+                                         cmd: RemotingCommand) -> RemotingCommand:
+        h = GetConsumerListByGroupRequestHeader.from_ext_fields(cmd.ext_fields)
+        ids = self.broker.clients.consumer_ids(h.consumer_group)
+        if not ids:
+            return cmd.response(ResponseCode.SYSTEM_ERROR,
+                                f"no consumer for this group, {h.consumer_group}")
+        return cmd.response(body=json_body({"consumerIdList": ids}))
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    async def query_consumer_offset(self, conn: Connection,
+                                    cmd: RemotingCommand) -> RemotingCommand:
+        h = QueryConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        off = self.broker.offsets.query(h.consumer_group, h.topic, h.queue_id)
+        if off < 0:
+            return cmd.response(ResponseCode.QUERY_NOT_FOUND,
+                                "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+        return cmd.response(ext_fields=QueryConsumerOffsetResponseHeader(off).to_ext_fields())
+
+    async def update_consumer_offset(self, conn: Connection,
+                                     cmd: RemotingCommand) -> RemotingCommand:
+        h = UpdateConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        if h.commit_offset < 0:
+            raise InvalidParameterError(f"commitOffset {h.commit_offset} is negative")
+        self.broker.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        return cmd.response()
+
+    async def get_max_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = GetMaxOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        off = self.broker.store.get_max_offset_in_queue(h.topic, h.queue_id)
+        return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
+
+    async def get_min_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = GetMinOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        off = self.broker.store.get_min_offset_in_queue(h.topic, h.queue_id)
+        return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
+
+    async def search_offset_by_timestamp(self, conn: Connection,
+                                         cmd: RemotingCommand) -> RemotingCommand:
+        h = SearchOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        off = self.broker.store.get_offset_by_time(h.topic, h.queue_id, h.timestamp)
+        return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
+
+    async def view_message_by_id(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = ViewMessageRequestHeader.from_ext_fields(cmd.ext_fields)
+        msg = self.broker.store.lookup_message(h.offset)
+        return cmd.response(body=encode_message(msg))
+
+    # -- topics and routes ----------------------------------------------------------------------
+
+    async def update_and_create_topic(self, conn: Connection,
+                                      cmd: RemotingCommand) -> RemotingCommand:
+        h = CreateTopicRequestHeader.from_ext_fields(cmd.ext_fields)
+        if h.topic in SYSTEM_TOPICS:
+            raise InvalidParameterError(f"the topic[{h.topic}] is conflict with system topic")
+        if not (1 <= h.read_queue_nums <= 1024 and 1 <= h.write_queue_nums <= 1024):
+            raise InvalidParameterError("queue numbers must be between 1 and 1024")
+        self.broker.topics.create_or_update(TopicConfig(
+            h.topic, read_queue_nums=h.read_queue_nums, write_queue_nums=h.write_queue_nums,
+            perm=h.perm, topic_sys_flag=h.topic_sys_flag, order=h.order))
+        return cmd.response()
+
+    async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        table = {name: tc.to_json() for name, tc in self.broker.topics.all().items()}
+        return cmd.response(body=json_body({"topicConfigTable": table}))
+
+    async def get_route_info_by_topic(self, conn: Connection,
+                                      cmd: RemotingCommand) -> RemotingCommand:
+        h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
+        tc = self.broker.topics.get(h.topic)
+        if tc is None:
+            raise TopicNotExistError(f"No topic route info in name server for the topic: {h.topic}")
+        cfg = self.broker.config
+        route = {
+            "orderTopicConf": None,
+            "queueDatas": [{
+                "brokerName": cfg.broker_name, "readQueueNums": tc.read_queue_nums,
+                "writeQueueNums": tc.write_queue_nums, "perm": tc.perm,
+                "topicSysFlag": tc.topic_sys_flag,
+            }],
+            "brokerDatas": [{
+                "cluster": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
+                "brokerAddrs": {"0": self.broker.advertised_address},
+            }],
+            "filterServerTable": {},
+        }
+        return cmd.response(body=json_body(route))
+
+    async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
+        tc = self.broker.topics.get(h.topic)
+        if tc is None:
+            raise TopicNotExistError(f"topic[{h.topic}] not exist")
+        store = self.broker.store
+        table = []
+        for qid in range(tc.read_queue_nums):
+            table.append({
+                "queueId": qid,
+                "minOffset": store.get_min_offset_in_queue(h.topic, qid),
+                "maxOffset": store.get_max_offset_in_queue(h.topic, qid),
+            })
+        groups = {}
+        for g in self.broker.offsets.groups():
+            offs = self.broker.offsets.offsets(g, h.topic)
+            if offs:
+                groups[g] = {str(q): o for q, o in offs.items()}
+        return cmd.response(body=json_body({"topic": h.topic, "offsetTable": table,
+                                            "consumerOffsets": groups}))
+
+    async def get_broker_runtime_info(self, conn: Connection,
+                                      cmd: RemotingCommand) -> RemotingCommand:
+        b = self.broker
+        table: dict[str, Any] = {
+            "brokerName": b.config.broker_name,
+            "brokerVersion": b.version,
+            "address": b.advertised_address,
+            "uptimeMs": int((time.monotonic() - b.started_monotonic) * 1000),
+            "flushDiskType": b.config.flush_disk_type,
+            "storePathRootDir": b.config.store_path_root_dir,
+            "topics": len([t for t in b.topics.all() if t not in SYSTEM_TOPICS
+                           and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)]),
+            "connections": b.clients.channel_count,
+            "producerGroups": b.clients.producer_groups(),
+            "consumerGroups": b.clients.consumer_groups(),
+        }
+        table.update({f"store.{k}": v for k, v in b.store.stats().items()})
+        table.update({f"txn.{k}": v for k, v in b.transactions.summary().items()})
+        return cmd.response(body=json_body({"table": table}))
+
+    async def get_metrics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self.broker.transactions.update_gauges()
+        return cmd.response(body=json_body(self.broker.metrics.snapshot()))

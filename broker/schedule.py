@@ -1,0 +1,97 @@
+"""Delayed delivery (RocketMQ's ScheduleMessageService).
+
+A message with a ``DELAY`` level is stored in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, with
+its real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``.  One task per level reads its queue
+in order and, once ``store timestamp + delay`` has passed, stores a copy in the real topic.  The
+read position per level is kept as a consumer offset of the group ``%SCHEDULE%``, so delivery
+resumes after a restart (at least once: a copy may be delivered twice after a crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import structlog
+
+from txmq.protocol.message import MessageConst, MessageExt, decode_message
+
+from .store import GetMessageStatus
+from .topics import SCHEDULE_TOPIC
+
+if TYPE_CHECKING:
+    from .server import BrokerController
+
+log = structlog.get_logger(__name__)
+
+SCHEDULE_GROUP = "%SCHEDULE%"
+#: Longest sleep between two looks at a level's queue (s).
+MAX_IDLE = 1.0
+
+
+class ScheduleMessageService:
+    def __init__(self, broker: BrokerController, levels_ms: list[int]) -> None:
+        self.broker = broker
+        self.levels_ms = levels_ms
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = [asyncio.Event() for _ in levels_ms]
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(i), name=f"txmq-delay-{i + 1}")
+                       for i in range(len(self.levels_ms))]
+
+    def notify(self, queue_id: int) -> None:
+        if 0 <= queue_id < len(self._wake):
+            self._wake[queue_id].set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self, qid: int) -> None:
+        delay = self.levels_ms[qid]
+        store, offsets = self.broker.store, self.broker.offsets
+        while True:
+            offset = max(offsets.query(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid), 0)
+            r = store.get_messages(SCHEDULE_TOPIC, qid, offset, 64)
+            sleep = MAX_IDLE
+            if r.status is GetMessageStatus.FOUND:
+                now = int(self.broker.clock() * 1000)
+                for raw in r.messages:
+                    m = decode_message(raw)
+                    due = m.store_timestamp + delay
+                    if due > now:
+                        sleep = min(MAX_IDLE, (due - now) / 1000.0)
+                        break
+                    try:
+                        self._deliver(m)
+                    except Exception as exc:  # a broken record must not stall the level
+                        log.error("delayed_message_dropped", offset=m.commit_log_offset,
+                                  error=repr(exc))
+                    offset = m.queue_offset + 1
+                    offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, offset)
+                else:
+                    sleep = 0
+            elif r.next_begin_offset > offset:
+                offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, r.next_begin_offset)
+                sleep = 0
+            if sleep > 0:
+                self._wake[qid].clear()
+                try:
+                    await asyncio.wait_for(self._wake[qid].wait(), sleep)
+                except TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(0)
+
+    def _deliver(self, m: MessageExt) -> None:
+        props = dict(m.properties)
+        topic = props.pop(MessageConst.REAL_TOPIC)
+        qid = int(props.pop(MessageConst.REAL_QID, "0"))
+        props.pop(MessageConst.DELAY, None)
+        self.broker.put_message(MessageExt(
+            topic=topic, body=m.body, queue_id=qid, flag=m.flag, sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp, born_host=m.born_host,
+            reconsume_times=m.reconsume_times, properties=props))

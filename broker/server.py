@@ -1,0 +1,332 @@
+"""The composition root: :class:`BrokerController` builds every broker component from one
+frozen :class:`~txmq.broker.config.BrokerConfig` and serves the remoting protocol over TCP.
+
+Startup order matters for durability: bind (so the advertised port is known), recover the store
+(cut torn tails, rebuild consume queues), rebuild the transaction table from the half and op
+queues, start the flush and check services, then accept clients.  Shutdown runs the other way:
+stop accepting, answer parked pulls, finish in-flight requests, stop services, flush, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from txmq import __version__
+from txmq.protocol.aio import Connection
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import ProtocolError, TxmqError
+from txmq.protocol.message import MessageExt
+
+from .clients import ClientManager
+from .config import BrokerConfig, delay_levels
+from .flush import FlushService
+from .metrics import BrokerMetrics
+from .processors.admin import AdminProcessor
+from .processors.pull import PullMessageProcessor
+from .processors.send import SendMessageProcessor
+from .schedule import ScheduleMessageService
+from .store import (
+    ConsumerOffsetManager,
+    MessageStore,
+    PutMessageResult,
+    StoreConfig,
+    TopicConfigManager,
+)
+from .topics import SCHEDULE_TOPIC, TopicManager
+from .transaction.service import CheckSender, TransactionalMessageService
+
+log = structlog.get_logger(__name__)
+
+Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+#: Requests still served while shutting down (answers to in-flight transactions).
+_SHUTDOWN_ALLOWED = frozenset({RequestCode.END_TRANSACTION, RequestCode.UNREGISTER_CLIENT})
+
+
+class BrokerController:
+    """One broker: store, services and TCP server.
+
+    Args:
+        config: the resolved configuration.
+        clock: wall clock in seconds (store timestamps, transaction ages); a seam for tests.
+        check_sender: how CHECK_TRANSACTION_STATE reaches a producer; a seam for tests.
+    """
+
+    version = __version__
+
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time,
+                 check_sender: CheckSender | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = BrokerMetrics()
+        self.delay_levels = delay_levels(config.message_delay_level)
+        self._check_sender = check_sender
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[Connection] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shutting_down = False
+        self._stopped = asyncio.Event()
+        self.port = config.listen_port
+        self.started_monotonic = time.monotonic()
+        self.recovery: dict[str, Any] = {}
+
+    # -- addresses ------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """Where a client on this machine connects."""
+        host = self.config.bind_address
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    @property
+    def advertised_address(self) -> str:
+        return f"{self.config.broker_i_p1}:{self.port}"
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        return (self.config.broker_i_p1, self.port)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._new_connection, cfg.bind_address, cfg.listen_port, start_serving=False,
+            reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        root = cfg.store_path_root_dir
+        os.makedirs(root, exist_ok=True)
+        self.store = MessageStore(
+            StoreConfig(
+                store_path_root_dir=root,
+                mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
+                mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
+                file_reserved_time=cfg.file_reserved_time,
+                disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+                max_message_size=cfg.max_message_size + 64 * 1024,
+            ),
+            self.store_host, clock=self.clock)
+        try:
+            report = self.store.load()
+        except BaseException:
+            self._server.close()
+            raise
+        self.recovery["store"] = report
+        self.offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
+        self.offsets.load()
+        table = TopicConfigManager(os.path.join(root, "config", "topics.json"))
+        table.load()
+        self.topics = TopicManager(table, auto_create=cfg.auto_create_topic_enable,
+                                   default_queue_nums=cfg.default_topic_queue_nums,
+                                   delay_levels=len(self.delay_levels))
+        self.transactions = TransactionalMessageService(self, self._check_sender)
+        self.clients = ClientManager(
+            on_producer_registered=self.transactions.on_producer_registered)
+        self.flush = FlushService(self.store, sync=cfg.sync_flush,
+                                  interval_ms=cfg.flush_interval_commit_log,
+                                  sync_timeout_ms=cfg.sync_flush_timeout, metrics=self.metrics)
+        self.sender = SendMessageProcessor(self)
+        self.puller = PullMessageProcessor(self)
+        self.admin = AdminProcessor(self)
+        self.schedule = ScheduleMessageService(self, self.delay_levels)
+        self.recovery["transactions"] = self.transactions.load()
+        self._processors = self._build_processors()
+        self.flush.start()
+        self.schedule.start()
+        self.transactions.start()
+        self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
+        if cfg.metrics_port:
+            self.metrics.serve_http(cfg.metrics_port, cfg.bind_address)
+        self.started_monotonic = time.monotonic()
+        await self._server.start_serving()
+        log.info("broker_started", address=self.address, advertised=self.advertised_address,
+                 store=root, flush=cfg.flush_disk_type, version=self.version,
+                 max_phy_offset=self.store.max_phy_offset,
+                 pending_transactions=len(self.transactions.pending))
+
+    def _build_processors(self) -> dict[int, Processor]:
+        s, p, a, t = self.sender, self.puller, self.admin, self.transactions
+        R = RequestCode
+        return {
+            R.SEND_MESSAGE: s.send_message,
+            R.SEND_MESSAGE_V2: s.send_message,
+            R.SEND_BATCH_MESSAGE: s.send_batch,
+            R.CONSUMER_SEND_MSG_BACK: s.consumer_send_msg_back,
+            R.PULL_MESSAGE: p.pull_message,
+            R.HEART_BEAT: a.heart_beat,
+            R.UNREGISTER_CLIENT: a.unregister_client,
+            R.GET_CONSUMER_LIST_BY_GROUP: a.get_consumer_list_by_group,
+            R.QUERY_CONSUMER_OFFSET: a.query_consumer_offset,
+            R.UPDATE_CONSUMER_OFFSET: a.update_consumer_offset,
+            R.GET_MAX_OFFSET: a.get_max_offset,
+            R.GET_MIN_OFFSET: a.get_min_offset,
+            R.SEARCH_OFFSET_BY_TIMESTAMP: a.search_offset_by_timestamp,
+            R.VIEW_MESSAGE_BY_ID: a.view_message_by_id,
+            R.UPDATE_AND_CREATE_TOPIC: a.update_and_create_topic,
+            R.GET_ALL_TOPIC_CONFIG: a.get_all_topic_config,
+            R.GET_ROUTEINFO_BY_TOPIC: a.get_route_info_by_topic,
+            R.GET_TOPIC_STATS_INFO: a.get_topic_stats_info,
+            R.GET_BROKER_RUNTIME_INFO: a.get_broker_runtime_info,
+            R.TXMQ_GET_METRICS: a.get_metrics,
+            R.END_TRANSACTION: t.end_transaction,
+            R.RESUME_CHECK_HALF_MESSAGE: t.resume_check_half_message,
+            R.TXMQ_LIST_TRANSACTIONS: t.list_transactions,
+            R.TXMQ_GET_TRANSACTION: t.get_transaction,
+            R.TXMQ_FORCE_DECIDE: t.force_decide,
+            R.TXMQ_DECIDE_BATCH: t.decide_batch,
+        }
+
+    async def shutdown(self) -> None:
+        """Graceful stop: no new connections, parked pulls answered, in-flight requests
+        finished (up to ``shutdownTimeout`` s), services stopped, everything flushed."""
+        if self._shutting_down:
+            await self._stopped.wait()
+            return
+        self._shutting_down = True
+        log.info("broker_stopping", connections=len(self._connections))
+        if self._server is not None:
+            self._server.close()
+        self.puller.hold.wake_all()
+        inflight = [c.wait_handlers() for c in list(self._connections)]
+        if inflight:
+            done = await asyncio.wait([asyncio.ensure_future(x) for x in inflight],
+                                      timeout=self.config.shutdown_timeout)
+            if done[1]:
+                log.warning("shutdown_requests_abandoned", count=len(done[1]))
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.transactions.stop()
+        await self.schedule.stop()
+        await self.flush.stop()
+        self.offsets.persist()
+        self.store.close()
+        for c in list(self._connections):
+            c.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        log.info("broker_stopped")
+        self._stopped.set()
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _new_connection(self) -> Connection:
+        conn = Connection(self.handle, max_frame_size=self.config.max_frame_size,
+                          on_close=self._connection_closed,
+                          on_protocol_error=self._protocol_error)
+        self._connections.add(conn)
+        self.metrics.connections.set(len(self._connections))
+        return conn
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self._connections.discard(conn)
+        self.metrics.connections.set(len(self._connections))
+        if not self._shutting_down:
+            self.clients.connection_closed(conn)
+
+    def _protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
+        self.metrics.protocol_errors.inc()
+        log.warning("frame_rejected", peer=f"{conn.peer[0]}:{conn.peer[1]}", error=str(exc))
+
+    async def handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Dispatch one request to its processor; every failure becomes a precise answer."""
+        proc = self._processors.get(cmd.code)
+        self.metrics.requests.labels(str(cmd.code)).inc()
+        if proc is None:
+            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                f"request type {cmd.code} not supported")
+        if self._shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
+            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "the broker is shutting down")
+        try:
+            return await proc(conn, cmd)
+        except TxmqError as exc:
+            self.metrics.request_errors.labels(str(exc.code)).inc()
+            log.info("request_failed", code=cmd.code, response_code=int(exc.code),
+                     error=str(exc), peer=f"{conn.peer[0]}:{conn.peer[1]}")
+            return cmd.response(exc.code, str(exc) or type(exc).__name__)
+        except Exception as exc:
+            self.metrics.request_errors.labels(str(int(ResponseCode.SYSTEM_ERROR))).inc()
+            log.exception("request_crashed", code=cmd.code)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+    # -- the one write path ---------------------------------------------------------------------
+
+    def put_message(self, msg: MessageExt) -> PutMessageResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, msgs: list[MessageExt]) -> list[PutMessageResult]:
+        """Append to the store and wake whoever waits for these queues.  Synchronous: the
+        appends of one call are contiguous and nothing else runs in between."""
+        results = self.store.put_messages(msgs)
+        m = self.metrics
+        for msg, r in zip(msgs, results, strict=True):
+            m.messages_put.labels(msg.topic).inc()
+            m.bytes_put.inc(r.size)
+            self.puller.hold.notify(msg.topic, msg.queue_id)
+            if msg.topic == SCHEDULE_TOPIC:
+                self.schedule.notify(msg.queue_id)
+        return results
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        cfg = self.config
+        last_offsets = last_clean = last_expire = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            try:
+                await self.flush.flush_queues()
+                if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
+                    self.offsets.persist()
+                    last_offsets = now
+                if now - last_expire >= 10.0:
+                    self.clients.expire(cfg.channel_expired_timeout / 1000.0)
+                    last_expire = now
+                if now - last_clean >= cfg.clean_resource_interval / 1000.0:
+                    deleted = self.store.delete_expired_files()
+                    if deleted:
+                        log.info("retention_ran", segments_deleted=deleted)
+                    last_clean = now
+            except Exception as exc:
+                log.error("housekeeping_failed", error=repr(exc))
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.new_event_loop()
+
+
+def serve(config: BrokerConfig) -> int:
+    """Run a broker until SIGTERM or SIGINT, then shut it down gracefully.  Returns the exit
+    status."""
+
+    async def main() -> int:
+        controller = BrokerController(config)
+        await controller.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal_received")
+        await controller.shutdown()
+        return 0
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main())

@@ -1,0 +1,126 @@
+"""Topic management: system topics, auto-creation, permissions, validation."""
+
+from __future__ import annotations
+
+import re
+
+import structlog
+
+from txmq.protocol.errors import (
+    MessageIllegalError,
+    NoPermissionError,
+    TopicNotExistError,
+)
+
+from .store import TopicConfig, TopicConfigManager
+
+log = structlog.get_logger(__name__)
+
+PERM_PRIORITY = 0x8
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+PERM_INHERIT = 0x1
+
+#: Where half messages wait for their decision.
+RMQ_SYS_TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+#: Decisions (op records) about half messages.
+RMQ_SYS_TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+#: Halves that used up their check budget, waiting for an operator.
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: Delayed messages, one queue per delay level.
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+SYSTEM_TOPICS = frozenset(
+    {RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+     SCHEDULE_TOPIC}
+)
+
+_VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_MAX_LENGTH = 127
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def validate_topic(topic: str) -> None:
+    """RocketMQ's rules: ``[%|a-zA-Z0-9_-]``, at most 127 characters."""
+    if not topic:
+        raise MessageIllegalError("the topic name is empty")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise MessageIllegalError(f"the topic name is longer than {TOPIC_MAX_LENGTH} characters")
+    if not _VALID_TOPIC.match(topic):
+        raise MessageIllegalError(
+            f"the topic name {topic!r} contains characters outside [%|a-zA-Z0-9_-]"
+        )
+
+
+class TopicManager:
+    """Topic configs with RocketMQ's auto-creation rules, over the persisted table."""
+
+    def __init__(self, table: TopicConfigManager, *, auto_create: bool, default_queue_nums: int,
+                 delay_levels: int) -> None:
+        self.table = table
+        self.auto_create = auto_create
+        self.default_queue_nums = default_queue_nums
+        for name, queues in (
+            (RMQ_SYS_TRANS_HALF_TOPIC, 1),
+            (RMQ_SYS_TRANS_OP_HALF_TOPIC, 1),
+            (TRANS_CHECK_MAX_TIME_TOPIC, 1),
+            (SCHEDULE_TOPIC, delay_levels),
+        ):
+            tc = table.get(name)
+            if tc is None or tc.read_queue_nums < queues:
+                table.put(TopicConfig(name, read_queue_nums=queues, write_queue_nums=queues,
+                                      perm=PERM_READ | PERM_WRITE))
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    def all(self) -> dict[str, TopicConfig]:
+        return self.table.all()
+
+    def create_or_update(self, tc: TopicConfig) -> TopicConfig:
+        validate_topic(tc.topic_name)
+        self.table.put(tc)
+        log.info("topic_updated", topic=tc.topic_name, read_queues=tc.read_queue_nums,
+                 write_queues=tc.write_queue_nums, perm=tc.perm)
+        return tc
+
+    def ensure(self, topic: str, queues: int = 1, perm: int = PERM_READ | PERM_WRITE) -> TopicConfig:
+        """Get a broker-owned topic (retry, DLQ), creating it if needed."""
+        tc = self.table.get(topic)
+        if tc is None:
+            tc = TopicConfig(topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm)
+            self.table.put(tc)
+            log.info("topic_created", topic=topic, queues=queues, reason="system")
+        return tc
+
+    def for_send(self, topic: str, requested_queue_nums: int) -> TopicConfig:
+        """The config of a topic a client sends to; auto-creates it when allowed."""
+        if topic in SYSTEM_TOPICS:
+            raise NoPermissionError(f"topic {topic} is a system topic; clients cannot send to it")
+        validate_topic(topic)
+        tc = self.table.get(topic)
+        if tc is None:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                return self.ensure(topic, 1)
+            if not self.auto_create:
+                raise TopicNotExistError(
+                    f"topic[{topic}] not exist, apply first please! (autoCreateTopicEnable=false)"
+                )
+            n = max(1, min(requested_queue_nums or self.default_queue_nums,
+                           self.default_queue_nums))
+            tc = TopicConfig(topic, read_queue_nums=n, write_queue_nums=n,
+                             perm=PERM_READ | PERM_WRITE)
+            self.table.put(tc)
+            log.info("topic_created", topic=topic, queues=n, reason="auto_create")
+        if not tc.perm & PERM_WRITE:
+            raise NoPermissionError(f"the topic[{topic}] sending message is forbidden")
+        return tc

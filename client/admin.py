@@ -1,0 +1,112 @@
+"""Administrative requests: topics, broker status, metrics and transactions (what the
+``txmq`` command line and dashboards use)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from txmq.protocol.aio import Connection, open_connection
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import error_for_code
+from txmq.protocol.headers import (
+    CreateTopicRequestHeader,
+    ForceDecideRequestHeader,
+    GetRouteInfoRequestHeader,
+    GetTransactionRequestHeader,
+    ListTransactionsRequestHeader,
+    ResumeCheckHalfMessageRequestHeader,
+)
+
+COMMIT = 0x8
+ROLLBACK = 0xC
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"broker address must be host:port, got {address!r}")
+    return host, int(port)
+
+
+class AsyncAdminClient:
+    """One connection to a broker for operator requests.  Use as ``async with``."""
+
+    def __init__(self, broker: str = "127.0.0.1:10911", timeout: float = 5.0) -> None:
+        self.broker = broker
+        self.timeout = timeout
+        self._conn: Connection | None = None
+
+    async def __aenter__(self) -> AsyncAdminClient:
+        host, port = split_address(self.broker)
+        self._conn = await open_connection(host, port, timeout=self.timeout)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            await self._conn.wait_closed()
+
+    async def _call(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
+                    remark: str | None = None) -> RemotingCommand:
+        assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
+        cmd = RemotingCommand.request(code, ext, body)
+        cmd.remark = remark
+        resp = await self._conn.request(cmd, self.timeout)
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
+        return resp
+
+    async def _json(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
+                    remark: str | None = None) -> Any:
+        resp = await self._call(code, ext, body, remark)
+        return json.loads(resp.body) if resp.body else None
+
+    # -- broker ---------------------------------------------------------------------------------
+
+    async def runtime_info(self) -> dict[str, Any]:
+        doc = await self._json(RequestCode.GET_BROKER_RUNTIME_INFO)
+        return dict(doc["table"])
+
+    async def metrics(self) -> dict[str, float]:
+        return dict(await self._json(RequestCode.TXMQ_GET_METRICS))
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    async def create_topic(self, topic: str, queues: int = 4, perm: int = 6,
+                           order: bool = False) -> None:
+        h = CreateTopicRequestHeader(topic=topic, read_queue_nums=queues,
+                                     write_queue_nums=queues, perm=perm, order=order)
+        await self._call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
+
+    async def list_topics(self) -> dict[str, dict[str, Any]]:
+        doc = await self._json(RequestCode.GET_ALL_TOPIC_CONFIG)
+        return dict(doc["topicConfigTable"])
+
+    async def topic_stats(self, topic: str) -> dict[str, Any]:
+        return dict(await self._json(RequestCode.GET_TOPIC_STATS_INFO,
+                                     GetRouteInfoRequestHeader(topic).to_ext_fields()))
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    async def list_transactions(self, *, group: str | None = None, topic: str | None = None,
+                                state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        h = ListTransactionsRequestHeader(producer_group=group, topic=topic, state=state,
+                                          limit=limit)
+        return list(await self._json(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields()))
+
+    async def get_transaction(self, transaction_id: str) -> dict[str, Any]:
+        return dict(await self._json(RequestCode.TXMQ_GET_TRANSACTION,
+                                     GetTransactionRequestHeader(transaction_id).to_ext_fields()))
+
+    async def resume_transaction(self, msg_id: str) -> str:
+        resp = await self._call(RequestCode.RESUME_CHECK_HALF_MESSAGE,
+                                ResumeCheckHalfMessageRequestHeader(msg_id).to_ext_fields())
+        return resp.remark or ""
+
+    async def force_decide(self, transaction_id: str, commit: bool, reason: str = "") -> str:
+        h = ForceDecideRequestHeader(transaction_id, COMMIT if commit else ROLLBACK)
+        resp = await self._call(RequestCode.TXMQ_FORCE_DECIDE, h.to_ext_fields(),
+                                remark=reason or None)
+        return resp.remark or ""

@@ -1,0 +1,408 @@
+"""Transactional producers: publish if and only if the local transaction commits.
+
+Flow (RocketMQ's, with txmq's answered END_TRANSACTION):
+
+1. :meth:`AsyncTransactionProducer.send_message_in_transaction` sends a *half* message; if it
+   was not stored, it raises and no local transaction runs.
+2. The listener's ``execute_local_transaction(message, arg)`` runs; an exception or ``None``
+   means UNKNOW (the exception text goes in the END_TRANSACTION remark).
+3. END_TRANSACTION carries the decision; the call returns once the broker has acknowledged it
+   (a failed commit raises instead of being swallowed).
+4. For UNKNOW (or a producer that died meanwhile) the broker later sends CHECK_TRANSACTION_STATE
+   to any live producer of the group; ``check_local_transaction(message)`` answers it.
+
+Check-back handling is bounded: at most ``check_threads`` listener calls run at once and at most
+``check_queue_size`` checks wait.  A check beyond that is refused with SYSTEM_BUSY; the broker
+does not count it and asks again next round, so no check is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import structlog
+
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import TransactionFailedError, TxmqError, error_for_code
+from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
+from txmq.protocol.message import (
+    Message,
+    MessageConst,
+    MessageExt,
+    MessageSysFlag,
+    decode_message,
+    decode_offset_msg_id,
+)
+
+from .config import DEFAULT_BROKER, ClientConfig
+from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
+
+log = structlog.get_logger(__name__)
+
+#: Default bound on concurrent ``check_local_transaction`` calls.
+DEFAULT_CHECK_THREADS = 4
+#: Default bound on checks accepted but not yet answered.
+DEFAULT_CHECK_QUEUE_SIZE = 2000
+
+
+class LocalTransactionState(enum.Enum):
+    """The outcome of a local transaction (RocketMQ's spelling; ``UNKNOWN`` is an alias)."""
+
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"
+    UNKNOWN = "UNKNOW"  # alias of UNKNOW
+
+    @property
+    def wire_value(self) -> int:
+        return {"COMMIT_MESSAGE": MessageSysFlag.TRANSACTION_COMMIT_TYPE,
+                "ROLLBACK_MESSAGE": MessageSysFlag.TRANSACTION_ROLLBACK_TYPE}.get(
+            self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
+
+
+class TransactionListener:
+    """Implement both methods; either may be a coroutine function.  Sync methods run in a
+    thread pool, never on the event loop."""
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+        raise NotImplementedError
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        raise NotImplementedError
+
+
+@dataclass
+class TransactionSendResult(SendResult):
+    """A :class:`SendResult` plus the local transaction's outcome."""
+
+    local_transaction_state: LocalTransactionState = LocalTransactionState.UNKNOW
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.get_running_loop().run_in_executor(None, partial(fn, *args))
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _as_state(value: Any) -> LocalTransactionState:
+    if isinstance(value, LocalTransactionState):
+        return value
+    if value is None:
+        return LocalTransactionState.UNKNOW
+    if isinstance(value, str) and value.upper() in LocalTransactionState.__members__:
+        return LocalTransactionState[value.upper()]
+    raise TypeError(f"a transaction listener must return a LocalTransactionState, got {value!r}")
+
+
+class AsyncTransactionProducer:
+    """Sends transactional messages; every method is a coroutine.
+
+    Args:
+        group: the producer group; any live producer of the group may answer its checks.
+        listener: a :class:`TransactionListener`.
+        broker: ``"host:port"``.
+        check_threads: at most this many check-back listener calls run at once.
+        check_queue_size: at most this many checks wait; more are refused (the broker asks
+            again next round).
+        config, **settings: client settings, as for :class:`AsyncProducer`.
+    """
+
+    def __init__(self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER,
+                 *, check_threads: int = DEFAULT_CHECK_THREADS,
+                 check_queue_size: int = DEFAULT_CHECK_QUEUE_SIZE,
+                 config: ClientConfig | None = None, **settings: Any) -> None:
+        if listener is None:
+            raise ValueError("a transaction producer needs a TransactionListener")
+        if check_threads < 1 or check_queue_size < 1:
+            raise ValueError("check_threads and check_queue_size must be at least 1")
+        self.group = group
+        self.listener = listener
+        self.producer = AsyncProducer(group, broker, config=config, **settings)
+        self.check_threads = check_threads
+        self.check_queue_size = check_queue_size
+        self._check_sem = asyncio.Semaphore(check_threads)
+        self._checks_waiting = 0
+        self._check_tasks: set[asyncio.Task[None]] = set()
+        #: Checks received, answered, and refused because the bound was reached.
+        self.checks_received = 0
+        self.checks_answered = 0
+        self.checks_refused = 0
+
+    async def start(self) -> None:
+        await self.producer.start()
+        self.producer.connection.register_processor(RequestCode.CHECK_TRANSACTION_STATE,
+                                                    self._on_check)
+
+    async def shutdown(self) -> None:
+        for t in list(self._check_tasks):
+            t.cancel()
+        await asyncio.gather(*self._check_tasks, return_exceptions=True)
+        await self.producer.shutdown()
+
+    async def __aenter__(self) -> AsyncTransactionProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def _send_half(self, msg: Message, extra: dict[str, str] | None = None,
+                         **kw: Any) -> SendResult:
+        props = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: self.group}
+        props.update(extra or {})
+        if msg.delay_level:
+            log.info("delay_level_ignored", topic=msg.topic, reason="transactional message")
+        result = await self.producer.send_message(
+            msg, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE, extra_properties=props, **kw)
+        return result
+
+    async def send_message_in_transaction(self, msg: Message, arg: Any = None, *,
+                                          queue_id: int | None = None,
+                                          sharding_key: str | None = None,
+                                          timeout: float | None = None) -> TransactionSendResult:
+        """Send ``msg`` as a half message, run the local transaction, and deliver the decision.
+
+        Raises:
+            TxmqError: the half message was not stored (no local transaction ran), or the
+                broker refused or failed the decision.
+        """
+        result = await self._send_half(msg, queue_id=queue_id, sharding_key=sharding_key,
+                                       timeout=timeout)
+        txid = result.transaction_id or result.msg_id
+        if result.status is not SendStatus.SEND_OK:
+            await self.end_transaction(result, LocalTransactionState.ROLLBACK_MESSAGE,
+                                       f"half message not stored durably: {result.status.value}")
+            raise TransactionFailedError(
+                f"the half message was not flushed in time ({result.status.value}); the "
+                "transaction was rolled back and no local transaction ran")
+        remark = None
+        try:
+            state = _as_state(await _call(self.listener.execute_local_transaction, msg, arg))
+        except Exception as exc:
+            state = LocalTransactionState.UNKNOW
+            remark = f"executeLocalTransactionBranch exception: {type(exc).__name__}: {exc}"
+            log.warning("local_transaction_failed", transaction_id=txid, error=repr(exc))
+        await self.end_transaction(result, state, remark)
+        return TransactionSendResult(
+            status=result.status, msg_id=result.msg_id, offset_msg_id=result.offset_msg_id,
+            topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,
+            transaction_id=txid, msg_ids=result.msg_ids, offset_msg_ids=result.offset_msg_ids,
+            local_transaction_state=state)
+
+    async def end_transaction(self, half: SendResult, state: LocalTransactionState,
+                              remark: str | None = None, *, from_check: bool = False,
+                              transaction_id: str | None = None) -> None:
+        """Send END_TRANSACTION for the half ``half`` and wait for the broker's answer."""
+        _, offset = decode_offset_msg_id(half.offset_msg_id)
+        header = EndTransactionRequestHeader(
+            producer_group=self.group, tran_state_table_offset=half.queue_offset,
+            commit_log_offset=offset, commit_or_rollback=state.wire_value,
+            from_transaction_check=from_check, msg_id=half.msg_id,
+            transaction_id=transaction_id or half.transaction_id or half.msg_id)
+        await self._end(header, remark)
+
+    async def _end(self, header: EndTransactionRequestHeader, remark: str | None) -> None:
+        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header.to_ext_fields())
+        cmd.remark = remark
+        resp = await self.producer.connection.request(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
+
+    # -- multi-message transactions -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self, transaction_id: str | None = None
+                          ) -> AsyncIterator[AsyncTransaction]:
+        """Several messages, one decision: commit on a clean exit, roll back on an exception.
+
+        Example::
+
+            async with producer.transaction() as txn:
+                await txn.send(m1)
+                await txn.send(m2)
+        """
+        txn = AsyncTransaction(self, transaction_id or new_uniq_id())
+        try:
+            yield txn
+        except BaseException as exc:
+            if txn.halves:
+                try:
+                    await txn.rollback(f"rolled back on {type(exc).__name__}: {exc}")
+                except TxmqError as rb_exc:
+                    log.warning("transaction_rollback_failed", transaction_id=txn.transaction_id,
+                                error=str(rb_exc))
+            raise
+        else:
+            if txn.halves and txn.state is None:
+                await txn.commit()
+
+    # -- check-back ---------------------------------------------------------------------------
+
+    async def _on_check(self, cmd: RemotingCommand) -> RemotingCommand:
+        self.checks_received += 1
+        if self._checks_waiting >= self.check_queue_size:
+            self.checks_refused += 1
+            return cmd.response(ResponseCode.SYSTEM_BUSY,
+                                f"check queue full ({self.check_queue_size}); ask again later")
+        try:
+            header = CheckTransactionStateRequestHeader.from_ext_fields(cmd.ext_fields)
+            msg = decode_message(cmd.body)
+        except TxmqError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"bad check request: {exc}")
+        self._checks_waiting += 1
+        task = asyncio.get_running_loop().create_task(self._run_check(header, msg))
+        self._check_tasks.add(task)
+        task.add_done_callback(self._check_tasks.discard)
+        return cmd.response()
+
+    async def _run_check(self, header: CheckTransactionStateRequestHeader, msg: MessageExt) -> None:
+        try:
+            async with self._check_sem:
+                remark = None
+                try:
+                    state = _as_state(await _call(self.listener.check_local_transaction, msg))
+                except Exception as exc:
+                    state = LocalTransactionState.UNKNOW
+                    remark = f"checkLocalTransaction exception: {type(exc).__name__}: {exc}"
+                    log.warning("check_listener_failed", transaction_id=header.transaction_id,
+                                error=repr(exc))
+                end = EndTransactionRequestHeader(
+                    producer_group=self.group,
+                    tran_state_table_offset=header.tran_state_table_offset,
+                    commit_log_offset=header.commit_log_offset,
+                    commit_or_rollback=state.wire_value, from_transaction_check=True,
+                    msg_id=header.msg_id,
+                    transaction_id=header.transaction_id or msg.transaction_id)
+                try:
+                    await self._end(end, remark)
+                    self.checks_answered += 1
+                except TxmqError as exc:
+                    # the broker checks again next round if this did not land
+                    log.info("check_answer_failed", transaction_id=end.transaction_id,
+                             error=str(exc))
+        finally:
+            self._checks_waiting -= 1
+
+
+class AsyncTransaction:
+    """A multi-message transaction; made by :meth:`AsyncTransactionProducer.transaction`."""
+
+    def __init__(self, producer: AsyncTransactionProducer, transaction_id: str) -> None:
+        self.producer = producer
+        self.transaction_id = transaction_id
+        self.halves: list[SendResult] = []
+        self.state: LocalTransactionState | None = None
+
+    async def send(self, msg: Message, *, queue_id: int | None = None,
+                   sharding_key: str | None = None) -> SendResult:
+        if self.state is not None:
+            raise TransactionFailedError(
+                f"transaction {self.transaction_id} is already {self.state.value}")
+        result = await self.producer._send_half(
+            msg, {MessageConst.TRANSACTION_ID: self.transaction_id}, queue_id=queue_id,
+            sharding_key=sharding_key)
+        if result.status is not SendStatus.SEND_OK:
+            raise TransactionFailedError(
+                f"half message of transaction {self.transaction_id} not stored durably "
+                f"({result.status.value})")
+        self.halves.append(result)
+        return result
+
+    async def commit(self) -> None:
+        await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
+
+    async def rollback(self, remark: str | None = None) -> None:
+        await self._decide(LocalTransactionState.ROLLBACK_MESSAGE, remark)
+
+    async def _decide(self, state: LocalTransactionState, remark: str | None) -> None:
+        if not self.halves:
+            self.state = state
+            return
+        await self.producer.end_transaction(self.halves[0], state, remark,
+                                            transaction_id=self.transaction_id)
+        self.state = state
+
+
+# --- the sync facade --------------------------------------------------------------------------
+
+
+class TransactionProducer:
+    """The blocking transactional producer; see :class:`AsyncTransactionProducer`.
+
+    Example::
+
+        with TransactionProducer("order-tx", OrderListener(), broker="127.0.0.1:10911") as p:
+            r = p.send_message_in_transaction(Message("orders", b"..."), arg=order)
+    """
+
+    def __init__(self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER,
+                 **kwargs: Any) -> None:
+        from .sync import _LoopThread
+
+        self._runner = _LoopThread.get()
+
+        async def make() -> AsyncTransactionProducer:
+            return AsyncTransactionProducer(group, listener, broker, **kwargs)
+
+        self.core = self._runner.run(make())
+
+    def start(self) -> None:
+        self._runner.run(self.core.start())
+
+    def shutdown(self) -> None:
+        self._runner.run(self.core.shutdown())
+
+    def __enter__(self) -> TransactionProducer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def send_message_in_transaction(self, msg: Message, arg: Any = None,
+                                    **kwargs: Any) -> TransactionSendResult:
+        return self._runner.run(self.core.send_message_in_transaction(msg, arg, **kwargs))
+
+    @contextmanager
+    def transaction(self, transaction_id: str | None = None) -> Iterator[Transaction]:
+        """The blocking form of :meth:`AsyncTransactionProducer.transaction`."""
+        txn = Transaction(self, AsyncTransaction(self.core, transaction_id or new_uniq_id()))
+        try:
+            yield txn
+        except BaseException as exc:
+            if txn.core.halves:
+                try:
+                    self._runner.run(txn.core.rollback(f"rolled back on {type(exc).__name__}"))
+                except TxmqError as rb_exc:
+                    log.warning("transaction_rollback_failed",
+                                transaction_id=txn.transaction_id, error=str(rb_exc))
+            raise
+        else:
+            if txn.core.halves and txn.core.state is None:
+                self._runner.run(txn.core.commit())
+
+
+class Transaction:
+    def __init__(self, producer: TransactionProducer, core: AsyncTransaction) -> None:
+        self.producer = producer
+        self.core = core
+
+    @property
+    def transaction_id(self) -> str:
+        return self.core.transaction_id
+
+    def send(self, msg: Message, **kwargs: Any) -> SendResult:
+        return self.producer._runner.run(self.core.send(msg, **kwargs))

@@ -1,0 +1,124 @@
+"""Shared fixtures: real brokers on port 0 with real stores in temporary folders."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import BrokerController, new_event_loop
+
+#: Fast timers for tests; production defaults stay in BrokerConfig.
+FAST = dict(
+    listen_port=0,
+    flush_interval_commit_log=20,
+    mapped_file_size_commit_log=64 * 1024 * 1024,
+    mapped_file_size_consume_queue=20 * 10_000,
+    message_delay_level="100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s "
+    "1s 1s 1s 1s",
+    transaction_check_interval=200,
+    transaction_time_out=300,
+    transaction_check_request_timeout=1000,
+    shutdown_timeout=5.0,
+)
+
+
+@pytest.fixture
+def make_broker_config(tmp_path: Any) -> Callable[..., BrokerConfig]:
+    """``make_broker_config(**overrides)``: a config with a fresh store folder and fast
+    timers."""
+    counter = iter(range(1000))
+
+    def make(**overrides: Any) -> BrokerConfig:
+        values: dict[str, Any] = dict(FAST)
+        values["store_path_root_dir"] = str(tmp_path / f"store{next(counter)}")
+        values.update(overrides)
+        return BrokerConfig(**values)
+
+    return make
+
+
+@pytest.fixture
+async def broker(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIterator[BrokerController]:
+    """A started broker in the test's own event loop."""
+    controller = BrokerController(make_broker_config())
+    await controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.shutdown()
+
+
+class BrokerThread:
+    """A broker running in a background thread with its own (uv)loop, for code that blocks
+    (the SDK's sync facade)."""
+
+    def __init__(self, config: BrokerConfig, **kwargs: Any) -> None:
+        self.config = config
+        self.kwargs = kwargs
+        self.loop = new_event_loop()
+        self.controller: BrokerController | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="test-broker")
+
+    def start(self) -> BrokerController:
+        self._thread.start()
+        self.controller = BrokerController(self.config, **self.kwargs)
+        self.call(self.controller.start())
+        return self.controller
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run a plain function on the broker's loop thread (the store is not thread-safe)."""
+        async def wrapper() -> Any:
+            return fn()
+        return self.call(wrapper())
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.call(self.controller.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    @property
+    def address(self) -> str:
+        assert self.controller is not None
+        return self.controller.address
+
+
+@pytest.fixture
+def broker_thread(make_broker_config: Callable[..., BrokerConfig]) -> Iterator[BrokerController]:
+    bt = BrokerThread(make_broker_config())
+    controller = bt.start()
+    controller.test_thread = bt  # type: ignore[attr-defined]
+    try:
+        yield controller
+    finally:
+        bt.stop()
+
+
+@pytest.fixture
+def broker_thread_factory(make_broker_config: Callable[..., BrokerConfig]) -> Iterator[
+        Callable[..., BrokerThread]]:
+    """Start brokers in threads with custom configs; all are stopped at the end."""
+    started: list[BrokerThread] = []
+
+    def make(config: BrokerConfig | None = None, **overrides: Any) -> BrokerThread:
+        bt = BrokerThread(config or make_broker_config(**overrides))
+        bt.start()
+        started.append(bt)
+        return bt
+
+    yield make
+    for bt in started:
+        try:
+            bt.stop()
+        except Exception:
+            pass

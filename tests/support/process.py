@@ -1,0 +1,93 @@
+"""A broker in a real child process, for tests that kill it (SIGKILL) or stop it (SIGTERM)
+and start it again on the same data folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+class BrokerProcess:
+    def __init__(self, store_dir: str, *, flush: str = "SYNC_FLUSH", port: int = 0,
+                 settings: dict[str, Any] | None = None) -> None:
+        self.store_dir = store_dir
+        self.flush = flush
+        self.port = port
+        self.settings = dict(settings or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.log_lines: list[dict[str, Any]] = []
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", self.store_dir,
+               "--port", str(self.port), "--flush", self.flush]
+        for k, v in self.settings.items():
+            cmd += ["--set", f"{k}={v}"]
+        return cmd
+
+    def start(self, timeout: float = 30.0) -> str:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env)
+        self.address = ""
+        deadline = time.monotonic() + timeout
+        for line in self._lines(deadline):
+            if line.get("event") == "broker_started":
+                self.address = line["address"]
+                self.port = int(self.address.rpartition(":")[2])
+                return self.address
+        raise RuntimeError(f"broker did not start: {self.log_lines[-20:]}")
+
+    def _lines(self, deadline: float):  # type: ignore[no-untyped-def]
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        while time.monotonic() < deadline:
+            if not sel.select(0.2):
+                if self.proc.poll() is not None:
+                    break
+                continue
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                try:
+                    doc = json.loads(raw)
+                except ValueError:
+                    doc = {"event": "raw", "text": raw.decode("utf-8", "replace")}
+                self.log_lines.append(doc)
+                yield doc
+        sel.close()
+
+    def drain_logs(self, seconds: float = 0.2) -> None:
+        for _ in self._lines(time.monotonic() + seconds):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        for _ in self._lines(time.monotonic() + timeout):
+            pass
+        return self.proc.wait(timeout)
+
+    def stop_quietly(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()

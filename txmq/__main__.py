@@ -1,0 +1,3 @@
+from txmq.cli import main
+
+main()

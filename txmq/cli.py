@@ -1,0 +1,402 @@
+"""The ``txmq`` command line: serve a broker, send and consume, administer topics and
+transactions.
+
+Every client command takes ``--broker host:port`` (environment: ``TXMQ_BROKER``; default
+127.0.0.1:10911).  The broker command resolves its configuration as defaults < ``--config`` file
+< ``TXMQ_*`` environment variables < flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import click
+
+T = TypeVar("T")
+
+BROKER_OPTION = click.option(
+    "--broker", "-b", default="127.0.0.1:10911", show_default=True, envvar="TXMQ_BROKER",
+    help="Broker address host:port (env TXMQ_BROKER).")
+
+
+def _run(coro: Awaitable[T]) -> T:
+    from txmq.protocol.errors import TxmqError
+
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except TxmqError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _echo_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="txmq")
+def main() -> None:
+    """txmq: a transactional message broker in the Apache RocketMQ tradition."""
+
+
+# --- broker -----------------------------------------------------------------------------------
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@main.command()
+@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False),
+              envvar="TXMQ_CONFIG", help="TOML file with RocketMQ key names (env TXMQ_CONFIG).")
+@click.option("--port", "-p", type=int, help="listenPort (default 10911).")
+@click.option("--bind", "bind_address", help="bindAddress (default 127.0.0.1).")
+@click.option("--store-dir", help="storePathRootDir (default ./data).")
+@click.option("--flush", type=click.Choice(["ASYNC_FLUSH", "SYNC_FLUSH", "async", "sync"],
+                                           case_sensitive=False),
+              help="flushDiskType: ASYNC_FLUSH (default) or SYNC_FLUSH.")
+@click.option("--transaction-timeout", type=int, help="transactionTimeOut in ms (default 6000).")
+@click.option("--transaction-check-interval", type=int,
+              help="transactionCheckInterval in ms (default 30000).")
+@click.option("--transaction-check-max", type=int, help="transactionCheckMax (default 15).")
+@click.option("--file-reserved-time", type=float, help="fileReservedTime in hours (default 72).")
+@click.option("--reject-transaction-message/--accept-transaction-message", default=None,
+              help="rejectTransactionMessage (default: accept).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Any configuration key by its RocketMQ name, e.g. --set maxMessageSize=1048576.")
+@click.option("--log-level", default="INFO", show_default=True, envvar="TXMQ_LOG_LEVEL")
+@click.option("--print-config", is_flag=True, help="Print the resolved configuration and exit.")
+def broker(config_path: str | None, port: int | None, bind_address: str | None,
+           store_dir: str | None, flush: str | None, transaction_timeout: int | None,
+           transaction_check_interval: int | None, transaction_check_max: int | None,
+           file_reserved_time: float | None, reject_transaction_message: bool | None,
+           sets: tuple[str, ...], log_level: str, print_config: bool) -> None:
+    """Serve a broker until SIGTERM/SIGINT (then stop gracefully)."""
+    from txmq.broker.config import ConfigError, load_config
+    from txmq.broker.logging import configure_logging
+
+    overrides: dict[str, Any] = _parse_sets(sets)
+    if flush:
+        flush = flush.upper()
+        overrides["flushDiskType"] = flush if flush.endswith("_FLUSH") else f"{flush}_FLUSH"
+    overrides.update({k: v for k, v in {
+        "listenPort": port, "bindAddress": bind_address, "storePathRootDir": store_dir,
+        "transactionTimeOut": transaction_timeout,
+        "transactionCheckInterval": transaction_check_interval,
+        "transactionCheckMax": transaction_check_max, "fileReservedTime": file_reserved_time,
+        "rejectTransactionMessage": reject_transaction_message,
+    }.items() if v is not None})
+    try:
+        config = load_config(config_path, overrides=overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if print_config:
+        _echo_json(config.as_rocketmq_dict())
+        return
+    configure_logging(log_level)
+    from txmq.broker.server import serve
+    from txmq.broker.store import StoreLockedError
+
+    try:
+        sys.exit(serve(config))
+    except StoreLockedError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start the broker: {exc}") from None
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+@main.command()
+@BROKER_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+def status(broker: str, as_json: bool) -> None:
+    """Ping the broker and print key figures (exit status 1 if it does not answer)."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> tuple[float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        async with AsyncAdminClient(broker) as admin:
+            info = await admin.runtime_info()
+        return (time.perf_counter() - t0) * 1000, info
+
+    ms, info = _run(go())
+    if as_json:
+        _echo_json({"pingMs": round(ms, 2), **info})
+        return
+    click.echo(f"broker {info['brokerName']} at {info['address']} is up "
+               f"(ping {ms:.1f} ms, version {info['brokerVersion']}, "
+               f"uptime {info['uptimeMs'] / 1000:.0f} s)")
+    keys = ["flushDiskType", "topics", "connections", "store.commitLogMaxOffset",
+            "txn.pending", "txn.discarded", "txn.committed", "txn.rolledBack"]
+    for k in keys:
+        if k in info:
+            click.echo(f"  {k:28} {info[k]}")
+
+
+# --- topics -----------------------------------------------------------------------------------
+
+
+@main.group()
+def topic() -> None:
+    """Create, list and inspect topics."""
+
+
+@topic.command("create")
+@BROKER_OPTION
+@click.argument("name")
+@click.option("--queues", "-q", default=4, show_default=True, help="Read and write queues.")
+@click.option("--order", is_flag=True, help="Mark the topic as ordered.")
+def topic_create(broker: str, name: str, queues: int, order: bool) -> None:
+    """Create (or update) topic NAME."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> None:
+        async with AsyncAdminClient(broker) as admin:
+            await admin.create_topic(name, queues, order=order)
+
+    _run(go())
+    click.echo(f"topic {name} created with {queues} queues")
+
+
+@topic.command("list")
+@BROKER_OPTION
+@click.option("--all", "show_all", is_flag=True, help="Include system, retry and DLQ topics.")
+def topic_list(broker: str, show_all: bool) -> None:
+    """List topics."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> dict[str, dict[str, Any]]:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.list_topics()
+
+    for name, tc in sorted(_run(go()).items()):
+        system = name.startswith(("%", "RMQ_SYS_", "TRANS_CHECK_", "SCHEDULE_TOPIC"))
+        if system and not show_all:
+            continue
+        click.echo(f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}")
+
+
+@topic.command("stats")
+@BROKER_OPTION
+@click.argument("name")
+def topic_stats(broker: str, name: str) -> None:
+    """Per-queue offsets and consumer-group progress of topic NAME."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> dict[str, Any]:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.topic_stats(name)
+
+    doc = _run(go())
+    total = 0
+    click.echo(f"{'queue':>5} {'min':>12} {'max':>12}")
+    for q in doc["offsetTable"]:
+        total += q["maxOffset"] - q["minOffset"]
+        click.echo(f"{q['queueId']:>5} {q['minOffset']:>12} {q['maxOffset']:>12}")
+    click.echo(f"messages stored: {total}")
+    for group, offs in sorted(doc.get("consumerOffsets", {}).items()):
+        lag = sum(q["maxOffset"] - offs.get(str(q["queueId"]), 0) for q in doc["offsetTable"])
+        click.echo(f"group {group}: lag {lag}")
+
+
+# --- send / consume ---------------------------------------------------------------------------
+
+
+def _props(values: tuple[str, ...]) -> dict[str, str]:
+    try:
+        return _parse_sets(values)
+    except click.BadParameter as exc:
+        raise click.BadParameter(str(exc), param_hint="--property") from None
+
+
+@main.command()
+@BROKER_OPTION
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("body", required=False)
+@click.option("--tags", "-t", help="Message tag.")
+@click.option("--keys", "-k", help="Message keys.")
+@click.option("--property", "-P", "properties", multiple=True, metavar="KEY=VALUE")
+@click.option("--group", "-g", default="txmq-cli-producer", show_default=True)
+@click.option("--count", "-n", default=1, show_default=True, help="Send BODY this many times.")
+@click.option("--stdin", "from_stdin", is_flag=True, help="Send one message per line of stdin.")
+def send(broker: str, topic_name: str, body: str | None, tags: str | None, keys: str | None,
+         properties: tuple[str, ...], group: str, count: int, from_stdin: bool) -> None:
+    """Send BODY (or stdin lines) to TOPIC; prints one result line per message."""
+    from txmq.client import AsyncProducer, Message
+
+    if body is None and not from_stdin:
+        raise click.UsageError("give a BODY or --stdin")
+    props = _props(properties)
+
+    async def go() -> None:
+        async with AsyncProducer(group, broker=broker) as producer:
+            bodies = (line.rstrip("\n") for line in sys.stdin) if from_stdin else \
+                (body for _ in range(count))
+            for b in bodies:
+                r = await producer.send(Message(topic_name, (b or "").encode(), tags=tags,
+                                                keys=keys, properties=props))
+                click.echo(f"{r.status.name if hasattr(r.status, 'name') else r.status} "
+                           f"msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
+                           f"queue={r.queue_id} offset={r.queue_offset}")
+
+    _run(go())
+
+
+@main.command()
+@BROKER_OPTION
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--group", "-g", default="txmq-cli-consumer", show_default=True)
+@click.option("--expression", "-e", default="*", show_default=True, help="Tag filter: * or 'a || b'.")
+@click.option("--from", "consume_from", type=click.Choice(["first", "last"]), default="first",
+              show_default=True, help="Where a new group starts.")
+@click.option("--count", "-n", type=int, help="Stop after this many messages.")
+@click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
+def consume(broker: str, topic_name: str, group: str, expression: str, consume_from: str,
+            count: int | None, timeout: float | None) -> None:
+    """Consume TOPIC as group GROUP and print one JSON line per message."""
+    from txmq.client import AsyncPushConsumer
+
+    async def go() -> None:
+        seen = 0
+        done = asyncio.Event()
+        last = time.monotonic()
+
+        def on_message(msg: Any) -> None:
+            nonlocal seen, last
+            click.echo(json.dumps({
+                "topic": msg.topic, "queueId": msg.queue_id, "queueOffset": msg.queue_offset,
+                "msgId": msg.msg_id, "tags": msg.tags, "keys": msg.keys,
+                "properties": msg.user_properties,
+                "body": msg.body.decode("utf-8", "replace")}), nl=True)
+            seen += 1
+            last = time.monotonic()
+            if count is not None and seen >= count:
+                done.set()
+
+        consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from)
+        consumer.subscribe(topic_name, expression, on_message)
+        await consumer.start()
+        try:
+            while not done.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), 0.5)
+                except TimeoutError:
+                    pass
+                if timeout is not None and time.monotonic() - last > timeout:
+                    break
+        finally:
+            await consumer.shutdown()
+
+    try:
+        _run(go())
+    except KeyboardInterrupt:
+        pass
+
+
+# --- transactions -----------------------------------------------------------------------------
+
+
+@main.group()
+def txn() -> None:
+    """Inspect and resolve transactions (pending halves, parked ones, decisions)."""
+
+
+@txn.command("list")
+@BROKER_OPTION
+@click.option("--group", "-g", help="Only this producer group.")
+@click.option("--topic", "-t", help="Only transactions with messages for this topic.")
+@click.option("--state", "-s", default="PENDING,DISCARDED", show_default=True,
+              help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def txn_list(broker: str, group: str | None, topic: str | None, state: str, limit: int,
+             as_json: bool) -> None:
+    """List transactions (default: pending and parked ones)."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> list[dict[str, Any]]:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.list_transactions(group=group, topic=topic, state=state,
+                                                 limit=limit)
+
+    rows = _run(go())
+    if as_json:
+        _echo_json(rows)
+        return
+    click.echo(f"{'transaction id':34} {'state':11} {'group':20} {'msgs':>4} {'checks':>6} "
+               f"{'age s':>8}")
+    for r in rows:
+        click.echo(f"{r['transactionId']:34} {r['state']:11} {r['producerGroup']:20} "
+                   f"{len(r['halves']):>4} {r['checkTimes']:>6} {r.get('ageMs', 0) / 1000:>8.1f}")
+
+
+@txn.command("show")
+@BROKER_OPTION
+@click.argument("transaction_id")
+def txn_show(broker: str, transaction_id: str) -> None:
+    """Show one transaction (by transaction id, message id or offset message id)."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> dict[str, Any]:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.get_transaction(transaction_id)
+
+    _echo_json(_run(go()))
+
+
+@txn.command("resume")
+@BROKER_OPTION
+@click.argument("msg_id")
+def txn_resume(broker: str, msg_id: str) -> None:
+    """Put a parked transaction back under checking (RESUME_CHECK_HALF_MESSAGE)."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> str:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.resume_transaction(msg_id)
+
+    click.echo(_run(go()))
+
+
+def _force(broker: str, transaction_id: str, commit: bool, reason: str) -> None:
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> str:
+        async with AsyncAdminClient(broker) as admin:
+            return await admin.force_decide(transaction_id, commit, reason)
+
+    click.echo(_run(go()))
+
+
+@txn.command("commit")
+@BROKER_OPTION
+@click.argument("transaction_id")
+@click.option("--reason", default="", help="Recorded with the decision.")
+def txn_commit(broker: str, transaction_id: str, reason: str) -> None:
+    """Force-commit a pending or parked transaction, as an operator."""
+    _force(broker, transaction_id, True, reason)
+
+
+@txn.command("rollback")
+@BROKER_OPTION
+@click.argument("transaction_id")
+@click.option("--reason", default="", help="Recorded with the decision.")
+def txn_rollback(broker: str, transaction_id: str, reason: str) -> None:
+    """Force-roll back a pending or parked transaction, as an operator."""
+    _force(broker, transaction_id, False, reason)
+
+
