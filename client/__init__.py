@@ -1,1 +1,56 @@
-"""txmq."""
+"""The txmq Python SDK: an asyncio core with a thin synchronous facade.
+
+Example::
+
+    from txmq.client import Producer, PushConsumer, Message
+
+    with Producer("orders-producer", broker="127.0.0.1:10911") as producer:
+        result = producer.send(Message("orders", b"...", tags="created", keys="order-1"))
+
+    def on_message(msg):          # return = consumed; raise = deliver again later
+        ...
+
+    consumer = PushConsumer("billing", broker="127.0.0.1:10911")
+    consumer.subscribe("orders", "created || paid", on_message)
+    consumer.start()
+"""
+
+from txmq.protocol.errors import (
+    ConnectionClosedError,
+    RequestTimeoutError,
+    TopicNotExistError,
+    TxmqError,
+)
+from txmq.protocol.message import Message, MessageExt
+
+from .config import ClientConfig
+from .consumer import AsyncPushConsumer, ConsumeFrom
+from .errors import ClientStateError, InvalidMessageError
+from .producer import AsyncProducer, SendResult, SendStatus
+from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
+from .remoting import BrokerConnection
+from .sync import Producer, PullConsumer, PushConsumer
+
+__all__ = [
+    "AsyncProducer",
+    "AsyncPullConsumer",
+    "AsyncPushConsumer",
+    "BrokerConnection",
+    "ClientConfig",
+    "ClientStateError",
+    "ConnectionClosedError",
+    "ConsumeFrom",
+    "InvalidMessageError",
+    "Message",
+    "MessageExt",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "RequestTimeoutError",
+    "SendResult",
+    "SendStatus",
+    "TopicNotExistError",
+    "TxmqError",
+]

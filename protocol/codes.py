@@ -51,6 +51,7 @@ class RequestCode(IntEnum):
     #: Header: ``producerGroup``, ``batchKey``; body: JSON ``{"commit": [transactionId, ...]}``.
     #: Commits the listed transactions and rolls back every other pending transaction of the
     #: group tagged with the same batch key.  Asking again returns the first decision.
+    #: With ``queryOnly=true`` it decides nothing and answers ``{"decided": bool, ...}``.
     TXMQ_DECIDE_BATCH = 10005
 
 

@@ -324,3 +324,5 @@ class ForceDecideRequestHeader(Header):
 class DecideBatchRequestHeader(Header):
     producer_group: str
     batch_key: str
+    #: Only report whether (and how) the batch was decided; decide nothing.
+    query_only: bool = False

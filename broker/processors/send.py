@@ -146,23 +146,33 @@ class SendMessageProcessor:
             raise MessageIllegalError(f"bad batch body: {exc}") from None
         if not entries:
             raise MessageIllegalError("the batch is empty")
+        tx = self.broker.transactions
+        transactional = entries[0][2].get(MessageConst.TRAN_MSG, "").lower() == "true"
+        txid = tx.transaction_id_of(entries[0][2]) if transactional else None
         msgs = []
         for body, flag, props in entries:
             self._check_body(body)
-            if props.get(MessageConst.TRAN_MSG, "").lower() == "true":
+            if (props.get(MessageConst.TRAN_MSG, "").lower() == "true") != transactional or (
+                    transactional and tx.transaction_id_of(props) != txid):
                 raise MessageIllegalError(
-                    "transactional messages cannot be sent as a batch; send them one by one "
-                    "with a shared transaction id")
-            if props.get(MessageConst.DELAY):
+                    "a batch is either plain or the half messages of one transaction (same "
+                    "transaction id); this one mixes them")
+            if props.get(MessageConst.DELAY) and not transactional:
                 raise MessageIllegalError("delayed messages cannot be sent as a batch")
-            msgs.append(MessageExt(
+            msg = MessageExt(
                 topic=h.topic, body=body, queue_id=qid, flag=flag, sys_flag=h.sys_flag & ~0xC,
                 born_timestamp=h.born_timestamp, born_host=conn.peer,
-                reconsume_times=h.reconsume_times or 0, properties=props))
+                reconsume_times=h.reconsume_times or 0, properties=props)
+            if transactional:
+                tx.prepare_half(msg, h.producer_group)
+            msgs.append(msg)
         results = self.broker.put_messages(msgs)
+        if transactional:
+            for msg, r in zip(msgs, results, strict=True):
+                tx.on_half_stored(msg, r)
         header = SendMessageResponseHeader(
             msg_id=",".join(r.offset_msg_id for r in results), queue_id=qid,
-            queue_offset=results[0].queue_offset)
+            queue_offset=results[0].queue_offset, transaction_id=txid)
         try:
             await self.broker.flush.wait_durable(results[-1].end_offset)
         except FlushDiskTimeoutError as exc:

@@ -336,11 +336,21 @@ class TransactionalMessageService:
                                         f"{exc}") from None
         key = (h.producer_group, h.batch_key)
         first = key not in self.batches
+        if h.query_only:
+            decided = self.batches.get(key)
+            pending = sorted(t for t in self._batch_members.get(key, set())
+                             if self.records[t].state is TxState.PENDING)
+            return cmd.response(body=json.dumps({
+                "batchKey": h.batch_key, "decided": decided is not None,
+                "committed": decided["committed"] if decided else [],
+                "rolledBack": decided["rolledBack"] if decided else [],
+                "pending": pending}).encode())
         if first:
             end = self._decide_batch(h.producer_group, h.batch_key, commit)
             await self.broker.flush.wait_durable(end)
         decided = self.batches[key]
-        body = json.dumps({"batchKey": h.batch_key, "committed": decided["committed"],
+        body = json.dumps({"batchKey": h.batch_key, "decided": True,
+                           "committed": decided["committed"],
                            "rolledBack": decided["rolledBack"], "first": first}).encode()
         return cmd.response(body=body)
 
