@@ -72,8 +72,8 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; both have the same API.
+        self._transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         if isinstance(peer, tuple):

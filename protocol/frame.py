@@ -71,7 +71,7 @@ def encode_header(cmd: RemotingCommand) -> bytes:
 def _encode_header(cmd: RemotingCommand) -> bytes:
     st = cmd.serialize_type
     if st == SerializeType.MSGPACK:
-        return msgpack.packb(
+        packed: bytes = msgpack.packb(
             {
                 "code": cmd.code,
                 "language": int(cmd.language),
@@ -83,6 +83,7 @@ def _encode_header(cmd: RemotingCommand) -> bytes:
             },
             use_bin_type=True,
         )
+        return packed
     if st == SerializeType.JSON:
         try:
             lang = LanguageCode(cmd.language).name

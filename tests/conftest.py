@@ -27,6 +27,11 @@ FAST = dict(
 )
 
 
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
+    """The suite runs under uvloop, as the broker does in production."""
+    return {"uvloop": new_event_loop}
+
+
 @pytest.fixture
 def make_broker_config(tmp_path: Any) -> Callable[..., BrokerConfig]:
     """``make_broker_config(**overrides)``: a config with a fresh store folder and fast

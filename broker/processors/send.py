@@ -30,7 +30,7 @@ from txmq.protocol.message import (
 )
 
 from ..store import PutMessageResult
-from ..topics import PERM_WRITE, SCHEDULE_TOPIC, dlq_topic, retry_topic
+from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
 
 if TYPE_CHECKING:
     from ..server import BrokerController
@@ -125,7 +125,7 @@ class SendMessageProcessor:
             queue_id=int(msg.properties.get(MessageConst.REAL_QID, msg.queue_id))
             if msg.topic in (tx.half_topic, SCHEDULE_TOPIC) else msg.queue_id,
             queue_offset=result.queue_offset,
-            transaction_id=props.get(MessageConst.UNIQ_KEY) if msg.topic == tx.half_topic else None,
+            transaction_id=tx.transaction_id_of(props) if msg.topic == tx.half_topic else None,
         )
         try:
             await self.broker.flush.wait_durable(result.end_offset)
@@ -198,7 +198,7 @@ class SendMessageProcessor:
         times = orig.reconsume_times + 1
         if times > max_times or h.delay_level < 0:
             topic = dlq_topic(h.group)
-            self.broker.topics.ensure(topic, 1, PERM_WRITE)
+            self.broker.topics.ensure(topic, 1)
             log.warning("message_dead_lettered", group=h.group, msg_id=orig.msg_id,
                         reconsume_times=orig.reconsume_times)
         else:

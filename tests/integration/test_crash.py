@@ -46,7 +46,8 @@ async def _load(address: str, acked: list, stop: asyncio.Event, worker: int) -> 
 async def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path, flush, seed):
     rnd = random.Random(seed)
     bp = BrokerProcess(str(tmp_path / "store"), flush=flush,
-                       settings={"mappedFileSizeCommitLog": 256 * 1024})
+                       settings={"mappedFileSizeCommitLog": 256 * 1024,
+                                 "maxMessageSize": 65536})
     address = bp.start()
     acked: list[bytes] = []
     stop = asyncio.Event()
@@ -127,7 +128,7 @@ async def _tx_load(address: str, outcome: dict, stop: asyncio.Event, worker: int
 async def test_sigkill_under_transactional_load(tmp_path, seed):
     rnd = random.Random(seed)
     bp = BrokerProcess(str(tmp_path / "store"), flush="SYNC_FLUSH", settings={
-        "mappedFileSizeCommitLog": 256 * 1024, "transactionTimeOut": 0,
+        "mappedFileSizeCommitLog": 256 * 1024, "maxMessageSize": 65536, "transactionTimeOut": 0,
         "transactionCheckInterval": 100})
     address = bp.start()
     outcome: dict[bytes, str] = {}

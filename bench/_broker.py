@@ -1,0 +1,68 @@
+"""Start a throwaway broker in a child process for a benchmark (or use --broker)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def broker_process(settings: dict[str, object] | None = None, flush: str = "ASYNC_FLUSH",
+                   address: str | None = None) -> Iterator[str]:
+    """Yield a broker address: ``address`` if given, else a fresh broker in a temp folder."""
+    if address:
+        yield address
+        return
+    with tempfile.TemporaryDirectory(prefix="txmq-bench-") as tmp:
+        port = free_port()
+        cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", tmp, "--port", str(port),
+               "--flush", flush, "--log-level", "WARNING"]
+        for k, v in (settings or {}).items():
+            cmd += ["--set", f"{k}={v}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError("the broker exited at start")
+                time.sleep(0.1)
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def percentiles(values: list[float], ps: tuple[float, ...] = (50, 90, 99, 99.9)) -> dict[str, float]:
+    if not values:
+        return {}
+    s = sorted(values)
+    out = {f"p{p:g}": s[min(len(s) - 1, int(len(s) * p / 100))] for p in ps}
+    out["max"] = s[-1]
+    return out
+
+
+def emit(doc: dict[str, object]) -> None:
+    """Print a human summary line per key and one JSON line for machines."""
+    for k, v in doc.items():
+        print(f"{k:32} {v}")
+    print("JSON " + json.dumps(doc, default=str))
+    sys.stdout.flush()

@@ -1,0 +1,93 @@
+"""Plain-message throughput and latency: N async producers send for a while, then one pull
+consumer drains the topic.
+
+    python bench/throughput.py --producers 4 --seconds 10 --size 1024 [--flush SYNC_FLUSH]
+    python bench/throughput.py --batch 64          # SEND_BATCH_MESSAGE, 64 messages a request
+
+Prints messages/s and MB/s for sending and for pulling, and send latency percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _broker import broker_process, emit, percentiles  # noqa: E402
+
+from txmq.client import AsyncProducer, AsyncPullConsumer, Message  # noqa: E402
+
+
+async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
+    body = b"x" * args.size
+    producers = [AsyncProducer(f"bench-{i}", address) for i in range(args.producers)]
+    for p in producers:
+        await p.start()
+    latencies: list[float] = []
+    sent = 0
+    stop_at = time.monotonic() + args.seconds
+
+    async def worker(p: AsyncProducer) -> None:
+        nonlocal sent
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            if args.batch > 1:
+                await p.send_batch([Message(args.topic, body) for _ in range(args.batch)])
+                sent += args.batch
+            else:
+                await p.send(Message(args.topic, body))
+                sent += 1
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(p) for p in producers for _ in range(args.inflight)))
+    send_s = time.monotonic() - t0
+    for p in producers:
+        await p.shutdown()
+
+    consumer = AsyncPullConsumer("bench-reader", broker=address)
+    await consumer.start()
+    pulled = 0
+    t0 = time.monotonic()
+    for qid in await consumer.fetch_queues(args.topic):
+        offset = 0
+        while True:
+            r = await consumer.pull(args.topic, qid, offset, max_nums=256)
+            if not r.messages:
+                break
+            pulled += len(r.messages)
+            offset = r.next_begin_offset
+    pull_s = time.monotonic() - t0
+    await consumer.shutdown()
+    return {
+        "flush": args.flush, "producers": args.producers, "inflight_per_producer": args.inflight,
+        "batch": args.batch, "size_bytes": args.size, "sent": sent,
+        "send_msgs_per_s": round(sent / send_s, 1),
+        "send_MB_per_s": round(sent * args.size / send_s / 1e6, 2),
+        "send_latency_ms": {k: round(v, 2) for k, v in percentiles(latencies).items()},
+        "pulled": pulled, "pull_msgs_per_s": round(pulled / pull_s, 1),
+        "lost": sent - pulled,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--broker", help="use this broker instead of starting one")
+    ap.add_argument("--producers", type=int, default=4)
+    ap.add_argument("--inflight", type=int, default=4, help="concurrent sends per producer")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--topic", default="bench-plain")
+    ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    args = ap.parse_args()
+    with broker_process(flush=args.flush, address=args.broker) as address:
+        emit(asyncio.run(run(args, address)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The store checkpoint (RocketMQ's ``StoreCheckpoint``): how far the consume queues are known
+to be on disk.
+
+File: ``<root>/checkpoint``, a JSON document replaced atomically (temp file, fsync, rename,
+fsync of the directory), so it is either the old or the new one, never torn::
+
+    {
+      "formatVersion": 1,          # FORMAT_VERSION of the store files
+      "logicOffset": 123456,       # commit-log offset L: every message record below L has its
+                                   # consume-queue entry fsynced, and the commit log itself is
+                                   # fsynced up to at least L
+      "physicOffset": 123456,      # commit-log flushed offset when the checkpoint was written
+      "timestamp": 1700000000000,  # ms, when it was written
+      "queues": {"TopicA": {"0": 17, "1": 4}}   # each queue's max offset at L
+    }
+
+Write order (``MessageStore.flush_consume_queues``): copy L and the queue table under the store
+lock, fsync the consume-queue files and directories, fsync the commit log, *then* write this
+file.  So after a crash: the recovery scan starts at L, and a queue holding fewer entries than
+its ``queues`` value lost files (someone deleted or truncated them) and is rebuilt from further
+back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from .commit_log import FORMAT_VERSION
+from .errors import StoreCorruptError
+from .fileio import atomic_write
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreCheckpoint:
+    """One checkpoint.
+
+    Attributes:
+        logic_offset: commit-log offset below which all consume-queue entries are durable.
+        physic_offset: commit-log flushed offset at the time of writing.
+        timestamp_ms: wall-clock time of writing.
+        queues: max offset of every queue at ``logic_offset``.
+    """
+
+    logic_offset: int
+    physic_offset: int
+    timestamp_ms: int
+    queues: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        table: dict[str, dict[str, int]] = {}
+        for (topic, qid), max_offset in sorted(self.queues.items()):
+            table.setdefault(topic, {})[str(qid)] = max_offset
+        doc = {
+            "formatVersion": FORMAT_VERSION,
+            "logicOffset": self.logic_offset,
+            "physicOffset": self.physic_offset,
+            "timestamp": self.timestamp_ms,
+            "queues": table,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def write(self, path: str) -> None:
+        atomic_write(path, self.to_bytes())
+
+    @classmethod
+    def read(cls, path: str) -> StoreCheckpoint | None:
+        """The checkpoint at ``path``; None when it is missing or unreadable (the store then
+        re-dispatches the whole commit log).
+
+        Raises:
+            StoreCorruptError: the file is from a different store format version.
+        """
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        try:
+            doc: Any = json.loads(raw)
+            version = int(doc["formatVersion"])
+            queues: dict[tuple[str, int], int] = {}
+            for topic, qs in doc.get("queues", {}).items():
+                for qid, max_offset in qs.items():
+                    queues[(str(topic), int(qid))] = int(max_offset)
+            cp = cls(int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]),
+                     queues)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("checkpoint_unreadable", path=path, error=str(exc))
+            return None
+        if version != FORMAT_VERSION:
+            raise StoreCorruptError(
+                f"{os.path.abspath(path)} was written by store format version {version}; "
+                f"this broker reads version {FORMAT_VERSION}"
+            )
+        return cp

@@ -1,0 +1,495 @@
+"""The commit log: every message of every topic, appended to one log of fixed-size segments.
+
+Files: ``<root>/commitlog/<20-digit start offset>``, each ``mapped_file_size_commit_log`` bytes,
+preallocated.  Store offsets are global: segment ``N`` covers ``[start, start + size)`` and the
+next segment starts where it ends.
+
+Record layout (``FORMAT_VERSION`` 1, big-endian)::
+
+    off  size  field
+    0    4     MAGIC     RECORD_MAGIC 0x54584D51 ("TXMQ") or BLANK_MAGIC 0x54584D42 ("TXMB")
+    4    4     LENGTH    message record: payload bytes
+                         blank record: bytes from the blank's first byte to the segment end
+    8    4     CRC32     zlib.crc32 of the payload (blank record: 0)
+    12   n     PAYLOAD   the stored message in RocketMQ's layout (txmq.protocol.message), with
+                         QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and STOREHOST filled in
+
+* A message's commit-log offset (its offsetMsgId, its consume-queue entry, the PHYSICALOFFSET
+  inside the payload) is the offset of the record's first byte (the MAGIC).
+* A record never spans two segments.  When the next record does not fit, a blank record fills
+  the rest of the segment (just its 12-byte header is written) and the record goes to the start
+  of a new segment.  If fewer than 12 bytes remain, nothing is written: a reader that has fewer
+  than 12 bytes left in a segment moves on to the next one.
+* Zeros mean "end of data": segments are preallocated, so the unwritten part reads as zeros.
+
+Why ``pwrite`` for appends and ``mmap`` for reads: a write through a mapping of a sparse file
+that hits a full disk kills the process with SIGBUS, while ``pwrite`` raises ENOSPC, which the
+broker can answer.  Reads through the mapping cost no system call per message (a pull reads up
+to 32 of them), and the page cache is shared, so they see every ``pwrite`` at once.  The store
+never shrinks a mapped file (tails are zeroed with the file unmapped), so reads cannot fault.
+
+Recovery rule (:meth:`CommitLog.recover`): scan forward from a known record boundary (the
+checkpoint), validating framing, CRC and the payload's own TOTALSIZE/MAGIC/PHYSICALOFFSET.  The
+first record that fails ends the log: the rest of its segment is zeroed and later segments are
+deleted.  Everything below the flushed offset was fsynced, so the cut never goes below it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import structlog
+from txmq.protocol.message import (
+    FIXED_SIZE,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    MessageConst,
+    string_to_properties,
+)
+
+from .errors import StoreIOError
+from .fileio import fsync_dir, nonzero_end, zero_tail
+from .mapped_file import MappedFile, parse_segment_name, segment_name
+from .tags import tags_code_of
+
+log = structlog.get_logger(__name__)
+
+#: Version of the on-disk formats (commit-log record, consume-queue entry, checkpoint).
+FORMAT_VERSION = 1
+
+RECORD_MAGIC = 0x54584D51  # "TXMQ"
+BLANK_MAGIC = 0x54584D42  # "TXMB"
+RECORD_HEADER = struct.Struct(">III")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
+
+# Positions inside the payload (the stored message), see txmq.protocol.message.
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+_POS_TOTALSIZE = 0
+_POS_MAGIC = 4
+_POS_QUEUE_ID = 12
+_POS_QUEUE_OFFSET = 20
+_POS_PHYSICAL_OFFSET = 28
+_POS_SYS_FLAG = 36
+_POS_STORE_TIMESTAMP = 56
+_POS_BODY_LEN = 84
+
+
+def encode_record(payload: bytes | bytearray | memoryview) -> bytes:
+    """One message record: header + payload."""
+    return RECORD_HEADER.pack(RECORD_MAGIC, len(payload), zlib.crc32(payload)) + bytes(payload)
+
+
+class DispatchInfo(NamedTuple):
+    """What a consume queue needs from a stored message."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    sys_flag: int
+    tags_code: int
+    store_timestamp: int
+
+
+def parse_dispatch_info(payload: bytes | memoryview) -> DispatchInfo:
+    """Read the dispatch fields of a stored message without decoding the body.
+
+    Raises:
+        ValueError: the payload is not a well-formed stored message.
+    """
+    try:
+        magic = _I32.unpack_from(payload, _POS_MAGIC)[0]
+        body_len = _I32.unpack_from(payload, _POS_BODY_LEN)[0]
+        if body_len < 0:
+            raise ValueError("negative body length")
+        p = FIXED_SIZE + body_len
+        if magic == MESSAGE_MAGIC_CODE:
+            tlen = payload[p]
+            p += 1
+        elif magic == MESSAGE_MAGIC_CODE_V2:
+            tlen = _I16.unpack_from(payload, p)[0]
+            p += 2
+        else:
+            raise ValueError(f"bad message magic {magic}")
+        if tlen <= 0:
+            raise ValueError("empty topic")
+        topic = bytes(payload[p : p + tlen]).decode("utf-8")
+        p += tlen
+        plen = _I16.unpack_from(payload, p)[0]
+        p += 2
+        if plen < 0 or p + plen != len(payload):
+            raise ValueError("properties do not end the record")
+        tags = None
+        if plen:
+            props = bytes(payload[p : p + plen]).decode("utf-8")
+            if MessageConst.TAGS in props:
+                tags = string_to_properties(props).get(MessageConst.TAGS)
+        return DispatchInfo(
+            topic,
+            _I32.unpack_from(payload, _POS_QUEUE_ID)[0],
+            _I64.unpack_from(payload, _POS_QUEUE_OFFSET)[0],
+            _I32.unpack_from(payload, _POS_SYS_FLAG)[0],
+            tags_code_of(tags),
+            _I64.unpack_from(payload, _POS_STORE_TIMESTAMP)[0],
+        )
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed stored message: {exc}") from None
+
+
+def _payload_matches(payload: bytes | memoryview, length: int, offset: int) -> bool:
+    """The payload's own fields agree with where and how it was framed."""
+    return (
+        _I32.unpack_from(payload, _POS_TOTALSIZE)[0] == length
+        and _I32.unpack_from(payload, _POS_MAGIC)[0] in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+        and _I64.unpack_from(payload, _POS_PHYSICAL_OFFSET)[0] == offset
+    )
+
+
+@dataclass(frozen=True)
+class CommitLogRecovery:
+    """What :meth:`CommitLog.recover` found and did."""
+
+    end: int
+    truncated_bytes: int
+    deleted_segments: int
+
+
+class CommitLog:
+    """The segments of the commit log and the append position.
+
+    Threads: :meth:`reserve`, :meth:`write`, reads and retention run on one thread (the store's
+    owner) with ``lock`` held around anything that changes the segment list; :meth:`flush` may
+    run concurrently on a worker thread and takes ``lock`` only to copy what it needs.
+
+    Args:
+        directory: ``<root>/commitlog``.
+        segment_size: size of new segment files.
+        lock: the store's short lock (shared so the store can snapshot the commit-log position
+            and its consume queues atomically).
+    """
+
+    def __init__(self, directory: str, segment_size: int, lock: threading.Lock) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self._lock = lock
+        self._flush_lock = threading.Lock()
+        self._segments: list[MappedFile] = []
+        self._starts: list[int] = []
+        #: Next append position (also the end of valid data).
+        self.write_pos = 0
+        #: Everything below this offset is fsynced.
+        self.flushed = 0
+        self._retired: list[MappedFile] = []
+        self._dir_dirty = False
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the segment files (no validation of their content; see :meth:`recover`).
+
+        Segments must be contiguous; files after a gap cannot be addressed and are removed.
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        found: list[tuple[int, str]] = []
+        for name in os.listdir(self.directory):
+            start = parse_segment_name(name)
+            if start is None:
+                log.warning("unknown_file_ignored", path=os.path.join(self.directory, name))
+                continue
+            found.append((start, os.path.join(self.directory, name)))
+        found.sort()
+        expected: int | None = None
+        for start, path in found:
+            if expected is not None and start != expected:
+                log.error("segment_deleted", path=path, reason="gap_in_commit_log",
+                          expected_start=expected)
+                os.unlink(path)
+                self._dir_dirty = True
+                continue
+            # A segment's capacity is its file size (segments written under an older
+            # mappedFileSizeCommitLog keep theirs).  An empty file was created but never sized
+            # (a crash right after open): it gets the configured size.
+            size = os.path.getsize(path)
+            seg = MappedFile.open_existing(path, start, min_capacity=size or self.segment_size,
+                                           writable=False, allocate_blocks=False)
+            self._append_segment(seg)
+            expected = seg.end
+        if self._segments:
+            self.write_pos = self._segments[-1].end
+        self.flushed = self.write_pos
+
+    @property
+    def min_offset(self) -> int:
+        """Offset of the oldest byte still stored (0 for an empty log)."""
+        return self._segments[0].start if self._segments else 0
+
+    @property
+    def segments(self) -> list[MappedFile]:
+        return list(self._segments)
+
+    def recover(self, start: int,
+                on_record: Callable[[int, int, DispatchInfo], None]) -> CommitLogRecovery:
+        """Validate from ``start`` (a record boundary) to the end of data, calling
+        ``on_record(offset, size, info)`` for every valid message record, then cut the log
+        after the last valid record.
+
+        ``size`` is the payload (stored-message) size.  Returns the new end and what was cut.
+        """
+        start = max(start, self.min_offset)
+        end = self._scan(start, on_record) if self._segments else start
+        truncated, deleted = self._truncate(end)
+        self.write_pos = end
+        self.flushed = min(self.flushed, start)
+        return CommitLogRecovery(end, truncated, deleted)
+
+    def _scan(self, start: int, on_record: Callable[[int, int, DispatchInfo], None]) -> int:
+        idx = self._index_of(start)
+        if idx is None:
+            return start
+        pos = start
+        header = RECORD_HEADER
+        hsize = RECORD_HEADER_SIZE
+        while True:
+            seg = self._segments[idx]
+            assert seg.mm is not None
+            next_segment = False
+            with memoryview(seg.mm) as mv:
+                cap = seg.capacity
+                while True:
+                    rel = pos - seg.start
+                    if cap - rel < hsize:
+                        next_segment = True
+                        break
+                    magic, length, crc = header.unpack_from(mv, rel)
+                    if magic == RECORD_MAGIC:
+                        if not FIXED_SIZE <= length <= cap - rel - hsize:
+                            break
+                        payload = mv[rel + hsize : rel + hsize + length]
+                        try:
+                            if zlib.crc32(payload) != crc or not _payload_matches(
+                                    payload, length, pos):
+                                break
+                            try:
+                                info = parse_dispatch_info(payload)
+                            except ValueError:
+                                break
+                        finally:
+                            payload.release()
+                        on_record(pos, length, info)
+                        pos += hsize + length
+                    elif magic == BLANK_MAGIC and length == cap - rel and crc == 0:
+                        next_segment = True
+                        break
+                    else:
+                        break
+            if not next_segment:
+                return pos
+            if idx + 1 >= len(self._segments):
+                return seg.end
+            idx += 1
+            pos = self._segments[idx].start
+
+    def _truncate(self, end: int) -> tuple[int, int]:
+        """Zero everything after ``end`` in its segment and delete later segments."""
+        truncated = 0
+        idx = self._index_of(end)
+        keep = len(self._segments) if idx is None else idx + 1
+        if idx is not None:
+            seg = self._segments[idx]
+            assert seg.fd is not None
+            rel = end - seg.start
+            tail = nonzero_end(seg.fd, rel, seg.capacity)
+            if tail > rel:
+                truncated += tail - rel
+                seg.unmap()
+                zero_tail(seg.fd, rel, seg.capacity, allocate_blocks=False)
+                seg.map()
+                seg.sync()
+                log.warning("commit_log_truncated", path=seg.path, offset=end,
+                            bytes=tail - rel)
+        later = self._segments[keep:]
+        for seg in later:
+            assert seg.fd is not None
+            truncated += nonzero_end(seg.fd, 0, seg.capacity)
+            seg.unlink()
+            seg.close_fd()
+            log.warning("segment_deleted", path=seg.path, reason="after_recovered_end")
+        if later:
+            del self._segments[keep:]
+            del self._starts[keep:]
+            fsync_dir(self.directory)
+        return truncated, len(later)
+
+    # -- appending (owner thread, store lock held) -------------------------------------------
+
+    def reserve(self, n: int) -> int:
+        """The offset where ``n`` contiguous bytes will be written by :meth:`write`.
+
+        Rolls to a new segment (writing a blank record over the rest of the current one) when
+        they do not fit.  The caller guarantees ``n <= segment_size``.
+        """
+        pos = self.write_pos
+        seg = self._segments[-1] if self._segments else None
+        if seg is not None and pos + n <= seg.end:
+            return pos
+        if seg is not None and pos < seg.end:
+            remaining = seg.end - pos
+            if remaining >= RECORD_HEADER_SIZE:
+                blank = RECORD_HEADER.pack(BLANK_MAGIC, remaining, 0)
+                self._pwrite(seg, pos, blank)
+            pos = self.write_pos = seg.end
+        new = MappedFile.create(self.directory, pos, self.segment_size, writable=False,
+                                allocate_blocks=False)
+        self._append_segment(new)
+        self._dir_dirty = True
+        log.debug("segment_created", path=new.path)
+        return pos
+
+    def write(self, pos: int, data: bytes | bytearray) -> None:
+        """Write ``data`` at ``pos`` (from :meth:`reserve`) and advance the write position."""
+        seg = self._segments[-1]
+        self._pwrite(seg, pos, data)
+        self.write_pos = pos + len(data)
+
+    def _pwrite(self, seg: MappedFile, pos: int, data: bytes | bytearray) -> None:
+        assert seg.fd is not None
+        rel = pos - seg.start
+        try:
+            with memoryview(data) as view:
+                written = 0
+                while written < len(view):
+                    n = os.pwrite(seg.fd, view[written:], rel + written)
+                    if n <= 0:
+                        raise OSError(f"pwrite wrote {n} bytes")
+                    written += n
+        except OSError as exc:
+            # Leave zeros, not half a record, where the next append will go.
+            try:
+                os.pwrite(seg.fd, bytes(len(data)), rel)
+            except OSError:
+                pass
+            log.error("commit_log_write_failed", path=seg.path, offset=pos, size=len(data),
+                      error=str(exc))
+            raise StoreIOError(
+                f"writing {len(data)} bytes to the commit log at offset {pos} failed: {exc}"
+            ) from exc
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read_payload(self, offset: int, size: int | None = None) -> bytes | None:
+        """The stored-message bytes of the record at ``offset``, or None if there is no intact
+        message record there (deleted, never written, not a record boundary, or corrupt)."""
+        seg = self._segment_for(offset)
+        if seg is None or seg.mm is None:
+            return None
+        rel = offset - seg.start
+        if rel + RECORD_HEADER_SIZE > seg.capacity:
+            return None
+        magic, length, crc = RECORD_HEADER.unpack_from(seg.mm, rel)
+        if magic != RECORD_MAGIC or length < FIXED_SIZE or (size is not None and length != size):
+            return None
+        stop = rel + RECORD_HEADER_SIZE + length
+        if stop > seg.capacity or seg.start + stop > self.write_pos:
+            return None
+        payload = seg.mm[rel + RECORD_HEADER_SIZE : stop]
+        if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+            return None
+        return payload
+
+    def read_store_timestamp(self, offset: int) -> int | None:
+        """STORETIMESTAMP of the message at ``offset`` (framing checked, CRC not)."""
+        seg = self._segment_for(offset)
+        if seg is None or seg.mm is None:
+            return None
+        rel = offset - seg.start
+        if rel + RECORD_HEADER_SIZE + FIXED_SIZE > seg.capacity:
+            return None
+        magic, length, _crc = RECORD_HEADER.unpack_from(seg.mm, rel)
+        if magic != RECORD_MAGIC or length < FIXED_SIZE:
+            return None
+        ts: int = _I64.unpack_from(seg.mm, rel + RECORD_HEADER_SIZE + _POS_STORE_TIMESTAMP)[0]
+        return ts
+
+    def _segment_for(self, offset: int) -> MappedFile | None:
+        if offset >= self.write_pos or not self._segments:
+            return None
+        last = self._segments[-1]
+        if offset >= last.start:
+            return last
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self._segments[i] if i >= 0 else None
+
+    def _index_of(self, offset: int) -> int | None:
+        """Index of the segment holding ``offset`` (None past the last one)."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0 or offset >= self._segments[i].end:
+            return None
+        return i
+
+    def _append_segment(self, seg: MappedFile) -> None:
+        self._segments.append(seg)
+        self._starts.append(seg.start)
+
+    # -- flushing (any thread) ----------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync everything written before this call started; returns the flushed offset.
+
+        Safe to run on a worker thread while the owner appends: the segment list is copied
+        under the store lock, the fsyncs run without it.  Concurrent calls are serialised, so
+        a caller that arrives during an fsync waits and then shares the next one (group
+        commit)."""
+        with self._flush_lock:
+            with self._lock:
+                target = self.write_pos
+                flushed = self.flushed
+                segs = []
+                for seg in reversed(self._segments):
+                    if seg.end <= flushed:
+                        break
+                    if seg.start < target:
+                        segs.append(seg)
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                retired, self._retired = self._retired, []
+            for seg in segs:
+                seg.sync()
+            if dir_dirty:
+                fsync_dir(self.directory)
+            for seg in retired:
+                seg.close_fd()
+            if target > self.flushed:
+                self.flushed = target
+            return self.flushed
+
+    # -- retention (owner thread) ---------------------------------------------------------------
+
+    def delete_first_segment(self, reason: str) -> MappedFile:
+        """Remove the oldest segment (never the last one); the caller holds the store lock."""
+        if len(self._segments) < 2:
+            raise ValueError("the active segment is never deleted")
+        seg = self._segments.pop(0)
+        self._starts.pop(0)
+        seg.unlink()
+        self._retired.append(seg)  # the flush thread closes the descriptor
+        self._dir_dirty = True
+        log.info("segment_deleted", path=seg.path, reason=reason)
+        return seg
+
+    def close(self) -> None:
+        with self._flush_lock, self._lock:
+            for seg in self._segments + self._retired:
+                seg.close()
+            self._segments.clear()
+            self._starts.clear()
+            self._retired.clear()
+
+    def segment_path(self, start: int) -> str:
+        return os.path.join(self.directory, segment_name(start))

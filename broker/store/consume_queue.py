@@ -1,0 +1,369 @@
+"""Consume queues: one index per (topic, queueId) into the commit log (RocketMQ's
+``ConsumeQueue``).
+
+Files: ``<root>/consumequeue/<topic>/<queueId>/<20-digit start byte offset>``, each
+``mapped_file_size_consume_queue`` bytes (a multiple of 20), preallocated.  The entry for queue
+offset ``n`` (the offset a consumer sees) sits at byte ``n * 20`` of the queue, so segment files
+are named by byte offsets and ``n`` is found by arithmetic.
+
+Entry layout (RocketMQ's ``CQ_STORE_UNIT_SIZE`` = 20, big-endian)::
+
+    off  size  field
+    0    8     COMMITLOG_OFFSET  i64  offset of the message's record in the commit log
+    8    4     SIZE              i32  stored-message bytes (the record's payload)
+    12   8     TAGS_CODE         i64  hash of the TAGS property (Java String.hashCode), 0 = none
+
+* ``SIZE == 0`` (zeros, as preallocated) means "no entry yet".
+* A *filler* entry ``(0, 0x7FFFFFFF, 0)`` occupies an offset that has no message (RocketMQ's
+  ``fillPreBlank``): when a queue must start at an offset in the middle of a new file (its old
+  files are gone), the offsets before it are filled so that the file alone says where the queue
+  ends.  Fillers are always below the queue's minimum offset.
+
+Durability: entries are written through the mapping and fsynced by the store's
+``flush_consume_queues``; a consume queue is only an index, and whatever it misses after a crash
+is rebuilt from the commit log (``MessageStore.load``).  Entries pointing at or past the
+commit-log offset the store re-dispatches from are dropped when a queue is opened, because the
+recovery scan writes them again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from collections.abc import Callable
+
+import structlog
+
+from .fileio import nonzero_end, zero_tail
+from .mapped_file import MappedFile, parse_segment_name
+
+log = structlog.get_logger(__name__)
+
+CQ_ENTRY = struct.Struct(">qiq")
+CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
+FILLER_SIZE = 0x7FFFFFFF
+FILLER_ENTRY = CQ_ENTRY.pack(0, FILLER_SIZE, 0)
+
+
+class FlushTracker:
+    """What the next consume-queue flush must make durable: written segments, directories whose
+    entries changed, and deleted segments whose descriptors the flush thread closes.
+
+    Mutated only with the store lock held; the flush thread swaps the sets out under that lock
+    (:meth:`take`)."""
+
+    def __init__(self) -> None:
+        self.segments: set[MappedFile] = set()
+        self.dirs: set[str] = set()
+        self.retired: list[MappedFile] = []
+
+    def written(self, seg: MappedFile) -> None:
+        self.segments.add(seg)
+
+    def created(self, seg: MappedFile) -> None:
+        self.segments.add(seg)
+        self.dirs.add(os.path.dirname(seg.path))
+
+    def dir_created(self, parent: str) -> None:
+        self.dirs.add(parent)
+
+    def deleted(self, seg: MappedFile) -> None:
+        self.segments.discard(seg)
+        self.retired.append(seg)
+        self.dirs.add(os.path.dirname(seg.path))
+
+    def take(self) -> tuple[list[MappedFile], list[str], list[MappedFile]]:
+        segs, dirs, retired = list(self.segments), sorted(self.dirs), self.retired
+        self.segments, self.dirs, self.retired = set(), set(), []
+        return segs, dirs, retired
+
+
+def _first_false(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+    """The first index in ``[lo, hi)`` where ``pred`` is false (``pred`` is true on a prefix)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class ConsumeQueue:
+    """The queue offsets of one (topic, queueId).
+
+    ``min_offset`` is the first offset whose message is still in the commit log; ``max_offset``
+    is the next offset to write.  Owner thread only, except that the flush thread fsyncs
+    segments handed to it through the :class:`FlushTracker`.
+
+    Args:
+        root: ``<root>/consumequeue``.
+        topic: the topic (a safe directory name; the store validates it).
+        queue_id: the queue id.
+        segment_size: bytes per segment file (multiple of 20).
+        tracker: where written/created/deleted segments are reported.
+    """
+
+    def __init__(self, root: str, topic: str, queue_id: int, segment_size: int,
+                 tracker: FlushTracker) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self._root = root
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.segment_size = segment_size
+        self._tracker = tracker
+        self._segments: list[MappedFile] = []
+        self._starts: list[int] = []
+        self.min_offset = 0
+        self.max_offset = 0
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def load(self, below: int) -> None:
+        """Open the queue's files and keep the entries that point below commit-log offset
+        ``below`` (plus fillers); the rest of the queue is zeroed.
+
+        Entries under the checkpoint were fsynced before it was written, so they form an intact
+        prefix; what follows may be torn and is rebuilt by the recovery scan.
+        """
+        found: list[tuple[int, str]] = []
+        for name in os.listdir(self.directory):
+            start = parse_segment_name(name)
+            if start is None:
+                log.warning("unknown_file_ignored", path=os.path.join(self.directory, name))
+                continue
+            found.append((start, os.path.join(self.directory, name)))
+        found.sort()
+        segs: list[MappedFile] = []
+        for start, path in found:
+            if start % CQ_ENTRY_SIZE or (segs and start != segs[-1].end):
+                log.warning("segment_deleted", path=path, reason="gap_in_consume_queue")
+                os.unlink(path)
+                self._tracker.dir_created(self.directory)
+                continue
+            seg = MappedFile.open_existing(path, start, min_capacity=self.segment_size,
+                                           writable=True, allocate_blocks=True, map_now=False)
+            seg.capacity -= seg.capacity % CQ_ENTRY_SIZE
+            segs.append(seg)
+        if not segs:
+            return
+
+        def entry(index: int) -> tuple[int, int, int]:
+            pos = index * CQ_ENTRY_SIZE
+            i = bisect.bisect_right([s.start for s in segs], pos) - 1
+            seg = segs[i]
+            assert seg.fd is not None
+            raw = os.pread(seg.fd, CQ_ENTRY_SIZE, pos - seg.start)
+            if len(raw) < CQ_ENTRY_SIZE:
+                return (0, 0, 0)
+            phy, size, tags = CQ_ENTRY.unpack(raw)
+            return phy, size, tags
+
+        def keep(index: int) -> bool:
+            phy, size, _ = entry(index)
+            return size > 0 and (size == FILLER_SIZE or 0 <= phy < below)
+
+        lo = segs[0].start // CQ_ENTRY_SIZE
+        cut = _first_false(lo, segs[-1].end // CQ_ENTRY_SIZE, keep)
+        cut_pos = cut * CQ_ENTRY_SIZE
+        keep_n = len(segs)
+        for i, seg in enumerate(segs):
+            if seg.start <= cut_pos < seg.end:
+                if cut_pos == seg.start and i > 0:
+                    keep_n = i
+                else:
+                    keep_n = i + 1
+                    assert seg.fd is not None
+                    rel = cut_pos - seg.start
+                    if nonzero_end(seg.fd, rel, seg.capacity) > rel:
+                        zero_tail(seg.fd, rel, seg.capacity, allocate_blocks=True)
+                        self._tracker.written(seg)
+                break
+        for seg in segs[keep_n:]:
+            seg.unlink()
+            seg.close_fd()
+            self._tracker.dir_created(self.directory)
+        for seg in segs[:keep_n]:
+            seg.map()
+            self._segments.append(seg)
+            self._starts.append(seg.start)
+        self.max_offset = self.min_offset = cut
+
+    # -- writing (owner thread, store lock held) ---------------------------------------------
+
+    def append(self, commit_log_offset: int, size: int, tags_code: int) -> None:
+        """Write the entry for offset ``max_offset`` and advance it."""
+        pos = self.max_offset * CQ_ENTRY_SIZE
+        seg = self._segments[-1] if self._segments else None
+        if seg is None or pos >= seg.end:
+            seg = self._new_segment(pos)
+        assert seg.mm is not None
+        CQ_ENTRY.pack_into(seg.mm, pos - seg.start, commit_log_offset, size, tags_code)
+        self.max_offset += 1
+        self._tracker.written(seg)
+
+    def _new_segment(self, pos: int) -> MappedFile:
+        if self._segments:
+            start = self._segments[-1].end
+        else:
+            start = pos - pos % self.segment_size
+        if not os.path.isdir(self.directory):
+            topic_dir = os.path.dirname(self.directory)
+            if not os.path.isdir(topic_dir):
+                os.makedirs(topic_dir, exist_ok=True)
+                self._tracker.dir_created(self._root)
+            os.makedirs(self.directory, exist_ok=True)
+            self._tracker.dir_created(topic_dir)
+        seg = MappedFile.create(self.directory, start, self.segment_size, writable=True,
+                                allocate_blocks=True)
+        self._segments.append(seg)
+        self._starts.append(seg.start)
+        self._tracker.created(seg)
+        if pos > start:
+            assert seg.mm is not None
+            seg.mm[0 : pos - start] = FILLER_ENTRY * ((pos - start) // CQ_ENTRY_SIZE)
+        return seg
+
+    def truncate_from(self, index: int) -> int:
+        """Drop the entries from ``index`` on; returns how many were dropped."""
+        if index >= self.max_offset:
+            return 0
+        dropped = self.max_offset - index
+        pos = index * CQ_ENTRY_SIZE
+        end_pos = self.max_offset * CQ_ENTRY_SIZE
+        keep = len(self._segments)
+        for i, seg in enumerate(self._segments):
+            if seg.start <= pos < seg.end:
+                if pos == seg.start and i > 0:
+                    keep = i
+                else:
+                    keep = i + 1
+                    assert seg.mm is not None
+                    rel = pos - seg.start
+                    stop = min(seg.capacity, end_pos - seg.start)
+                    seg.mm[rel:stop] = bytes(stop - rel)
+                    self._tracker.written(seg)
+                break
+        self._drop_segments_from(keep, reason="truncated")
+        self.max_offset = index
+        self.min_offset = min(self.min_offset, index)
+        return dropped
+
+    def truncate_at_commit_offset(self, end: int) -> int:
+        """Drop the entries that point at or past commit-log offset ``end``."""
+        if not self._segments:
+            return 0
+        cut = _first_false(self.base_offset, self.max_offset,
+                           lambda i: self._is_filler_or_below(i, end))
+        return self.truncate_from(cut)
+
+    def reset_to(self, offset: int) -> None:
+        """Forget every entry and make ``offset`` the queue's next (and minimum) offset; the
+        offsets before it are gone with their messages."""
+        self._drop_segments_from(0, reason="queue_reset")
+        self.min_offset = self.max_offset = offset
+        if offset > 0:
+            self._new_segment(offset * CQ_ENTRY_SIZE)
+
+    def _drop_segments_from(self, keep: int, reason: str) -> None:
+        for seg in self._segments[keep:]:
+            seg.unlink()
+            self._tracker.deleted(seg)
+            log.info("segment_deleted", path=seg.path, reason=reason)
+        del self._segments[keep:]
+        del self._starts[keep:]
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def base_offset(self) -> int:
+        """The first offset the queue's files cover."""
+        return self._segments[0].start // CQ_ENTRY_SIZE if self._segments else self.max_offset
+
+    def _locate(self, index: int) -> tuple[MappedFile, int] | None:
+        pos = index * CQ_ENTRY_SIZE
+        segs = self._segments
+        if not segs:
+            return None
+        last = segs[-1]
+        if pos >= last.start:
+            seg = last
+        else:
+            i = bisect.bisect_right(self._starts, pos) - 1
+            if i < 0:
+                return None
+            seg = segs[i]
+        rel = pos - seg.start
+        if rel >= seg.capacity:
+            return None
+        return seg, rel
+
+    def entry(self, index: int) -> tuple[int, int, int] | None:
+        """``(commit_log_offset, size, tags_code)`` at ``index``, or None outside the files."""
+        if index >= self.max_offset:
+            return None
+        loc = self._locate(index)
+        if loc is None:
+            return None
+        seg, rel = loc
+        assert seg.mm is not None
+        phy, size, tags = CQ_ENTRY.unpack_from(seg.mm, rel)
+        return phy, size, tags
+
+    def read(self, index: int, count: int) -> bytes:
+        """Raw entries ``[index, index + k)``, ``1 <= k <= count``, all from one segment
+        (empty when ``index`` is outside the files)."""
+        loc = self._locate(index)
+        if loc is None:
+            return b""
+        seg, rel = loc
+        assert seg.mm is not None
+        n = min(count, self.max_offset - index, (seg.capacity - rel) // CQ_ENTRY_SIZE)
+        if n <= 0:
+            return b""
+        return seg.mm[rel : rel + n * CQ_ENTRY_SIZE]
+
+    def last_entry(self) -> tuple[int, int, int] | None:
+        return self.entry(self.max_offset - 1) if self.max_offset > self.base_offset else None
+
+    def _is_filler_or_below(self, index: int, phy_limit: int) -> bool:
+        e = self.entry(index)
+        return e is not None and (e[1] == FILLER_SIZE or e[0] < phy_limit)
+
+    # -- retention --------------------------------------------------------------------------
+
+    def correct_min_offset(self, commit_log_min: int) -> None:
+        """Move ``min_offset`` to the first entry whose message is at or above
+        ``commit_log_min`` (entries are in commit-log order, so a binary search does)."""
+        self.min_offset = _first_false(
+            self.base_offset, self.max_offset,
+            lambda i: self._is_filler_or_below(i, commit_log_min))
+
+    def delete_expired(self, commit_log_min: int) -> int:
+        """Delete leading segment files whose entries all point below ``commit_log_min`` (never
+        the last file, which keeps the queue's position), then correct ``min_offset``."""
+        deleted = 0
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            last = self.entry(seg.end // CQ_ENTRY_SIZE - 1)
+            if last is None or not (last[1] == FILLER_SIZE or last[0] < commit_log_min):
+                break
+            self._segments.pop(0)
+            self._starts.pop(0)
+            seg.unlink()
+            self._tracker.deleted(seg)
+            log.info("segment_deleted", path=seg.path, reason="commit_log_deleted")
+            deleted += 1
+        self.correct_min_offset(commit_log_min)
+        return deleted
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._segments.clear()
+        self._starts.clear()

@@ -1,0 +1,143 @@
+"""Committed consumer offsets (RocketMQ's ``ConsumerOffsetManager``), persisted as JSON.
+
+File: ``<root>/config/consumerOffset.json``, RocketMQ's shape (``topic@group`` keys; RocketMQ
+writes queue ids as bare numbers, JSON needs strings)::
+
+    {"offsetTable": {"TopicA@billing": {"0": 17, "1": 4}},
+     "dataVersion": {"timestamp": 1700000000000, "counter": 12}}
+
+Commits only change memory; :meth:`ConsumerOffsetManager.persist` writes the file (atomically)
+when something changed.  The broker calls it every ``flushConsumerOffsetInterval`` and on
+shutdown, so a crash can lose the last few seconds of commits: consumers then see those
+messages again, which at-least-once delivery allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from .errors import StoreCorruptError
+from .fileio import atomic_write
+
+TOPIC_GROUP_SEPARATOR = "@"
+
+
+class ConsumerOffsetManager:
+    """Offsets per (group, topic, queue).  Thread-safe: the loop thread commits and queries,
+    :meth:`persist` may run on a worker thread.
+
+    Args:
+        path: ``<root>/config/consumerOffset.json`` (its folder is created on first write).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._table: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+        self._persist_lock = threading.Lock()
+        self._dirty = False
+        self._counter = 0
+
+    @staticmethod
+    def _key(group: str, topic: str) -> str:
+        return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+    def load(self) -> None:
+        """Read the file if there is one.
+
+        Raises:
+            StoreCorruptError: the file exists but cannot be read as an offset table.
+        """
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return
+        try:
+            doc = json.loads(raw)
+            table = {
+                str(key): {int(qid): int(off) for qid, off in queues.items()}
+                for key, queues in doc.get("offsetTable", {}).items()
+            }
+            counter = int(doc.get("dataVersion", {}).get("counter", 0))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise StoreCorruptError(
+                f"cannot read consumer offsets from {self.path}: {exc}") from None
+        with self._lock:
+            self._table = table
+            self._counter = counter
+            self._dirty = False
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record ``offset`` as the next offset ``group`` will consume from the queue."""
+        with self._lock:
+            queues = self._table.setdefault(self._key(group, topic), {})
+            if queues.get(queue_id) != offset:
+                queues[queue_id] = offset
+                self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one for the queue."""
+        with self._lock:
+            return self._table.get(self._key(group, topic), {}).get(queue_id, -1)
+
+    def offsets(self, group: str, topic: str) -> dict[int, int]:
+        """Committed offsets of ``group`` on ``topic`` by queue id (a copy)."""
+        with self._lock:
+            return dict(self._table.get(self._key(group, topic), {}))
+
+    def groups(self) -> list[str]:
+        """Groups that committed anything, sorted."""
+        with self._lock:
+            keys = list(self._table)
+        return sorted({k.split(TOPIC_GROUP_SEPARATOR, 1)[1] for k in keys
+                       if TOPIC_GROUP_SEPARATOR in k})
+
+    def topics_of(self, group: str) -> list[str]:
+        """Topics ``group`` committed offsets for, sorted."""
+        suffix = TOPIC_GROUP_SEPARATOR + group
+        with self._lock:
+            return sorted(k[: -len(suffix)] for k in self._table if k.endswith(suffix))
+
+    def remove_group(self, group: str) -> bool:
+        """Forget all offsets of ``group``; True if it had any."""
+        suffix = TOPIC_GROUP_SEPARATOR + group
+        with self._lock:
+            keys = [k for k in self._table if k.endswith(suffix)]
+            for k in keys:
+                del self._table[k]
+            if keys:
+                self._dirty = True
+        return bool(keys)
+
+    def persist(self) -> bool:
+        """Write the table if it changed since the last write; True if it wrote.
+
+        Raises:
+            OSError: the write failed; the file keeps its previous content and the table stays
+                dirty, so the next call tries again.
+        """
+        with self._persist_lock:
+            with self._lock:
+                if not self._dirty:
+                    return False
+                self._dirty = False
+                self._counter += 1
+                snapshot = {key: {str(q): o for q, o in sorted(queues.items())}
+                            for key, queues in sorted(self._table.items())}
+                counter = self._counter
+            doc = {
+                "offsetTable": snapshot,
+                "dataVersion": {"timestamp": int(time.time() * 1000), "counter": counter},
+            }
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                atomic_write(self.path, json.dumps(doc, indent=1).encode())
+            except BaseException:
+                with self._lock:
+                    self._dirty = True
+                raise
+            return True

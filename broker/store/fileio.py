@@ -1,0 +1,133 @@
+"""Small file-system helpers with the durability rules spelled out.
+
+* A new or renamed file is durable only once its *directory* is fsynced too (POSIX: the entry
+  lives in the directory).  :func:`atomic_write` and the segment code do that.
+* Segment files are preallocated at their full size, so their length never changes while data is
+  appended; ``fdatasync`` then only has to push data blocks (and the block map), not the inode
+  times.
+* Cutting a tail is done with ``ftruncate(pos)`` followed by ``ftruncate(size)``: the kernel
+  drops the blocks after ``pos`` (reads then return zeros) without writing gigabytes of zeros.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable
+
+#: fdatasync where the platform has it (Linux); plain fsync elsewhere.
+fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that entries created, renamed or removed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fsync) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
+
+    Order: write a temporary file in the same directory, fsync it, rename it over ``path``,
+    fsync the directory.  On any failure the temporary file is removed and ``path`` keeps its old
+    content.
+
+    Args:
+        path: the file to replace (its directory must exist).
+        data: the complete new content.
+        fsync: the function used to fsync the temporary file (a seam for fault-injection tests).
+
+    Raises:
+        OSError: the write, fsync or rename failed; ``path`` is unchanged.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+            fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def preallocate(fd: int, size: int, *, allocate_blocks: bool) -> None:
+    """Give a file its full size.
+
+    ``ftruncate`` makes a sparse file (fast, but a later write into a hole can fail with
+    ENOSPC).  With ``allocate_blocks`` the blocks are also reserved with ``posix_fallocate``,
+    which the consume queues want: they are written through ``mmap``, where ENOSPC would arrive
+    as SIGBUS instead of an exception.  Filesystems without fallocate keep the sparse file.
+    """
+    os.ftruncate(fd, size)
+    if allocate_blocks and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+
+
+def zero_tail(fd: int, pos: int, size: int, *, allocate_blocks: bool) -> None:
+    """Make bytes ``[pos, size)`` of a file read as zeros (truncate down, then back up).
+
+    The file must not be memory-mapped while this runs (a mapped page past the temporary end
+    would fault with SIGBUS).
+    """
+    os.ftruncate(fd, pos)
+    preallocate(fd, size, allocate_blocks=allocate_blocks)
+
+
+def nonzero_end(fd: int, start: int, end: int) -> int:
+    """The position just after the last non-zero byte in ``[start, end)``, or ``start``.
+
+    Only the file's data extents are read (``SEEK_DATA``/``SEEK_HOLE``), so a mostly sparse
+    1 GiB segment costs a few reads; filesystems without hole reporting are read in full.
+    """
+    last = start
+    pos = start
+    seek_data = getattr(os, "SEEK_DATA", None)
+    seek_hole = getattr(os, "SEEK_HOLE", None)
+    while pos < end:
+        data_start, data_end = pos, end
+        if seek_data is not None and seek_hole is not None:
+            try:
+                data_start = os.lseek(fd, pos, seek_data)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data after pos
+                    break
+                data_start = pos
+            if data_start >= end:
+                break
+            try:
+                data_end = min(os.lseek(fd, data_start, seek_hole), end)
+            except OSError:
+                data_end = end
+        p = data_start
+        while p < data_end:
+            chunk = os.pread(fd, min(1 << 20, data_end - p), p)
+            if not chunk:
+                break
+            stripped = len(chunk.rstrip(b"\0"))
+            if stripped:
+                last = p + stripped
+            p += len(chunk)
+        pos = max(data_end, pos + 1)
+    return last

@@ -1,0 +1,801 @@
+"""MessageStore: the commit log, its consume queues and the checkpoint behind one API
+(RocketMQ's ``DefaultMessageStore``).
+
+Directory layout under ``store_path_root_dir``::
+
+    lock                                     flock'ed while a MessageStore has the folder open
+    checkpoint                               see checkpoint.py
+    commitlog/<20-digit offset>              see commit_log.py
+    consumequeue/<topic>/<queueId>/<20-digit byte offset>   see consume_queue.py
+    config/topics.json, config/consumerOffset.json          TopicConfigManager,
+                                                            ConsumerOffsetManager
+
+Threads.  Appends, reads and retention run on one thread (the broker's event loop).
+:meth:`MessageStore.flush` and :meth:`MessageStore.flush_consume_queues` may run concurrently on
+a worker thread.  One short ``threading.Lock`` is held by an append from the first byte it
+reserves until its consume-queue entries are written, and by the flush paths only while they
+copy what they will fsync; no fsync ever runs under it.
+
+Dispatch rule (RocketMQ's ``CommitLogDispatcherBuildConsumeQueue``): a message whose transaction
+type (``sysFlag & 0xC``) is PREPARED (0x4) or ROLLBACK (0xC) gets no consume-queue entry (its
+queue offset is 0); NOT (0x0) and COMMIT (0x8) messages do.
+
+Recovery (:meth:`MessageStore.load`), in order:
+
+1. Open the commit-log segments; read the checkpoint: offset ``L`` and each queue's max offset at
+   ``L``.  No (readable) checkpoint means ``L`` = the commit-log minimum: rebuild everything.
+2. Open every consume queue, keeping only the entries that point below ``L``.
+3. A queue with fewer entries than the checkpoint says lost files; the scan must start early
+   enough to rebuild it: at the end of its last surviving entry's message, or at the commit-log
+   minimum.  The scan starts at the smallest of these and ``L``.
+4. Scan the commit log to the end, validating every record.  Each dispatchable message whose
+   queue offset equals its queue's next offset is appended to that queue (already indexed
+   messages are skipped; a jump forward means older offsets are gone and the queue restarts
+   there).  The first invalid record ends the log: its segment is zeroed from there and later
+   segments are deleted.
+5. If the end is below ``L`` (the disk lost fsynced data), drop queue entries past it.  Queues
+   whose messages were all deleted by retention keep their offsets from the checkpoint.
+6. Move each queue's minimum to its first message still in the commit log, fsync what recovery
+   changed and write a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import os
+import re
+import shutil
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+from txmq.protocol.errors import (
+    MessageIllegalError,
+    ProtocolError,
+    QueryNotFoundError,
+    ServiceNotAvailableError,
+)
+from txmq.protocol.message import (
+    POS_PHYSICAL_OFFSET,
+    POS_QUEUE_OFFSET,
+    POS_STORE_TIMESTAMP,
+    MessageConst,
+    MessageExt,
+    MessageSysFlag,
+    decode_message,
+    encode_message,
+    pack_host,
+)
+
+from .checkpoint import StoreCheckpoint
+from .commit_log import (
+    FORMAT_VERSION,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_MAGIC,
+    CommitLog,
+    DispatchInfo,
+)
+from .config import StoreConfig
+from .consume_queue import CQ_ENTRY, FILLER_SIZE, ConsumeQueue, FlushTracker
+from .errors import StoreLockedError
+from .fileio import fsync_dir
+from .tags import tags_code_of
+
+log = structlog.get_logger(__name__)
+
+#: RocketMQ's topic name rule (TopicValidator); topics are directory names here too.
+VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+MAX_TOPIC_BYTES = 255
+#: How many consume-queue entries one get may scan past filtered ones (RocketMQ's
+#: maxFilterMessageSize of 16000 bytes = 800 entries).
+MAX_FILTER_SCAN = 800
+#: Segments retention deletes per call at most (RocketMQ's deleteCommitLogFilesBatchMax).
+DELETE_FILES_BATCH_MAX = 10
+_POS_STORE_HOST = 64
+_I64 = struct.Struct(">q")
+_TX_NO_DISPATCH = (MessageSysFlag.TRANSACTION_PREPARED_TYPE,
+                   MessageSysFlag.TRANSACTION_ROLLBACK_TYPE)
+
+
+class GetMessageStatus(enum.Enum):
+    """Outcome of :meth:`MessageStore.get_messages` (RocketMQ's names)."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+
+
+@dataclass(frozen=True)
+class PutMessageResult:
+    """Where a message was stored.
+
+    Attributes:
+        commit_log_offset: offset of its record in the commit log (the offsetMsgId's offset).
+        size: stored-message bytes.
+        queue_offset: its offset in its consume queue (0 for PREPARED/ROLLBACK messages).
+        store_timestamp: ms, the store's clock.
+        offset_msg_id: RocketMQ's offsetMsgId (store host + commit-log offset).
+        end_offset: the commit-log offset a flush must reach for the message to be durable.
+    """
+
+    commit_log_offset: int
+    size: int
+    queue_offset: int
+    store_timestamp: int
+    offset_msg_id: str
+    end_offset: int
+
+
+@dataclass
+class GetMessageResult:
+    """Messages read from one consume queue.
+
+    Attributes:
+        status: what happened.
+        messages: raw stored messages (RocketMQ's layout, decodable with
+            ``txmq.protocol.message.decode_message``), in queue order.
+        next_begin_offset: the offset to ask for next.
+        min_offset: the queue's minimum offset.
+        max_offset: the queue's next offset to be written.
+    """
+
+    status: GetMessageStatus
+    messages: list[bytes] = field(default_factory=list)
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(m) for m in self.messages)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What :meth:`MessageStore.load` found and did.
+
+    Attributes:
+        max_phy_offset: end of the commit log after recovery.
+        truncated_bytes: non-zero bytes cut after the last valid record (a torn tail).
+        redispatched: consume-queue entries written by the recovery scan.
+        consume_queues: number of consume queues.
+        min_phy_offset: start of the commit log.
+        checkpoint_offset: the checkpoint's commit-log offset (-1: none was readable).
+        scan_start_offset: where the recovery scan started.
+        deleted_segments: commit-log segments removed because they lay after the cut.
+        rebuilt_queues: consume queues that had lost entries below the checkpoint.
+        elapsed_ms: how long recovery took.
+    """
+
+    max_phy_offset: int
+    truncated_bytes: int
+    redispatched: int
+    consume_queues: int
+    min_phy_offset: int = 0
+    checkpoint_offset: int = -1
+    scan_start_offset: int = 0
+    deleted_segments: int = 0
+    rebuilt_queues: int = 0
+    elapsed_ms: float = 0.0
+
+
+def _valid_destination(topic: str, queue_id: int) -> bool:
+    return (0 <= queue_id <= 0x7FFFFFFF and len(topic) <= MAX_TOPIC_BYTES
+            and VALID_TOPIC.match(topic) is not None)
+
+
+class MessageStore:
+    """The durable store: commit log, consume queues, checkpoint.
+
+    Args:
+        config: where and how to store.
+        store_host: this broker's address, written into every message (STOREHOST) and its
+            offsetMsgId.
+        clock: seconds since the epoch; the store timestamp of each message (a seam for tests).
+    """
+
+    def __init__(self, config: StoreConfig, store_host: tuple[str, int],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store_host = store_host
+        self._clock = clock
+        root = config.store_path_root_dir
+        self._root = root
+        self._cq_dir = os.path.join(root, "consumequeue")
+        self._checkpoint_path = os.path.join(root, "checkpoint")
+        self._lock_path = os.path.join(root, "lock")
+        self._lock = threading.Lock()
+        self._cq_flush_lock = threading.Lock()
+        self._commit_log = CommitLog(os.path.join(root, "commitlog"),
+                                     config.mapped_file_size_commit_log, self._lock)
+        self._tracker = FlushTracker()
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._topics: dict[str, dict[int, ConsumeQueue]] = {}
+        self._host_bytes = pack_host(store_host)
+        self._msg_id_prefix = self._host_bytes.hex().upper()
+        self._lock_fd: int | None = None
+        self._open = False
+        self._last_checkpoint: tuple[int, dict[tuple[str, int], int]] | None = None
+        self._put_count = 0
+        self._put_bytes = 0
+        self._get_found = 0
+        self._get_miss = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> RecoveryReport:
+        """Open (or create) the store folder, lock it and recover.
+
+        Raises:
+            StoreLockedError: another MessageStore (in any process) has the folder open.
+            StoreCorruptError: the checkpoint is from an incompatible format version.
+        """
+        if self._open:
+            raise RuntimeError("the message store is already loaded")
+        t0 = time.monotonic()
+        for d in (self._root, self._commit_log.directory, self._cq_dir,
+                  os.path.join(self._root, "config")):
+            os.makedirs(d, exist_ok=True)
+        self._acquire_lock()
+        try:
+            fsync_dir(self._root)
+            report = self._recover(t0)
+        except BaseException:
+            self._close_files()
+            self._release_lock()
+            raise
+        self._open = True
+        return report
+
+    def _acquire_lock(self) -> None:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                     0o644)
+        try:
+            # flock locks belong to the open file description, so a second MessageStore in the
+            # same process is refused as well as one in another process.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"the store at {os.path.abspath(self._root)} is in use by another process "
+                f"(lock file {self._lock_path})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _recover(self, t0: float) -> RecoveryReport:
+        cl = self._commit_log
+        cl.load()
+        cp = StoreCheckpoint.read(self._checkpoint_path)
+        cl_min = cl.min_offset
+        if cp is None:
+            logic = cl_min
+            if cl.segments:
+                log.warning("checkpoint_missing", path=self._checkpoint_path,
+                            action="rebuilding consume queues from the whole commit log")
+        else:
+            logic = min(max(cp.logic_offset, cl_min), cl.write_pos)
+
+        for topic in sorted(os.listdir(self._cq_dir)):
+            topic_dir = os.path.join(self._cq_dir, topic)
+            if not os.path.isdir(topic_dir) or not VALID_TOPIC.match(topic):
+                log.warning("unknown_file_ignored", path=topic_dir)
+                continue
+            for qid_name in sorted(os.listdir(topic_dir)):
+                if not qid_name.isdigit() or not os.path.isdir(
+                        os.path.join(topic_dir, qid_name)):
+                    log.warning("unknown_file_ignored", path=os.path.join(topic_dir, qid_name))
+                    continue
+                cq = self._new_cq((topic, int(qid_name)))
+                cq.load(logic)
+
+        scan_start = logic
+        incomplete: dict[tuple[str, int], int] = {}
+        if cp is not None:
+            for key, expected in cp.queues.items():
+                if not _valid_destination(*key):
+                    continue
+                cq = self._cqs.get(key) or self._new_cq(key)
+                if cq.max_offset >= expected:
+                    continue
+                last = cq.last_entry()
+                if last is not None and last[1] != FILLER_SIZE and last[0] >= cl_min:
+                    resume = last[0] + RECORD_HEADER_SIZE + last[1]
+                else:
+                    resume = cl_min
+                log.warning("consume_queue_incomplete", topic=key[0], queue_id=key[1],
+                            entries=cq.max_offset, expected=expected, rebuild_from=resume)
+                incomplete[key] = expected
+                scan_start = min(scan_start, resume)
+
+        redispatched = 0
+
+        def on_record(offset: int, size: int, info: DispatchInfo) -> None:
+            nonlocal redispatched
+            if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
+                return
+            key = (info.topic, info.queue_id)
+            cq = self._cqs.get(key)
+            if cq is None:
+                if not _valid_destination(*key):
+                    log.error("message_not_dispatched", offset=offset, topic=info.topic,
+                              queue_id=info.queue_id, reason="invalid_destination")
+                    return
+                cq = self._new_cq(key)
+            if info.queue_offset < cq.max_offset:
+                return  # indexed before the crash
+            if info.queue_offset > cq.max_offset:
+                log.warning("consume_queue_restarted", topic=key[0], queue_id=key[1],
+                            from_offset=cq.max_offset, to_offset=info.queue_offset,
+                            reason="older_messages_missing")
+                cq.reset_to(info.queue_offset)
+            cq.append(offset, size, info.tags_code)
+            redispatched += 1
+
+        rec = cl.recover(scan_start, on_record)
+        end = rec.end
+        if end < logic:
+            log.error("commit_log_shorter_than_checkpoint", end=end, checkpoint=logic)
+            for cq in self._cqs.values():
+                cq.truncate_at_commit_offset(end)
+        else:
+            for key, expected in incomplete.items():
+                cq = self._cqs[key]
+                if cq.max_offset < expected:
+                    # Its messages were deleted by retention along with its files; keep the
+                    # offsets consumers know.
+                    cq.reset_to(expected)
+        cl_min = cl.min_offset
+        for cq in self._cqs.values():
+            cq.correct_min_offset(cl_min)
+
+        # Make what recovery found and changed durable before serving: the commit log from the
+        # scan start (a killed process leaves written but unsynced pages), then the queues and
+        # a new checkpoint.
+        cl.flush()
+        self._flush_consume_queues()
+        report = RecoveryReport(
+            max_phy_offset=end,
+            truncated_bytes=rec.truncated_bytes,
+            redispatched=redispatched,
+            consume_queues=len(self._cqs),
+            min_phy_offset=cl_min,
+            checkpoint_offset=cp.logic_offset if cp is not None else -1,
+            scan_start_offset=scan_start,
+            deleted_segments=rec.deleted_segments,
+            rebuilt_queues=len(incomplete),
+            elapsed_ms=round((time.monotonic() - t0) * 1000, 3),
+        )
+        log.info("store_recovered", path=self._root, max_phy_offset=end,
+                 min_phy_offset=cl_min, truncated_bytes=rec.truncated_bytes,
+                 redispatched=redispatched, consume_queues=len(self._cqs),
+                 checkpoint_offset=report.checkpoint_offset, scan_start_offset=scan_start,
+                 deleted_segments=rec.deleted_segments, rebuilt_queues=len(incomplete),
+                 elapsed_ms=report.elapsed_ms)
+        return report
+
+    def close(self) -> None:
+        """Flush the commit log and the consume queues, write the checkpoint, close the files
+        and release the lock.  Idempotent."""
+        if not self._open:
+            return
+        try:
+            self._flush_consume_queues()
+        finally:
+            self._open = False
+            self._close_files()
+            self._release_lock()
+        log.info("store_closed", path=self._root, max_phy_offset=self._commit_log.write_pos)
+
+    def _close_files(self) -> None:
+        with self._cq_flush_lock, self._lock:
+            for cq in self._cqs.values():
+                cq.close()
+            _segs, _dirs, retired = self._tracker.take()
+            for seg in retired:
+                seg.close()
+            self._cqs.clear()
+            self._topics.clear()
+        self._commit_log.close()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ServiceNotAvailableError("the message store is not open")
+
+    def _new_cq(self, key: tuple[str, int]) -> ConsumeQueue:
+        cq = ConsumeQueue(self._cq_dir, key[0], key[1],
+                          self.config.mapped_file_size_consume_queue, self._tracker)
+        self._cqs[key] = cq
+        self._topics.setdefault(key[0], {})[key[1]] = cq
+        return cq
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def put_message(self, msg: MessageExt) -> PutMessageResult:
+        """Append one message; see :meth:`put_messages`."""
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, msgs: list[MessageExt]) -> list[PutMessageResult]:
+        """Append messages as one contiguous write, all or none.
+
+        The store sets ``store_timestamp``, ``store_host``, ``commit_log_offset``,
+        ``queue_offset`` and ``store_size`` on each message object (and in the stored bytes).
+        The append is written to the file (visible to readers, survives the death of the
+        process) but not yet fsynced: call :meth:`flush` until ``flushed_offset`` reaches the
+        results' ``end_offset`` for that.
+
+        Raises:
+            MessageIllegalError: a message is larger than ``max_message_size``, has an invalid
+                topic or queue id, or the batch does not fit in one commit-log segment; nothing
+                is written.
+            StoreIOError: the write failed; nothing is visible.
+            ServiceNotAvailableError: the store is not open.
+        """
+        self._check_open()
+        if not msgs:
+            return []
+        cfg = self.config
+        encoded: list[bytes] = []
+        total = 0
+        for m in msgs:
+            if not _valid_destination(m.topic, m.queue_id):
+                raise MessageIllegalError(
+                    f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: invalid "
+                    f"topic name or queue id")
+            try:
+                data = encode_message(m)
+            except ProtocolError as exc:
+                raise MessageIllegalError(f"cannot store message: {exc}") from None
+            if len(data) > cfg.max_message_size:
+                raise MessageIllegalError(
+                    f"message size {len(data)} bytes exceeds the maximum message size of "
+                    f"{cfg.max_message_size} bytes")
+            encoded.append(data)
+            total += RECORD_HEADER_SIZE + len(data)
+        if total > cfg.mapped_file_size_commit_log:
+            raise MessageIllegalError(
+                f"{len(msgs)} messages of {total} bytes in all do not fit in one commit-log "
+                f"segment of {cfg.mapped_file_size_commit_log} bytes")
+
+        buf = bytearray(total)
+        plan: list[tuple[ConsumeQueue | None, int, int, int]] = []
+        host = self._host_bytes
+        with self._lock:
+            now_ms = int(self._clock() * 1000)
+            cl = self._commit_log
+            base = cl.reserve(total)
+            pending: dict[tuple[str, int], int] = {}
+            off = 0
+            with memoryview(buf) as view:
+                for m, data in zip(msgs, encoded, strict=True):
+                    n = len(data)
+                    phy = base + off
+                    cq: ConsumeQueue | None = None
+                    qo = 0
+                    if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
+                        key = (m.topic, m.queue_id)
+                        cq = self._cqs.get(key) or self._new_cq(key)
+                        qo = pending.get(key, cq.max_offset)
+                        pending[key] = qo + 1
+                    p = off + RECORD_HEADER_SIZE
+                    view[p : p + n] = data
+                    _I64.pack_into(buf, p + POS_QUEUE_OFFSET, qo)
+                    _I64.pack_into(buf, p + POS_PHYSICAL_OFFSET, phy)
+                    _I64.pack_into(buf, p + POS_STORE_TIMESTAMP, now_ms)
+                    view[p + _POS_STORE_HOST : p + _POS_STORE_HOST + 8] = host
+                    RECORD_HEADER.pack_into(buf, off, RECORD_MAGIC, n,
+                                            zlib.crc32(view[p : p + n]))
+                    plan.append((cq, phy, n, qo))
+                    off = p + n
+            cl.write(base, buf)
+            for (cq, phy, n, _qo), m in zip(plan, msgs, strict=True):
+                if cq is not None:
+                    cq.append(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
+        results = []
+        for (_cq, phy, n, qo), m in zip(plan, msgs, strict=True):
+            m.store_timestamp = now_ms
+            m.store_host = self.store_host
+            m.commit_log_offset = phy
+            m.queue_offset = qo
+            m.store_size = n
+            results.append(PutMessageResult(
+                commit_log_offset=phy, size=n, queue_offset=qo, store_timestamp=now_ms,
+                offset_msg_id=f"{self._msg_id_prefix}{phy:016X}",
+                end_offset=phy + RECORD_HEADER_SIZE + n))
+        self._put_count += len(msgs)
+        self._put_bytes += total
+        return results
+
+    # -- flushing (any thread) ------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync the commit log up to the write position seen at the start of the call.
+
+        Thread-safe with respect to appends on the owner thread.
+
+        Returns:
+            The new flushed offset.
+        """
+        return self._commit_log.flush()
+
+    def flush_consume_queues(self) -> None:
+        """fsync the consume queues (and the commit log up to the same point), then write the
+        checkpoint.  Thread-safe with respect to appends on the owner thread."""
+        if self._open:
+            self._flush_consume_queues()
+
+    def _flush_consume_queues(self) -> None:
+        with self._cq_flush_lock:
+            with self._lock:
+                logic = self._commit_log.write_pos
+                table = {key: cq.max_offset for key, cq in self._cqs.items()}
+                segs, dirs, retired = self._tracker.take()
+            for seg in segs:
+                seg.sync()
+            for d in dirs:
+                try:
+                    fsync_dir(d)
+                except FileNotFoundError:
+                    pass
+            for seg in retired:
+                seg.close_fd()
+            physic = self._commit_log.flush()
+            if self._last_checkpoint == (logic, table):
+                return
+            StoreCheckpoint(logic, physic, int(time.time() * 1000), table).write(
+                self._checkpoint_path)
+            self._last_checkpoint = (logic, table)
+
+    @property
+    def flushed_offset(self) -> int:
+        """Commit-log offset below which everything is fsynced."""
+        return self._commit_log.flushed
+
+    @property
+    def max_phy_offset(self) -> int:
+        """End of the commit log (the next append position)."""
+        return self._commit_log.write_pos
+
+    @property
+    def min_phy_offset(self) -> int:
+        """Offset of the oldest message still stored."""
+        return self._commit_log.min_offset
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
+                     tag_codes: frozenset[int] | None = None,
+                     max_bytes: int = 4 * 1024 * 1024) -> GetMessageResult:
+        """Read up to ``max_msgs`` messages (and about ``max_bytes``) from a queue, starting at
+        queue offset ``offset``.
+
+        Statuses follow RocketMQ's ``DefaultMessageStore.getMessage``; a queue the store has
+        never written (but could) is an empty queue, NO_MESSAGE_IN_QUEUE, so the broker can
+        hold a long-polling pull on it; NO_MATCHED_LOGIC_QUEUE is for a topic or queue id that
+        cannot exist.
+
+        Args:
+            topic: the topic.
+            queue_id: the queue.
+            offset: the first queue offset wanted.
+            max_msgs: most messages returned.
+            tag_codes: tag codes to keep (None: all messages).
+            max_bytes: stop before exceeding this many bytes (the first message is returned
+                whatever its size).
+        """
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            self._get_miss += 1
+            status = (GetMessageStatus.NO_MESSAGE_IN_QUEUE if _valid_destination(topic, queue_id)
+                      else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+            return GetMessageResult(status, [], 0, 0, 0)
+        min_o, max_o = cq.min_offset, cq.max_offset
+        if max_o == 0:
+            status, next_offset = GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0
+        elif offset < min_o:
+            status, next_offset = GetMessageStatus.OFFSET_TOO_SMALL, min_o
+        elif offset == max_o:
+            status, next_offset = GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
+        elif offset > max_o:
+            status, next_offset = GetMessageStatus.OFFSET_OVERFLOW_BADLY, max_o
+        else:
+            return self._read_queue(cq, offset, max_msgs, tag_codes, max_bytes)
+        self._get_miss += 1
+        return GetMessageResult(status, [], next_offset, min_o, max_o)
+
+    def _read_queue(self, cq: ConsumeQueue, offset: int, max_msgs: int,
+                    tag_codes: frozenset[int] | None, max_bytes: int) -> GetMessageResult:
+        cl = self._commit_log
+        cl_min = cl.min_offset
+        max_o = cq.max_offset
+        limit = min(max_o, offset + max(MAX_FILTER_SCAN, max_msgs))
+        messages: list[bytes] = []
+        total = 0
+        found_null = False
+        idx = offset
+        full = False
+        while not full and idx < limit:
+            chunk = cq.read(idx, limit - idx)
+            if not chunk:  # outside the queue's files: nothing there
+                found_null = True
+                idx += 1
+                continue
+            for phy, size, tags in CQ_ENTRY.iter_unpack(chunk):
+                if len(messages) >= max_msgs:
+                    full = True
+                    break
+                if size == FILLER_SIZE or phy < cl_min:
+                    found_null = True
+                    idx += 1
+                    continue
+                if messages and total + size > max_bytes:
+                    full = True
+                    break
+                idx += 1
+                if tag_codes is not None and tags not in tag_codes:
+                    continue
+                payload = cl.read_payload(phy, size)
+                if payload is None:
+                    found_null = True
+                    log.error("message_unreadable", topic=cq.topic, queue_id=cq.queue_id,
+                              queue_offset=idx - 1, commit_log_offset=phy, size=size)
+                    continue
+                messages.append(payload)
+                total += size
+        if messages:
+            status = GetMessageStatus.FOUND
+            self._get_found += 1
+        else:
+            status = (GetMessageStatus.OFFSET_FOUND_NULL if found_null
+                      else GetMessageStatus.NO_MATCHED_MESSAGE)
+            self._get_miss += 1
+        return GetMessageResult(status, messages, idx, cq.min_offset, max_o)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset to be written (0 for a queue never written)."""
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        """The queue's first offset whose message is still stored."""
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq is not None else 0
+
+    def get_offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``; the
+        max offset when there is none.  Assumes store timestamps grow with offsets (they do
+        unless the clock jumps back)."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        cl = self._commit_log
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = cq.entry(mid)
+            ts = cl.read_store_timestamp(e[0]) if e is not None else None
+            if ts is not None and ts >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def read_message_bytes(self, commit_log_offset: int) -> bytes:
+        """The raw stored message at a commit-log offset.
+
+        Raises:
+            QueryNotFoundError: no intact message starts there.
+        """
+        payload = self._commit_log.read_payload(commit_log_offset)
+        if payload is None:
+            raise QueryNotFoundError(f"no message at commit-log offset {commit_log_offset}")
+        return payload
+
+    def lookup_message(self, commit_log_offset: int) -> MessageExt:
+        """The message at a commit-log offset (an offsetMsgId's offset), decoded.
+
+        Raises:
+            QueryNotFoundError: no intact message starts there.
+        """
+        payload = self.read_message_bytes(commit_log_offset)
+        try:
+            return decode_message(payload)
+        except ProtocolError:
+            raise QueryNotFoundError(
+                f"no message at commit-log offset {commit_log_offset}") from None
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """Ids of the topic's consume queues, sorted."""
+        return sorted(self._topics.get(topic, {}))
+
+    def topics(self) -> list[str]:
+        """Topics that have consume queues, sorted."""
+        return sorted(self._topics)
+
+    # -- retention ------------------------------------------------------------------------------
+
+    def delete_expired_files(self, now: float | None = None) -> int:
+        """Delete old commit-log segments, then the consume-queue files that only point into
+        them.
+
+        A segment is deleted (oldest first, never the active last one, at most
+        ``DELETE_FILES_BATCH_MAX`` per call) when its file was last modified more than
+        ``file_reserved_time`` hours before ``now``, or while the disk holding the store is
+        fuller than ``disk_max_used_space_ratio`` percent.  Each consume queue's minimum offset
+        then moves to its first message still stored.
+
+        Args:
+            now: seconds since the epoch to age files against (default: the wall clock, which
+                file modification times use).
+
+        Returns:
+            How many commit-log segments were deleted.
+        """
+        self._check_open()
+        now = time.time() if now is None else now
+        reserved = self.config.file_reserved_time * 3600.0
+        cl = self._commit_log
+        deleted = 0
+        with self._lock:
+            while deleted < DELETE_FILES_BATCH_MAX and len(cl.segments) > 1:
+                first = cl.segments[0]
+                if first.mtime() + reserved < now:
+                    reason = "expired"
+                elif self._disk_used_ratio() > self.config.disk_max_used_space_ratio:
+                    reason = "disk_full"
+                else:
+                    break
+                cl.delete_first_segment(reason)
+                deleted += 1
+            if deleted:
+                cl_min = cl.min_offset
+                cq_deleted = sum(cq.delete_expired(cl_min) for cq in self._cqs.values())
+                log.info("retention_applied", segments_deleted=deleted,
+                         consume_queue_segments_deleted=cq_deleted, min_phy_offset=cl_min)
+        return deleted
+
+    def _disk_used_ratio(self) -> float:
+        # RocketMQ's measure: space in use over total (blocks reserved for root count as free).
+        usage = shutil.disk_usage(self._root)
+        return usage.used * 100.0 / usage.total if usage.total else 0.0
+
+    # -- observability --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int | float | str]:
+        """Key figures of the store (flat, for status commands and metrics)."""
+        cl = self._commit_log
+        return {
+            "store_path": self._root,
+            "format_version": FORMAT_VERSION,
+            "commit_log_min_offset": cl.min_offset,
+            "commit_log_max_offset": cl.write_pos,
+            "commit_log_flushed_offset": cl.flushed,
+            "commit_log_unflushed_bytes": cl.write_pos - cl.flushed,
+            "commit_log_segments": len(cl.segments),
+            "checkpoint_offset": self._last_checkpoint[0] if self._last_checkpoint else -1,
+            "topics": len(self._topics),
+            "consume_queues": len(self._cqs),
+            "put_messages_total": self._put_count,
+            "put_bytes_total": self._put_bytes,
+            "get_found_total": self._get_found,
+            "get_miss_total": self._get_miss,
+            "disk_used_ratio": round(self._disk_used_ratio(), 2) if self._open else 0.0,
+        }

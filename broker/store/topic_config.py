@@ -1,0 +1,151 @@
+"""Topic configs (RocketMQ's ``TopicConfig`` / ``TopicConfigManager``), persisted as JSON.
+
+File: ``<root>/config/topics.json``, RocketMQ's shape with its camelCase keys, replaced
+atomically on every change (changes are rare: topic creation, perm or queue-count updates)::
+
+    {"topicConfigTable": {"TopicA": {"topicName": "TopicA", "readQueueNums": 4,
+                                     "writeQueueNums": 4, "perm": 6,
+                                     "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+                                     "order": false}},
+     "dataVersion": {"timestamp": 1700000000000, "counter": 3}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import StoreCorruptError
+from .fileio import atomic_write
+
+PERM_INHERIT = 1
+PERM_WRITE = 2
+PERM_READ = 4
+
+
+@dataclass
+class TopicConfig:
+    """One topic's queue counts and permissions.
+
+    Attributes:
+        topic_name: the topic.
+        read_queue_nums: queues consumers read.
+        write_queue_nums: queues producers write.
+        perm: PERM_READ | PERM_WRITE (6) by default.
+        topic_sys_flag: RocketMQ's topic system flag.
+        order: whether the topic is ordered.
+    """
+
+    topic_name: str
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = PERM_READ | PERM_WRITE
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with RocketMQ's keys."""
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | str | bytes) -> TopicConfig:
+        """Read RocketMQ's form (a dict, or its JSON text); unknown keys are ignored.
+
+        Raises:
+            ValueError: ``topicName`` is missing or a field has the wrong type.
+        """
+        data: Any = json.loads(doc) if isinstance(doc, str | bytes) else doc
+        if not isinstance(data, Mapping) or not isinstance(data.get("topicName"), str):
+            raise ValueError(f"not a topic config: {doc!r}")
+
+        def as_int(key: str, default: int) -> int:
+            value = data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise ValueError(f"topic config {key} is not an integer: {value!r}")
+            return int(value)
+
+        order = data.get("order", False)
+        if isinstance(order, str):
+            order = order.strip().lower() == "true"
+        return cls(
+            topic_name=data["topicName"],
+            read_queue_nums=as_int("readQueueNums", 4),
+            write_queue_nums=as_int("writeQueueNums", 4),
+            perm=as_int("perm", PERM_READ | PERM_WRITE),
+            topic_sys_flag=as_int("topicSysFlag", 0),
+            order=bool(order),
+        )
+
+
+class TopicConfigManager:
+    """The persisted table of topic configs.  Every change is written at once (atomically).
+
+    Args:
+        path: ``<root>/config/topics.json`` (its folder is created on first write).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._table: dict[str, TopicConfig] = {}
+        self._counter = 0
+
+    def load(self) -> None:
+        """Read the file if there is one.
+
+        Raises:
+            StoreCorruptError: the file exists but cannot be read as a topic table.
+        """
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            self._table = {}
+            return
+        try:
+            doc = json.loads(raw)
+            table = {name: TopicConfig.from_json(tc)
+                     for name, tc in doc.get("topicConfigTable", {}).items()}
+            self._counter = int(doc.get("dataVersion", {}).get("counter", 0))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise StoreCorruptError(f"cannot read topic configs from {self.path}: {exc}") from None
+        self._table = table
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._table.get(name)
+
+    def put(self, tc: TopicConfig) -> None:
+        """Add or replace a topic config and persist the table."""
+        self._table[tc.topic_name] = tc
+        self._persist()
+
+    def delete(self, name: str) -> bool:
+        """Remove a topic config; True if there was one."""
+        if self._table.pop(name, None) is None:
+            return False
+        self._persist()
+        return True
+
+    def all(self) -> dict[str, TopicConfig]:
+        """A copy of the table."""
+        return dict(self._table)
+
+    def _persist(self) -> None:
+        self._counter += 1
+        doc = {
+            "topicConfigTable": {name: tc.to_json() for name, tc in sorted(self._table.items())},
+            "dataVersion": {"timestamp": int(time.time() * 1000), "counter": self._counter},
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        atomic_write(self.path, json.dumps(doc, indent=1).encode())
