@@ -172,14 +172,21 @@ class AsyncTransactionProducer:
     async def send_message_in_transaction(self, msg: Message, arg: Any = None, *,
                                           queue_id: int | None = None,
                                           sharding_key: str | None = None,
-                                          timeout: float | None = None) -> TransactionSendResult:
+                                          timeout: float | None = None,
+                                          check_immunity_seconds: int | None = None,
+                                          ) -> TransactionSendResult:
         """Send ``msg`` as a half message, run the local transaction, and deliver the decision.
+
+        ``check_immunity_seconds`` delays the first check-back of this transaction (RocketMQ's
+        ``CHECK_IMMUNITY_TIME_IN_SECONDS``) when the local transaction is known to take long.
 
         Raises:
             TxmqError: the half message was not stored (no local transaction ran), or the
                 broker refused or failed the decision.
         """
-        result = await self._send_half(msg, queue_id=queue_id, sharding_key=sharding_key,
+        extra = ({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: str(int(check_immunity_seconds))}
+                 if check_immunity_seconds is not None else None)
+        result = await self._send_half(msg, extra, queue_id=queue_id, sharding_key=sharding_key,
                                        timeout=timeout)
         txid = result.transaction_id or result.msg_id
         if result.status is not SendStatus.SEND_OK:
