@@ -164,6 +164,8 @@ class Connection(asyncio.Protocol):
         if resp is not None and not cmd.is_oneway:
             resp.opaque = cmd.opaque
             resp.serialize_type = cmd.serialize_type
+            if self.closed:
+                return  # the peer left before its answer was ready; nobody to tell
             self.write(resp)
 
     # -- public API -----------------------------------------------------------------------------

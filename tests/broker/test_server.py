@@ -266,3 +266,32 @@ async def test_graceful_shutdown_answers_parked_pulls(make_broker_config):
     resp, _ = await poll
     assert resp.code == ResponseCode.PULL_NOT_FOUND
     await c.close()
+
+
+async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config):
+    import os
+    import time as _time
+
+    ctl = BrokerController(make_broker_config(mapped_file_size_commit_log=64 * 1024,
+                                              max_message_size=4096))
+    await ctl.start()
+    try:
+        c = await RawClient.connect(ctl.address)
+        for i in range(200):
+            assert (await c.send("old", b"x" * 1000, queue_id=0)).code == ResponseCode.SUCCESS
+        seg_dir = os.path.join(ctl.config.store_path_root_dir, "commitlog")
+        segs = sorted(os.listdir(seg_dir))
+        assert len(segs) > 2
+        old = _time.time() - 73 * 3600
+        for s in segs[:-1]:
+            os.utime(os.path.join(seg_dir, s), (old, old))
+        assert ctl.store.delete_expired_files() == len(segs) - 1
+        resp, _ = await c.pull("old", 0, 0)
+        assert resp.code == ResponseCode.PULL_OFFSET_MOVED
+        new_min = int(resp.ext_fields["nextBeginOffset"])
+        assert 0 < new_min < 200
+        resp, msgs = await c.pull("old", 0, new_min)
+        assert resp.code == ResponseCode.SUCCESS and msgs[0].queue_offset == new_min
+        await c.close()
+    finally:
+        await ctl.shutdown()

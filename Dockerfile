@@ -1,0 +1,49 @@
+# txmq broker image: `docker build -t txmq .` then `docker run -p 10911:10911 -v txmq-data:/var/lib/txmq txmq`
+# (or `docker-compose up broker`).  The store lives on the /var/lib/txmq volume; the
+# configuration is /etc/txmq/broker.toml (config/broker.toml of the repository).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# An unprivileged user with a fixed uid, so volume ownership is predictable.
+RUN groupadd --system --gid 10001 txmq \
+ && useradd --system --uid 10001 --gid txmq --home-dir /var/lib/txmq --no-create-home \
+        --shell /usr/sbin/nologin txmq
+
+# Install the package (the SDK's optional Spark extras are not needed by the broker).
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY txmq ./txmq
+COPY protocol ./protocol
+COPY broker ./broker
+COPY client ./client
+COPY spark_connector ./spark_connector
+RUN pip install . \
+ && cd / && rm -rf /src
+
+COPY config/broker.toml /etc/txmq/broker.toml
+
+# The data folder exists and belongs to txmq before VOLUME, so a fresh named volume inherits
+# that ownership.
+RUN mkdir -p /var/lib/txmq && chown txmq:txmq /var/lib/txmq
+VOLUME ["/var/lib/txmq"]
+WORKDIR /var/lib/txmq
+
+# Listen on every interface inside the container (the default is loopback only).
+ENV TXMQ_BIND_ADDRESS=0.0.0.0
+
+USER txmq
+EXPOSE 10911
+
+# `txmq status` pings the broker and exits non-zero when it does not answer.  The start period
+# leaves time for recovery after an unclean stop.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["txmq", "status", "--broker", "127.0.0.1:10911"]
+
+# SIGTERM: stop accepting, finish in-flight requests, flush, close.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["txmq"]
+CMD ["broker", "--config", "/etc/txmq/broker.toml"]

@@ -1,0 +1,175 @@
+"""Guard the dependency direction: protocol <- broker, protocol <- client <- spark_connector.
+
+An ``ast`` walk over every module's imports (including imports inside functions and
+``if TYPE_CHECKING`` blocks), with relative imports resolved to their absolute names.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Source folder -> installed package (pyproject's package-dir mapping).
+PACKAGES = {
+    "protocol": "txmq.protocol",
+    "broker": "txmq.broker",
+    "client": "txmq.client",
+    "spark_connector": "txmq.spark_connector",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Modules under ``folder`` must not import any module named in ``forbidden`` (or a
+    submodule of one)."""
+
+    folder: str
+    forbidden: tuple[str, ...]
+    why: str
+
+
+# The top-level spellings ("client", "broker", ...) are forbidden too: they only resolve when
+# running from a checkout and would break an installed package.
+RULES = [
+    Rule(
+        "protocol",
+        (
+            "txmq.broker",
+            "txmq.client",
+            "txmq.spark_connector",
+            "broker",
+            "client",
+            "spark_connector",
+        ),
+        "the protocol is the bottom layer: it imports neither broker, client nor connector",
+    ),
+    Rule(
+        "broker",
+        ("txmq.client", "txmq.spark_connector", "client", "spark_connector"),
+        "the broker never imports the client",
+    ),
+    Rule("client", ("txmq.broker", "broker"), "the client never imports the broker"),
+    Rule(
+        "spark_connector",
+        ("txmq.broker", "broker"),
+        "the Spark connector builds on the client, never on the broker",
+    ),
+    Rule(
+        "broker/store",
+        ("asyncio", "socket", "uvloop"),
+        "the store is synchronous and does no network I/O",
+    ),
+]
+
+
+def module_name(path: Path) -> str:
+    """The installed dotted name of a source file (``broker/store/x.py`` ->
+    ``txmq.broker.store.x``)."""
+    rel = path.relative_to(ROOT)
+    top, *rest = rel.with_suffix("").parts
+    parts = PACKAGES[top].split(".") + rest
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
+    """Every absolute module name ``source`` imports.  For ``from x import y`` both ``x`` and
+    ``x.y`` are reported (``y`` may be a submodule)."""
+    tree = ast.parse(source)
+    package_parts = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package_parts[: len(package_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def violations(rule: Rule, imports: set[str]) -> list[str]:
+    return sorted(
+        name
+        for name in imports
+        if any(name == f or name.startswith(f + ".") for f in rule.forbidden)
+    )
+
+
+def source_files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_every_package_folder_has_sources() -> None:
+    for folder in PACKAGES:
+        assert (ROOT / folder / "__init__.py").is_file(), folder
+    assert len(source_files("protocol")) >= 8
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.folder)
+def test_layering(rule: Rule) -> None:
+    problems = []
+    for path in source_files(rule.folder):
+        module = module_name(path)
+        imports = imported_modules(
+            path.read_text(encoding="utf-8"), module, path.name == "__init__.py"
+        )
+        for name in violations(rule, imports):
+            problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not problems, f"{rule.why}:\n" + "\n".join(problems)
+
+
+# --- the checker itself -----------------------------------------------------------------------
+
+
+def test_checker_resolves_relative_imports() -> None:
+    src = (
+        "from ...client import producer\nfrom . import commit_log\nfrom .. import config\n"
+        "from ..clients import ClientRegistry\n"
+    )
+    found = imported_modules(src, "txmq.broker.store.segment", is_package=False)
+    assert "txmq.client" in found and "txmq.client.producer" in found
+    assert "txmq.broker.clients" in found
+    assert "txmq.broker.store.commit_log" in found
+    assert "txmq.broker.config" in found
+    in_init = imported_modules("from .codes import X\n", "txmq.protocol", is_package=True)
+    assert "txmq.protocol.codes" in in_init
+
+
+def test_checker_finds_violations_anywhere_in_a_module() -> None:
+    src = """
+import os
+def late():
+    import txmq.client.producer as p
+    from txmq.broker import server
+if False:
+    import asyncio.events
+"""
+    found = imported_modules(src, "txmq.protocol.frame", is_package=False)
+    protocol_rule, *_ = RULES
+    assert violations(protocol_rule, found) == [
+        "txmq.broker",
+        "txmq.broker.server",
+        "txmq.client.producer",
+    ]
+    store_rule = next(r for r in RULES if r.folder == "broker/store")
+    assert violations(store_rule, found) == ["asyncio.events"]
+
+
+def test_checker_does_not_confuse_prefixes() -> None:
+    found = imported_modules(
+        "import txmq.clientele\nimport sockets_lib\n", "txmq.broker.x", is_package=False
+    )
+    assert violations(RULES[1], found) == []
+    store_rule = next(r for r in RULES if r.folder == "broker/store")
+    assert violations(store_rule, found) == []

@@ -1,0 +1,207 @@
+"""What operators get: the sample configuration, the Dockerfile and docker-compose.yml agree with
+the code and with each other."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from txmq.broker.config import BrokerConfig, key_name, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "config" / "broker.toml"
+CONTAINER_CONFIG = "/etc/txmq/broker.toml"
+DATA_DIR = "/var/lib/txmq"
+
+#: Keys the sample sets to something other than the built-in default, and why.
+ON_PURPOSE = {
+    "store_path_root_dir": DATA_DIR,  # the image's data volume
+}
+
+
+# --- config/broker.toml -----------------------------------------------------------------------
+
+
+def test_sample_config_is_the_defaults_except_on_purpose() -> None:
+    config = load_config(SAMPLE, env={})  # no TXMQ_* from the test's environment
+    assert config == BrokerConfig(**ON_PURPOSE)
+    for attr, value in ON_PURPOSE.items():
+        assert getattr(BrokerConfig(), attr) != value, f"{attr} is not a deliberate change"
+
+
+def test_sample_config_lists_every_key_once_in_its_section() -> None:
+    doc = tomllib.loads(SAMPLE.read_text(encoding="utf-8"))
+    assert list(doc) == ["broker", "store", "transaction", "operations"]
+    listed: list[str] = [key for section in doc.values() for key in section]
+    assert len(listed) == len(set(listed)), "a key appears in two sections"
+    expected = {key_name(f.name) for f in dataclasses.fields(BrokerConfig)}
+    assert set(listed) == expected, (
+        f"missing from the sample: {sorted(expected - set(listed))}; "
+        f"unknown: {sorted(set(listed) - expected)}"
+    )
+    assert doc["store"]["storePathRootDir"] == DATA_DIR
+    assert "flushDiskType" in doc["store"] and "transactionTimeOut" in doc["transaction"]
+
+
+def test_sample_config_explains_every_key() -> None:
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[A-Za-z0-9]+\s*=", line):
+            assert lines[i - 1].lstrip().startswith("#"), f"no explanation above: {line}"
+
+
+# --- a tiny YAML reader: just what docker-compose.yml uses ------------------------------------
+
+
+def _scalar(text: str) -> Any:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text if text else None
+
+
+def parse_yaml_subset(source: str) -> Any:
+    """Block mappings, block sequences of scalars, quoted or plain scalars, ``#`` comments.
+    Anything else (flow collections, anchors, multi-line strings) raises ValueError, so the
+    check fails loudly rather than reading the file wrongly."""
+    lines: list[tuple[int, str]] = []
+    for raw in source.splitlines():
+        stripped = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not stripped.strip():
+            continue
+        if any(c in stripped for c in "{}[]&*|>") and not re.search(
+            r"[\"'].*[{}\[\]].*[\"']", stripped
+        ):
+            raise ValueError(f"unsupported YAML: {raw!r}")
+        lines.append((len(stripped) - len(stripped.lstrip(" ")), stripped.strip()))
+
+    def block(pos: int, indent: int) -> tuple[Any, int]:
+        if lines[pos][1].startswith("- "):
+            items = []
+            while pos < len(lines) and lines[pos][0] == indent and lines[pos][1].startswith("- "):
+                items.append(_scalar(lines[pos][1][2:]))
+                pos += 1
+            return items, pos
+        mapping: dict[str, Any] = {}
+        while pos < len(lines) and lines[pos][0] == indent:
+            key, sep, rest = lines[pos][1].partition(":")
+            if not sep:
+                raise ValueError(f"expected 'key:' at {lines[pos][1]!r}")
+            pos += 1
+            if rest.strip():
+                mapping[key.strip()] = _scalar(rest)
+            elif pos < len(lines) and lines[pos][0] > indent:
+                mapping[key.strip()], pos = block(pos, lines[pos][0])
+            else:
+                mapping[key.strip()] = None
+        return mapping, pos
+
+    result, end = block(0, lines[0][0])
+    if end != len(lines):
+        raise ValueError(f"bad indentation at {lines[end][1]!r}")
+    return result
+
+
+def test_yaml_subset_reader() -> None:
+    doc = parse_yaml_subset("a:\n  b: 'x'  # c\n  l:\n    - \"1:2\"\n    - y\nz:\n")
+    assert doc == {"a": {"b": "x", "l": ["1:2", "y"]}, "z": None}
+    with pytest.raises(ValueError):
+        parse_yaml_subset("a: {b: 1}\n")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc = parse_yaml_subset((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_compose_broker_service(compose: dict[str, Any]) -> None:
+    assert list(compose["services"]) == ["broker"]
+    broker = compose["services"]["broker"]
+    assert broker["build"] == "."
+    assert "10911:10911" in broker["ports"]
+    assert broker["environment"]["TXMQ_BIND_ADDRESS"] == "0.0.0.0"
+    assert broker["stop_signal"] == "SIGTERM"
+    assert broker["stop_grace_period"] == "30s"
+    # The grace period leaves the broker its own shutdown timeout.
+    assert BrokerConfig().shutdown_timeout < 30
+
+
+def test_compose_volumes(compose: dict[str, Any]) -> None:
+    volumes = compose["services"]["broker"]["volumes"]
+    named = [v for v in volumes if v.split(":")[1] == DATA_DIR]
+    assert len(named) == 1
+    name = named[0].split(":")[0]
+    assert not name.startswith((".", "/")), "the data volume must be a named volume"
+    assert name in compose["volumes"]
+    assert f"./config/broker.toml:{CONTAINER_CONFIG}:ro" in volumes
+    assert (ROOT / "config" / "broker.toml").is_file()
+
+
+# --- Dockerfile -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> dict[str, list[str]]:
+    """Instruction -> its arguments (continuation lines joined), in order of appearance."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    text = re.sub(r"\\\n\s*", " ", text)
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, args = line.partition(" ")
+        out.setdefault(instruction.upper(), []).append(args.strip())
+    return out
+
+
+def _json_array(args: str) -> list[str]:
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), args
+    return value
+
+
+def test_dockerfile_command(dockerfile: dict[str, list[str]]) -> None:
+    (entrypoint,) = dockerfile["ENTRYPOINT"]
+    (cmd,) = dockerfile["CMD"]
+    argv = _json_array(entrypoint) + _json_array(cmd)
+    assert argv == ["txmq", "broker", "--config", CONTAINER_CONFIG]
+    assert shlex.join(argv) == "txmq broker --config /etc/txmq/broker.toml"
+
+
+def test_dockerfile_image(dockerfile: dict[str, list[str]]) -> None:
+    assert dockerfile["FROM"] == ["python:3.11-slim"]
+    assert dockerfile["EXPOSE"] == ["10911"]
+    assert _json_array(dockerfile["VOLUME"][0]) == [DATA_DIR]
+    (user,) = dockerfile["USER"]
+    assert user not in ("root", "0") and not user.startswith("0:")
+    assert any(re.search(r"\bpip install \.(\s|$)", r) for r in dockerfile["RUN"])
+    assert f"config/broker.toml {CONTAINER_CONFIG}" in dockerfile["COPY"]
+    assert "TXMQ_BIND_ADDRESS=0.0.0.0" in " ".join(dockerfile["ENV"])
+    assert dockerfile.get("STOPSIGNAL", ["SIGTERM"]) == ["SIGTERM"]
+
+
+def test_dockerfile_healthcheck(dockerfile: dict[str, list[str]]) -> None:
+    (health,) = dockerfile["HEALTHCHECK"]
+    _, _, command = health.partition("CMD ")
+    assert _json_array(command) == ["txmq", "status", "--broker", "127.0.0.1:10911"]
+
+
+def test_dockerfile_copies_what_the_package_needs(dockerfile: dict[str, list[str]]) -> None:
+    # Every folder pyproject maps into the package must be in the build context.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    folders = {v.split("/")[0] for v in pyproject["tool"]["setuptools"]["package-dir"].values()}
+    copied = {c.split()[0] for c in dockerfile["COPY"]}
+    assert folders <= copied, f"not copied into the image: {sorted(folders - copied)}"
+    ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    for needed in [*folders, "pyproject.toml", "README.md", "config"]:
+        assert needed not in ignored, f".dockerignore drops {needed}"
+    assert ".venv" in ignored and ".git" in ignored
