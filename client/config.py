@@ -1,0 +1,105 @@
+"""Client settings: one frozen dataclass shared by producers and consumers.
+
+Tests make timers fast by building a :class:`ClientConfig` with small values (never by patching
+``sleep``).  Every duration is in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+#: The broker address used when none is given.
+DEFAULT_BROKER = "127.0.0.1:10911"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Settings of one client (producer or consumer).
+
+    Attributes:
+        request_timeout: default time to wait for an answer to a request.
+        connect_timeout: time to wait for a TCP connection.
+        heartbeat_interval: HEART_BEAT period (the broker drops a connection after 120 s without).
+        reconnect_backoff_initial: first wait before reconnecting; doubles on each failure.
+        reconnect_backoff_max: longest wait between reconnect attempts.
+        route_refresh_interval: how often cached topic routes are refreshed.
+        retry_times_when_send_failed: extra attempts for a send that failed with a retriable error.
+        default_topic_queue_nums: queues assumed (and asked for) when a topic does not exist yet.
+        max_message_size: largest body (or batch) accepted client-side, in bytes.
+        pull_batch_size: most messages asked for in one pull.
+        long_poll_timeout: how long the broker may hold a pull that found nothing.
+        pull_threshold_for_queue: a queue stops pulling while it holds this many messages
+            that are not consumed yet (flow control).
+        pull_backoff_on_error: wait before pulling again after a failed pull.
+        rebalance_interval: period of the consumer rebalance (it also runs when the broker
+            reports that the group's members changed).
+        persist_offset_interval: how often consumed offsets are committed to the broker.
+        consume_thread_max: threads (and concurrent async callbacks) for message callbacks.
+        consume_chunk_size: most messages handed to one worker job in a row (amortises the
+            cost of a thread hand-off; messages are still delivered one per callback call).
+        send_back_retry_delay: wait before consuming a message again locally when returning it
+            to the broker for a later retry failed.
+        shutdown_timeout: how long a consumer's shutdown waits for running callbacks.
+    """
+
+    request_timeout: float = 3.0
+    connect_timeout: float = 3.0
+    heartbeat_interval: float = 30.0
+    reconnect_backoff_initial: float = 0.1
+    reconnect_backoff_max: float = 5.0
+    route_refresh_interval: float = 30.0
+    retry_times_when_send_failed: int = 2
+    default_topic_queue_nums: int = 4
+    max_message_size: int = 4 * 1024 * 1024
+    pull_batch_size: int = 32
+    long_poll_timeout: float = 15.0
+    pull_threshold_for_queue: int = 1000
+    pull_backoff_on_error: float = 1.0
+    rebalance_interval: float = 20.0
+    persist_offset_interval: float = 5.0
+    consume_thread_max: int = 20
+    consume_chunk_size: int = 8
+    send_back_retry_delay: float = 1.0
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "request_timeout", "connect_timeout", "heartbeat_interval",
+            "reconnect_backoff_initial", "reconnect_backoff_max", "route_refresh_interval",
+            "rebalance_interval", "persist_offset_interval",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("pull_batch_size", "consume_thread_max", "consume_chunk_size",
+                     "pull_threshold_for_queue", "default_topic_queue_nums", "max_message_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        if self.retry_times_when_send_failed < 0:
+            raise ValueError("retry_times_when_send_failed must not be negative")
+        if self.long_poll_timeout < 0:
+            raise ValueError("long_poll_timeout must not be negative")
+
+    def replace(self, **changes: Any) -> ClientConfig:
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)``.
+
+    Raises:
+        ValueError: the address has no valid port.
+    """
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"broker address must look like 'host:port', got {address!r}")
+    try:
+        port_no = int(port)
+    except ValueError:
+        raise ValueError(f"broker address has an invalid port: {address!r}") from None
+    if not 0 < port_no < 65536:
+        raise ValueError(f"broker address has an invalid port: {address!r}")
+    return host.strip("[]"), port_no

@@ -1,0 +1,860 @@
+"""The push consumer (clustering): rebalance, pull, consume, retry, commit.
+
+How it works, in RocketMQ's terms:
+
+* **Rebalance** (``RebalanceImpl``): every ``rebalance_interval``, at start, after a reconnect
+  and as soon as the broker sends NOTIFY_CONSUMER_IDS_CHANGED, the consumer fetches the group's
+  member ids and each subscribed topic's queues and keeps the share that
+  :func:`allocate_averagely` gives it (RocketMQ's ``AllocateMessageQueueAveragely`` over sorted
+  queues and sorted ids).  A queue it no longer owns stops pulling and commits its offset.
+* **Pull**: one task per owned queue long-polls PULL_MESSAGE and feeds a :class:`ProcessQueue`.
+  A queue holding ``pull_threshold_for_queue`` unconsumed messages pauses (flow control).
+* **Consume**: sync callbacks run in a pool of ``consume_thread_max`` threads fed from one work
+  queue (so a slow callback never blocks the event loop); coroutine callbacks run on the loop,
+  at most ``consume_thread_max`` at a time.
+* **Retry**: a callback that raises makes the consumer return the message with
+  CONSUMER_SEND_MSG_BACK; the broker stores it again in ``%RETRY%<group>`` after a back-off
+  (``%DLQ%<group>`` after ``max_reconsume_times``).  Every consumer of the group also subscribes
+  its retry topic and restores the original topic from ``RETRY_TOPIC`` before calling back.  If
+  the send-back fails the message is consumed again locally later; it stays in the process queue
+  meanwhile, so its offset is not committed.
+* **Offsets** (``ProcessQueue``): the offset committed for a queue is the smallest offset still
+  being processed, or the next offset to pull when nothing is.  Offsets are committed every
+  ``persist_offset_interval``, when a queue is dropped and at shutdown; a message is therefore
+  acknowledged only after its callback returned or its send-back succeeded (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import inspect
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import structlog
+from txmq.protocol.codes import RequestCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import TxmqError
+from txmq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+)
+from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
+
+from .config import DEFAULT_BROKER, ClientConfig
+from .errors import ClientStateError
+from .producer import validate_topic
+from .pull_consumer import (
+    PullStatus,
+    get_max_offset,
+    get_min_offset,
+    normalize_expression,
+    pull_messages,
+    query_committed_offset,
+    search_offset,
+    subscription_data,
+    timestamp_ms,
+    update_committed_offset,
+)
+from .remoting import BrokerConnection, wait_event
+from .route import fetch_route
+
+log = structlog.get_logger(__name__)
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+T = TypeVar("T")
+
+#: A message callback: ``f(msg)`` or ``async f(msg)``.  Returning normally acknowledges the
+#: message; raising asks for it again later.
+MessageCallback = Callable[[MessageExt], Any]
+
+
+class ConsumeFrom(enum.Enum):
+    """Where a group starts in a queue it has no committed offset for."""
+
+    #: At the queue's end: only messages sent from now on.
+    LAST = "last"
+    #: At the queue's first stored message.
+    FIRST = "first"
+    #: At the first message stored at or after a timestamp.
+    TIMESTAMP = "timestamp"
+
+
+_FROM_WHERE = {
+    ConsumeFrom.LAST: "CONSUME_FROM_LAST_OFFSET",
+    ConsumeFrom.FIRST: "CONSUME_FROM_FIRST_OFFSET",
+    ConsumeFrom.TIMESTAMP: "CONSUME_FROM_TIMESTAMP",
+}
+
+
+def parse_consume_from(
+    value: ConsumeFrom | str | int | float | datetime,
+) -> tuple[ConsumeFrom, int | None]:
+    """``"last"``, ``"first"``, a timestamp in ms or a datetime -> (mode, timestamp ms).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, ConsumeFrom):
+        if value is ConsumeFrom.TIMESTAMP:
+            raise ValueError("give the timestamp itself (ms or a datetime) as consume_from")
+        return value, None
+    if isinstance(value, str):
+        try:
+            mode = ConsumeFrom(value.strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"consume_from must be 'last', 'first', a timestamp in ms or a datetime, "
+                f"got {value!r}"
+            ) from None
+        if mode is ConsumeFrom.TIMESTAMP:
+            raise ValueError("give the timestamp itself (ms or a datetime) as consume_from")
+        return mode, None
+    if isinstance(value, datetime) or (
+        isinstance(value, (int, float)) and not isinstance(value, bool)
+    ):
+        ms = timestamp_ms(value)
+        if ms < 0:
+            raise ValueError(f"consume_from timestamp must not be negative, got {value!r}")
+        return ConsumeFrom.TIMESTAMP, ms
+    raise ValueError(
+        f"consume_from must be 'last', 'first', a timestamp in ms or a datetime, got {value!r}"
+    )
+
+
+def allocate_averagely(queues: Sequence[T], consumer_ids: Sequence[str], me: str) -> list[T]:
+    """RocketMQ's AllocateMessageQueueAveragely: consecutive blocks of the (sorted) queues, the
+    first ``len(queues) % len(consumer_ids)`` consumers getting one more.
+
+    Args:
+        queues: every queue, sorted the same way by every member.
+        consumer_ids: every member, sorted the same way by every member.
+        me: this member's id.
+
+    Returns:
+        This member's queues (none if ``me`` is not a member).
+    """
+    if me not in consumer_ids or not queues:
+        return []
+    n, c = len(queues), len(consumer_ids)
+    index = list(consumer_ids).index(me)
+    mod = n % c
+    if n <= c:
+        size = 1
+    elif mod > 0 and index < mod:
+        size = n // c + 1
+    else:
+        size = n // c
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    count = min(size, n - start)
+    return [queues[(start + i) % n] for i in range(max(count, 0))]
+
+
+class ProcessQueue:
+    """The messages of one queue pulled and not yet acknowledged (RocketMQ's ProcessQueue).
+
+    Offsets arrive in increasing order, so the dict's first key is the smallest one still in
+    processing; after an offset jump backwards (PULL_OFFSET_MOVED) ``min()`` is used instead.
+    """
+
+    def __init__(self, topic: str, queue_id: int, offset: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        #: The next offset to pull.
+        self.next_offset = offset
+        #: The last offset stored at the broker.
+        self.committed: int | None = offset
+        self.msgs: dict[int, MessageExt] = {}
+        self.dropped = False
+        #: Messages handed to callbacks (or to send-back) and not settled yet.
+        self.running = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.space = asyncio.Event()
+        self.space.set()
+        self.pull_task: asyncio.Task[None] | None = None
+        self._ordered = True
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.queue_id)
+
+    def add(self, msgs: list[MessageExt]) -> None:
+        if self.msgs and msgs and msgs[0].queue_offset < next(reversed(self.msgs)):
+            self._ordered = False
+        for m in msgs:
+            self.msgs[m.queue_offset] = m
+
+    def remove(self, offset: int, threshold: int) -> None:
+        self.msgs.pop(offset, None)
+        if len(self.msgs) < threshold:
+            self.space.set()
+
+    def offset_moved(self, offset: int) -> None:
+        self.next_offset = offset
+        if self.msgs:
+            self._ordered = False
+
+    def offset_to_commit(self) -> int:
+        """The smallest offset still in processing, or the next offset to pull."""
+        if not self.msgs:
+            return self.next_offset
+        return next(iter(self.msgs)) if self._ordered else min(self.msgs)
+
+    def begin(self, n: int = 1) -> None:
+        self.running += n
+        self.idle.clear()
+
+    def end(self, n: int = 1) -> None:
+        self.running -= n
+        if self.running <= 0:
+            self.running = 0
+            self.idle.set()
+
+
+@dataclass
+class _Subscription:
+    topic: str
+    expression: str
+    callback: MessageCallback | None
+    is_async: bool
+    sub_version: int
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 -- objects with an async __call__
+    )
+
+
+_SKIPPED = object()
+_STOP = object()
+
+
+class _SyncWorkers:
+    """``consume_thread_max`` threads running sync callbacks from one FIFO work queue.
+
+    Results go back to the event loop in bulk: a worker appends to a deque and schedules one
+    drain on the loop only if none is pending, so a busy pool costs one loop wake-up per burst,
+    not per message.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        n: int,
+        name: str,
+        on_result: Callable[[ProcessQueue, MessageExt, object], None],
+    ) -> None:
+        self._loop = loop
+        self._on_result = on_result
+        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: collections.deque[tuple[ProcessQueue, MessageExt, object]] = (
+            collections.deque()
+        )
+        self._lock = threading.Lock()
+        self._drain_scheduled = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback) -> None:
+        self._work.put((pq, msg, callback))
+
+    def _run(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            pq, msg, callback = item
+            outcome: object
+            if pq.dropped:
+                outcome = _SKIPPED
+            else:
+                try:
+                    callback(msg)
+                    outcome = None
+                except Exception as exc:  # the callback asked for a retry
+                    outcome = exc
+            self._results.append((pq, msg, outcome))
+            with self._lock:
+                if self._drain_scheduled:
+                    continue
+                self._drain_scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: the consumer is gone
+                return
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._drain_scheduled = False
+        while self._results:
+            pq, msg, outcome = self._results.popleft()
+            self._on_result(pq, msg, outcome)
+
+    def stop(self, timeout: float) -> None:
+        for _ in self._threads:
+            self._work.put(_STOP)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0))
+
+
+class AsyncPushConsumer:
+    """A clustering consumer that calls back for every message; the lifecycle methods are
+    coroutines.
+
+    Args:
+        group: the consumer group; the group's queues are shared among its live members.
+        broker: ``"host:port"`` of the broker.
+        consume_from: where to start in a queue the group has no committed offset for:
+            ``"last"`` (default), ``"first"``, a timestamp in ms or a datetime.
+        max_reconsume_times: deliveries after which a failing message goes to ``%DLQ%<group>``.
+        config: client settings; ``**settings`` override single fields, e.g.
+            ``consume_thread_max=4``, ``pull_batch_size=64``, ``long_poll_timeout=5``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
+        max_reconsume_times: int = 16,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        if not group or not isinstance(group, str):
+            raise ValueError("a consumer needs a non-empty group name")
+        validate_topic(RETRY_GROUP_TOPIC_PREFIX + group)
+        self.group = group
+        self.broker = broker
+        self.config = (config or ClientConfig()).replace(**settings)
+        self.consume_from, self._from_ts = parse_consume_from(consume_from)
+        if max_reconsume_times < 0:
+            raise ValueError("max_reconsume_times must not be negative")
+        self.max_reconsume_times = max_reconsume_times
+        self.retry_topic = RETRY_GROUP_TOPIC_PREFIX + group
+        self._retry_sub = _Subscription(self.retry_topic, "*", None, False, 0)
+        self._subs: dict[str, _Subscription] = {}
+        self._conn: BrokerConnection | None = None
+        self._pqs: dict[tuple[str, int], ProcessQueue] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop_tasks: list[asyncio.Task[None]] = []
+        self._workers: _SyncWorkers | None = None
+        self._async_slots: asyncio.Semaphore | None = None
+        self._rebalance_wanted: asyncio.Event | None = None
+        self._rebalance_lock: asyncio.Lock | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = False
+        self._closed = False
+        #: Messages acknowledged so far (callback returned or send-back succeeded).
+        self.consumed_count = 0
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str | None, callback: MessageCallback) -> None:
+        """Consume ``topic``'s messages whose tag matches ``expression``.
+
+        Args:
+            topic: the topic.
+            expression: ``"*"`` (or None) for every message, or tags: ``"created || paid"``.
+            callback: ``f(msg)`` or ``async f(msg)``; return to acknowledge, raise to get the
+                message again later.  Sync callbacks run in the consumer's thread pool.
+
+        May be called before or after :meth:`start` (from the event loop's thread).
+        """
+        validate_topic(topic)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise ValueError(f"the retry topic {topic!r} is subscribed automatically")
+        if not callable(callback):
+            raise TypeError("callback must be callable")
+        self._subs[topic] = _Subscription(
+            topic=topic,
+            expression=normalize_expression(expression),
+            callback=callback,
+            is_async=_is_async_callable(callback),
+            sub_version=int(time.time() * 1000),
+        )
+        if self._started:
+            self._resubscribe()
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop consuming ``topic`` (its queues are released at the next rebalance, which is
+        requested at once when the consumer runs)."""
+        self._subs.pop(topic, None)
+        if self._started:
+            self._resubscribe()
+
+    def _resubscribe(self) -> None:
+        async def go() -> None:
+            try:
+                await self.connection.send_heartbeat()
+            except TxmqError as exc:
+                log.warning("heartbeat_failed", group=self.group, error=str(exc))
+            self._request_rebalance()
+
+        self._spawn(go())
+
+    def _all_subscriptions(self) -> dict[str, _Subscription]:
+        subs = dict(self._subs)
+        subs[self.retry_topic] = self._retry_sub
+        return subs
+
+    def _subscription_of_queue(self, topic: str) -> _Subscription | None:
+        return self._retry_sub if topic == self.retry_topic else self._subs.get(topic)
+
+    def _consumer_data(self) -> dict[str, Any]:
+        return {
+            "groupName": self.group,
+            "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "CLUSTERING",
+            "consumeFromWhere": _FROM_WHERE[self.consume_from],
+            "subscriptionDataSet": [
+                subscription_data(s.topic, s.expression, s.sub_version)
+                for s in self._all_subscriptions().values()
+            ],
+            "unitMode": False,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def connection(self) -> BrokerConnection:
+        """The broker connection.
+
+        Raises:
+            ClientStateError: the consumer is not started.
+        """
+        if self._conn is None:
+            raise ClientStateError(f"consumer {self.group!r} is not started")
+        return self._conn
+
+    @property
+    def client_id(self) -> str | None:
+        """This member's id in the group (None before :meth:`start`)."""
+        return self._conn.client_id if self._conn is not None else None
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue id) pairs this member consumes now, sorted."""
+        return sorted(self._pqs)
+
+    async def start(self) -> None:
+        """Connect, register the group and its subscriptions, take a share of the queues and
+        start consuming.
+
+        Raises:
+            ClientStateError: no subscription, or the consumer was shut down.
+            ConnectionClosedError: the broker cannot be reached.
+        """
+        if self._closed:
+            raise ClientStateError(f"consumer {self.group!r} was shut down; make a new one")
+        if self._started:
+            return
+        if not self._subs:
+            raise ClientStateError(f"consumer {self.group!r} has no subscription; subscribe first")
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._rebalance_wanted = asyncio.Event()
+        self._rebalance_lock = asyncio.Lock()
+        self._async_slots = asyncio.Semaphore(self.config.consume_thread_max)
+        conn = BrokerConnection(self.broker, self.config)
+        conn.register_consumer(self.group, self._consumer_data)
+        conn.register_processor(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+        conn.on_reconnect(self._request_rebalance)
+        await conn.start()
+        self._conn = conn
+        self._ensure_workers()
+        self._started = True
+        complete = await self._rebalance()
+        self._loop_tasks = [
+            loop.create_task(self._rebalance_loop(complete)),
+            loop.create_task(self._persist_loop()),
+        ]
+        log.info("consumer_started", group=self.group, client_id=conn.client_id,
+                 topics=sorted(self._subs), queues=len(self._pqs))
+
+    async def shutdown(self) -> None:
+        """Stop pulling, let running callbacks finish (up to ``shutdown_timeout``), commit the
+        offsets, unregister from the group and close the connection.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        self._started = False
+        assert self._stop is not None
+        self._stop.set()
+        for task in self._loop_tasks:
+            task.cancel()
+        for task in self._loop_tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pqs = list(self._pqs.values())
+        self._pqs.clear()
+        for pq in pqs:
+            self._release(pq)
+        await self._wait_idle(pqs, self.config.shutdown_timeout)
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.config.shutdown_timeout)
+        for task in list(self._tasks):
+            task.cancel()
+        for pq in pqs:
+            await self._commit(pq)
+        conn = self._conn
+        assert conn is not None
+        await conn.unregister(consumer_group=self.group)
+        await conn.close()
+        self._conn = None
+        if self._workers is not None:
+            workers, self._workers = self._workers, None
+            await asyncio.to_thread(workers.stop, 1.0)
+        log.info("consumer_shut_down", group=self.group, consumed=self.consumed_count)
+
+    async def __aenter__(self) -> AsyncPushConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    # -- rebalance -------------------------------------------------------------------------------
+
+    async def _on_ids_changed(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        log.debug("consumer_ids_changed", group=self.group)
+        self._request_rebalance()
+        return None
+
+    def _request_rebalance(self) -> None:
+        if self._rebalance_wanted is not None:
+            self._rebalance_wanted.set()
+
+    async def _rebalance_loop(self, complete: bool) -> None:
+        assert self._rebalance_wanted is not None
+        # A subscribed topic that does not exist yet is looked for again soon (doubling up to
+        # the rebalance interval), so consumption starts quickly once a producer creates it.
+        retry_in = 1.0
+        assert self._stop is not None
+        while not self._stop.is_set():
+            wait = self.config.rebalance_interval if complete else min(
+                retry_in, self.config.rebalance_interval
+            )
+            await wait_event(self._rebalance_wanted, wait)
+            self._rebalance_wanted.clear()
+            if self._stop.is_set():
+                return
+            complete = await self._rebalance()
+            retry_in = 1.0 if complete else retry_in * 2
+
+    async def _consumer_ids(self) -> list[str]:
+        resp = await self.connection.invoke(
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+            GetConsumerListByGroupRequestHeader(consumer_group=self.group),
+        )
+        doc = json.loads(resp.body.decode("utf-8")) if resp.body else {}
+        return sorted(str(i) for i in doc.get("consumerIdList") or [])
+
+    async def _rebalance(self) -> bool:
+        """One rebalance; True when every subscribed topic was resolved."""
+        assert self._rebalance_lock is not None
+        async with self._rebalance_lock:
+            if not self._started:
+                return True
+            conn = self.connection
+            try:
+                ids = await self._consumer_ids()
+            except (TxmqError, ValueError) as exc:
+                log.warning("rebalance_failed", group=self.group, error=str(exc))
+                return False
+            if conn.client_id not in ids:
+                log.info("consumer_not_in_group_yet", group=self.group, client_id=conn.client_id)
+                return False
+            complete = True
+            subs = self._all_subscriptions()
+            for key in [k for k in self._pqs if k[0] not in subs]:
+                self._drop(self._pqs[key])
+            for topic in subs:
+                try:
+                    route = await fetch_route(conn, topic)
+                except TxmqError as exc:
+                    log.warning("route_fetch_failed", topic=topic, error=str(exc))
+                    complete = False
+                    continue
+                if route is None and topic != self.retry_topic:
+                    complete = False
+                queues = route.read_queue_ids if route is not None and route.readable else []
+                mine = set(allocate_averagely(queues, ids, conn.client_id))
+                for key in [k for k in self._pqs if k[0] == topic and k[1] not in mine]:
+                    self._drop(self._pqs[key])
+                for qid in sorted(mine):
+                    if (topic, qid) in self._pqs or not self._started:
+                        continue
+                    try:
+                        await self._take(topic, qid)
+                    except TxmqError as exc:
+                        log.warning("queue_take_failed", topic=topic, queue_id=qid,
+                                    error=str(exc))
+                        complete = False
+            return complete
+
+    async def _take(self, topic: str, queue_id: int) -> None:
+        offset = await self._initial_offset(topic, queue_id)
+        pq = ProcessQueue(topic, queue_id, offset)
+        self._pqs[pq.key] = pq
+        pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
+        log.info("queue_assigned", group=self.group, topic=topic, queue_id=queue_id,
+                 offset=offset)
+
+    async def _initial_offset(self, topic: str, queue_id: int) -> int:
+        conn = self.connection
+        committed = await query_committed_offset(conn, self.group, topic, queue_id)
+        if committed is not None:
+            return committed
+        if topic == self.retry_topic or self.consume_from is ConsumeFrom.FIRST:
+            offset = await get_min_offset(conn, topic, queue_id)
+        elif self.consume_from is ConsumeFrom.LAST:
+            offset = await get_max_offset(conn, topic, queue_id)
+        else:
+            assert self._from_ts is not None
+            offset = await search_offset(conn, topic, queue_id, self._from_ts)
+        # Pin the start, so a restart before the first commit does not move it (e.g. "last"
+        # would otherwise skip what was sent in between).
+        await update_committed_offset(conn, self.group, topic, queue_id, offset)
+        return offset
+
+    def _release(self, pq: ProcessQueue) -> None:
+        pq.dropped = True
+        pq.space.set()
+        if pq.pull_task is not None:
+            pq.pull_task.cancel()
+
+    def _drop(self, pq: ProcessQueue) -> None:
+        self._pqs.pop(pq.key, None)
+        self._release(pq)
+        log.info("queue_released", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+
+        async def finish() -> None:
+            await self._wait_idle([pq], self.config.shutdown_timeout)
+            await self._commit(pq)
+
+        self._spawn(finish())
+
+    @staticmethod
+    async def _wait_idle(pqs: list[ProcessQueue], timeout: float) -> None:
+        waits = [asyncio.ensure_future(pq.idle.wait()) for pq in pqs if not pq.idle.is_set()]
+        if not waits:
+            return
+        _, not_done = await asyncio.wait(waits, timeout=timeout)
+        for w in not_done:
+            w.cancel()
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    async def _persist_loop(self) -> None:
+        assert self._stop is not None
+        while not self._stop.is_set():
+            await asyncio.sleep(self.config.persist_offset_interval)
+            for pq in list(self._pqs.values()):
+                await self._commit(pq)
+
+    async def _commit(self, pq: ProcessQueue) -> None:
+        offset = pq.offset_to_commit()
+        if offset == pq.committed or self._conn is None:
+            return
+        try:
+            await update_committed_offset(self._conn, self.group, pq.topic, pq.queue_id, offset)
+        except TxmqError as exc:
+            log.warning("offset_commit_failed", group=self.group, topic=pq.topic,
+                        queue_id=pq.queue_id, offset=offset, error=str(exc))
+            return
+        pq.committed = offset
+
+    # -- pulling ---------------------------------------------------------------------------------
+
+    async def _pull_loop(self, pq: ProcessQueue) -> None:
+        cfg = self.config
+        conn = self.connection
+        while not pq.dropped:
+            if len(pq.msgs) >= cfg.pull_threshold_for_queue:
+                pq.space.clear()
+                await pq.space.wait()
+                continue
+            sub = self._subscription_of_queue(pq.topic)
+            if sub is None:
+                return
+            started = time.monotonic()
+            try:
+                result = await pull_messages(
+                    conn, self.group, pq.topic, pq.queue_id, pq.next_offset,
+                    max_nums=cfg.pull_batch_size, expression=sub.expression,
+                    sub_version=sub.sub_version, suspend=cfg.long_poll_timeout,
+                    commit_offset=pq.offset_to_commit(),
+                )
+            except TxmqError as exc:
+                if pq.dropped:
+                    return
+                log.info("pull_failed", group=self.group, topic=pq.topic, queue_id=pq.queue_id,
+                         error=str(exc))
+                await self._sleep(cfg.pull_backoff_on_error)
+                continue
+            if pq.dropped:
+                return
+            if result.status is PullStatus.OFFSET_ILLEGAL:
+                log.warning("pull_offset_moved", group=self.group, topic=pq.topic,
+                            queue_id=pq.queue_id, offset=pq.next_offset,
+                            next_offset=result.next_begin_offset)
+                pq.offset_moved(result.next_begin_offset)
+                continue
+            requested = pq.next_offset
+            pq.next_offset = result.next_begin_offset
+            msgs = [m for m in result.messages if m.queue_offset >= requested]
+            if msgs:
+                self._dispatch(pq, msgs)
+            elif result.status is PullStatus.NO_NEW_MSG and time.monotonic() - started < 0.01:
+                # The broker answered at once instead of holding the pull: do not spin.
+                await self._sleep(0.05)
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep; True if the consumer stopped meanwhile."""
+        assert self._stop is not None
+        return await wait_event(self._stop, seconds)
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if pq.topic == self.retry_topic:
+            for m in msgs:
+                original = m.properties.get(MessageConst.RETRY_TOPIC)
+                if original:
+                    m.topic = original
+        pq.add(msgs)
+        for m in msgs:
+            sub = self._subs.get(m.topic)
+            if sub is None or sub.callback is None:
+                log.warning("message_without_subscription_skipped", group=self.group,
+                            topic=m.topic, msg_id=m.msg_id)
+                pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
+                continue
+            tags = parse_subscription(sub.expression)
+            if pq.topic == self.retry_topic and tags is not None and m.tags not in tags:
+                # The subscription changed since the first delivery: no longer wanted.
+                pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
+                continue
+            pq.begin()
+            if sub.is_async:
+                self._spawn(self._consume_async(pq, m, sub.callback))
+            else:
+                self._ensure_workers()
+                assert self._workers is not None
+                self._workers.submit(pq, m, sub.callback)
+
+    def _ensure_workers(self) -> None:
+        if self._workers is None and any(not s.is_async for s in self._subs.values()):
+            self._workers = _SyncWorkers(
+                asyncio.get_running_loop(), self.config.consume_thread_max,
+                f"txmq-consume-{self.group}", self._on_sync_result,
+            )
+
+    async def _consume_async(
+        self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback
+    ) -> None:
+        assert self._async_slots is not None
+        outcome: object
+        async with self._async_slots:
+            if pq.dropped:
+                outcome = _SKIPPED
+            else:
+                try:
+                    await callback(msg)
+                    outcome = None
+                except Exception as exc:  # the callback asked for a retry
+                    outcome = exc
+        self._settle(pq, msg, outcome)
+
+    def _on_sync_result(self, pq: ProcessQueue, msg: MessageExt, outcome: object) -> None:
+        self._settle(pq, msg, outcome)
+
+    def _settle(self, pq: ProcessQueue, msg: MessageExt, outcome: object) -> None:
+        if outcome is None:
+            pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
+            self.consumed_count += 1
+            pq.end()
+        elif outcome is _SKIPPED:
+            pq.end()
+        else:
+            assert isinstance(outcome, BaseException)
+            self._spawn(self._retry_later(pq, msg, outcome))
+
+    async def _retry_later(self, pq: ProcessQueue, msg: MessageExt, error: BaseException) -> None:
+        """Return a failed message to the broker; consume it again locally if that fails."""
+        redispatch = False
+        try:
+            log.info("message_consume_failed", group=self.group, topic=msg.topic,
+                     msg_id=msg.msg_id, reconsume_times=msg.reconsume_times, error=repr(error))
+            try:
+                await self._send_back(msg)
+            except TxmqError as exc:
+                log.warning("send_back_failed", group=self.group, msg_id=msg.msg_id,
+                            error=str(exc))
+                if await self._sleep(self.config.send_back_retry_delay) or pq.dropped:
+                    return
+                msg.reconsume_times += 1
+                redispatch = True
+                return
+            pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
+            self.consumed_count += 1
+            if not any(k[0] == self.retry_topic for k in self._pqs):
+                # The retry topic may have just been created: look for its queues now.
+                self._request_rebalance()
+        finally:
+            pq.end()
+            if redispatch:
+                self._redispatch(pq, msg)
+
+    def _redispatch(self, pq: ProcessQueue, msg: MessageExt) -> None:
+        sub = self._subs.get(msg.topic)
+        if sub is None or sub.callback is None or pq.dropped:
+            return
+        pq.begin()
+        if sub.is_async:
+            self._spawn(self._consume_async(pq, msg, sub.callback))
+        else:
+            self._ensure_workers()
+            assert self._workers is not None
+            self._workers.submit(pq, msg, sub.callback)
+
+    async def _send_back(self, msg: MessageExt) -> None:
+        header = ConsumerSendMsgBackRequestHeader(
+            offset=msg.commit_log_offset,
+            group=self.group,
+            delay_level=0,
+            origin_msg_id=msg.msg_id,
+            origin_topic=msg.topic,
+            unit_mode=False,
+            max_reconsume_times=self.max_reconsume_times,
+        )
+        await self.connection.invoke(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

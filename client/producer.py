@@ -1,0 +1,569 @@
+"""The asynchronous producer.
+
+Sending follows RocketMQ's ``DefaultMQProducerImpl``: the message is checked client-side, gets
+its ``UNIQ_KEY`` once (kept across retries, so a consumer can recognise a duplicate), a queue is
+chosen (round robin, a sharding key or a selector), and SEND_MESSAGE_V2 goes out.  Retriable
+failures (a dropped connection, a timeout, a busy broker) are retried up to
+``retry_times_when_send_failed`` times, on the next queue when the queue was chosen round robin.
+FLUSH_DISK_TIMEOUT is not a failure to retry: the message is stored, only not fsynced yet; it is
+reported in :attr:`SendResult.status`.
+
+When a topic does not exist yet the producer sends anyway, to ``default_topic_queue_nums``
+queues; the broker creates the topic on that first send and the route is fetched afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import re
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import structlog
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import (
+    InvalidParameterError,
+    NoPermissionError,
+    ProtocolError,
+    TxmqError,
+    error_for_code,
+)
+from txmq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from txmq.protocol.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    Message,
+    MessageConst,
+    UniqIdGenerator,
+    encode_batch,
+    properties_to_string,
+)
+
+from .config import DEFAULT_BROKER, ClientConfig
+from .errors import ClientStateError, InvalidMessageError
+from .remoting import BrokerConnection
+from .route import TopicRoute, fetch_route
+
+log = structlog.get_logger(__name__)
+
+#: Topic names RocketMQ accepts (``Validators.VALID_PATTERN_STR``).
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_MAX_LENGTH = 127
+#: The topic RocketMQ names as the template for auto-created topics.
+AUTO_CREATE_TOPIC_KEY = "TBW102"
+
+#: ``f(queue_ids, message) -> queue_id``: picks the queue for one message.
+QueueSelector = Callable[[list[int], Message], int]
+
+_uniq_ids: UniqIdGenerator | None = None
+
+
+def new_uniq_id() -> str:
+    """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
+    global _uniq_ids
+    if _uniq_ids is None:
+        _uniq_ids = UniqIdGenerator()
+    return _uniq_ids.next_id()
+
+
+class SendStatus(enum.Enum):
+    """How a send ended (RocketMQ's SendStatus)."""
+
+    #: Stored (and, under SYNC_FLUSH, fsynced).
+    SEND_OK = "SEND_OK"
+    #: Stored, but the fsync did not finish in time; do not resend.
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+_STATUS_BY_CODE: dict[int, SendStatus] = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+@dataclass
+class SendResult:
+    """The broker's answer to a send.
+
+    Attributes:
+        status: SEND_OK, or FLUSH_DISK_TIMEOUT when stored but not fsynced in time.
+        msg_id: the client-made id (``UNIQ_KEY``); for a batch, the ids comma-joined.
+        offset_msg_id: the broker-made id (store address + commit-log offset); comma-joined
+            for a batch.
+        topic: the topic written.
+        queue_id: the queue written.
+        queue_offset: the message's offset in the queue (the first message's for a batch).
+        transaction_id: the transaction id, for transactional sends.
+        msg_ids: every message's ``UNIQ_KEY`` (one element for a single send).
+        offset_msg_ids: every message's offsetMsgId.
+    """
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str | None = None
+    msg_ids: list[str] = field(default_factory=list)
+    offset_msg_ids: list[str] = field(default_factory=list)
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def validate_topic(topic: str) -> None:
+    """Check a topic name the way RocketMQ's ``Validators.checkTopic`` does.
+
+    Raises:
+        InvalidMessageError: the name is empty, too long or has characters outside
+            ``[%|a-zA-Z0-9_-]``.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise InvalidMessageError("the topic name is empty")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidMessageError(
+            f"the topic name is longer than {TOPIC_MAX_LENGTH} characters: {topic[:40]!r}..."
+        )
+    if not TOPIC_PATTERN.match(topic):
+        raise InvalidMessageError(
+            f"the topic name {topic!r} contains characters other than letters, digits, "
+            "'%', '|', '_' and '-'"
+        )
+
+
+def validate_message(msg: Message, max_size: int) -> None:
+    """Check one message before it is sent.
+
+    Raises:
+        InvalidMessageError: what is wrong, in words.
+    """
+    if not isinstance(msg, Message):
+        raise InvalidMessageError(f"expected a txmq Message, got {type(msg).__name__}")
+    validate_topic(msg.topic)
+    if not isinstance(msg.body, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(f"the message body must be bytes or str, got {type(msg.body).__name__}")
+    size = len(msg.body)
+    if size == 0:
+        raise InvalidMessageError("the message body is empty")
+    if size > max_size:
+        raise InvalidMessageError(
+            f"the message body is {size} bytes, over the limit of {max_size} bytes"
+        )
+    for name, value in (("tags", msg.tags), ("keys", msg.keys)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessageError(f"message {name} must be a string, got {value!r}")
+    for k, v in msg.properties.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidMessageError(f"message property {k!r}: keys and values must be strings")
+        if k in MessageConst.SYSTEM_KEYS:
+            raise InvalidMessageError(f"message property {k!r} is reserved for the system")
+        for s in (k, v, msg.tags or "", msg.keys or ""):
+            if NAME_VALUE_SEPARATOR in s or PROPERTY_SEPARATOR in s:
+                raise InvalidMessageError(
+                    f"message property {k!r} contains a reserved control character"
+                )
+    if msg.delay_level < 0:
+        raise InvalidMessageError(f"delay_level must not be negative, got {msg.delay_level}")
+
+
+def _result(
+    resp: RemotingCommand, topic: str, uniq_ids: list[str], status: SendStatus
+) -> SendResult:
+    try:
+        header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
+    except InvalidParameterError:
+        if status is SendStatus.SEND_OK:
+            raise ProtocolError(
+                f"send answer without a valid header: {resp.ext_fields!r}"
+            ) from None
+        header = SendMessageResponseHeader(msg_id="", queue_id=-1, queue_offset=-1)
+    offset_ids = [i for i in header.msg_id.split(",") if i] if header.msg_id else []
+    return SendResult(
+        status=status,
+        msg_id=",".join(uniq_ids),
+        offset_msg_id=header.msg_id,
+        topic=topic,
+        queue_id=header.queue_id,
+        queue_offset=header.queue_offset,
+        transaction_id=header.transaction_id,
+        msg_ids=list(uniq_ids),
+        offset_msg_ids=offset_ids,
+    )
+
+
+class AsyncProducer:
+    """Sends messages; every method is a coroutine.
+
+    Args:
+        group: the producer group (announced in heartbeats; transactional checks go to it).
+        broker: ``"host:port"`` of the broker.
+        config: client settings; ``**settings`` override single fields of it, e.g.
+            ``AsyncProducer("g", request_timeout=1.0)``.
+
+    Use ``async with AsyncProducer(...) as producer:`` or call :meth:`start` and
+    :meth:`shutdown`.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        if not group or not isinstance(group, str):
+            raise ValueError("a producer needs a non-empty group name")
+        self.group = group
+        self.broker = broker
+        self.config = (config or ClientConfig()).replace(**settings)
+        self._conn: BrokerConnection | None = None
+        self._routes: dict[str, TopicRoute] = {}
+        self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
+        self._rr = itertools.count()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def connection(self) -> BrokerConnection:
+        """The broker connection (for extensions, e.g. transactional check processors).
+
+        Raises:
+            ClientStateError: the producer is not started.
+        """
+        if self._conn is None:
+            raise ClientStateError(
+                f"producer {self.group!r} is not started; call start() or use 'async with'"
+            )
+        return self._conn
+
+    async def start(self) -> None:
+        """Connect to the broker and register the producer group.
+
+        Raises:
+            ConnectionClosedError: the broker cannot be reached.
+            ClientStateError: the producer was shut down already.
+        """
+        if self._closed:
+            raise ClientStateError(f"producer {self.group!r} was shut down; make a new one")
+        if self._conn is not None:
+            return
+        conn = BrokerConnection(self.broker, self.config)
+        conn.register_producer(self.group)
+        await conn.start()
+        self._conn = conn
+        log.debug("producer_started", group=self.group, broker=self.broker,
+                  client_id=conn.client_id)
+
+    async def shutdown(self) -> None:
+        """Unregister from the broker and close the connection (idempotent)."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        await conn.unregister(producer_group=self.group)
+        await conn.close()
+        log.debug("producer_shut_down", group=self.group)
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    # -- public API --------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        msg: Message,
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send one message and wait until the broker stored it.
+
+        Args:
+            msg: the message.
+            queue_id: write to this queue.
+            sharding_key: write to queue ``crc32(key) % write_queue_nums``, so the messages of
+                one key stay in order in one queue.
+            selector: ``f(queue_ids, msg) -> queue_id``.
+            timeout: seconds to wait for each attempt (default: ``request_timeout``).
+
+        Returns:
+            The :class:`SendResult`.
+
+        Raises:
+            InvalidMessageError: the message is not valid (nothing was sent).
+            TxmqError: the send failed, after the retries for retriable errors.
+        """
+        return await self.send_message(
+            msg, queue_id=queue_id, sharding_key=sharding_key, selector=selector, timeout=timeout
+        )
+
+    async def send_oneway(
+        self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
+    ) -> None:
+        """Send one message without waiting for (or getting) an answer.
+
+        Raises:
+            InvalidMessageError: the message is not valid.
+            ConnectionClosedError: no connection to the broker.
+        """
+        validate_message(msg, self.config.max_message_size)
+        conn = self.connection
+        route = await self._route_for(msg.topic)
+        qid = self._select_queue(route, msg, queue_id, sharding_key, None, 0)
+        props = self._wire_properties(msg, new_uniq_id(), None)
+        cmd = self._send_command(msg, route, qid, props, sys_flag=0)
+        await conn.send_oneway(cmd)
+
+    async def send_batch(
+        self,
+        msgs: list[Message],
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send several messages of one topic to one queue in one request.
+
+        The messages are stored consecutively in one queue; the result's ``msg_id`` joins the
+        ``UNIQ_KEY`` of every message with commas (as RocketMQ) and ``msg_ids`` lists them.
+
+        Raises:
+            InvalidMessageError: an empty batch, mixed topics, delay levels, an invalid message,
+                or more than ``max_message_size`` bytes in all.
+            TxmqError: the send failed, after the retries for retriable errors.
+        """
+        msgs = list(msgs)
+        if not msgs:
+            raise InvalidMessageError("a batch needs at least one message")
+        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
+        for m in msgs:
+            validate_message(m, self.config.max_message_size)
+            if m.topic != topic:
+                raise InvalidMessageError(
+                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
+                )
+            if m.delay_level > 0:
+                raise InvalidMessageError("messages of a batch cannot have a delay level")
+        uniq_ids = [new_uniq_id() for _ in msgs]
+        entries = []
+        for m, uid in zip(msgs, uniq_ids, strict=True):
+            entries.append((bytes(m.body), m.flag, self._wire_properties(m, uid, None)))
+        body = encode_batch(entries)
+        if len(body) > self.config.max_message_size:
+            raise InvalidMessageError(
+                f"the batch is {len(body)} bytes, over the limit of "
+                f"{self.config.max_message_size} bytes; send it in smaller parts"
+            )
+        header_props = {MessageConst.WAIT_STORE_MSG_OK: "true"}
+        probe = msgs[0]
+
+        def build(route: TopicRoute, qid: int) -> RemotingCommand:
+            header = self._header(probe, route, qid, properties_to_string(header_props), 0)
+            header.batch = True
+            return RemotingCommand.request(
+                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
+            )
+
+        return await self._send_with_retries(
+            probe, uniq_ids, build, queue_id=queue_id, sharding_key=sharding_key,
+            selector=None, timeout=timeout,
+        )
+
+    # -- the kernel, shared with the transactional producer ------------------------------------------
+
+    async def send_message(
+        self,
+        msg: Message,
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        timeout: float | None = None,
+        sys_flag: int = 0,
+        extra_properties: dict[str, str] | None = None,
+    ) -> SendResult:
+        """:meth:`send` with the knobs other senders need (transactional half messages set
+        ``sys_flag`` and system properties such as ``TRAN_MSG`` and ``PGROUP``).
+
+        ``extra_properties`` may set ``UNIQ_KEY`` to choose the message id.
+        """
+        validate_message(msg, self.config.max_message_size)
+        uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or new_uniq_id()
+        props = self._wire_properties(msg, uniq, extra_properties)
+
+        def build(route: TopicRoute, qid: int) -> RemotingCommand:
+            return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
+
+        return await self._send_with_retries(
+            msg, [uniq], build, queue_id=queue_id, sharding_key=sharding_key,
+            selector=selector, timeout=timeout,
+        )
+
+    async def _send_with_retries(
+        self,
+        msg: Message,
+        uniq_ids: list[str],
+        build: Callable[[TopicRoute, int], RemotingCommand],
+        *,
+        queue_id: int | None,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        timeout: float | None,
+    ) -> SendResult:
+        conn = self.connection
+        timeout = self.config.request_timeout if timeout is None else timeout
+        attempts = 1 + self.config.retry_times_when_send_failed
+        last_error: TxmqError | None = None
+        for attempt in range(attempts):
+            route = await self._route_for(msg.topic)
+            qid = self._select_queue(route, msg, queue_id, sharding_key, selector, attempt)
+            cmd = build(route, qid)
+            try:
+                resp = await conn.request(cmd, timeout)
+            except TxmqError as exc:
+                if not exc.retriable:
+                    raise
+                last_error = exc
+                log.info("send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1,
+                         error=str(exc))
+                continue
+            status = _STATUS_BY_CODE.get(resp.code)
+            if status is not None:
+                if not route.exists:
+                    # The broker created the topic on this send: learn its real route next time.
+                    self._routes.pop(msg.topic, None)
+                return _result(resp, msg.topic, uniq_ids, status)
+            err = error_for_code(resp.code, resp.remark)
+            if not err.retriable:
+                raise err
+            last_error = err
+            log.info("send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1,
+                     error=str(err))
+        assert last_error is not None
+        raise last_error
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _wire_properties(
+        self, msg: Message, uniq: str, extra: dict[str, str] | None
+    ) -> dict[str, str]:
+        props = msg.wire_properties()
+        props[MessageConst.UNIQ_KEY] = uniq
+        props[MessageConst.WAIT_STORE_MSG_OK] = "true"
+        if extra:
+            props.update(extra)
+        return props
+
+    def _header(
+        self, msg: Message, route: TopicRoute, qid: int, properties: str, sys_flag: int
+    ) -> SendMessageRequestHeader:
+        return SendMessageRequestHeader(
+            producer_group=self.group,
+            topic=msg.topic,
+            default_topic=AUTO_CREATE_TOPIC_KEY,
+            default_topic_queue_nums=self.config.default_topic_queue_nums,
+            queue_id=qid,
+            sys_flag=sys_flag,
+            born_timestamp=int(time.time() * 1000),
+            flag=msg.flag,
+            properties=properties,
+            reconsume_times=0,
+            unit_mode=False,
+            batch=False,
+        )
+
+    def _send_command(
+        self, msg: Message, route: TopicRoute, qid: int, props: dict[str, str], *, sys_flag: int
+    ) -> RemotingCommand:
+        header = self._header(msg, route, qid, properties_to_string(props), sys_flag)
+        return RemotingCommand.request(
+            RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), bytes(msg.body)
+        )
+
+    def _select_queue(
+        self,
+        route: TopicRoute,
+        msg: Message,
+        queue_id: int | None,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        attempt: int,
+    ) -> int:
+        if not route.writable:
+            raise NoPermissionError(f"topic {route.topic!r} is not writable")
+        ids = route.write_queue_ids
+        if not ids:
+            raise NoPermissionError(f"topic {route.topic!r} has no writable queue")
+        chosen = sum(x is not None for x in (queue_id, sharding_key, selector))
+        if chosen > 1:
+            raise ValueError("give at most one of queue_id, sharding_key and selector")
+        if queue_id is not None:
+            if queue_id not in ids:
+                raise InvalidMessageError(
+                    f"queue {queue_id} does not exist in topic {route.topic!r} (queues {ids})"
+                )
+            return queue_id
+        if sharding_key is not None:
+            return ids[zlib.crc32(str(sharding_key).encode("utf-8")) % len(ids)]
+        if selector is not None:
+            qid = selector(list(ids), msg)
+            if qid not in ids:
+                raise InvalidMessageError(
+                    f"the queue selector chose queue {qid!r}, which is not one of {ids}"
+                )
+            return int(qid)
+        return ids[next(self._rr) % len(ids)]
+
+    async def _route_for(self, topic: str) -> TopicRoute:
+        route = self._routes.get(topic)
+        if route is not None and (
+            time.monotonic() - route.fetched_at < self.config.route_refresh_interval
+        ):
+            return route
+        pending = self._route_fetches.get(topic)
+        if pending is None:
+            pending = asyncio.ensure_future(self._fetch_route(topic, route))
+            self._route_fetches[topic] = pending
+            pending.add_done_callback(lambda _f: self._route_fetches.pop(topic, None))
+        return await asyncio.shield(pending)
+
+    async def _fetch_route(self, topic: str, cached: TopicRoute | None) -> TopicRoute:
+        try:
+            fetched = await fetch_route(self.connection, topic)
+        except TxmqError as exc:
+            if cached is not None:
+                log.info("route_refresh_failed", topic=topic, error=str(exc))
+                return cached
+            raise
+        if fetched is None:
+            # Not created yet: the broker creates it on the first send (autoCreateTopicEnable).
+            fetched = TopicRoute(
+                topic,
+                write_queue_nums=self.config.default_topic_queue_nums,
+                read_queue_nums=self.config.default_topic_queue_nums,
+                exists=False,
+            )
+        self._routes[topic] = fetched
+        return fetched

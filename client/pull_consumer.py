@@ -1,0 +1,366 @@
+"""Pulling and consumer offsets: the requests both consumers use, and :class:`AsyncPullConsumer`
+for applications that want to choose queues and offsets themselves.
+
+PULL_MESSAGE's ``sysFlag`` bits (RocketMQ's ``PullSysFlag``): ``0x1`` the broker stores
+``commitOffset`` for the group, ``0x2`` the broker may hold the pull up to
+``suspendTimeoutMillis`` while nothing is there (long polling), ``0x4`` the request carries its
+subscription expression.  The broker filters by tag hash; the SDK filters again by the exact tag,
+since two tags can share a hash.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import structlog
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import InvalidParameterError, TopicNotExistError, error_for_code
+from txmq.protocol.headers import (
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    GetOffsetResponseHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryConsumerOffsetResponseHeader,
+    SearchOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
+from txmq.protocol.message import MessageExt, decode_messages, parse_subscription, tags_code
+
+from .config import DEFAULT_BROKER, ClientConfig
+from .errors import ClientStateError
+from .producer import validate_topic
+from .remoting import BrokerConnection
+from .route import fetch_route
+
+log = structlog.get_logger(__name__)
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+
+
+class PullStatus(enum.Enum):
+    """How a pull ended (RocketMQ's PullStatus)."""
+
+    #: Messages were found (``messages`` may still be empty after the exact-tag filter).
+    FOUND = "FOUND"
+    #: Nothing at or after the offset yet.
+    NO_NEW_MSG = "NO_NEW_MSG"
+    #: Messages were there, but none matched the expression; ``next_begin_offset`` skips them.
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    #: The offset is outside the queue; continue from ``next_begin_offset``.
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass
+class PullResult:
+    """One pull's answer.
+
+    Attributes:
+        status: see :class:`PullStatus`.
+        messages: the messages that matched (exact tags).
+        next_begin_offset: the offset to pull next.
+        min_offset: the queue's smallest offset.
+        max_offset: the queue's next free offset (one past the last message).
+    """
+
+    status: PullStatus
+    messages: list[MessageExt] = field(default_factory=list)
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+
+
+_STATUS_BY_CODE: dict[int, PullStatus] = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def subscription_data(topic: str, expression: str, sub_version: int) -> dict[str, Any]:
+    """RocketMQ's SubscriptionData as the heartbeat carries it."""
+    tags = parse_subscription(expression)
+    tag_list = sorted(tags) if tags else []
+    return {
+        "topic": topic,
+        "subString": "*" if tags is None else " || ".join(tag_list),
+        "tagsSet": tag_list,
+        "codeSet": [tags_code(t) for t in tag_list],
+        "subVersion": sub_version,
+        "expressionType": "TAG",
+        "classFilterMode": False,
+    }
+
+
+def normalize_expression(expression: str | None) -> str:
+    """``None``/empty -> ``*``; tags are stripped and joined with `` || ``."""
+    tags = parse_subscription(expression)
+    return "*" if tags is None else " || ".join(sorted(tags))
+
+
+async def pull_messages(
+    conn: BrokerConnection,
+    group: str,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    *,
+    max_nums: int = 32,
+    expression: str = "*",
+    sub_version: int = 0,
+    suspend: float = 0.0,
+    commit_offset: int | None = None,
+    timeout: float | None = None,
+) -> PullResult:
+    """One PULL_MESSAGE.
+
+    Args:
+        suspend: seconds the broker may hold the pull while nothing is there (0: answer now).
+        commit_offset: also store this offset for the group (ignored unless positive).
+        timeout: seconds to wait for the answer *beyond* ``suspend``.
+
+    Raises:
+        TxmqError: the request failed or the broker answered with an error.
+    """
+    sys_flag = FLAG_SUBSCRIPTION
+    if suspend > 0:
+        sys_flag |= FLAG_SUSPEND
+    if commit_offset is not None and commit_offset > 0:
+        sys_flag |= FLAG_COMMIT_OFFSET
+    header = PullMessageRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=offset,
+        max_msg_nums=max_nums,
+        sys_flag=sys_flag,
+        commit_offset=commit_offset if commit_offset and commit_offset > 0 else 0,
+        suspend_timeout_millis=int(suspend * 1000),
+        subscription=expression,
+        sub_version=sub_version,
+        expression_type="TAG",
+    )
+    wait = (conn.config.request_timeout if timeout is None else timeout) + suspend
+    resp = await conn.request(
+        RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext_fields()), wait
+    )
+    status = _STATUS_BY_CODE.get(resp.code)
+    if status is None:
+        raise error_for_code(resp.code, resp.remark)
+    try:
+        rh = PullMessageResponseHeader.from_ext_fields(resp.ext_fields)
+        next_offset, min_offset, max_offset = rh.next_begin_offset, rh.min_offset, rh.max_offset
+    except InvalidParameterError:
+        if status is PullStatus.FOUND:
+            raise
+        next_offset, min_offset, max_offset = offset, 0, 0
+    messages: list[MessageExt] = []
+    if status is PullStatus.FOUND:
+        messages = decode_messages(resp.body)
+        tags = parse_subscription(expression)
+        if tags is not None:
+            messages = [m for m in messages if m.tags in tags]
+    return PullResult(status, messages, next_offset, min_offset, max_offset)
+
+
+async def query_committed_offset(
+    conn: BrokerConnection, group: str, topic: str, queue_id: int
+) -> int | None:
+    """The group's committed offset for a queue; None when it has none."""
+    resp = await conn.invoke(
+        RequestCode.QUERY_CONSUMER_OFFSET,
+        QueryConsumerOffsetRequestHeader(consumer_group=group, topic=topic, queue_id=queue_id),
+        accept=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
+    )
+    if resp.code == ResponseCode.QUERY_NOT_FOUND:
+        return None
+    offset = QueryConsumerOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
+    return offset if offset >= 0 else None
+
+
+async def update_committed_offset(
+    conn: BrokerConnection, group: str, topic: str, queue_id: int, offset: int
+) -> None:
+    """Store the group's offset for a queue (the next offset to consume)."""
+    await conn.invoke(
+        RequestCode.UPDATE_CONSUMER_OFFSET,
+        UpdateConsumerOffsetRequestHeader(
+            consumer_group=group, topic=topic, queue_id=queue_id, commit_offset=offset
+        ),
+    )
+
+
+async def get_max_offset(conn: BrokerConnection, topic: str, queue_id: int) -> int:
+    """The queue's next free offset (one past its last message)."""
+    resp = await conn.invoke(
+        RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequestHeader(topic=topic, queue_id=queue_id)
+    )
+    return GetOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
+
+
+async def get_min_offset(conn: BrokerConnection, topic: str, queue_id: int) -> int:
+    """The queue's smallest offset still stored."""
+    resp = await conn.invoke(
+        RequestCode.GET_MIN_OFFSET, GetMinOffsetRequestHeader(topic=topic, queue_id=queue_id)
+    )
+    return GetOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
+
+
+def timestamp_ms(when: int | float | datetime) -> int:
+    """Milliseconds since the epoch (an aware or naive-local datetime, or a number of ms)."""
+    if isinstance(when, datetime):
+        return int(when.timestamp() * 1000)
+    return int(when)
+
+
+async def search_offset(
+    conn: BrokerConnection, topic: str, queue_id: int, when: int | float | datetime
+) -> int:
+    """The first offset of a message stored at or after ``when`` (ms or datetime)."""
+    resp = await conn.invoke(
+        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+        SearchOffsetRequestHeader(topic=topic, queue_id=queue_id, timestamp=timestamp_ms(when)),
+    )
+    return GetOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
+
+
+class AsyncPullConsumer:
+    """Pull messages from queues and offsets the application chooses; every method is a
+    coroutine.
+
+    Args:
+        group: the consumer group whose offsets :meth:`commit_offset` stores.
+        broker: ``"host:port"`` of the broker.
+        config: client settings; ``**settings`` override single fields.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        if not group or not isinstance(group, str):
+            raise ValueError("a consumer needs a non-empty group name")
+        self.group = group
+        self.broker = broker
+        self.config = (config or ClientConfig()).replace(**settings)
+        self._conn: BrokerConnection | None = None
+        self._closed = False
+
+    @property
+    def connection(self) -> BrokerConnection:
+        """The broker connection.
+
+        Raises:
+            ClientStateError: the consumer is not started.
+        """
+        if self._conn is None:
+            raise ClientStateError(
+                f"pull consumer {self.group!r} is not started; call start() or use 'async with'"
+            )
+        return self._conn
+
+    async def start(self) -> None:
+        """Connect to the broker.
+
+        Raises:
+            ConnectionClosedError: the broker cannot be reached.
+        """
+        if self._closed:
+            raise ClientStateError(f"pull consumer {self.group!r} was shut down; make a new one")
+        if self._conn is not None:
+            return
+        # The group is not announced in heartbeats: a pull consumer chooses its queues itself
+        # and must not take a share in a push consumer group's rebalance.
+        conn = BrokerConnection(self.broker, self.config)
+        await conn.start()
+        self._conn = conn
+
+    async def shutdown(self) -> None:
+        """Close the connection (idempotent)."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        await conn.close()
+
+    async def __aenter__(self) -> AsyncPullConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    async def fetch_queues(self, topic: str) -> list[int]:
+        """The readable queue ids of ``topic``.
+
+        Raises:
+            TopicNotExistError: the topic does not exist.
+        """
+        validate_topic(topic)
+        route = await fetch_route(self.connection, topic)
+        if route is None:
+            raise TopicNotExistError(f"topic {topic!r} does not exist")
+        return route.read_queue_ids
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int = 32,
+        expression: str = "*",
+        timeout: float | None = None,
+        long_poll: float = 0.0,
+    ) -> PullResult:
+        """Read up to ``max_nums`` messages of one queue from ``offset`` on.
+
+        Args:
+            expression: ``*`` or ``"TagA || TagB"``.
+            timeout: seconds to wait for the answer (default ``request_timeout``).
+            long_poll: when nothing is there, let the broker wait this many seconds for a
+                message before answering NO_NEW_MSG.
+
+        Raises:
+            TxmqError: the request failed.
+        """
+        return await pull_messages(
+            self.connection, self.group, topic, queue_id, offset, max_nums=max_nums,
+            expression=normalize_expression(expression), suspend=long_poll, timeout=timeout,
+        )
+
+    async def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        """Store the group's offset for a queue: the next offset to consume."""
+        await update_committed_offset(self.connection, self.group, topic, queue_id, offset)
+
+    async def committed_offset(self, topic: str, queue_id: int) -> int | None:
+        """The group's stored offset for a queue, or None when there is none."""
+        return await query_committed_offset(self.connection, self.group, topic, queue_id)
+
+    async def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next free offset."""
+        return await get_max_offset(self.connection, topic, queue_id)
+
+    async def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's smallest stored offset."""
+        return await get_min_offset(self.connection, topic, queue_id)
+
+    async def offset_for_timestamp(
+        self, topic: str, queue_id: int, ts_ms: int | float | datetime
+    ) -> int:
+        """The first offset of a message stored at or after ``ts_ms`` (ms or a datetime)."""
+        return await search_offset(self.connection, topic, queue_id, ts_ms)

@@ -1,0 +1,379 @@
+"""The client's side of one broker connection.
+
+:class:`BrokerConnection` owns the TCP connection of one producer or consumer: it connects,
+sends HEART_BEAT at connect, after every reconnect and every ``heartbeat_interval``, reconnects
+with a doubling back-off when the connection drops, sends requests with timeouts (waiting for a
+reconnect within the request's own timeout), and dispatches requests the broker sends to the
+client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request
+code.
+
+Public hooks for other parts of the SDK:
+
+* :meth:`BrokerConnection.register_processor` -- handle a broker -> client request code;
+* :meth:`BrokerConnection.on_reconnect` -- run a callback after every reconnect (after the
+  heartbeat has been sent);
+* :meth:`BrokerConnection.register_producer` / :meth:`register_consumer` -- what the heartbeat
+  announces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from txmq.protocol.aio import Connection, open_connection
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import (
+    ConnectionClosedError,
+    TxmqError,
+    error_for_code,
+)
+from txmq.protocol.headers import Header, UnregisterClientRequestHeader
+
+from .config import ClientConfig, parse_address
+
+log = structlog.get_logger(__name__)
+
+#: Handles one request the broker sent to this client; returns the response (ignored for
+#: oneway requests) or None.
+Processor = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
+#: Runs after a reconnect; may be a plain function or a coroutine function.
+ReconnectCallback = Callable[[], Awaitable[None] | None]
+#: Returns one entry of the heartbeat's ``consumerDataSet``.
+ConsumerDataProvider = Callable[[], dict[str, Any]]
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` passes; True if it was set.
+
+    Unlike ``asyncio.wait_for(event.wait(), timeout)`` on Python 3.11, a cancellation that
+    arrives while the event is being set is never swallowed.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return event.is_set()
+
+
+def local_ip() -> str:
+    """The address this host uses for outgoing traffic (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip: str = s.getsockname()[0]
+            return ip
+    except OSError:
+        return "127.0.0.1"
+
+
+def make_client_id() -> str:
+    """A client id in RocketMQ's ``ip@pid#random`` style, unique per client object."""
+    return f"{local_ip()}@{os.getpid()}#{os.urandom(6).hex()}"
+
+
+class BrokerConnection:
+    """One client's connection to the broker.
+
+    Args:
+        address: ``"host:port"`` of the broker.
+        config: timeouts and intervals.
+        client_id: the id announced in heartbeats (made up when not given).
+    """
+
+    def __init__(
+        self, address: str, config: ClientConfig | None = None, *, client_id: str | None = None
+    ) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.config = config or ClientConfig()
+        self.client_id = client_id or make_client_id()
+        self._conn: Connection | None = None
+        self._connected: asyncio.Event | None = None
+        self._closing = False
+        self._started = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._processors: dict[int, Processor] = {}
+        self._reconnect_callbacks: list[ReconnectCallback] = []
+        self._producer_groups: set[str] = set()
+        self._consumers: dict[str, ConsumerDataProvider] = {}
+        #: How many times the connection was re-established (for tests and metrics).
+        self.reconnects = 0
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def register_processor(self, code: int, processor: Processor) -> None:
+        """Handle requests with ``code`` that the broker sends to this client.
+
+        Args:
+            code: a :class:`~txmq.protocol.codes.RequestCode`.
+            processor: coroutine function taking the request and returning the response (or
+                None for oneway requests).  A :class:`TxmqError` it raises is answered with the
+                error's code.
+        """
+        self._processors[int(code)] = processor
+
+    def on_reconnect(self, callback: ReconnectCallback) -> None:
+        """Run ``callback`` after every reconnect, once the heartbeat has been sent."""
+        self._reconnect_callbacks.append(callback)
+
+    def register_producer(self, group: str) -> None:
+        """Announce ``group`` in the heartbeat's ``producerDataSet``."""
+        self._producer_groups.add(group)
+
+    def register_consumer(self, group: str, provider: ConsumerDataProvider) -> None:
+        """Announce a consumer group; ``provider`` builds its ``consumerDataSet`` entry each
+        time a heartbeat is sent (so new subscriptions are picked up)."""
+        self._consumers[group] = provider
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def start(self) -> None:
+        """Connect, send the first heartbeat and start the heartbeat loop.
+
+        Raises:
+            ConnectionClosedError: the broker cannot be reached.
+        """
+        if self._started:
+            return
+        self._closing = False
+        self._connected = asyncio.Event()
+        conn = await self._open()
+        try:
+            await self._heartbeat_on(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._connected.set()
+        self._started = True
+        self._heartbeat_task = self._spawn(self._heartbeat_loop())
+        log.debug("broker_connected", broker=self.address, client_id=self.client_id)
+
+    async def close(self) -> None:
+        """Close the connection and stop the background tasks (no unregister; see
+        :meth:`unregister`)."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        conn, self._conn = self._conn, None
+        if self._connected is not None:
+            self._connected.set()  # wake requests waiting for a reconnect: they fail now
+        if conn is not None:
+            conn.close()
+            await conn.wait_closed()
+        self._started = False
+
+    async def unregister(
+        self, *, producer_group: str | None = None, consumer_group: str | None = None
+    ) -> None:
+        """Send UNREGISTER_CLIENT for one group (best effort: failures are logged)."""
+        if producer_group:
+            self._producer_groups.discard(producer_group)
+        if consumer_group:
+            self._consumers.pop(consumer_group, None)
+        if not self.connected:
+            return
+        header = UnregisterClientRequestHeader(
+            client_id=self.client_id, producer_group=producer_group, consumer_group=consumer_group
+        )
+        try:
+            await self.invoke(RequestCode.UNREGISTER_CLIENT, header, timeout=self.config.request_timeout)
+        except TxmqError as exc:
+            log.warning("unregister_failed", broker=self.address, error=str(exc),
+                        producer_group=producer_group, consumer_group=consumer_group)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def wait_connected(self, timeout: float) -> Connection:
+        """The live connection, waiting up to ``timeout`` for a reconnect.
+
+        Raises:
+            ConnectionClosedError: not connected within ``timeout`` (or closed for good).
+        """
+        if self._closing or self._connected is None:
+            raise ConnectionClosedError(f"connection to broker {self.address} is closed")
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if not await wait_event(self._connected, timeout):
+            raise ConnectionClosedError(
+                f"not connected to broker {self.address} (reconnecting)"
+            )
+        conn = self._conn
+        if conn is None or conn.closed or self._closing:
+            raise ConnectionClosedError(f"not connected to broker {self.address}")
+        return conn
+
+    async def request(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+        """Send ``cmd`` and return the broker's response, whatever its code.
+
+        Raises:
+            ConnectionClosedError: no connection, or it closed before the answer.
+            RequestTimeoutError: no answer within ``timeout``.
+        """
+        timeout = self.config.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        conn = await self.wait_connected(timeout)
+        remaining = max(deadline - time.monotonic(), 0.001)
+        return await conn.request(cmd, remaining)
+
+    async def invoke(
+        self,
+        code: int,
+        header: Header | dict[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float | None = None,
+        accept: tuple[int, ...] = (ResponseCode.SUCCESS,),
+    ) -> RemotingCommand:
+        """Send a request built from a typed header and raise unless the response code is in
+        ``accept``.
+
+        Raises:
+            BrokerResponseError: the subclass for the response code (see ``error_for_code``).
+        """
+        ext = header.to_ext_fields() if isinstance(header, Header) else dict(header or {})
+        resp = await self.request(RemotingCommand.request(code, ext, body), timeout)
+        if resp.code not in accept:
+            raise error_for_code(resp.code, resp.remark)
+        return resp
+
+    async def send_oneway(self, cmd: RemotingCommand) -> None:
+        """Send a oneway request (no answer).
+
+        Raises:
+            ConnectionClosedError: not connected within the request timeout.
+        """
+        conn = await self.wait_connected(self.config.request_timeout)
+        conn.send_oneway(cmd)
+        await conn.drain()
+
+    # -- heartbeat ---------------------------------------------------------------------------------
+
+    def heartbeat_data(self) -> dict[str, Any]:
+        """RocketMQ's HeartbeatData for the groups registered now."""
+        return {
+            "clientID": self.client_id,
+            "producerDataSet": [{"groupName": g} for g in sorted(self._producer_groups)],
+            "consumerDataSet": [provider() for provider in self._consumers.values()],
+        }
+
+    async def send_heartbeat(self) -> None:
+        """Send one HEART_BEAT now.
+
+        Raises:
+            TxmqError: the broker refused it or did not answer.
+        """
+        conn = await self.wait_connected(self.config.request_timeout)
+        await self._heartbeat_on(conn)
+
+    async def _heartbeat_on(self, conn: Connection) -> None:
+        body = json.dumps(self.heartbeat_data(), separators=(",", ":")).encode("utf-8")
+        resp = await conn.request(RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
+                                  self.config.request_timeout)
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            conn = self._conn
+            if conn is None or conn.closed:
+                continue
+            try:
+                await self._heartbeat_on(conn)
+            except TxmqError as exc:
+                log.warning("heartbeat_failed", broker=self.address, error=str(exc))
+
+    # -- connection management --------------------------------------------------------------------
+
+    async def _open(self) -> Connection:
+        return await open_connection(
+            self.host, self.port, self._handle, timeout=self.config.connect_timeout,
+            on_close=self._on_close,
+        )
+
+    def _on_close(self, conn: Connection) -> None:
+        if conn is not self._conn or self._closing:
+            return
+        self._conn = None
+        if self._connected is not None:
+            self._connected.clear()
+        log.warning("broker_connection_lost", broker=self.address, client_id=self.client_id)
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = self._spawn(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = self.config.reconnect_backoff_initial
+        attempt = 0
+        while not self._closing:
+            await asyncio.sleep(delay)
+            attempt += 1
+            try:
+                conn = await self._open()
+            except TxmqError as exc:
+                log.debug("reconnect_failed", broker=self.address, attempt=attempt, error=str(exc))
+                delay = min(delay * 2, self.config.reconnect_backoff_max)
+                continue
+            if self._closing:
+                conn.close()
+                return
+            try:
+                await self._heartbeat_on(conn)
+            except TxmqError as exc:
+                if conn.closed:
+                    delay = min(delay * 2, self.config.reconnect_backoff_max)
+                    continue
+                log.warning("heartbeat_failed", broker=self.address, error=str(exc))
+            if conn.closed:
+                continue
+            self._conn = conn
+            self.reconnects += 1
+            assert self._connected is not None
+            self._connected.set()
+            log.info("broker_reconnected", broker=self.address, attempts=attempt,
+                     client_id=self.client_id)
+            for callback in list(self._reconnect_callbacks):
+                try:
+                    result = callback()
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception as exc:  # one failing hook must not stop the others
+                    log.warning("reconnect_callback_failed", error=repr(exc))
+            return
+
+    async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        processor = self._processors.get(cmd.code)
+        if processor is None:
+            log.warning("broker_request_unsupported", code=cmd.code)
+            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                f"request code {cmd.code} not supported by this client")
+        return await processor(cmd)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

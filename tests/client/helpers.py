@@ -1,0 +1,69 @@
+"""Helpers for the SDK tests: fast client timers, waiting, and topic creation through the
+broker's own admin request (no broker internals)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from txmq.client import ClientConfig
+from txmq.client.remoting import BrokerConnection
+from txmq.protocol.codes import RequestCode
+from txmq.protocol.headers import CreateTopicRequestHeader
+
+#: Client timers for tests: quick rebalance, commits and reconnects; short long-polls so that a
+#: stopping broker is never held up.
+FAST_CLIENT = ClientConfig(
+    request_timeout=3.0,
+    heartbeat_interval=1.0,
+    reconnect_backoff_initial=0.05,
+    reconnect_backoff_max=0.5,
+    rebalance_interval=1.0,
+    persist_offset_interval=0.2,
+    long_poll_timeout=2.0,
+    pull_backoff_on_error=0.1,
+    send_back_retry_delay=0.2,
+    shutdown_timeout=5.0,
+)
+
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0, what: str = ""
+) -> None:
+    """Poll ``predicate`` (sync or async) until it is true; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+def wait_until_sync(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    """Blocking :func:`wait_until` for tests of the sync facade."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+async def create_topic(address: str, topic: str, queues: int = 4, **header: Any) -> None:
+    """Create a topic with UPDATE_AND_CREATE_TOPIC, as an operator tool would."""
+    conn = BrokerConnection(address, FAST_CLIENT)
+    await conn.start()
+    try:
+        await conn.invoke(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            CreateTopicRequestHeader(
+                topic=topic, read_queue_nums=queues, write_queue_nums=queues, **header
+            ),
+        )
+    finally:
+        await conn.close()

@@ -1,0 +1,297 @@
+"""AsyncPushConsumer against a real broker: delivery, filtering, rebalance, retries, offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from txmq.broker.server import BrokerController
+from txmq.client import (
+    AsyncProducer,
+    AsyncPullConsumer,
+    AsyncPushConsumer,
+    ClientStateError,
+    Message,
+    MessageExt,
+)
+
+from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+
+
+class Inbox:
+    """Collects deliveries from callbacks running in worker threads or on the loop."""
+
+    def __init__(self) -> None:
+        self.msgs: list[MessageExt] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, msg: MessageExt) -> None:
+        with self._lock:
+            self.msgs.append(msg)
+
+    @property
+    def bodies(self) -> list[bytes]:
+        with self._lock:
+            return [m.body for m in self.msgs]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.msgs)
+
+
+@pytest.fixture
+async def producer(broker: BrokerController) -> AsyncProducer:
+    async with AsyncProducer("push-test-producer", broker=broker.address,
+                             config=FAST_CLIENT) as p:
+        yield p
+
+
+def consumer_for(broker: BrokerController, group: str, **kw: object) -> AsyncPushConsumer:
+    return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)  # type: ignore[arg-type]
+
+
+async def test_round_trip_with_tags_keys_properties_and_ids(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("orders"), unique("billing")
+    await create_topic(broker.address, topic)
+    inbox = Inbox()
+    consumer = consumer_for(broker, group)
+    consumer.subscribe(topic, "created || paid", inbox)
+    await consumer.start()
+    try:
+        # The heartbeat registered the member, its subscription and the group's retry topic.
+        assert broker.clients.consumer_ids(group) == [consumer.client_id]
+        sub = broker.clients.subscription(group, topic)
+        assert sub is not None and sub.tags == frozenset({"created", "paid"})
+        assert broker.clients.subscription(group, f"%RETRY%{group}") is not None
+        assert sorted(consumer.assignment()) == [(f"%RETRY%{group}", 0)] + [
+            (topic, q) for q in range(4)]
+        sent = {}
+        for i, tag in enumerate(["created", "paid", "created"]):
+            r = await producer.send(Message(topic, f"body-{i}".encode(), tags=tag,
+                                            keys=f"order-{i}", properties={"region": "eu"}))
+            sent[r.msg_id] = (r, i, tag)
+        await wait_until(lambda: inbox.count() == 3, what="three deliveries")
+    finally:
+        await consumer.shutdown()
+    assert broker.clients.consumer_ids(group) == []  # unregistered
+    for m in inbox.msgs:
+        r, i, tag = sent[m.msg_id]
+        assert (m.topic, m.body, m.tags, m.keys) == (topic, f"body-{i}".encode(), tag, f"order-{i}")
+        assert m.user_properties == {"region": "eu"} and m.properties["region"] == "eu"
+        assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
+        assert m.offset_msg_id == r.offset_msg_id and m.reconsume_times == 0
+        assert m.born_timestamp > 0 and m.store_timestamp > 0
+
+
+async def test_tag_filter_delivers_only_matching_tags(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("tags"), unique("g")
+    await create_topic(broker.address, topic, 1)
+    inbox = Inbox()
+    consumer = consumer_for(broker, group, consume_from="first")
+    consumer.subscribe(topic, "a || b", inbox)
+    for i, tag in enumerate(["a", "c", "b", None, "ab", "a", "B"]):
+        await producer.send(Message(topic, f"{tag}-{i}".encode(), tags=tag))
+    await consumer.start()
+    try:
+        await wait_until(lambda: inbox.count() >= 3, what="the matching messages")
+        async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
+            # Every message was looked at: the group's offset reached the end of the queue.
+            async def all_seen() -> bool:
+                return await pc.committed_offset(topic, 0) == 7
+            await wait_until(all_seen, what="the committed offset to reach the end")
+    finally:
+        await consumer.shutdown()
+    assert sorted(inbox.bodies) == [b"a-0", b"a-5", b"b-2"]
+
+
+async def test_async_callbacks_work_too(broker: BrokerController, producer: AsyncProducer,
+                                        unique: Callable[[str], str]) -> None:
+    topic, group = unique("async-cb"), unique("g")
+    await create_topic(broker.address, topic, 2)
+    got: list[bytes] = []
+
+    async def on_message(msg: MessageExt) -> None:
+        await asyncio.sleep(0)
+        got.append(msg.body)
+
+    consumer = consumer_for(broker, group, consume_from="first")
+    consumer.subscribe(topic, "*", on_message)
+    async with consumer:
+        for i in range(20):
+            await producer.send(Message(topic, f"{i}".encode()))
+        await wait_until(lambda: len(got) == 20, what="20 deliveries")
+    assert sorted(int(b) for b in got) == list(range(20))
+
+
+async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("split"), unique("workers")
+    await create_topic(broker.address, topic, 4)
+    inbox_a, inbox_b = Inbox(), Inbox()
+    a = consumer_for(broker, group, consume_from="first")
+    a.subscribe(topic, "*", inbox_a)
+    b = consumer_for(broker, group, consume_from="first")
+    b.subscribe(topic, "*", inbox_b)
+    await a.start()
+    await b.start()
+    try:
+        def split() -> bool:
+            qa = {q for t, q in a.assignment() if t == topic}
+            qb = {q for t, q in b.assignment() if t == topic}
+            return len(qa) == 2 and len(qb) == 2 and not qa & qb
+        await wait_until(split, what="a 2/2 split of the queues")
+
+        for i in range(40):
+            await producer.send(Message(topic, f"one-{i}".encode()))
+        await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 40, what="phase one")
+        assert inbox_a.count() > 0 and inbox_b.count() > 0
+
+        await b.shutdown()
+        await wait_until(lambda: len([q for t, q in a.assignment() if t == topic]) == 4,
+                         what="the survivor to take every queue")
+        for i in range(40):
+            await producer.send(Message(topic, f"two-{i}".encode()))
+        await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
+        await asyncio.sleep(0.3)  # room for a duplicate to show up, if there were one
+    finally:
+        await a.shutdown()
+        await b.shutdown()
+    counts = Counter(inbox_a.bodies + inbox_b.bodies)
+    expected = {f"one-{i}".encode() for i in range(40)} | {f"two-{i}".encode() for i in range(40)}
+    assert set(counts) == expected
+    assert [body for body, n in counts.items() if n > 1] == []  # every message exactly once
+    assert not {b for b in inbox_b.bodies if b.startswith(b"two-")}
+
+
+async def test_a_failing_callback_gets_the_message_again(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("flaky"), unique("g")
+    await create_topic(broker.address, topic, 2)
+    deliveries: list[MessageExt] = []
+    lock = threading.Lock()
+
+    def on_message(msg: MessageExt) -> None:
+        with lock:
+            deliveries.append(msg)
+        if msg.reconsume_times == 0:
+            raise RuntimeError("not today")
+
+    consumer = consumer_for(broker, group)
+    consumer.subscribe(topic, "*", on_message)
+    await consumer.start()
+    try:
+        await wait_until(lambda: len(consumer.assignment()) >= 2, what="assignment")
+        sent = await producer.send(Message(topic, b"retry me", tags="t", keys="k",
+                                           properties={"p": "v"}))
+        await wait_until(lambda: len(deliveries) >= 2, what="the redelivery")
+        await asyncio.sleep(0.3)
+    finally:
+        await consumer.shutdown()
+    assert len(deliveries) == 2
+    first, again = deliveries
+    assert first.reconsume_times == 0 and again.reconsume_times == 1
+    for m in (first, again):
+        assert (m.topic, m.body, m.tags, m.keys) == (topic, b"retry me", "t", "k")
+        assert m.msg_id == sent.msg_id and m.user_properties == {"p": "v"}
+
+
+async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("poison"), unique("g")
+    await create_topic(broker.address, topic, 1)
+    attempts: list[int] = []
+
+    def on_message(msg: MessageExt) -> None:
+        attempts.append(msg.reconsume_times)
+        raise ValueError("poison")
+
+    consumer = consumer_for(broker, group, max_reconsume_times=2)
+    consumer.subscribe(topic, "*", on_message)
+    await consumer.start()
+    try:
+        await wait_until(lambda: len(consumer.assignment()) >= 1, what="assignment")
+        sent = await producer.send(Message(topic, b"poison pill"))
+        async with AsyncPullConsumer("dlq-reader", broker=broker.address,
+                                     config=FAST_CLIENT) as pc:
+            async def dead() -> bool:
+                try:
+                    return await pc.max_offset(f"%DLQ%{group}", 0) == 1
+                except Exception:
+                    return False
+            await wait_until(dead, what="the dead-letter queue")
+            [m] = (await pc.pull(f"%DLQ%{group}", 0, 0)).messages
+    finally:
+        await consumer.shutdown()
+    assert attempts == [0, 1, 2]
+    assert m.body == b"poison pill" and m.msg_id == sent.msg_id
+
+
+async def test_restart_resumes_from_the_committed_offset(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("resume"), unique("g")
+    await create_topic(broker.address, topic, 4)
+    for i in range(12):
+        await producer.send(Message(topic, f"first-{i}".encode()))
+    inbox1 = Inbox()
+    c1 = consumer_for(broker, group, consume_from="first")
+    c1.subscribe(topic, "*", inbox1)
+    async with c1:
+        await wait_until(lambda: inbox1.count() == 12, what="the first twelve")
+    for i in range(5):
+        await producer.send(Message(topic, f"second-{i}".encode()))
+    inbox2 = Inbox()
+    c2 = consumer_for(broker, group, consume_from="first")
+    c2.subscribe(topic, "*", inbox2)
+    async with c2:
+        await wait_until(lambda: inbox2.count() >= 5, what="the next five")
+        await asyncio.sleep(0.3)
+    assert sorted(inbox1.bodies) == sorted(f"first-{i}".encode() for i in range(12))
+    assert sorted(inbox2.bodies) == sorted(f"second-{i}".encode() for i in range(5))
+
+
+@pytest.mark.parametrize("where", ["first", "last", "timestamp"])
+async def test_consume_from(broker: BrokerController, producer: AsyncProducer,
+                            unique: Callable[[str], str], where: str) -> None:
+    topic, group = unique("from"), unique("g")
+    await create_topic(broker.address, topic, 2)
+    for i in range(4):
+        await producer.send(Message(topic, f"old-{i}".encode()))
+    await asyncio.sleep(0.05)
+    cut = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    for i in range(3):
+        await producer.send(Message(topic, f"mid-{i}".encode()))
+    inbox = Inbox()
+    consume_from: object = cut if where == "timestamp" else where
+    consumer = consumer_for(broker, group, consume_from=consume_from)
+    consumer.subscribe(topic, "*", inbox)
+    await consumer.start()
+    try:
+        await wait_until(lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2,
+                         what="assignment")
+        for i in range(2):
+            await producer.send(Message(topic, f"new-{i}".encode()))
+        expected = {
+            "first": [f"old-{i}" for i in range(4)] + [f"mid-{i}" for i in range(3)],
+            "last": [],
+            "timestamp": [f"mid-{i}" for i in range(3)],
+        }[where] + [f"new-{i}" for i in range(2)]
+        await wait_until(lambda: inbox.count() >= len(expected), what=f"{len(expected)} messages")
+        await asyncio.sleep(0.3)
+    finally:
+        await consumer.shutdown()
+    assert sorted(b.decode() for b in inbox.bodies) == sorted(expected)
+
+
+async def test_start_needs_a_subscription(broker: BrokerController) -> None:
+    consumer = consumer_for(broker, "g")
+    with pytest.raises(ClientStateError, match="no subscription"):
+        await consumer.start()
+    with pytest.raises(ValueError, match="retry topic"):
+        consumer.subscribe("%RETRY%g", "*", print)
