@@ -61,6 +61,9 @@ def _coerce(value: Any, tp: Any, wire: str) -> Any:
     raise InvalidParameterError(f"header field {wire!r} has an invalid value {value!r}")
 
 
+_FIELDS_CACHE: dict[type, list[tuple[dataclasses.Field[Any], str, Any]]] = {}
+
+
 @dataclass
 class Header:
     """Base of the typed headers.  Subclasses are dataclasses; ``WIRE_NAMES`` overrides the
@@ -70,11 +73,17 @@ class Header:
 
     @classmethod
     def _fields(cls) -> list[tuple[dataclasses.Field[Any], str, Any]]:
-        hints = typing.get_type_hints(cls)
-        return [
-            (f, cls.WIRE_NAMES.get(f.name, camel(f.name)), hints[f.name])
-            for f in dataclasses.fields(cls)
-        ]
+        # Resolved once per class: typing.get_type_hints() evaluates the string annotations
+        # again on every call, which cost ~150 us per header on every request and response.
+        cached = _FIELDS_CACHE.get(cls)
+        if cached is None:
+            hints = typing.get_type_hints(cls)
+            cached = [
+                (f, cls.WIRE_NAMES.get(f.name, camel(f.name)), hints[f.name])
+                for f in dataclasses.fields(cls)
+            ]
+            _FIELDS_CACHE[cls] = cached
+        return cached
 
     def to_ext_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

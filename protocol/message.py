@@ -33,6 +33,7 @@ Properties string: ``key \\x01 value \\x02`` repeated.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -139,6 +140,7 @@ def string_to_properties(s: str | None) -> dict[str, str]:
 # --- hosts and ids ----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def _ip4_bytes(host: str) -> bytes:
     try:
         return ipaddress.IPv4Address(host).packed
@@ -153,8 +155,13 @@ def pack_host(host: tuple[str, int]) -> bytes:
     return _ip4_bytes(host[0]) + struct.pack(">i", host[1])
 
 
+_HOST_PORT = struct.Struct(">i")
+
+
 def unpack_host(b: bytes) -> tuple[str, int]:
-    return (str(ipaddress.IPv4Address(b[:4])), struct.unpack(">i", b[4:8])[0])
+    # socket.inet_ntoa gives the same dotted quad as ipaddress.IPv4Address, ~10x faster; it
+    # runs twice for every message a consumer decodes.
+    return (socket.inet_ntoa(b[:4]), _HOST_PORT.unpack_from(b, 4)[0])
 
 
 def create_offset_msg_id(store_host: tuple[str, int], commit_log_offset: int) -> str:

@@ -32,7 +32,7 @@ import structlog
 
 from .commit_log import FORMAT_VERSION
 from .errors import StoreCorruptError
-from .fileio import atomic_write
+from .fileio import atomic_write, remove_stale_temp_files
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +77,8 @@ class StoreCheckpoint:
         Raises:
             StoreCorruptError: the file is from a different store format version.
         """
+        for stale in remove_stale_temp_files(path):
+            log.info("temp_file_removed", path=stale)
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
@@ -92,7 +94,7 @@ class StoreCheckpoint:
             cp = cls(int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]),
                      queues)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("checkpoint_unreadable", path=path, error=str(exc))
+            log.warning("checkpoint_read_failed", path=path, error=str(exc))
             return None
         if version != FORMAT_VERSION:
             raise StoreCorruptError(

@@ -31,17 +31,20 @@ never shrinks a mapped file (tails are zeroed with the file unmapped), so reads 
 Recovery rule (:meth:`CommitLog.recover`): scan forward from a known record boundary (the
 checkpoint), validating framing, CRC and the payload's own TOTALSIZE/MAGIC/PHYSICALOFFSET.  The
 first record that fails ends the log: the rest of its segment is zeroed and later segments are
-deleted.  Everything below the flushed offset was fsynced, so the cut never goes below it.
+deleted.  Data below the checkpoint was fsynced, so the cut never goes below it: if a scan that
+started earlier (to rebuild a lost consume queue) meets a bad record there, the record is
+skipped, not cut.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -81,6 +84,8 @@ _POS_PHYSICAL_OFFSET = 28
 _POS_SYS_FLAG = 36
 _POS_STORE_TIMESTAMP = 56
 _POS_BODY_LEN = 84
+#: Most buffers one pwritev takes (POSIX IOV_MAX; Linux: 1024).
+_IOV_MAX = 1024
 
 
 def encode_record(payload: bytes | bytearray | memoryview) -> bytes:
@@ -153,6 +158,14 @@ def _payload_matches(payload: bytes | memoryview, length: int, offset: int) -> b
     )
 
 
+class _Stop(enum.Enum):
+    """Why a segment walk stopped."""
+
+    INVALID = "invalid"  # no valid record at the position (zeros, garbage, torn record)
+    BLANK = "blank"  # a blank record: continue in the next segment
+    SHORT_TAIL = "short_tail"  # fewer than 12 bytes left: continue in the next segment
+
+
 @dataclass(frozen=True)
 class CommitLogRecovery:
     """What :meth:`CommitLog.recover` found and did."""
@@ -160,6 +173,7 @@ class CommitLogRecovery:
     end: int
     truncated_bytes: int
     deleted_segments: int
+    damaged_records: int
 
 
 class CommitLog:
@@ -195,7 +209,8 @@ class CommitLog:
     def load(self) -> None:
         """Open the segment files (no validation of their content; see :meth:`recover`).
 
-        Segments must be contiguous; files after a gap cannot be addressed and are removed.
+        Segments must be contiguous; files after a gap cannot be reached and are set aside
+        (renamed ``<name>.orphaned``).
         """
         os.makedirs(self.directory, exist_ok=True)
         found: list[tuple[int, str]] = []
@@ -209,9 +224,11 @@ class CommitLog:
         expected: int | None = None
         for start, path in found:
             if expected is not None and start != expected:
-                log.error("segment_deleted", path=path, reason="gap_in_commit_log",
+                # A segment in the middle is missing: offsets after it cannot be reached by a
+                # scan.  The file is kept for an operator, under a name the store ignores.
+                os.replace(path, path + ".orphaned")
+                log.error("segment_orphaned", path=path + ".orphaned", reason="gap_in_commit_log",
                           expected_start=expected)
-                os.unlink(path)
                 self._dir_dirty = True
                 continue
             # A segment's capacity is its file size (segments written under an older
@@ -219,7 +236,7 @@ class CommitLog:
             # (a crash right after open): it gets the configured size.
             size = os.path.getsize(path)
             seg = MappedFile.open_existing(path, start, min_capacity=size or self.segment_size,
-                                           writable=False, allocate_blocks=False)
+                                           writable=False)
             self._append_segment(seg)
             expected = seg.end
         if self._segments:
@@ -235,67 +252,83 @@ class CommitLog:
     def segments(self) -> list[MappedFile]:
         return list(self._segments)
 
-    def recover(self, start: int,
+    def recover(self, start: int, durable_end: int,
                 on_record: Callable[[int, int, DispatchInfo], None]) -> CommitLogRecovery:
         """Validate from ``start`` (a record boundary) to the end of data, calling
         ``on_record(offset, size, info)`` for every valid message record, then cut the log
         after the last valid record.
 
+        ``durable_end`` (the checkpoint, also a record boundary) separates data that was
+        fsynced from a tail a crash may have torn.  Only the tail is ever cut: a bad record
+        below ``durable_end`` (a damaged disk) is logged and skipped (the scan resumes at the
+        next segment, or at ``durable_end`` if that comes first); reads of it fail their CRC
+        check instead.
+
         ``size`` is the payload (stored-message) size.  Returns the new end and what was cut.
         """
         start = max(start, self.min_offset)
-        end = self._scan(start, on_record) if self._segments else start
+        end, damaged = self._scan(start, max(durable_end, start), on_record)
         truncated, deleted = self._truncate(end)
         self.write_pos = end
         self.flushed = min(self.flushed, start)
-        return CommitLogRecovery(end, truncated, deleted)
+        return CommitLogRecovery(end, truncated, deleted, damaged)
 
-    def _scan(self, start: int, on_record: Callable[[int, int, DispatchInfo], None]) -> int:
-        idx = self._index_of(start)
-        if idx is None:
-            return start
+    def _scan(self, start: int, durable_end: int,
+              on_record: Callable[[int, int, DispatchInfo], None]) -> tuple[int, int]:
+        """Returns the end of valid data and how many bad records were skipped below
+        ``durable_end``."""
         pos = start
+        damaged = 0
+        while True:
+            idx = self._index_of(pos)
+            if idx is None:
+                return pos, damaged
+            seg = self._segments[idx]
+            stop, pos = self._scan_segment(seg, pos, on_record)
+            if stop is _Stop.INVALID:
+                if pos >= durable_end:
+                    return pos, damaged  # the torn tail starts here
+                # Framing is lost up to the end of this segment (records never span two).
+                resume = min(durable_end, seg.end)
+                log.error("commit_log_damaged", offset=pos, skipped_to=resume, path=seg.path)
+                damaged += 1
+                pos = resume
+            elif idx + 1 < len(self._segments):
+                pos = self._segments[idx + 1].start
+            else:
+                # The data ends with this segment: after a blank record the log ends at the
+                # segment end (as it did when the blank was written); in a tail too short
+                # for a header it ends where the last record ended.
+                return (seg.end if stop is _Stop.BLANK else pos), damaged
+
+    def _scan_segment(self, seg: MappedFile, pos: int,
+                      on_record: Callable[[int, int, DispatchInfo], None]) -> tuple[_Stop, int]:
+        """Walk the records of one segment from ``pos``; why and where the walk stopped."""
+        assert seg.mm is not None
         header = RECORD_HEADER
         hsize = RECORD_HEADER_SIZE
-        while True:
-            seg = self._segments[idx]
-            assert seg.mm is not None
-            next_segment = False
-            with memoryview(seg.mm) as mv:
-                cap = seg.capacity
-                while True:
-                    rel = pos - seg.start
-                    if cap - rel < hsize:
-                        next_segment = True
-                        break
-                    magic, length, crc = header.unpack_from(mv, rel)
-                    if magic == RECORD_MAGIC:
-                        if not FIXED_SIZE <= length <= cap - rel - hsize:
-                            break
-                        payload = mv[rel + hsize : rel + hsize + length]
-                        try:
-                            if zlib.crc32(payload) != crc or not _payload_matches(
-                                    payload, length, pos):
-                                break
-                            try:
-                                info = parse_dispatch_info(payload)
-                            except ValueError:
-                                break
-                        finally:
-                            payload.release()
-                        on_record(pos, length, info)
-                        pos += hsize + length
-                    elif magic == BLANK_MAGIC and length == cap - rel and crc == 0:
-                        next_segment = True
-                        break
-                    else:
-                        break
-            if not next_segment:
-                return pos
-            if idx + 1 >= len(self._segments):
-                return seg.end
-            idx += 1
-            pos = self._segments[idx].start
+        cap = seg.capacity
+        with memoryview(seg.mm) as mv:
+            while True:
+                rel = pos - seg.start
+                if cap - rel < hsize:
+                    return _Stop.SHORT_TAIL, pos
+                magic, length, crc = header.unpack_from(mv, rel)
+                if magic == BLANK_MAGIC and length == cap - rel and crc == 0:
+                    return _Stop.BLANK, pos
+                if magic != RECORD_MAGIC or not FIXED_SIZE <= length <= cap - rel - hsize:
+                    return _Stop.INVALID, pos
+                payload = mv[rel + hsize : rel + hsize + length]
+                try:
+                    if zlib.crc32(payload) != crc or not _payload_matches(payload, length, pos):
+                        return _Stop.INVALID, pos
+                    info = parse_dispatch_info(payload)
+                except ValueError:
+                    return _Stop.INVALID, pos
+                finally:
+                    payload.release()
+                on_record(pos, length, info)
+                pos += hsize + length
 
     def _truncate(self, end: int) -> tuple[int, int]:
         """Zero everything after ``end`` in its segment and delete later segments."""
@@ -310,7 +343,7 @@ class CommitLog:
             if tail > rel:
                 truncated += tail - rel
                 seg.unmap()
-                zero_tail(seg.fd, rel, seg.capacity, allocate_blocks=False)
+                zero_tail(seg.fd, rel, seg.capacity)
                 seg.map()
                 seg.sync()
                 log.warning("commit_log_truncated", path=seg.path, offset=end,
@@ -343,44 +376,49 @@ class CommitLog:
         if seg is not None and pos < seg.end:
             remaining = seg.end - pos
             if remaining >= RECORD_HEADER_SIZE:
-                blank = RECORD_HEADER.pack(BLANK_MAGIC, remaining, 0)
-                self._pwrite(seg, pos, blank)
+                self._pwrite(seg, pos, [RECORD_HEADER.pack(BLANK_MAGIC, remaining, 0)])
             pos = self.write_pos = seg.end
-        new = MappedFile.create(self.directory, pos, self.segment_size, writable=False,
-                                allocate_blocks=False)
+        try:
+            new = MappedFile.create(self.directory, pos, self.segment_size, writable=False)
+        except OSError as exc:
+            log.error("segment_create_failed", path=self.segment_path(pos), error=str(exc))
+            raise StoreIOError(f"cannot create commit-log segment at offset {pos}: {exc}") from exc
         self._append_segment(new)
         self._dir_dirty = True
         log.debug("segment_created", path=new.path)
         return pos
 
-    def write(self, pos: int, data: bytes | bytearray) -> None:
-        """Write ``data`` at ``pos`` (from :meth:`reserve`) and advance the write position."""
+    def write(self, pos: int, parts: Sequence[bytes | bytearray]) -> None:
+        """Write ``parts`` back to back at ``pos`` (from :meth:`reserve`) in one system call
+        where possible, then advance the write position."""
         seg = self._segments[-1]
-        self._pwrite(seg, pos, data)
-        self.write_pos = pos + len(data)
+        self.write_pos = pos + self._pwrite(seg, pos, parts)
 
-    def _pwrite(self, seg: MappedFile, pos: int, data: bytes | bytearray) -> None:
+    def _pwrite(self, seg: MappedFile, pos: int, parts: Sequence[bytes | bytearray]) -> int:
         assert seg.fd is not None
         rel = pos - seg.start
+        total = sum(map(len, parts))
         try:
-            with memoryview(data) as view:
-                written = 0
-                while written < len(view):
-                    n = os.pwrite(seg.fd, view[written:], rel + written)
+            written = os.pwritev(seg.fd, parts, rel) if len(parts) <= _IOV_MAX else 0
+            if written < total:  # short write or too many parts: finish with plain pwrite
+                data = memoryview(b"".join(parts))
+                while written < total:
+                    n = os.pwrite(seg.fd, data[written:], rel + written)
                     if n <= 0:
                         raise OSError(f"pwrite wrote {n} bytes")
                     written += n
         except OSError as exc:
             # Leave zeros, not half a record, where the next append will go.
             try:
-                os.pwrite(seg.fd, bytes(len(data)), rel)
+                os.pwrite(seg.fd, bytes(total), rel)
             except OSError:
                 pass
-            log.error("commit_log_write_failed", path=seg.path, offset=pos, size=len(data),
+            log.error("commit_log_write_failed", path=seg.path, offset=pos, size=total,
                       error=str(exc))
             raise StoreIOError(
-                f"writing {len(data)} bytes to the commit log at offset {pos} failed: {exc}"
+                f"writing {total} bytes to the commit log at offset {pos} failed: {exc}"
             ) from exc
+        return total
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -14,10 +14,17 @@ Entry layout (RocketMQ's ``CQ_STORE_UNIT_SIZE`` = 20, big-endian)::
     12   8     TAGS_CODE         i64  hash of the TAGS property (Java String.hashCode), 0 = none
 
 * ``SIZE == 0`` (zeros, as preallocated) means "no entry yet".
+* A *hole* entry ``(offset, 0x7FFFFFFE, 0)`` stands for a message lost to a damaged commit log
+  (seen only when a queue had to be rebuilt across the damage); reads skip it.
 * A *filler* entry ``(0, 0x7FFFFFFF, 0)`` occupies an offset that has no message (RocketMQ's
   ``fillPreBlank``): when a queue must start at an offset in the middle of a new file (its old
   files are gone), the offsets before it are filled so that the file alone says where the queue
   ends.  Fillers are always below the queue's minimum offset.
+
+Files are sparse; disk blocks are reserved (``posix_fallocate``) 64 KiB ahead of the entries
+written, before the message's commit-log record is written (:meth:`ConsumeQueue.prepare`): a
+write through a mapping into a hole on a full disk would kill the process with SIGBUS, a failed
+reservation is an error the broker can answer.
 
 Durability: entries are written through the mapping and fsynced by the store's
 ``flush_consume_queues``; a consume queue is only an index, and whatever it misses after a crash
@@ -35,7 +42,7 @@ from collections.abc import Callable
 
 import structlog
 
-from .fileio import nonzero_end, zero_tail
+from .fileio import nonzero_end, reserve_blocks, zero_tail
 from .mapped_file import MappedFile, parse_segment_name
 
 log = structlog.get_logger(__name__)
@@ -44,6 +51,11 @@ CQ_ENTRY = struct.Struct(">qiq")
 CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
 FILLER_SIZE = 0x7FFFFFFF
 FILLER_ENTRY = CQ_ENTRY.pack(0, FILLER_SIZE, 0)
+#: SIZE of a *hole*: an offset whose message was lost to a damaged commit log (found when a
+#: queue was rebuilt).  COMMITLOG_OFFSET keeps the entries in commit-log order; reads skip it.
+HOLE_SIZE = 0x7FFFFFFE
+#: Disk blocks of a segment are reserved this many bytes at a time, ahead of the writes.
+RESERVE_STEP = 64 * 1024
 
 
 class FlushTracker:
@@ -117,6 +129,8 @@ class ConsumeQueue:
         self._starts: list[int] = []
         self.min_offset = 0
         self.max_offset = 0
+        #: Queue byte position up to which the last segment's disk blocks are reserved.
+        self._reserved_end = 0
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -143,7 +157,7 @@ class ConsumeQueue:
                 self._tracker.dir_created(self.directory)
                 continue
             seg = MappedFile.open_existing(path, start, min_capacity=self.segment_size,
-                                           writable=True, allocate_blocks=True, map_now=False)
+                                           writable=True, map_now=False)
             seg.capacity -= seg.capacity % CQ_ENTRY_SIZE
             segs.append(seg)
         if not segs:
@@ -177,7 +191,7 @@ class ConsumeQueue:
                     assert seg.fd is not None
                     rel = cut_pos - seg.start
                     if nonzero_end(seg.fd, rel, seg.capacity) > rel:
-                        zero_tail(seg.fd, rel, seg.capacity, allocate_blocks=True)
+                        zero_tail(seg.fd, rel, seg.capacity)
                         self._tracker.written(seg)
                 break
         for seg in segs[keep_n:]:
@@ -189,15 +203,47 @@ class ConsumeQueue:
             self._segments.append(seg)
             self._starts.append(seg.start)
         self.max_offset = self.min_offset = cut
+        # written entries have their blocks; reserve the rest as the queue grows
+        self._reserved_end = cut_pos - cut_pos % RESERVE_STEP
 
     # -- writing (owner thread, store lock held) ---------------------------------------------
+
+    def prepare(self, index: int) -> None:
+        """Make sure the entry for offset ``index`` (the next one, or one of the next few) can
+        be written: its segment exists and its disk blocks are reserved.
+
+        The store calls this before it writes the commit log, so a full disk fails the append
+        cleanly instead of after the message is stored (or as SIGBUS in the mapped write).
+
+        Raises:
+            OSError: the segment cannot be created or its blocks cannot be reserved.
+        """
+        pos = index * CQ_ENTRY_SIZE
+        seg = self._segments[-1] if self._segments else None
+        if seg is None or pos >= seg.end:
+            seg = self._new_segment(pos)
+        if pos + CQ_ENTRY_SIZE > self._reserved_end:
+            self._reserve(seg, pos + CQ_ENTRY_SIZE - seg.start)
+
+    def _reserve(self, seg: MappedFile, upto: int) -> None:
+        """Reserve blocks of ``seg`` from the reserved end to ``upto`` (relative), rounded up
+        to ``RESERVE_STEP`` so that this costs one system call per few thousand entries."""
+        assert seg.fd is not None
+        begin = max(self._reserved_end - seg.start, 0)
+        end = min(seg.capacity, -(-upto // RESERVE_STEP) * RESERVE_STEP)
+        if end > begin:
+            reserve_blocks(seg.fd, begin, end - begin)
+        self._reserved_end = seg.start + end
 
     def append(self, commit_log_offset: int, size: int, tags_code: int) -> None:
         """Write the entry for offset ``max_offset`` and advance it."""
         pos = self.max_offset * CQ_ENTRY_SIZE
         seg = self._segments[-1] if self._segments else None
-        if seg is None or pos >= seg.end:
-            seg = self._new_segment(pos)
+        if seg is None or pos >= seg.end or pos + CQ_ENTRY_SIZE > self._reserved_end:
+            self.prepare(self.max_offset)
+            seg = self._segments[-1]
+        if pos < seg.start:  # a batch prepared later offsets into a newer segment
+            seg = self._segments[bisect.bisect_right(self._starts, pos) - 1]
         assert seg.mm is not None
         CQ_ENTRY.pack_into(seg.mm, pos - seg.start, commit_log_offset, size, tags_code)
         self.max_offset += 1
@@ -215,48 +261,36 @@ class ConsumeQueue:
                 self._tracker.dir_created(self._root)
             os.makedirs(self.directory, exist_ok=True)
             self._tracker.dir_created(topic_dir)
-        seg = MappedFile.create(self.directory, start, self.segment_size, writable=True,
-                                allocate_blocks=True)
+        seg = MappedFile.create(self.directory, start, self.segment_size, writable=True)
         self._segments.append(seg)
         self._starts.append(seg.start)
         self._tracker.created(seg)
+        self._reserved_end = start
         if pos > start:
+            self._reserve(seg, pos - start)
             assert seg.mm is not None
             seg.mm[0 : pos - start] = FILLER_ENTRY * ((pos - start) // CQ_ENTRY_SIZE)
         return seg
 
-    def truncate_from(self, index: int) -> int:
-        """Drop the entries from ``index`` on; returns how many were dropped."""
-        if index >= self.max_offset:
-            return 0
-        dropped = self.max_offset - index
-        pos = index * CQ_ENTRY_SIZE
-        end_pos = self.max_offset * CQ_ENTRY_SIZE
-        keep = len(self._segments)
-        for i, seg in enumerate(self._segments):
-            if seg.start <= pos < seg.end:
-                if pos == seg.start and i > 0:
-                    keep = i
-                else:
-                    keep = i + 1
-                    assert seg.mm is not None
-                    rel = pos - seg.start
-                    stop = min(seg.capacity, end_pos - seg.start)
-                    seg.mm[rel:stop] = bytes(stop - rel)
-                    self._tracker.written(seg)
-                break
-        self._drop_segments_from(keep, reason="truncated")
-        self.max_offset = index
-        self.min_offset = min(self.min_offset, index)
-        return dropped
+    def repair(self, index: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
+        """Make the existing entry at ``index`` say what the commit log says (a rebuild scan
+        found the message of offset ``index`` there); True if it had to be rewritten."""
+        loc = self._locate(index) if index < self.max_offset else None
+        if loc is None:
+            return False
+        seg, rel = loc
+        assert seg.mm is not None
+        if CQ_ENTRY.unpack_from(seg.mm, rel) == (commit_log_offset, size, tags_code):
+            return False
+        CQ_ENTRY.pack_into(seg.mm, rel, commit_log_offset, size, tags_code)
+        self._tracker.written(seg)
+        return True
 
-    def truncate_at_commit_offset(self, end: int) -> int:
-        """Drop the entries that point at or past commit-log offset ``end``."""
-        if not self._segments:
-            return 0
-        cut = _first_false(self.base_offset, self.max_offset,
-                           lambda i: self._is_filler_or_below(i, end))
-        return self.truncate_from(cut)
+    def fill_holes(self, upto: int, commit_log_offset: int) -> None:
+        """Append hole entries until ``max_offset`` is ``upto``: those offsets' messages are
+        lost, the later ones are not."""
+        while self.max_offset < upto:
+            self.append(commit_log_offset, HOLE_SIZE, 0)
 
     def reset_to(self, offset: int) -> None:
         """Forget every entry and make ``offset`` the queue's next (and minimum) offset; the

@@ -20,7 +20,7 @@ import threading
 import time
 
 from .errors import StoreCorruptError
-from .fileio import atomic_write
+from .fileio import atomic_write, remove_stale_temp_files
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -51,6 +51,7 @@ class ConsumerOffsetManager:
         Raises:
             StoreCorruptError: the file exists but cannot be read as an offset table.
         """
+        remove_stale_temp_files(self.path)
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()

@@ -4,7 +4,7 @@
   lives in the directory).  :func:`atomic_write` and the segment code do that.
 * Segment files are preallocated at their full size, so their length never changes while data is
   appended; ``fdatasync`` then only has to push data blocks (and the block map), not the inode
-  times.
+  times.  They are sparse: a segment takes disk space as it fills.
 * Cutting a tail is done with ``ftruncate(pos)`` followed by ``ftruncate(size)``: the kernel
   drops the blocks after ``pos`` (reads then return zeros) without writing gigabytes of zeros.
 """
@@ -68,31 +68,56 @@ def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fs
     fsync_dir(directory)
 
 
-def preallocate(fd: int, size: int, *, allocate_blocks: bool) -> None:
-    """Give a file its full size.
+def remove_stale_temp_files(path: str) -> list[str]:
+    """Delete temporary files :func:`atomic_write` left next to ``path`` when the process died
+    mid-write (``<name>.<random>.tmp``); returns their paths."""
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = os.path.basename(path) + "."
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+    return removed
 
-    ``ftruncate`` makes a sparse file (fast, but a later write into a hole can fail with
-    ENOSPC).  With ``allocate_blocks`` the blocks are also reserved with ``posix_fallocate``,
-    which the consume queues want: they are written through ``mmap``, where ENOSPC would arrive
-    as SIGBUS instead of an exception.  Filesystems without fallocate keep the sparse file.
-    """
+
+def preallocate(fd: int, size: int) -> None:
+    """Give a file its full size as a sparse file (``ftruncate``): instant, and the unwritten
+    part reads as zeros and takes no disk space."""
     os.ftruncate(fd, size)
-    if allocate_blocks and hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
 
 
-def zero_tail(fd: int, pos: int, size: int, *, allocate_blocks: bool) -> None:
+def reserve_blocks(fd: int, offset: int, length: int) -> None:
+    """Reserve disk blocks for ``[offset, offset + length)`` of a file (``posix_fallocate``).
+
+    Writing through ``mmap`` into a hole of a sparse file on a full disk kills the process with
+    SIGBUS; writing into reserved blocks cannot fail that way, and a full disk shows up here
+    instead, as an OSError (ENOSPC).  Filesystems that cannot reserve blocks are left sparse.
+    """
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+def zero_tail(fd: int, pos: int, size: int) -> None:
     """Make bytes ``[pos, size)`` of a file read as zeros (truncate down, then back up).
 
     The file must not be memory-mapped while this runs (a mapped page past the temporary end
     would fault with SIGBUS).
     """
     os.ftruncate(fd, pos)
-    preallocate(fd, size, allocate_blocks=allocate_blocks)
+    preallocate(fd, size)
 
 
 def nonzero_end(fd: int, start: int, end: int) -> int:

@@ -69,8 +69,7 @@ class MappedFile:
         return self.start + self.capacity
 
     @classmethod
-    def create(cls, directory: str, start: int, capacity: int, *, writable: bool,
-               allocate_blocks: bool) -> MappedFile:
+    def create(cls, directory: str, start: int, capacity: int, *, writable: bool) -> MappedFile:
         """Create (or reset to zeros) the segment file for ``start`` and map it.
 
         The caller must make the directory entry durable (fsync the directory) before relying
@@ -81,7 +80,7 @@ class MappedFile:
         try:
             if os.fstat(fd).st_size:
                 os.ftruncate(fd, 0)  # leftovers from an earlier life must not read as data
-            preallocate(fd, capacity, allocate_blocks=allocate_blocks)
+            preallocate(fd, capacity)
             return cls(path, start, capacity, fd, writable=writable)
         except BaseException:
             os.close(fd)
@@ -89,7 +88,7 @@ class MappedFile:
 
     @classmethod
     def open_existing(cls, path: str, start: int, *, min_capacity: int, writable: bool,
-                      allocate_blocks: bool, map_now: bool = True) -> MappedFile:
+                      map_now: bool = True) -> MappedFile:
         """Open an existing segment file.
 
         Its capacity is its size.  A file shorter than ``min_capacity`` (a crash between create
@@ -99,7 +98,7 @@ class MappedFile:
         try:
             size = os.fstat(fd).st_size
             if size < min_capacity:
-                preallocate(fd, min_capacity, allocate_blocks=allocate_blocks)
+                preallocate(fd, min_capacity)
                 size = min_capacity
             mf = cls.__new__(cls)
             mf.path, mf.start, mf.capacity, mf.fd = path, start, size, fd

@@ -31,16 +31,19 @@ Recovery (:meth:`MessageStore.load`), in order:
 4. Scan the commit log to the end, validating every record.  Each dispatchable message whose
    queue offset equals its queue's next offset is appended to that queue (already indexed
    messages are skipped; a jump forward means older offsets are gone and the queue restarts
-   there).  The first invalid record ends the log: its segment is zeroed from there and later
-   segments are deleted.
-5. If the end is below ``L`` (the disk lost fsynced data), drop queue entries past it.  Queues
-   whose messages were all deleted by retention keep their offsets from the checkpoint.
+   there).  The first invalid record at or after ``L`` ends the log: its segment is zeroed from
+   there and later segments are deleted.  Below ``L`` the data was fsynced: a bad record there
+   is a damaged disk, not a torn write; it is logged and skipped, never cut.
+5. A queue still short of its checkpoint offsets lost messages for good; it keeps its offsets
+   (restarting at the checkpoint's offset if all its messages are gone, else with *hole*
+   entries that reads skip), so offsets consumers committed are never reused.
 6. Move each queue's minimum to its first message still in the commit log, fsync what recovery
    changed and write a new checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import fcntl
 import os
@@ -80,10 +83,11 @@ from .commit_log import (
     RECORD_MAGIC,
     CommitLog,
     DispatchInfo,
+    parse_dispatch_info,
 )
 from .config import StoreConfig
-from .consume_queue import CQ_ENTRY, FILLER_SIZE, ConsumeQueue, FlushTracker
-from .errors import StoreLockedError
+from .consume_queue import CQ_ENTRY, FILLER_SIZE, HOLE_SIZE, ConsumeQueue, FlushTracker
+from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
 from .tags import tags_code_of
 
@@ -174,6 +178,7 @@ class RecoveryReport:
         checkpoint_offset: the checkpoint's commit-log offset (-1: none was readable).
         scan_start_offset: where the recovery scan started.
         deleted_segments: commit-log segments removed because they lay after the cut.
+        damaged_records: bad records found (and skipped, not cut) below the checkpoint.
         rebuilt_queues: consume queues that had lost entries below the checkpoint.
         elapsed_ms: how long recovery took.
     """
@@ -186,6 +191,7 @@ class RecoveryReport:
     checkpoint_offset: int = -1
     scan_start_offset: int = 0
     deleted_segments: int = 0
+    damaged_records: int = 0
     rebuilt_queues: int = 0
     elapsed_ms: float = 0.0
 
@@ -193,6 +199,52 @@ class RecoveryReport:
 def _valid_destination(topic: str, queue_id: int) -> bool:
     return (0 <= queue_id <= 0x7FFFFFFF and len(topic) <= MAX_TOPIC_BYTES
             and VALID_TOPIC.match(topic) is not None)
+
+
+class _RecoveryDispatcher:
+    """The recovery scan's ``on_record``: puts each dispatchable message into its consume
+    queue unless it is there already (see the module docstring, step 4)."""
+
+    def __init__(self, store: MessageStore, logic: int, cl_min: int) -> None:
+        self.store = store
+        self.logic = logic
+        self.cl_min = cl_min
+        self.redispatched = 0
+
+    def __call__(self, offset: int, size: int, info: DispatchInfo) -> None:
+        if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
+            return
+        key = (info.topic, info.queue_id)
+        cq = self.store._cqs.get(key)
+        if cq is None:
+            if not _valid_destination(*key):
+                log.error("message_not_dispatched", offset=offset, topic=info.topic,
+                          queue_id=info.queue_id, reason="invalid_destination")
+                return
+            cq = self.store._new_cq(key)
+        qo = info.queue_offset
+        if qo < cq.max_offset:
+            # Indexed before the crash.  Below the checkpoint (a queue being rebuilt) the entry
+            # is checked too: a damaged one would hide the message.
+            if offset < self.logic and cq.repair(qo, offset, size, info.tags_code):
+                log.warning("consume_queue_entry_repaired", topic=key[0], queue_id=key[1],
+                            queue_offset=qo, commit_log_offset=offset)
+            return
+        if qo > cq.max_offset:
+            last = cq.last_entry()
+            if last is None or last[1] == FILLER_SIZE or last[0] < self.cl_min:
+                # The queue's older messages went with deleted segments: it restarts here.
+                log.warning("consume_queue_restarted", topic=key[0], queue_id=key[1],
+                            from_offset=cq.max_offset, to_offset=qo,
+                            reason="older_messages_deleted")
+                cq.reset_to(qo)
+            else:
+                # Messages in the middle were lost (a damaged record was skipped).
+                log.error("consume_queue_holes_filled", topic=key[0], queue_id=key[1],
+                          from_offset=cq.max_offset, to_offset=qo)
+                cq.fill_holes(qo, offset)
+        cq.append(offset, size, info.tags_code)
+        self.redispatched += 1
 
 
 class MessageStore:
@@ -289,81 +341,40 @@ class MessageStore:
         if cp is None:
             logic = cl_min
             if cl.segments:
-                log.warning("checkpoint_missing", path=self._checkpoint_path,
+                log.warning("checkpoint_not_found", path=self._checkpoint_path,
                             action="rebuilding consume queues from the whole commit log")
         else:
             logic = min(max(cp.logic_offset, cl_min), cl.write_pos)
 
-        for topic in sorted(os.listdir(self._cq_dir)):
-            topic_dir = os.path.join(self._cq_dir, topic)
-            if not os.path.isdir(topic_dir) or not VALID_TOPIC.match(topic):
-                log.warning("unknown_file_ignored", path=topic_dir)
-                continue
-            for qid_name in sorted(os.listdir(topic_dir)):
-                if not qid_name.isdigit() or not os.path.isdir(
-                        os.path.join(topic_dir, qid_name)):
-                    log.warning("unknown_file_ignored", path=os.path.join(topic_dir, qid_name))
-                    continue
-                cq = self._new_cq((topic, int(qid_name)))
-                cq.load(logic)
-
+        self._load_consume_queues(logic)
         scan_start = logic
         incomplete: dict[tuple[str, int], int] = {}
-        if cp is not None:
-            for key, expected in cp.queues.items():
-                if not _valid_destination(*key):
-                    continue
-                cq = self._cqs.get(key) or self._new_cq(key)
-                if cq.max_offset >= expected:
-                    continue
-                last = cq.last_entry()
-                if last is not None and last[1] != FILLER_SIZE and last[0] >= cl_min:
-                    resume = last[0] + RECORD_HEADER_SIZE + last[1]
-                else:
-                    resume = cl_min
-                log.warning("consume_queue_incomplete", topic=key[0], queue_id=key[1],
+        for key, expected in (cp.queues if cp is not None else {}).items():
+            if not _valid_destination(*key):
+                continue
+            cq = self._cqs.get(key) or self._new_cq(key)
+            if cq.max_offset < expected:
+                resume = self._resume_point(cq, cl_min)
+                log.warning("consume_queue_found_incomplete", topic=key[0], queue_id=key[1],
                             entries=cq.max_offset, expected=expected, rebuild_from=resume)
                 incomplete[key] = expected
                 scan_start = min(scan_start, resume)
 
-        redispatched = 0
-
-        def on_record(offset: int, size: int, info: DispatchInfo) -> None:
-            nonlocal redispatched
-            if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
-                return
-            key = (info.topic, info.queue_id)
-            cq = self._cqs.get(key)
-            if cq is None:
-                if not _valid_destination(*key):
-                    log.error("message_not_dispatched", offset=offset, topic=info.topic,
-                              queue_id=info.queue_id, reason="invalid_destination")
-                    return
-                cq = self._new_cq(key)
-            if info.queue_offset < cq.max_offset:
-                return  # indexed before the crash
-            if info.queue_offset > cq.max_offset:
-                log.warning("consume_queue_restarted", topic=key[0], queue_id=key[1],
-                            from_offset=cq.max_offset, to_offset=info.queue_offset,
-                            reason="older_messages_missing")
-                cq.reset_to(info.queue_offset)
-            cq.append(offset, size, info.tags_code)
-            redispatched += 1
-
-        rec = cl.recover(scan_start, on_record)
-        end = rec.end
-        if end < logic:
-            log.error("commit_log_shorter_than_checkpoint", end=end, checkpoint=logic)
-            for cq in self._cqs.values():
-                cq.truncate_at_commit_offset(end)
-        else:
-            for key, expected in incomplete.items():
-                cq = self._cqs[key]
-                if cq.max_offset < expected:
-                    # Its messages were deleted by retention along with its files; keep the
-                    # offsets consumers know.
-                    cq.reset_to(expected)
-        cl_min = cl.min_offset
+        dispatcher = _RecoveryDispatcher(self, logic, cl_min)
+        rec = cl.recover(scan_start, logic, dispatcher)
+        end = rec.end  # never below the checkpoint: only the torn tail is cut
+        for key, expected in incomplete.items():
+            # The queue's remaining messages are gone from the commit log; keep the offsets
+            # consumers know (offsets are never reused).
+            cq = self._cqs[key]
+            if cq.max_offset < expected:
+                last = cq.last_entry()
+                if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
+                    cq.reset_to(expected)  # all of them went with deleted segments
+                else:
+                    log.error("consume_queue_holes_filled", topic=key[0], queue_id=key[1],
+                              from_offset=cq.max_offset, to_offset=expected)
+                    cq.fill_holes(expected, end)
         for cq in self._cqs.values():
             cq.correct_min_offset(cl_min)
 
@@ -375,22 +386,53 @@ class MessageStore:
         report = RecoveryReport(
             max_phy_offset=end,
             truncated_bytes=rec.truncated_bytes,
-            redispatched=redispatched,
+            redispatched=dispatcher.redispatched,
             consume_queues=len(self._cqs),
             min_phy_offset=cl_min,
             checkpoint_offset=cp.logic_offset if cp is not None else -1,
             scan_start_offset=scan_start,
             deleted_segments=rec.deleted_segments,
+            damaged_records=rec.damaged_records,
             rebuilt_queues=len(incomplete),
             elapsed_ms=round((time.monotonic() - t0) * 1000, 3),
         )
-        log.info("store_recovered", path=self._root, max_phy_offset=end,
-                 min_phy_offset=cl_min, truncated_bytes=rec.truncated_bytes,
-                 redispatched=redispatched, consume_queues=len(self._cqs),
-                 checkpoint_offset=report.checkpoint_offset, scan_start_offset=scan_start,
-                 deleted_segments=rec.deleted_segments, rebuilt_queues=len(incomplete),
-                 elapsed_ms=report.elapsed_ms)
+        log.info("store_recovered", path=self._root, **dataclasses.asdict(report))
         return report
+
+    def _load_consume_queues(self, logic: int) -> None:
+        """Open every ``consumequeue/<topic>/<queueId>`` folder, keeping entries below
+        ``logic``."""
+        for topic in sorted(os.listdir(self._cq_dir)):
+            topic_dir = os.path.join(self._cq_dir, topic)
+            if not os.path.isdir(topic_dir) or not VALID_TOPIC.match(topic):
+                log.warning("unknown_file_ignored", path=topic_dir)
+                continue
+            for qid_name in sorted(os.listdir(topic_dir)):
+                path = os.path.join(topic_dir, qid_name)
+                if not (qid_name.isascii() and qid_name.isdigit()) or not os.path.isdir(path) \
+                        or not _valid_destination(topic, int(qid_name)):
+                    log.warning("unknown_file_ignored", path=path)
+                    continue
+                self._new_cq((topic, int(qid_name))).load(logic)
+
+    def _resume_point(self, cq: ConsumeQueue, cl_min: int) -> int:
+        """Where a scan must start to rebuild ``cq``: just after the message of its last
+        entry, if that entry really names that message (a damaged entry must not send the
+        scan into the middle of a record), else the commit-log start."""
+        last = cq.last_entry()
+        if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
+            return cl_min
+        payload = self._commit_log.read_payload(last[0], last[1])
+        if payload is not None:
+            try:
+                info = parse_dispatch_info(payload)
+            except ValueError:
+                pass
+            else:
+                if (info.topic, info.queue_id, info.queue_offset) == (
+                        cq.topic, cq.queue_id, cq.max_offset - 1):
+                    return last[0] + RECORD_HEADER_SIZE + last[1]
+        return cl_min
 
     def close(self) -> None:
         """Flush the commit log and the consume queues, write the checkpoint, close the files
@@ -471,41 +513,45 @@ class MessageStore:
             encoded.append(data)
             total += RECORD_HEADER_SIZE + len(data)
         if total > cfg.mapped_file_size_commit_log:
+            what = "the message" if len(msgs) == 1 else f"the batch of {len(msgs)} messages"
             raise MessageIllegalError(
-                f"{len(msgs)} messages of {total} bytes in all do not fit in one commit-log "
-                f"segment of {cfg.mapped_file_size_commit_log} bytes")
+                f"{what} needs {total} bytes, more than a commit-log segment of "
+                f"{cfg.mapped_file_size_commit_log} bytes holds")
 
-        buf = bytearray(total)
+        parts: list[bytes | bytearray] = []
         plan: list[tuple[ConsumeQueue | None, int, int, int]] = []
         host = self._host_bytes
         with self._lock:
             now_ms = int(self._clock() * 1000)
             cl = self._commit_log
-            base = cl.reserve(total)
+            phy = cl.reserve(total)
+            base = phy
             pending: dict[tuple[str, int], int] = {}
-            off = 0
-            with memoryview(buf) as view:
-                for m, data in zip(msgs, encoded, strict=True):
-                    n = len(data)
-                    phy = base + off
-                    cq: ConsumeQueue | None = None
-                    qo = 0
-                    if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
-                        key = (m.topic, m.queue_id)
-                        cq = self._cqs.get(key) or self._new_cq(key)
-                        qo = pending.get(key, cq.max_offset)
-                        pending[key] = qo + 1
-                    p = off + RECORD_HEADER_SIZE
-                    view[p : p + n] = data
-                    _I64.pack_into(buf, p + POS_QUEUE_OFFSET, qo)
-                    _I64.pack_into(buf, p + POS_PHYSICAL_OFFSET, phy)
-                    _I64.pack_into(buf, p + POS_STORE_TIMESTAMP, now_ms)
-                    view[p + _POS_STORE_HOST : p + _POS_STORE_HOST + 8] = host
-                    RECORD_HEADER.pack_into(buf, off, RECORD_MAGIC, n,
-                                            zlib.crc32(view[p : p + n]))
-                    plan.append((cq, phy, n, qo))
-                    off = p + n
-            cl.write(base, buf)
+            for m, data in zip(msgs, encoded, strict=True):
+                n = len(data)
+                cq: ConsumeQueue | None = None
+                qo = 0
+                if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
+                    key = (m.topic, m.queue_id)
+                    cq = self._cqs.get(key) or self._new_cq(key)
+                    qo = pending.get(key, cq.max_offset)
+                    pending[key] = qo + 1
+                    try:
+                        cq.prepare(qo)
+                    except OSError as exc:
+                        raise StoreIOError(
+                            f"cannot extend consume queue {m.topic}/{m.queue_id}: {exc}"
+                        ) from exc
+                payload = bytearray(data)
+                _I64.pack_into(payload, POS_QUEUE_OFFSET, qo)
+                _I64.pack_into(payload, POS_PHYSICAL_OFFSET, phy)
+                _I64.pack_into(payload, POS_STORE_TIMESTAMP, now_ms)
+                payload[_POS_STORE_HOST : _POS_STORE_HOST + 8] = host
+                parts.append(RECORD_HEADER.pack(RECORD_MAGIC, n, zlib.crc32(payload)))
+                parts.append(payload)
+                plan.append((cq, phy, n, qo))
+                phy += RECORD_HEADER_SIZE + n
+            cl.write(base, parts)
             for (cq, phy, n, _qo), m in zip(plan, msgs, strict=True):
                 if cq is not None:
                     cq.append(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
@@ -642,7 +688,7 @@ class MessageStore:
                 if len(messages) >= max_msgs:
                     full = True
                     break
-                if size == FILLER_SIZE or phy < cl_min:
+                if size >= HOLE_SIZE or phy < cl_min:  # filler, hole, or deleted
                     found_null = True
                     idx += 1
                     continue
@@ -655,7 +701,7 @@ class MessageStore:
                 payload = cl.read_payload(phy, size)
                 if payload is None:
                     found_null = True
-                    log.error("message_unreadable", topic=cq.topic, queue_id=cq.queue_id,
+                    log.error("message_read_failed", topic=cq.topic, queue_id=cq.queue_id,
                               queue_offset=idx - 1, commit_log_offset=phy, size=size)
                     continue
                 messages.append(payload)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import StoreCorruptError
-from .fileio import atomic_write
+from .fileio import atomic_write, remove_stale_temp_files
 
 PERM_INHERIT = 1
 PERM_WRITE = 2
@@ -107,6 +107,7 @@ class TopicConfigManager:
         Raises:
             StoreCorruptError: the file exists but cannot be read as a topic table.
         """
+        remove_stale_temp_files(self.path)
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()
