@@ -14,6 +14,15 @@ import time
 from collections.abc import Iterator
 
 
+def quiet_logs() -> None:
+    """Benchmarks print numbers, not the SDK's debug events."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import broker_process, emit, percentiles  # noqa: E402
+from _broker import broker_process, emit, percentiles, quiet_logs  # noqa: E402
 
 from txmq.client import AsyncProducer, AsyncPullConsumer, Message  # noqa: E402
 
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--topic", default="bench-plain")
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     args = ap.parse_args()
+    quiet_logs()
     with broker_process(flush=args.flush, address=args.broker) as address:
         emit(asyncio.run(run(args, address)))
 

@@ -26,7 +26,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import broker_process, emit, percentiles  # noqa: E402
+from _broker import broker_process, emit, percentiles, quiet_logs  # noqa: E402
 
 from txmq.client import (  # noqa: E402
     AsyncPullConsumer,
@@ -43,16 +43,18 @@ KINDS = ["commit", "rollback", "check-commit", "check-rollback", "unknown"]
 
 
 class AuditListener(TransactionListener):
+    """One instance shared by all producers: any of them may receive a transaction's check."""
+
     def __init__(self) -> None:
-        self.decided: dict[str, str] = {}          # body -> final decision given
+        self.decided: dict[str, str] = {}          # transaction key -> final decision given
         self.checks: Counter[str] = Counter()
         self.in_check: set[str] = set()
         self.unexpected = 0
         self.duplicated = 0
 
     async def execute_local_transaction(self, message, arg):  # type: ignore[override]
-        kind = message.body.decode().split(":")[0]
-        key = message.body.decode()
+        key = message.body.decode().rstrip("x")
+        kind = key.split(":")[0]
         if kind == "commit":
             self.decided[key] = "commit"
             return C
@@ -62,7 +64,7 @@ class AuditListener(TransactionListener):
         return U
 
     async def check_local_transaction(self, message):  # type: ignore[override]
-        key = message.body.decode()
+        key = message.body.decode().rstrip("x")
         if key in self.decided:
             self.unexpected += 1
         if key in self.in_check:
@@ -87,9 +89,10 @@ class AuditListener(TransactionListener):
 
 async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
     rnd = random.Random(args.seed)
-    listeners = [AuditListener() for _ in range(args.producers)]
-    producers = [AsyncTransactionProducer(args.group, lst, address, check_threads=8)
-                 for lst in listeners]
+    audit = AuditListener()
+    listeners = [audit]
+    producers = [AsyncTransactionProducer(args.group, audit, address, check_threads=8)
+                 for _ in range(args.producers)]
     for p in producers:
         await p.start()
     intents: dict[str, str] = {}
@@ -118,7 +121,7 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
 
     # let check-back settle every transaction that a check can settle
     def unsettled() -> int:
-        decided = set().union(*(lst.decided for lst in listeners))
+        decided = audit.decided
         return sum(1 for b, k in intents.items() if k != "unknown" and b not in decided)
 
     settle_deadline = time.monotonic() + args.settle
@@ -189,6 +192,7 @@ def main() -> None:
         ap.add_argument(f"--w-{name}", type=float, default=default,
                         help=f"weight of '{name}' transactions")
     args = ap.parse_args()
+    quiet_logs()
     settings = {"transactionTimeOut": 1000, "transactionCheckInterval": 500,
                 "transactionCheckMax": args.max_check + 2}
     with broker_process(settings, flush=args.flush, address=args.broker) as address:

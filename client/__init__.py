@@ -30,9 +30,25 @@ from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
 from .sync import Producer, PullConsumer, PushConsumer
+from .transaction import (
+    AsyncTransaction,
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    Transaction,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
 __all__ = [
     "AsyncProducer",
+    "AsyncTransaction",
+    "AsyncTransactionProducer",
+    "LocalTransactionState",
+    "Transaction",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "BrokerConnection",

@@ -575,11 +575,13 @@ class TransactionalMessageService:
             delivered = await self.check_sender(ch, header, encode_message(stored))
         finally:
             rec.check_in_flight = False
+        if delivered:
+            # counted even when the answer overtook the acknowledgement
+            self.broker.metrics.tx_checks_sent.inc()
         if delivered and rec.state is TxState.PENDING:
             rec.check_times += 1
             rec.last_check_ms = self.now_ms()
             self._check_state_dirty = True
-            self.broker.metrics.tx_checks_sent.inc()
             log.info("check_sent", transaction_id=rec.transaction_id, client_id=ch.client_id,
                      check_times=rec.check_times)
         return delivered

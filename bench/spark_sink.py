@@ -1,0 +1,162 @@
+"""Throughput of the exactly-once Spark sink: a streaming query on ``local[2]`` writes 1 KiB rows
+from the rate source into a broker; delivered (committed, visible) rows per second are counted
+at the broker.
+
+    python bench/spark_sink.py                    # 45 s against a fresh broker
+    python bench/spark_sink.py --seconds 60 --rate 40000 --batch-size 1000
+
+The rate source offers more rows than the sink can take, so micro-batches grow until one batch's
+write and commit keep up with what arrived meanwhile: the figure is the sink's ceiling, not the
+offered rate.  Alongside the rate it prints the CPU used by the broker process and by Spark (the
+JVM and its Python workers), which shows what bounds the figure on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+ROW_BYTES = 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def broker(store: str) -> Iterator[tuple[str, int]]:
+    """A broker in a child process: yields its address and pid."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", store, "--port", str(port),
+           "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds used so far by ``pid``, or by the whole machine (all cores, busy time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    if pid is not None:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return (sum(cpu[:8]) - idle) / tick
+
+
+def delivered(address: str, topic: str) -> int:
+    """Committed messages in the topic (sum of the queues' max offsets)."""
+    from txmq.client import PullConsumer
+
+    with PullConsumer("bench-spark-sink", broker=address) as c:
+        try:
+            queues = c.fetch_queues(topic)
+        except Exception:
+            return 0
+        return sum(c.max_offset(topic, q) for q in queues)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from txmq.spark_connector import register
+
+    tmp = tempfile.mkdtemp(prefix="txmq-spark-bench-")
+    try:
+        with broker(os.path.join(tmp, "store")) as (address, broker_pid):
+            spark = (SparkSession.builder.master(args.master).appName("txmq-spark-sink-bench")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.sql.shuffle.partitions", str(args.partitions))
+                     .getOrCreate())
+            spark.sparkContext.setLogLevel("ERROR")
+            register(spark)
+            rows = (spark.readStream.format("rate").option("rowsPerSecond", args.rate)
+                    .option("numPartitions", args.partitions).load()
+                    .select(F.rpad(F.col("value").cast("string"), ROW_BYTES, "x")
+                            .cast("binary").alias("body")))
+            query = (rows.writeStream.format("txmq").option("broker", address)
+                     .option("topic", "bench-spark").option("batchSize", args.batch_size)
+                     .option("maxInFlight", args.max_in_flight)
+                     .option("checkpointLocation", os.path.join(tmp, "ckpt"))
+                     .trigger(processingTime="0 seconds").start())
+            time.sleep(args.warmup)
+            n0, t0 = delivered(address, "bench-spark"), time.monotonic()
+            cpu0, b0 = _cpu_seconds(), _cpu_seconds(broker_pid)
+            time.sleep(args.seconds)
+            n1, t1 = delivered(address, "bench-spark"), time.monotonic()
+            cpu1, b1 = _cpu_seconds(), _cpu_seconds(broker_pid)
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+            query.stop()
+            spark.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = t1 - t0
+    recent = progress[-10:]
+    return {
+        "rows_per_s": round((n1 - n0) / wall),
+        "mib_per_s": round((n1 - n0) * ROW_BYTES / wall / 2**20, 1),
+        "seconds": round(wall, 1),
+        "rows": n1 - n0,
+        "batches_seen": len(progress),
+        "recent_batch_rows": [p["numInputRows"] for p in recent],
+        "recent_batch_ms": [p["durationMs"].get("addBatch") for p in recent],
+        "broker_cpu_pct": round(100 * (b1 - b0) / wall),
+        "spark_and_rest_cpu_pct": round(100 * ((cpu1 - cpu0) - (b1 - b0)) / wall),
+        "machine_cores": os.cpu_count(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=45.0, help="measuring window")
+    p.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring")
+    p.add_argument("--rate", type=int, default=40_000, help="rows per second offered")
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--batch-size", type=int, default=512, help="sink option batchSize")
+    p.add_argument("--max-in-flight", type=int, default=4, help="sink option maxInFlight")
+    args = p.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    bound = ("the broker (one Python event loop, near a full core)"
+             if result["broker_cpu_pct"] >= 85 else
+             "CPU: both cores are busy" if result["broker_cpu_pct"]
+             + result["spark_and_rest_cpu_pct"] >= 180 else "neither CPU figure is saturated")
+    print(f"delivered {result['rows_per_s']} rows/s ({result['mib_per_s']} MiB/s) of 1 KiB rows; "
+          f"bounded by {bound}")
+
+
+if __name__ == "__main__":
+    main()
