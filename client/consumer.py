@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import structlog
+
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
@@ -352,6 +353,8 @@ class AsyncPushConsumer:
         self.retry_topic = RETRY_GROUP_TOPIC_PREFIX + group
         self._retry_sub = _Subscription(self.retry_topic, "*", None, False, 0)
         self._subs: dict[str, _Subscription] = {}
+        #: Subscribed topics that did not exist yet when this consumer looked for them.
+        self._born_later: set[str] = set()
         self._conn: BrokerConnection | None = None
         self._pqs: dict[tuple[str, int], ProcessQueue] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -585,7 +588,7 @@ class AsyncPushConsumer:
                 log.warning("rebalance_failed", group=self.group, error=str(exc))
                 return False
             if conn.client_id not in ids:
-                log.info("consumer_not_in_group_yet", group=self.group, client_id=conn.client_id)
+                log.info("consumer_not_found_in_group", group=self.group, client_id=conn.client_id)
                 return False
             complete = True
             subs = self._all_subscriptions()
@@ -600,6 +603,7 @@ class AsyncPushConsumer:
                     continue
                 if route is None and topic != self.retry_topic:
                     complete = False
+                    self._born_later.add(topic)
                 queues = route.read_queue_ids if route is not None and route.readable else []
                 mine = set(allocate_averagely(queues, ids, conn.client_id))
                 for key in [k for k in self._pqs if k[0] == topic and k[1] not in mine]:
@@ -628,7 +632,13 @@ class AsyncPushConsumer:
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
         if committed is not None:
             return committed
-        if topic == self.retry_topic or self.consume_from is ConsumeFrom.FIRST:
+        if (
+            topic == self.retry_topic
+            or self.consume_from is ConsumeFrom.FIRST
+            or (self.consume_from is ConsumeFrom.LAST and topic in self._born_later)
+        ):
+            # A topic created after this consumer subscribed holds only messages sent since
+            # then: "last" means all of them (the broker creates a topic on its first send).
             offset = await get_min_offset(conn, topic, queue_id)
         elif self.consume_from is ConsumeFrom.LAST:
             offset = await get_max_offset(conn, topic, queue_id)

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 import structlog
+
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import InvalidParameterError, TopicNotExistError, error_for_code

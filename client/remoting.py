@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -367,7 +368,7 @@ class BrokerConnection:
     async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         processor = self._processors.get(cmd.code)
         if processor is None:
-            log.warning("broker_request_unsupported", code=cmd.code)
+            log.warning("broker_request_refused", code=cmd.code)
             return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                 f"request code {cmd.code} not supported by this client")
         return await processor(cmd)

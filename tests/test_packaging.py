@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txmq.broker.config import BrokerConfig, key_name, load_config
 
 ROOT = Path(__file__).resolve().parent.parent

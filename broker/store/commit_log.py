@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import structlog
+
 from txmq.protocol.message import (
     FIXED_SIZE,
     MESSAGE_MAGIC_CODE,

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
+
 from txmq.protocol.errors import (
     MessageIllegalError,
     ProtocolError,

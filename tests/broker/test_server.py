@@ -277,7 +277,7 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
     await ctl.start()
     try:
         c = await RawClient.connect(ctl.address)
-        for i in range(200):
+        for _ in range(200):
             assert (await c.send("old", b"x" * 1000, queue_id=0)).code == ResponseCode.SUCCESS
         seg_dir = os.path.join(ctl.config.store_path_root_dir, "commitlog")
         segs = sorted(os.listdir(seg_dir))

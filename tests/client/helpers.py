@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+
 from txmq.client import ClientConfig
 from txmq.client.remoting import BrokerConnection
 from txmq.protocol.codes import RequestCode

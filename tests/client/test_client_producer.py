@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+
+from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -20,8 +22,6 @@ from txmq.client import (
     TopicNotExistError,
 )
 from txmq.protocol.errors import MessageIllegalError
-
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
 
 
 @pytest.fixture

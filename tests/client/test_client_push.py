@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+
+from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -18,8 +20,6 @@ from txmq.client import (
     Message,
     MessageExt,
 )
-
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
 
 
 class Inbox:
@@ -287,6 +287,23 @@ async def test_consume_from(broker: BrokerController, producer: AsyncProducer,
     finally:
         await consumer.shutdown()
     assert sorted(b.decode() for b in inbox.bodies) == sorted(expected)
+
+
+async def test_a_topic_created_after_the_consumer_started_is_consumed_from_its_start(
+        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    topic, group = unique("later"), unique("g")
+    inbox = Inbox()
+    consumer = consumer_for(broker, group)  # consume_from="last"
+    consumer.subscribe(topic, "*", inbox)
+    await consumer.start()
+    try:
+        assert [t for t, _ in consumer.assignment()] == [f"%RETRY%{group}"]
+        for i in range(3):  # the first send creates the topic
+            await producer.send(Message(topic, f"early-{i}".encode()))
+        await wait_until(lambda: inbox.count() >= 3, what="the first messages of the new topic")
+    finally:
+        await consumer.shutdown()
+    assert sorted(inbox.bodies) == [b"early-0", b"early-1", b"early-2"]
 
 
 async def test_start_needs_a_subscription(broker: BrokerController) -> None:

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
+
+from tests.client.helpers import FAST_CLIENT, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -18,8 +20,6 @@ from txmq.client import (
     Message,
     MessageExt,
 )
-
-from tests.client.helpers import FAST_CLIENT, wait_until
 
 
 async def test_producer_and_consumer_survive_a_broker_restart(

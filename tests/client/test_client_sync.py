@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
+
+from tests.client.helpers import FAST_CLIENT, wait_until_sync
 from txmq.broker.server import BrokerController
 from txmq.client import (
     ClientStateError,
@@ -19,8 +21,6 @@ from txmq.client import (
     PushConsumer,
     SendStatus,
 )
-
-from tests.client.helpers import FAST_CLIENT, wait_until_sync
 
 
 def test_sync_round_trip(broker_thread: BrokerController, unique: Callable[[str], str]) -> None:

@@ -7,9 +7,10 @@ import pathlib
 from datetime import UTC, datetime
 
 import pytest
-import txmq.client as client
 from hypothesis import given
 from hypothesis import strategies as st
+
+import txmq.client as client
 from txmq.client import ClientConfig, ConsumeFrom, InvalidMessageError, Message
 from txmq.client.config import parse_address
 from txmq.client.consumer import ProcessQueue, allocate_averagely, parse_consume_from

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import pytest
+
 from txmq.protocol.aio import Connection, Handler, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.errors import (
     BrokerResponseError,

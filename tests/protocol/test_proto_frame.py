@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from txmq.protocol.codes import LanguageCode, RequestCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import FrameTooLargeError, MalformedFrameError, ProtocolError

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from txmq.protocol import headers as H
 from txmq.protocol.codes import RequestCode, SerializeType
 from txmq.protocol.command import RemotingCommand

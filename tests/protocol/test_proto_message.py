@@ -9,6 +9,7 @@ import zlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from txmq.protocol.errors import ProtocolError
 from txmq.protocol.message import (
     FIXED_SIZE,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from store_helpers import FakeClock
+
 from txmq.broker.store import MessageStore, StoreConfig
 
 STORE_HOST = ("10.1.2.3", 10911)

@@ -23,6 +23,7 @@ import threading
 import time
 
 import structlog
+
 from txmq.broker.store import MessageStore, StoreConfig
 from txmq.protocol.message import MessageExt
 

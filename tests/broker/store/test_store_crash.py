@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from crash_child import TOPIC, message
 from store_helpers import read_queue
+
 from txmq.broker.store import MessageStore, StoreConfig
 from txmq.protocol.message import MessageExt
 

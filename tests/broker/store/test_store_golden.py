@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from store_helpers import FakeClock
+
 from txmq.broker.store import FORMAT_VERSION, MessageStore
 from txmq.protocol.message import MessageExt
 

@@ -9,6 +9,7 @@ import tempfile
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from txmq.broker.store import GetMessageStatus, MessageStore, PutMessageResult, StoreConfig
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_message
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from store_helpers import commit_log_files, crash_image, make_msg, read_queue
+
 from txmq.broker.store import (
     GetMessageStatus,
     MessageStore,

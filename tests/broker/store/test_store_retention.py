@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from store_helpers import commit_log_files, make_msg, read_queue
+
 from txmq.broker.store import GetMessageStatus, MessageStore, PutMessageResult
 from txmq.protocol.errors import QueryNotFoundError
 
