@@ -44,7 +44,14 @@ class BrokerMetrics:
                                        registry=r)
 
     def serve_http(self, port: int, addr: str) -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+        """Serve ``/metrics`` in Prometheus' text format on ``addr:port``."""
+        self._http = start_http_server(port, addr=addr, registry=self.registry)
+
+    def stop_http(self) -> None:
+        http = getattr(self, "_http", None)
+        if isinstance(http, tuple):  # prometheus-client >= 0.20 returns (server, thread)
+            http[0].shutdown()
+            http[0].server_close()
 
     def snapshot(self) -> dict[str, Any]:
         """All samples as ``{"name{label=value}": value}``."""

@@ -212,6 +212,7 @@ class BrokerController:
         await self.flush.stop()
         self.offsets.persist()
         self.store.close()
+        self.metrics.stop_http()
         for c in list(self._connections):
             c.close()
         if self._server is not None:

@@ -295,3 +295,26 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
         await c.close()
     finally:
         await ctl.shutdown()
+
+
+async def test_metrics_over_http_and_as_json(make_broker_config):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctl = BrokerController(make_broker_config(metrics_port=port))
+    await ctl.start()
+    try:
+        c = await RawClient.connect(ctl.address)
+        await c.send("metered", b"x")
+        doc = json.loads((await c.call(RequestCode.TXMQ_GET_METRICS)).body)
+        assert doc["txmq_messages_put_total{topic=metered}"] == 1.0
+        await c.close()
+        loop = asyncio.get_running_loop()
+        text = await loop.run_in_executor(None, lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+        assert 'txmq_messages_put_total{topic="metered"} 1.0' in text
+    finally:
+        await ctl.shutdown()
