@@ -43,6 +43,10 @@ def _echo_json(doc: Any) -> None:
 @click.version_option(package_name="txmq")
 def main() -> None:
     """txmq: a transactional message broker in the Apache RocketMQ tradition."""
+    from txmq.broker.logging import configure_logging
+
+    # Client commands print results, not the SDK's events; `txmq broker` sets its own level.
+    configure_logging("WARNING")
 
 
 # --- broker -----------------------------------------------------------------------------------
@@ -140,7 +144,8 @@ def status(broker: str, as_json: bool) -> None:
     click.echo(f"broker {info['brokerName']} at {info['address']} is up "
                f"(ping {ms:.1f} ms, version {info['brokerVersion']}, "
                f"uptime {info['uptimeMs'] / 1000:.0f} s)")
-    keys = ["flushDiskType", "topics", "connections", "store.commitLogMaxOffset",
+    keys = ["flushDiskType", "topics", "connections", "store.commit_log_max_offset",
+            "store.commit_log_unflushed_bytes", "store.commit_log_segments",
             "txn.pending", "txn.discarded", "txn.committed", "txn.rolledBack"]
     for k in keys:
         if k in info:
