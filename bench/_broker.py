@@ -59,6 +59,27 @@ def broker_process(settings: dict[str, object] | None = None, flush: str = "ASYN
                 proc.kill()
 
 
+async def drain_topic(address: str, topic: str, group: str = "bench-reader") -> list[bytes]:
+    """Every message body stored in ``topic``, queue by queue, in offset order."""
+    from txmq.client import AsyncPullConsumer
+
+    bodies: list[bytes] = []
+    consumer = AsyncPullConsumer(group, broker=address)
+    await consumer.start()
+    try:
+        for qid in await consumer.fetch_queues(topic):
+            offset = 0
+            while True:
+                r = await consumer.pull(topic, qid, offset, max_nums=256)
+                if not r.messages:
+                    break
+                bodies.extend(m.body for m in r.messages)
+                offset = r.next_begin_offset
+    finally:
+        await consumer.shutdown()
+    return bodies
+
+
 def percentiles(values: list[float], ps: tuple[float, ...] = (50, 90, 99, 99.9)) -> dict[str, float]:
     if not values:
         return {}

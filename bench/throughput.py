@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import broker_process, emit, percentiles, quiet_logs  # noqa: E402
+from _broker import broker_process, drain_topic, emit, percentiles, quiet_logs  # noqa: E402
 
-from txmq.client import AsyncProducer, AsyncPullConsumer, Message  # noqa: E402
+from txmq.client import AsyncProducer, Message  # noqa: E402
 
 
 async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
@@ -49,20 +49,9 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
     for p in producers:
         await p.shutdown()
 
-    consumer = AsyncPullConsumer("bench-reader", broker=address)
-    await consumer.start()
-    pulled = 0
     t0 = time.monotonic()
-    for qid in await consumer.fetch_queues(args.topic):
-        offset = 0
-        while True:
-            r = await consumer.pull(args.topic, qid, offset, max_nums=256)
-            if not r.messages:
-                break
-            pulled += len(r.messages)
-            offset = r.next_begin_offset
+    pulled = len(await drain_topic(address, args.topic))
     pull_s = time.monotonic() - t0
-    await consumer.shutdown()
     return {
         "flush": args.flush, "producers": args.producers, "inflight_per_producer": args.inflight,
         "batch": args.batch, "size_bytes": args.size, "sent": sent,

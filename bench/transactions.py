@@ -26,10 +26,9 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import broker_process, emit, percentiles, quiet_logs  # noqa: E402
+from _broker import broker_process, drain_topic, emit, percentiles, quiet_logs  # noqa: E402
 
 from txmq.client import (  # noqa: E402
-    AsyncPullConsumer,
     AsyncTransactionProducer,
     LocalTransactionState,
     Message,
@@ -131,21 +130,8 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
     async with AsyncAdminClient(address) as admin:
         metrics = await admin.metrics()
 
-    delivered: Counter[str] = Counter()
-    consumer = AsyncPullConsumer("bench-audit", broker=address)
-    await consumer.start()
-    try:
-        for qid in await consumer.fetch_queues(args.topic):
-            offset = 0
-            while True:
-                r = await consumer.pull(args.topic, qid, offset, max_nums=256)
-                if not r.messages:
-                    break
-                for m in r.messages:
-                    delivered[m.body.decode().rstrip("x")] += 1
-                offset = r.next_begin_offset
-    finally:
-        await consumer.shutdown()
+    delivered: Counter[str] = Counter(
+        b.decode().rstrip("x") for b in await drain_topic(address, args.topic, "bench-audit"))
     for p in producers:
         await p.shutdown()
 

@@ -23,7 +23,6 @@ import contextlib
 import inspect
 import json
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,6 +38,7 @@ from txmq.protocol.errors import (
     error_for_code,
 )
 from txmq.protocol.headers import Header, UnregisterClientRequestHeader
+from txmq.protocol.message import local_ip
 
 from .config import ClientConfig, parse_address
 
@@ -67,17 +67,6 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
-
-
-def local_ip() -> str:
-    """The address this host uses for outgoing traffic (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))
-            ip: str = s.getsockname()[0]
-            return ip
-    except OSError:
-        return "127.0.0.1"
 
 
 def make_client_id() -> str:

@@ -188,7 +188,7 @@ class UniqIdGenerator:
     """
 
     def __init__(self, ip: str | None = None) -> None:
-        ip_bytes = _ip4_bytes(ip or _local_ip())
+        ip_bytes = _ip4_bytes(ip or local_ip())
         pid = os.getpid() & 0xFFFF
         salt = int.from_bytes(os.urandom(4), "big")
         self._prefix = (ip_bytes + struct.pack(">HI", pid, salt)).hex().upper()
@@ -215,7 +215,8 @@ class UniqIdGenerator:
         return self._prefix + struct.pack(">IH", diff, counter).hex().upper()
 
 
-def _local_ip() -> str:
+def local_ip() -> str:
+    """The address this host uses for outgoing traffic (no packet is sent)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("10.255.255.255", 1))
