@@ -1,0 +1,420 @@
+"""Options of the ``txmq`` Spark data source: parsing and validation, no Spark and no I/O.
+
+Spark hands a data source its options as strings (case-insensitive keys).  This module turns
+them into frozen dataclasses and refuses bad values with a :class:`TxmqOptionError` that names
+the option, what was given and what is expected, so a user sees the mistake before any task
+runs.
+
+Sink (``df.writeStream.format("txmq")`` and ``df.write.format("txmq")``):
+
+=====================  =======================================================================
+option                 meaning
+=====================  =======================================================================
+``broker``             ``host:port`` of the broker (required)
+``topic``              default topic; optional when every row has a ``topic`` column value
+``producerGroup``      producer group of the sink's transactions (default: derived from the
+                       streaming query id, or ``txmq-spark-batch`` for batch writes)
+``queueColumn``        column whose value picks the queue (``crc32(value) % writeQueueNums``),
+                       so rows with the same value stay in order in one queue
+``batchSize``          most messages per SEND_BATCH_MESSAGE request (default 512)
+``maxRequestBytes``    most body bytes per request (default 1 MiB)
+``maxInFlight``        requests a task keeps in flight (default 8)
+``requestTimeout``     seconds to wait for each broker answer (default 30)
+=====================  =======================================================================
+
+Source (``spark.readStream.format("txmq")`` and ``spark.read.format("txmq")``):
+
+==========================  ==================================================================
+option                      meaning
+==========================  ==================================================================
+``broker``                  ``host:port`` of the broker (required)
+``topic``                   one topic, or several separated by commas (required)
+``startingOffsets``         ``earliest`` (default), ``latest``, or JSON
+                            ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest; queues
+                            not named start at the earliest offset)
+``maxMessagesPerTrigger``   most messages per micro-batch, spread over the queues (default: no
+                            limit)
+``pullBatchSize``           messages per PULL_MESSAGE (default 256, at most 1024)
+``failOnDataLoss``          fail when messages to read were already deleted by retention
+                            (default true); false skips to the oldest stored message
+``requestTimeout``          seconds to wait for each broker answer (default 30)
+==========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Topic names the broker accepts (RocketMQ's ``Validators.VALID_PATTERN_STR``).
+_TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+#: Producer group names: what RocketMQ accepts for group names.
+_GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.:-]{1,255}$")
+
+EARLIEST = "earliest"
+LATEST = "latest"
+#: Per-queue values in a JSON ``startingOffsets`` (Kafka's convention).
+EARLIEST_OFFSET = -2
+LATEST_OFFSET = -1
+
+DEFAULT_BATCH_SIZE = 512
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT = 8
+DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_PULL_BATCH_SIZE = 256
+#: The broker answers at most this many messages per pull.
+MAX_PULL_BATCH_SIZE = 1024
+#: Producer group of batch (non-streaming) writes when none is given.
+DEFAULT_BATCH_PRODUCER_GROUP = "txmq-spark-batch"
+#: Prefix of the producer group derived from a streaming query id.
+STREAM_PRODUCER_GROUP_PREFIX = "txmq-spark-"
+
+#: Columns the sink understands; any other column is ignored.
+SINK_COLUMNS = ("topic", "body", "tags", "keys", "properties")
+
+#: ``{"topic": {"queueId": offset}}``, queue ids as strings (JSON keys).
+OffsetMap = dict[str, dict[str, int]]
+
+
+class TxmqOptionError(ValueError):
+    """An option of the ``txmq`` data source is missing or has a value that cannot be used."""
+
+
+def _lower(options: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _get(opts: dict[str, str], name: str) -> str | None:
+    value = opts.get(name.lower())
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def _int(opts: dict[str, str], name: str, default: int, *, minimum: int = 1,
+         maximum: int | None = None) -> int:
+    raw = _get(opts, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise TxmqOptionError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise TxmqOptionError(f"option {name!r} must be {bounds}, got {value}")
+    return value
+
+
+def _float(opts: dict[str, str], name: str, default: float) -> float:
+    raw = _get(opts, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TxmqOptionError(f"option {name!r} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise TxmqOptionError(f"option {name!r} must be positive, got {raw!r}")
+    return value
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    raw = _get(opts, name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise TxmqOptionError(f"option {name!r} must be true or false, got {raw!r}")
+
+
+def parse_broker(raw: str | None) -> str:
+    """Check a ``host:port`` broker address.
+
+    Raises:
+        TxmqOptionError: missing or not ``host:port``.
+    """
+    if raw is None:
+        raise TxmqOptionError(
+            "option 'broker' is required: the broker address as host:port, e.g. "
+            ".option('broker', '127.0.0.1:10911')")
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise TxmqOptionError(f"option 'broker' must be host:port, got {raw!r}")
+    return raw
+
+
+def validate_topic(topic: str, option: str = "topic") -> str:
+    """Check one topic name.
+
+    Raises:
+        TxmqOptionError: not a valid topic name.
+    """
+    if not _TOPIC_PATTERN.match(topic):
+        raise TxmqOptionError(
+            f"option {option!r}: {topic!r} is not a valid topic name (letters, digits, '%', "
+            "'|', '_' and '-', at most 127 characters)")
+    return topic
+
+
+def validate_group(group: str, option: str = "producerGroup") -> str:
+    """Check a producer group name.
+
+    Raises:
+        TxmqOptionError: not a valid group name.
+    """
+    if not _GROUP_PATTERN.match(group):
+        raise TxmqOptionError(
+            f"option {option!r}: {group!r} is not a valid group name (letters, digits, '%', "
+            "'|', '_', '.', ':' and '-')")
+    return group
+
+
+def stream_producer_group(query_id: str) -> str:
+    """The producer group a streaming query's sink uses when none is configured.
+
+    The query id is kept in the checkpoint, so a query restarted from its checkpoint keeps its
+    group, and a replayed batch finds the decision of its first run.
+    """
+    return validate_group(STREAM_PRODUCER_GROUP_PREFIX + query_id)
+
+
+# --- sink -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Validated options of the sink.
+
+    Attributes:
+        broker: ``host:port``.
+        topic: the default topic, or None when each row names its topic.
+        producer_group: the configured producer group, or None to derive it.
+        queue_column: the column whose value picks the queue, or None to spread rows.
+        batch_size: most messages per request.
+        max_request_bytes: most body bytes per request.
+        max_in_flight: requests one task keeps in flight.
+        request_timeout: seconds to wait for each answer.
+    """
+
+    broker: str
+    topic: str | None = None
+    producer_group: str | None = None
+    queue_column: str | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+
+
+def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
+    """Parse the sink's options.
+
+    Raises:
+        TxmqOptionError: a missing or invalid option.
+    """
+    opts = _lower(options)
+    topic = _get(opts, "topic")
+    group = _get(opts, "producerGroup")
+    return SinkOptions(
+        broker=parse_broker(_get(opts, "broker")),
+        topic=validate_topic(topic) if topic is not None else None,
+        producer_group=validate_group(group) if group is not None else None,
+        queue_column=_get(opts, "queueColumn"),
+        batch_size=_int(opts, "batchSize", DEFAULT_BATCH_SIZE, maximum=100_000),
+        max_request_bytes=_int(opts, "maxRequestBytes", DEFAULT_MAX_REQUEST_BYTES,
+                               minimum=1024, maximum=4 * 1024 * 1024),
+        max_in_flight=_int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, maximum=64),
+        request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
+    )
+
+
+#: Spark type names (``DataType.typeName()``) each sink column accepts.
+_SINK_COLUMN_TYPES: dict[str, tuple[str, ...]] = {
+    "topic": ("string",),
+    "body": ("binary", "string"),
+    "tags": ("string",),
+    "keys": ("string",),
+    "properties": ("map<string,string>",),
+}
+
+
+def check_sink_schema(columns: Mapping[str, str], options: SinkOptions) -> None:
+    """Check the columns of the DataFrame to write, given as ``{name: simpleString type}``.
+
+    Raises:
+        TxmqOptionError: ``body`` is missing, a known column has the wrong type, there is
+            neither a ``topic`` option nor a ``topic`` column, or the queue column is missing.
+    """
+    if "body" not in columns:
+        raise TxmqOptionError(
+            "the DataFrame written to txmq needs a 'body' column (binary or string); it has "
+            f"{sorted(columns)}")
+    for name, accepted in _SINK_COLUMN_TYPES.items():
+        if name in columns and columns[name] not in accepted:
+            raise TxmqOptionError(
+                f"column {name!r} must be {' or '.join(accepted)}, not {columns[name]}")
+    if options.topic is None and "topic" not in columns:
+        raise TxmqOptionError(
+            "no topic to write to: set .option('topic', ...) or add a 'topic' column")
+    if options.queue_column is not None and options.queue_column not in columns:
+        raise TxmqOptionError(
+            f"option 'queueColumn' names {options.queue_column!r}, which is not a column of "
+            f"the DataFrame ({sorted(columns)})")
+
+
+# --- source -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Validated options of the source.
+
+    Attributes:
+        broker: ``host:port``.
+        topics: the topics to read, in the order given.
+        starting_offsets: ``"earliest"``, ``"latest"``, or a per-queue map (values may be
+            :data:`EARLIEST_OFFSET` / :data:`LATEST_OFFSET`).
+        max_messages_per_trigger: most messages per micro-batch, or None.
+        pull_batch_size: messages per pull request.
+        fail_on_data_loss: raise when messages in range were deleted by retention.
+        request_timeout: seconds to wait for each answer.
+    """
+
+    broker: str
+    topics: tuple[str, ...]
+    starting_offsets: str | OffsetMap = EARLIEST
+    max_messages_per_trigger: int | None = None
+    pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
+    fail_on_data_loss: bool = True
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+
+
+def parse_topics(raw: str | None) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")`` (duplicates dropped).
+
+    Raises:
+        TxmqOptionError: no topic, or an invalid name.
+    """
+    if raw is None:
+        raise TxmqOptionError(
+            "option 'topic' is required: one topic or several separated by commas")
+    topics = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+    if not topics:
+        raise TxmqOptionError("option 'topic' names no topic")
+    for t in topics:
+        validate_topic(t)
+    return topics
+
+
+def parse_starting_offsets(raw: str | None, topics: tuple[str, ...]) -> str | OffsetMap:
+    """Parse ``startingOffsets``.
+
+    Raises:
+        TxmqOptionError: not ``earliest``, ``latest`` or a valid JSON offset map over the
+            configured topics.
+    """
+    if raw is None:
+        return EARLIEST
+    if raw.lower() in (EARLIEST, LATEST):
+        return raw.lower()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise TxmqOptionError(
+            "option 'startingOffsets' must be 'earliest', 'latest' or JSON like "
+            f'{{"topic": {{"0": 12}}}}, got {raw!r}') from None
+    if not isinstance(doc, dict):
+        raise TxmqOptionError(
+            f"option 'startingOffsets' must be a JSON object of topics, got {raw!r}")
+    out: OffsetMap = {}
+    for topic, queues in doc.items():
+        if topic not in topics:
+            raise TxmqOptionError(
+                f"option 'startingOffsets' names topic {topic!r}, which is not read "
+                f"(topics: {', '.join(topics)})")
+        if not isinstance(queues, dict):
+            raise TxmqOptionError(
+                f"option 'startingOffsets': topic {topic!r} needs an object of queue offsets, "
+                f"got {queues!r}")
+        qmap: dict[str, int] = {}
+        for qid, offset in queues.items():
+            if not str(qid).isdigit():
+                raise TxmqOptionError(
+                    f"option 'startingOffsets': {qid!r} of topic {topic!r} is not a queue id")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+                raise TxmqOptionError(
+                    f"option 'startingOffsets': offset {offset!r} of {topic!r} queue {qid} must "
+                    "be >= 0, or -2 (earliest) or -1 (latest)")
+            qmap[str(int(qid))] = offset
+        out[topic] = qmap
+    return out
+
+
+def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
+    """Parse the source's options.
+
+    Raises:
+        TxmqOptionError: a missing or invalid option.
+    """
+    opts = _lower(options)
+    topics = parse_topics(_get(opts, "topic"))
+    max_per_trigger = _get(opts, "maxMessagesPerTrigger")
+    return SourceOptions(
+        broker=parse_broker(_get(opts, "broker")),
+        topics=topics,
+        starting_offsets=parse_starting_offsets(_get(opts, "startingOffsets"), topics),
+        max_messages_per_trigger=None if max_per_trigger is None else _int(
+            opts, "maxMessagesPerTrigger", 0),
+        pull_batch_size=_int(opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE,
+                             maximum=MAX_PULL_BATCH_SIZE),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
+    )
+
+
+# --- offsets ----------------------------------------------------------------------------------
+
+
+def normalize_offsets(offsets: Mapping[str, Mapping[Any, int]]) -> OffsetMap:
+    """Offsets in one canonical order (topics by name, queues by number).
+
+    Spark compares offsets by their JSON text, so the same positions must always serialise the
+    same way.
+    """
+    return {
+        topic: {str(q): int(o) for q, o in sorted(queues.items(), key=lambda kv: int(kv[0]))}
+        for topic, queues in sorted(offsets.items())
+    }
+
+
+def share_budget(backlogs: Mapping[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:
+    """Split at most ``budget`` messages over queues fairly (water filling).
+
+    Queues with a small backlog take all of it; the rest share what is left evenly.  Every call
+    with ``budget >= 1`` and some backlog grants at least one message, so a query always makes
+    progress.
+
+    Args:
+        backlogs: messages waiting per ``(topic, queueId)``.
+        budget: most messages in all.
+
+    Returns:
+        Messages granted per queue (queues with a backlog only).
+    """
+    items = sorted(((n, key) for key, n in backlogs.items() if n > 0))
+    grant: dict[tuple[str, str], int] = {}
+    remaining = budget
+    for i, (n, key) in enumerate(items):
+        share = remaining // (len(items) - i)
+        take = min(n, share)
+        if take > 0:
+            grant[key] = take
+            remaining -= take
+    return grant

@@ -1,0 +1,151 @@
+"""Broker I/O for Spark tasks and driver-side callbacks.
+
+Spark calls the connector from plain synchronous Python (executor tasks, the driver's planning
+and commit workers).  Each call opens one :class:`BrokerSession` on a fresh private event loop
+(:func:`run`), does its requests, and closes the connection again, so nothing outlives the task
+that opened it.
+
+The session's connection announces **no producer group**: the broker only sends
+CHECK_TRANSACTION_STATE to registered groups, so the sink's pending halves never use up a check
+budget; they wait for the batch decision (TXMQ_DECIDE_BATCH) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import structlog
+
+from txmq.client import BrokerConnection, ClientConfig
+from txmq.client.admin import ROLLBACK
+from txmq.client.pull_consumer import PullResult, get_max_offset, get_min_offset, pull_messages
+from txmq.client.route import TopicRoute, fetch_route
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.errors import error_for_code
+from txmq.protocol.headers import DecideBatchRequestHeader, ForceDecideRequestHeader
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+#: Consumer group named in the source's pull requests (nothing is committed for it).
+READER_GROUP = "txmq-spark-reader"
+
+
+def run(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn()`` to completion on a new private event loop and close the loop.
+
+    Spark may call the connector from a thread that already has a running loop (never in its
+    own workers, but possibly in a user's process); a private loop keeps the two apart.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(fn())
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+class BrokerSession:
+    """One broker connection used by one Spark task or driver callback.
+
+    Args:
+        broker: ``host:port``.
+        request_timeout: seconds to wait for each answer.
+
+    Use as ``async with BrokerSession(...) as session:``.
+    """
+
+    def __init__(self, broker: str, request_timeout: float = 30.0) -> None:
+        self.broker = broker
+        self.request_timeout = request_timeout
+        self.connection = BrokerConnection(
+            broker, ClientConfig(request_timeout=request_timeout, connect_timeout=10.0))
+
+    async def __aenter__(self) -> BrokerSession:
+        await self.connection.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.connection.close()
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    async def decide_batch(self, group: str, batch_key: str, commit: list[str] | None = None,
+                           *, query_only: bool = False) -> dict[str, Any]:
+        """TXMQ_DECIDE_BATCH: commit ``commit`` and roll back every other pending transaction of
+        ``group`` tagged ``batch_key`` (or, with ``query_only``, only report the decision).
+
+        Returns:
+            The broker's JSON answer: ``decided``, ``committed``, ``rolledBack`` and ``first``
+            (or ``pending`` for a query).
+
+        Raises:
+            TxmqError: the broker refused (e.g. a listed transaction was rolled back already).
+        """
+        header = DecideBatchRequestHeader(producer_group=group, batch_key=batch_key,
+                                          query_only=query_only)
+        body = b"" if query_only else json.dumps({"commit": list(commit or [])}).encode()
+        resp = await self.connection.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body)
+        answer: dict[str, Any] = json.loads(resp.body.decode("utf-8"))
+        return answer
+
+    async def rollback(self, transaction_id: str) -> str:
+        """Roll back one transaction (TXMQ_FORCE_DECIDE); repeating it is harmless.
+
+        Raises:
+            TxmqError: the broker refused (e.g. the transaction is committed already).
+        """
+        header = ForceDecideRequestHeader(transaction_id=transaction_id,
+                                          commit_or_rollback=ROLLBACK)
+        resp = await self.connection.invoke(RequestCode.TXMQ_FORCE_DECIDE, header)
+        return resp.remark or ""
+
+    # -- topics and offsets ---------------------------------------------------------------------
+
+    async def route(self, topic: str) -> TopicRoute | None:
+        """The topic's route, or None when it does not exist yet."""
+        return await fetch_route(self.connection, topic)
+
+    async def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next free offset."""
+        return int(await get_max_offset(self.connection, topic, queue_id))
+
+    async def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's oldest stored offset."""
+        return int(await get_min_offset(self.connection, topic, queue_id))
+
+    async def queue_offsets(self, topic: str, *, latest: bool) -> dict[str, int]:
+        """``{queueId: offset}`` of every readable queue of ``topic`` (max offsets if
+        ``latest``, else min offsets); empty when the topic does not exist yet."""
+        route = await self.route(topic)
+        if route is None:
+            return {}
+        get = self.max_offset if latest else self.min_offset
+        values = await asyncio.gather(*(get(topic, q) for q in route.read_queue_ids))
+        return {str(q): int(v) for q, v in zip(route.read_queue_ids, values, strict=True)}
+
+    async def pull(self, topic: str, queue_id: int, offset: int, max_nums: int) -> PullResult:
+        """One PULL_MESSAGE (no long polling, no offset commit)."""
+        return await pull_messages(self.connection, READER_GROUP, topic, queue_id, offset,
+                                   max_nums=max_nums, timeout=self.request_timeout)
+
+
+def check_success(code: int, remark: str | None, what: str) -> None:
+    """Raise the error class of ``code`` unless it is SUCCESS, naming ``what`` failed.
+
+    Raises:
+        TxmqError: the subclass for ``code``.
+    """
+    if code != ResponseCode.SUCCESS:
+        raise error_for_code(code, f"{what}: {remark or 'no remark'}")
+
+
+__all__ = ["BrokerSession", "READER_GROUP", "check_success", "run"]

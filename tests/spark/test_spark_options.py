@@ -1,0 +1,157 @@
+"""Option parsing and offset planning of the Spark connector: pure functions, no Spark session
+and no broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from txmq.spark_connector.options import (
+    EARLIEST,
+    LATEST,
+    TxmqOptionError,
+    check_sink_schema,
+    normalize_offsets,
+    parse_sink_options,
+    parse_source_options,
+    share_budget,
+    stream_producer_group,
+)
+from txmq.spark_connector.reader import plan_end, plan_partitions
+
+BROKER = {"broker": "127.0.0.1:10911"}
+
+# --- sink -------------------------------------------------------------------------------------
+
+
+def test_sink_defaults_and_case_insensitive_keys() -> None:
+    o = parse_sink_options({"Broker": "h:1", "TOPIC": "orders", "batchsize": "100",
+                            "queueColumn": "customer", "maxInFlight": "8",
+                            "requestTimeout": "2.5"})
+    assert (o.broker, o.topic, o.batch_size, o.queue_column, o.max_in_flight,
+            o.request_timeout, o.producer_group) == ("h:1", "orders", 100, "customer", 8, 2.5,
+                                                     None)
+    d = parse_sink_options(BROKER)
+    assert (d.topic, d.batch_size, d.max_request_bytes, d.max_in_flight) == (
+        None, 512, 1024 * 1024, 8)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({}, "option 'broker' is required"),
+    ({"broker": "localhost"}, "must be host:port"),
+    ({"broker": "h:99999"}, "must be host:port"),
+    ({**BROKER, "topic": "bad topic"}, "not a valid topic name"),
+    ({**BROKER, "batchSize": "many"}, "'batchSize' must be an integer"),
+    ({**BROKER, "batchSize": "0"}, "'batchSize' must be between 1 and"),
+    ({**BROKER, "maxRequestBytes": "100"}, "'maxRequestBytes' must be between"),
+    ({**BROKER, "requestTimeout": "-1"}, "'requestTimeout' must be positive"),
+    ({**BROKER, "producerGroup": "a group"}, "not a valid group name"),
+])
+def test_sink_option_errors_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(TxmqOptionError, match=message):
+        parse_sink_options(options)
+
+
+def test_sink_schema_checks() -> None:
+    with_topic = parse_sink_options({**BROKER, "topic": "t"})
+    check_sink_schema({"body": "binary", "tags": "string"}, with_topic)
+    check_sink_schema({"body": "string", "properties": "map<string,string>"}, with_topic)
+    with pytest.raises(TxmqOptionError, match="needs a 'body' column"):
+        check_sink_schema({"value": "binary"}, with_topic)
+    with pytest.raises(TxmqOptionError, match="'body' must be binary or string, not int"):
+        check_sink_schema({"body": "int"}, with_topic)
+    with pytest.raises(TxmqOptionError, match="'properties' must be map<string,string>"):
+        check_sink_schema({"body": "binary", "properties": "map<string,int>"}, with_topic)
+    with pytest.raises(TxmqOptionError, match="no topic to write to"):
+        check_sink_schema({"body": "binary"}, parse_sink_options(BROKER))
+    check_sink_schema({"body": "binary", "topic": "string"}, parse_sink_options(BROKER))
+    keyed = parse_sink_options({**BROKER, "topic": "t", "queueColumn": "customer"})
+    with pytest.raises(TxmqOptionError, match="'queueColumn' names 'customer'"):
+        check_sink_schema({"body": "binary"}, keyed)
+
+
+def test_stream_producer_group_is_derived_from_the_query_id() -> None:
+    qid = "0b5c3a52-5b0e-4d7e-9a51-7f0e8f1d2c3b"
+    assert stream_producer_group(qid) == f"txmq-spark-{qid}"
+
+
+# --- source -----------------------------------------------------------------------------------
+
+
+def test_source_options() -> None:
+    o = parse_source_options({**BROKER, "topic": " a, b ,a ", "maxMessagesPerTrigger": "500",
+                              "startingOffsets": "LATEST", "failOnDataLoss": "false"})
+    assert (o.topics, o.max_messages_per_trigger, o.starting_offsets, o.fail_on_data_loss) == (
+        ("a", "b"), 500, LATEST, False)
+    d = parse_source_options({**BROKER, "topic": "a"})
+    assert (d.starting_offsets, d.max_messages_per_trigger, d.pull_batch_size,
+            d.fail_on_data_loss) == (EARLIEST, None, 256, True)
+    j = parse_source_options({**BROKER, "topic": "a,b",
+                              "startingOffsets": json.dumps({"a": {"0": 12, "1": -1}})})
+    assert j.starting_offsets == {"a": {"0": 12, "1": -1}}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (BROKER, "option 'topic' is required"),
+    ({**BROKER, "topic": " , "}, "names no topic"),
+    ({**BROKER, "topic": "a", "startingOffsets": "soon"}, "must be 'earliest', 'latest' or JSON"),
+    ({**BROKER, "topic": "a", "startingOffsets": "[1]"}, "must be a JSON object of topics"),
+    ({**BROKER, "topic": "a", "startingOffsets": '{"b": {"0": 1}}'}, "names topic 'b'"),
+    ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"x": 1}}'}, "is not a queue id"),
+    ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"0": -5}}'}, "must be >= 0"),
+    ({**BROKER, "topic": "a", "startingOffsets": '{"a": 3}'}, "needs an object"),
+    ({**BROKER, "topic": "a", "maxMessagesPerTrigger": "0"}, "must be at least 1"),
+    ({**BROKER, "topic": "a", "pullBatchSize": "5000"}, "between 1 and 1024"),
+    ({**BROKER, "topic": "a", "failOnDataLoss": "maybe"}, "must be true or false"),
+])
+def test_source_option_errors_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(TxmqOptionError, match=message):
+        parse_source_options(options)
+
+
+# --- offsets ----------------------------------------------------------------------------------
+
+
+def test_offsets_serialise_in_one_canonical_order() -> None:
+    # Spark compares offsets as JSON text: the same positions must give the same text.
+    a = normalize_offsets({"t2": {"10": 1, "2": 5}, "t1": {"0": 3}})
+    b = normalize_offsets({"t1": {0: 3}, "t2": {"2": 5, 10: 1}})
+    assert json.dumps(a) == json.dumps(b) == '{"t1": {"0": 3}, "t2": {"2": 5, "10": 1}}'
+
+
+def test_plan_end_and_partitions() -> None:
+    start = {"t": {"0": 5, "1": 10}}
+    latest = {"t": {"0": 8, "1": 10, "2": 4}, "u": {"0": 2}}  # queue t/2 and topic u are new
+    end = plan_end(start, latest, None)
+    assert end == {"t": {"0": 8, "1": 10, "2": 4}, "u": {"0": 2}}
+    parts = plan_partitions(start, end)
+    assert sorted((p.topic, p.queue_id, p.start, p.end) for p in parts) == [
+        ("t", 0, 5, 8), ("t", 2, 0, 4), ("u", 0, 0, 2)]
+    # A start beyond the queue's end never moves backwards.
+    assert plan_end({"t": {"0": 9}}, {"t": {"0": 3}}, None) == {"t": {"0": 9}}
+    # A cap of 4 messages is shared over the three queues with a backlog (3 + 4 + 2 waiting).
+    capped = plan_end(start, latest, 4)
+    granted = {(t, q): capped[t][q] - start.get(t, {}).get(q, 0)
+               for t in capped for q in capped[t]}
+    assert sum(granted.values()) == 4 and max(granted.values()) - min(
+        v for k, v in granted.items() if k != ("t", "1")) <= 1
+
+
+@given(st.dictionaries(st.tuples(st.sampled_from("ab"), st.sampled_from("0123")),
+                       st.integers(0, 50)), st.integers(1, 120))
+def test_share_budget_is_bounded_fair_and_makes_progress(backlogs: dict[tuple[str, str], int],
+                                                         budget: int) -> None:
+    grant = share_budget(backlogs, budget)
+    total = sum(backlogs.values())
+    assert sum(grant.values()) == min(budget, total)
+    assert all(0 < n <= backlogs[k] for k, n in grant.items())
+    # Fair: a queue that got less than its backlog got at least as much as any other - 1.
+    short = [n for k, n in grant.items() if n < backlogs[k]]
+    if short:
+        assert min(short) >= max(grant.values()) - 1
+    # Queues without a grant are either empty or budget ran out before them.
+    assert all(backlogs[k] == 0 or sum(grant.values()) == budget
+               for k in backlogs if k not in grant)
