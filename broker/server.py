@@ -270,13 +270,21 @@ class BrokerController:
         """Append to the store and wake whoever waits for these queues.  Synchronous: the
         appends of one call are contiguous and nothing else runs in between."""
         results = self.store.put_messages(msgs)
+        # Count and wake once per (topic, queue), not once per message: a batch decision can
+        # append hundreds of thousands of messages in one call.
+        per_topic: dict[str, int] = {}
+        queues: set[tuple[str, int]] = set()
+        for msg in msgs:
+            per_topic[msg.topic] = per_topic.get(msg.topic, 0) + 1
+            queues.add((msg.topic, msg.queue_id))
         m = self.metrics
-        for msg, r in zip(msgs, results, strict=True):
-            m.messages_put.labels(msg.topic).inc()
-            m.bytes_put.inc(r.size)
-            self.puller.hold.notify(msg.topic, msg.queue_id)
-            if msg.topic == SCHEDULE_TOPIC:
-                self.schedule.notify(msg.queue_id)
+        for topic, n in per_topic.items():
+            m.messages_put.labels(topic).inc(n)
+        m.bytes_put.inc(sum(r.size for r in results))
+        for topic, qid in queues:
+            self.puller.hold.notify(topic, qid)
+            if topic == SCHEDULE_TOPIC:
+                self.schedule.notify(qid)
         return results
 
     # -- housekeeping ---------------------------------------------------------------------------
