@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
@@ -33,6 +33,18 @@ def _run(coro: Awaitable[T]) -> T:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
+    """Open an admin connection to ``broker``, make one call, close; errors become clean CLI
+    errors."""
+    from txmq.client.admin import AsyncAdminClient
+
+    async def go() -> T:
+        async with AsyncAdminClient(broker) as admin:
+            return await call(admin)
+
+    return _run(go())
 
 
 def _echo_json(doc: Any) -> None:
@@ -129,15 +141,9 @@ def broker(config_path: str | None, port: int | None, bind_address: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 def status(broker: str, as_json: bool) -> None:
     """Ping the broker and print key figures (exit status 1 if it does not answer)."""
-    from txmq.client.admin import AsyncAdminClient
-
-    async def go() -> tuple[float, dict[str, Any]]:
-        t0 = time.perf_counter()
-        async with AsyncAdminClient(broker) as admin:
-            info = await admin.runtime_info()
-        return (time.perf_counter() - t0) * 1000, info
-
-    ms, info = _run(go())
+    t0 = time.perf_counter()
+    info = _admin(broker, lambda admin: admin.runtime_info())
+    ms = (time.perf_counter() - t0) * 1000  # connect + one request: the ping a user sees
     if as_json:
         _echo_json({"pingMs": round(ms, 2), **info})
         return
@@ -167,13 +173,8 @@ def topic() -> None:
 @click.option("--order", is_flag=True, help="Mark the topic as ordered.")
 def topic_create(broker: str, name: str, queues: int, order: bool) -> None:
     """Create (or update) topic NAME."""
-    from txmq.client.admin import AsyncAdminClient
+    _admin(broker, lambda admin: admin.create_topic(name, queues, order=order))
 
-    async def go() -> None:
-        async with AsyncAdminClient(broker) as admin:
-            await admin.create_topic(name, queues, order=order)
-
-    _run(go())
     click.echo(f"topic {name} created with {queues} queues")
 
 
@@ -182,13 +183,9 @@ def topic_create(broker: str, name: str, queues: int, order: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include system, retry and DLQ topics.")
 def topic_list(broker: str, show_all: bool) -> None:
     """List topics."""
-    from txmq.client.admin import AsyncAdminClient
+    result = _admin(broker, lambda admin: admin.list_topics())
 
-    async def go() -> dict[str, dict[str, Any]]:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.list_topics()
-
-    for name, tc in sorted(_run(go()).items()):
+    for name, tc in sorted(result.items()):
         system = name.startswith(("%", "RMQ_SYS_", "TRANS_CHECK_", "SCHEDULE_TOPIC"))
         if system and not show_all:
             continue
@@ -200,13 +197,9 @@ def topic_list(broker: str, show_all: bool) -> None:
 @click.argument("name")
 def topic_stats(broker: str, name: str) -> None:
     """Per-queue offsets and consumer-group progress of topic NAME."""
-    from txmq.client.admin import AsyncAdminClient
+    result = _admin(broker, lambda admin: admin.topic_stats(name))
 
-    async def go() -> dict[str, Any]:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.topic_stats(name)
-
-    doc = _run(go())
+    doc = result
     total = 0
     click.echo(f"{'queue':>5} {'min':>12} {'max':>12}")
     for q in doc["offsetTable"]:
@@ -331,14 +324,10 @@ def txn() -> None:
 def txn_list(broker: str, group: str | None, topic: str | None, state: str, limit: int,
              as_json: bool) -> None:
     """List transactions (default: pending and parked ones)."""
-    from txmq.client.admin import AsyncAdminClient
+    result = _admin(broker, lambda admin: admin.list_transactions(
+        group=group, topic=topic, state=state, limit=limit))
 
-    async def go() -> list[dict[str, Any]]:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.list_transactions(group=group, topic=topic, state=state,
-                                                 limit=limit)
-
-    rows = _run(go())
+    rows = result
     if as_json:
         _echo_json(rows)
         return
@@ -354,13 +343,7 @@ def txn_list(broker: str, group: str | None, topic: str | None, state: str, limi
 @click.argument("transaction_id")
 def txn_show(broker: str, transaction_id: str) -> None:
     """Show one transaction (by transaction id, message id or offset message id)."""
-    from txmq.client.admin import AsyncAdminClient
-
-    async def go() -> dict[str, Any]:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.get_transaction(transaction_id)
-
-    _echo_json(_run(go()))
+    _echo_json(_admin(broker, lambda admin: admin.get_transaction(transaction_id)))
 
 
 @txn.command("resume")
@@ -368,23 +351,11 @@ def txn_show(broker: str, transaction_id: str) -> None:
 @click.argument("msg_id")
 def txn_resume(broker: str, msg_id: str) -> None:
     """Put a parked transaction back under checking (RESUME_CHECK_HALF_MESSAGE)."""
-    from txmq.client.admin import AsyncAdminClient
-
-    async def go() -> str:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.resume_transaction(msg_id)
-
-    click.echo(_run(go()))
+    click.echo(_admin(broker, lambda admin: admin.resume_transaction(msg_id)))
 
 
 def _force(broker: str, transaction_id: str, commit: bool, reason: str) -> None:
-    from txmq.client.admin import AsyncAdminClient
-
-    async def go() -> str:
-        async with AsyncAdminClient(broker) as admin:
-            return await admin.force_decide(transaction_id, commit, reason)
-
-    click.echo(_run(go()))
+    click.echo(_admin(broker, lambda admin: admin.force_decide(transaction_id, commit, reason)))
 
 
 @txn.command("commit")
