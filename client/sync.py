@@ -71,7 +71,8 @@ class _LoopThread:
 
 
 class _SyncClient:
-    _core: AsyncProducer | AsyncPushConsumer | AsyncPullConsumer
+    #: The async client this facade drives (anything with start() and shutdown()).
+    _core: Any
 
     def __init__(self) -> None:
         self._runner = _LoopThread.get()

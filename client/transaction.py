@@ -44,6 +44,7 @@ from txmq.protocol.message import (
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
+from .sync import _SyncClient
 
 log = structlog.get_logger(__name__)
 
@@ -245,16 +246,10 @@ class AsyncTransactionProducer:
         try:
             yield txn
         except BaseException as exc:
-            if txn.halves:
-                try:
-                    await txn.rollback(f"rolled back on {type(exc).__name__}: {exc}")
-                except TxmqError as rb_exc:
-                    log.warning("transaction_rollback_failed", transaction_id=txn.transaction_id,
-                                error=str(rb_exc))
+            await txn.finish(exc)
             raise
         else:
-            if txn.halves and txn.state is None:
-                await txn.commit()
+            await txn.finish(None)
 
     # -- check-back ---------------------------------------------------------------------------
 
@@ -331,6 +326,20 @@ class AsyncTransaction:
     async def commit(self) -> None:
         await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
 
+    async def finish(self, exc: BaseException | None) -> None:
+        """End of a ``transaction()`` block: commit after a clean exit; after an exception,
+        roll back (a failed rollback is logged, the original exception wins)."""
+        if not self.halves or self.state is not None:
+            return
+        if exc is None:
+            await self.commit()
+            return
+        try:
+            await self.rollback(f"rolled back on {type(exc).__name__}: {exc}")
+        except TxmqError as rb_exc:
+            log.warning("transaction_rollback_failed", transaction_id=self.transaction_id,
+                        error=str(rb_exc))
+
     async def rollback(self, remark: str | None = None) -> None:
         await self._decide(LocalTransactionState.ROLLBACK_MESSAGE, remark)
 
@@ -346,7 +355,7 @@ class AsyncTransaction:
 # --- the sync facade --------------------------------------------------------------------------
 
 
-class TransactionProducer:
+class TransactionProducer(_SyncClient):
     """The blocking transactional producer; see :class:`AsyncTransactionProducer`.
 
     Example::
@@ -357,31 +366,16 @@ class TransactionProducer:
 
     def __init__(self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER,
                  **kwargs: Any) -> None:
-        from .sync import _LoopThread
-
-        self._runner = _LoopThread.get()
-
-        async def make() -> AsyncTransactionProducer:
-            return AsyncTransactionProducer(group, listener, broker, **kwargs)
-
-        self.core = self._runner.run(make())
-
-    def start(self) -> None:
-        self._runner.run(self.core.start())
-
-    def shutdown(self) -> None:
-        self._runner.run(self.core.shutdown())
+        super().__init__()
+        self._core = self.core = AsyncTransactionProducer(group, listener, broker, **kwargs)
 
     def __enter__(self) -> TransactionProducer:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
     def send_message_in_transaction(self, msg: Message, arg: Any = None,
                                     **kwargs: Any) -> TransactionSendResult:
-        return self._runner.run(self.core.send_message_in_transaction(msg, arg, **kwargs))
+        return self._run(self.core.send_message_in_transaction(msg, arg, **kwargs))
 
     @contextmanager
     def transaction(self, transaction_id: str | None = None) -> Iterator[Transaction]:
@@ -390,16 +384,10 @@ class TransactionProducer:
         try:
             yield txn
         except BaseException as exc:
-            if txn.core.halves:
-                try:
-                    self._runner.run(txn.core.rollback(f"rolled back on {type(exc).__name__}"))
-                except TxmqError as rb_exc:
-                    log.warning("transaction_rollback_failed",
-                                transaction_id=txn.transaction_id, error=str(rb_exc))
+            self._run(txn.core.finish(exc))
             raise
         else:
-            if txn.core.halves and txn.core.state is None:
-                self._runner.run(txn.core.commit())
+            self._run(txn.core.finish(None))
 
 
 class Transaction:
@@ -412,4 +400,4 @@ class Transaction:
         return self.core.transaction_id
 
     def send(self, msg: Message, **kwargs: Any) -> SendResult:
-        return self.producer._runner.run(self.core.send(msg, **kwargs))
+        return self.producer._run(self.core.send(msg, **kwargs))

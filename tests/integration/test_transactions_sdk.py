@@ -290,3 +290,20 @@ async def test_producer_killed_after_the_half_another_producer_decides(fast_brok
     # every check the broker counted went to the live producer
     sent = fast_broker.metrics.snapshot()["txmq_transaction_checks_sent_total"]
     assert sent == 1
+
+
+def test_sync_facade_commits_and_rolls_back_multi_message_transactions(broker_thread):
+    from txmq.client import TransactionProducer
+
+    addr = broker_thread.address
+    with TransactionProducer(G, Scripted(C), broker=addr) as p:
+        r = p.send_message_in_transaction(Message("sync-tx", b"single"))
+        assert r.local_transaction_state is C
+        with p.transaction() as txn:
+            txn.send(Message("sync-tx", b"a"))
+            txn.send(Message("sync-tx", b"b"))
+        with pytest.raises(KeyError), p.transaction() as txn2:
+            txn2.send(Message("sync-tx", b"never"))
+            raise KeyError("local work failed")
+    got = broker_thread.test_thread.call(delivered(addr, "sync-tx"))
+    assert sorted(m.body for m in got) == [b"a", b"b", b"single"]
