@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,18 +172,12 @@ class ClientManager:
         return None
 
     def producer_groups(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for ch in self._channels.values():
-            for g in ch.producer_groups:
-                out[g] = out.get(g, 0) + 1
-        return out
+        """Live connections per producer group."""
+        return dict(Counter(g for ch in self._channels.values() for g in ch.producer_groups))
 
     def consumer_groups(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for ch in self._channels.values():
-            for g in ch.consumer_groups:
-                out[g] = out.get(g, 0) + 1
-        return out
+        """Live connections per consumer group."""
+        return dict(Counter(g for ch in self._channels.values() for g in ch.consumer_groups))
 
     @property
     def channel_count(self) -> int:

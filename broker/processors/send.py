@@ -97,7 +97,7 @@ class SendMessageProcessor:
     async def send_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = self._header(cmd)
         if h.batch:
-            return await self.send_batch(conn, cmd)
+            return await self.send_batch(conn, cmd, h)
         self._check_body(cmd.body)
         tc = self.broker.topics.for_send(h.topic, h.default_topic_queue_nums)
         try:
@@ -136,8 +136,9 @@ class SendMessageProcessor:
 
     # -- SEND_BATCH_MESSAGE ---------------------------------------------------------------------
 
-    async def send_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        h = self._header(cmd)
+    async def send_batch(self, conn: Connection, cmd: RemotingCommand,
+                         h: SendMessageRequestHeader | None = None) -> RemotingCommand:
+        h = h or self._header(cmd)
         tc = self.broker.topics.for_send(h.topic, h.default_topic_queue_nums)
         qid = self._queue_id(h.queue_id, tc.write_queue_nums, h.topic)
         try:
