@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
+from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import FlushDiskTimeoutError
 
 from .metrics import BrokerMetrics
@@ -77,10 +78,7 @@ class FlushService:
     async def _run(self) -> None:
         while not self._stopping:
             if self.sync:
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), self.interval)
-                except TimeoutError:
-                    pass
+                await wait_event(self._wakeup, self.interval)
                 self._wakeup.clear()
             else:
                 await asyncio.sleep(self.interval)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from txmq.protocol.aio import wait_event
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
 from .store import GetMessageStatus
@@ -79,10 +80,7 @@ class ScheduleMessageService:
                 sleep = 0
             if sleep > 0:
                 self._wake[qid].clear()
-                try:
-                    await asyncio.wait_for(self._wake[qid].wait(), sleep)
-                except TimeoutError:
-                    pass
+                await wait_event(self._wake[qid], sleep)
             else:
                 await asyncio.sleep(0)
 

@@ -206,7 +206,10 @@ class BrokerController:
                 log.warning("shutdown_requests_abandoned", count=len(done[1]))
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=self.config.shutdown_timeout)
+            if stuck:
+                log.warning("shutdown_tasks_did_not_stop", tasks=[t.get_name() for t in stuck])
         await self.transactions.stop()
         await self.schedule.stop()
         await self.flush.stop()
@@ -216,7 +219,10 @@ class BrokerController:
         for c in list(self._connections):
             c.close()
         if self._server is not None:
-            await self._server.wait_closed()
+            closed = asyncio.ensure_future(self._server.wait_closed())
+            if (await asyncio.wait({closed}, timeout=self.config.shutdown_timeout))[1]:
+                closed.cancel()
+                log.warning("shutdown_connections_still_open")
         log.info("broker_stopped")
         self._stopped.set()
 

@@ -19,7 +19,6 @@ Public hooks for other parts of the SDK:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from txmq.protocol.aio import Connection, open_connection
+from txmq.protocol.aio import Connection, open_connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
@@ -51,22 +50,6 @@ Processor = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
 ReconnectCallback = Callable[[], Awaitable[None] | None]
 #: Returns one entry of the heartbeat's ``consumerDataSet``.
 ConsumerDataProvider = Callable[[], dict[str, Any]]
-
-
-async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait until ``event`` is set or ``timeout`` passes; True if it was set.
-
-    Unlike ``asyncio.wait_for(event.wait(), timeout)`` on Python 3.11, a cancellation that
-    arrives while the event is being set is never swallowed.
-    """
-    if event.is_set():
-        return True
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=timeout)
-    finally:
-        waiter.cancel()
-    return event.is_set()
 
 
 def make_client_id() -> str:
@@ -162,17 +145,20 @@ class BrokerConnection:
         """Close the connection and stop the background tasks (no unregister; see
         :meth:`unregister`)."""
         self._closing = True
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
+            if stuck:
+                log.warning("connection_tasks_did_not_stop", broker=self.address,
+                            tasks=[t.get_name() for t in stuck])
         conn, self._conn = self._conn, None
         if self._connected is not None:
             self._connected.set()  # wake requests waiting for a reconnect: they fail now
         if conn is not None:
             conn.close()
-            await conn.wait_closed()
+            await conn.wait_closed(self.config.shutdown_timeout)
         self._started = False
 
     async def unregister(
@@ -287,7 +273,7 @@ class BrokerConnection:
             raise error_for_code(resp.code, resp.remark)
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.config.heartbeat_interval)
             conn = self._conn
             if conn is None or conn.closed:

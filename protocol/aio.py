@@ -35,6 +35,28 @@ def next_opaque() -> int:
     return next(_opaques) & 0x7FFFFFFF
 
 
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` passes; True if it was set.
+
+    Unlike ``asyncio.wait_for(event.wait(), timeout)`` on Python 3.11, a cancellation that
+    arrives while the event is being set is never swallowed, so a ``while`` loop around it always
+    stops when its task is cancelled.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return event.is_set()
+
+
+def _expire(fut: asyncio.Future[Any], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)
+
+
 class Connection(asyncio.Protocol):
     """One TCP connection speaking remoting frames.
 
@@ -186,6 +208,8 @@ class Connection(asyncio.Protocol):
         self._transport.write(encode_frame(cmd))
 
     async def drain(self) -> None:
+        """Wait until the transport takes writes again (returns at once when it does, or when
+        the connection closes)."""
         if self._write_paused and not self.closed:
             fut = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(fut)
@@ -194,18 +218,22 @@ class Connection(asyncio.Protocol):
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         """Send a request and wait for its response."""
         cmd.opaque = next_opaque()
-        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
         self._pending[cmd.opaque] = fut
+        # A timer that fails the future, rather than asyncio.wait_for: no extra task per
+        # request, and a cancellation of the caller is never lost when the answer arrives at
+        # the same moment (Python 3.11's wait_for swallows it then).
+        timer = loop.call_later(timeout, _expire, fut, RequestTimeoutError(
+            f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
+            f"within {timeout:.3f}s"))
         try:
             self.write(cmd)
-            await self.drain()
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
-                f"within {timeout:.3f}s"
-            ) from None
+            if self._write_paused:
+                await self.drain()
+            return await fut
         finally:
+            timer.cancel()
             self._pending.pop(cmd.opaque, None)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
@@ -217,8 +245,10 @@ class Connection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
-    async def wait_closed(self) -> None:
-        await asyncio.shield(self._closed)
+    async def wait_closed(self, timeout: float = 5.0) -> bool:
+        """Wait (up to ``timeout``) until the connection is closed; True if it is."""
+        await asyncio.wait({self._closed}, timeout=timeout)
+        return self._closed.done()
 
     async def wait_handlers(self) -> None:
         """Wait until the requests being handled now have been answered."""

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController, new_event_loop
@@ -25,6 +31,72 @@ FAST = dict(
     transaction_check_request_timeout=1000,
     shutdown_timeout=5.0,
 )
+
+
+# A loaded machine must not fail a property test on its clock: no deadlines anywhere.
+settings.register_profile("txmq", deadline=None)
+settings.load_profile("txmq")
+
+#: Seconds one phase (setup, call, teardown) of a test may take before the guard below stops it.
+PHASE_TIMEOUT = float(os.environ.get("TXMQ_TEST_TIMEOUT", "180"))
+
+
+class _PhaseGuard:
+    """Stops a stuck test phase with a stack instead of letting the run hang.
+
+    pytest-timeout's SIGALRM handler raises in the main thread, but under uvloop a Python signal
+    handler runs inside a loop callback, where an exception is logged and dropped: a test that
+    awaits forever is never stopped.  This handler therefore cancels every task of the running
+    loop (the test's coroutine fails with CancelledError and its fixtures unwind), and raises
+    only where no loop runs (a blocking call in a sync test).  Either way the stacks of all
+    threads and tasks are printed first.  pytest-timeout (thread method, ``timeout`` in
+    pyproject) stays as the last resort that ends the process.
+    """
+
+    def __init__(self, item: pytest.Item, phase: str) -> None:
+        self.what = f"{item.nodeid} ({phase})"
+
+    def _fire(self, signum: int, frame: Any) -> None:
+        sys.stderr.write(f"\n=== {self.what} still running after {PHASE_TIMEOUT:.0f}s ===\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            pytest.fail(f"{self.what} timed out after {PHASE_TIMEOUT:.0f}s")
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(file=sys.stderr)
+            task.cancel(f"{self.what} timed out after {PHASE_TIMEOUT:.0f}s")
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # cancel again if something swallowed it
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGALRM, self._fire)
+        signal.setitimer(signal.ITIMER_REAL, PHASE_TIMEOUT)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with _PhaseGuard(item, "setup").armed():
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with _PhaseGuard(item, "call").armed():
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    with _PhaseGuard(item, "teardown").armed():
+        yield
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from txmq.protocol.aio import Connection
+from txmq.protocol.aio import Connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
@@ -493,10 +493,7 @@ class TransactionalMessageService:
     async def _run(self) -> None:
         interval = self.broker.config.transaction_check_interval / 1000.0
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), interval)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, interval)
             self._wake.clear()
             try:
                 await self.check_round()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from txmq.protocol.aio import Connection, Handler, open_connection
+from txmq.protocol.aio import Connection, Handler, open_connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
@@ -399,7 +399,7 @@ async def test_pending_requests_fail_when_the_peer_closes() -> None:
             for task in pending:
                 with pytest.raises(ConnectionClosedError):
                     await asyncio.wait_for(task, WAIT)
-            await asyncio.wait_for(client.wait_closed(), WAIT)
+            assert await client.wait_closed(WAIT), "the connection did not close"
             assert client.closed
             # New requests on the closed connection fail at once.
             with pytest.raises(ConnectionClosedError):
@@ -417,7 +417,7 @@ async def test_on_close_is_called_once_for_each_side() -> None:
         client = await open_connection("127.0.0.1", srv.port, on_close=closed.append)
         await client.request(RemotingCommand.request(10), timeout=WAIT)
         client.close()
-        await asyncio.wait_for(client.wait_closed(), WAIT)
+        assert await client.wait_closed(WAIT), "the connection did not close"
         for _ in range(100):
             if srv.closed:
                 break
@@ -449,3 +449,32 @@ async def test_connect_refused_is_connection_closed_error() -> None:
         port = srv.port
     with pytest.raises(ConnectionClosedError):
         await open_connection("127.0.0.1", port, timeout=WAIT)
+
+
+async def test_a_cancel_that_meets_the_answer_is_not_swallowed() -> None:
+    """A task cancelled in the same loop turn as its answer arrives must still end cancelled:
+    loops that send requests (heartbeat, rebalance) are stopped by cancellation, and a lost
+    cancel kept them running forever (asyncio.wait_for on Python 3.11 drops it)."""
+    async with serve(echo) as srv:
+        client = await open_connection("127.0.0.1", srv.port)
+        try:
+            task = asyncio.ensure_future(client.request(RemotingCommand.request(11), WAIT))
+            dispatch = client._dispatch
+
+            def answer_then_cancel(cmd: RemotingCommand) -> None:
+                dispatch(cmd)  # resolves the request's future ...
+                task.cancel()  # ... and the owner cancels before the task runs again
+
+            client._dispatch = answer_then_cancel  # type: ignore[method-assign]
+            done, _ = await asyncio.wait({task}, timeout=WAIT)
+            assert done, "the request neither finished nor was cancelled"
+            assert task.cancelled(), f"the cancel was swallowed: {task.result()!r}"
+        finally:
+            client.close()
+
+
+async def test_wait_event_returns_whether_the_event_was_set() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await wait_event(event, WAIT) is True
