@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# mypy sees the package as installed: txmq.protocol, txmq.broker, ... (see `typecheck`).
+TYPEVIEW := build/typecheck
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test pytest lint typecheck gates bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
@@ -19,16 +21,30 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/txmq broker
 
-## Run the whole test suite (protocol, store, broker, client, Spark).
-test: $(STAMP)
+## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
+test: gates pytest
+
+pytest: $(STAMP)
 	$(PY) -m pytest
 
+gates: lint typecheck
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol broker client spark_connector txmq tests bench
-	$(VENV)/bin/mypy protocol broker/store
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+## mypy over the package as it is installed: the source folders are laid out under txmq/ in
+## $(TYPEVIEW) with symlinks, so `txmq.protocol` is the protocol/ folder and not hidden by the
+## top-level txmq/ folder (which holds only the CLI).
+typecheck: $(STAMP)
+	rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/txmq
+	for f in txmq/*.py; do ln -s ../../../$$f $(TYPEVIEW)/txmq/; done
+	for d in protocol broker client spark_connector; do ln -s ../../../$$d $(TYPEVIEW)/txmq/$$d; done
+	for d in bench examples; do ln -s ../../$$d $(TYPEVIEW)/$$d; done
+	cd $(TYPEVIEW) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml txmq bench examples
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

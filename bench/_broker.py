@@ -29,23 +29,41 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def broker_process(settings: dict[str, object] | None = None, flush: str = "ASYNC_FLUSH",
-                   address: str | None = None) -> Iterator[str]:
+def broker_process(
+    settings: dict[str, object] | None = None,
+    flush: str = "ASYNC_FLUSH",
+    address: str | None = None,
+) -> Iterator[str]:
     """Yield a broker address: ``address`` if given, else a fresh broker in a temp folder."""
     if address:
         yield address
         return
     with tempfile.TemporaryDirectory(prefix="txmq-bench-") as tmp:
         port = free_port()
-        cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", tmp, "--port", str(port),
-               "--flush", flush, "--log-level", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "txmq",
+            "broker",
+            "--store-dir",
+            tmp,
+            "--port",
+            str(port),
+            "--flush",
+            flush,
+            "--log-level",
+            "WARNING",
+        ]
         for k, v in (settings or {}).items():
             cmd += ["--set", f"{k}={v}"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
                     break
                 if proc.poll() is not None:
                     raise RuntimeError("the broker exited at start")
@@ -80,7 +98,9 @@ async def drain_topic(address: str, topic: str, group: str = "bench-reader") -> 
     return bodies
 
 
-def percentiles(values: list[float], ps: tuple[float, ...] = (50, 90, 99, 99.9)) -> dict[str, float]:
+def percentiles(
+    values: list[float], ps: tuple[float, ...] = (50, 90, 99, 99.9)
+) -> dict[str, float]:
     if not values:
         return {}
     s = sorted(values)

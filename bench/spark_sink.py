@@ -43,8 +43,18 @@ def _free_port() -> int:
 def broker(store: str) -> Iterator[tuple[str, int]]:
     """A broker in a child process: yields its address and pid."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", store, "--port", str(port),
-           "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "txmq",
+        "broker",
+        "--store-dir",
+        store,
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -95,7 +105,8 @@ def _descendants(root: int) -> list[int]:
 def _cpu(broker_pid: int) -> tuple[float, float]:
     """(broker CPU seconds, Spark CPU seconds: this process and its other descendants)."""
     spark = _proc_cpu(os.getpid()) + sum(
-        _proc_cpu(p) for p in _descendants(os.getpid()) if p != broker_pid)
+        _proc_cpu(p) for p in _descendants(os.getpid()) if p != broker_pid
+    )
     return _proc_cpu(broker_pid), spark
 
 
@@ -122,25 +133,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="txmq-spark-bench-")
     try:
         with broker(os.path.join(tmp, "store")) as (address, broker_pid):
-            spark = (SparkSession.builder.master(args.master).appName("txmq-spark-sink-bench")
-                     .config("spark.ui.enabled", "false")
-                     .config("spark.sql.shuffle.partitions", str(args.partitions))
-                     .getOrCreate())
+            spark = (
+                SparkSession.builder.master(args.master)
+                .appName("txmq-spark-sink-bench")
+                .config("spark.ui.enabled", "false")
+                .config("spark.sql.shuffle.partitions", str(args.partitions))
+                .getOrCreate()
+            )
             spark.sparkContext.setLogLevel("ERROR")
             register(spark)
             if args.source == "rate":
                 source = spark.readStream.format("rate").option("rowsPerSecond", args.rate)
             else:
                 source = spark.readStream.format("rate-micro-batch").option(
-                    "rowsPerBatch", args.rows_per_batch)
-            rows = (source.option("numPartitions", args.partitions).load()
-                    .select(F.rpad(F.col("value").cast("string"), ROW_BYTES, "x")
-                            .cast("binary").alias("body")))
-            query = (rows.writeStream.format("txmq").option("broker", address)
-                     .option("topic", "bench-spark").option("batchSize", args.batch_size)
-                     .option("maxInFlight", args.max_in_flight)
-                     .option("checkpointLocation", os.path.join(tmp, "ckpt"))
-                     .trigger(processingTime="0 seconds").start())
+                    "rowsPerBatch", args.rows_per_batch
+                )
+            rows = (
+                source.option("numPartitions", args.partitions)
+                .load()
+                .select(
+                    F.rpad(F.col("value").cast("string"), ROW_BYTES, "x")
+                    .cast("binary")
+                    .alias("body")
+                )
+            )
+            query = (
+                rows.writeStream.format("txmq")
+                .option("broker", address)
+                .option("topic", "bench-spark")
+                .option("batchSize", args.batch_size)
+                .option("maxInFlight", args.max_in_flight)
+                .option("checkpointLocation", os.path.join(tmp, "ckpt"))
+                .trigger(processingTime="0 seconds")
+                .start()
+            )
             time.sleep(args.warmup)
             n0, t0 = delivered(address, "bench-spark"), time.time()
             b0, s0 = _cpu(broker_pid)
@@ -162,8 +188,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         end = start + p["durationMs"].get("triggerExecution", 0) / 1000
         if p["numInputRows"] and t0 <= start and end <= t1:
             inside.append((start, end, p))
-    sustained = (sum(p["numInputRows"] for _, _, p in inside)
-                 / (inside[-1][1] - inside[0][0])) if inside else 0.0
+    sustained = (
+        (sum(p["numInputRows"] for _, _, p in inside) / (inside[-1][1] - inside[0][0]))
+        if inside
+        else 0.0
+    )
     return {
         "delivered_rows_per_s": round((n1 - n0) / wall),
         "sustained_rows_per_s": round(sustained),
@@ -188,9 +217,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=45.0, help="measuring window")
     p.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring")
-    p.add_argument("--source", choices=["rate-micro-batch", "rate"], default="rate-micro-batch",
-                   help="rate-micro-batch: fixed rows per batch, as fast as the sink goes; "
-                   "rate: rows offered per second (batches grow when the sink falls behind)")
+    p.add_argument(
+        "--source",
+        choices=["rate-micro-batch", "rate"],
+        default="rate-micro-batch",
+        help="rate-micro-batch: fixed rows per batch, as fast as the sink goes; "
+        "rate: rows offered per second (batches grow when the sink falls behind)",
+    )
     p.add_argument("--rows-per-batch", type=int, default=100_000)
     p.add_argument("--rate", type=int, default=20_000, help="rows per second offered (rate)")
     p.add_argument("--partitions", type=int, default=2)
@@ -207,8 +240,10 @@ def main() -> None:
         bound = f"the machine's CPUs (broker {broker_cpu}% + Spark {spark_cpu}%)"
     else:
         bound = f"latency, not CPU (broker {broker_cpu}%, Spark {spark_cpu}%)"
-    print(f"sustained {result['sustained_rows_per_s']} rows/s of 1 KiB rows "
-          f"({result['mib_per_s']} MiB/s); bounded by {bound}")
+    print(
+        f"sustained {result['sustained_rows_per_s']} rows/s of 1 KiB rows "
+        f"({result['mib_per_s']} MiB/s); bounded by {bound}"
+    )
 
 
 if __name__ == "__main__":

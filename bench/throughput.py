@@ -53,12 +53,17 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
     pulled = len(await drain_topic(address, args.topic))
     pull_s = time.monotonic() - t0
     return {
-        "flush": args.flush, "producers": args.producers, "inflight_per_producer": args.inflight,
-        "batch": args.batch, "size_bytes": args.size, "sent": sent,
+        "flush": args.flush,
+        "producers": args.producers,
+        "inflight_per_producer": args.inflight,
+        "batch": args.batch,
+        "size_bytes": args.size,
+        "sent": sent,
         "send_msgs_per_s": round(sent / send_s, 1),
         "send_MB_per_s": round(sent * args.size / send_s / 1e6, 2),
         "send_latency_ms": {k: round(v, 2) for k, v in percentiles(latencies).items()},
-        "pulled": pulled, "pull_msgs_per_s": round(pulled / pull_s, 1),
+        "pulled": pulled,
+        "pull_msgs_per_s": round(pulled / pull_s, 1),
         "lost": sent - pulled,
     }
 

@@ -36,8 +36,11 @@ from txmq.client import (  # noqa: E402
 )
 from txmq.client.admin import AsyncAdminClient  # noqa: E402
 
-C, R, U = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
-           LocalTransactionState.UNKNOW)
+C, R, U = (
+    LocalTransactionState.COMMIT_MESSAGE,
+    LocalTransactionState.ROLLBACK_MESSAGE,
+    LocalTransactionState.UNKNOW,
+)
 KINDS = ["commit", "rollback", "check-commit", "check-rollback", "unknown"]
 
 
@@ -45,7 +48,7 @@ class AuditListener(TransactionListener):
     """One instance shared by all producers: any of them may receive a transaction's check."""
 
     def __init__(self) -> None:
-        self.decided: dict[str, str] = {}          # transaction key -> final decision given
+        self.decided: dict[str, str] = {}  # transaction key -> final decision given
         self.checks: Counter[str] = Counter()
         self.in_check: set[str] = set()
         self.unexpected = 0
@@ -90,15 +93,22 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
     rnd = random.Random(args.seed)
     audit = AuditListener()
     listeners = [audit]
-    producers = [AsyncTransactionProducer(args.group, audit, address, check_threads=8)
-                 for _ in range(args.producers)]
+    producers = [
+        AsyncTransactionProducer(args.group, audit, address, check_threads=8)
+        for _ in range(args.producers)
+    ]
     for p in producers:
         await p.start()
     intents: dict[str, str] = {}
     latencies: list[float] = []
     stop_at = time.monotonic() + args.seconds
-    weights = [args.w_commit, args.w_rollback, args.w_check_commit, args.w_check_rollback,
-               args.w_unknown]
+    weights = [
+        args.w_commit,
+        args.w_rollback,
+        args.w_check_commit,
+        args.w_check_rollback,
+        args.w_unknown,
+    ]
 
     async def worker(i: int) -> None:
         n = 0
@@ -109,7 +119,8 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
             n += 1
             t0 = time.perf_counter()
             await producers[i].send_message_in_transaction(
-                Message(args.topic, body.encode() + b"x" * max(0, args.size - len(body))))
+                Message(args.topic, body.encode() + b"x" * max(0, args.size - len(body)))
+            )
             latencies.append((time.perf_counter() - t0) * 1000)
             intents[body] = kind
 
@@ -131,7 +142,8 @@ async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
         metrics = await admin.metrics()
 
     delivered: Counter[str] = Counter(
-        b.decode().rstrip("x") for b in await drain_topic(address, args.topic, "bench-audit"))
+        b.decode().rstrip("x") for b in await drain_topic(address, args.topic, "bench-audit")
+    )
     for p in producers:
         await p.shutdown()
 
@@ -173,14 +185,23 @@ def main() -> None:
     ap.add_argument("--max-check", type=int, default=3, help="k: decide on the k-th check")
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     ap.add_argument("--seed", type=int, default=7)
-    for name, default in [("commit", 60), ("rollback", 20), ("check-commit", 8),
-                          ("check-rollback", 8), ("unknown", 4)]:
-        ap.add_argument(f"--w-{name}", type=float, default=default,
-                        help=f"weight of '{name}' transactions")
+    for name, default in [
+        ("commit", 60),
+        ("rollback", 20),
+        ("check-commit", 8),
+        ("check-rollback", 8),
+        ("unknown", 4),
+    ]:
+        ap.add_argument(
+            f"--w-{name}", type=float, default=default, help=f"weight of '{name}' transactions"
+        )
     args = ap.parse_args()
     quiet_logs()
-    settings = {"transactionTimeOut": 1000, "transactionCheckInterval": 500,
-                "transactionCheckMax": args.max_check + 2}
+    settings = {
+        "transactionTimeOut": 1000,
+        "transactionCheckInterval": 500,
+        "transactionCheckMax": args.max_check + 2,
+    }
     with broker_process(settings, flush=args.flush, address=args.broker) as address:
         result = asyncio.run(run(args, address))
     emit(result)

@@ -55,23 +55,30 @@ def parse_heartbeat(body: bytes) -> dict[str, Any]:
 class ClientManager:
     """Tracks channels by connection; answers "who is alive in group G"."""
 
-    def __init__(self, *, on_consumer_group_changed: Callable[[str], None] | None = None,
-                 on_producer_registered: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_consumer_group_changed: Callable[[str], None] | None = None,
+        on_producer_registered: Callable[[str], None] | None = None,
+    ) -> None:
         self._channels: dict[Connection, ClientChannel] = {}
         self._on_consumer_group_changed = on_consumer_group_changed
         self._on_producer_registered = on_producer_registered
 
     # -- registration ---------------------------------------------------------------------------
 
-    def heartbeat(self, conn: Connection, data: dict[str, Any], language: int = 3,
-                  version: int = 0) -> ClientChannel:
+    def heartbeat(
+        self, conn: Connection, data: dict[str, Any], language: int = 3, version: int = 0
+    ) -> ClientChannel:
         client_id = data["clientID"]
         ch = self._channels.get(conn)
         if ch is None:
             ch = ClientChannel(conn, client_id, language, version)
             self._channels[conn] = ch
             conn.context["client_id"] = client_id
-            log.info("client_registered", client_id=client_id, peer=f"{conn.peer[0]}:{conn.peer[1]}")
+            log.info(
+                "client_registered", client_id=client_id, peer=f"{conn.peer[0]}:{conn.peer[1]}"
+            )
         ch.last_heartbeat = time.monotonic()
         new_producers = set()
         for p in data.get("producerDataSet") or []:
@@ -103,8 +110,9 @@ class ClientManager:
             self._consumer_group_changed(g)
         return ch
 
-    def unregister(self, conn: Connection, producer_group: str | None,
-                   consumer_group: str | None) -> None:
+    def unregister(
+        self, conn: Connection, producer_group: str | None, consumer_group: str | None
+    ) -> None:
         ch = self._channels.get(conn)
         if ch is None:
             return
@@ -120,9 +128,12 @@ class ClientManager:
         ch = self._channels.pop(conn, None)
         if ch is None:
             return
-        log.info("client_disconnected", client_id=ch.client_id,
-                 producer_groups=sorted(ch.producer_groups),
-                 consumer_groups=sorted(ch.consumer_groups))
+        log.info(
+            "client_disconnected",
+            client_id=ch.client_id,
+            producer_groups=sorted(ch.producer_groups),
+            consumer_groups=sorted(ch.consumer_groups),
+        )
         for g in ch.consumer_groups:
             self._consumer_group_changed(g)
 
@@ -131,8 +142,11 @@ class ClientManager:
         now = time.monotonic()
         dead = [ch for ch in self._channels.values() if now - ch.last_heartbeat > timeout_s]
         for ch in dead:
-            log.warning("client_expired", client_id=ch.client_id,
-                        silent_for_s=round(now - ch.last_heartbeat, 1))
+            log.warning(
+                "client_expired",
+                client_id=ch.client_id,
+                silent_for_s=round(now - ch.last_heartbeat, 1),
+            )
             ch.conn.close()
             self.connection_closed(ch.conn)
         return dead
@@ -140,8 +154,11 @@ class ClientManager:
     def _consumer_group_changed(self, group: str) -> None:
         for ch in self.consumer_channels(group):
             try:
-                ch.conn.send_oneway(RemotingCommand.request(
-                    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}))
+                ch.conn.send_oneway(
+                    RemotingCommand.request(
+                        RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}
+                    )
+                )
             except TxmqError:
                 pass
         if self._on_consumer_group_changed:
@@ -154,12 +171,18 @@ class ClientManager:
 
     def producer_channels(self, group: str) -> list[ClientChannel]:
         """Live producer connections of a group (closed ones are never returned)."""
-        return [ch for ch in self._channels.values()
-                if group in ch.producer_groups and not ch.conn.closed]
+        return [
+            ch
+            for ch in self._channels.values()
+            if group in ch.producer_groups and not ch.conn.closed
+        ]
 
     def consumer_channels(self, group: str) -> list[ClientChannel]:
-        return [ch for ch in self._channels.values()
-                if group in ch.consumer_groups and not ch.conn.closed]
+        return [
+            ch
+            for ch in self._channels.values()
+            if group in ch.consumer_groups and not ch.conn.closed
+        ]
 
     def consumer_ids(self, group: str) -> list[str]:
         return sorted({ch.client_id for ch in self.consumer_channels(group)})

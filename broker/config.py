@@ -128,8 +128,11 @@ _KEYS = {key_name(f.name): f for f in fields(BrokerConfig)}
 
 
 def _convert(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
-    tp = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool,
-                                                   "str": str}[str(f.type)]
+    tp = (
+        f.type
+        if isinstance(f.type, type)
+        else {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+    )
     key = key_name(f.name)
     try:
         if tp is bool:

@@ -28,8 +28,15 @@ log = structlog.get_logger(__name__)
 
 
 class FlushService:
-    def __init__(self, store: MessageStore, *, sync: bool, interval_ms: int,
-                 sync_timeout_ms: int, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        *,
+        sync: bool,
+        interval_ms: int,
+        sync_timeout_ms: int,
+        metrics: BrokerMetrics,
+    ) -> None:
         self.store = store
         self.sync = sync
         self.interval = interval_ms / 1000.0
@@ -57,7 +64,8 @@ class FlushService:
 
     async def flush_queues(self) -> None:
         await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.store.flush_consume_queues)
+            self._executor, self.store.flush_consume_queues
+        )
 
     async def wait_durable(self, end_offset: int) -> None:
         """Under SYNC_FLUSH, return once the commit log is fsynced past ``end_offset``; raise

@@ -13,35 +13,47 @@ class BrokerMetrics:
         r = self.registry
         self.messages_put = Counter("txmq_messages_put", "Messages stored", ["topic"], registry=r)
         self.bytes_put = Counter("txmq_bytes_put", "Message bytes stored", registry=r)
-        self.messages_pulled = Counter("txmq_messages_pulled", "Messages returned by pulls",
-                                       registry=r)
+        self.messages_pulled = Counter(
+            "txmq_messages_pulled", "Messages returned by pulls", registry=r
+        )
         self.requests = Counter("txmq_requests", "Requests handled", ["code"], registry=r)
-        self.request_errors = Counter("txmq_request_errors", "Error responses", ["code"],
-                                      registry=r)
-        self.protocol_errors = Counter("txmq_protocol_errors", "Malformed or oversized frames",
-                                       registry=r)
+        self.request_errors = Counter(
+            "txmq_request_errors", "Error responses", ["code"], registry=r
+        )
+        self.protocol_errors = Counter(
+            "txmq_protocol_errors", "Malformed or oversized frames", registry=r
+        )
         self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
         self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
         # transactions
         self.tx_half = Counter("txmq_transaction_halves", "Half messages stored", registry=r)
-        self.tx_commits = Counter("txmq_transaction_commits", "Transactions committed",
-                                  registry=r)
-        self.tx_rollbacks = Counter("txmq_transaction_rollbacks", "Transactions rolled back",
-                                    registry=r)
-        self.tx_discards = Counter("txmq_transaction_discards",
-                                   "Transactions parked after the check budget", registry=r)
-        self.tx_checks_sent = Counter("txmq_transaction_checks_sent",
-                                      "Checks delivered to a live producer", registry=r)
-        self.tx_checks_answered = Counter("txmq_transaction_checks_answered",
-                                          "END_TRANSACTION answers to checks", registry=r)
+        self.tx_commits = Counter("txmq_transaction_commits", "Transactions committed", registry=r)
+        self.tx_rollbacks = Counter(
+            "txmq_transaction_rollbacks", "Transactions rolled back", registry=r
+        )
+        self.tx_discards = Counter(
+            "txmq_transaction_discards", "Transactions parked after the check budget", registry=r
+        )
+        self.tx_checks_sent = Counter(
+            "txmq_transaction_checks_sent", "Checks delivered to a live producer", registry=r
+        )
+        self.tx_checks_answered = Counter(
+            "txmq_transaction_checks_answered", "END_TRANSACTION answers to checks", registry=r
+        )
         self.tx_checks_unexpected = Counter(
             "txmq_transaction_checks_unexpected",
-            "Checks answered for transactions already decided", registry=r)
-        self.tx_pending = Gauge("txmq_transaction_pending", "Pending half messages",
-                                ["topic", "group"], registry=r)
-        self.tx_pending_oldest = Gauge("txmq_transaction_pending_oldest_seconds",
-                                       "Age of the oldest pending half", ["topic", "group"],
-                                       registry=r)
+            "Checks answered for transactions already decided",
+            registry=r,
+        )
+        self.tx_pending = Gauge(
+            "txmq_transaction_pending", "Pending half messages", ["topic", "group"], registry=r
+        )
+        self.tx_pending_oldest = Gauge(
+            "txmq_transaction_pending_oldest_seconds",
+            "Age of the oldest pending half",
+            ["topic", "group"],
+            registry=r,
+        )
 
     def serve_http(self, port: int, addr: str) -> None:
         """Serve ``/metrics`` in Prometheus' text format on ``addr:port``."""

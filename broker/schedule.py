@@ -39,8 +39,10 @@ class ScheduleMessageService:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run(i), name=f"txmq-delay-{i + 1}")
-                       for i in range(len(self.levels_ms))]
+        self._tasks = [
+            loop.create_task(self._run(i), name=f"txmq-delay-{i + 1}")
+            for i in range(len(self.levels_ms))
+        ]
 
     def notify(self, queue_id: int) -> None:
         if 0 <= queue_id < len(self._wake):
@@ -69,8 +71,9 @@ class ScheduleMessageService:
                     try:
                         self._deliver(m)
                     except Exception as exc:  # a broken record must not stall the level
-                        log.error("delayed_message_dropped", offset=m.commit_log_offset,
-                                  error=repr(exc))
+                        log.error(
+                            "delayed_message_dropped", offset=m.commit_log_offset, error=repr(exc)
+                        )
                     offset = m.queue_offset + 1
                     offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, offset)
                 else:
@@ -89,7 +92,16 @@ class ScheduleMessageService:
         topic = props.pop(MessageConst.REAL_TOPIC)
         qid = int(props.pop(MessageConst.REAL_QID, "0"))
         props.pop(MessageConst.DELAY, None)
-        self.broker.put_message(MessageExt(
-            topic=topic, body=m.body, queue_id=qid, flag=m.flag, sys_flag=m.sys_flag,
-            born_timestamp=m.born_timestamp, born_host=m.born_host,
-            reconsume_times=m.reconsume_times, properties=props))
+        self.broker.put_message(
+            MessageExt(
+                topic=topic,
+                body=m.body,
+                queue_id=qid,
+                flag=m.flag,
+                sys_flag=m.sys_flag,
+                born_timestamp=m.born_timestamp,
+                born_host=m.born_host,
+                reconsume_times=m.reconsume_times,
+                properties=props,
+            )
+        )

@@ -62,8 +62,13 @@ class BrokerController:
 
     version = __version__
 
-    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time,
-                 check_sender: CheckSender | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        check_sender: CheckSender | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.metrics = BrokerMetrics()
@@ -102,8 +107,12 @@ class BrokerController:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._new_connection, cfg.bind_address, cfg.listen_port, start_serving=False,
-            reuse_address=True)
+            self._new_connection,
+            cfg.bind_address,
+            cfg.listen_port,
+            start_serving=False,
+            reuse_address=True,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         root = cfg.store_path_root_dir
         os.makedirs(root, exist_ok=True)
@@ -116,7 +125,9 @@ class BrokerController:
                 disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
                 max_message_size=cfg.max_message_size + 64 * 1024,
             ),
-            self.store_host, clock=self.clock)
+            self.store_host,
+            clock=self.clock,
+        )
         try:
             report = self.store.load()
         except BaseException:
@@ -127,15 +138,23 @@ class BrokerController:
         self.offsets.load()
         table = TopicConfigManager(os.path.join(root, "config", "topics.json"))
         table.load()
-        self.topics = TopicManager(table, auto_create=cfg.auto_create_topic_enable,
-                                   default_queue_nums=cfg.default_topic_queue_nums,
-                                   delay_levels=len(self.delay_levels))
+        self.topics = TopicManager(
+            table,
+            auto_create=cfg.auto_create_topic_enable,
+            default_queue_nums=cfg.default_topic_queue_nums,
+            delay_levels=len(self.delay_levels),
+        )
         self.transactions = TransactionalMessageService(self, self._check_sender)
         self.clients = ClientManager(
-            on_producer_registered=self.transactions.on_producer_registered)
-        self.flush = FlushService(self.store, sync=cfg.sync_flush,
-                                  interval_ms=cfg.flush_interval_commit_log,
-                                  sync_timeout_ms=cfg.sync_flush_timeout, metrics=self.metrics)
+            on_producer_registered=self.transactions.on_producer_registered
+        )
+        self.flush = FlushService(
+            self.store,
+            sync=cfg.sync_flush,
+            interval_ms=cfg.flush_interval_commit_log,
+            sync_timeout_ms=cfg.sync_flush_timeout,
+            metrics=self.metrics,
+        )
         self.sender = SendMessageProcessor(self)
         self.puller = PullMessageProcessor(self)
         self.admin = AdminProcessor(self)
@@ -150,10 +169,16 @@ class BrokerController:
             self.metrics.serve_http(cfg.metrics_port, cfg.bind_address)
         self.started_monotonic = time.monotonic()
         await self._server.start_serving()
-        log.info("broker_started", address=self.address, advertised=self.advertised_address,
-                 store=root, flush=cfg.flush_disk_type, version=self.version,
-                 max_phy_offset=self.store.max_phy_offset,
-                 pending_transactions=len(self.transactions.pending))
+        log.info(
+            "broker_started",
+            address=self.address,
+            advertised=self.advertised_address,
+            store=root,
+            flush=cfg.flush_disk_type,
+            version=self.version,
+            max_phy_offset=self.store.max_phy_offset,
+            pending_transactions=len(self.transactions.pending),
+        )
 
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.transactions
@@ -200,8 +225,9 @@ class BrokerController:
         self.puller.hold.wake_all()
         inflight = [c.wait_handlers() for c in list(self._connections)]
         if inflight:
-            done = await asyncio.wait([asyncio.ensure_future(x) for x in inflight],
-                                      timeout=self.config.shutdown_timeout)
+            done = await asyncio.wait(
+                [asyncio.ensure_future(x) for x in inflight], timeout=self.config.shutdown_timeout
+            )
             if done[1]:
                 log.warning("shutdown_requests_abandoned", count=len(done[1]))
         for t in self._tasks:
@@ -229,9 +255,12 @@ class BrokerController:
     # -- connections ----------------------------------------------------------------------------
 
     def _new_connection(self) -> Connection:
-        conn = Connection(self.handle, max_frame_size=self.config.max_frame_size,
-                          on_close=self._connection_closed,
-                          on_protocol_error=self._protocol_error)
+        conn = Connection(
+            self.handle,
+            max_frame_size=self.config.max_frame_size,
+            on_close=self._connection_closed,
+            on_protocol_error=self._protocol_error,
+        )
         self._connections.add(conn)
         self.metrics.connections.set(len(self._connections))
         return conn
@@ -251,16 +280,22 @@ class BrokerController:
         proc = self._processors.get(cmd.code)
         self.metrics.requests.labels(str(cmd.code)).inc()
         if proc is None:
-            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                f"request type {cmd.code} not supported")
+            return cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
+            )
         if self._shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "the broker is shutting down")
         try:
             return await proc(conn, cmd)
         except TxmqError as exc:
             self.metrics.request_errors.labels(str(exc.code)).inc()
-            log.info("request_failed", code=cmd.code, response_code=int(exc.code),
-                     error=str(exc), peer=f"{conn.peer[0]}:{conn.peer[1]}")
+            log.info(
+                "request_failed",
+                code=cmd.code,
+                response_code=int(exc.code),
+                error=str(exc),
+                peer=f"{conn.peer[0]}:{conn.peer[1]}",
+            )
             return cmd.response(exc.code, str(exc) or type(exc).__name__)
         except Exception as exc:
             self.metrics.request_errors.labels(str(int(ResponseCode.SYSTEM_ERROR))).inc()

@@ -33,8 +33,12 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 SYSTEM_TOPICS = frozenset(
-    {RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
-     SCHEDULE_TOPIC}
+    {
+        RMQ_SYS_TRANS_HALF_TOPIC,
+        RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        SCHEDULE_TOPIC,
+    }
 )
 
 _VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -64,8 +68,14 @@ def validate_topic(topic: str) -> None:
 class TopicManager:
     """Topic configs with RocketMQ's auto-creation rules, over the persisted table."""
 
-    def __init__(self, table: TopicConfigManager, *, auto_create: bool, default_queue_nums: int,
-                 delay_levels: int) -> None:
+    def __init__(
+        self,
+        table: TopicConfigManager,
+        *,
+        auto_create: bool,
+        default_queue_nums: int,
+        delay_levels: int,
+    ) -> None:
         self.table = table
         self.auto_create = auto_create
         self.default_queue_nums = default_queue_nums
@@ -77,8 +87,14 @@ class TopicManager:
         ):
             tc = table.get(name)
             if tc is None or tc.read_queue_nums < queues:
-                table.put(TopicConfig(name, read_queue_nums=queues, write_queue_nums=queues,
-                                      perm=PERM_READ | PERM_WRITE))
+                table.put(
+                    TopicConfig(
+                        name,
+                        read_queue_nums=queues,
+                        write_queue_nums=queues,
+                        perm=PERM_READ | PERM_WRITE,
+                    )
+                )
 
     def get(self, topic: str) -> TopicConfig | None:
         return self.table.get(topic)
@@ -89,11 +105,18 @@ class TopicManager:
     def create_or_update(self, tc: TopicConfig) -> TopicConfig:
         validate_topic(tc.topic_name)
         self.table.put(tc)
-        log.info("topic_updated", topic=tc.topic_name, read_queues=tc.read_queue_nums,
-                 write_queues=tc.write_queue_nums, perm=tc.perm)
+        log.info(
+            "topic_updated",
+            topic=tc.topic_name,
+            read_queues=tc.read_queue_nums,
+            write_queues=tc.write_queue_nums,
+            perm=tc.perm,
+        )
         return tc
 
-    def ensure(self, topic: str, queues: int = 1, perm: int = PERM_READ | PERM_WRITE) -> TopicConfig:
+    def ensure(
+        self, topic: str, queues: int = 1, perm: int = PERM_READ | PERM_WRITE
+    ) -> TopicConfig:
         """Get a broker-owned topic (retry, DLQ), creating it if needed."""
         tc = self.table.get(topic)
         if tc is None:
@@ -115,10 +138,12 @@ class TopicManager:
                 raise TopicNotExistError(
                     f"topic[{topic}] not exist, apply first please! (autoCreateTopicEnable=false)"
                 )
-            n = max(1, min(requested_queue_nums or self.default_queue_nums,
-                           self.default_queue_nums))
-            tc = TopicConfig(topic, read_queue_nums=n, write_queue_nums=n,
-                             perm=PERM_READ | PERM_WRITE)
+            n = max(
+                1, min(requested_queue_nums or self.default_queue_nums, self.default_queue_nums)
+            )
+            tc = TopicConfig(
+                topic, read_queue_nums=n, write_queue_nums=n, perm=PERM_READ | PERM_WRITE
+            )
             self.table.put(tc)
             log.info("topic_created", topic=topic, queues=n, reason="auto_create")
         if not tc.perm & PERM_WRITE:

@@ -48,8 +48,13 @@ class AsyncAdminClient:
             self._conn.close()
             await self._conn.wait_closed()
 
-    async def _call(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
-                    remark: str | None = None) -> RemotingCommand:
+    async def _call(
+        self,
+        code: int,
+        ext: dict[str, Any] | None = None,
+        body: bytes = b"",
+        remark: str | None = None,
+    ) -> RemotingCommand:
         assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
         cmd = RemotingCommand.request(code, ext, body)
         cmd.remark = remark
@@ -58,8 +63,13 @@ class AsyncAdminClient:
             raise error_for_code(resp.code, resp.remark)
         return resp
 
-    async def _json(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
-                    remark: str | None = None) -> Any:
+    async def _json(
+        self,
+        code: int,
+        ext: dict[str, Any] | None = None,
+        body: bytes = b"",
+        remark: str | None = None,
+    ) -> Any:
         resp = await self._call(code, ext, body, remark)
         return json.loads(resp.body) if resp.body else None
 
@@ -74,10 +84,12 @@ class AsyncAdminClient:
 
     # -- topics ---------------------------------------------------------------------------------
 
-    async def create_topic(self, topic: str, queues: int = 4, perm: int = 6,
-                           order: bool = False) -> None:
-        h = CreateTopicRequestHeader(topic=topic, read_queue_nums=queues,
-                                     write_queue_nums=queues, perm=perm, order=order)
+    async def create_topic(
+        self, topic: str, queues: int = 4, perm: int = 6, order: bool = False
+    ) -> None:
+        h = CreateTopicRequestHeader(
+            topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm, order=order
+        )
         await self._call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
 
     async def list_topics(self) -> dict[str, dict[str, Any]]:
@@ -85,28 +97,45 @@ class AsyncAdminClient:
         return dict(doc["topicConfigTable"])
 
     async def topic_stats(self, topic: str) -> dict[str, Any]:
-        return dict(await self._json(RequestCode.GET_TOPIC_STATS_INFO,
-                                     GetRouteInfoRequestHeader(topic).to_ext_fields()))
+        return dict(
+            await self._json(
+                RequestCode.GET_TOPIC_STATS_INFO, GetRouteInfoRequestHeader(topic).to_ext_fields()
+            )
+        )
 
     # -- transactions ---------------------------------------------------------------------------
 
-    async def list_transactions(self, *, group: str | None = None, topic: str | None = None,
-                                state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        h = ListTransactionsRequestHeader(producer_group=group, topic=topic, state=state,
-                                          limit=limit)
+    async def list_transactions(
+        self,
+        *,
+        group: str | None = None,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        h = ListTransactionsRequestHeader(
+            producer_group=group, topic=topic, state=state, limit=limit
+        )
         return list(await self._json(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields()))
 
     async def get_transaction(self, transaction_id: str) -> dict[str, Any]:
-        return dict(await self._json(RequestCode.TXMQ_GET_TRANSACTION,
-                                     GetTransactionRequestHeader(transaction_id).to_ext_fields()))
+        return dict(
+            await self._json(
+                RequestCode.TXMQ_GET_TRANSACTION,
+                GetTransactionRequestHeader(transaction_id).to_ext_fields(),
+            )
+        )
 
     async def resume_transaction(self, msg_id: str) -> str:
-        resp = await self._call(RequestCode.RESUME_CHECK_HALF_MESSAGE,
-                                ResumeCheckHalfMessageRequestHeader(msg_id).to_ext_fields())
+        resp = await self._call(
+            RequestCode.RESUME_CHECK_HALF_MESSAGE,
+            ResumeCheckHalfMessageRequestHeader(msg_id).to_ext_fields(),
+        )
         return resp.remark or ""
 
     async def force_decide(self, transaction_id: str, commit: bool, reason: str = "") -> str:
         h = ForceDecideRequestHeader(transaction_id, COMMIT if commit else ROLLBACK)
-        resp = await self._call(RequestCode.TXMQ_FORCE_DECIDE, h.to_ext_fields(),
-                                remark=reason or None)
+        resp = await self._call(
+            RequestCode.TXMQ_FORCE_DECIDE, h.to_ext_fields(), remark=reason or None
+        )
         return resp.remark or ""

@@ -66,15 +66,26 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         positive = (
-            "request_timeout", "connect_timeout", "heartbeat_interval",
-            "reconnect_backoff_initial", "reconnect_backoff_max", "route_refresh_interval",
-            "rebalance_interval", "persist_offset_interval",
+            "request_timeout",
+            "connect_timeout",
+            "heartbeat_interval",
+            "reconnect_backoff_initial",
+            "reconnect_backoff_max",
+            "route_refresh_interval",
+            "rebalance_interval",
+            "persist_offset_interval",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("pull_batch_size", "consume_thread_max", "consume_chunk_size",
-                     "pull_threshold_for_queue", "default_topic_queue_nums", "max_message_size"):
+        for name in (
+            "pull_batch_size",
+            "consume_thread_max",
+            "consume_chunk_size",
+            "pull_threshold_for_queue",
+            "default_topic_queue_nums",
+            "max_message_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if self.retry_times_when_send_failed < 0:

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from txmq.protocol.aio import wait_event
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
@@ -67,7 +68,7 @@ from .pull_consumer import (
     timestamp_ms,
     update_committed_offset,
 )
-from .remoting import BrokerConnection, wait_event
+from .remoting import BrokerConnection
 from .route import fetch_route
 
 log = structlog.get_logger(__name__)
@@ -489,8 +490,13 @@ class AsyncPushConsumer:
             loop.create_task(self._rebalance_loop(complete)),
             loop.create_task(self._persist_loop()),
         ]
-        log.info("consumer_started", group=self.group, client_id=conn.client_id,
-                 topics=sorted(self._subs), queues=len(self._pqs))
+        log.info(
+            "consumer_started",
+            group=self.group,
+            client_id=conn.client_id,
+            topics=sorted(self._subs),
+            queues=len(self._pqs),
+        )
 
     async def shutdown(self) -> None:
         """Stop pulling, let running callbacks finish (up to ``shutdown_timeout``), commit the
@@ -557,8 +563,10 @@ class AsyncPushConsumer:
         retry_in = 1.0
         assert self._stop is not None
         while not self._stop.is_set():
-            wait = self.config.rebalance_interval if complete else min(
-                retry_in, self.config.rebalance_interval
+            wait = (
+                self.config.rebalance_interval
+                if complete
+                else min(retry_in, self.config.rebalance_interval)
             )
             await wait_event(self._rebalance_wanted, wait)
             self._rebalance_wanted.clear()
@@ -614,8 +622,7 @@ class AsyncPushConsumer:
                     try:
                         await self._take(topic, qid)
                     except TxmqError as exc:
-                        log.warning("queue_take_failed", topic=topic, queue_id=qid,
-                                    error=str(exc))
+                        log.warning("queue_take_failed", topic=topic, queue_id=qid, error=str(exc))
                         complete = False
             return complete
 
@@ -624,8 +631,7 @@ class AsyncPushConsumer:
         pq = ProcessQueue(topic, queue_id, offset)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
-        log.info("queue_assigned", group=self.group, topic=topic, queue_id=queue_id,
-                 offset=offset)
+        log.info("queue_assigned", group=self.group, topic=topic, queue_id=queue_id, offset=offset)
 
     async def _initial_offset(self, topic: str, queue_id: int) -> int:
         conn = self.connection
@@ -692,8 +698,14 @@ class AsyncPushConsumer:
         try:
             await update_committed_offset(self._conn, self.group, pq.topic, pq.queue_id, offset)
         except TxmqError as exc:
-            log.warning("offset_commit_failed", group=self.group, topic=pq.topic,
-                        queue_id=pq.queue_id, offset=offset, error=str(exc))
+            log.warning(
+                "offset_commit_failed",
+                group=self.group,
+                topic=pq.topic,
+                queue_id=pq.queue_id,
+                offset=offset,
+                error=str(exc),
+            )
             return
         pq.committed = offset
 
@@ -713,24 +725,40 @@ class AsyncPushConsumer:
             started = time.monotonic()
             try:
                 result = await pull_messages(
-                    conn, self.group, pq.topic, pq.queue_id, pq.next_offset,
-                    max_nums=cfg.pull_batch_size, expression=sub.expression,
-                    sub_version=sub.sub_version, suspend=cfg.long_poll_timeout,
+                    conn,
+                    self.group,
+                    pq.topic,
+                    pq.queue_id,
+                    pq.next_offset,
+                    max_nums=cfg.pull_batch_size,
+                    expression=sub.expression,
+                    sub_version=sub.sub_version,
+                    suspend=cfg.long_poll_timeout,
                     commit_offset=pq.offset_to_commit(),
                 )
             except TxmqError as exc:
                 if pq.dropped:
                     return
-                log.info("pull_failed", group=self.group, topic=pq.topic, queue_id=pq.queue_id,
-                         error=str(exc))
+                log.info(
+                    "pull_failed",
+                    group=self.group,
+                    topic=pq.topic,
+                    queue_id=pq.queue_id,
+                    error=str(exc),
+                )
                 await self._sleep(cfg.pull_backoff_on_error)
                 continue
             if pq.dropped:
                 return
             if result.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning("pull_offset_moved", group=self.group, topic=pq.topic,
-                            queue_id=pq.queue_id, offset=pq.next_offset,
-                            next_offset=result.next_begin_offset)
+                log.warning(
+                    "pull_offset_moved",
+                    group=self.group,
+                    topic=pq.topic,
+                    queue_id=pq.queue_id,
+                    offset=pq.next_offset,
+                    next_offset=result.next_begin_offset,
+                )
                 pq.offset_moved(result.next_begin_offset)
                 continue
             requested = pq.next_offset
@@ -759,8 +787,12 @@ class AsyncPushConsumer:
         for m in msgs:
             sub = self._subs.get(m.topic)
             if sub is None or sub.callback is None:
-                log.warning("message_without_subscription_skipped", group=self.group,
-                            topic=m.topic, msg_id=m.msg_id)
+                log.warning(
+                    "message_without_subscription_skipped",
+                    group=self.group,
+                    topic=m.topic,
+                    msg_id=m.msg_id,
+                )
                 pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
                 continue
             tags = parse_subscription(sub.expression)
@@ -779,8 +811,10 @@ class AsyncPushConsumer:
     def _ensure_workers(self) -> None:
         if self._workers is None and any(not s.is_async for s in self._subs.values()):
             self._workers = _SyncWorkers(
-                asyncio.get_running_loop(), self.config.consume_thread_max,
-                f"txmq-consume-{self.group}", self._on_sync_result,
+                asyncio.get_running_loop(),
+                self.config.consume_thread_max,
+                f"txmq-consume-{self.group}",
+                self._on_sync_result,
             )
 
     async def _consume_async(
@@ -817,13 +851,18 @@ class AsyncPushConsumer:
         """Return a failed message to the broker; consume it again locally if that fails."""
         redispatch = False
         try:
-            log.info("message_consume_failed", group=self.group, topic=msg.topic,
-                     msg_id=msg.msg_id, reconsume_times=msg.reconsume_times, error=repr(error))
+            log.info(
+                "message_consume_failed",
+                group=self.group,
+                topic=msg.topic,
+                msg_id=msg.msg_id,
+                reconsume_times=msg.reconsume_times,
+                error=repr(error),
+            )
             try:
                 await self._send_back(msg)
             except TxmqError as exc:
-                log.warning("send_back_failed", group=self.group, msg_id=msg.msg_id,
-                            error=str(exc))
+                log.warning("send_back_failed", group=self.group, msg_id=msg.msg_id, error=str(exc))
                 if await self._sleep(self.config.send_back_retry_delay) or pq.dropped:
                     return
                 msg.reconsume_times += 1

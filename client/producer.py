@@ -154,7 +154,9 @@ def validate_message(msg: Message, max_size: int) -> None:
         raise InvalidMessageError(f"expected a txmq Message, got {type(msg).__name__}")
     validate_topic(msg.topic)
     if not isinstance(msg.body, (bytes, bytearray, memoryview)):
-        raise InvalidMessageError(f"the message body must be bytes or str, got {type(msg.body).__name__}")
+        raise InvalidMessageError(
+            f"the message body must be bytes or str, got {type(msg.body).__name__}"
+        )
     size = len(msg.body)
     if size == 0:
         raise InvalidMessageError("the message body is empty")
@@ -266,8 +268,9 @@ class AsyncProducer:
         conn.register_producer(self.group)
         await conn.start()
         self._conn = conn
-        log.debug("producer_started", group=self.group, broker=self.broker,
-                  client_id=conn.client_id)
+        log.debug(
+            "producer_started", group=self.group, broker=self.broker, client_id=conn.client_id
+        )
 
     async def shutdown(self) -> None:
         """Unregister from the broker and close the connection (idempotent)."""
@@ -370,7 +373,7 @@ class AsyncProducer:
         uniq_ids = [new_uniq_id() for _ in msgs]
         entries = []
         for m, uid in zip(msgs, uniq_ids, strict=True):
-            entries.append((bytes(m.body), m.flag, self._wire_properties(m, uid, None)))
+            entries.append((m.payload, m.flag, self._wire_properties(m, uid, None)))
         body = encode_batch(entries)
         if len(body) > self.config.max_message_size:
             raise InvalidMessageError(
@@ -388,8 +391,13 @@ class AsyncProducer:
             )
 
         return await self._send_with_retries(
-            probe, uniq_ids, build, queue_id=queue_id, sharding_key=sharding_key,
-            selector=None, timeout=timeout,
+            probe,
+            uniq_ids,
+            build,
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+            selector=None,
+            timeout=timeout,
         )
 
     # -- the kernel, shared with the transactional producer ------------------------------------------
@@ -418,8 +426,13 @@ class AsyncProducer:
             return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
 
         return await self._send_with_retries(
-            msg, [uniq], build, queue_id=queue_id, sharding_key=sharding_key,
-            selector=selector, timeout=timeout,
+            msg,
+            [uniq],
+            build,
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+            selector=selector,
+            timeout=timeout,
         )
 
     async def _send_with_retries(
@@ -447,8 +460,13 @@ class AsyncProducer:
                 if not exc.retriable:
                     raise
                 last_error = exc
-                log.info("send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1,
-                         error=str(exc))
+                log.info(
+                    "send_retried",
+                    topic=msg.topic,
+                    queue_id=qid,
+                    attempt=attempt + 1,
+                    error=str(exc),
+                )
                 continue
             status = _STATUS_BY_CODE.get(resp.code)
             if status is not None:
@@ -460,8 +478,9 @@ class AsyncProducer:
             if not err.retriable:
                 raise err
             last_error = err
-            log.info("send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1,
-                     error=str(err))
+            log.info(
+                "send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1, error=str(err)
+            )
         assert last_error is not None
         raise last_error
 
@@ -500,7 +519,7 @@ class AsyncProducer:
     ) -> RemotingCommand:
         header = self._header(msg, route, qid, properties_to_string(props), sys_flag)
         return RemotingCommand.request(
-            RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), bytes(msg.body)
+            RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), msg.payload
         )
 
     def _select_queue(

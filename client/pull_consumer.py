@@ -340,8 +340,15 @@ class AsyncPullConsumer:
             TxmqError: the request failed.
         """
         return await pull_messages(
-            self.connection, self.group, topic, queue_id, offset, max_nums=max_nums,
-            expression=normalize_expression(expression), suspend=long_poll, timeout=timeout,
+            self.connection,
+            self.group,
+            topic,
+            queue_id,
+            offset,
+            max_nums=max_nums,
+            expression=normalize_expression(expression),
+            suspend=long_poll,
+            timeout=timeout,
         )
 
     async def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:

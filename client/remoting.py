@@ -151,8 +151,11 @@ class BrokerConnection:
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
             if stuck:
-                log.warning("connection_tasks_did_not_stop", broker=self.address,
-                            tasks=[t.get_name() for t in stuck])
+                log.warning(
+                    "connection_tasks_did_not_stop",
+                    broker=self.address,
+                    tasks=[t.get_name() for t in stuck],
+                )
         conn, self._conn = self._conn, None
         if self._connected is not None:
             self._connected.set()  # wake requests waiting for a reconnect: they fail now
@@ -175,10 +178,17 @@ class BrokerConnection:
             client_id=self.client_id, producer_group=producer_group, consumer_group=consumer_group
         )
         try:
-            await self.invoke(RequestCode.UNREGISTER_CLIENT, header, timeout=self.config.request_timeout)
+            await self.invoke(
+                RequestCode.UNREGISTER_CLIENT, header, timeout=self.config.request_timeout
+            )
         except TxmqError as exc:
-            log.warning("unregister_failed", broker=self.address, error=str(exc),
-                        producer_group=producer_group, consumer_group=consumer_group)
+            log.warning(
+                "unregister_failed",
+                broker=self.address,
+                error=str(exc),
+                producer_group=producer_group,
+                consumer_group=consumer_group,
+            )
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -194,9 +204,7 @@ class BrokerConnection:
         if conn is not None and not conn.closed:
             return conn
         if not await wait_event(self._connected, timeout):
-            raise ConnectionClosedError(
-                f"not connected to broker {self.address} (reconnecting)"
-            )
+            raise ConnectionClosedError(f"not connected to broker {self.address} (reconnecting)")
         conn = self._conn
         if conn is None or conn.closed or self._closing:
             raise ConnectionClosedError(f"not connected to broker {self.address}")
@@ -267,8 +275,9 @@ class BrokerConnection:
 
     async def _heartbeat_on(self, conn: Connection) -> None:
         body = json.dumps(self.heartbeat_data(), separators=(",", ":")).encode("utf-8")
-        resp = await conn.request(RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
-                                  self.config.request_timeout)
+        resp = await conn.request(
+            RemotingCommand.request(RequestCode.HEART_BEAT, body=body), self.config.request_timeout
+        )
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
 
@@ -287,7 +296,10 @@ class BrokerConnection:
 
     async def _open(self) -> Connection:
         return await open_connection(
-            self.host, self.port, self._handle, timeout=self.config.connect_timeout,
+            self.host,
+            self.port,
+            self._handle,
+            timeout=self.config.connect_timeout,
             on_close=self._on_close,
         )
 
@@ -329,8 +341,12 @@ class BrokerConnection:
             self.reconnects += 1
             assert self._connected is not None
             self._connected.set()
-            log.info("broker_reconnected", broker=self.address, attempts=attempt,
-                     client_id=self.client_id)
+            log.info(
+                "broker_reconnected",
+                broker=self.address,
+                attempts=attempt,
+                client_id=self.client_id,
+            )
             for callback in list(self._reconnect_callbacks):
                 try:
                     result = callback()
@@ -344,8 +360,10 @@ class BrokerConnection:
         processor = self._processors.get(cmd.code)
         if processor is None:
             log.warning("broker_request_refused", code=cmd.code)
-            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                f"request code {cmd.code} not supported by this client")
+            return cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                f"request code {cmd.code} not supported by this client",
+            )
         return await processor(cmd)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:

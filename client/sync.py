@@ -128,9 +128,15 @@ class Producer(_SyncClient):
         timeout: float | None = None,
     ) -> SendResult:
         """Send one message and wait until it is stored; see :meth:`AsyncProducer.send`."""
-        return self._run(self.core.send(
-            msg, queue_id=queue_id, sharding_key=sharding_key, selector=selector, timeout=timeout
-        ))
+        return self._run(
+            self.core.send(
+                msg,
+                queue_id=queue_id,
+                sharding_key=sharding_key,
+                selector=selector,
+                timeout=timeout,
+            )
+        )
 
     def send_oneway(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
@@ -147,9 +153,11 @@ class Producer(_SyncClient):
         timeout: float | None = None,
     ) -> SendResult:
         """Send messages of one topic to one queue at once; see :meth:`AsyncProducer.send_batch`."""
-        return self._run(self.core.send_batch(
-            msgs, queue_id=queue_id, sharding_key=sharding_key, timeout=timeout
-        ))
+        return self._run(
+            self.core.send_batch(
+                msgs, queue_id=queue_id, sharding_key=sharding_key, timeout=timeout
+            )
+        )
 
 
 class PushConsumer(_SyncClient):
@@ -176,8 +184,12 @@ class PushConsumer(_SyncClient):
     ) -> None:
         super().__init__()
         self._core = self.core = AsyncPushConsumer(
-            group, broker, consume_from=consume_from, max_reconsume_times=max_reconsume_times,
-            config=config, **settings,
+            group,
+            broker,
+            consume_from=consume_from,
+            max_reconsume_times=max_reconsume_times,
+            config=config,
+            **settings,
         )
 
     def __enter__(self) -> PushConsumer:
@@ -256,10 +268,17 @@ class PullConsumer(_SyncClient):
     ) -> PullResult:
         """Read up to ``max_nums`` messages from ``offset`` on; see
         :meth:`AsyncPullConsumer.pull`."""
-        return self._run(self.core.pull(
-            topic, queue_id, offset, max_nums=max_nums, expression=expression, timeout=timeout,
-            long_poll=long_poll,
-        ))
+        return self._run(
+            self.core.pull(
+                topic,
+                queue_id,
+                offset,
+                max_nums=max_nums,
+                expression=expression,
+                timeout=timeout,
+                long_poll=long_poll,
+            )
+        )
 
     def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
         """Store the group's next offset to consume for a queue."""

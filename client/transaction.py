@@ -64,9 +64,10 @@ class LocalTransactionState(enum.Enum):
 
     @property
     def wire_value(self) -> int:
-        return {"COMMIT_MESSAGE": MessageSysFlag.TRANSACTION_COMMIT_TYPE,
-                "ROLLBACK_MESSAGE": MessageSysFlag.TRANSACTION_ROLLBACK_TYPE}.get(
-            self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
+        return {
+            "COMMIT_MESSAGE": MessageSysFlag.TRANSACTION_COMMIT_TYPE,
+            "ROLLBACK_MESSAGE": MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
+        }.get(self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
 
 
 class TransactionListener:
@@ -119,10 +120,17 @@ class AsyncTransactionProducer:
         config, **settings: client settings, as for :class:`AsyncProducer`.
     """
 
-    def __init__(self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER,
-                 *, check_threads: int = DEFAULT_CHECK_THREADS,
-                 check_queue_size: int = DEFAULT_CHECK_QUEUE_SIZE,
-                 config: ClientConfig | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        listener: TransactionListener,
+        broker: str = DEFAULT_BROKER,
+        *,
+        check_threads: int = DEFAULT_CHECK_THREADS,
+        check_queue_size: int = DEFAULT_CHECK_QUEUE_SIZE,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
         if listener is None:
             raise ValueError("a transaction producer needs a TransactionListener")
         if check_threads < 1 or check_queue_size < 1:
@@ -142,8 +150,9 @@ class AsyncTransactionProducer:
 
     async def start(self) -> None:
         await self.producer.start()
-        self.producer.connection.register_processor(RequestCode.CHECK_TRANSACTION_STATE,
-                                                    self._on_check)
+        self.producer.connection.register_processor(
+            RequestCode.CHECK_TRANSACTION_STATE, self._on_check
+        )
 
     async def shutdown(self) -> None:
         for t in list(self._check_tasks):
@@ -160,22 +169,28 @@ class AsyncTransactionProducer:
 
     # -- sending ------------------------------------------------------------------------------
 
-    async def _send_half(self, msg: Message, extra: dict[str, str] | None = None,
-                         **kw: Any) -> SendResult:
+    async def _send_half(
+        self, msg: Message, extra: dict[str, str] | None = None, **kw: Any
+    ) -> SendResult:
         props = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: self.group}
         props.update(extra or {})
         if msg.delay_level:
             log.info("delay_level_ignored", topic=msg.topic, reason="transactional message")
         result = await self.producer.send_message(
-            msg, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE, extra_properties=props, **kw)
+            msg, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE, extra_properties=props, **kw
+        )
         return result
 
-    async def send_message_in_transaction(self, msg: Message, arg: Any = None, *,
-                                          queue_id: int | None = None,
-                                          sharding_key: str | None = None,
-                                          timeout: float | None = None,
-                                          check_immunity_seconds: int | None = None,
-                                          ) -> TransactionSendResult:
+    async def send_message_in_transaction(
+        self,
+        msg: Message,
+        arg: Any = None,
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        timeout: float | None = None,
+        check_immunity_seconds: int | None = None,
+    ) -> TransactionSendResult:
         """Send ``msg`` as a half message, run the local transaction, and deliver the decision.
 
         ``check_immunity_seconds`` delays the first check-back of this transaction (RocketMQ's
@@ -185,17 +200,25 @@ class AsyncTransactionProducer:
             TxmqError: the half message was not stored (no local transaction ran), or the
                 broker refused or failed the decision.
         """
-        extra = ({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: str(int(check_immunity_seconds))}
-                 if check_immunity_seconds is not None else None)
-        result = await self._send_half(msg, extra, queue_id=queue_id, sharding_key=sharding_key,
-                                       timeout=timeout)
+        extra = (
+            {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: str(int(check_immunity_seconds))}
+            if check_immunity_seconds is not None
+            else None
+        )
+        result = await self._send_half(
+            msg, extra, queue_id=queue_id, sharding_key=sharding_key, timeout=timeout
+        )
         txid = result.transaction_id or result.msg_id
         if result.status is not SendStatus.SEND_OK:
-            await self.end_transaction(result, LocalTransactionState.ROLLBACK_MESSAGE,
-                                       f"half message not stored durably: {result.status.value}")
+            await self.end_transaction(
+                result,
+                LocalTransactionState.ROLLBACK_MESSAGE,
+                f"half message not stored durably: {result.status.value}",
+            )
             raise TransactionFailedError(
                 f"the half message was not flushed in time ({result.status.value}); the "
-                "transaction was rolled back and no local transaction ran")
+                "transaction was rolled back and no local transaction ran"
+            )
         remark = None
         try:
             state = _as_state(await _call(self.listener.execute_local_transaction, msg, arg))
@@ -205,21 +228,38 @@ class AsyncTransactionProducer:
             log.warning("local_transaction_failed", transaction_id=txid, error=repr(exc))
         await self.end_transaction(result, state, remark)
         return TransactionSendResult(
-            status=result.status, msg_id=result.msg_id, offset_msg_id=result.offset_msg_id,
-            topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,
-            transaction_id=txid, msg_ids=result.msg_ids, offset_msg_ids=result.offset_msg_ids,
-            local_transaction_state=state)
+            status=result.status,
+            msg_id=result.msg_id,
+            offset_msg_id=result.offset_msg_id,
+            topic=result.topic,
+            queue_id=result.queue_id,
+            queue_offset=result.queue_offset,
+            transaction_id=txid,
+            msg_ids=result.msg_ids,
+            offset_msg_ids=result.offset_msg_ids,
+            local_transaction_state=state,
+        )
 
-    async def end_transaction(self, half: SendResult, state: LocalTransactionState,
-                              remark: str | None = None, *, from_check: bool = False,
-                              transaction_id: str | None = None) -> None:
+    async def end_transaction(
+        self,
+        half: SendResult,
+        state: LocalTransactionState,
+        remark: str | None = None,
+        *,
+        from_check: bool = False,
+        transaction_id: str | None = None,
+    ) -> None:
         """Send END_TRANSACTION for the half ``half`` and wait for the broker's answer."""
         _, offset = decode_offset_msg_id(half.offset_msg_id)
         header = EndTransactionRequestHeader(
-            producer_group=self.group, tran_state_table_offset=half.queue_offset,
-            commit_log_offset=offset, commit_or_rollback=state.wire_value,
-            from_transaction_check=from_check, msg_id=half.msg_id,
-            transaction_id=transaction_id or half.transaction_id or half.msg_id)
+            producer_group=self.group,
+            tran_state_table_offset=half.queue_offset,
+            commit_log_offset=offset,
+            commit_or_rollback=state.wire_value,
+            from_transaction_check=from_check,
+            msg_id=half.msg_id,
+            transaction_id=transaction_id or half.transaction_id or half.msg_id,
+        )
         await self._end(header, remark)
 
     async def _end(self, header: EndTransactionRequestHeader, remark: str | None) -> None:
@@ -232,8 +272,9 @@ class AsyncTransactionProducer:
     # -- multi-message transactions -----------------------------------------------------------
 
     @asynccontextmanager
-    async def transaction(self, transaction_id: str | None = None
-                          ) -> AsyncIterator[AsyncTransaction]:
+    async def transaction(
+        self, transaction_id: str | None = None
+    ) -> AsyncIterator[AsyncTransaction]:
         """Several messages, one decision: commit on a clean exit, roll back on an exception.
 
         Example::
@@ -257,8 +298,10 @@ class AsyncTransactionProducer:
         self.checks_received += 1
         if self._checks_waiting >= self.check_queue_size:
             self.checks_refused += 1
-            return cmd.response(ResponseCode.SYSTEM_BUSY,
-                                f"check queue full ({self.check_queue_size}); ask again later")
+            return cmd.response(
+                ResponseCode.SYSTEM_BUSY,
+                f"check queue full ({self.check_queue_size}); ask again later",
+            )
         try:
             header = CheckTransactionStateRequestHeader.from_ext_fields(cmd.ext_fields)
             msg = decode_message(cmd.body)
@@ -279,22 +322,28 @@ class AsyncTransactionProducer:
                 except Exception as exc:
                     state = LocalTransactionState.UNKNOW
                     remark = f"checkLocalTransaction exception: {type(exc).__name__}: {exc}"
-                    log.warning("check_listener_failed", transaction_id=header.transaction_id,
-                                error=repr(exc))
+                    log.warning(
+                        "check_listener_failed",
+                        transaction_id=header.transaction_id,
+                        error=repr(exc),
+                    )
                 end = EndTransactionRequestHeader(
                     producer_group=self.group,
                     tran_state_table_offset=header.tran_state_table_offset,
                     commit_log_offset=header.commit_log_offset,
-                    commit_or_rollback=state.wire_value, from_transaction_check=True,
+                    commit_or_rollback=state.wire_value,
+                    from_transaction_check=True,
                     msg_id=header.msg_id,
-                    transaction_id=header.transaction_id or msg.transaction_id)
+                    transaction_id=header.transaction_id or msg.transaction_id,
+                )
                 try:
                     await self._end(end, remark)
                     self.checks_answered += 1
                 except TxmqError as exc:
                     # the broker checks again next round if this did not land
-                    log.info("check_answer_failed", transaction_id=end.transaction_id,
-                             error=str(exc))
+                    log.info(
+                        "check_answer_failed", transaction_id=end.transaction_id, error=str(exc)
+                    )
         finally:
             self._checks_waiting -= 1
 
@@ -308,18 +357,24 @@ class AsyncTransaction:
         self.halves: list[SendResult] = []
         self.state: LocalTransactionState | None = None
 
-    async def send(self, msg: Message, *, queue_id: int | None = None,
-                   sharding_key: str | None = None) -> SendResult:
+    async def send(
+        self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
+    ) -> SendResult:
         if self.state is not None:
             raise TransactionFailedError(
-                f"transaction {self.transaction_id} is already {self.state.value}")
+                f"transaction {self.transaction_id} is already {self.state.value}"
+            )
         result = await self.producer._send_half(
-            msg, {MessageConst.TRANSACTION_ID: self.transaction_id}, queue_id=queue_id,
-            sharding_key=sharding_key)
+            msg,
+            {MessageConst.TRANSACTION_ID: self.transaction_id},
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+        )
         if result.status is not SendStatus.SEND_OK:
             raise TransactionFailedError(
                 f"half message of transaction {self.transaction_id} not stored durably "
-                f"({result.status.value})")
+                f"({result.status.value})"
+            )
         self.halves.append(result)
         return result
 
@@ -337,8 +392,9 @@ class AsyncTransaction:
         try:
             await self.rollback(f"rolled back on {type(exc).__name__}: {exc}")
         except TxmqError as rb_exc:
-            log.warning("transaction_rollback_failed", transaction_id=self.transaction_id,
-                        error=str(rb_exc))
+            log.warning(
+                "transaction_rollback_failed", transaction_id=self.transaction_id, error=str(rb_exc)
+            )
 
     async def rollback(self, remark: str | None = None) -> None:
         await self._decide(LocalTransactionState.ROLLBACK_MESSAGE, remark)
@@ -347,8 +403,9 @@ class AsyncTransaction:
         if not self.halves:
             self.state = state
             return
-        await self.producer.end_transaction(self.halves[0], state, remark,
-                                            transaction_id=self.transaction_id)
+        await self.producer.end_transaction(
+            self.halves[0], state, remark, transaction_id=self.transaction_id
+        )
         self.state = state
 
 
@@ -364,8 +421,9 @@ class TransactionProducer(_SyncClient):
             r = p.send_message_in_transaction(Message("orders", b"..."), arg=order)
     """
 
-    def __init__(self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, group: str, listener: TransactionListener, broker: str = DEFAULT_BROKER, **kwargs: Any
+    ) -> None:
         super().__init__()
         self._core = self.core = AsyncTransactionProducer(group, listener, broker, **kwargs)
 
@@ -373,8 +431,9 @@ class TransactionProducer(_SyncClient):
         self.start()
         return self
 
-    def send_message_in_transaction(self, msg: Message, arg: Any = None,
-                                    **kwargs: Any) -> TransactionSendResult:
+    def send_message_in_transaction(
+        self, msg: Message, arg: Any = None, **kwargs: Any
+    ) -> TransactionSendResult:
         return self._run(self.core.send_message_in_transaction(msg, arg, **kwargs))
 
     @contextmanager

@@ -29,41 +29,59 @@ from typing import Any
 DEFAULT_BROKER = "127.0.0.1:10911"
 
 
-def build_query(spark: Any, *, broker: str, source: str, sink: str, checkpoint: str,
-                available_now: bool = False, max_per_trigger: int = 10_000) -> Any:
+def build_query(
+    spark: Any,
+    *,
+    broker: str,
+    source: str,
+    sink: str,
+    checkpoint: str,
+    available_now: bool = False,
+    max_per_trigger: int = 10_000,
+) -> Any:
     """Start the streaming query ``source`` -> billing events -> ``sink``."""
     from pyspark.sql import functions as F
 
     from txmq.spark_connector import register
 
     register(spark)
-    orders = (spark.readStream.format("txmq")
-              .option("broker", broker)
-              .option("topic", source)
-              .option("startingOffsets", "earliest")
-              .option("maxMessagesPerTrigger", str(max_per_trigger))
-              .load())
-    order = F.from_json(F.col("body").cast("string"),
-                        "order_id STRING, customer STRING, amount DOUBLE")
-    billing = (orders
-               .select(order.alias("o"), F.col("msg_id"), F.col("queue_offset"))
-               .where(F.col("o.amount") > 0)
-               .select(
-                   F.to_json(F.struct(
-                       F.col("o.order_id").alias("order_id"),
-                       F.col("o.customer").alias("customer"),
-                       F.round(F.col("o.amount") * 100).cast("long").alias("amount_cents"),
-                   )).alias("body"),
-                   F.col("o.order_id").alias("keys"),
-                   F.when(F.col("o.amount") >= 100, F.lit("large"))
-                    .otherwise(F.lit("regular")).alias("tags"),
-                   F.create_map(F.lit("source_msg_id"), F.col("msg_id")).alias("properties"),
-                   F.col("o.customer").alias("customer")))
-    writer = (billing.writeStream.format("txmq")
-              .option("broker", broker)
-              .option("topic", sink)
-              .option("queueColumn", "customer")
-              .option("checkpointLocation", checkpoint))
+    orders = (
+        spark.readStream.format("txmq")
+        .option("broker", broker)
+        .option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxMessagesPerTrigger", str(max_per_trigger))
+        .load()
+    )
+    order = F.from_json(
+        F.col("body").cast("string"), "order_id STRING, customer STRING, amount DOUBLE"
+    )
+    billing = (
+        orders.select(order.alias("o"), F.col("msg_id"), F.col("queue_offset"))
+        .where(F.col("o.amount") > 0)
+        .select(
+            F.to_json(
+                F.struct(
+                    F.col("o.order_id").alias("order_id"),
+                    F.col("o.customer").alias("customer"),
+                    F.round(F.col("o.amount") * 100).cast("long").alias("amount_cents"),
+                )
+            ).alias("body"),
+            F.col("o.order_id").alias("keys"),
+            F.when(F.col("o.amount") >= 100, F.lit("large"))
+            .otherwise(F.lit("regular"))
+            .alias("tags"),
+            F.create_map(F.lit("source_msg_id"), F.col("msg_id")).alias("properties"),
+            F.col("o.customer").alias("customer"),
+        )
+    )
+    writer = (
+        billing.writeStream.format("txmq")
+        .option("broker", broker)
+        .option("topic", sink)
+        .option("queueColumn", "customer")
+        .option("checkpointLocation", checkpoint)
+    )
     if available_now:
         writer = writer.trigger(availableNow=True)
     return writer.start()
@@ -77,10 +95,15 @@ def seed(broker: str, topic: str, count: int, start: int = 0) -> None:
     rnd = random.Random(start)
     with Producer("pipeline-seed", broker=broker) as producer:
         for i in range(start, start + count):
-            amount = round(rnd.uniform(-20, 250), 2)
-            order = {"order_id": f"o-{i}", "customer": f"customer-{i % 17}", "amount": amount}
-            producer.send(Message(topic, json.dumps(order).encode(), keys=order["order_id"]),
-                          sharding_key=order["customer"])
+            order_id, customer = f"o-{i}", f"customer-{i % 17}"
+            order = {
+                "order_id": order_id,
+                "customer": customer,
+                "amount": round(rnd.uniform(-20, 250), 2),
+            }
+            producer.send(
+                Message(topic, json.dumps(order).encode(), keys=order_id), sharding_key=customer
+            )
 
 
 def count_messages(broker: str, topic: str) -> int:
@@ -104,8 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default="./checkpoints/pipeline")
     parser.add_argument("--count", type=int, default=1000, help="orders to seed")
     parser.add_argument("--start", type=int, default=0, help="first order number to seed")
-    parser.add_argument("--available-now", action="store_true",
-                        help="process what is there, then stop")
+    parser.add_argument(
+        "--available-now", action="store_true", help="process what is there, then stop"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "seed":
@@ -121,8 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Spark's Python workers need txmq too: by default they run this same interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.appName("txmq-pipeline").getOrCreate()
-    query = build_query(spark, broker=args.broker, source=args.source, sink=args.sink,
-                        checkpoint=args.checkpoint, available_now=args.available_now)
+    query = build_query(
+        spark,
+        broker=args.broker,
+        source=args.source,
+        sink=args.sink,
+        checkpoint=args.checkpoint,
+        available_now=args.available_now,
+    )
     try:
         query.awaitTermination()
     except KeyboardInterrupt:

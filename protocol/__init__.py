@@ -8,7 +8,19 @@ from .frame import FrameDecoder, decode_frame, encode_frame
 from .message import Message, MessageConst, MessageExt, MessageSysFlag
 
 __all__ = [
-    "FrameDecoder", "LanguageCode", "Message", "MessageConst", "MessageExt", "MessageSysFlag",
-    "ProtocolError", "RemotingCommand", "RequestCode", "ResponseCode", "SerializeType",
-    "TxmqError", "decode_frame", "encode_frame", "error_for_code",
+    "FrameDecoder",
+    "LanguageCode",
+    "Message",
+    "MessageConst",
+    "MessageExt",
+    "MessageSysFlag",
+    "ProtocolError",
+    "RemotingCommand",
+    "RequestCode",
+    "ResponseCode",
+    "SerializeType",
+    "TxmqError",
+    "decode_frame",
+    "encode_frame",
+    "error_for_code",
 ]

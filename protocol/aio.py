@@ -154,8 +154,9 @@ class Connection(asyncio.Protocol):
             self.on_protocol_error(self, exc)
 
     def _write_error(self, opaque: int, remark: str, st: SerializeType) -> None:
-        cmd = RemotingCommand(code=ResponseCode.SYSTEM_ERROR, opaque=opaque, flag=1,
-                              remark=remark, serialize_type=st)
+        cmd = RemotingCommand(
+            code=ResponseCode.SYSTEM_ERROR, opaque=opaque, flag=1, remark=remark, serialize_type=st
+        )
         self.write(cmd)
 
     def _dispatch(self, cmd: RemotingCommand) -> None:
@@ -166,8 +167,12 @@ class Connection(asyncio.Protocol):
             return
         if self.handler is None:
             if not cmd.is_oneway:
-                self.write(cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                        f"request code {cmd.code} not supported here"))
+                self.write(
+                    cmd.response(
+                        ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                        f"request code {cmd.code} not supported here",
+                    )
+                )
             return
         task = asyncio.get_running_loop().create_task(self._handle(cmd))
         self._tasks.add(task)
@@ -224,9 +229,15 @@ class Connection(asyncio.Protocol):
         # A timer that fails the future, rather than asyncio.wait_for: no extra task per
         # request, and a cancellation of the caller is never lost when the answer arrives at
         # the same moment (Python 3.11's wait_for swallows it then).
-        timer = loop.call_later(timeout, _expire, fut, RequestTimeoutError(
-            f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
-            f"within {timeout:.3f}s"))
+        timer = loop.call_later(
+            timeout,
+            _expire,
+            fut,
+            RequestTimeoutError(
+                f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
+                f"within {timeout:.3f}s"
+            ),
+        )
         try:
             self.write(cmd)
             if self._write_paused:

@@ -171,7 +171,9 @@ def error_for_code(code: int, remark: str | None = None) -> BrokerResponseError:
     with the number kept in the message)."""
     cls = _BY_CODE.get(code)
     if cls is None:
-        err: BrokerResponseError = BrokerSystemError(f"response code {code}: {remark or ''}".strip())
+        err: BrokerResponseError = BrokerSystemError(
+            f"response code {code}: {remark or ''}".strip()
+        )
         err.code = code
         return err
     return cls(remark or cls.__name__)

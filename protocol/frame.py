@@ -103,8 +103,9 @@ def _encode_header(cmd: RemotingCommand) -> bytes:
             doc["extFields"] = _string_ext_fields(cmd.ext_fields)
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if st == SerializeType.ROCKETMQ:
-        parts = [struct.pack(">hBhii", cmd.code, cmd.language & 0xFF, cmd.version,
-                             cmd.opaque, cmd.flag)]
+        parts = [
+            struct.pack(">hBhii", cmd.code, cmd.language & 0xFF, cmd.version, cmd.opaque, cmd.flag)
+        ]
         if cmd.remark is None:
             parts.append(_U32.pack(0))
         else:
@@ -241,8 +242,15 @@ def _decode_rocketmq(header: bytes, body: bytes) -> RemotingCommand:
     except (struct.error, UnicodeDecodeError) as exc:
         raise MalformedFrameError(f"cannot decode ROCKETMQ header: {exc}") from None
     return RemotingCommand(
-        code=code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext, body=body,
-        language=lang, version=version, serialize_type=SerializeType.ROCKETMQ,
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=ext,
+        body=body,
+        language=lang,
+        version=version,
+        serialize_type=SerializeType.ROCKETMQ,
     )
 
 

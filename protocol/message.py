@@ -85,10 +85,26 @@ class MessageConst:
     #: Keys the system sets; ``MessageExt.user_properties`` leaves them out.
     SYSTEM_KEYS = frozenset(
         {
-            KEYS, TAGS, WAIT_STORE_MSG_OK, DELAY, RETRY_TOPIC, REAL_TOPIC, REAL_QID, TRAN_MSG,
-            PGROUP, MIN_OFFSET, MAX_OFFSET, ORIGIN_MESSAGE_ID, TRANSACTION_CHECK_TIMES,
-            CHECK_IMMUNITY_TIME_IN_SECONDS, TRAN_PREPARED_QUEUE_OFFSET, UNIQ_KEY, TRANSACTION_ID,
-            MAX_RECONSUME_TIMES, CONSUME_START_TIME, TXMQ_BATCH_KEY,
+            KEYS,
+            TAGS,
+            WAIT_STORE_MSG_OK,
+            DELAY,
+            RETRY_TOPIC,
+            REAL_TOPIC,
+            REAL_QID,
+            TRAN_MSG,
+            PGROUP,
+            MIN_OFFSET,
+            MAX_OFFSET,
+            ORIGIN_MESSAGE_ID,
+            TRANSACTION_CHECK_TIMES,
+            CHECK_IMMUNITY_TIME_IN_SECONDS,
+            TRAN_PREPARED_QUEUE_OFFSET,
+            UNIQ_KEY,
+            TRANSACTION_ID,
+            MAX_RECONSUME_TIMES,
+            CONSUME_START_TIME,
+            TXMQ_BATCH_KEY,
         }
     )
 
@@ -286,6 +302,12 @@ class Message:
         if isinstance(self.body, str):
             self.body = self.body.encode("utf-8")
 
+    @property
+    def payload(self) -> bytes:
+        """The body as bytes (a ``str`` body was encoded as UTF-8 when the message was made)."""
+        body = self.body
+        return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
     def wire_properties(self) -> dict[str, str]:
         props = dict(self.properties)
         if self.tags:
@@ -381,10 +403,21 @@ def encode_message(m: MessageExt) -> bytes:
     return b"".join(
         (
             _FIXED.pack(
-                total, magic, zlib.crc32(body) & 0x7FFFFFFF, m.queue_id, m.flag,
-                m.queue_offset, m.commit_log_offset, sys_flag, m.born_timestamp,
-                pack_host(m.born_host), m.store_timestamp, pack_host(m.store_host),
-                m.reconsume_times, m.prepared_transaction_offset, len(body),
+                total,
+                magic,
+                zlib.crc32(body) & 0x7FFFFFFF,
+                m.queue_id,
+                m.flag,
+                m.queue_offset,
+                m.commit_log_offset,
+                sys_flag,
+                m.born_timestamp,
+                pack_host(m.born_host),
+                m.store_timestamp,
+                pack_host(m.store_host),
+                m.reconsume_times,
+                m.prepared_transaction_offset,
+                len(body),
             ),
             body,
             topic_len,
@@ -398,8 +431,23 @@ def encode_message(m: MessageExt) -> bytes:
 def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
     """Decode one stored message starting at ``pos``; raises ProtocolError if it is not one."""
     try:
-        (total, magic, body_crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_host,
-         store_ts, store_host, reconsume, prepared, body_len) = _FIXED.unpack_from(buf, pos)
+        (
+            total,
+            magic,
+            body_crc,
+            queue_id,
+            flag,
+            queue_offset,
+            phys,
+            sys_flag,
+            born_ts,
+            born_host,
+            store_ts,
+            store_host,
+            reconsume,
+            prepared,
+            body_len,
+        ) = _FIXED.unpack_from(buf, pos)
         if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
             raise ProtocolError(f"bad message magic code {magic}")
         if sys_flag & (MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6):
@@ -430,11 +478,21 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"cannot decode stored message: {exc}") from None
     return MessageExt(
-        topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
-        commit_log_offset=phys, sys_flag=sys_flag, born_timestamp=born_ts,
-        born_host=unpack_host(born_host), store_timestamp=store_ts,
-        store_host=unpack_host(store_host), reconsume_times=reconsume,
-        prepared_transaction_offset=prepared, properties=props, body_crc=body_crc,
+        topic=topic,
+        body=body,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commit_log_offset=phys,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=unpack_host(born_host),
+        store_timestamp=store_ts,
+        store_host=unpack_host(store_host),
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        properties=props,
+        body_crc=body_crc,
         store_size=total,
     )
 
@@ -467,7 +525,9 @@ def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
         total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
         parts.append(
             struct.pack(">iiiii", total, 0, 0, flag, len(body))
-            + body + struct.pack(">h", len(p)) + p
+            + body
+            + struct.pack(">h", len(p))
+            + p
         )
     return b"".join(parts)
 

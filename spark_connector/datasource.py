@@ -57,8 +57,7 @@ class TxmqDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
-            raise TxmqOptionError(
-                "a txmq topic cannot be overwritten; use mode('append')")
+            raise TxmqOptionError("a txmq topic cannot be overwritten; use mode('append')")
         options = parse_sink_options(self.options)
         check_sink_schema(_columns(schema), options)
         writer: DataSourceWriter = TxmqBatchWriter(options)

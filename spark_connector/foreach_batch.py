@@ -62,8 +62,13 @@ def txmq_foreach_batch(
     Raises:
         TxmqOptionError: an invalid option (raised here, before the query starts).
     """
-    raw: dict[str, Any] = {"broker": broker, "topic": topic, "producerGroup": producer_group,
-                           "queueColumn": queue_column, **options}
+    raw: dict[str, Any] = {
+        "broker": broker,
+        "topic": topic,
+        "producerGroup": producer_group,
+        "queueColumn": queue_column,
+        **options,
+    }
     sink = parse_sink_options(raw)
     columns = input_columns(sink)
 
@@ -73,7 +78,8 @@ def txmq_foreach_batch(
         if query_id is None:
             if sink.producer_group is None:
                 raise RuntimeError(
-                    "txmq_foreach_batch: no streaming query id is visible; pass producer_group=")
+                    "txmq_foreach_batch: no streaming query id is visible; pass producer_group="
+                )
             query_id = sink.producer_group
         group = sink.producer_group or stream_producer_group(query_id)
         batch_key = stream_batch_key(query_id, batch_id)
@@ -93,14 +99,23 @@ def txmq_foreach_batch(
 
             ctx = TaskContext.get()
             attempt = ctx.attemptNumber() if ctx is not None else 0
-            r = write_partition(rows, sink, group=group, batch_key=batch_key,
-                                transaction_id=new_transaction_id(batch_key, index, attempt),
-                                partition_id=index, attempt=attempt, skip_if_decided=True)
+            r = write_partition(
+                rows,
+                sink,
+                group=group,
+                batch_key=batch_key,
+                transaction_id=new_transaction_id(batch_key, index, attempt),
+                partition_id=index,
+                attempt=attempt,
+                skip_if_decided=True,
+            )
             yield (r.transaction_id, r.rows, r.already_decided, index, attempt)
 
         collected = df.select(*present).rdd.mapPartitionsWithIndex(write_part).collect()
-        results = [PartitionResult(group, batch_key, txid, rows, decided, index, attempt)
-                   for txid, rows, decided, index, attempt in collected]
+        results = [
+            PartitionResult(group, batch_key, txid, rows, decided, index, attempt)
+            for txid, rows, decided, index, attempt in collected
+        ]
         decide_batch(sink.broker, group, batch_key, results, sink.request_timeout)
 
     return write_batch

@@ -95,8 +95,9 @@ def _get(opts: dict[str, str], name: str) -> str | None:
     return value or None
 
 
-def _int(opts: dict[str, str], name: str, default: int, *, minimum: int = 1,
-         maximum: int | None = None) -> int:
+def _int(
+    opts: dict[str, str], name: str, default: int, *, minimum: int = 1, maximum: int | None = None
+) -> int:
     raw = _get(opts, name)
     if raw is None:
         return default
@@ -143,7 +144,8 @@ def parse_broker(raw: str | None) -> str:
     if raw is None:
         raise TxmqOptionError(
             "option 'broker' is required: the broker address as host:port, e.g. "
-            ".option('broker', '127.0.0.1:10911')")
+            ".option('broker', '127.0.0.1:10911')"
+        )
     host, sep, port = raw.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise TxmqOptionError(f"option 'broker' must be host:port, got {raw!r}")
@@ -159,7 +161,8 @@ def validate_topic(topic: str, option: str = "topic") -> str:
     if not _TOPIC_PATTERN.match(topic):
         raise TxmqOptionError(
             f"option {option!r}: {topic!r} is not a valid topic name (letters, digits, '%', "
-            "'|', '_' and '-', at most 127 characters)")
+            "'|', '_' and '-', at most 127 characters)"
+        )
     return topic
 
 
@@ -172,7 +175,8 @@ def validate_group(group: str, option: str = "producerGroup") -> str:
     if not _GROUP_PATTERN.match(group):
         raise TxmqOptionError(
             f"option {option!r}: {group!r} is not a valid group name (letters, digits, '%', "
-            "'|', '_', '.', ':' and '-')")
+            "'|', '_', '.', ':' and '-')"
+        )
     return group
 
 
@@ -228,8 +232,13 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         producer_group=validate_group(group) if group is not None else None,
         queue_column=_get(opts, "queueColumn"),
         batch_size=_int(opts, "batchSize", DEFAULT_BATCH_SIZE, maximum=100_000),
-        max_request_bytes=_int(opts, "maxRequestBytes", DEFAULT_MAX_REQUEST_BYTES,
-                               minimum=1024, maximum=4 * 1024 * 1024),
+        max_request_bytes=_int(
+            opts,
+            "maxRequestBytes",
+            DEFAULT_MAX_REQUEST_BYTES,
+            minimum=1024,
+            maximum=4 * 1024 * 1024,
+        ),
         max_in_flight=_int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, maximum=64),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
     )
@@ -255,18 +264,22 @@ def check_sink_schema(columns: Mapping[str, str], options: SinkOptions) -> None:
     if "body" not in columns:
         raise TxmqOptionError(
             "the DataFrame written to txmq needs a 'body' column (binary or string); it has "
-            f"{sorted(columns)}")
+            f"{sorted(columns)}"
+        )
     for name, accepted in _SINK_COLUMN_TYPES.items():
         if name in columns and columns[name] not in accepted:
             raise TxmqOptionError(
-                f"column {name!r} must be {' or '.join(accepted)}, not {columns[name]}")
+                f"column {name!r} must be {' or '.join(accepted)}, not {columns[name]}"
+            )
     if options.topic is None and "topic" not in columns:
         raise TxmqOptionError(
-            "no topic to write to: set .option('topic', ...) or add a 'topic' column")
+            "no topic to write to: set .option('topic', ...) or add a 'topic' column"
+        )
     if options.queue_column is not None and options.queue_column not in columns:
         raise TxmqOptionError(
             f"option 'queueColumn' names {options.queue_column!r}, which is not a column of "
-            f"the DataFrame ({sorted(columns)})")
+            f"the DataFrame ({sorted(columns)})"
+        )
 
 
 # --- source -----------------------------------------------------------------------------------
@@ -304,7 +317,8 @@ def parse_topics(raw: str | None) -> tuple[str, ...]:
     """
     if raw is None:
         raise TxmqOptionError(
-            "option 'topic' is required: one topic or several separated by commas")
+            "option 'topic' is required: one topic or several separated by commas"
+        )
     topics = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
     if not topics:
         raise TxmqOptionError("option 'topic' names no topic")
@@ -329,29 +343,35 @@ def parse_starting_offsets(raw: str | None, topics: tuple[str, ...]) -> str | Of
     except ValueError:
         raise TxmqOptionError(
             "option 'startingOffsets' must be 'earliest', 'latest' or JSON like "
-            f'{{"topic": {{"0": 12}}}}, got {raw!r}') from None
+            f'{{"topic": {{"0": 12}}}}, got {raw!r}'
+        ) from None
     if not isinstance(doc, dict):
         raise TxmqOptionError(
-            f"option 'startingOffsets' must be a JSON object of topics, got {raw!r}")
+            f"option 'startingOffsets' must be a JSON object of topics, got {raw!r}"
+        )
     out: OffsetMap = {}
     for topic, queues in doc.items():
         if topic not in topics:
             raise TxmqOptionError(
                 f"option 'startingOffsets' names topic {topic!r}, which is not read "
-                f"(topics: {', '.join(topics)})")
+                f"(topics: {', '.join(topics)})"
+            )
         if not isinstance(queues, dict):
             raise TxmqOptionError(
                 f"option 'startingOffsets': topic {topic!r} needs an object of queue offsets, "
-                f"got {queues!r}")
+                f"got {queues!r}"
+            )
         qmap: dict[str, int] = {}
         for qid, offset in queues.items():
             if not str(qid).isdigit():
                 raise TxmqOptionError(
-                    f"option 'startingOffsets': {qid!r} of topic {topic!r} is not a queue id")
+                    f"option 'startingOffsets': {qid!r} of topic {topic!r} is not a queue id"
+                )
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
                 raise TxmqOptionError(
                     f"option 'startingOffsets': offset {offset!r} of {topic!r} queue {qid} must "
-                    "be >= 0, or -2 (earliest) or -1 (latest)")
+                    "be >= 0, or -2 (earliest) or -1 (latest)"
+                )
             qmap[str(int(qid))] = offset
         out[topic] = qmap
     return out
@@ -370,10 +390,12 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         broker=parse_broker(_get(opts, "broker")),
         topics=topics,
         starting_offsets=parse_starting_offsets(_get(opts, "startingOffsets"), topics),
-        max_messages_per_trigger=None if max_per_trigger is None else _int(
-            opts, "maxMessagesPerTrigger", 0),
-        pull_batch_size=_int(opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE,
-                             maximum=MAX_PULL_BATCH_SIZE),
+        max_messages_per_trigger=None
+        if max_per_trigger is None
+        else _int(opts, "maxMessagesPerTrigger", 0),
+        pull_batch_size=_int(
+            opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE, maximum=MAX_PULL_BATCH_SIZE
+        ),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
     )
@@ -394,7 +416,9 @@ def normalize_offsets(offsets: Mapping[str, Mapping[Any, int]]) -> OffsetMap:
     }
 
 
-def share_budget(backlogs: Mapping[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:
+def share_budget(
+    backlogs: Mapping[tuple[str, str], int], budget: int
+) -> dict[tuple[str, str], int]:
     """Split at most ``budget`` messages over queues fairly (water filling).
 
     Queues with a small backlog take all of it; the rest share what is left evenly.  Every call

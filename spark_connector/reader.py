@@ -64,21 +64,24 @@ except ImportError:  # pragma: no cover - pyspark 4.0 / 4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Stand-in so the reader class can be declared the same way on older pyspark."""
 
+
 log = structlog.get_logger(__name__)
 
 #: The source's columns.  Timestamps are Spark TIMESTAMPs (from the broker's milliseconds).
-SOURCE_SCHEMA = StructType([
-    StructField("topic", StringType(), False),
-    StructField("queue_id", IntegerType(), False),
-    StructField("queue_offset", LongType(), False),
-    StructField("msg_id", StringType(), False),
-    StructField("tags", StringType(), True),
-    StructField("keys", StringType(), True),
-    StructField("body", BinaryType(), False),
-    StructField("properties", MapType(StringType(), StringType()), False),
-    StructField("born_timestamp", TimestampType(), False),
-    StructField("store_timestamp", TimestampType(), False),
-])
+SOURCE_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("queue_id", IntegerType(), False),
+        StructField("queue_offset", LongType(), False),
+        StructField("msg_id", StringType(), False),
+        StructField("tags", StringType(), True),
+        StructField("keys", StringType(), True),
+        StructField("body", BinaryType(), False),
+        StructField("properties", MapType(StringType(), StringType()), False),
+        StructField("born_timestamp", TimestampType(), False),
+        StructField("store_timestamp", TimestampType(), False),
+    ]
+)
 
 
 class TxmqInputPartition(InputPartition):
@@ -98,8 +101,7 @@ class TxmqInputPartition(InputPartition):
 # --- offsets ----------------------------------------------------------------------------------
 
 
-async def _all_offsets(session: BrokerSession, topics: Sequence[str],
-                       latest: bool) -> OffsetMap:
+async def _all_offsets(session: BrokerSession, topics: Sequence[str], latest: bool) -> OffsetMap:
     maps = await asyncio.gather(*(session.queue_offsets(t, latest=latest) for t in topics))
     return dict(zip(topics, maps, strict=True))
 
@@ -107,9 +109,11 @@ async def _all_offsets(session: BrokerSession, topics: Sequence[str],
 def latest_offsets(options: SourceOptions) -> OffsetMap:
     """Every queue's next free offset, for every topic read (no entry for queues of topics that
     do not exist)."""
+
     async def go() -> OffsetMap:
         async with BrokerSession(options.broker, options.request_timeout) as s:
             return await _all_offsets(s, options.topics, latest=True)
+
     return normalize_offsets(run(go))
 
 
@@ -184,8 +188,18 @@ def _ts(ms: int) -> datetime:
 
 def to_row(m: MessageExt) -> tuple[Any, ...]:
     """A stored message as a row of :data:`SOURCE_SCHEMA`."""
-    return (m.topic, m.queue_id, m.queue_offset, m.msg_id, m.tags, m.keys, m.body,
-            m.user_properties, _ts(m.born_timestamp), _ts(m.store_timestamp))
+    return (
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.msg_id,
+        m.tags,
+        m.keys,
+        m.body,
+        m.user_properties,
+        _ts(m.born_timestamp),
+        _ts(m.store_timestamp),
+    )
 
 
 def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tuple[Any, ...]]:
@@ -217,17 +231,25 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
                     raise TxmqError(
                         f"{part.topic}/{part.queue_id}: offset {offset} is no longer stored "
                         f"(oldest {result.min_offset}); messages were deleted by retention. Set "
-                        "failOnDataLoss=false to skip them")
-                log.warning("source_data_lost", topic=part.topic, queue_id=part.queue_id,
-                            skipped_from=offset, to=result.next_begin_offset)
+                        "failOnDataLoss=false to skip them"
+                    )
+                log.warning(
+                    "source_data_lost",
+                    topic=part.topic,
+                    queue_id=part.queue_id,
+                    skipped_from=offset,
+                    to=result.next_begin_offset,
+                )
                 next_offset = result.next_begin_offset
             else:
                 raise TxmqError(
                     f"{part.topic}/{part.queue_id}: no message at offset {offset}, but the batch "
-                    f"reads up to {part.end} (queue max {result.max_offset})")
+                    f"reads up to {part.end} (queue max {result.max_offset})"
+                )
             if next_offset <= offset:
                 raise TxmqError(
-                    f"{part.topic}/{part.queue_id}: the broker did not move past offset {offset}")
+                    f"{part.topic}/{part.queue_id}: the broker did not move past offset {offset}"
+                )
             offset = next_offset
     finally:
         try:
@@ -269,12 +291,15 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = latest_offsets(self.options)
         if self._target is not None:
             target = self._target
-            latest = {t: {q: min(o, target.get(t, {}).get(q, 0)) for q, o in queues.items()}
-                      for t, queues in latest.items()}
+            latest = {
+                t: {q: min(o, target.get(t, {}).get(q, 0)) for q, o in queues.items()}
+                for t, queues in latest.items()
+            }
         return latest
 
-    def latestOffset(self, start: dict[str, Any] | None = None,
-                     limit: Any = None) -> dict[str, Any]:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
         """The end of the next batch: the queues' max offsets, capped by the read limit."""
         if start is None:  # pyspark < 4.2: no admission control from Spark
             start = self._last or {}

@@ -66,20 +66,28 @@ class BrokerSession:
         self.broker = broker
         self.request_timeout = request_timeout
         self.connection = BrokerConnection(
-            broker, ClientConfig(request_timeout=request_timeout, connect_timeout=10.0))
+            broker, ClientConfig(request_timeout=request_timeout, connect_timeout=10.0)
+        )
 
     async def __aenter__(self) -> BrokerSession:
         await self.connection.start()
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.connection.close()
 
     # -- transactions ----------------------------------------------------------------------------
 
-    async def decide_batch(self, group: str, batch_key: str, commit: list[str] | None = None,
-                           *, query_only: bool = False) -> dict[str, Any]:
+    async def decide_batch(
+        self,
+        group: str,
+        batch_key: str,
+        commit: list[str] | None = None,
+        *,
+        query_only: bool = False,
+    ) -> dict[str, Any]:
         """TXMQ_DECIDE_BATCH: commit ``commit`` and roll back every other pending transaction of
         ``group`` tagged ``batch_key`` (or, with ``query_only``, only report the decision).
 
@@ -90,8 +98,9 @@ class BrokerSession:
         Raises:
             TxmqError: the broker refused (e.g. a listed transaction was rolled back already).
         """
-        header = DecideBatchRequestHeader(producer_group=group, batch_key=batch_key,
-                                          query_only=query_only)
+        header = DecideBatchRequestHeader(
+            producer_group=group, batch_key=batch_key, query_only=query_only
+        )
         body = b"" if query_only else json.dumps({"commit": list(commit or [])}).encode()
         resp = await self.connection.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body)
         answer: dict[str, Any] = json.loads(resp.body.decode("utf-8"))
@@ -103,8 +112,9 @@ class BrokerSession:
         Raises:
             TxmqError: the broker refused (e.g. the transaction is committed already).
         """
-        header = ForceDecideRequestHeader(transaction_id=transaction_id,
-                                          commit_or_rollback=ROLLBACK)
+        header = ForceDecideRequestHeader(
+            transaction_id=transaction_id, commit_or_rollback=ROLLBACK
+        )
         resp = await self.connection.invoke(RequestCode.TXMQ_FORCE_DECIDE, header)
         return resp.remark or ""
 
@@ -134,8 +144,15 @@ class BrokerSession:
 
     async def pull(self, topic: str, queue_id: int, offset: int, max_nums: int) -> PullResult:
         """One PULL_MESSAGE (no long polling, no offset commit)."""
-        return await pull_messages(self.connection, READER_GROUP, topic, queue_id, offset,
-                                   max_nums=max_nums, timeout=self.request_timeout)
+        return await pull_messages(
+            self.connection,
+            READER_GROUP,
+            topic,
+            queue_id,
+            offset,
+            max_nums=max_nums,
+            timeout=self.request_timeout,
+        )
 
 
 def check_success(code: int, remark: str | None, what: str) -> None:

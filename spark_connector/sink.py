@@ -180,7 +180,8 @@ def _user_properties(value: Any) -> bytes:
         if k in MessageConst.SYSTEM_KEYS:
             raise ValueError(
                 f"property {k!r} is reserved by txmq; rename it (the 'properties' column may "
-                "only carry user properties)")
+                "only carry user properties)"
+            )
         parts.append(_text(k, "property name") + _KV + _text(v, f"property {k!r}") + _SEP)
     return b"".join(parts)
 
@@ -213,8 +214,15 @@ class HalfWriter:
         partition_id: spreads partitions over different first queues.
     """
 
-    def __init__(self, session: BrokerSession, options: SinkOptions, group: str,
-                 transaction_id: str, batch_key: str, partition_id: int = 0) -> None:
+    def __init__(
+        self,
+        session: BrokerSession,
+        options: SinkOptions,
+        group: str,
+        transaction_id: str,
+        batch_key: str,
+        partition_id: int = 0,
+    ) -> None:
         self.session = session
         self.options = options
         self.group = group
@@ -223,12 +231,14 @@ class HalfWriter:
         self.partition_id = partition_id
         self.rows = 0
         self.requests = 0
-        self._const = properties_to_string({
-            MessageConst.TRAN_MSG: "true",
-            MessageConst.PGROUP: group,
-            MessageConst.TRANSACTION_ID: transaction_id,
-            MessageConst.TXMQ_BATCH_KEY: batch_key,
-        }).encode("utf-8")
+        self._const = properties_to_string(
+            {
+                MessageConst.TRAN_MSG: "true",
+                MessageConst.PGROUP: group,
+                MessageConst.TRANSACTION_ID: transaction_id,
+                MessageConst.TXMQ_BATCH_KEY: batch_key,
+            }
+        ).encode("utf-8")
         self._ids = _id_generator()
         self._queue_nums: dict[str, int] = {}
         self._cursor: dict[str, int] = {}
@@ -269,7 +279,8 @@ class HalfWriter:
                 t = default_topic
             if t is None:
                 raise TxmqOptionError(
-                    "a row has no topic: its 'topic' column is null and no 'topic' option is set")
+                    "a row has no topic: its 'topic' column is null and no 'topic' option is set"
+                )
             await self._queues(t)
         batch_size = self.options.batch_size
         max_bytes = self.options.max_request_bytes
@@ -303,7 +314,8 @@ class HalfWriter:
             if len(p) > MAX_PROPERTIES_BYTES:
                 raise ValueError(
                     f"a row's properties take {len(p)} bytes, over the limit of "
-                    f"{MAX_PROPERTIES_BYTES}")
+                    f"{MAX_PROPERTIES_BYTES}"
+                )
             blen = len(body)
             size = 22 + blen + len(p)
             key = (topic, qid)
@@ -337,27 +349,37 @@ class HalfWriter:
         for topic, qid, buf in ready:
             while len(self._in_flight) >= self.options.max_in_flight:
                 done, self._in_flight = await asyncio.wait(
-                    self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    self._in_flight, return_when=asyncio.FIRST_COMPLETED
+                )
                 for fut in done:
                     fut.result()
             self._in_flight.add(asyncio.ensure_future(self._send(topic, qid, buf)))
 
     async def _send(self, topic: str, qid: int, buf: _Buffer) -> None:
         header = SendMessageRequestHeader(
-            producer_group=self.group, topic=topic,
-            default_topic_queue_nums=self._queue_nums[topic], queue_id=qid,
+            producer_group=self.group,
+            topic=topic,
+            default_topic_queue_nums=self._queue_nums[topic],
+            queue_id=qid,
             sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-            born_timestamp=int(time.time() * 1000), flag=0, properties=_HEADER_PROPERTIES,
-            batch=True)
-        cmd = RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(),
-                                      b"".join(buf.parts))
+            born_timestamp=int(time.time() * 1000),
+            flag=0,
+            properties=_HEADER_PROPERTIES,
+            batch=True,
+        )
+        cmd = RemotingCommand.request(
+            RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), b"".join(buf.parts)
+        )
         resp = await self.session.connection.request(cmd, self.options.request_timeout)
         self.requests += 1
         # FLUSH_DISK_TIMEOUT is a failure here: a half that is not durable could vanish in a
         # broker crash and its row would be lost on commit.  The task fails and is retried.
-        check_success(resp.code, resp.remark,
-                      f"storing {buf.count} half messages of transaction "
-                      f"{self.transaction_id} in {topic}/{qid} failed")
+        check_success(
+            resp.code,
+            resp.remark,
+            f"storing {buf.count} half messages of transaction "
+            f"{self.transaction_id} in {topic}/{qid} failed",
+        )
 
     async def finish(self) -> None:
         """Send what is buffered and wait for every answer.
@@ -394,9 +416,17 @@ def input_columns(options: SinkOptions) -> tuple[str, ...]:
     return tuple(cols)
 
 
-def write_partition(batches: Iterable[Any], options: SinkOptions, *, group: str,
-                    batch_key: str, transaction_id: str, partition_id: int = 0,
-                    attempt: int = 0, skip_if_decided: bool = True) -> PartitionResult:
+def write_partition(
+    batches: Iterable[Any],
+    options: SinkOptions,
+    *,
+    group: str,
+    batch_key: str,
+    transaction_id: str,
+    partition_id: int = 0,
+    attempt: int = 0,
+    skip_if_decided: bool = True,
+) -> PartitionResult:
     """Write one task attempt's input as the halves of ``transaction_id``.
 
     Args:
@@ -415,13 +445,16 @@ def write_partition(batches: Iterable[Any], options: SinkOptions, *, group: str,
             if skip_if_decided:
                 answer = await session.decide_batch(group, batch_key, query_only=True)
                 if answer.get("decided"):
-                    log.info("sink_batch_already_decided", group=group, batch_key=batch_key,
-                             partition=partition_id, attempt=attempt)
+                    log.info(
+                        "sink_batch_already_decided",
+                        group=group,
+                        batch_key=batch_key,
+                        partition=partition_id,
+                        attempt=attempt,
+                    )
                     drain(batches)
-                    return PartitionResult(group, batch_key, None, 0, True, partition_id,
-                                           attempt)
-            writer = HalfWriter(session, options, group, transaction_id, batch_key,
-                                partition_id)
+                    return PartitionResult(group, batch_key, None, 0, True, partition_id, attempt)
+            writer = HalfWriter(session, options, group, transaction_id, batch_key, partition_id)
             started = time.monotonic()
             try:
                 for chunk in chunks(batches, columns):
@@ -432,11 +465,24 @@ def write_partition(batches: Iterable[Any], options: SinkOptions, *, group: str,
             except BaseException:
                 await writer.cancel()
                 raise
-            log.info("sink_partition_written", group=group, batch_key=batch_key,
-                     transaction_id=transaction_id, rows=writer.rows, requests=writer.requests,
-                     seconds=round(time.monotonic() - started, 3))
-            return PartitionResult(group, batch_key, transaction_id if writer.rows else None,
-                                   writer.rows, False, partition_id, attempt)
+            log.info(
+                "sink_partition_written",
+                group=group,
+                batch_key=batch_key,
+                transaction_id=transaction_id,
+                rows=writer.rows,
+                requests=writer.requests,
+                seconds=round(time.monotonic() - started, 3),
+            )
+            return PartitionResult(
+                group,
+                batch_key,
+                transaction_id if writer.rows else None,
+                writer.rows,
+                False,
+                partition_id,
+                attempt,
+            )
 
     return run(go)
 
@@ -444,8 +490,13 @@ def write_partition(batches: Iterable[Any], options: SinkOptions, *, group: str,
 # --- driver side ------------------------------------------------------------------------------
 
 
-def decide_batch(broker: str, group: str, batch_key: str, results: Iterable[PartitionResult | None],
-                 request_timeout: float = 30.0) -> dict[str, Any]:
+def decide_batch(
+    broker: str,
+    group: str,
+    batch_key: str,
+    results: Iterable[PartitionResult | None],
+    request_timeout: float = 30.0,
+) -> dict[str, Any]:
     """Commit the successful attempts' transactions of a batch and roll back the rest.
 
     Args:
@@ -459,9 +510,13 @@ def decide_batch(broker: str, group: str, batch_key: str, results: Iterable[Part
         TxmqError: the broker refused the decision, or the batch had been decided before
             without this run's transactions (their rows would be lost).
     """
-    commit = sorted({r.transaction_id for r in results
-                     if r is not None and r.transaction_id and r.rows > 0
-                     and not r.already_decided})
+    commit = sorted(
+        {
+            r.transaction_id
+            for r in results
+            if r is not None and r.transaction_id and r.rows > 0 and not r.already_decided
+        }
+    )
 
     async def go() -> dict[str, Any]:
         async with BrokerSession(broker, request_timeout) as session:
@@ -474,15 +529,22 @@ def decide_batch(broker: str, group: str, batch_key: str, results: Iterable[Part
         raise TxmqError(
             f"batch {batch_key!r} of producer group {group} was decided before without "
             f"{len(missing)} transaction(s) of this run (e.g. {missing[0]}); their rows were not "
-            "delivered")
-    log.info("sink_batch_decided", group=group, batch_key=batch_key,
-             committed=len(answer.get("committed") or []),
-             rolled_back=len(answer.get("rolledBack") or []), first=answer.get("first"))
+            "delivered"
+        )
+    log.info(
+        "sink_batch_decided",
+        group=group,
+        batch_key=batch_key,
+        committed=len(answer.get("committed") or []),
+        rolled_back=len(answer.get("rolledBack") or []),
+        first=answer.get("first"),
+    )
     return answer
 
 
-def rollback_transactions(broker: str, transaction_ids: Iterable[str],
-                          request_timeout: float = 30.0) -> list[str]:
+def rollback_transactions(
+    broker: str, transaction_ids: Iterable[str], request_timeout: float = 30.0
+) -> list[str]:
     """Roll back the given transactions (best effort: failures are logged, not raised).
 
     Returns:

@@ -91,14 +91,20 @@ class TxmqStreamWriter(_StreamWriterBase):
         query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY)
         if batch_id is None or query_id is None:
             raise RuntimeError(
-                "the txmq streaming writer found no streaming batch id in the task context")
+                "the txmq streaming writer found no streaming batch id in the task context"
+            )
         group = self.options.producer_group or stream_producer_group(query_id)
         batch_key = stream_batch_key(query_id, batch_id)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
         result = write_partition(
-            iterator, self.options, group=group, batch_key=batch_key,
+            iterator,
+            self.options,
+            group=group,
+            batch_key=batch_key,
             transaction_id=new_transaction_id(batch_key, partition, attempt),
-            partition_id=partition, attempt=attempt)
+            partition_id=partition,
+            attempt=attempt,
+        )
         return TxmqCommitMessage(**asdict(result))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -110,10 +116,12 @@ class TxmqStreamWriter(_StreamWriterBase):
             return
         group, key = results[0].producer_group, results[0].batch_key
         if not key.endswith(f"-{batchId}") or any(
-                (r.producer_group, r.batch_key) != (group, key) for r in results):
+            (r.producer_group, r.batch_key) != (group, key) for r in results
+        ):
             raise RuntimeError(
                 f"commit messages of batch {batchId} disagree on the producer group or batch key: "
-                f"{sorted({(r.producer_group, r.batch_key) for r in results})}")
+                f"{sorted({(r.producer_group, r.batch_key) for r in results})}"
+            )
         decide_batch(self.options.broker, group, key, results, self.options.request_timeout)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -140,19 +148,34 @@ class TxmqBatchWriter(_BatchWriterBase):
         ctx = _task_context()
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
         result = write_partition(
-            iterator, self.options, group=self.producer_group, batch_key=self.batch_key,
+            iterator,
+            self.options,
+            group=self.producer_group,
+            batch_key=self.batch_key,
             transaction_id=new_transaction_id(self.batch_key, partition, attempt),
-            partition_id=partition, attempt=attempt)
+            partition_id=partition,
+            attempt=attempt,
+        )
         return TxmqCommitMessage(**asdict(result))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Commit the job: every successful attempt's rows become visible at once."""
-        decide_batch(self.options.broker, self.producer_group, self.batch_key,
-                     _results(messages), self.options.request_timeout)
+        decide_batch(
+            self.options.broker,
+            self.producer_group,
+            self.batch_key,
+            _results(messages),
+            self.options.request_timeout,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Decide the job with nothing committed: every half of it is rolled back, and the
         broker refuses any half a straggling attempt still sends."""
         log.warning("sink_job_aborted", batch_key=self.batch_key)
-        decide_batch(self.options.broker, self.producer_group, self.batch_key, [],
-                     self.options.request_timeout)
+        decide_batch(
+            self.options.broker,
+            self.producer_group,
+            self.batch_key,
+            [],
+            self.options.request_timeout,
+        )

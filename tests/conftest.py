@@ -120,7 +120,9 @@ def make_broker_config(tmp_path: Any) -> Callable[..., BrokerConfig]:
 
 
 @pytest.fixture
-async def broker(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIterator[BrokerController]:
+async def broker(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> AsyncIterator[BrokerController]:
     """A started broker in the test's own event loop."""
     controller = BrokerController(make_broker_config())
     await controller.start()
@@ -139,8 +141,9 @@ class BrokerThread:
         self.kwargs = kwargs
         self.loop = new_event_loop()
         self.controller: BrokerController | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="test-broker")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="test-broker"
+        )
 
     def start(self) -> BrokerController:
         self._thread.start()
@@ -153,8 +156,10 @@ class BrokerThread:
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run a plain function on the broker's loop thread (the store is not thread-safe)."""
+
         async def wrapper() -> Any:
             return fn()
+
         return self.call(wrapper())
 
     def stop(self) -> None:
@@ -182,8 +187,9 @@ def broker_thread(make_broker_config: Callable[..., BrokerConfig]) -> Iterator[B
 
 
 @pytest.fixture
-def broker_thread_factory(make_broker_config: Callable[..., BrokerConfig]) -> Iterator[
-        Callable[..., BrokerThread]]:
+def broker_thread_factory(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> Iterator[Callable[..., BrokerThread]]:
     """Start brokers in threads with custom configs; all are stopped at the end."""
     started: list[BrokerThread] = []
 

@@ -20,8 +20,13 @@ import click
 T = TypeVar("T")
 
 BROKER_OPTION = click.option(
-    "--broker", "-b", default="127.0.0.1:10911", show_default=True, envvar="TXMQ_BROKER",
-    help="Broker address host:port (env TXMQ_BROKER).")
+    "--broker",
+    "-b",
+    default="127.0.0.1:10911",
+    show_default=True,
+    envvar="TXMQ_BROKER",
+    help="Broker address host:port (env TXMQ_BROKER).",
+)
 
 
 def _run(coro: Awaitable[T]) -> T:
@@ -75,30 +80,57 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @main.command()
-@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False),
-              envvar="TXMQ_CONFIG", help="TOML file with RocketMQ key names (env TXMQ_CONFIG).")
+@click.option(
+    "--config",
+    "-c",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="TXMQ_CONFIG",
+    help="TOML file with RocketMQ key names (env TXMQ_CONFIG).",
+)
 @click.option("--port", "-p", type=int, help="listenPort (default 10911).")
 @click.option("--bind", "bind_address", help="bindAddress (default 127.0.0.1).")
 @click.option("--store-dir", help="storePathRootDir (default ./data).")
-@click.option("--flush", type=click.Choice(["ASYNC_FLUSH", "SYNC_FLUSH", "async", "sync"],
-                                           case_sensitive=False),
-              help="flushDiskType: ASYNC_FLUSH (default) or SYNC_FLUSH.")
+@click.option(
+    "--flush",
+    type=click.Choice(["ASYNC_FLUSH", "SYNC_FLUSH", "async", "sync"], case_sensitive=False),
+    help="flushDiskType: ASYNC_FLUSH (default) or SYNC_FLUSH.",
+)
 @click.option("--transaction-timeout", type=int, help="transactionTimeOut in ms (default 6000).")
-@click.option("--transaction-check-interval", type=int,
-              help="transactionCheckInterval in ms (default 30000).")
+@click.option(
+    "--transaction-check-interval", type=int, help="transactionCheckInterval in ms (default 30000)."
+)
 @click.option("--transaction-check-max", type=int, help="transactionCheckMax (default 15).")
 @click.option("--file-reserved-time", type=float, help="fileReservedTime in hours (default 72).")
-@click.option("--reject-transaction-message/--accept-transaction-message", default=None,
-              help="rejectTransactionMessage (default: accept).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Any configuration key by its RocketMQ name, e.g. --set maxMessageSize=1048576.")
+@click.option(
+    "--reject-transaction-message/--accept-transaction-message",
+    default=None,
+    help="rejectTransactionMessage (default: accept).",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any configuration key by its RocketMQ name, e.g. --set maxMessageSize=1048576.",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="TXMQ_LOG_LEVEL")
 @click.option("--print-config", is_flag=True, help="Print the resolved configuration and exit.")
-def broker(config_path: str | None, port: int | None, bind_address: str | None,
-           store_dir: str | None, flush: str | None, transaction_timeout: int | None,
-           transaction_check_interval: int | None, transaction_check_max: int | None,
-           file_reserved_time: float | None, reject_transaction_message: bool | None,
-           sets: tuple[str, ...], log_level: str, print_config: bool) -> None:
+def broker(
+    config_path: str | None,
+    port: int | None,
+    bind_address: str | None,
+    store_dir: str | None,
+    flush: str | None,
+    transaction_timeout: int | None,
+    transaction_check_interval: int | None,
+    transaction_check_max: int | None,
+    file_reserved_time: float | None,
+    reject_transaction_message: bool | None,
+    sets: tuple[str, ...],
+    log_level: str,
+    print_config: bool,
+) -> None:
     """Serve a broker until SIGTERM/SIGINT (then stop gracefully)."""
     from txmq.broker.config import ConfigError, load_config
     from txmq.broker.logging import configure_logging
@@ -107,13 +139,22 @@ def broker(config_path: str | None, port: int | None, bind_address: str | None,
     if flush:
         flush = flush.upper()
         overrides["flushDiskType"] = flush if flush.endswith("_FLUSH") else f"{flush}_FLUSH"
-    overrides.update({k: v for k, v in {
-        "listenPort": port, "bindAddress": bind_address, "storePathRootDir": store_dir,
-        "transactionTimeOut": transaction_timeout,
-        "transactionCheckInterval": transaction_check_interval,
-        "transactionCheckMax": transaction_check_max, "fileReservedTime": file_reserved_time,
-        "rejectTransactionMessage": reject_transaction_message,
-    }.items() if v is not None})
+    overrides.update(
+        {
+            k: v
+            for k, v in {
+                "listenPort": port,
+                "bindAddress": bind_address,
+                "storePathRootDir": store_dir,
+                "transactionTimeOut": transaction_timeout,
+                "transactionCheckInterval": transaction_check_interval,
+                "transactionCheckMax": transaction_check_max,
+                "fileReservedTime": file_reserved_time,
+                "rejectTransactionMessage": reject_transaction_message,
+            }.items()
+            if v is not None
+        }
+    )
     try:
         config = load_config(config_path, overrides=overrides)
     except ConfigError as exc:
@@ -147,12 +188,23 @@ def status(broker: str, as_json: bool) -> None:
     if as_json:
         _echo_json({"pingMs": round(ms, 2), **info})
         return
-    click.echo(f"broker {info['brokerName']} at {info['address']} is up "
-               f"(ping {ms:.1f} ms, version {info['brokerVersion']}, "
-               f"uptime {info['uptimeMs'] / 1000:.0f} s)")
-    keys = ["flushDiskType", "topics", "connections", "store.commit_log_max_offset",
-            "store.commit_log_unflushed_bytes", "store.commit_log_segments",
-            "txn.pending", "txn.discarded", "txn.committed", "txn.rolledBack"]
+    click.echo(
+        f"broker {info['brokerName']} at {info['address']} is up "
+        f"(ping {ms:.1f} ms, version {info['brokerVersion']}, "
+        f"uptime {info['uptimeMs'] / 1000:.0f} s)"
+    )
+    keys = [
+        "flushDiskType",
+        "topics",
+        "connections",
+        "store.commit_log_max_offset",
+        "store.commit_log_unflushed_bytes",
+        "store.commit_log_segments",
+        "txn.pending",
+        "txn.discarded",
+        "txn.committed",
+        "txn.rolledBack",
+    ]
     for k in keys:
         if k in info:
             click.echo(f"  {k:28} {info[k]}")
@@ -189,7 +241,9 @@ def topic_list(broker: str, show_all: bool) -> None:
         system = name.startswith(("%", "RMQ_SYS_", "TRANS_CHECK_", "SCHEDULE_TOPIC"))
         if system and not show_all:
             continue
-        click.echo(f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}")
+        click.echo(
+            f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}"
+        )
 
 
 @topic.command("stats")
@@ -231,8 +285,17 @@ def _props(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--group", "-g", default="txmq-cli-producer", show_default=True)
 @click.option("--count", "-n", default=1, show_default=True, help="Send BODY this many times.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Send one message per line of stdin.")
-def send(broker: str, topic_name: str, body: str | None, tags: str | None, keys: str | None,
-         properties: tuple[str, ...], group: str, count: int, from_stdin: bool) -> None:
+def send(
+    broker: str,
+    topic_name: str,
+    body: str | None,
+    tags: str | None,
+    keys: str | None,
+    properties: tuple[str, ...],
+    group: str,
+    count: int,
+    from_stdin: bool,
+) -> None:
     """Send BODY (or stdin lines) to TOPIC; prints one result line per message."""
     from txmq.client import AsyncProducer, Message
 
@@ -242,14 +305,20 @@ def send(broker: str, topic_name: str, body: str | None, tags: str | None, keys:
 
     async def go() -> None:
         async with AsyncProducer(group, broker=broker) as producer:
-            bodies = (line.rstrip("\n") for line in sys.stdin) if from_stdin else \
-                (body for _ in range(count))
+            bodies = (
+                (line.rstrip("\n") for line in sys.stdin)
+                if from_stdin
+                else (body for _ in range(count))
+            )
             for b in bodies:
-                r = await producer.send(Message(topic_name, (b or "").encode(), tags=tags,
-                                                keys=keys, properties=props))
-                click.echo(f"{r.status.name if hasattr(r.status, 'name') else r.status} "
-                           f"msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
-                           f"queue={r.queue_id} offset={r.queue_offset}")
+                r = await producer.send(
+                    Message(topic_name, (b or "").encode(), tags=tags, keys=keys, properties=props)
+                )
+                click.echo(
+                    f"{r.status.name if hasattr(r.status, 'name') else r.status} "
+                    f"msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
+                    f"queue={r.queue_id} offset={r.queue_offset}"
+                )
 
     _run(go())
 
@@ -258,13 +327,28 @@ def send(broker: str, topic_name: str, body: str | None, tags: str | None, keys:
 @BROKER_OPTION
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--group", "-g", default="txmq-cli-consumer", show_default=True)
-@click.option("--expression", "-e", default="*", show_default=True, help="Tag filter: * or 'a || b'.")
-@click.option("--from", "consume_from", type=click.Choice(["first", "last"]), default="first",
-              show_default=True, help="Where a new group starts.")
+@click.option(
+    "--expression", "-e", default="*", show_default=True, help="Tag filter: * or 'a || b'."
+)
+@click.option(
+    "--from",
+    "consume_from",
+    type=click.Choice(["first", "last"]),
+    default="first",
+    show_default=True,
+    help="Where a new group starts.",
+)
 @click.option("--count", "-n", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
-def consume(broker: str, topic_name: str, group: str, expression: str, consume_from: str,
-            count: int | None, timeout: float | None) -> None:
+def consume(
+    broker: str,
+    topic_name: str,
+    group: str,
+    expression: str,
+    consume_from: str,
+    count: int | None,
+    timeout: float | None,
+) -> None:
     """Consume TOPIC as group GROUP and print one JSON line per message."""
     from txmq.client import AsyncPushConsumer
 
@@ -275,11 +359,21 @@ def consume(broker: str, topic_name: str, group: str, expression: str, consume_f
 
         def on_message(msg: Any) -> None:
             nonlocal seen, last
-            click.echo(json.dumps({
-                "topic": msg.topic, "queueId": msg.queue_id, "queueOffset": msg.queue_offset,
-                "msgId": msg.msg_id, "tags": msg.tags, "keys": msg.keys,
-                "properties": msg.user_properties,
-                "body": msg.body.decode("utf-8", "replace")}), nl=True)
+            click.echo(
+                json.dumps(
+                    {
+                        "topic": msg.topic,
+                        "queueId": msg.queue_id,
+                        "queueOffset": msg.queue_offset,
+                        "msgId": msg.msg_id,
+                        "tags": msg.tags,
+                        "keys": msg.keys,
+                        "properties": msg.user_properties,
+                        "body": msg.body.decode("utf-8", "replace"),
+                    }
+                ),
+                nl=True,
+            )
             seen += 1
             last = time.monotonic()
             if count is not None and seen >= count:
@@ -317,25 +411,36 @@ def txn() -> None:
 @BROKER_OPTION
 @click.option("--group", "-g", help="Only this producer group.")
 @click.option("--topic", "-t", help="Only transactions with messages for this topic.")
-@click.option("--state", "-s", default="PENDING,DISCARDED", show_default=True,
-              help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.")
+@click.option(
+    "--state",
+    "-s",
+    default="PENDING,DISCARDED",
+    show_default=True,
+    help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.",
+)
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def txn_list(broker: str, group: str | None, topic: str | None, state: str, limit: int,
-             as_json: bool) -> None:
+def txn_list(
+    broker: str, group: str | None, topic: str | None, state: str, limit: int, as_json: bool
+) -> None:
     """List transactions (default: pending and parked ones)."""
-    result = _admin(broker, lambda admin: admin.list_transactions(
-        group=group, topic=topic, state=state, limit=limit))
+    result = _admin(
+        broker,
+        lambda admin: admin.list_transactions(group=group, topic=topic, state=state, limit=limit),
+    )
 
     rows = result
     if as_json:
         _echo_json(rows)
         return
-    click.echo(f"{'transaction id':34} {'state':11} {'group':20} {'msgs':>4} {'checks':>6} "
-               f"{'age s':>8}")
+    click.echo(
+        f"{'transaction id':34} {'state':11} {'group':20} {'msgs':>4} {'checks':>6} {'age s':>8}"
+    )
     for r in rows:
-        click.echo(f"{r['transactionId']:34} {r['state']:11} {r['producerGroup']:20} "
-                   f"{len(r['halves']):>4} {r['checkTimes']:>6} {r.get('ageMs', 0) / 1000:>8.1f}")
+        click.echo(
+            f"{r['transactionId']:34} {r['state']:11} {r['producerGroup']:20} "
+            f"{len(r['halves']):>4} {r['checkTimes']:>6} {r.get('ageMs', 0) / 1000:>8.1f}"
+        )
 
 
 @txn.command("show")
@@ -374,5 +479,3 @@ def txn_commit(broker: str, transaction_id: str, reason: str) -> None:
 def txn_rollback(broker: str, transaction_id: str, reason: str) -> None:
     """Force-roll back a pending or parked transaction, as an operator."""
     _force(broker, transaction_id, False, reason)
-
-

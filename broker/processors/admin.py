@@ -57,28 +57,34 @@ class AdminProcessor:
         self.broker.clients.unregister(conn, h.producer_group, h.consumer_group)
         return cmd.response()
 
-    async def get_consumer_list_by_group(self, conn: Connection,
-                                         cmd: RemotingCommand) -> RemotingCommand:
+    async def get_consumer_list_by_group(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = GetConsumerListByGroupRequestHeader.from_ext_fields(cmd.ext_fields)
         ids = self.broker.clients.consumer_ids(h.consumer_group)
         if not ids:
-            return cmd.response(ResponseCode.SYSTEM_ERROR,
-                                f"no consumer for this group, {h.consumer_group}")
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumer_group}"
+            )
         return cmd.response(body=json_body({"consumerIdList": ids}))
 
     # -- offsets --------------------------------------------------------------------------------
 
-    async def query_consumer_offset(self, conn: Connection,
-                                    cmd: RemotingCommand) -> RemotingCommand:
+    async def query_consumer_offset(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
         off = self.broker.offsets.query(h.consumer_group, h.topic, h.queue_id)
         if off < 0:
-            return cmd.response(ResponseCode.QUERY_NOT_FOUND,
-                                "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+            return cmd.response(
+                ResponseCode.QUERY_NOT_FOUND,
+                "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+            )
         return cmd.response(ext_fields=QueryConsumerOffsetResponseHeader(off).to_ext_fields())
 
-    async def update_consumer_offset(self, conn: Connection,
-                                     cmd: RemotingCommand) -> RemotingCommand:
+    async def update_consumer_offset(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = UpdateConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
         if h.commit_offset < 0:
             raise InvalidParameterError(f"commitOffset {h.commit_offset} is negative")
@@ -95,8 +101,9 @@ class AdminProcessor:
         off = self.broker.store.get_min_offset_in_queue(h.topic, h.queue_id)
         return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
 
-    async def search_offset_by_timestamp(self, conn: Connection,
-                                         cmd: RemotingCommand) -> RemotingCommand:
+    async def search_offset_by_timestamp(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = SearchOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
         off = self.broker.store.get_offset_by_time(h.topic, h.queue_id, h.timestamp)
         return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
@@ -108,40 +115,56 @@ class AdminProcessor:
 
     # -- topics and routes ----------------------------------------------------------------------
 
-    async def update_and_create_topic(self, conn: Connection,
-                                      cmd: RemotingCommand) -> RemotingCommand:
+    async def update_and_create_topic(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = CreateTopicRequestHeader.from_ext_fields(cmd.ext_fields)
         if h.topic in SYSTEM_TOPICS:
             raise InvalidParameterError(f"the topic[{h.topic}] is conflict with system topic")
         if not (1 <= h.read_queue_nums <= 1024 and 1 <= h.write_queue_nums <= 1024):
             raise InvalidParameterError("queue numbers must be between 1 and 1024")
-        self.broker.topics.create_or_update(TopicConfig(
-            h.topic, read_queue_nums=h.read_queue_nums, write_queue_nums=h.write_queue_nums,
-            perm=h.perm, topic_sys_flag=h.topic_sys_flag, order=h.order))
+        self.broker.topics.create_or_update(
+            TopicConfig(
+                h.topic,
+                read_queue_nums=h.read_queue_nums,
+                write_queue_nums=h.write_queue_nums,
+                perm=h.perm,
+                topic_sys_flag=h.topic_sys_flag,
+                order=h.order,
+            )
+        )
         return cmd.response()
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         table = {name: tc.to_json() for name, tc in self.broker.topics.all().items()}
         return cmd.response(body=json_body({"topicConfigTable": table}))
 
-    async def get_route_info_by_topic(self, conn: Connection,
-                                      cmd: RemotingCommand) -> RemotingCommand:
+    async def get_route_info_by_topic(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
         tc = self.broker.topics.get(h.topic)
         if tc is None:
             raise TopicNotExistError(f"No topic route info in name server for the topic: {h.topic}")
         cfg = self.broker.config
-        route = {
+        route: dict[str, Any] = {
             "orderTopicConf": None,
-            "queueDatas": [{
-                "brokerName": cfg.broker_name, "readQueueNums": tc.read_queue_nums,
-                "writeQueueNums": tc.write_queue_nums, "perm": tc.perm,
-                "topicSysFlag": tc.topic_sys_flag,
-            }],
-            "brokerDatas": [{
-                "cluster": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
-                "brokerAddrs": {"0": self.broker.advertised_address},
-            }],
+            "queueDatas": [
+                {
+                    "brokerName": cfg.broker_name,
+                    "readQueueNums": tc.read_queue_nums,
+                    "writeQueueNums": tc.write_queue_nums,
+                    "perm": tc.perm,
+                    "topicSysFlag": tc.topic_sys_flag,
+                }
+            ],
+            "brokerDatas": [
+                {
+                    "cluster": cfg.broker_cluster_name,
+                    "brokerName": cfg.broker_name,
+                    "brokerAddrs": {"0": self.broker.advertised_address},
+                }
+            ],
             "filterServerTable": {},
         }
         return cmd.response(body=json_body(route))
@@ -154,21 +177,25 @@ class AdminProcessor:
         store = self.broker.store
         table = []
         for qid in range(tc.read_queue_nums):
-            table.append({
-                "queueId": qid,
-                "minOffset": store.get_min_offset_in_queue(h.topic, qid),
-                "maxOffset": store.get_max_offset_in_queue(h.topic, qid),
-            })
+            table.append(
+                {
+                    "queueId": qid,
+                    "minOffset": store.get_min_offset_in_queue(h.topic, qid),
+                    "maxOffset": store.get_max_offset_in_queue(h.topic, qid),
+                }
+            )
         groups = {}
         for g in self.broker.offsets.groups():
             offs = self.broker.offsets.offsets(g, h.topic)
             if offs:
                 groups[g] = {str(q): o for q, o in offs.items()}
-        return cmd.response(body=json_body({"topic": h.topic, "offsetTable": table,
-                                            "consumerOffsets": groups}))
+        return cmd.response(
+            body=json_body({"topic": h.topic, "offsetTable": table, "consumerOffsets": groups})
+        )
 
-    async def get_broker_runtime_info(self, conn: Connection,
-                                      cmd: RemotingCommand) -> RemotingCommand:
+    async def get_broker_runtime_info(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         b = self.broker
         table: dict[str, Any] = {
             "brokerName": b.config.broker_name,
@@ -177,8 +204,13 @@ class AdminProcessor:
             "uptimeMs": int((time.monotonic() - b.started_monotonic) * 1000),
             "flushDiskType": b.config.flush_disk_type,
             "storePathRootDir": b.config.store_path_root_dir,
-            "topics": len([t for t in b.topics.all() if t not in SYSTEM_TOPICS
-                           and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)]),
+            "topics": len(
+                [
+                    t
+                    for t in b.topics.all()
+                    if t not in SYSTEM_TOPICS and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)
+                ]
+            ),
             "connections": b.clients.channel_count,
             "producerGroups": b.clients.producer_groups(),
             "consumerGroups": b.clients.consumer_groups(),

@@ -89,41 +89,54 @@ class PullMessageProcessor:
         if not 0 <= h.queue_id < tc.read_queue_nums:
             raise MessageIllegalError(
                 f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] topicConfig.readQueueNums:"
-                f"[{tc.read_queue_nums}]")
+                f"[{tc.read_queue_nums}]"
+            )
         if h.sys_flag & FLAG_COMMIT_OFFSET and h.commit_offset > 0:
             self.broker.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         tag_codes = self._tag_codes(h)
         max_nums = max(1, min(h.max_msg_nums, 1024))
         store = self.broker.store
         result = store.get_messages(h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes)
-        suspend = (h.sys_flag & FLAG_SUSPEND and self.broker.config.long_polling_enable
-                   and h.suspend_timeout_millis > 0)
-        if suspend and result.status in (GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-                                         GetMessageStatus.OFFSET_OVERFLOW_ONE):
+        suspend = (
+            h.sys_flag & FLAG_SUSPEND
+            and self.broker.config.long_polling_enable
+            and h.suspend_timeout_millis > 0
+        )
+        if suspend and result.status in (
+            GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+            GetMessageStatus.OFFSET_OVERFLOW_ONE,
+        ):
             timeout = min(h.suspend_timeout_millis, MAX_SUSPEND_MS) / 1000.0
             await self.hold.wait(h.topic, h.queue_id, timeout)
             result = store.get_messages(h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes)
         return self._response(cmd, h, result)
 
-    def _response(self, cmd: RemotingCommand, h: PullMessageRequestHeader,
-                  r: GetMessageResult) -> RemotingCommand:
-        header = PullMessageResponseHeader(next_begin_offset=r.next_begin_offset,
-                                           min_offset=r.min_offset, max_offset=r.max_offset)
+    def _response(
+        self, cmd: RemotingCommand, h: PullMessageRequestHeader, r: GetMessageResult
+    ) -> RemotingCommand:
+        header = PullMessageResponseHeader(
+            next_begin_offset=r.next_begin_offset, min_offset=r.min_offset, max_offset=r.max_offset
+        )
         s = r.status
         if s is GetMessageStatus.FOUND:
             self.broker.metrics.messages_pulled.inc(len(r.messages))
-            return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields(),
-                                b"".join(r.messages))
+            return cmd.response(
+                ResponseCode.SUCCESS, None, header.to_ext_fields(), b"".join(r.messages)
+            )
         if s is GetMessageStatus.NO_MATCHED_MESSAGE or s is GetMessageStatus.OFFSET_FOUND_NULL:
-            return cmd.response(ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message",
-                                header.to_ext_fields())
+            return cmd.response(
+                ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", header.to_ext_fields()
+            )
         if s in (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY):
             return cmd.response(
                 ResponseCode.PULL_OFFSET_MOVED,
                 f"offset {h.queue_offset} is out of range [{r.min_offset}, {r.max_offset}]",
-                header.to_ext_fields())
+                header.to_ext_fields(),
+            )
         if s is GetMessageStatus.NO_MESSAGE_IN_QUEUE and h.queue_offset != r.next_begin_offset:
-            return cmd.response(ResponseCode.PULL_OFFSET_MOVED,
-                                f"offset {h.queue_offset} is out of range of an empty queue",
-                                header.to_ext_fields())
+            return cmd.response(
+                ResponseCode.PULL_OFFSET_MOVED,
+                f"offset {h.queue_offset} is out of range of an empty queue",
+                header.to_ext_fields(),
+            )
         return cmd.response(ResponseCode.PULL_NOT_FOUND, "no new message", header.to_ext_fields())

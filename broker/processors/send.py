@@ -105,16 +105,24 @@ class SendMessageProcessor:
         except ProtocolError as exc:
             raise MessageIllegalError(f"bad properties: {exc}") from None
         msg = MessageExt(
-            topic=h.topic, body=cmd.body, queue_id=self._queue_id(h.queue_id, tc.write_queue_nums,
-                                                                  h.topic),
-            flag=h.flag, sys_flag=h.sys_flag, born_timestamp=h.born_timestamp,
-            born_host=conn.peer, reconsume_times=h.reconsume_times or 0, properties=props,
+            topic=h.topic,
+            body=cmd.body,
+            queue_id=self._queue_id(h.queue_id, tc.write_queue_nums, h.topic),
+            flag=h.flag,
+            sys_flag=h.sys_flag,
+            born_timestamp=h.born_timestamp,
+            born_host=conn.peer,
+            reconsume_times=h.reconsume_times or 0,
+            properties=props,
         )
         tx = self.broker.transactions
         if props.get(MessageConst.TRAN_MSG, "").lower() == "true":
             tx.prepare_half(msg, h.producer_group)  # may raise NoPermissionError
         else:
-            if MessageSysFlag.transaction_value(msg.sys_flag) != MessageSysFlag.TRANSACTION_NOT_TYPE:
+            if (
+                MessageSysFlag.transaction_value(msg.sys_flag)
+                != MessageSysFlag.TRANSACTION_NOT_TYPE
+            ):
                 raise MessageIllegalError("sysFlag marks a transaction but TRAN_MSG is not set")
             self.delay_to_schedule(msg)
         result = self.broker.put_message(msg)
@@ -123,21 +131,24 @@ class SendMessageProcessor:
         resp_header = SendMessageResponseHeader(
             msg_id=result.offset_msg_id,
             queue_id=int(msg.properties.get(MessageConst.REAL_QID, msg.queue_id))
-            if msg.topic in (tx.half_topic, SCHEDULE_TOPIC) else msg.queue_id,
+            if msg.topic in (tx.half_topic, SCHEDULE_TOPIC)
+            else msg.queue_id,
             queue_offset=result.queue_offset,
             transaction_id=tx.transaction_id_of(props) if msg.topic == tx.half_topic else None,
         )
         try:
             await self.broker.flush.wait_durable(result.end_offset)
         except FlushDiskTimeoutError as exc:
-            return cmd.response(ResponseCode.FLUSH_DISK_TIMEOUT, str(exc),
-                                resp_header.to_ext_fields())
+            return cmd.response(
+                ResponseCode.FLUSH_DISK_TIMEOUT, str(exc), resp_header.to_ext_fields()
+            )
         return cmd.response(ResponseCode.SUCCESS, None, resp_header.to_ext_fields())
 
     # -- SEND_BATCH_MESSAGE ---------------------------------------------------------------------
 
-    async def send_batch(self, conn: Connection, cmd: RemotingCommand,
-                         h: SendMessageRequestHeader | None = None) -> RemotingCommand:
+    async def send_batch(
+        self, conn: Connection, cmd: RemotingCommand, h: SendMessageRequestHeader | None = None
+    ) -> RemotingCommand:
         h = h or self._header(cmd)
         tc = self.broker.topics.for_send(h.topic, h.default_topic_queue_nums)
         qid = self._queue_id(h.queue_id, tc.write_queue_nums, h.topic)
@@ -154,16 +165,25 @@ class SendMessageProcessor:
         for body, flag, props in entries:
             self._check_body(body)
             if (props.get(MessageConst.TRAN_MSG, "").lower() == "true") != transactional or (
-                    transactional and tx.transaction_id_of(props) != txid):
+                transactional and tx.transaction_id_of(props) != txid
+            ):
                 raise MessageIllegalError(
                     "a batch is either plain or the half messages of one transaction (same "
-                    "transaction id); this one mixes them")
+                    "transaction id); this one mixes them"
+                )
             if props.get(MessageConst.DELAY) and not transactional:
                 raise MessageIllegalError("delayed messages cannot be sent as a batch")
             msg = MessageExt(
-                topic=h.topic, body=body, queue_id=qid, flag=flag, sys_flag=h.sys_flag & ~0xC,
-                born_timestamp=h.born_timestamp, born_host=conn.peer,
-                reconsume_times=h.reconsume_times or 0, properties=props)
+                topic=h.topic,
+                body=body,
+                queue_id=qid,
+                flag=flag,
+                sys_flag=h.sys_flag & ~0xC,
+                born_timestamp=h.born_timestamp,
+                born_host=conn.peer,
+                reconsume_times=h.reconsume_times or 0,
+                properties=props,
+            )
             if transactional:
                 tx.prepare_half(msg, h.producer_group)
             msgs.append(msg)
@@ -172,8 +192,11 @@ class SendMessageProcessor:
             for msg, r in zip(msgs, results, strict=True):
                 tx.on_half_stored(msg, r)
         header = SendMessageResponseHeader(
-            msg_id=",".join(r.offset_msg_id for r in results), queue_id=qid,
-            queue_offset=results[0].queue_offset, transaction_id=txid)
+            msg_id=",".join(r.offset_msg_id for r in results),
+            queue_id=qid,
+            queue_offset=results[0].queue_offset,
+            transaction_id=txid,
+        )
         try:
             await self.broker.flush.wait_durable(results[-1].end_offset)
         except FlushDiskTimeoutError as exc:
@@ -182,7 +205,9 @@ class SendMessageProcessor:
 
     # -- CONSUMER_SEND_MSG_BACK -----------------------------------------------------------------
 
-    async def consumer_send_msg_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    async def consumer_send_msg_back(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         """A consumer could not process a message: re-deliver it later through
         ``%RETRY%<group>`` with growing delays, or park it in ``%DLQ%<group>``."""
         h = ConsumerSendMsgBackRequestHeader.from_ext_fields(cmd.ext_fields)
@@ -190,8 +215,11 @@ class SendMessageProcessor:
             orig = self.broker.store.lookup_message(h.offset)
         except (QueryNotFoundError, KeyError):
             raise QueryNotFoundError(f"look message by offset failed, {h.offset}") from None
-        max_times = h.max_reconsume_times if h.max_reconsume_times is not None else \
-            self.broker.config.max_reconsume_times
+        max_times = (
+            h.max_reconsume_times
+            if h.max_reconsume_times is not None
+            else self.broker.config.max_reconsume_times
+        )
         props = dict(orig.properties)
         props.setdefault(MessageConst.RETRY_TOPIC, orig.topic)
         props.setdefault(MessageConst.ORIGIN_MESSAGE_ID, h.origin_msg_id or orig.msg_id)
@@ -200,16 +228,28 @@ class SendMessageProcessor:
         if times > max_times or h.delay_level < 0:
             topic = dlq_topic(h.group)
             self.broker.topics.ensure(topic, 1)
-            log.warning("message_dead_lettered", group=h.group, msg_id=orig.msg_id,
-                        reconsume_times=orig.reconsume_times)
+            log.warning(
+                "message_dead_lettered",
+                group=h.group,
+                msg_id=orig.msg_id,
+                reconsume_times=orig.reconsume_times,
+            )
         else:
             topic = retry_topic(h.group)
             self.broker.topics.ensure(topic, 1)
             level = h.delay_level if h.delay_level > 0 else 3 + orig.reconsume_times
             props[MessageConst.DELAY] = str(level)
-        msg = MessageExt(topic=topic, body=orig.body, queue_id=0, flag=orig.flag,
-                         sys_flag=orig.sys_flag & ~0xC, born_timestamp=orig.born_timestamp,
-                         born_host=orig.born_host, reconsume_times=times, properties=props)
+        msg = MessageExt(
+            topic=topic,
+            body=orig.body,
+            queue_id=0,
+            flag=orig.flag,
+            sys_flag=orig.sys_flag & ~0xC,
+            born_timestamp=orig.born_timestamp,
+            born_host=orig.born_host,
+            reconsume_times=times,
+            properties=props,
+        )
         self.delay_to_schedule(msg)
         await self._store(msg)
         return cmd.response()

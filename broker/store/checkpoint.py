@@ -91,8 +91,9 @@ class StoreCheckpoint:
             for topic, qs in doc.get("queues", {}).items():
                 for qid, max_offset in qs.items():
                     queues[(str(topic), int(qid))] = int(max_offset)
-            cp = cls(int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]),
-                     queues)
+            cp = cls(
+                int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]), queues
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("checkpoint_read_failed", path=path, error=str(exc))
             return None

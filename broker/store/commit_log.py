@@ -228,16 +228,21 @@ class CommitLog:
                 # A segment in the middle is missing: offsets after it cannot be reached by a
                 # scan.  The file is kept for an operator, under a name the store ignores.
                 os.replace(path, path + ".orphaned")
-                log.error("segment_orphaned", path=path + ".orphaned", reason="gap_in_commit_log",
-                          expected_start=expected)
+                log.error(
+                    "segment_orphaned",
+                    path=path + ".orphaned",
+                    reason="gap_in_commit_log",
+                    expected_start=expected,
+                )
                 self._dir_dirty = True
                 continue
             # A segment's capacity is its file size (segments written under an older
             # mappedFileSizeCommitLog keep theirs).  An empty file was created but never sized
             # (a crash right after open): it gets the configured size.
             size = os.path.getsize(path)
-            seg = MappedFile.open_existing(path, start, min_capacity=size or self.segment_size,
-                                           writable=False)
+            seg = MappedFile.open_existing(
+                path, start, min_capacity=size or self.segment_size, writable=False
+            )
             self._append_segment(seg)
             expected = seg.end
         if self._segments:
@@ -253,8 +258,9 @@ class CommitLog:
     def segments(self) -> list[MappedFile]:
         return list(self._segments)
 
-    def recover(self, start: int, durable_end: int,
-                on_record: Callable[[int, int, DispatchInfo], None]) -> CommitLogRecovery:
+    def recover(
+        self, start: int, durable_end: int, on_record: Callable[[int, int, DispatchInfo], None]
+    ) -> CommitLogRecovery:
         """Validate from ``start`` (a record boundary) to the end of data, calling
         ``on_record(offset, size, info)`` for every valid message record, then cut the log
         after the last valid record.
@@ -274,8 +280,9 @@ class CommitLog:
         self.flushed = min(self.flushed, start)
         return CommitLogRecovery(end, truncated, deleted, damaged)
 
-    def _scan(self, start: int, durable_end: int,
-              on_record: Callable[[int, int, DispatchInfo], None]) -> tuple[int, int]:
+    def _scan(
+        self, start: int, durable_end: int, on_record: Callable[[int, int, DispatchInfo], None]
+    ) -> tuple[int, int]:
         """Returns the end of valid data and how many bad records were skipped below
         ``durable_end``."""
         pos = start
@@ -302,8 +309,9 @@ class CommitLog:
                 # for a header it ends where the last record ended.
                 return (seg.end if stop is _Stop.BLANK else pos), damaged
 
-    def _scan_segment(self, seg: MappedFile, pos: int,
-                      on_record: Callable[[int, int, DispatchInfo], None]) -> tuple[_Stop, int]:
+    def _scan_segment(
+        self, seg: MappedFile, pos: int, on_record: Callable[[int, int, DispatchInfo], None]
+    ) -> tuple[_Stop, int]:
         """Walk the records of one segment from ``pos``; why and where the walk stopped."""
         assert seg.mm is not None
         header = RECORD_HEADER
@@ -347,8 +355,7 @@ class CommitLog:
                 zero_tail(seg.fd, rel, seg.capacity)
                 seg.map()
                 seg.sync()
-                log.warning("commit_log_truncated", path=seg.path, offset=end,
-                            bytes=tail - rel)
+                log.warning("commit_log_truncated", path=seg.path, offset=end, bytes=tail - rel)
         later = self._segments[keep:]
         for seg in later:
             assert seg.fd is not None
@@ -414,8 +421,9 @@ class CommitLog:
                 os.pwrite(seg.fd, bytes(total), rel)
             except OSError:
                 pass
-            log.error("commit_log_write_failed", path=seg.path, offset=pos, size=total,
-                      error=str(exc))
+            log.error(
+                "commit_log_write_failed", path=seg.path, offset=pos, size=total, error=str(exc)
+            )
             raise StoreIOError(
                 f"writing {total} bytes to the commit log at offset {pos} failed: {exc}"
             ) from exc

@@ -117,8 +117,9 @@ class ConsumeQueue:
         tracker: where written/created/deleted segments are reported.
     """
 
-    def __init__(self, root: str, topic: str, queue_id: int, segment_size: int,
-                 tracker: FlushTracker) -> None:
+    def __init__(
+        self, root: str, topic: str, queue_id: int, segment_size: int, tracker: FlushTracker
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self._root = root
@@ -156,8 +157,9 @@ class ConsumeQueue:
                 os.unlink(path)
                 self._tracker.dir_created(self.directory)
                 continue
-            seg = MappedFile.open_existing(path, start, min_capacity=self.segment_size,
-                                           writable=True, map_now=False)
+            seg = MappedFile.open_existing(
+                path, start, min_capacity=self.segment_size, writable=True, map_now=False
+            )
             seg.capacity -= seg.capacity % CQ_ENTRY_SIZE
             segs.append(seg)
         if not segs:
@@ -371,8 +373,8 @@ class ConsumeQueue:
         """Move ``min_offset`` to the first entry whose message is at or above
         ``commit_log_min`` (entries are in commit-log order, so a binary search does)."""
         self.min_offset = _first_false(
-            self.base_offset, self.max_offset,
-            lambda i: self._is_filler_or_below(i, commit_log_min))
+            self.base_offset, self.max_offset, lambda i: self._is_filler_or_below(i, commit_log_min)
+        )
 
     def delete_expired(self, commit_log_min: int) -> int:
         """Delete leading segment files whose entries all point below ``commit_log_min`` (never

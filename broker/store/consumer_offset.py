@@ -66,7 +66,8 @@ class ConsumerOffsetManager:
             counter = int(doc.get("dataVersion", {}).get("counter", 0))
         except (ValueError, AttributeError, TypeError) as exc:
             raise StoreCorruptError(
-                f"cannot read consumer offsets from {self.path}: {exc}") from None
+                f"cannot read consumer offsets from {self.path}: {exc}"
+            ) from None
         with self._lock:
             self._table = table
             self._counter = counter
@@ -94,8 +95,9 @@ class ConsumerOffsetManager:
         """Groups that committed anything, sorted."""
         with self._lock:
             keys = list(self._table)
-        return sorted({k.split(TOPIC_GROUP_SEPARATOR, 1)[1] for k in keys
-                       if TOPIC_GROUP_SEPARATOR in k})
+        return sorted(
+            {k.split(TOPIC_GROUP_SEPARATOR, 1)[1] for k in keys if TOPIC_GROUP_SEPARATOR in k}
+        )
 
     def topics_of(self, group: str) -> list[str]:
         """Topics ``group`` committed offsets for, sorted."""
@@ -127,8 +129,10 @@ class ConsumerOffsetManager:
                     return False
                 self._dirty = False
                 self._counter += 1
-                snapshot = {key: {str(q): o for q, o in sorted(queues.items())}
-                            for key, queues in sorted(self._table.items())}
+                snapshot = {
+                    key: {str(q): o for q, o in sorted(queues.items())}
+                    for key, queues in sorted(self._table.items())
+                }
                 counter = self._counter
             doc = {
                 "offsetTable": snapshot,

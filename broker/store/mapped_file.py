@@ -48,8 +48,7 @@ class MappedFile:
             log writes with ``pwrite`` and reads through the map).
     """
 
-    __slots__ = ("path", "start", "capacity", "fd", "mm", "writable", "_synced_once",
-                 "__weakref__")
+    __slots__ = ("path", "start", "capacity", "fd", "mm", "writable", "_synced_once", "__weakref__")
 
     def __init__(self, path: str, start: int, capacity: int, fd: int, *, writable: bool) -> None:
         self.path = path
@@ -87,8 +86,9 @@ class MappedFile:
             raise
 
     @classmethod
-    def open_existing(cls, path: str, start: int, *, min_capacity: int, writable: bool,
-                      map_now: bool = True) -> MappedFile:
+    def open_existing(
+        cls, path: str, start: int, *, min_capacity: int, writable: bool, map_now: bool = True
+    ) -> MappedFile:
         """Open an existing segment file.
 
         Its capacity is its size.  A file shorter than ``min_capacity`` (a crash between create

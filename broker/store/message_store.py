@@ -104,8 +104,10 @@ MAX_FILTER_SCAN = 800
 DELETE_FILES_BATCH_MAX = 10
 _POS_STORE_HOST = 64
 _I64 = struct.Struct(">q")
-_TX_NO_DISPATCH = (MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-                   MessageSysFlag.TRANSACTION_ROLLBACK_TYPE)
+_TX_NO_DISPATCH = (
+    MessageSysFlag.TRANSACTION_PREPARED_TYPE,
+    MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
+)
 
 
 class GetMessageStatus(enum.Enum):
@@ -198,8 +200,11 @@ class RecoveryReport:
 
 
 def _valid_destination(topic: str, queue_id: int) -> bool:
-    return (0 <= queue_id <= 0x7FFFFFFF and len(topic) <= MAX_TOPIC_BYTES
-            and VALID_TOPIC.match(topic) is not None)
+    return (
+        0 <= queue_id <= 0x7FFFFFFF
+        and len(topic) <= MAX_TOPIC_BYTES
+        and VALID_TOPIC.match(topic) is not None
+    )
 
 
 class _RecoveryDispatcher:
@@ -219,8 +224,13 @@ class _RecoveryDispatcher:
         cq = self.store._cqs.get(key)
         if cq is None:
             if not _valid_destination(*key):
-                log.error("message_not_dispatched", offset=offset, topic=info.topic,
-                          queue_id=info.queue_id, reason="invalid_destination")
+                log.error(
+                    "message_not_dispatched",
+                    offset=offset,
+                    topic=info.topic,
+                    queue_id=info.queue_id,
+                    reason="invalid_destination",
+                )
                 return
             cq = self.store._new_cq(key)
         qo = info.queue_offset
@@ -228,21 +238,36 @@ class _RecoveryDispatcher:
             # Indexed before the crash.  Below the checkpoint (a queue being rebuilt) the entry
             # is checked too: a damaged one would hide the message.
             if offset < self.logic and cq.repair(qo, offset, size, info.tags_code):
-                log.warning("consume_queue_entry_repaired", topic=key[0], queue_id=key[1],
-                            queue_offset=qo, commit_log_offset=offset)
+                log.warning(
+                    "consume_queue_entry_repaired",
+                    topic=key[0],
+                    queue_id=key[1],
+                    queue_offset=qo,
+                    commit_log_offset=offset,
+                )
             return
         if qo > cq.max_offset:
             last = cq.last_entry()
             if last is None or last[1] == FILLER_SIZE or last[0] < self.cl_min:
                 # The queue's older messages went with deleted segments: it restarts here.
-                log.warning("consume_queue_restarted", topic=key[0], queue_id=key[1],
-                            from_offset=cq.max_offset, to_offset=qo,
-                            reason="older_messages_deleted")
+                log.warning(
+                    "consume_queue_restarted",
+                    topic=key[0],
+                    queue_id=key[1],
+                    from_offset=cq.max_offset,
+                    to_offset=qo,
+                    reason="older_messages_deleted",
+                )
                 cq.reset_to(qo)
             else:
                 # Messages in the middle were lost (a damaged record was skipped).
-                log.error("consume_queue_holes_filled", topic=key[0], queue_id=key[1],
-                          from_offset=cq.max_offset, to_offset=qo)
+                log.error(
+                    "consume_queue_holes_filled",
+                    topic=key[0],
+                    queue_id=key[1],
+                    from_offset=cq.max_offset,
+                    to_offset=qo,
+                )
                 cq.fill_holes(qo, offset)
         cq.append(offset, size, info.tags_code)
         self.redispatched += 1
@@ -258,8 +283,12 @@ class MessageStore:
         clock: seconds since the epoch; the store timestamp of each message (a seam for tests).
     """
 
-    def __init__(self, config: StoreConfig, store_host: tuple[str, int],
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        store_host: tuple[str, int],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.store_host = store_host
         self._clock = clock
@@ -270,8 +299,9 @@ class MessageStore:
         self._lock_path = os.path.join(root, "lock")
         self._lock = threading.Lock()
         self._cq_flush_lock = threading.Lock()
-        self._commit_log = CommitLog(os.path.join(root, "commitlog"),
-                                     config.mapped_file_size_commit_log, self._lock)
+        self._commit_log = CommitLog(
+            os.path.join(root, "commitlog"), config.mapped_file_size_commit_log, self._lock
+        )
         self._tracker = FlushTracker()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._topics: dict[str, dict[int, ConsumeQueue]] = {}
@@ -297,8 +327,12 @@ class MessageStore:
         if self._open:
             raise RuntimeError("the message store is already loaded")
         t0 = time.monotonic()
-        for d in (self._root, self._commit_log.directory, self._cq_dir,
-                  os.path.join(self._root, "config")):
+        for d in (
+            self._root,
+            self._commit_log.directory,
+            self._cq_dir,
+            os.path.join(self._root, "config"),
+        ):
             os.makedirs(d, exist_ok=True)
         self._acquire_lock()
         try:
@@ -312,8 +346,7 @@ class MessageStore:
         return report
 
     def _acquire_lock(self) -> None:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                     0o644)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             # flock locks belong to the open file description, so a second MessageStore in the
             # same process is refused as well as one in another process.
@@ -342,8 +375,11 @@ class MessageStore:
         if cp is None:
             logic = cl_min
             if cl.segments:
-                log.warning("checkpoint_not_found", path=self._checkpoint_path,
-                            action="rebuilding consume queues from the whole commit log")
+                log.warning(
+                    "checkpoint_not_found",
+                    path=self._checkpoint_path,
+                    action="rebuilding consume queues from the whole commit log",
+                )
         else:
             logic = min(max(cp.logic_offset, cl_min), cl.write_pos)
 
@@ -356,8 +392,14 @@ class MessageStore:
             cq = self._cqs.get(key) or self._new_cq(key)
             if cq.max_offset < expected:
                 resume = self._resume_point(cq, cl_min)
-                log.warning("consume_queue_found_incomplete", topic=key[0], queue_id=key[1],
-                            entries=cq.max_offset, expected=expected, rebuild_from=resume)
+                log.warning(
+                    "consume_queue_found_incomplete",
+                    topic=key[0],
+                    queue_id=key[1],
+                    entries=cq.max_offset,
+                    expected=expected,
+                    rebuild_from=resume,
+                )
                 incomplete[key] = expected
                 scan_start = min(scan_start, resume)
 
@@ -373,8 +415,13 @@ class MessageStore:
                 if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
                     cq.reset_to(expected)  # all of them went with deleted segments
                 else:
-                    log.error("consume_queue_holes_filled", topic=key[0], queue_id=key[1],
-                              from_offset=cq.max_offset, to_offset=expected)
+                    log.error(
+                        "consume_queue_holes_filled",
+                        topic=key[0],
+                        queue_id=key[1],
+                        from_offset=cq.max_offset,
+                        to_offset=expected,
+                    )
                     cq.fill_holes(expected, end)
         for cq in self._cqs.values():
             cq.correct_min_offset(cl_min)
@@ -410,8 +457,11 @@ class MessageStore:
                 continue
             for qid_name in sorted(os.listdir(topic_dir)):
                 path = os.path.join(topic_dir, qid_name)
-                if not (qid_name.isascii() and qid_name.isdigit()) or not os.path.isdir(path) \
-                        or not _valid_destination(topic, int(qid_name)):
+                if (
+                    not (qid_name.isascii() and qid_name.isdigit())
+                    or not os.path.isdir(path)
+                    or not _valid_destination(topic, int(qid_name))
+                ):
                     log.warning("unknown_file_ignored", path=path)
                     continue
                 self._new_cq((topic, int(qid_name))).load(logic)
@@ -431,7 +481,10 @@ class MessageStore:
                 pass
             else:
                 if (info.topic, info.queue_id, info.queue_offset) == (
-                        cq.topic, cq.queue_id, cq.max_offset - 1):
+                    cq.topic,
+                    cq.queue_id,
+                    cq.max_offset - 1,
+                ):
                     return last[0] + RECORD_HEADER_SIZE + last[1]
         return cl_min
 
@@ -464,8 +517,9 @@ class MessageStore:
             raise ServiceNotAvailableError("the message store is not open")
 
     def _new_cq(self, key: tuple[str, int]) -> ConsumeQueue:
-        cq = ConsumeQueue(self._cq_dir, key[0], key[1],
-                          self.config.mapped_file_size_consume_queue, self._tracker)
+        cq = ConsumeQueue(
+            self._cq_dir, key[0], key[1], self.config.mapped_file_size_consume_queue, self._tracker
+        )
         self._cqs[key] = cq
         self._topics.setdefault(key[0], {})[key[1]] = cq
         return cq
@@ -502,7 +556,8 @@ class MessageStore:
             if not _valid_destination(m.topic, m.queue_id):
                 raise MessageIllegalError(
                     f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: invalid "
-                    f"topic name or queue id")
+                    f"topic name or queue id"
+                )
             try:
                 data = encode_message(m)
             except ProtocolError as exc:
@@ -510,14 +565,16 @@ class MessageStore:
             if len(data) > cfg.max_message_size:
                 raise MessageIllegalError(
                     f"message size {len(data)} bytes exceeds the maximum message size of "
-                    f"{cfg.max_message_size} bytes")
+                    f"{cfg.max_message_size} bytes"
+                )
             encoded.append(data)
             total += RECORD_HEADER_SIZE + len(data)
         if total > cfg.mapped_file_size_commit_log:
             what = "the message" if len(msgs) == 1 else f"the batch of {len(msgs)} messages"
             raise MessageIllegalError(
                 f"{what} needs {total} bytes, more than a commit-log segment of "
-                f"{cfg.mapped_file_size_commit_log} bytes holds")
+                f"{cfg.mapped_file_size_commit_log} bytes holds"
+            )
 
         parts: list[bytes | bytearray] = []
         plan: list[tuple[ConsumeQueue | None, int, int, int]] = []
@@ -563,10 +620,16 @@ class MessageStore:
             m.commit_log_offset = phy
             m.queue_offset = qo
             m.store_size = n
-            results.append(PutMessageResult(
-                commit_log_offset=phy, size=n, queue_offset=qo, store_timestamp=now_ms,
-                offset_msg_id=f"{self._msg_id_prefix}{phy:016X}",
-                end_offset=phy + RECORD_HEADER_SIZE + n))
+            results.append(
+                PutMessageResult(
+                    commit_log_offset=phy,
+                    size=n,
+                    queue_offset=qo,
+                    store_timestamp=now_ms,
+                    offset_msg_id=f"{self._msg_id_prefix}{phy:016X}",
+                    end_offset=phy + RECORD_HEADER_SIZE + n,
+                )
+            )
         self._put_count += len(msgs)
         self._put_bytes += total
         return results
@@ -608,7 +671,8 @@ class MessageStore:
             if self._last_checkpoint == (logic, table):
                 return
             StoreCheckpoint(logic, physic, int(time.time() * 1000), table).write(
-                self._checkpoint_path)
+                self._checkpoint_path
+            )
             self._last_checkpoint = (logic, table)
 
     @property
@@ -628,9 +692,15 @@ class MessageStore:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-                     tag_codes: frozenset[int] | None = None,
-                     max_bytes: int = 4 * 1024 * 1024) -> GetMessageResult:
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        tag_codes: frozenset[int] | None = None,
+        max_bytes: int = 4 * 1024 * 1024,
+    ) -> GetMessageResult:
         """Read up to ``max_msgs`` messages (and about ``max_bytes``) from a queue, starting at
         queue offset ``offset``.
 
@@ -651,8 +721,11 @@ class MessageStore:
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             self._get_miss += 1
-            status = (GetMessageStatus.NO_MESSAGE_IN_QUEUE if _valid_destination(topic, queue_id)
-                      else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+            status = (
+                GetMessageStatus.NO_MESSAGE_IN_QUEUE
+                if _valid_destination(topic, queue_id)
+                else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+            )
             return GetMessageResult(status, [], 0, 0, 0)
         min_o, max_o = cq.min_offset, cq.max_offset
         if max_o == 0:
@@ -668,8 +741,14 @@ class MessageStore:
         self._get_miss += 1
         return GetMessageResult(status, [], next_offset, min_o, max_o)
 
-    def _read_queue(self, cq: ConsumeQueue, offset: int, max_msgs: int,
-                    tag_codes: frozenset[int] | None, max_bytes: int) -> GetMessageResult:
+    def _read_queue(
+        self,
+        cq: ConsumeQueue,
+        offset: int,
+        max_msgs: int,
+        tag_codes: frozenset[int] | None,
+        max_bytes: int,
+    ) -> GetMessageResult:
         cl = self._commit_log
         cl_min = cl.min_offset
         max_o = cq.max_offset
@@ -702,8 +781,14 @@ class MessageStore:
                 payload = cl.read_payload(phy, size)
                 if payload is None:
                     found_null = True
-                    log.error("message_read_failed", topic=cq.topic, queue_id=cq.queue_id,
-                              queue_offset=idx - 1, commit_log_offset=phy, size=size)
+                    log.error(
+                        "message_read_failed",
+                        topic=cq.topic,
+                        queue_id=cq.queue_id,
+                        queue_offset=idx - 1,
+                        commit_log_offset=phy,
+                        size=size,
+                    )
                     continue
                 messages.append(payload)
                 total += size
@@ -711,8 +796,11 @@ class MessageStore:
             status = GetMessageStatus.FOUND
             self._get_found += 1
         else:
-            status = (GetMessageStatus.OFFSET_FOUND_NULL if found_null
-                      else GetMessageStatus.NO_MATCHED_MESSAGE)
+            status = (
+                GetMessageStatus.OFFSET_FOUND_NULL
+                if found_null
+                else GetMessageStatus.NO_MATCHED_MESSAGE
+            )
             self._get_miss += 1
         return GetMessageResult(status, messages, idx, cq.min_offset, max_o)
 
@@ -767,7 +855,8 @@ class MessageStore:
             return decode_message(payload)
         except ProtocolError:
             raise QueryNotFoundError(
-                f"no message at commit-log offset {commit_log_offset}") from None
+                f"no message at commit-log offset {commit_log_offset}"
+            ) from None
 
     def queue_ids(self, topic: str) -> list[int]:
         """Ids of the topic's consume queues, sorted."""
@@ -815,8 +904,12 @@ class MessageStore:
             if deleted:
                 cl_min = cl.min_offset
                 cq_deleted = sum(cq.delete_expired(cl_min) for cq in self._cqs.values())
-                log.info("retention_applied", segments_deleted=deleted,
-                         consume_queue_segments_deleted=cq_deleted, min_phy_offset=cl_min)
+                log.info(
+                    "retention_applied",
+                    segments_deleted=deleted,
+                    consume_queue_segments_deleted=cq_deleted,
+                    min_phy_offset=cl_min,
+                )
         return deleted
 
     def _disk_used_ratio(self) -> float:

@@ -116,8 +116,10 @@ class TopicConfigManager:
             return
         try:
             doc = json.loads(raw)
-            table = {name: TopicConfig.from_json(tc)
-                     for name, tc in doc.get("topicConfigTable", {}).items()}
+            table = {
+                name: TopicConfig.from_json(tc)
+                for name, tc in doc.get("topicConfigTable", {}).items()
+            }
             self._counter = int(doc.get("dataVersion", {}).get("counter", 0))
         except (ValueError, AttributeError, TypeError) as exc:
             raise StoreCorruptError(f"cannot read topic configs from {self.path}: {exc}") from None

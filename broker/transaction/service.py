@@ -77,8 +77,9 @@ CHECK_CONCURRENCY = 128
 class CheckSender(Protocol):
     """The seam between the check service and the network (tests may substitute it)."""
 
-    async def __call__(self, channel: ClientChannel, header: CheckTransactionStateRequestHeader,
-                       body: bytes) -> bool: ...
+    async def __call__(
+        self, channel: ClientChannel, header: CheckTransactionStateRequestHeader, body: bytes
+    ) -> bool: ...
 
 
 class RemotingCheckSender:
@@ -89,18 +90,21 @@ class RemotingCheckSender:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
 
-    async def __call__(self, channel: ClientChannel, header: CheckTransactionStateRequestHeader,
-                       body: bytes) -> bool:
-        cmd = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE,
-                                      header.to_ext_fields(), body)
+    async def __call__(
+        self, channel: ClientChannel, header: CheckTransactionStateRequestHeader, body: bytes
+    ) -> bool:
+        cmd = RemotingCommand.request(
+            RequestCode.CHECK_TRANSACTION_STATE, header.to_ext_fields(), body
+        )
         try:
             resp = await channel.conn.request(cmd, self.timeout_s)
         except TxmqError as exc:
             log.info("check_not_delivered", client_id=channel.client_id, error=str(exc))
             return False
         if resp.code != ResponseCode.SUCCESS:
-            log.info("check_refused", client_id=channel.client_id, code=resp.code,
-                     remark=resp.remark)
+            log.info(
+                "check_refused", client_id=channel.client_id, code=resp.code, remark=resp.remark
+            )
             return False
         return True
 
@@ -113,14 +117,16 @@ class TransactionalMessageService:
         self.broker = broker
         cfg = broker.config
         self.check_sender: CheckSender = check_sender or RemotingCheckSender(
-            cfg.transaction_check_request_timeout / 1000.0)
+            cfg.transaction_check_request_timeout / 1000.0
+        )
         self.records: dict[str, TxRecord] = {}
         self.pending: dict[str, TxRecord] = {}
         self._by_half_offset: dict[int, str] = {}
         self.batches: dict[tuple[str, str], dict[str, list[str]]] = {}
         self._batch_members: dict[tuple[str, str], set[str]] = {}
-        self._check_state_path = os.path.join(cfg.store_path_root_dir, "transaction",
-                                              "checkState.json")
+        self._check_state_path = os.path.join(
+            cfg.store_path_root_dir, "transaction", "checkState.json"
+        )
         self._check_state_dirty = False
         self._task: asyncio.Task[None] | None = None
         self._round_lock = asyncio.Lock()
@@ -144,7 +150,8 @@ class TransactionalMessageService:
         if cfg.reject_transaction_message:
             raise NoPermissionError(
                 f"the broker[{cfg.broker_name}] sending transaction message is forbidden "
-                "(rejectTransactionMessage=true)")
+                "(rejectTransactionMessage=true)"
+            )
         props = msg.properties
         group = props.get(MessageConst.PGROUP) or header_group
         if not group:
@@ -157,21 +164,25 @@ class TransactionalMessageService:
             if rec.producer_group != group:
                 raise IllegalOperationError(
                     f"transaction {txid} belongs to producer group {rec.producer_group}, "
-                    f"not {group}")
+                    f"not {group}"
+                )
             if rec.state is not TxState.PENDING:
                 raise IllegalOperationError(
-                    f"transaction {txid} is already {rec.state.value}; no message can join it")
+                    f"transaction {txid} is already {rec.state.value}; no message can join it"
+                )
         bk = props.get(MessageConst.TXMQ_BATCH_KEY)
         if bk is not None and (group, bk) in self.batches:
             raise IllegalOperationError(
                 f"batch {bk!r} of producer group {group} is already decided; this attempt's "
-                "messages will never be delivered")
+                "messages will never be delivered"
+            )
         props[MessageConst.PGROUP] = group
         props[MessageConst.REAL_TOPIC] = msg.topic
         props[MessageConst.REAL_QID] = str(msg.queue_id)
         props.pop(MessageConst.DELAY, None)  # a delay level on a transactional message is ignored
         msg.sys_flag = MessageSysFlag.reset_transaction_value(
-            msg.sys_flag, MessageSysFlag.TRANSACTION_NOT_TYPE)
+            msg.sys_flag, MessageSysFlag.TRANSACTION_NOT_TYPE
+        )
         msg.topic = self.half_topic
         msg.queue_id = 0
 
@@ -181,8 +192,11 @@ class TransactionalMessageService:
         msg.store_timestamp = result.store_timestamp
         self._add_half(msg, result.offset_msg_id)
         self.broker.metrics.tx_half.inc()
-        log.debug("half_message_stored", transaction_id=self.transaction_id_of(msg.properties),
-                  offset=result.commit_log_offset)
+        log.debug(
+            "half_message_stored",
+            transaction_id=self.transaction_id_of(msg.properties),
+            offset=result.commit_log_offset,
+        )
 
     def _add_half(self, msg: MessageExt, offset_msg_id: str) -> TxRecord | None:
         props = msg.properties
@@ -202,12 +216,18 @@ class TransactionalMessageService:
             immunity_ms = int(float(immunity) * 1000) if immunity else None
         except ValueError:
             immunity_ms = None
-        rec.halves.append(HalfRef(
-            commit_log_offset=msg.commit_log_offset, queue_offset=msg.queue_offset,
-            real_topic=props.get(MessageConst.REAL_TOPIC, ""),
-            real_queue_id=int(props.get(MessageConst.REAL_QID, "0") or 0),
-            store_timestamp=msg.store_timestamp, uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
-            offset_msg_id=offset_msg_id, immunity_ms=immunity_ms))
+        rec.halves.append(
+            HalfRef(
+                commit_log_offset=msg.commit_log_offset,
+                queue_offset=msg.queue_offset,
+                real_topic=props.get(MessageConst.REAL_TOPIC, ""),
+                real_queue_id=int(props.get(MessageConst.REAL_QID, "0") or 0),
+                store_timestamp=msg.store_timestamp,
+                uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
+                offset_msg_id=offset_msg_id,
+                immunity_ms=immunity_ms,
+            )
+        )
         self._by_half_offset[msg.commit_log_offset] = txid
         return rec
 
@@ -217,24 +237,42 @@ class TransactionalMessageService:
         """The message a commit delivers: the half with its real topic and queue restored."""
         h = self.broker.store.lookup_message(half.commit_log_offset)
         props = dict(h.properties)
-        for k in (MessageConst.REAL_TOPIC, MessageConst.REAL_QID, MessageConst.TRAN_MSG,
-                  MessageConst.TRANSACTION_CHECK_TIMES, MessageConst.TXMQ_BATCH_KEY):
+        for k in (
+            MessageConst.REAL_TOPIC,
+            MessageConst.REAL_QID,
+            MessageConst.TRAN_MSG,
+            MessageConst.TRANSACTION_CHECK_TIMES,
+            MessageConst.TXMQ_BATCH_KEY,
+        ):
             props.pop(k, None)
         return MessageExt(
-            topic=half.real_topic, body=h.body, queue_id=half.real_queue_id, flag=h.flag,
+            topic=half.real_topic,
+            body=h.body,
+            queue_id=half.real_queue_id,
+            flag=h.flag,
             sys_flag=MessageSysFlag.reset_transaction_value(
-                h.sys_flag, MessageSysFlag.TRANSACTION_COMMIT_TYPE),
-            born_timestamp=h.born_timestamp, born_host=h.born_host,
-            reconsume_times=h.reconsume_times, prepared_transaction_offset=half.commit_log_offset,
-            properties=props)
+                h.sys_flag, MessageSysFlag.TRANSACTION_COMMIT_TYPE
+            ),
+            born_timestamp=h.born_timestamp,
+            born_host=h.born_host,
+            reconsume_times=h.reconsume_times,
+            prepared_transaction_offset=half.commit_log_offset,
+            properties=props,
+        )
 
     def _op_message(self, body: bytes) -> MessageExt:
-        return MessageExt(topic=self.op_topic, body=body, queue_id=0,
-                          born_timestamp=self.now_ms(), born_host=self.broker.store_host,
-                          properties={MessageConst.TAGS: OP_TAG})
+        return MessageExt(
+            topic=self.op_topic,
+            body=body,
+            queue_id=0,
+            born_timestamp=self.now_ms(),
+            born_host=self.broker.store_host,
+            properties={MessageConst.TAGS: OP_TAG},
+        )
 
-    def _apply_decision(self, rec: TxRecord, state: TxState, by: str, remark: str,
-                        end_offset: int) -> None:
+    def _apply_decision(
+        self, rec: TxRecord, state: TxState, by: str, remark: str, end_offset: int
+    ) -> None:
         rec.state = state
         rec.decided_ms = self.now_ms()
         rec.decided_by = by
@@ -260,20 +298,31 @@ class TransactionalMessageService:
             word = "commit" if decision == Decision.COMMIT else "rollback"
             raise IllegalOperationError(
                 f"transaction {rec.transaction_id} is already {rec.state.value}; the {word} "
-                f"was refused and the outcome does not change")
+                f"was refused and the outcome does not change"
+            )
         kind = "commit" if target is TxState.COMMITTED else "rollback"
-        op = self._op_message(encode_op(
-            kind, rec.producer_group, [rec.transaction_id],
-            [h.commit_log_offset for h in rec.halves], f"{by}: {remark}".strip(": "),
-            self.now_ms()))
+        op = self._op_message(
+            encode_op(
+                kind,
+                rec.producer_group,
+                [rec.transaction_id],
+                [h.commit_log_offset for h in rec.halves],
+                f"{by}: {remark}".strip(": "),
+                self.now_ms(),
+            )
+        )
         msgs = [op]
         if target is TxState.COMMITTED:
             msgs += [self._real_message(h) for h in rec.halves]
         results = self.broker.put_messages(msgs)
         self._apply_decision(rec, target, by, remark, results[-1].end_offset)
-        log.info("transaction_committed" if target is TxState.COMMITTED
-                 else "transaction_rolled_back", transaction_id=rec.transaction_id,
-                 group=rec.producer_group, messages=len(rec.halves), by=by)
+        log.info(
+            "transaction_committed" if target is TxState.COMMITTED else "transaction_rolled_back",
+            transaction_id=rec.transaction_id,
+            group=rec.producer_group,
+            messages=len(rec.halves),
+            by=by,
+        )
         return rec.decision_end_offset
 
     def _find(self, txid: str | None, commit_log_offset: int | None) -> TxRecord:
@@ -292,7 +341,8 @@ class TransactionalMessageService:
             decision = Decision(h.commit_or_rollback)
         except ValueError:
             raise InvalidParameterError(
-                f"commitOrRollback must be 0, 8 or 12, got {h.commit_or_rollback}") from None
+                f"commitOrRollback must be 0, 8 or 12, got {h.commit_or_rollback}"
+            ) from None
         rec = self._find(h.transaction_id, h.commit_log_offset)
         if h.from_transaction_check:
             m.tx_checks_answered.inc()
@@ -303,26 +353,34 @@ class TransactionalMessageService:
         if rec.producer_group != h.producer_group:
             raise BrokerSystemError(
                 f"The producer group wrong: transaction {rec.transaction_id} belongs to "
-                f"{rec.producer_group}, not {h.producer_group}")
+                f"{rec.producer_group}, not {h.producer_group}"
+            )
         if half is None:
             raise BrokerSystemError(
                 f"The commit log offset wrong: {h.commit_log_offset} is not a half message of "
-                f"transaction {rec.transaction_id}")
+                f"transaction {rec.transaction_id}"
+            )
         if half.queue_offset != h.tran_state_table_offset:
             raise BrokerSystemError(
                 f"The transaction state table offset wrong: expected {half.queue_offset}, "
-                f"got {h.tran_state_table_offset}")
+                f"got {h.tran_state_table_offset}"
+            )
         if decision == Decision.UNKNOWN:
-            log.info("transaction_unknown", transaction_id=rec.transaction_id,
-                     from_check=h.from_transaction_check, remark=cmd.remark)
-            return cmd.response(remark=f"transaction {rec.transaction_id} stays "
-                                       f"{rec.state.value}")
+            log.info(
+                "transaction_unknown",
+                transaction_id=rec.transaction_id,
+                from_check=h.from_transaction_check,
+                remark=cmd.remark,
+            )
+            return cmd.response(remark=f"transaction {rec.transaction_id} stays {rec.state.value}")
         by = "check" if h.from_transaction_check else "producer"
         already = rec.state.decided
         end = self.decide(rec, decision, by, cmd.remark or "")
         await self.broker.flush.wait_durable(end)
-        return cmd.response(remark=f"transaction {rec.transaction_id} "
-                                   f"{'was already ' if already else ''}{rec.state.value}")
+        return cmd.response(
+            remark=f"transaction {rec.transaction_id} "
+            f"{'was already ' if already else ''}{rec.state.value}"
+        )
 
     # -- batch decisions (TXMQ_DECIDE_BATCH) ----------------------------------------------------
 
@@ -332,26 +390,42 @@ class TransactionalMessageService:
             doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
             commit = [str(x) for x in doc.get("commit", [])]
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
-            raise InvalidParameterError(f"decide-batch body must be JSON {{'commit': [...]}}: "
-                                        f"{exc}") from None
+            raise InvalidParameterError(
+                f"decide-batch body must be JSON {{'commit': [...]}}: {exc}"
+            ) from None
         key = (h.producer_group, h.batch_key)
         first = key not in self.batches
         if h.query_only:
             decided = self.batches.get(key)
-            pending = sorted(t for t in self._batch_members.get(key, set())
-                             if self.records[t].state is TxState.PENDING)
-            return cmd.response(body=json.dumps({
-                "batchKey": h.batch_key, "decided": decided is not None,
-                "committed": decided["committed"] if decided else [],
-                "rolledBack": decided["rolledBack"] if decided else [],
-                "pending": pending}).encode())
+            pending = sorted(
+                t
+                for t in self._batch_members.get(key, set())
+                if self.records[t].state is TxState.PENDING
+            )
+            return cmd.response(
+                body=json.dumps(
+                    {
+                        "batchKey": h.batch_key,
+                        "decided": decided is not None,
+                        "committed": decided["committed"] if decided else [],
+                        "rolledBack": decided["rolledBack"] if decided else [],
+                        "pending": pending,
+                    }
+                ).encode()
+            )
         if first:
             end = self._decide_batch(h.producer_group, h.batch_key, commit)
             await self.broker.flush.wait_durable(end)
         decided = self.batches[key]
-        body = json.dumps({"batchKey": h.batch_key, "decided": True,
-                           "committed": decided["committed"],
-                           "rolledBack": decided["rolledBack"], "first": first}).encode()
+        body = json.dumps(
+            {
+                "batchKey": h.batch_key,
+                "decided": True,
+                "committed": decided["committed"],
+                "rolledBack": decided["rolledBack"],
+                "first": first,
+            }
+        ).encode()
         return cmd.response(body=body)
 
     def _decide_batch(self, group: str, batch_key: str, commit: list[str]) -> int:
@@ -360,21 +434,33 @@ class TransactionalMessageService:
             rec = self.records.get(txid)
             if rec is None or rec.producer_group != group:
                 raise InvalidParameterError(
-                    f"transaction {txid} has no half message in producer group {group}")
+                    f"transaction {txid} has no half message in producer group {group}"
+                )
             if rec.state is TxState.ROLLED_BACK:
                 raise IllegalOperationError(
                     f"transaction {txid} is already ROLLED_BACK; batch {batch_key!r} was not "
-                    "decided")
+                    "decided"
+                )
             commit_recs.append(rec)
         commit_set = {r.transaction_id for r in commit_recs}
-        rollback_recs = [self.records[t] for t in sorted(self._batch_members.get(
-            (group, batch_key), set())) if t not in commit_set
-            and not self.records[t].state.decided]
+        rollback_recs = [
+            self.records[t]
+            for t in sorted(self._batch_members.get((group, batch_key), set()))
+            if t not in commit_set and not self.records[t].state.decided
+        ]
         to_commit = [r for r in commit_recs if not r.state.decided]
-        op = self._op_message(encode_op(
-            "batch", group, [r.transaction_id for r in rollback_recs],
-            [h.commit_log_offset for r in to_commit for h in r.halves], "batch", self.now_ms(),
-            batch_key=batch_key, committed=[r.transaction_id for r in commit_recs]))
+        op = self._op_message(
+            encode_op(
+                "batch",
+                group,
+                [r.transaction_id for r in rollback_recs],
+                [h.commit_log_offset for r in to_commit for h in r.halves],
+                "batch",
+                self.now_ms(),
+                batch_key=batch_key,
+                committed=[r.transaction_id for r in commit_recs],
+            )
+        )
         msgs = [op] + [self._real_message(h) for r in to_commit for h in r.halves]
         results = self.broker.put_messages(msgs)
         end = results[-1].end_offset
@@ -384,9 +470,15 @@ class TransactionalMessageService:
             self._apply_decision(r, TxState.ROLLED_BACK, "batch", batch_key, end)
         self.batches[(group, batch_key)] = {
             "committed": sorted(commit_set),
-            "rolledBack": sorted(r.transaction_id for r in rollback_recs)}
-        log.info("batch_decided", group=group, batch_key=batch_key, committed=len(commit_set),
-                 rolled_back=len(rollback_recs))
+            "rolledBack": sorted(r.transaction_id for r in rollback_recs),
+        }
+        log.info(
+            "batch_decided",
+            group=group,
+            batch_key=batch_key,
+            committed=len(commit_set),
+            rolled_back=len(rollback_recs),
+        )
         return end
 
     # -- operator commands ----------------------------------------------------------------------
@@ -408,15 +500,20 @@ class TransactionalMessageService:
             return self.records[txid]
         raise QueryNotFoundError(f"no transaction or half message with id {any_id}")
 
-    async def resume_check_half_message(self, conn: Connection,
-                                        cmd: RemotingCommand) -> RemotingCommand:
+    async def resume_check_half_message(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
         h = ResumeCheckHalfMessageRequestHeader.from_ext_fields(cmd.ext_fields)
         rec = self._find_by_any_id(h.msg_id)
         if rec.state.decided:
             raise IllegalOperationError(
-                f"transaction {rec.transaction_id} is already {rec.state.value}")
-        op = self._op_message(encode_op("resume", rec.producer_group, [rec.transaction_id], [],
-                                        "operator", self.now_ms()))
+                f"transaction {rec.transaction_id} is already {rec.state.value}"
+            )
+        op = self._op_message(
+            encode_op(
+                "resume", rec.producer_group, [rec.transaction_id], [], "operator", self.now_ms()
+            )
+        )
         results = self.broker.put_messages([op])
         self._resume(rec)
         await self.broker.flush.wait_durable(results[-1].end_offset)
@@ -434,8 +531,11 @@ class TransactionalMessageService:
     async def list_transactions(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = ListTransactionsRequestHeader.from_ext_fields(cmd.ext_fields)
         now = self.now_ms()
-        states = {s.strip().upper() for s in h.state.split(",")} if h.state else \
-            {TxState.PENDING.value, TxState.DISCARDED.value}
+        states = (
+            {s.strip().upper() for s in h.state.split(",")}
+            if h.state
+            else {TxState.PENDING.value, TxState.DISCARDED.value}
+        )
         out = []
         for rec in self.records.values():
             if rec.state.value not in states:
@@ -459,16 +559,19 @@ class TransactionalMessageService:
         try:
             decision = Decision(h.commit_or_rollback)
         except ValueError:
-            raise InvalidParameterError("commitOrRollback must be 8 (commit) or 12 (rollback)") \
-                from None
+            raise InvalidParameterError(
+                "commitOrRollback must be 8 (commit) or 12 (rollback)"
+            ) from None
         if decision == Decision.UNKNOWN:
             raise InvalidParameterError("an operator decision must be commit (8) or rollback (12)")
         rec = self._find_by_any_id(h.transaction_id)
         already = rec.state.decided
         end = self.decide(rec, decision, "operator", cmd.remark or "")
         await self.broker.flush.wait_durable(end)
-        return cmd.response(remark=f"transaction {rec.transaction_id} "
-                                   f"{'was already ' if already else ''}{rec.state.value}")
+        return cmd.response(
+            remark=f"transaction {rec.transaction_id} "
+            f"{'was already ' if already else ''}{rec.state.value}"
+        )
 
     # -- check-back -----------------------------------------------------------------------------
 
@@ -518,8 +621,10 @@ class TransactionalMessageService:
             for rec in list(self.pending.values()):
                 if not self._due(rec, now):
                     continue
-                if (rec.check_times >= cfg.transaction_check_max
-                        or now - rec.oldest_store_timestamp > reserved_ms):
+                if (
+                    rec.check_times >= cfg.transaction_check_max
+                    or now - rec.oldest_store_timestamp > reserved_ms
+                ):
                     self._discard(rec, now, reserved_ms)
                     stats["discarded"] += 1
                     continue
@@ -553,17 +658,23 @@ class TransactionalMessageService:
         try:
             stored = self.broker.store.lookup_message(half.commit_log_offset)
         except (QueryNotFoundError, KeyError):
-            log.warning("half_message_missing", transaction_id=rec.transaction_id,
-                        offset=half.commit_log_offset)
+            log.warning(
+                "half_message_missing",
+                transaction_id=rec.transaction_id,
+                offset=half.commit_log_offset,
+            )
             return False
         stored.topic = half.real_topic
         stored.queue_id = half.real_queue_id
         stored.properties[MessageConst.TRANSACTION_CHECK_TIMES] = str(rec.check_times + 1)
         stored.properties.setdefault(MessageConst.TRANSACTION_ID, rec.transaction_id)
         header = CheckTransactionStateRequestHeader(
-            tran_state_table_offset=half.queue_offset, commit_log_offset=half.commit_log_offset,
-            msg_id=half.uniq_key, transaction_id=rec.transaction_id,
-            offset_msg_id=half.offset_msg_id)
+            tran_state_table_offset=half.queue_offset,
+            commit_log_offset=half.commit_log_offset,
+            msg_id=half.uniq_key,
+            transaction_id=rec.transaction_id,
+            offset_msg_id=half.offset_msg_id,
+        )
         # One check in flight per transaction: rounds never overlap, and within a round a
         # transaction is checked once.  An unanswered check is simply sent again next round.
         rec.check_in_flight = True
@@ -579,14 +690,21 @@ class TransactionalMessageService:
             rec.check_times += 1
             rec.last_check_ms = self.now_ms()
             self._check_state_dirty = True
-            log.info("check_sent", transaction_id=rec.transaction_id, client_id=ch.client_id,
-                     check_times=rec.check_times)
+            log.info(
+                "check_sent",
+                transaction_id=rec.transaction_id,
+                client_id=ch.client_id,
+                check_times=rec.check_times,
+            )
         return delivered
 
     def _discard(self, rec: TxRecord, now: int, reserved_ms: int) -> None:
         """Park a half that used up its check budget in TRANS_CHECK_MAX_TIME_TOPIC."""
-        reason = ("fileReservedTime" if now - rec.oldest_store_timestamp > reserved_ms
-                  else "transactionCheckMax")
+        reason = (
+            "fileReservedTime"
+            if now - rec.oldest_store_timestamp > reserved_ms
+            else "transactionCheckMax"
+        )
         copies = []
         for h in rec.halves:
             try:
@@ -598,26 +716,43 @@ class TransactionalMessageService:
             m.properties[MessageConst.TRANSACTION_CHECK_TIMES] = str(rec.check_times)
             m.properties[MessageConst.TRANSACTION_ID] = rec.transaction_id
             copies.append(m)
-        op = self._op_message(encode_op("discard", rec.producer_group, [rec.transaction_id],
-                                        [h.commit_log_offset for h in rec.halves], reason, now))
+        op = self._op_message(
+            encode_op(
+                "discard",
+                rec.producer_group,
+                [rec.transaction_id],
+                [h.commit_log_offset for h in rec.halves],
+                reason,
+                now,
+            )
+        )
         self.broker.put_messages([op, *copies])
         rec.state = TxState.DISCARDED
         rec.remark = reason
         self.pending.pop(rec.transaction_id, None)
         self._check_state_dirty = True
         self.broker.metrics.tx_discards.inc()
-        log.warning("transaction_discarded", transaction_id=rec.transaction_id,
-                    group=rec.producer_group, check_times=rec.check_times, reason=reason)
+        log.warning(
+            "transaction_discarded",
+            transaction_id=rec.transaction_id,
+            group=rec.producer_group,
+            check_times=rec.check_times,
+            reason=reason,
+        )
 
     # -- persistence of check state -------------------------------------------------------------
 
     def persist_check_state(self) -> None:
         if not self._check_state_dirty:
             return
-        doc = {"version": CHECK_STATE_VERSION,
-               "checks": {r.transaction_id: [r.check_times, r.last_check_ms]
-                          for r in self.records.values()
-                          if r.state in (TxState.PENDING, TxState.DISCARDED) and r.check_times}}
+        doc = {
+            "version": CHECK_STATE_VERSION,
+            "checks": {
+                r.transaction_id: [r.check_times, r.last_check_ms]
+                for r in self.records.values()
+                if r.state in (TxState.PENDING, TxState.DISCARDED) and r.check_times
+            },
+        }
         os.makedirs(os.path.dirname(self._check_state_path), exist_ok=True)
         atomic_write(self._check_state_path, json.dumps(doc).encode())
         self._check_state_dirty = False
@@ -677,8 +812,7 @@ class TransactionalMessageService:
         self._load_check_state()
         repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
         self.update_gauges()
-        stats = {"halves": n_half, "ops": n_op, "pending": len(self.pending),
-                 "repaired": repaired}
+        stats = {"halves": n_half, "ops": n_op, "pending": len(self.pending), "repaired": repaired}
         log.info("transactions_recovered", **stats)
         return stats
 
@@ -724,8 +858,10 @@ class TransactionalMessageService:
                 settle(rec_for(t), TxState.COMMITTED)
             for t in op["t"]:
                 settle(rec_for(t), TxState.ROLLED_BACK)
-            self.batches[(group, op["bk"])] = {"committed": sorted(committed),
-                                               "rolledBack": sorted(op["t"])}
+            self.batches[(group, op["bk"])] = {
+                "committed": sorted(committed),
+                "rolledBack": sorted(op["t"]),
+            }
             return list(op.get("h", []))
         return []
 
@@ -738,8 +874,9 @@ class TransactionalMessageService:
         for off in half_offsets:
             txid = self._by_half_offset.get(off)
             rec = self.records.get(txid) if txid else None
-            half = next((h for h in rec.halves if h.commit_log_offset == off), None) if rec \
-                else None
+            half = (
+                next((h for h in rec.halves if h.commit_log_offset == off), None) if rec else None
+            )
             if half is not None:
                 wanted[off] = half
         found: set[int] = set()
@@ -758,8 +895,11 @@ class TransactionalMessageService:
         missing = [h for off, h in sorted(wanted.items()) if off not in found]
         if missing:
             self.broker.put_messages([self._real_message(h) for h in missing])
-            log.warning("transaction_commit_completed_after_crash", op_offset=op_offset,
-                        written=len(missing))
+            log.warning(
+                "transaction_commit_completed_after_crash",
+                op_offset=op_offset,
+                written=len(missing),
+            )
         return len(missing)
 
     # -- metrics --------------------------------------------------------------------------------
@@ -770,7 +910,8 @@ class TransactionalMessageService:
         for rec in self.pending.values():
             for h in rec.halves[:1]:
                 groups.setdefault((h.real_topic, rec.producer_group), []).append(
-                    now - rec.oldest_store_timestamp)
+                    now - rec.oldest_store_timestamp
+                )
         g = self.broker.metrics
         g.tx_pending.clear()
         g.tx_pending_oldest.clear()
@@ -782,9 +923,13 @@ class TransactionalMessageService:
         counts = {s.value: 0 for s in TxState}
         for rec in self.records.values():
             counts[rec.state.value] += 1
-        return {"pending": counts["PENDING"], "discarded": counts["DISCARDED"],
-                "committed": counts["COMMITTED"], "rolledBack": counts["ROLLED_BACK"],
-                "checkRounds": self.rounds}
+        return {
+            "pending": counts["PENDING"],
+            "discarded": counts["DISCARDED"],
+            "committed": counts["COMMITTED"],
+            "rolledBack": counts["ROLLED_BACK"],
+            "checkRounds": self.rounds,
+        }
 
 
 __all__ = ["CheckSender", "RemotingCheckSender", "TransactionalMessageService"]

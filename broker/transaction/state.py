@@ -115,10 +115,15 @@ class TxRecord:
             "decidedBy": self.decided_by,
             "remark": self.remark,
             "halves": [
-                {"commitLogOffset": h.commit_log_offset, "queueOffset": h.queue_offset,
-                 "topic": h.real_topic, "queueId": h.real_queue_id,
-                 "storeTimestamp": h.store_timestamp, "msgId": h.uniq_key,
-                 "offsetMsgId": h.offset_msg_id}
+                {
+                    "commitLogOffset": h.commit_log_offset,
+                    "queueOffset": h.queue_offset,
+                    "topic": h.real_topic,
+                    "queueId": h.real_queue_id,
+                    "storeTimestamp": h.store_timestamp,
+                    "msgId": h.uniq_key,
+                    "offsetMsgId": h.offset_msg_id,
+                }
                 for h in self.halves
             ],
         }
@@ -127,16 +132,31 @@ class TxRecord:
         return d
 
 
-def encode_op(kind: str, group: str, txids: list[str], halves: list[int], remark: str,
-              ts: int, batch_key: str | None = None,
-              committed: list[str] | None = None) -> bytes:
-    doc: dict[str, Any] = {"v": OP_FORMAT_VERSION, "k": kind, "g": group, "t": txids,
-                           "h": halves, "r": remark, "ts": ts}
+def encode_op(
+    kind: str,
+    group: str,
+    txids: list[str],
+    halves: list[int],
+    remark: str,
+    ts: int,
+    batch_key: str | None = None,
+    committed: list[str] | None = None,
+) -> bytes:
+    doc: dict[str, Any] = {
+        "v": OP_FORMAT_VERSION,
+        "k": kind,
+        "g": group,
+        "t": txids,
+        "h": halves,
+        "r": remark,
+        "ts": ts,
+    }
     if batch_key is not None:
         doc["bk"] = batch_key
     if committed is not None:
         doc["c"] = committed
-    return msgpack.packb(doc, use_bin_type=True)
+    packed: bytes = msgpack.packb(doc, use_bin_type=True)
+    return packed
 
 
 def decode_op(body: bytes) -> dict[str, Any]:

@@ -26,8 +26,13 @@ async def client(broker: BrokerController):
 
 @pytest.mark.parametrize("st", list(SerializeType))
 async def test_send_and_pull_round_trip_in_every_encoding(client: RawClient, st: SerializeType):
-    resp = await client.send("orders", b"hello", props={"TAGS": "created", "KEYS": "order-1",
-                                                        "region": "eu"}, queue_id=2, st=st)
+    resp = await client.send(
+        "orders",
+        b"hello",
+        props={"TAGS": "created", "KEYS": "order-1", "region": "eu"},
+        queue_id=2,
+        st=st,
+    )
     assert resp.serialize_type == st
     h = client.send_header(resp)
     assert h.queue_id == 2 and h.queue_offset == 0 and len(h.msg_id) == 32
@@ -48,8 +53,9 @@ async def test_send_v1_header_and_store_timestamp(client: RawClient):
 
 
 async def test_batch_send(client: RawClient):
-    body = encode_batch([(f"m{i}".encode(), 0, {"UNIQ_KEY": f"K{i}", "TAGS": "b"})
-                         for i in range(5)])
+    body = encode_batch(
+        [(f"m{i}".encode(), 0, {"UNIQ_KEY": f"K{i}", "TAGS": "b"}) for i in range(5)]
+    )
     h = SendMessageRequestHeader(producer_group="g", topic="batchy", queue_id=1, batch=True)
     resp = await client.call(RequestCode.SEND_BATCH_MESSAGE, h.to_v2_ext_fields(), body)
     assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -75,8 +81,7 @@ async def test_unknown_code_gets_request_code_not_supported(client: RawClient):
     assert "9999" in resp.remark
 
 
-async def test_oversized_body_is_refused_and_nothing_is_stored(
-        make_broker_config) -> None:
+async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_config) -> None:
     ctl = BrokerController(make_broker_config(max_message_size=1024))
     await ctl.start()
     try:
@@ -159,8 +164,10 @@ async def test_auto_create_can_be_switched_off(make_broker_config):
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         route = await c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "nope"})
         assert route.code == ResponseCode.TOPIC_NOT_EXIST
-        created = await c.call(RequestCode.UPDATE_AND_CREATE_TOPIC,
-                               {"topic": "nope", "readQueueNums": 2, "writeQueueNums": 2})
+        created = await c.call(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": "nope", "readQueueNums": 2, "writeQueueNums": 2},
+        )
         assert created.code == ResponseCode.SUCCESS
         assert (await c.send("nope", b"x")).code == ResponseCode.SUCCESS
         await c.close()
@@ -189,8 +196,9 @@ async def test_invalid_topic_name(client: RawClient):
 async def test_consumer_offsets(client: RawClient):
     await client.send("off", b"x")
     q = {"consumerGroup": "g1", "topic": "off", "queueId": 0}
-    assert (await client.call(RequestCode.QUERY_CONSUMER_OFFSET, q)).code == \
-        ResponseCode.QUERY_NOT_FOUND
+    assert (
+        await client.call(RequestCode.QUERY_CONSUMER_OFFSET, q)
+    ).code == ResponseCode.QUERY_NOT_FOUND
     resp = await client.call(RequestCode.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": 1})
     assert resp.code == ResponseCode.SUCCESS
     resp = await client.call(RequestCode.QUERY_CONSUMER_OFFSET, q)
@@ -213,7 +221,8 @@ async def test_heartbeat_and_consumer_list_and_notification(broker, client: RawC
     await other.heartbeat(consumer_groups={"cg": {"t": "*"}})
     resp = await client.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cg"})
     assert sorted(json.loads(resp.body)["consumerIdList"]) == sorted(
-        [client.client_id, other.client_id])
+        [client.client_id, other.client_id]
+    )
     await client.close()  # a member leaves: the other one is told
     await asyncio.wait_for(notified.wait(), 5)
     resp = await other.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cg"})
@@ -237,9 +246,17 @@ async def test_send_back_goes_to_retry_then_dlq(client: RawClient):
     await client.send("work", b"job")
     _, [m] = await client.pull("work", 0, 0)
     for attempt in range(3):
-        resp = await client.call(RequestCode.CONSUMER_SEND_MSG_BACK, {
-            "offset": m.commit_log_offset, "group": "wg", "delayLevel": 1,
-            "originMsgId": m.msg_id, "originTopic": "work", "maxReconsumeTimes": 2})
+        resp = await client.call(
+            RequestCode.CONSUMER_SEND_MSG_BACK,
+            {
+                "offset": m.commit_log_offset,
+                "group": "wg",
+                "delayLevel": 1,
+                "originMsgId": m.msg_id,
+                "originTopic": "work",
+                "maxReconsumeTimes": 2,
+            },
+        )
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         if attempt == 2:
             break
@@ -272,8 +289,9 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
     import os
     import time as _time
 
-    ctl = BrokerController(make_broker_config(mapped_file_size_commit_log=64 * 1024,
-                                              max_message_size=4096))
+    ctl = BrokerController(
+        make_broker_config(mapped_file_size_commit_log=64 * 1024, max_message_size=4096)
+    )
     await ctl.start()
     try:
         c = await RawClient.connect(ctl.address)
@@ -313,8 +331,14 @@ async def test_metrics_over_http_and_as_json(make_broker_config):
         assert doc["txmq_messages_put_total{topic=metered}"] == 1.0
         await c.close()
         loop = asyncio.get_running_loop()
-        text = await loop.run_in_executor(None, lambda: urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+        text = await loop.run_in_executor(
+            None,
+            lambda: (
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                .read()
+                .decode()
+            ),
+        )
         assert 'txmq_messages_put_total{topic="metered"} 1.0' in text
     finally:
         await ctl.shutdown()

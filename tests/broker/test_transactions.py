@@ -35,8 +35,14 @@ async def ctl(make_broker_config):
 
 async def test_commit_makes_the_message_visible_once_with_its_real_topic(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
-    half = await c.send("orders", b"paid", group=G, transactional=True, queue_id=1,
-                        props={"TAGS": "t", "KEYS": "k1", "region": "eu"})
+    half = await c.send(
+        "orders",
+        b"paid",
+        group=G,
+        transactional=True,
+        queue_id=1,
+        props={"TAGS": "t", "KEYS": "k1", "region": "eu"},
+    )
     h = c.send_header(half)
     assert h.transaction_id and h.queue_id == 1
     assert await c.pull_all("orders") == []  # invisible before the decision
@@ -96,8 +102,7 @@ async def test_mismatched_end_transaction_names_the_reason(ctl):
     assert r.code == ResponseCode.SYSTEM_ERROR and "state table offset wrong" in r.remark
     r = await c.end_transaction(G, half, COMMIT, commit_log_offset=123456)
     assert r.code == ResponseCode.SYSTEM_ERROR and "commit log offset wrong" in r.remark
-    r = await c.end_transaction(G, half, COMMIT, transaction_id="nope",
-                                commit_log_offset=999_999)
+    r = await c.end_transaction(G, half, COMMIT, transaction_id="nope", commit_log_offset=999_999)
     assert r.code == ResponseCode.SYSTEM_ERROR and "Find prepared" in r.remark
     assert await c.pull_all("orders") == []  # nothing was decided
     assert (await c.end_transaction(G, half, COMMIT)).code == ResponseCode.SUCCESS
@@ -130,8 +135,9 @@ async def test_reject_transaction_message(make_broker_config):
 
 async def test_delay_level_is_ignored_on_transactional_messages(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
-    half = await c.send("orders", b"x", group=G, transactional=True,
-                        props={MessageConst.DELAY: "3"})
+    half = await c.send(
+        "orders", b"x", group=G, transactional=True, props={MessageConst.DELAY: "3"}
+    )
     await c.end_transaction(G, half, COMMIT)
     [m] = await c.pull_all("orders")  # at once, not 300 ms later
     assert MessageConst.DELAY not in m.properties
@@ -141,8 +147,17 @@ async def test_delay_level_is_ignored_on_transactional_messages(ctl):
 async def test_multi_message_transaction_is_all_or_nothing(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     txid = "TX-MULTI-1"
-    halves = [await c.send("orders", f"m{q}".encode(), group=G, transactional=True, queue_id=q,
-                           props={MessageConst.TRANSACTION_ID: txid}) for q in range(4)]
+    halves = [
+        await c.send(
+            "orders",
+            f"m{q}".encode(),
+            group=G,
+            transactional=True,
+            queue_id=q,
+            props={MessageConst.TRANSACTION_ID: txid},
+        )
+        for q in range(4)
+    ]
     assert all(c.send_header(h).transaction_id == txid for h in halves)
     assert await c.pull_all("orders") == []
     r = await c.end_transaction(G, halves[2], COMMIT, txid=txid)
@@ -150,8 +165,9 @@ async def test_multi_message_transaction_is_all_or_nothing(ctl):
     got = await c.pull_all("orders")
     assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2", b"m3"]
     # a late message cannot join a decided transaction
-    late = await c.send("orders", b"late", group=G, transactional=True,
-                        props={MessageConst.TRANSACTION_ID: txid})
+    late = await c.send(
+        "orders", b"late", group=G, transactional=True, props={MessageConst.TRANSACTION_ID: txid}
+    )
     assert late.code == ResponseCode.ILLEGAL_OPERATION
     await c.close()
 
@@ -160,9 +176,13 @@ async def test_decide_batch_commits_listed_and_rolls_back_the_rest(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     sends = {}
     for name in ["a", "b", "orphan"]:
-        sends[name] = await c.send("sink", name.encode(), group="spark-g", transactional=True,
-                                   props={MessageConst.TRANSACTION_ID: f"batch7-{name}",
-                                          MessageConst.TXMQ_BATCH_KEY: "7"})
+        sends[name] = await c.send(
+            "sink",
+            name.encode(),
+            group="spark-g",
+            transactional=True,
+            props={MessageConst.TRANSACTION_ID: f"batch7-{name}", MessageConst.TXMQ_BATCH_KEY: "7"},
+        )
     body = json.dumps({"commit": ["batch7-a", "batch7-b"]}).encode()
     hdr = {"producerGroup": "spark-g", "batchKey": "7"}
     r = await c.call(RequestCode.TXMQ_DECIDE_BATCH, hdr, body)
@@ -175,9 +195,13 @@ async def test_decide_batch_commits_listed_and_rolls_back_the_rest(ctl):
     doc2 = json.loads(r2.body)
     assert not doc2["first"] and doc2["committed"] == doc["committed"]
     # a zombie attempt writing into the decided batch is refused
-    z = await c.send("sink", b"zombie", group="spark-g", transactional=True,
-                     props={MessageConst.TRANSACTION_ID: "batch7-z",
-                            MessageConst.TXMQ_BATCH_KEY: "7"})
+    z = await c.send(
+        "sink",
+        b"zombie",
+        group="spark-g",
+        transactional=True,
+        props={MessageConst.TRANSACTION_ID: "batch7-z", MessageConst.TXMQ_BATCH_KEY: "7"},
+    )
     assert z.code == ResponseCode.ILLEGAL_OPERATION
     await c.close()
     ctl["ctl"] = await restart(ctl["ctl"])
@@ -209,9 +233,14 @@ class CheckingProducer:
 
     async def _answer(self, h):
         eh = EndTransactionRequestHeader(
-            producer_group=G, tran_state_table_offset=h.tran_state_table_offset,
-            commit_log_offset=h.commit_log_offset, commit_or_rollback=self.decision,
-            from_transaction_check=True, msg_id=h.msg_id, transaction_id=h.transaction_id)
+            producer_group=G,
+            tran_state_table_offset=h.tran_state_table_offset,
+            commit_log_offset=h.commit_log_offset,
+            commit_or_rollback=self.decision,
+            from_transaction_check=True,
+            msg_id=h.msg_id,
+            transaction_id=h.transaction_id,
+        )
         assert self.client is not None
         await self.client.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())
 
@@ -232,8 +261,9 @@ async def wait_for(pred, timeout=5.0):
 
 
 async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=200,
-                                            transaction_check_interval=100))
+    b = BrokerController(
+        make_broker_config(transaction_time_out=200, transaction_check_interval=100)
+    )
     await b.start()
     try:
         p = CheckingProducer(COMMIT)
@@ -251,8 +281,11 @@ async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_co
 
 
 async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=0, transaction_check_interval=50,
-                                            transaction_check_max=3))
+    b = BrokerController(
+        make_broker_config(
+            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=3
+        )
+    )
     await b.start()
     try:
         p = CheckingProducer(UNKNOWN)
@@ -275,8 +308,11 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
 
 
 async def test_no_producer_online_keeps_the_budget(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=0, transaction_check_interval=50,
-                                            transaction_check_max=2))
+    b = BrokerController(
+        make_broker_config(
+            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=2
+        )
+    )
     await b.start()
     try:
         c = await RawClient.connect(b.address)  # sends, but registers no producer group
@@ -301,8 +337,13 @@ async def test_immunity_delays_the_first_check(make_broker_config):
     try:
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
-        await c.send("orders", b"x", group=G, transactional=True,
-                     props={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "1"})
+        await c.send(
+            "orders",
+            b"x",
+            group=G,
+            transactional=True,
+            props={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "1"},
+        )
         await asyncio.sleep(0.6)
         assert p.checks == []
         assert await wait_for(lambda: len(p.checks) == 1, 3)
@@ -319,12 +360,14 @@ async def test_operator_force_decide_and_listing(ctl):
     listed = json.loads((await c.call(RequestCode.TXMQ_LIST_TRANSACTIONS, {})).body)
     assert [t["transactionId"] for t in listed] == [txid]
     assert listed[0]["halves"][0]["topic"] == "orders"
-    r = await c.call(RequestCode.TXMQ_FORCE_DECIDE, {"transactionId": txid,
-                                                      "commitOrRollback": ROLLBACK})
+    r = await c.call(
+        RequestCode.TXMQ_FORCE_DECIDE, {"transactionId": txid, "commitOrRollback": ROLLBACK}
+    )
     assert r.code == ResponseCode.SUCCESS
     r = await c.end_transaction(G, half, COMMIT)
     assert r.code == ResponseCode.ILLEGAL_OPERATION
-    shown = json.loads((await c.call(RequestCode.TXMQ_GET_TRANSACTION,
-                                     {"transactionId": txid})).body)
+    shown = json.loads(
+        (await c.call(RequestCode.TXMQ_GET_TRANSACTION, {"transactionId": txid})).body
+    )
     assert shown["state"] == "ROLLED_BACK" and shown["decidedBy"] == "operator"
     await c.close()

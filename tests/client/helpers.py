@@ -30,6 +30,7 @@ FAST_CLIENT = ClientConfig(
     shutdown_timeout=5.0,
 )
 
+
 async def wait_until(
     predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0, what: str = ""
 ) -> None:

@@ -36,12 +36,14 @@ async def puller(broker: BrokerController) -> AsyncPullConsumer:
         yield c
 
 
-async def test_send_then_pull_keeps_everything(producer: AsyncProducer, puller: AsyncPullConsumer,
-                                               unique: Callable[[str], str]) -> None:
+async def test_send_then_pull_keeps_everything(
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("orders")
     before = int(time.time() * 1000)
-    result = await producer.send(Message(topic, b"order body", tags="created", keys="order-1",
-                                         properties={"region": "eu"}))
+    result = await producer.send(
+        Message(topic, b"order body", tags="created", keys="order-1", properties={"region": "eu"})
+    )
     assert result.status is SendStatus.SEND_OK
     assert len(result.msg_id) == 32 and result.msg_ids == [result.msg_id]
     assert len(result.offset_msg_id) == 32 and result.offset_msg_id != result.msg_id
@@ -58,7 +60,8 @@ async def test_send_then_pull_keeps_everything(producer: AsyncProducer, puller: 
 
 
 async def test_unknown_topic_is_created_on_first_send_then_routed(
-        producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]) -> None:
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("fresh")
     with pytest.raises(TopicNotExistError):
         await puller.fetch_queues(topic)
@@ -71,11 +74,14 @@ async def test_unknown_topic_is_created_on_first_send_then_routed(
 
 
 async def test_send_batch_stores_consecutive_messages_in_one_queue(
-        producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]) -> None:
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("batch")
     await producer.send(Message(topic, b"first"), queue_id=1)
-    msgs = [Message(topic, f"item-{i}".encode(), tags="bulk", keys=f"k{i}",
-                    properties={"i": str(i)}) for i in range(5)]
+    msgs = [
+        Message(topic, f"item-{i}".encode(), tags="bulk", keys=f"k{i}", properties={"i": str(i)})
+        for i in range(5)
+    ]
     result = await producer.send_batch(msgs, queue_id=1)
     assert result.status is SendStatus.SEND_OK
     assert result.queue_id == 1 and result.queue_offset == 1
@@ -99,12 +105,14 @@ async def test_send_batch_refuses_bad_batches(producer: AsyncProducer) -> None:
     with pytest.raises(InvalidMessageError, match="delay"):
         await producer.send_batch([Message("a", b"1", delay_level=2)])
     with pytest.raises(InvalidMessageError, match="over the limit"):
-        await producer.send_batch([Message("a", b"x" * (3 * 1024 * 1024)),
-                                   Message("a", b"y" * (3 * 1024 * 1024))])
+        await producer.send_batch(
+            [Message("a", b"x" * (3 * 1024 * 1024)), Message("a", b"y" * (3 * 1024 * 1024))]
+        )
 
 
-async def test_send_oneway_arrives(producer: AsyncProducer, puller: AsyncPullConsumer,
-                                   unique: Callable[[str], str]) -> None:
+async def test_send_oneway_arrives(
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("oneway")
     await create_topic(producer.broker, topic, 2)
     await producer.send_oneway(Message(topic, b"fire and forget", keys="ow"), queue_id=1)
@@ -118,7 +126,8 @@ async def test_send_oneway_arrives(producer: AsyncProducer, puller: AsyncPullCon
 
 
 async def test_sharding_key_keeps_one_key_in_one_queue_in_order(
-        producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]) -> None:
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("ordered")
     await create_topic(producer.broker, topic, 8)
     by_key: dict[str, list[int]] = {}
@@ -134,8 +143,9 @@ async def test_sharding_key_keeps_one_key_in_one_queue_in_order(
         assert mine == sorted(mine) and len(mine) == 10
 
 
-async def test_selector_and_explicit_queue(producer: AsyncProducer,
-                                           unique: Callable[[str], str]) -> None:
+async def test_selector_and_explicit_queue(
+    producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic = unique("sel")
     await create_topic(producer.broker, topic, 4)
     seen: list[list[int]] = []
@@ -156,7 +166,8 @@ async def test_selector_and_explicit_queue(producer: AsyncProducer,
 
 
 async def test_invalid_topic_and_oversized_body_are_refused_clearly(
-        producer: AsyncProducer, puller: AsyncPullConsumer) -> None:
+    producer: AsyncProducer, puller: AsyncPullConsumer
+) -> None:
     with pytest.raises(InvalidMessageError, match="'bad topic!' contains characters"):
         await producer.send(Message("bad topic!", b"x"))
     with pytest.raises(InvalidMessageError, match=r"4194305 bytes, over the limit of 4194304"):
@@ -169,12 +180,14 @@ async def test_invalid_topic_and_oversized_body_are_refused_clearly(
 
 
 async def test_broker_side_limit_surfaces_as_its_error(
-        make_broker_config: Callable[..., object], unique: Callable[[str], str]) -> None:
+    make_broker_config: Callable[..., object], unique: Callable[[str], str]
+) -> None:
     controller = BrokerController(make_broker_config(max_message_size=1024))
     await controller.start()
     try:
-        async with AsyncProducer("p", broker=controller.address, config=FAST_CLIENT,
-                                 max_message_size=4096) as p:
+        async with AsyncProducer(
+            "p", broker=controller.address, config=FAST_CLIENT, max_message_size=4096
+        ) as p:
             with pytest.raises(MessageIllegalError, match="exceeds the limit"):
                 await p.send(Message(unique("t"), b"x" * 2000))
     finally:
@@ -182,12 +195,14 @@ async def test_broker_side_limit_surfaces_as_its_error(
 
 
 async def test_pull_consumer_offsets_filters_and_long_poll(
-        producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]) -> None:
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("pull")
     await create_topic(producer.broker, topic, 2)
     for i in range(10):
-        await producer.send(Message(topic, f"m{i}".encode(), tags="even" if i % 2 == 0 else "odd"),
-                            queue_id=0)
+        await producer.send(
+            Message(topic, f"m{i}".encode(), tags="even" if i % 2 == 0 else "odd"), queue_id=0
+        )
     assert await puller.fetch_queues(topic) == [0, 1]
     assert (await puller.min_offset(topic, 0), await puller.max_offset(topic, 0)) == (0, 10)
 
@@ -218,8 +233,9 @@ async def test_pull_consumer_offsets_filters_and_long_poll(
     assert late.status is PullStatus.FOUND and [m.body for m in late.messages] == [b"late"]
 
 
-async def test_offset_for_timestamp(producer: AsyncProducer, puller: AsyncPullConsumer,
-                                    unique: Callable[[str], str]) -> None:
+async def test_offset_for_timestamp(
+    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+) -> None:
     topic = unique("ts")
     await create_topic(producer.broker, topic, 1)
     for i in range(3):
@@ -246,14 +262,18 @@ async def test_lifecycle_errors(broker: BrokerController) -> None:
 
 
 async def test_flush_disk_timeout_is_a_status_not_a_resend(
-        make_broker_config: Callable[..., object], unique: Callable[[str], str]) -> None:
-    controller = BrokerController(make_broker_config(flush_disk_type="SYNC_FLUSH",
-                                                     sync_flush_timeout=0))
+    make_broker_config: Callable[..., object], unique: Callable[[str], str]
+) -> None:
+    controller = BrokerController(
+        make_broker_config(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=0)
+    )
     await controller.start()
     topic = unique("sync")
     try:
-        async with AsyncProducer("p", broker=controller.address, config=FAST_CLIENT) as p, \
-                AsyncPullConsumer("c", broker=controller.address, config=FAST_CLIENT) as c:
+        async with (
+            AsyncProducer("p", broker=controller.address, config=FAST_CLIENT) as p,
+            AsyncPullConsumer("c", broker=controller.address, config=FAST_CLIENT) as c,
+        ):
             await create_topic(controller.address, topic, 1)
             result = await p.send(Message(topic, b"stored, not yet fsynced"))
             assert result.status is SendStatus.FLUSH_DISK_TIMEOUT

@@ -45,8 +45,7 @@ class Inbox:
 
 @pytest.fixture
 async def producer(broker: BrokerController) -> AsyncProducer:
-    async with AsyncProducer("push-test-producer", broker=broker.address,
-                             config=FAST_CLIENT) as p:
+    async with AsyncProducer("push-test-producer", broker=broker.address, config=FAST_CLIENT) as p:
         yield p
 
 
@@ -55,7 +54,8 @@ def consumer_for(broker: BrokerController, group: str, **kw: object) -> AsyncPus
 
 
 async def test_round_trip_with_tags_keys_properties_and_ids(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("orders"), unique("billing")
     await create_topic(broker.address, topic)
     inbox = Inbox()
@@ -69,11 +69,19 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
         assert sub is not None and sub.tags == frozenset({"created", "paid"})
         assert broker.clients.subscription(group, f"%RETRY%{group}") is not None
         assert sorted(consumer.assignment()) == [(f"%RETRY%{group}", 0)] + [
-            (topic, q) for q in range(4)]
+            (topic, q) for q in range(4)
+        ]
         sent = {}
         for i, tag in enumerate(["created", "paid", "created"]):
-            r = await producer.send(Message(topic, f"body-{i}".encode(), tags=tag,
-                                            keys=f"order-{i}", properties={"region": "eu"}))
+            r = await producer.send(
+                Message(
+                    topic,
+                    f"body-{i}".encode(),
+                    tags=tag,
+                    keys=f"order-{i}",
+                    properties={"region": "eu"},
+                )
+            )
             sent[r.msg_id] = (r, i, tag)
         await wait_until(lambda: inbox.count() == 3, what="three deliveries")
     finally:
@@ -89,7 +97,8 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
 
 
 async def test_tag_filter_delivers_only_matching_tags(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("tags"), unique("g")
     await create_topic(broker.address, topic, 1)
     inbox = Inbox()
@@ -104,14 +113,16 @@ async def test_tag_filter_delivers_only_matching_tags(
             # Every message was looked at: the group's offset reached the end of the queue.
             async def all_seen() -> bool:
                 return await pc.committed_offset(topic, 0) == 7
+
             await wait_until(all_seen, what="the committed offset to reach the end")
     finally:
         await consumer.shutdown()
     assert sorted(inbox.bodies) == [b"a-0", b"a-5", b"b-2"]
 
 
-async def test_async_callbacks_work_too(broker: BrokerController, producer: AsyncProducer,
-                                        unique: Callable[[str], str]) -> None:
+async def test_async_callbacks_work_too(
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("async-cb"), unique("g")
     await create_topic(broker.address, topic, 2)
     got: list[bytes] = []
@@ -130,7 +141,8 @@ async def test_async_callbacks_work_too(broker: BrokerController, producer: Asyn
 
 
 async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("split"), unique("workers")
     await create_topic(broker.address, topic, 4)
     inbox_a, inbox_b = Inbox(), Inbox()
@@ -141,10 +153,12 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
     await a.start()
     await b.start()
     try:
+
         def split() -> bool:
             qa = {q for t, q in a.assignment() if t == topic}
             qb = {q for t, q in b.assignment() if t == topic}
             return len(qa) == 2 and len(qb) == 2 and not qa & qb
+
         await wait_until(split, what="a 2/2 split of the queues")
 
         for i in range(40):
@@ -153,8 +167,10 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
         assert inbox_a.count() > 0 and inbox_b.count() > 0
 
         await b.shutdown()
-        await wait_until(lambda: len([q for t, q in a.assignment() if t == topic]) == 4,
-                         what="the survivor to take every queue")
+        await wait_until(
+            lambda: len([q for t, q in a.assignment() if t == topic]) == 4,
+            what="the survivor to take every queue",
+        )
         for i in range(40):
             await producer.send(Message(topic, f"two-{i}".encode()))
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
@@ -170,7 +186,8 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
 
 
 async def test_a_failing_callback_gets_the_message_again(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("flaky"), unique("g")
     await create_topic(broker.address, topic, 2)
     deliveries: list[MessageExt] = []
@@ -187,8 +204,9 @@ async def test_a_failing_callback_gets_the_message_again(
     await consumer.start()
     try:
         await wait_until(lambda: len(consumer.assignment()) >= 2, what="assignment")
-        sent = await producer.send(Message(topic, b"retry me", tags="t", keys="k",
-                                           properties={"p": "v"}))
+        sent = await producer.send(
+            Message(topic, b"retry me", tags="t", keys="k", properties={"p": "v"})
+        )
         await wait_until(lambda: len(deliveries) >= 2, what="the redelivery")
         await asyncio.sleep(0.3)
     finally:
@@ -202,7 +220,8 @@ async def test_a_failing_callback_gets_the_message_again(
 
 
 async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("poison"), unique("g")
     await create_topic(broker.address, topic, 1)
     attempts: list[int] = []
@@ -217,13 +236,14 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
     try:
         await wait_until(lambda: len(consumer.assignment()) >= 1, what="assignment")
         sent = await producer.send(Message(topic, b"poison pill"))
-        async with AsyncPullConsumer("dlq-reader", broker=broker.address,
-                                     config=FAST_CLIENT) as pc:
+        async with AsyncPullConsumer("dlq-reader", broker=broker.address, config=FAST_CLIENT) as pc:
+
             async def dead() -> bool:
                 try:
                     return await pc.max_offset(f"%DLQ%{group}", 0) == 1
                 except Exception:
                     return False
+
             await wait_until(dead, what="the dead-letter queue")
             [m] = (await pc.pull(f"%DLQ%{group}", 0, 0)).messages
     finally:
@@ -233,7 +253,8 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
 
 
 async def test_restart_resumes_from_the_committed_offset(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("resume"), unique("g")
     await create_topic(broker.address, topic, 4)
     for i in range(12):
@@ -256,8 +277,9 @@ async def test_restart_resumes_from_the_committed_offset(
 
 
 @pytest.mark.parametrize("where", ["first", "last", "timestamp"])
-async def test_consume_from(broker: BrokerController, producer: AsyncProducer,
-                            unique: Callable[[str], str], where: str) -> None:
+async def test_consume_from(
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str], where: str
+) -> None:
     topic, group = unique("from"), unique("g")
     await create_topic(broker.address, topic, 2)
     for i in range(4):
@@ -273,8 +295,9 @@ async def test_consume_from(broker: BrokerController, producer: AsyncProducer,
     consumer.subscribe(topic, "*", inbox)
     await consumer.start()
     try:
-        await wait_until(lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2,
-                         what="assignment")
+        await wait_until(
+            lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2, what="assignment"
+        )
         for i in range(2):
             await producer.send(Message(topic, f"new-{i}".encode()))
         expected = {
@@ -290,7 +313,8 @@ async def test_consume_from(broker: BrokerController, producer: AsyncProducer,
 
 
 async def test_a_topic_created_after_the_consumer_started_is_consumed_from_its_start(
-        broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]) -> None:
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("later"), unique("g")
     inbox = Inbox()
     consumer = consumer_for(broker, group)  # consume_from="last"

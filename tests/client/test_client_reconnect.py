@@ -23,7 +23,8 @@ from txmq.client import (
 
 
 async def test_producer_and_consumer_survive_a_broker_restart(
-        make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]) -> None:
+    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
+) -> None:
     config = make_broker_config()
     first = BrokerController(config)
     await first.start()
@@ -36,10 +37,16 @@ async def test_producer_and_consumer_survive_a_broker_restart(
         with lock:
             received.append(msg)
 
-    producer = AsyncProducer("p", broker=first.address, config=FAST_CLIENT,
-                             request_timeout=0.3, retry_times_when_send_failed=1)
-    consumer = AsyncPushConsumer(group, broker=first.address, config=FAST_CLIENT,
-                                 consume_from="first")
+    producer = AsyncProducer(
+        "p",
+        broker=first.address,
+        config=FAST_CLIENT,
+        request_timeout=0.3,
+        retry_times_when_send_failed=1,
+    )
+    consumer = AsyncPushConsumer(
+        group, broker=first.address, config=FAST_CLIENT, consume_from="first"
+    )
     consumer.subscribe(topic, "*", on_message)
     second: BrokerController | None = None
     try:
@@ -47,11 +54,12 @@ async def test_producer_and_consumer_survive_a_broker_restart(
         await producer.send(Message(topic, b"before"))
         await consumer.start()
         await wait_until(lambda: len(received) == 1, what="the first message")
-        async with AsyncPullConsumer(group, broker=first.address,
-                                     config=FAST_CLIENT) as observer:
+        async with AsyncPullConsumer(group, broker=first.address, config=FAST_CLIENT) as observer:
+
             async def committed() -> bool:
                 offsets = [await observer.committed_offset(topic, q) for q in range(4)]
                 return sum(o or 0 for o in offsets) == 1
+
             await wait_until(committed, what="the group's offset commit")
 
         await first.shutdown()
@@ -62,8 +70,10 @@ async def test_producer_and_consumer_survive_a_broker_restart(
         second = BrokerController(config.replace(listen_port=port))
         await second.start()
         assert second.port == port
-        await wait_until(lambda: producer.connection.reconnects >= 1
-                         and consumer.connection.reconnects >= 1, what="both reconnects")
+        await wait_until(
+            lambda: producer.connection.reconnects >= 1 and consumer.connection.reconnects >= 1,
+            what="both reconnects",
+        )
         result = await producer.send(Message(topic, b"after"))
         assert result.queue_offset >= 0
         await wait_until(lambda: len(received) >= 2, what="the message sent after the restart")
@@ -78,7 +88,8 @@ async def test_producer_and_consumer_survive_a_broker_restart(
 
 
 async def test_a_send_waits_for_the_reconnect_within_its_retries(
-        make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]) -> None:
+    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
+) -> None:
     config = make_broker_config()
     first = BrokerController(config)
     await first.start()

@@ -46,8 +46,15 @@ def test_sync_round_trip(broker_thread: BrokerController, unique: Callable[[str]
             assert consumer.client_id and "@" in consumer.client_id
             results = {}
             for i, tag in enumerate(["created", "paid", "shipped", "created"]):
-                r = producer.send(Message(topic, f"order-{i}".encode(), tags=tag,
-                                          keys=f"order-{i}", properties={"region": "eu"}))
+                r = producer.send(
+                    Message(
+                        topic,
+                        f"order-{i}".encode(),
+                        tags=tag,
+                        keys=f"order-{i}",
+                        properties={"region": "eu"},
+                    )
+                )
                 results[r.msg_id] = (i, tag, r)
             wait_until_sync(lambda: len(received) >= 3, what="three deliveries")
         finally:
@@ -58,19 +65,26 @@ def test_sync_round_trip(broker_thread: BrokerController, unique: Callable[[str]
         assert (m.topic, m.tags, m.keys) == (topic, tag, f"order-{i}")
         assert m.user_properties == {"region": "eu"}
         assert (m.queue_id, m.queue_offset, m.offset_msg_id) == (
-            r.queue_id, r.queue_offset, r.offset_msg_id)
+            r.queue_id,
+            r.queue_offset,
+            r.offset_msg_id,
+        )
     assert all(name.startswith("txmq-consume-") for name in threads)
 
 
-def test_sync_batch_oneway_and_pull_consumer(broker_thread: BrokerController,
-                                             unique: Callable[[str], str]) -> None:
+def test_sync_batch_oneway_and_pull_consumer(
+    broker_thread: BrokerController, unique: Callable[[str], str]
+) -> None:
     topic = unique("sync-pull")
     address = broker_thread.address
-    with Producer("p", broker=address, config=FAST_CLIENT) as producer, \
-            PullConsumer("reader", broker=address, config=FAST_CLIENT) as reader:
+    with (
+        Producer("p", broker=address, config=FAST_CLIENT) as producer,
+        PullConsumer("reader", broker=address, config=FAST_CLIENT) as reader,
+    ):
         first = producer.send(Message(topic, b"single"), queue_id=0)
-        batch = producer.send_batch([Message(topic, f"b{i}".encode()) for i in range(3)],
-                                    queue_id=0)
+        batch = producer.send_batch(
+            [Message(topic, f"b{i}".encode()) for i in range(3)], queue_id=0
+        )
         assert batch.queue_offset == first.queue_offset + 1 == 1
         producer.send_oneway(Message(topic, b"oneway"), queue_id=0)
         wait_until_sync(lambda: reader.max_offset(topic, 0) == 5, what="the oneway message")
@@ -88,8 +102,9 @@ def test_sync_batch_oneway_and_pull_consumer(broker_thread: BrokerController,
             producer.send(Message("no spaces please", b"x"))
 
 
-def test_sync_client_cannot_be_used_from_its_own_loop(broker_thread: BrokerController,
-                                                      unique: Callable[[str], str]) -> None:
+def test_sync_client_cannot_be_used_from_its_own_loop(
+    broker_thread: BrokerController, unique: Callable[[str], str]
+) -> None:
     topic, group = unique("reentrant"), unique("g")
     errors: list[BaseException] = []
     with Producer("p", broker=broker_thread.address, config=FAST_CLIENT) as producer:
@@ -101,8 +116,9 @@ def test_sync_client_cannot_be_used_from_its_own_loop(broker_thread: BrokerContr
             except ClientStateError as exc:
                 errors.append(exc)
 
-        consumer = PushConsumer(group, broker=broker_thread.address, config=FAST_CLIENT,
-                                consume_from="first")
+        consumer = PushConsumer(
+            group, broker=broker_thread.address, config=FAST_CLIENT, consume_from="first"
+        )
         consumer.subscribe(topic, "*", on_message)
         consumer.start()
         try:

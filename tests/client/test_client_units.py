@@ -21,9 +21,19 @@ CLIENT_DIR = pathlib.Path(client.__file__).parent
 
 
 def test_public_names() -> None:
-    for name in ("Producer", "AsyncProducer", "PushConsumer", "AsyncPushConsumer",
-                 "PullConsumer", "AsyncPullConsumer", "Message", "MessageExt", "SendResult",
-                 "SendStatus", "ConsumeFrom"):
+    for name in (
+        "Producer",
+        "AsyncProducer",
+        "PushConsumer",
+        "AsyncPushConsumer",
+        "PullConsumer",
+        "AsyncPullConsumer",
+        "Message",
+        "MessageExt",
+        "SendResult",
+        "SendStatus",
+        "ConsumeFrom",
+    ):
         assert name in client.__all__ and hasattr(client, name), name
     assert client.Message is Message and client.MessageExt is MessageExt
 
@@ -38,8 +48,11 @@ def test_the_client_never_imports_the_broker() -> None:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names
-                          if n.startswith(("txmq.broker", "txmq.spark_connector", "broker"))]
+            offenders += [
+                f"{path.name}: {n}"
+                for n in names
+                if n.startswith(("txmq.broker", "txmq.spark_connector", "broker"))
+            ]
     assert offenders == []
 
 
@@ -58,8 +71,9 @@ def test_allocate_averagely_matches_rocketmq_examples() -> None:
 
 
 @given(st.integers(0, 40), st.integers(1, 12), st.data())
-def test_allocate_averagely_partitions_every_queue_once(n_queues: int, n_ids: int,
-                                                        data: st.DataObject) -> None:
+def test_allocate_averagely_partitions_every_queue_once(
+    n_queues: int, n_ids: int, data: st.DataObject
+) -> None:
     queues = list(range(n_queues))
     ids = sorted(f"c{i}" for i in range(n_ids))
     shares = [allocate_averagely(queues, ids, cid) for cid in ids]
@@ -163,10 +177,16 @@ def test_message_validation_errors_say_what_is_wrong() -> None:
 def test_client_config_defaults_and_checks() -> None:
     cfg = ClientConfig()
     assert (cfg.request_timeout, cfg.heartbeat_interval, cfg.retry_times_when_send_failed) == (
-        3.0, 30.0, 2)
+        3.0,
+        30.0,
+        2,
+    )
     assert (cfg.reconnect_backoff_initial, cfg.reconnect_backoff_max) == (0.1, 5.0)
     assert (cfg.long_poll_timeout, cfg.rebalance_interval, cfg.persist_offset_interval) == (
-        15.0, 20.0, 5.0)
+        15.0,
+        20.0,
+        5.0,
+    )
     assert cfg.replace(pull_batch_size=64).pull_batch_size == 64
     with pytest.raises(ValueError, match="request_timeout"):
         ClientConfig(request_timeout=0)

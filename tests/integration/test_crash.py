@@ -45,9 +45,11 @@ async def _load(address: str, acked: list, stop: asyncio.Event, worker: int) -> 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path, flush, seed):
     rnd = random.Random(seed)
-    bp = BrokerProcess(str(tmp_path / "store"), flush=flush,
-                       settings={"mappedFileSizeCommitLog": 256 * 1024,
-                                 "maxMessageSize": 65536})
+    bp = BrokerProcess(
+        str(tmp_path / "store"),
+        flush=flush,
+        settings={"mappedFileSizeCommitLog": 256 * 1024, "maxMessageSize": 65536},
+    )
     address = bp.start()
     acked: list[bytes] = []
     stop = asyncio.Event()
@@ -89,16 +91,23 @@ class Decider:
         body = decode_message(cmd.body).body
         decision = COMMIT if body.startswith(b"c:") else ROLLBACK
         eh = EndTransactionRequestHeader(
-            producer_group=self.group, tran_state_table_offset=h.tran_state_table_offset,
-            commit_log_offset=h.commit_log_offset, commit_or_rollback=decision,
-            from_transaction_check=True, msg_id=h.msg_id, transaction_id=h.transaction_id)
+            producer_group=self.group,
+            tran_state_table_offset=h.tran_state_table_offset,
+            commit_log_offset=h.commit_log_offset,
+            commit_or_rollback=decision,
+            from_transaction_check=True,
+            msg_id=h.msg_id,
+            transaction_id=h.transaction_id,
+        )
         asyncio.get_running_loop().create_task(
-            self.client.call(RequestCode.END_TRANSACTION, eh.to_ext_fields()))
+            self.client.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())
+        )
         return cmd.response()
 
 
-async def _tx_load(address: str, outcome: dict, stop: asyncio.Event, worker: int,
-                   rnd: random.Random) -> None:
+async def _tx_load(
+    address: str, outcome: dict, stop: asyncio.Event, worker: int, rnd: random.Random
+) -> None:
     try:
         c = await RawClient.connect(address)
     except TxmqError:
@@ -110,8 +119,7 @@ async def _tx_load(address: str, outcome: dict, stop: asyncio.Event, worker: int
             body = f"{'c' if commit else 'r'}:w{worker}-{i}".encode()
             i += 1
             try:
-                half = await c.send("txload", body, group="txg", transactional=True,
-                                    queue_id=i % 4)
+                half = await c.send("txload", body, group="txg", transactional=True, queue_id=i % 4)
                 if half.code != ResponseCode.SUCCESS:
                     continue
                 outcome[body] = "pending"
@@ -127,9 +135,16 @@ async def _tx_load(address: str, outcome: dict, stop: asyncio.Event, worker: int
 @pytest.mark.parametrize("seed", [3, 4])
 async def test_sigkill_under_transactional_load(tmp_path, seed):
     rnd = random.Random(seed)
-    bp = BrokerProcess(str(tmp_path / "store"), flush="SYNC_FLUSH", settings={
-        "mappedFileSizeCommitLog": 256 * 1024, "maxMessageSize": 65536, "transactionTimeOut": 0,
-        "transactionCheckInterval": 100})
+    bp = BrokerProcess(
+        str(tmp_path / "store"),
+        flush="SYNC_FLUSH",
+        settings={
+            "mappedFileSizeCommitLog": 256 * 1024,
+            "maxMessageSize": 65536,
+            "transactionTimeOut": 0,
+            "transactionCheckInterval": 100,
+        },
+    )
     address = bp.start()
     outcome: dict[bytes, str] = {}
     stop = asyncio.Event()
@@ -172,9 +187,17 @@ async def test_kill_mid_commit_of_a_multi_message_transaction_is_completed(make_
     await b.start()
     c = await RawClient.connect(b.address)
     txid = "TX-CUT"
-    halves = [await c.send("multi", f"m{q}".encode(), group="g", transactional=True,
-                           queue_id=q, props={MessageConst.TRANSACTION_ID: txid})
-              for q in range(4)]
+    halves = [
+        await c.send(
+            "multi",
+            f"m{q}".encode(),
+            group="g",
+            transactional=True,
+            queue_id=q,
+            props={MessageConst.TRANSACTION_ID: txid},
+        )
+        for q in range(4)
+    ]
     assert (await c.end_transaction("g", halves[0], COMMIT, txid=txid)).code == 0
     delivered = await c.pull_all("multi")
     assert len(delivered) == 4

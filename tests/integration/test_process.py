@@ -99,15 +99,21 @@ def test_cli_status_fails_clearly_without_a_broker():
 
 def test_broker_print_config_shows_precedence(tmp_path, monkeypatch):
     cfg = tmp_path / "b.toml"
-    cfg.write_text('listenPort = 2000\nflushDiskType = "SYNC_FLUSH"\n[transaction]\n'
-                   'transactionCheckMax = 7\n')
+    cfg.write_text(
+        'listenPort = 2000\nflushDiskType = "SYNC_FLUSH"\n[transaction]\ntransactionCheckMax = 7\n'
+    )
     monkeypatch.setenv("TXMQ_LISTEN_PORT", "3000")
-    res = CliRunner().invoke(main, ["broker", "--config", str(cfg), "--print-config",
-                                    "--set", "transactionTimeOut=100"])
+    res = CliRunner().invoke(
+        main, ["broker", "--config", str(cfg), "--print-config", "--set", "transactionTimeOut=100"]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert (doc["listenPort"], doc["flushDiskType"], doc["transactionCheckMax"],
-            doc["transactionTimeOut"]) == (3000, "SYNC_FLUSH", 7, 100)
+    assert (
+        doc["listenPort"],
+        doc["flushDiskType"],
+        doc["transactionCheckMax"],
+        doc["transactionTimeOut"],
+    ) == (3000, "SYNC_FLUSH", 7, 100)
     res = CliRunner().invoke(main, ["broker", "--port", "4000", "--print-config"])
     assert json.loads(res.output)["listenPort"] == 4000
     res = CliRunner().invoke(main, ["broker", "--set", "noSuchKey=1", "--print-config"])

@@ -25,8 +25,11 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageConst
 
-C, R, U = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
-           LocalTransactionState.UNKNOWN)
+C, R, U = (
+    LocalTransactionState.COMMIT_MESSAGE,
+    LocalTransactionState.ROLLBACK_MESSAGE,
+    LocalTransactionState.UNKNOWN,
+)
 G = "order-tx"
 
 
@@ -72,9 +75,11 @@ async def eventually(pred, timeout=8.0):
 
 @pytest.fixture
 async def fast_broker(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=300,
-                                            transaction_check_interval=100,
-                                            transaction_check_max=5))
+    b = BrokerController(
+        make_broker_config(
+            transaction_time_out=300, transaction_check_interval=100, transaction_check_max=5
+        )
+    )
     await b.start()
     yield b
     await b.shutdown()
@@ -88,17 +93,22 @@ async def test_commit_is_delivered_once_and_invisible_before(fast_broker):
 
     lst = Scripted(C, on_execute=look)
     async with AsyncTransactionProducer(G, lst, fast_broker.address) as p:
-        msg = Message("orders", b"order-1", tags="created", keys="o1",
-                      properties={"region": "eu"})
+        msg = Message("orders", b"order-1", tags="created", keys="o1", properties={"region": "eu"})
         r = await p.send_message_in_transaction(msg, arg={"id": 1}, queue_id=2)
     assert r.local_transaction_state is C and r.transaction_id == r.msg_id
     assert seen_before == []
     [m] = await delivered(fast_broker.address, "orders")
-    assert (m.topic, m.queue_id, m.body, m.tags, m.keys) == ("orders", 2, b"order-1", "created",
-                                                              "o1")
+    assert (m.topic, m.queue_id, m.body, m.tags, m.keys) == (
+        "orders",
+        2,
+        b"order-1",
+        "created",
+        "o1",
+    )
     assert m.user_properties == {"region": "eu"} and m.msg_id == r.msg_id
     assert not {MessageConst.REAL_TOPIC, MessageConst.REAL_QID, MessageConst.TRAN_MSG} & set(
-        m.properties)
+        m.properties
+    )
 
 
 async def test_rollback_never_delivered_also_after_restart(fast_broker):
@@ -150,8 +160,9 @@ async def test_unknown_forever_exactly_check_max_then_parked_then_resumed(fast_b
 
 
 async def test_no_check_before_the_timeout_and_immunity_delays_it(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=800,
-                                            transaction_check_interval=50))
+    b = BrokerController(
+        make_broker_config(transaction_time_out=800, transaction_check_interval=50)
+    )
     await b.start()
     try:
         lst = Scripted(U, checks=[C])
@@ -159,8 +170,7 @@ async def test_no_check_before_the_timeout_and_immunity_delays_it(make_broker_co
             t0 = time.monotonic()
             await p.send_message_in_transaction(Message("orders", b"a"))
             t1 = time.monotonic()
-            await p.send_message_in_transaction(Message("orders", b"b"),
-                                                check_immunity_seconds=2)
+            await p.send_message_in_transaction(Message("orders", b"b"), check_immunity_seconds=2)
             assert await eventually(lambda: len(lst.checks) == 2, 6)
         first, second = lst.checks[0][0] - t0, lst.checks[1][0] - t1
         assert first >= 0.8, first
@@ -184,8 +194,10 @@ async def test_repeated_and_contradicting_decisions(fast_broker):
 
 
 async def test_mismatched_group_gets_system_error_naming_the_reason(fast_broker):
-    async with AsyncTransactionProducer(G, Scripted(U), fast_broker.address) as p, \
-            AsyncTransactionProducer("other", Scripted(U), fast_broker.address) as q:
+    async with (
+        AsyncTransactionProducer(G, Scripted(U), fast_broker.address) as p,
+        AsyncTransactionProducer("other", Scripted(U), fast_broker.address) as q,
+    ):
         r = await p.send_message_in_transaction(Message("orders", b"x"))
         with pytest.raises(BrokerSystemError, match="producer group wrong"):
             await q.end_transaction(r, C)
@@ -253,8 +265,9 @@ async def test_bounded_check_queue_refuses_and_nothing_is_lost(fast_broker):
             return super().check_local_transaction(message)
 
     lst = Slow(U, checks=[C])
-    async with AsyncTransactionProducer(G, lst, fast_broker.address, check_threads=1,
-                                        check_queue_size=2) as q:
+    async with AsyncTransactionProducer(
+        G, lst, fast_broker.address, check_threads=1, check_queue_size=2
+    ) as q:
         assert await eventually(lambda: not fast_broker.transactions.pending, 15)
         assert q.checks_refused > 0
     assert len(await delivered(fast_broker.address, "orders")) == 6
@@ -280,8 +293,8 @@ async def test_producer_killed_after_the_half_another_producer_decides(fast_brok
     lst = Scripted(C, checks=[C])
     async with AsyncTransactionProducer(G, lst, fast_broker.address):
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", PRODUCER_THAT_DIES, fast_broker.address,
-            stdout=subprocess.PIPE)
+            sys.executable, "-c", PRODUCER_THAT_DIES, fast_broker.address, stdout=subprocess.PIPE
+        )
         out, _ = await proc.communicate()
         assert b"HALF" in out and proc.returncode == -9
         assert await eventually(lambda: not fast_broker.transactions.pending)

@@ -34,8 +34,7 @@ def json_input(tmp_path: Path) -> Any:
         folder = folder or tmp_path / f"input{next(counter)}"
         folder.mkdir(exist_ok=True)
         for r in ranges:
-            lines = [json.dumps({"id": i, "customer": f"c{i % 7}", "amount": i * 1.5})
-                     for i in r]
+            lines = [json.dumps({"id": i, "customer": f"c{i % 7}", "amount": i * 1.5}) for i in r]
             (folder / f"part-{r.start:06d}.json").write_text("\n".join(lines) + "\n")
         return str(folder)
 

@@ -35,12 +35,15 @@ def spark_session(master: str, app: str, **conf: str) -> Any:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(master).appName(app)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.sql.streaming.stopTimeout", "10s")
-               .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR,console"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.stopTimeout", "10s")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR,console")
+    )
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -48,6 +51,7 @@ def spark_session(master: str, app: str, **conf: str) -> Any:
     from txmq.spark_connector import register
 
     register(spark)
+    _ship_by_value()
     return spark
 
 
@@ -75,12 +79,15 @@ def bodies(messages: list[MessageExt]) -> list[str]:
     return sorted(m.body.decode() for m in messages)
 
 
-def transactions(address: str, group: str, states: str = "PENDING,COMMITTED,ROLLED_BACK"
-                 ) -> list[dict[str, Any]]:
+def transactions(
+    address: str, group: str, states: str = "PENDING,COMMITTED,ROLLED_BACK"
+) -> list[dict[str, Any]]:
     """The broker's records of ``group``'s transactions in ``states``."""
+
     async def go() -> list[dict[str, Any]]:
         async with AsyncAdminClient(address) as admin:
             return await admin.list_transactions(group=group, state=states, limit=100_000)
+
     return asyncio.run(go())
 
 
@@ -98,8 +105,9 @@ def attempt_of(transaction_id: str) -> tuple[int, int]:
     return int(p), int(a)
 
 
-def wait_for_pending_halves(address: str, group: str, partition: int, attempt: int,
-                            timeout: float = 20.0) -> bool:
+def wait_for_pending_halves(
+    address: str, group: str, partition: int, attempt: int, timeout: float = 20.0
+) -> bool:
     """Wait until the broker holds pending halves of ``group`` written by that task attempt."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -110,9 +118,16 @@ def wait_for_pending_halves(address: str, group: str, partition: int, attempt: i
     return False
 
 
-def failing_body_udf(address: str, *, ids: range, after: int, partition: int = 0,
-                     attempts: tuple[int, ...] | None = None, marker: str | None = None,
-                     group: str | None = None) -> Any:
+def failing_body_udf(
+    address: str,
+    *,
+    ids: range,
+    after: int,
+    partition: int = 0,
+    attempts: tuple[int, ...] | None = None,
+    marker: str | None = None,
+    group: str | None = None,
+) -> Any:
     """A Python UDF ``id -> body`` (``"order-<id>|"`` padded to 1 KiB) that fails the task of
     ``partition`` which processes the rows with ``ids`` (one micro-batch), once it has produced
     ``after`` bodies -- only on the given attempt numbers, and only while the file ``marker``
@@ -131,9 +146,12 @@ def failing_body_udf(address: str, *, ids: range, after: int, partition: int = 0
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        if i in ids and ctx.partitionId() == partition and (
-                attempts is None or ctx.attemptNumber() in attempts) and (
-                marker is None or os.path.exists(marker)):
+        if (
+            i in ids
+            and ctx.partitionId() == partition
+            and (attempts is None or ctx.attemptNumber() in attempts)
+            and (marker is None or os.path.exists(marker))
+        ):
             if produced[0] >= after:
                 g = group or "txmq-spark-" + ctx.getLocalProperty("sql.streaming.queryId")
                 wait_for_pending_halves(address, g, partition, ctx.attemptNumber())
@@ -149,15 +167,12 @@ def order_ids(messages: list[MessageExt]) -> list[int]:
     return sorted(int(m.body.split(b"|")[0].split(b"-")[1]) for m in messages)
 
 
-# The UDFs above are shipped to Spark's Python workers by value, so the workers need not
-# import this test module.
 def _ship_by_value() -> None:
+    """The UDFs above are shipped to Spark's Python workers by value, so the workers need not
+    import this test module."""
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-_ship_by_value()
 
 
 def forget_commit(checkpoint: Path, batch_id: int) -> None:

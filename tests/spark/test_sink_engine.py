@@ -17,27 +17,45 @@ from txmq.spark_connector.sink import decide_batch, write_partition
 
 
 def _batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    return pa.record_batch({
-        "topic": pa.array([r.get("topic") for r in rows], pa.string()),
-        "body": pa.array([r["body"] for r in rows], pa.binary()),
-        "tags": pa.array([r.get("tags") for r in rows], pa.string()),
-        "keys": pa.array([r.get("keys") for r in rows], pa.string()),
-        "properties": pa.array([list(r.get("properties", {}).items()) for r in rows],
-                               pa.map_(pa.string(), pa.string())),
-        "customer": pa.array([r.get("customer") for r in rows], pa.string()),
-    })
+    return pa.record_batch(
+        {
+            "topic": pa.array([r.get("topic") for r in rows], pa.string()),
+            "body": pa.array([r["body"] for r in rows], pa.binary()),
+            "tags": pa.array([r.get("tags") for r in rows], pa.string()),
+            "keys": pa.array([r.get("keys") for r in rows], pa.string()),
+            "properties": pa.array(
+                [list(r.get("properties", {}).items()) for r in rows],
+                pa.map_(pa.string(), pa.string()),
+            ),
+            "customer": pa.array([r.get("customer") for r in rows], pa.string()),
+        }
+    )
 
 
 def test_halves_stay_invisible_until_the_batch_is_decided(broker_thread: Any) -> None:
     address = broker_thread.address
-    rows = [{"topic": "eng-a" if i % 3 else "eng-b", "body": f"row-{i}".encode(),
-             "tags": "t1" if i % 2 else None, "keys": f"k{i}",
-             "properties": {"n": str(i)}, "customer": f"c{i % 5}"} for i in range(200)]
-    opts = SinkOptions(broker=address, topic="eng-a", queue_column="customer", batch_size=16,
-                       max_in_flight=2)
+    rows = [
+        {
+            "topic": "eng-a" if i % 3 else "eng-b",
+            "body": f"row-{i}".encode(),
+            "tags": "t1" if i % 2 else None,
+            "keys": f"k{i}",
+            "properties": {"n": str(i)},
+            "customer": f"c{i % 5}",
+        }
+        for i in range(200)
+    ]
+    opts = SinkOptions(
+        broker=address, topic="eng-a", queue_column="customer", batch_size=16, max_in_flight=2
+    )
     # Two record batches, as Spark's Arrow writer hands them over.
-    result = write_partition([_batch(rows[:120]), _batch(rows[120:])], opts, group="g-eng",
-                             batch_key="q-0", transaction_id="q-0-0-0-aa")
+    result = write_partition(
+        [_batch(rows[:120]), _batch(rows[120:])],
+        opts,
+        group="g-eng",
+        batch_key="q-0",
+        transaction_id="q-0-0-0-aa",
+    )
     assert (result.rows, result.transaction_id) == (200, "q-0-0-0-aa")
     assert pull_all(address, "eng-a") == [] and pull_all(address, "eng-b") == []
 
@@ -57,10 +75,18 @@ def test_halves_stay_invisible_until_the_batch_is_decided(broker_thread: Any) ->
     # Ordering by key: the rows of one customer are in input order in their queue.
     for c in range(5):
         for topic in ("eng-a", "eng-b"):
-            seq = [int(m.body.decode().split("-")[1]) for m in sorted(
-                (m for m in got if m.topic == topic and m.queue_id == zlib.crc32(
-                    f"c{c}".encode()) % 4), key=lambda m: m.queue_offset)
-                   if int(m.body.decode().split("-")[1]) % 5 == c]
+            seq = [
+                int(m.body.decode().split("-")[1])
+                for m in sorted(
+                    (
+                        m
+                        for m in got
+                        if m.topic == topic and m.queue_id == zlib.crc32(f"c{c}".encode()) % 4
+                    ),
+                    key=lambda m: m.queue_offset,
+                )
+                if int(m.body.decode().split("-")[1]) % 5 == c
+            ]
             assert seq == sorted(seq)
 
 
@@ -68,10 +94,12 @@ def test_decision_rolls_back_other_attempts_and_refuses_late_writers(broker_thre
     address = broker_thread.address
     opts = SinkOptions(broker=address, topic="eng-z", batch_size=50)
     rows = [pa.record_batch({"body": pa.array([f"r{i}".encode() for i in range(300)])})]
-    orphan = write_partition(rows, opts, group="g-z", batch_key="q-7",
-                             transaction_id="q-7-0-0-orphan")
-    retry = write_partition(rows, opts, group="g-z", batch_key="q-7",
-                            transaction_id="q-7-0-1-retry")
+    orphan = write_partition(
+        rows, opts, group="g-z", batch_key="q-7", transaction_id="q-7-0-0-orphan"
+    )
+    retry = write_partition(
+        rows, opts, group="g-z", batch_key="q-7", transaction_id="q-7-0-1-retry"
+    )
     assert orphan.rows == retry.rows == 300
 
     decide_batch(address, "g-z", "q-7", [retry, None])
@@ -83,13 +111,20 @@ def test_decision_rolls_back_other_attempts_and_refuses_late_writers(broker_thre
     assert "PENDING" not in states
 
     # A replayed task asks first and writes nothing ...
-    replay = write_partition(rows, opts, group="g-z", batch_key="q-7",
-                             transaction_id="q-7-0-0-replay")
+    replay = write_partition(
+        rows, opts, group="g-z", batch_key="q-7", transaction_id="q-7-0-0-replay"
+    )
     assert replay.already_decided and replay.rows == 0 and replay.transaction_id is None
     # ... and a zombie that does not ask is refused by the broker.
     with pytest.raises(IllegalOperationError):
-        write_partition(rows, opts, group="g-z", batch_key="q-7",
-                        transaction_id="q-7-0-2-zombie", skip_if_decided=False)
+        write_partition(
+            rows,
+            opts,
+            group="g-z",
+            batch_key="q-7",
+            transaction_id="q-7-0-2-zombie",
+            skip_if_decided=False,
+        )
     # Deciding again returns the first decision and delivers nothing more.
     again = decide_batch(address, "g-z", "q-7", [replay])
     assert not again["first"] and again["committed"] == ["q-7-0-1-retry"]
@@ -101,8 +136,11 @@ def test_rows_that_cannot_be_sent_fail_the_task(broker_thread: Any) -> None:
     null_body = pa.record_batch({"body": pa.array([b"x", None], pa.binary())})
     with pytest.raises(ValueError, match="null 'body'"):
         write_partition([null_body], opts, group="g", batch_key="b1", transaction_id="t1")
-    reserved = pa.record_batch({
-        "body": pa.array([b"x"]),
-        "properties": pa.array([[("TRAN_MSG", "false")]], pa.map_(pa.string(), pa.string()))})
+    reserved = pa.record_batch(
+        {
+            "body": pa.array([b"x"]),
+            "properties": pa.array([[("TRAN_MSG", "false")]], pa.map_(pa.string(), pa.string())),
+        }
+    )
     with pytest.raises(ValueError, match="reserved"):
         write_partition([reserved], opts, group="g", batch_key="b2", transaction_id="t2")

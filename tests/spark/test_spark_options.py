@@ -20,7 +20,10 @@ from txmq.spark_connector.options import (
     share_budget,
     stream_producer_group,
 )
-from txmq.spark_connector.reader import plan_end, plan_partitions
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
+
+from txmq.spark_connector.reader import plan_end, plan_partitions  # noqa: E402  (needs pyspark)
 
 BROKER = {"broker": "127.0.0.1:10911"}
 
@@ -28,28 +31,48 @@ BROKER = {"broker": "127.0.0.1:10911"}
 
 
 def test_sink_defaults_and_case_insensitive_keys() -> None:
-    o = parse_sink_options({"Broker": "h:1", "TOPIC": "orders", "batchsize": "100",
-                            "queueColumn": "customer", "maxInFlight": "8",
-                            "requestTimeout": "2.5"})
-    assert (o.broker, o.topic, o.batch_size, o.queue_column, o.max_in_flight,
-            o.request_timeout, o.producer_group) == ("h:1", "orders", 100, "customer", 8, 2.5,
-                                                     None)
+    o = parse_sink_options(
+        {
+            "Broker": "h:1",
+            "TOPIC": "orders",
+            "batchsize": "100",
+            "queueColumn": "customer",
+            "maxInFlight": "8",
+            "requestTimeout": "2.5",
+        }
+    )
+    assert (
+        o.broker,
+        o.topic,
+        o.batch_size,
+        o.queue_column,
+        o.max_in_flight,
+        o.request_timeout,
+        o.producer_group,
+    ) == ("h:1", "orders", 100, "customer", 8, 2.5, None)
     d = parse_sink_options(BROKER)
     assert (d.topic, d.batch_size, d.max_request_bytes, d.max_in_flight) == (
-        None, 512, 1024 * 1024, 8)
+        None,
+        512,
+        1024 * 1024,
+        8,
+    )
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({}, "option 'broker' is required"),
-    ({"broker": "localhost"}, "must be host:port"),
-    ({"broker": "h:99999"}, "must be host:port"),
-    ({**BROKER, "topic": "bad topic"}, "not a valid topic name"),
-    ({**BROKER, "batchSize": "many"}, "'batchSize' must be an integer"),
-    ({**BROKER, "batchSize": "0"}, "'batchSize' must be between 1 and"),
-    ({**BROKER, "maxRequestBytes": "100"}, "'maxRequestBytes' must be between"),
-    ({**BROKER, "requestTimeout": "-1"}, "'requestTimeout' must be positive"),
-    ({**BROKER, "producerGroup": "a group"}, "not a valid group name"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option 'broker' is required"),
+        ({"broker": "localhost"}, "must be host:port"),
+        ({"broker": "h:99999"}, "must be host:port"),
+        ({**BROKER, "topic": "bad topic"}, "not a valid topic name"),
+        ({**BROKER, "batchSize": "many"}, "'batchSize' must be an integer"),
+        ({**BROKER, "batchSize": "0"}, "'batchSize' must be between 1 and"),
+        ({**BROKER, "maxRequestBytes": "100"}, "'maxRequestBytes' must be between"),
+        ({**BROKER, "requestTimeout": "-1"}, "'requestTimeout' must be positive"),
+        ({**BROKER, "producerGroup": "a group"}, "not a valid group name"),
+    ],
+)
 def test_sink_option_errors_name_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(TxmqOptionError, match=message):
         parse_sink_options(options)
@@ -82,31 +105,53 @@ def test_stream_producer_group_is_derived_from_the_query_id() -> None:
 
 
 def test_source_options() -> None:
-    o = parse_source_options({**BROKER, "topic": " a, b ,a ", "maxMessagesPerTrigger": "500",
-                              "startingOffsets": "LATEST", "failOnDataLoss": "false"})
+    o = parse_source_options(
+        {
+            **BROKER,
+            "topic": " a, b ,a ",
+            "maxMessagesPerTrigger": "500",
+            "startingOffsets": "LATEST",
+            "failOnDataLoss": "false",
+        }
+    )
     assert (o.topics, o.max_messages_per_trigger, o.starting_offsets, o.fail_on_data_loss) == (
-        ("a", "b"), 500, LATEST, False)
+        ("a", "b"),
+        500,
+        LATEST,
+        False,
+    )
     d = parse_source_options({**BROKER, "topic": "a"})
-    assert (d.starting_offsets, d.max_messages_per_trigger, d.pull_batch_size,
-            d.fail_on_data_loss) == (EARLIEST, None, 256, True)
-    j = parse_source_options({**BROKER, "topic": "a,b",
-                              "startingOffsets": json.dumps({"a": {"0": 12, "1": -1}})})
+    assert (
+        d.starting_offsets,
+        d.max_messages_per_trigger,
+        d.pull_batch_size,
+        d.fail_on_data_loss,
+    ) == (EARLIEST, None, 256, True)
+    j = parse_source_options(
+        {**BROKER, "topic": "a,b", "startingOffsets": json.dumps({"a": {"0": 12, "1": -1}})}
+    )
     assert j.starting_offsets == {"a": {"0": 12, "1": -1}}
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (BROKER, "option 'topic' is required"),
-    ({**BROKER, "topic": " , "}, "names no topic"),
-    ({**BROKER, "topic": "a", "startingOffsets": "soon"}, "must be 'earliest', 'latest' or JSON"),
-    ({**BROKER, "topic": "a", "startingOffsets": "[1]"}, "must be a JSON object of topics"),
-    ({**BROKER, "topic": "a", "startingOffsets": '{"b": {"0": 1}}'}, "names topic 'b'"),
-    ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"x": 1}}'}, "is not a queue id"),
-    ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"0": -5}}'}, "must be >= 0"),
-    ({**BROKER, "topic": "a", "startingOffsets": '{"a": 3}'}, "needs an object"),
-    ({**BROKER, "topic": "a", "maxMessagesPerTrigger": "0"}, "must be at least 1"),
-    ({**BROKER, "topic": "a", "pullBatchSize": "5000"}, "between 1 and 1024"),
-    ({**BROKER, "topic": "a", "failOnDataLoss": "maybe"}, "must be true or false"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (BROKER, "option 'topic' is required"),
+        ({**BROKER, "topic": " , "}, "names no topic"),
+        (
+            {**BROKER, "topic": "a", "startingOffsets": "soon"},
+            "must be 'earliest', 'latest' or JSON",
+        ),
+        ({**BROKER, "topic": "a", "startingOffsets": "[1]"}, "must be a JSON object of topics"),
+        ({**BROKER, "topic": "a", "startingOffsets": '{"b": {"0": 1}}'}, "names topic 'b'"),
+        ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"x": 1}}'}, "is not a queue id"),
+        ({**BROKER, "topic": "a", "startingOffsets": '{"a": {"0": -5}}'}, "must be >= 0"),
+        ({**BROKER, "topic": "a", "startingOffsets": '{"a": 3}'}, "needs an object"),
+        ({**BROKER, "topic": "a", "maxMessagesPerTrigger": "0"}, "must be at least 1"),
+        ({**BROKER, "topic": "a", "pullBatchSize": "5000"}, "between 1 and 1024"),
+        ({**BROKER, "topic": "a", "failOnDataLoss": "maybe"}, "must be true or false"),
+    ],
+)
 def test_source_option_errors_name_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(TxmqOptionError, match=message):
         parse_source_options(options)
@@ -129,21 +174,28 @@ def test_plan_end_and_partitions() -> None:
     assert end == {"t": {"0": 8, "1": 10, "2": 4}, "u": {"0": 2}}
     parts = plan_partitions(start, end)
     assert sorted((p.topic, p.queue_id, p.start, p.end) for p in parts) == [
-        ("t", 0, 5, 8), ("t", 2, 0, 4), ("u", 0, 0, 2)]
+        ("t", 0, 5, 8),
+        ("t", 2, 0, 4),
+        ("u", 0, 0, 2),
+    ]
     # A start beyond the queue's end never moves backwards.
     assert plan_end({"t": {"0": 9}}, {"t": {"0": 3}}, None) == {"t": {"0": 9}}
     # A cap of 4 messages is shared over the three queues with a backlog (3 + 4 + 2 waiting).
     capped = plan_end(start, latest, 4)
-    granted = {(t, q): capped[t][q] - start.get(t, {}).get(q, 0)
-               for t in capped for q in capped[t]}
-    assert sum(granted.values()) == 4 and max(granted.values()) - min(
-        v for k, v in granted.items() if k != ("t", "1")) <= 1
+    granted = {(t, q): capped[t][q] - start.get(t, {}).get(q, 0) for t in capped for q in capped[t]}
+    assert (
+        sum(granted.values()) == 4
+        and max(granted.values()) - min(v for k, v in granted.items() if k != ("t", "1")) <= 1
+    )
 
 
-@given(st.dictionaries(st.tuples(st.sampled_from("ab"), st.sampled_from("0123")),
-                       st.integers(0, 50)), st.integers(1, 120))
-def test_share_budget_is_bounded_fair_and_makes_progress(backlogs: dict[tuple[str, str], int],
-                                                         budget: int) -> None:
+@given(
+    st.dictionaries(st.tuples(st.sampled_from("ab"), st.sampled_from("0123")), st.integers(0, 50)),
+    st.integers(1, 120),
+)
+def test_share_budget_is_bounded_fair_and_makes_progress(
+    backlogs: dict[tuple[str, str], int], budget: int
+) -> None:
     grant = share_budget(backlogs, budget)
     total = sum(backlogs.values())
     assert sum(grant.values()) == min(budget, total)
@@ -153,5 +205,6 @@ def test_share_budget_is_bounded_fair_and_makes_progress(backlogs: dict[tuple[st
     if short:
         assert min(short) >= max(grant.values()) - 1
     # Queues without a grant are either empty or budget ran out before them.
-    assert all(backlogs[k] == 0 or sum(grant.values()) == budget
-               for k in backlogs if k not in grant)
+    assert all(
+        backlogs[k] == 0 or sum(grant.values()) == budget for k in backlogs if k not in grant
+    )

@@ -22,6 +22,8 @@ from tests.spark.helpers import (
     transactions,
 )
 
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
@@ -29,8 +31,11 @@ SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = spark_session("local[2,4]", "txmq-recovery-tests",
-                            **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"})
+    session = spark_session(
+        "local[2,4]",
+        "txmq-recovery-tests",
+        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
+    )
     try:
         yield session
     finally:
@@ -39,22 +44,29 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-def _start(spark: Any, folder: str, address: str, topic: str, checkpoint: Path,
-           body_udf: Any = None) -> Any:
+def _start(
+    spark: Any, folder: str, address: str, topic: str, checkpoint: Path, body_udf: Any = None
+) -> Any:
     """Stream the JSON files of ``folder`` (one file per micro-batch, two tasks per batch) into
     ``topic`` and wait for the query to end."""
     from pyspark.sql import functions as F
 
-    df = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder)
-          .repartition(2))
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder).repartition(2)
     if body_udf is None:
         body = F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|"))
     else:
         body = body_udf(F.col("id"))
-    query = (df.select(body.alias("body"), "customer").writeStream.format("txmq")
-             .option("broker", address).option("topic", topic).option("batchSize", "20")
-             .option("queueColumn", "customer")
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query = (
+        df.select(body.alias("body"), "customer")
+        .writeStream.format("txmq")
+        .option("broker", address)
+        .option("topic", topic)
+        .option("batchSize", "20")
+        .option("queueColumn", "customer")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         query.awaitTermination(180)
     except Exception:
@@ -63,7 +75,8 @@ def _start(spark: Any, folder: str, address: str, topic: str, checkpoint: Path,
 
 
 def test_retried_task_leaves_no_duplicates_and_its_orphans_are_rolled_back(
-        spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path) -> None:
+    spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path
+) -> None:
     address = spark_broker.address
     folder = json_input([range(0, 1000), range(1000, 2000), range(2000, 3000)])
     # In the second batch, the first attempt of partition 0 fails after storing halves.
@@ -82,7 +95,8 @@ def test_retried_task_leaves_no_duplicates_and_its_orphans_are_rolled_back(
 
 
 def test_replayed_batch_is_not_delivered_twice(
-        spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path) -> None:
+    spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path
+) -> None:
     address = spark_broker.address
     folder = json_input([range(0, 300), range(300, 600), range(600, 900)])
     ckpt = tmp_path / "ckpt"
@@ -95,8 +109,9 @@ def test_replayed_batch_is_not_delivered_twice(
     again = _start(spark, folder, address, "replay-out", ckpt)
     assert again.exception() is None and again.id == first.id
     # Spark really ran batch 2 again, with its 300 rows ...
-    assert [(p["batchId"], p["numInputRows"]) for p in again.recentProgress
-            if p["numInputRows"]] == [(2, 300)]
+    assert [
+        (p["batchId"], p["numInputRows"]) for p in again.recentProgress if p["numInputRows"]
+    ] == [(2, 300)]
     # ... and the sink, finding the batch decided, wrote nothing.
     assert order_ids(pull_all(address, "replay-out")) == list(range(900))
     states = by_state(transactions(address, f"txmq-spark-{first.id}"))
@@ -105,7 +120,8 @@ def test_replayed_batch_is_not_delivered_twice(
 
 
 def test_aborted_batch_delivers_nothing_until_it_is_replayed(
-        spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path) -> None:
+    spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path
+) -> None:
     address = spark_broker.address
     folder = json_input([range(0, 300), range(300, 1300)])
     ckpt = tmp_path / "ckpt"
@@ -132,4 +148,5 @@ def test_aborted_batch_delivers_nothing_until_it_is_replayed(
     states = by_state(transactions(address, f"txmq-spark-{failed.id}"))
     assert "PENDING" not in states
     assert {r["transactionId"] for r in batch1} <= {
-        r["transactionId"] for r in states["ROLLED_BACK"]}
+        r["transactionId"] for r in states["ROLLED_BACK"]
+    }

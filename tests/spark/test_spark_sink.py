@@ -27,6 +27,8 @@ from tests.spark.helpers import (
     transactions,
 )
 
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
@@ -34,8 +36,9 @@ SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "txmq-sink-tests",
-                            **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"})
+    session = spark_session(
+        "local[2]", "txmq-sink-tests", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"}
+    )
     try:
         yield session
     finally:
@@ -47,24 +50,37 @@ def spark() -> Iterator[Any]:
 def _orders(spark: Any, folder: str) -> Any:
     from pyspark.sql import functions as F
 
-    return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder)
-            .repartition(2)
-            .select(F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
-                    F.col("customer").alias("keys"), F.lit("created").alias("tags"),
-                    F.create_map(F.lit("amount"), F.col("amount").cast("string"))
-                    .alias("properties"),
-                    "customer"))
+    return (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(folder)
+        .repartition(2)
+        .select(
+            F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
+            F.col("customer").alias("keys"),
+            F.lit("created").alias("tags"),
+            F.create_map(F.lit("amount"), F.col("amount").cast("string")).alias("properties"),
+            "customer",
+        )
+    )
 
 
-def test_stream_sink_delivers_every_row_exactly_once(spark: Any, spark_broker: BrokerThread,
-                                                      json_input: Any, tmp_path: Path) -> None:
+def test_stream_sink_delivers_every_row_exactly_once(
+    spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path
+) -> None:
     address = spark_broker.address
     folder = json_input([range(0, 400), range(400, 800), range(800, 1200)])
-    query = (_orders(spark, folder).writeStream.format("txmq")
-             .option("broker", address).option("topic", "sink-orders")
-             .option("queueColumn", "customer").option("batchSize", "64")
-             .option("checkpointLocation", str(tmp_path / "ckpt"))
-             .trigger(availableNow=True).start())
+    query = (
+        _orders(spark, folder)
+        .writeStream.format("txmq")
+        .option("broker", address)
+        .option("topic", "sink-orders")
+        .option("queueColumn", "customer")
+        .option("batchSize", "64")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(180)
     assert query.exception() is None
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
@@ -74,8 +90,11 @@ def test_stream_sink_delivers_every_row_exactly_once(spark: Any, spark_broker: B
     assert bodies(got) == sorted(f"order-{i}" for i in range(1200))
     for m in got:
         i = int(m.body.decode().split("-")[1])
-        assert (m.tags, m.keys, m.user_properties) == ("created", f"c{i % 7}",
-                                                       {"amount": str(i * 1.5)})
+        assert (m.tags, m.keys, m.user_properties) == (
+            "created",
+            f"c{i % 7}",
+            {"amount": str(i * 1.5)},
+        )
         assert m.queue_id == zlib.crc32(f"c{i % 7}".encode()) % 4
     # One transaction per task attempt, all committed; none left pending.
     states = by_state(transactions(address, f"txmq-spark-{query.id}"))
@@ -85,13 +104,19 @@ def test_stream_sink_delivers_every_row_exactly_once(spark: Any, spark_broker: B
 
 
 def test_source_reads_back_what_the_sink_wrote_and_resumes(
-        spark: Any, spark_broker: BrokerThread, tmp_path: Path) -> None:
+    spark: Any, spark_broker: BrokerThread, tmp_path: Path
+) -> None:
     address = spark_broker.address
 
     def batch_write(ids: range) -> None:
         df = spark.createDataFrame([(f"msg-{i}", f"k{i}") for i in ids], "body STRING, keys STRING")
-        (df.write.format("txmq").mode("append").option("broker", address)
-         .option("topic", "src-roundtrip").save())
+        (
+            df.write.format("txmq")
+            .mode("append")
+            .option("broker", address)
+            .option("topic", "src-roundtrip")
+            .save()
+        )
 
     seen: list[tuple[int, Any]] = []
 
@@ -99,11 +124,17 @@ def test_source_reads_back_what_the_sink_wrote_and_resumes(
         seen.extend((batch_id, r) for r in df.collect())
 
     def read_available() -> None:
-        query = (spark.readStream.format("txmq").option("broker", address)
-                 .option("topic", "src-roundtrip").option("maxMessagesPerTrigger", "150")
-                 .load().writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(tmp_path / "src-ckpt"))
-                 .trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("txmq")
+            .option("broker", address)
+            .option("topic", "src-roundtrip")
+            .option("maxMessagesPerTrigger", "150")
+            .load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "src-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(180)
         assert query.exception() is None
 
@@ -124,12 +155,12 @@ def test_source_reads_back_what_the_sink_wrote_and_resumes(
     batch_write(range(500, 700))
     seen.clear()
     read_available()
-    assert sorted(r.body.decode() for _, r in seen) == sorted(
-        f"msg-{i}" for i in range(500, 700))
+    assert sorted(r.body.decode() for _, r in seen) == sorted(f"msg-{i}" for i in range(500, 700))
 
     # The batch reader reads everything committed.
-    everything = spark.read.format("txmq").option("broker", address) \
-        .option("topic", "src-roundtrip").load()
+    everything = (
+        spark.read.format("txmq").option("broker", address).option("topic", "src-roundtrip").load()
+    )
     assert everything.count() == 700
 
 
@@ -140,27 +171,41 @@ def test_batch_write_is_all_or_nothing(spark: Any, spark_broker: BrokerThread) -
     # Partition 0 (ids 0..499) fails after 400 rows, once it has stored halves.
     flaky = failing_body_udf(address, ids=range(0, 500), after=400, group="job-g")
     df = spark.range(0, 1000, 1, 2).select(flaky(F.col("id")).alias("body"))
-    writer = (df.write.format("txmq").mode("append").option("broker", address)
-              .option("topic", "job-out").option("producerGroup", "job-g")
-              .option("batchSize", "20"))
+    writer = (
+        df.write.format("txmq")
+        .mode("append")
+        .option("broker", address)
+        .option("topic", "job-out")
+        .option("producerGroup", "job-g")
+        .option("batchSize", "20")
+    )
     with pytest.raises(Exception, match="injected failure"):
         writer.save()
     assert pull_all(address, "job-out") == []
     states = by_state(transactions(address, "job-g"))
     assert set(states) == {"ROLLED_BACK"}  # the abort decided the job: nothing pending
-    assert any(attempt_of(r["transactionId"]) == (0, 0) and r["halves"]
-               for r in states["ROLLED_BACK"])
+    assert any(
+        attempt_of(r["transactionId"]) == (0, 0) and r["halves"] for r in states["ROLLED_BACK"]
+    )
 
     # The same job without the failure is delivered whole.
     ok = spark.range(0, 1000, 1, 2).select(
-        F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body"))
-    (ok.write.format("txmq").mode("append").option("broker", address)
-     .option("topic", "job-out").option("producerGroup", "job-g").save())
+        F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body")
+    )
+    (
+        ok.write.format("txmq")
+        .mode("append")
+        .option("broker", address)
+        .option("topic", "job-out")
+        .option("producerGroup", "job-g")
+        .save()
+    )
     assert order_ids(pull_all(address, "job-out")) == list(range(1000))
 
 
-def test_foreach_batch_helper_is_exactly_once(spark: Any, spark_broker: BrokerThread,
-                                              json_input: Any, tmp_path: Path) -> None:
+def test_foreach_batch_helper_is_exactly_once(
+    spark: Any, spark_broker: BrokerThread, json_input: Any, tmp_path: Path
+) -> None:
     from txmq.spark_connector import txmq_foreach_batch
 
     address = spark_broker.address
@@ -168,10 +213,15 @@ def test_foreach_batch_helper_is_exactly_once(spark: Any, spark_broker: BrokerTh
     ckpt = tmp_path / "fe-ckpt"
 
     def run() -> Any:
-        query = (_orders(spark, folder).writeStream
-                 .foreachBatch(txmq_foreach_batch(broker=address, topic="fe-orders",
-                                                  queue_column="customer"))
-                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query = (
+            _orders(spark, folder)
+            .writeStream.foreachBatch(
+                txmq_foreach_batch(broker=address, topic="fe-orders", queue_column="customer")
+            )
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(180)
         assert query.exception() is None
         return query
@@ -197,23 +247,28 @@ def _example() -> Any:
 
 
 def test_example_pipeline_bills_every_order_exactly_once(
-        spark: Any, spark_broker: BrokerThread, tmp_path: Path) -> None:
+    spark: Any, spark_broker: BrokerThread, tmp_path: Path
+) -> None:
     example = _example()
     address = spark_broker.address
     common = ["--broker", address, "--source", "ex-orders", "--sink", "ex-billing"]
     run = ["run", *common, "--checkpoint", str(tmp_path / "ckpt"), "--available-now"]
 
     def check() -> int:
-        orders = {json.loads(m.body)["order_id"]: (json.loads(m.body), m.msg_id)
-                  for m in pull_all(address, "ex-orders")}
+        orders = {
+            json.loads(m.body)["order_id"]: (json.loads(m.body), m.msg_id)
+            for m in pull_all(address, "ex-orders")
+        }
         billed = pull_all(address, "ex-billing")
         expected = {oid for oid, (o, _) in orders.items() if o["amount"] > 0}
         assert sorted(m.keys for m in billed) == sorted(expected)  # each order billed once
         for m in billed:
             order, msg_id = orders[m.keys]
-            assert json.loads(m.body) == {"order_id": order["order_id"],
-                                          "customer": order["customer"],
-                                          "amount_cents": round(order["amount"] * 100)}
+            assert json.loads(m.body) == {
+                "order_id": order["order_id"],
+                "customer": order["customer"],
+                "amount_cents": round(order["amount"] * 100),
+            }
             assert m.user_properties == {"source_msg_id": msg_id}
             assert m.queue_id == zlib.crc32(order["customer"].encode()) % 4
         return len(billed)

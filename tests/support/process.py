@@ -14,8 +14,14 @@ from typing import Any
 
 
 class BrokerProcess:
-    def __init__(self, store_dir: str, *, flush: str = "SYNC_FLUSH", port: int = 0,
-                 settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        store_dir: str,
+        *,
+        flush: str = "SYNC_FLUSH",
+        port: int = 0,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.store_dir = store_dir
         self.flush = flush
         self.port = port
@@ -25,16 +31,27 @@ class BrokerProcess:
         self.log_lines: list[dict[str, Any]] = []
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "txmq", "broker", "--store-dir", self.store_dir,
-               "--port", str(self.port), "--flush", self.flush]
+        cmd = [
+            sys.executable,
+            "-m",
+            "txmq",
+            "broker",
+            "--store-dir",
+            self.store_dir,
+            "--port",
+            str(self.port),
+            "--flush",
+            self.flush,
+        ]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]
         return cmd
 
     def start(self, timeout: float = 30.0) -> str:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+        )
         self.address = ""
         deadline = time.monotonic() + timeout
         for line in self._lines(deadline):

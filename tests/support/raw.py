@@ -41,39 +41,64 @@ class RawClient:
         self.conn.close()
         await self.conn.wait_closed()
 
-    async def call(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
-                   st: SerializeType = SerializeType.MSGPACK, timeout: float = 5.0,
-                   remark: str | None = None) -> RemotingCommand:
+    async def call(
+        self,
+        code: int,
+        ext: dict[str, Any] | None = None,
+        body: bytes = b"",
+        st: SerializeType = SerializeType.MSGPACK,
+        timeout: float = 5.0,
+        remark: str | None = None,
+    ) -> RemotingCommand:
         cmd = RemotingCommand.request(code, ext, body, serialize_type=st)
         cmd.remark = remark
         return await self.conn.request(cmd, timeout)
 
-    async def heartbeat(self, producer_groups: list[str] = (),  # type: ignore[assignment]
-                        consumer_groups: dict[str, dict[str, str]] | None = None) -> None:
+    async def heartbeat(
+        self,
+        producer_groups: list[str] = (),  # type: ignore[assignment]
+        consumer_groups: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         data = {
             "clientID": self.client_id,
             "producerDataSet": [{"groupName": g} for g in producer_groups],
             "consumerDataSet": [
-                {"groupName": g, "subscriptionDataSet": [
-                    {"topic": t, "subString": e} for t, e in subs.items()]}
-                for g, subs in (consumer_groups or {}).items()],
+                {
+                    "groupName": g,
+                    "subscriptionDataSet": [{"topic": t, "subString": e} for t, e in subs.items()],
+                }
+                for g, subs in (consumer_groups or {}).items()
+            ],
         }
         resp = await self.call(RequestCode.HEART_BEAT, body=json.dumps(data).encode())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
-    async def send(self, topic: str, body: bytes, *, group: str = "raw-producer",
-                   props: dict[str, str] | None = None, queue_id: int = 0,
-                   transactional: bool = False, v2: bool = True,
-                   st: SerializeType = SerializeType.MSGPACK) -> RemotingCommand:
+    async def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        group: str = "raw-producer",
+        props: dict[str, str] | None = None,
+        queue_id: int = 0,
+        transactional: bool = False,
+        v2: bool = True,
+        st: SerializeType = SerializeType.MSGPACK,
+    ) -> RemotingCommand:
         p = {MessageConst.UNIQ_KEY: _ids.next_id(), **(props or {})}
         sys_flag = 0
         if transactional:
             p[MessageConst.TRAN_MSG] = "true"
             p[MessageConst.PGROUP] = group
             sys_flag = 0x4
-        h = SendMessageRequestHeader(producer_group=group, topic=topic, queue_id=queue_id,
-                                     sys_flag=sys_flag, born_timestamp=int(time.time() * 1000),
-                                     properties=properties_to_string(p))
+        h = SendMessageRequestHeader(
+            producer_group=group,
+            topic=topic,
+            queue_id=queue_id,
+            sys_flag=sys_flag,
+            born_timestamp=int(time.time() * 1000),
+            properties=properties_to_string(p),
+        )
         if v2:
             return await self.call(RequestCode.SEND_MESSAGE_V2, h.to_v2_ext_fields(), body, st)
         return await self.call(RequestCode.SEND_MESSAGE, h.to_ext_fields(), body, st)
@@ -83,15 +108,30 @@ class RawClient:
         assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
         return SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
 
-    async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, *,
-                   group: str = "raw-consumer", expression: str = "*", max_nums: int = 32,
-                   suspend_ms: int = 0) -> tuple[RemotingCommand, list[MessageExt]]:
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int = 0,
+        offset: int = 0,
+        *,
+        group: str = "raw-consumer",
+        expression: str = "*",
+        max_nums: int = 32,
+        suspend_ms: int = 0,
+    ) -> tuple[RemotingCommand, list[MessageExt]]:
         h = PullMessageRequestHeader(
-            consumer_group=group, topic=topic, queue_id=queue_id, queue_offset=offset,
-            max_msg_nums=max_nums, sys_flag=0x4 | (0x2 if suspend_ms else 0),
-            suspend_timeout_millis=suspend_ms, subscription=expression)
-        resp = await self.call(RequestCode.PULL_MESSAGE, h.to_ext_fields(),
-                               timeout=5.0 + suspend_ms / 1000)
+            consumer_group=group,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=offset,
+            max_msg_nums=max_nums,
+            sys_flag=0x4 | (0x2 if suspend_ms else 0),
+            suspend_timeout_millis=suspend_ms,
+            subscription=expression,
+        )
+        resp = await self.call(
+            RequestCode.PULL_MESSAGE, h.to_ext_fields(), timeout=5.0 + suspend_ms / 1000
+        )
         msgs = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS else []
         return resp, msgs
 
@@ -109,22 +149,35 @@ class RawClient:
                 offset = int(resp.ext_fields["nextBeginOffset"])
         return out
 
-    async def end_transaction(self, group: str, send_resp: RemotingCommand, decision: int, *,
-                              from_check: bool = False, txid: str | None = None,
-                              oneway: bool = False, **overrides: Any) -> RemotingCommand | None:
+    async def end_transaction(
+        self,
+        group: str,
+        send_resp: RemotingCommand,
+        decision: int,
+        *,
+        from_check: bool = False,
+        txid: str | None = None,
+        oneway: bool = False,
+        **overrides: Any,
+    ) -> RemotingCommand | None:
         from txmq.protocol.message import decode_offset_msg_id
 
         h = self.send_header(send_resp)
         _, offset = decode_offset_msg_id(h.msg_id)
         eh = EndTransactionRequestHeader(
-            producer_group=group, tran_state_table_offset=h.queue_offset,
-            commit_log_offset=offset, commit_or_rollback=decision,
-            from_transaction_check=from_check, msg_id=h.msg_id,
-            transaction_id=txid or h.transaction_id)
+            producer_group=group,
+            tran_state_table_offset=h.queue_offset,
+            commit_log_offset=offset,
+            commit_or_rollback=decision,
+            from_transaction_check=from_check,
+            msg_id=h.msg_id,
+            transaction_id=txid or h.transaction_id,
+        )
         for k, v in overrides.items():
             setattr(eh, k, v)
         if oneway:
-            self.conn.send_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION,
-                                                          eh.to_ext_fields()))
+            self.conn.send_oneway(
+                RemotingCommand.request(RequestCode.END_TRANSACTION, eh.to_ext_fields())
+            )
             return None
         return await self.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())

@@ -40,9 +40,11 @@ def main() -> None:
     # logs to stderr: stdout carries the acknowledgements
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     store = MessageStore(
-        StoreConfig(store_dir, mapped_file_size_commit_log=64 * 1024,
-                    mapped_file_size_consume_queue=20 * 50),
-        ("127.0.0.1", 10911))
+        StoreConfig(
+            store_dir, mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 50
+        ),
+        ("127.0.0.1", 10911),
+    )
     store.load()
 
     def out(line: str) -> None:
@@ -61,8 +63,9 @@ def main() -> None:
     i = 0
     while True:
         qid, body = message(rng, seed, i)
-        r = store.put_message(MessageExt(topic=TOPIC, body=body, queue_id=qid,
-                                         properties={"TAGS": f"t{i % 2}"}))
+        r = store.put_message(
+            MessageExt(topic=TOPIC, body=body, queue_id=qid, properties={"TAGS": f"t{i % 2}"})
+        )
         if mode == "sync":
             if store.flush() < r.end_offset:
                 raise SystemExit("flush returned before covering the message")

@@ -27,8 +27,11 @@ def run_and_kill(store_dir: Path, seed: int, mode: str, out: Path) -> list[str]:
     """Start the child, let it append for a random short time, SIGKILL it; its complete
     stdout lines."""
     with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
-        child = subprocess.Popen([sys.executable, str(CHILD), str(store_dir), str(seed), mode],
-                                 stdout=stdout, stderr=stderr)
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), str(store_dir), str(seed), mode],
+            stdout=stdout,
+            stderr=stderr,
+        )
         try:
             deadline = time.monotonic() + 30
             while b"READY\n" not in out.read_bytes():
@@ -46,9 +49,14 @@ def run_and_kill(store_dir: Path, seed: int, mode: str, out: Path) -> list[str]:
 
 
 def open_store(store_dir: Path) -> MessageStore:
-    store = MessageStore(StoreConfig(str(store_dir), mapped_file_size_commit_log=64 * 1024,
-                                     mapped_file_size_consume_queue=20 * 50),
-                         ("127.0.0.1", 10911))
+    store = MessageStore(
+        StoreConfig(
+            str(store_dir),
+            mapped_file_size_commit_log=64 * 1024,
+            mapped_file_size_consume_queue=20 * 50,
+        ),
+        ("127.0.0.1", 10911),
+    )
     store.load()
     return store
 

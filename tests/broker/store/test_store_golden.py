@@ -31,18 +31,28 @@ STORED_MESSAGE = bytes.fromhex(
     "0a01020300002a9f"  # STOREHOST 10.1.2.3:10911
     "00000000"  # RECONSUMETIMES
     "0000000000000000"  # PREPARED_TRANSACTION_OFFSET
-    "00000002" "6869"  # BODY b"hi"
-    "04" "476f6c64"  # TOPIC "Gold"
-    "0007" "54414753017402"  # PROPERTIES "TAGS\x01t\x02"
+    "00000002"
+    "6869"  # BODY b"hi"
+    "04"
+    "476f6c64"  # TOPIC "Gold"
+    "0007"
+    "54414753017402"  # PROPERTIES "TAGS\x01t\x02"
 )
-RECORD = bytes.fromhex(
-    "54584d51"  # MAGIC "TXMQ"
-    "00000068"  # LENGTH 104
-    "2984b956"  # CRC32 of the stored message
-) + STORED_MESSAGE
+RECORD = (
+    bytes.fromhex(
+        "54584d51"  # MAGIC "TXMQ"
+        "00000068"  # LENGTH 104
+        "2984b956"  # CRC32 of the stored message
+    )
+    + STORED_MESSAGE
+)
 CQ_ENTRIES = bytes.fromhex(
-    "0000000000000000" "00000068" "0000000000000074"  # offset 0, size 104, tagsCode("t") 116
-    "0000000000000074" "00000068" "0000000000000074"  # offset 116 = 12 + 104
+    "0000000000000000"
+    "00000068"
+    "0000000000000074"  # offset 0, size 104, tagsCode("t") 116
+    "0000000000000074"
+    "00000068"
+    "0000000000000074"  # offset 116 = 12 + 104
 )
 
 
@@ -51,13 +61,21 @@ def test_format_version_is_the_one_these_bytes_describe() -> None:
 
 
 def test_golden_commit_log_record_and_consume_queue_entries(
-        make_store: Callable[..., MessageStore], tmp_path: Path, clock: FakeClock) -> None:
+    make_store: Callable[..., MessageStore], tmp_path: Path, clock: FakeClock
+) -> None:
     clock.now = 1_700_000_000.5
     store = make_store()
     for _ in range(2):
-        store.put_message(MessageExt(topic="Gold", body=b"hi", queue_id=1,
-                                     born_timestamp=1_700_000_000_000,
-                                     born_host=("10.0.0.1", 1234), properties={"TAGS": "t"}))
+        store.put_message(
+            MessageExt(
+                topic="Gold",
+                body=b"hi",
+                queue_id=1,
+                born_timestamp=1_700_000_000_000,
+                born_host=("10.0.0.1", 1234),
+                properties={"TAGS": "t"},
+            )
+        )
     assert store.read_message_bytes(0) == STORED_MESSAGE
     store.close()
 
@@ -66,7 +84,8 @@ def test_golden_commit_log_record_and_consume_queue_entries(
     assert commit_log[: len(RECORD)] == RECORD
     second = commit_log[len(RECORD) + 12 : len(RECORD) + 12 + 104]
     assert second[20:36] == bytes.fromhex(  # the second copy's QUEUEOFFSET, PHYSICALOFFSET
-        "0000000000000001" "0000000000000074")
+        "00000000000000010000000000000074"
+    )
     cq = (root / "consumequeue" / "Gold" / "1" / "00000000000000000000").read_bytes()
     assert cq[:40] == CQ_ENTRIES
     assert cq[40:60] == bytes(20)  # zeros: no entry yet

@@ -19,16 +19,25 @@ from txmq.broker.store import (
 
 
 def test_topic_config_json_uses_rocketmq_keys() -> None:
-    tc = TopicConfig("Orders", read_queue_nums=8, write_queue_nums=6, perm=4, topic_sys_flag=1,
-                     order=True)
+    tc = TopicConfig(
+        "Orders", read_queue_nums=8, write_queue_nums=6, perm=4, topic_sys_flag=1, order=True
+    )
     doc = tc.to_json()
-    assert doc == {"topicName": "Orders", "readQueueNums": 8, "writeQueueNums": 6, "perm": 4,
-                   "topicFilterType": "SINGLE_TAG", "topicSysFlag": 1, "order": True}
+    assert doc == {
+        "topicName": "Orders",
+        "readQueueNums": 8,
+        "writeQueueNums": 6,
+        "perm": 4,
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": 1,
+        "order": True,
+    }
     assert TopicConfig.from_json(doc) == tc
     assert TopicConfig.from_json(json.dumps(doc)) == tc
     # RocketMQ's JSON (strings for numbers in places, extra keys) is accepted
     assert TopicConfig.from_json({"topicName": "X", "readQueueNums": "2", "attributes": {}}) == (
-        TopicConfig("X", read_queue_nums=2))
+        TopicConfig("X", read_queue_nums=2)
+    )
     for bad in ({}, {"topicName": 3}, {"topicName": "X", "perm": [6]}, "[1]"):
         with pytest.raises(ValueError):
             TopicConfig.from_json(bad)  # type: ignore[arg-type]

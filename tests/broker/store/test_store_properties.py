@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from txmq.broker.store import GetMessageStatus, MessageStore, PutMessageResult, StoreConfig
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_message
 
-_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
-                max_size=20)
+_text = st.text(
+    st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20
+)
 _ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
 
 messages = st.builds(
@@ -23,9 +24,15 @@ messages = st.builds(
     body=st.binary(max_size=1500),
     queue_id=st.integers(0, 3),
     flag=st.integers(-(2**31), 2**31 - 1),
-    sys_flag=st.sampled_from([0, MessageSysFlag.COMPRESSED, MessageSysFlag.TRANSACTION_COMMIT_TYPE,
-                              MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-                              MessageSysFlag.TRANSACTION_ROLLBACK_TYPE]),
+    sys_flag=st.sampled_from(
+        [
+            0,
+            MessageSysFlag.COMPRESSED,
+            MessageSysFlag.TRANSACTION_COMMIT_TYPE,
+            MessageSysFlag.TRANSACTION_PREPARED_TYPE,
+            MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
+        ]
+    ),
     born_timestamp=st.integers(0, 2**62),
     born_host=st.tuples(_ipv4, st.integers(0, 65535)),
     reconsume_times=st.integers(0, 1000),
@@ -38,8 +45,9 @@ messages = st.builds(
 @given(st.lists(messages, min_size=1, max_size=25), st.integers(4096, 16384))
 def test_messages_survive_close_and_reload(msgs: list[MessageExt], segment_size: int) -> None:
     with tempfile.TemporaryDirectory() as root:
-        cfg = StoreConfig(root, mapped_file_size_commit_log=segment_size,
-                          mapped_file_size_consume_queue=60)
+        cfg = StoreConfig(
+            root, mapped_file_size_commit_log=segment_size, mapped_file_size_consume_queue=60
+        )
         store = MessageStore(cfg, ("10.9.8.7", 10911), clock=lambda: 1_700_000_000.0)
         store.load()
         originals = [m.copy() for m in msgs]
@@ -53,19 +61,32 @@ def test_messages_survive_close_and_reload(msgs: list[MessageExt], segment_size:
             for orig, r in zip(originals, results, strict=True):
                 got = store.lookup_message(r.commit_log_offset)
                 assert (got.topic, got.body, got.queue_id, got.flag, got.sys_flag) == (
-                    orig.topic, orig.body, orig.queue_id, orig.flag, orig.sys_flag)
+                    orig.topic,
+                    orig.body,
+                    orig.queue_id,
+                    orig.flag,
+                    orig.sys_flag,
+                )
                 assert (got.born_timestamp, got.born_host, got.reconsume_times) == (
-                    orig.born_timestamp, orig.born_host, orig.reconsume_times)
+                    orig.born_timestamp,
+                    orig.born_host,
+                    orig.reconsume_times,
+                )
                 assert got.prepared_transaction_offset == orig.prepared_transaction_offset
                 assert got.properties == orig.properties
-                assert (got.store_timestamp, got.store_host) == (1_700_000_000_000,
-                                                                 ("10.9.8.7", 10911))
-                assert (got.commit_log_offset, got.queue_offset) == (r.commit_log_offset,
-                                                                     r.queue_offset)
+                assert (got.store_timestamp, got.store_host) == (
+                    1_700_000_000_000,
+                    ("10.9.8.7", 10911),
+                )
+                assert (got.commit_log_offset, got.queue_offset) == (
+                    r.commit_log_offset,
+                    r.queue_offset,
+                )
                 tx = orig.sys_flag & MessageSysFlag.TRANSACTION_MASK
                 if tx in (0, MessageSysFlag.TRANSACTION_COMMIT_TYPE):
                     queues.setdefault((orig.topic, orig.queue_id), []).append(
-                        store.read_message_bytes(r.commit_log_offset))
+                        store.read_message_bytes(r.commit_log_offset)
+                    )
             for (topic, qid), raws in queues.items():
                 got_raw = store.get_messages(topic, qid, 0, 100).messages
                 assert got_raw == raws
@@ -84,8 +105,8 @@ def test_messages_survive_close_and_reload(msgs: list[MessageExt], segment_size:
     garbage=st.binary(min_size=1, max_size=64),
 )
 def test_damage_is_cut_or_skipped_and_nothing_corrupt_is_served(
-        sizes: list[int], checkpoint_after: int, in_tail: bool, where: float,
-        garbage: bytes) -> None:
+    sizes: list[int], checkpoint_after: int, in_tail: bool, where: float, garbage: bytes
+) -> None:
     """Bytes of the commit log are changed at a random place.
 
     In the tail after the checkpoint (what a crash tears) recovery cuts the log at the first
@@ -94,8 +115,9 @@ def test_damage_is_cut_or_skipped_and_nothing_corrupt_is_served(
     messages.  Either way recovery never fails, every record before the damage is intact, and
     every message served is exactly as written."""
     with tempfile.TemporaryDirectory() as root:
-        cfg = StoreConfig(root + "/s", mapped_file_size_commit_log=4096,
-                          mapped_file_size_consume_queue=100)
+        cfg = StoreConfig(
+            root + "/s", mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=100
+        )
         store = MessageStore(cfg, ("10.9.8.7", 10911))
         store.load()
         written: dict[int, tuple[PutMessageResult, bytes]] = {}
@@ -126,9 +148,12 @@ def test_damage_is_cut_or_skipped_and_nothing_corrupt_is_served(
             fh.write(bytes(a ^ (b or 0x55) for a, b in zip(old, garbage, strict=False)))
         damage_end = pos + len(old)
 
-        recovered = MessageStore(StoreConfig(image, mapped_file_size_commit_log=4096,
-                                             mapped_file_size_consume_queue=100),
-                                 ("10.9.8.7", 10911))
+        recovered = MessageStore(
+            StoreConfig(
+                image, mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=100
+            ),
+            ("10.9.8.7", 10911),
+        )
         recovered.load()
         try:
             for off, (r, raw) in written.items():
@@ -152,8 +177,9 @@ def test_damage_is_cut_or_skipped_and_nothing_corrupt_is_served(
                         offset = m.queue_offset + 1
                     offset = g.next_begin_offset
                 assert offset == recovered.get_max_offset_in_queue("T", qid)
-            damaged = {off for off, (r, _) in written.items()
-                       if off < damage_end and r.end_offset > pos}
+            damaged = {
+                off for off, (r, _) in written.items() if off < damage_end and r.end_offset > pos
+            }
             if in_tail:  # cut: a gap-free prefix, everything before the damage kept
                 assert sorted(served) == sorted(written)[: len(served)]
                 assert set(served) >= {o for o, (r, _) in written.items() if r.end_offset <= pos}

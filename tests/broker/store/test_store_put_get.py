@@ -37,12 +37,21 @@ S = GetMessageStatus
 
 
 def test_put_then_get_returns_the_same_message_with_store_fields(
-        make_store: MakeStore, clock: FakeClock) -> None:
+    make_store: MakeStore, clock: FakeClock
+) -> None:
     store = make_store()
-    msg = MessageExt(topic="Orders", body=b"\x00\x01payload\xff", queue_id=2, flag=7,
-                     sys_flag=0, born_timestamp=1_699_000_000_123, born_host=("192.168.1.9", 4567),
-                     reconsume_times=3, prepared_transaction_offset=99,
-                     properties={"TAGS": "created", "KEYS": "order-1", "region": "eu"})
+    msg = MessageExt(
+        topic="Orders",
+        body=b"\x00\x01payload\xff",
+        queue_id=2,
+        flag=7,
+        sys_flag=0,
+        born_timestamp=1_699_000_000_123,
+        born_host=("192.168.1.9", 4567),
+        reconsume_times=3,
+        prepared_transaction_offset=99,
+        properties={"TAGS": "created", "KEYS": "order-1", "region": "eu"},
+    )
     r = store.put_message(msg)
 
     assert r.commit_log_offset == 0 and r.queue_offset == 0
@@ -59,7 +68,13 @@ def test_put_then_get_returns_the_same_message_with_store_fields(
     assert len(raw) == r.size
     m = decode_message(raw)
     assert (m.topic, m.body, m.queue_id, m.flag, m.born_timestamp, m.born_host) == (
-        "Orders", b"\x00\x01payload\xff", 2, 7, 1_699_000_000_123, ("192.168.1.9", 4567))
+        "Orders",
+        b"\x00\x01payload\xff",
+        2,
+        7,
+        1_699_000_000_123,
+        ("192.168.1.9", 4567),
+    )
     assert (m.reconsume_times, m.prepared_transaction_offset) == (3, 99)
     assert m.properties == {"TAGS": "created", "KEYS": "order-1", "region": "eu"}
     assert (m.store_timestamp, m.store_host) == (r.store_timestamp, ("10.1.2.3", 10911))
@@ -182,11 +197,14 @@ def test_max_msgs_and_max_bytes(make_store: MakeStore) -> None:
     assert len(r.messages) == 1 and r.next_begin_offset == 6
 
 
-def test_segments_roll_over_and_records_never_span_two(make_store: MakeStore,
-                                                       tmp_path: Path) -> None:
+def test_segments_roll_over_and_records_never_span_two(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
-    results = [store.put_message(make_msg(body=os.urandom(50 + (i * 37) % 900), queue_id=i % 2))
-               for i in range(80)]
+    results = [
+        store.put_message(make_msg(body=os.urandom(50 + (i * 37) % 900), queue_id=i % 2))
+        for i in range(80)
+    ]
     files = commit_log_files(tmp_path / "store")
     assert len(files) > 5
     assert [int(f.name) for f in files] == [i * 4096 for i in range(len(files))]
@@ -200,7 +218,8 @@ def test_segments_roll_over_and_records_never_span_two(make_store: MakeStore,
 
 @pytest.mark.parametrize("leftover", [0, 5, 11, 12, 40])
 def test_segment_tail_of_any_size_is_skipped_after_reload(
-        make_store: MakeStore, tmp_path: Path, leftover: int) -> None:
+    make_store: MakeStore, tmp_path: Path, leftover: int
+) -> None:
     """A record that ends 0..11 bytes before the segment end leaves no room for a blank record;
     readers must move to the next segment by themselves."""
     store = make_store()
@@ -221,8 +240,14 @@ def test_lookup_rejects_offsets_that_are_not_messages(make_store: MakeStore) -> 
     r1 = store.put_message(make_msg(body=b"one"))
     r2 = store.put_message(make_msg(body=b"two"))
     assert store.lookup_message(r2.commit_log_offset).body == b"two"
-    for bad in (r1.commit_log_offset + 1, r2.commit_log_offset + 4, r2.end_offset,
-                r2.end_offset + 1000, -1, 10**12):
+    for bad in (
+        r1.commit_log_offset + 1,
+        r2.commit_log_offset + 4,
+        r2.end_offset,
+        r2.end_offset + 1000,
+        -1,
+        10**12,
+    ):
         with pytest.raises(QueryNotFoundError):
             store.lookup_message(bad)
         with pytest.raises(QueryNotFoundError):
@@ -243,8 +268,9 @@ def test_offset_by_time(make_store: MakeStore, clock: FakeClock) -> None:
     assert store.get_offset_by_time("Unknown", 0, 0) == 0
 
 
-def test_oversized_message_is_rejected_and_nothing_is_written(make_store: MakeStore,
-                                                              tmp_path: Path) -> None:
+def test_oversized_message_is_rejected_and_nothing_is_written(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store(max_message_size=1000)
     big = make_msg(body=bytes(1000))
     size = len(encode_message(big))
@@ -285,7 +311,8 @@ def test_put_messages_is_contiguous_and_all_or_nothing(make_store: MakeStore) ->
 
 
 def test_batch_that_does_not_fit_the_current_segment_starts_a_new_one(
-        make_store: MakeStore) -> None:
+    make_store: MakeStore,
+) -> None:
     store = make_store()
     store.put_message(make_msg(body=bytes(3000)))
     results = store.put_messages([make_msg(body=bytes(500)) for _ in range(4)])
@@ -296,8 +323,12 @@ def test_batch_that_does_not_fit_the_current_segment_starts_a_new_one(
 def test_transaction_types_follow_the_dispatch_rule(make_store: MakeStore) -> None:
     store = make_store()
     f = MessageSysFlag
-    kinds = {"not": f.TRANSACTION_NOT_TYPE, "prepared": f.TRANSACTION_PREPARED_TYPE,
-             "commit": f.TRANSACTION_COMMIT_TYPE, "rollback": f.TRANSACTION_ROLLBACK_TYPE}
+    kinds = {
+        "not": f.TRANSACTION_NOT_TYPE,
+        "prepared": f.TRANSACTION_PREPARED_TYPE,
+        "commit": f.TRANSACTION_COMMIT_TYPE,
+        "rollback": f.TRANSACTION_ROLLBACK_TYPE,
+    }
     results = {}
     for name, flag in kinds.items():
         results[name] = store.put_message(make_msg(body=name.encode(), sys_flag=flag))
@@ -326,8 +357,7 @@ def test_flush_moves_the_flushed_offset(make_store: MakeStore) -> None:
     assert store.min_phy_offset == 0
 
 
-def test_flush_from_another_thread_while_appending(make_store: MakeStore,
-                                                   tmp_path: Path) -> None:
+def test_flush_from_another_thread_while_appending(make_store: MakeStore, tmp_path: Path) -> None:
     store = make_store(mapped_file_size_commit_log=64 * 1024)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -344,8 +374,9 @@ def test_flush_from_another_thread_while_appending(make_store: MakeStore,
     t = threading.Thread(target=flusher)
     t.start()
     try:
-        results = [store.put_message(make_msg(body=os.urandom(64), queue_id=i % 4))
-                   for i in range(3000)]
+        results = [
+            store.put_message(make_msg(body=os.urandom(64), queue_id=i % 4)) for i in range(3000)
+        ]
     finally:
         stop.set()
         t.join()
@@ -357,8 +388,7 @@ def test_flush_from_another_thread_while_appending(make_store: MakeStore,
     assert sum(len(read_queue(store, "TopicA", q)) for q in range(4)) == 3000
 
 
-def test_second_store_on_the_same_folder_is_refused(make_store: MakeStore,
-                                                    tmp_path: Path) -> None:
+def test_second_store_on_the_same_folder_is_refused(make_store: MakeStore, tmp_path: Path) -> None:
     store = make_store()
     other = MessageStore(StoreConfig(str(tmp_path / "store")), ("127.0.0.1", 1))
     with pytest.raises(StoreLockedError):
@@ -377,10 +407,12 @@ def test_closed_store_refuses_writes(make_store: MakeStore) -> None:
 
 
 def test_config_is_validated(tmp_path: Path) -> None:
-    for bad in ({"mapped_file_size_commit_log": 1000},
-                {"mapped_file_size_consume_queue": 210},
-                {"max_message_size": 0},
-                {"disk_max_used_space_ratio": 101}):
+    for bad in (
+        {"mapped_file_size_commit_log": 1000},
+        {"mapped_file_size_consume_queue": 210},
+        {"max_message_size": 0},
+        {"disk_max_used_space_ratio": 101},
+    ):
         with pytest.raises(ValueError):
             StoreConfig(str(tmp_path), **bad)  # type: ignore[arg-type]
 
@@ -410,8 +442,7 @@ def test_failed_write_leaves_nothing_visible(make_store: MakeStore, tmp_path: Pa
     assert [m.body for m in read_queue(store, "TopicA", 0)] == [b"before", b"after"]
 
 
-def test_batch_spanning_several_consume_queue_files(make_store: MakeStore,
-                                                    tmp_path: Path) -> None:
+def test_batch_spanning_several_consume_queue_files(make_store: MakeStore, tmp_path: Path) -> None:
     store = make_store(mapped_file_size_commit_log=64 * 1024)  # queue files hold 10 entries
     store.put_message(make_msg(body=b"first"))
     batch = [make_msg(body=f"b{i}".encode()) for i in range(25)]
@@ -420,7 +451,8 @@ def test_batch_spanning_several_consume_queue_files(make_store: MakeStore,
     qdir = tmp_path / "store" / "consumequeue" / "TopicA" / "0"
     assert [f.name for f in sorted(qdir.iterdir())] == [f"{n:020d}" for n in (0, 200, 400)]
     assert [m.body for m in read_queue(store, "TopicA", 0)] == [b"first"] + [
-        f"b{i}".encode() for i in range(25)]
+        f"b{i}".encode() for i in range(25)
+    ]
     store.close()
     store = make_store()
     assert [m.queue_offset for m in read_queue(store, "TopicA", 0)] == list(range(26))

@@ -32,8 +32,9 @@ from txmq.protocol.message import decode_message
 MakeStore = Callable[..., MessageStore]
 
 
-def fill(store: MessageStore, n: int = 40, queues: int = 2,
-         topic: str = "TopicA") -> dict[int, list[bytes]]:
+def fill(
+    store: MessageStore, n: int = 40, queues: int = 2, topic: str = "TopicA"
+) -> dict[int, list[bytes]]:
     """Append ``n`` messages with distinct bodies; the bodies by queue."""
     sent: dict[int, list[bytes]] = {q: [] for q in range(queues)}
     for i in range(n):
@@ -44,8 +45,7 @@ def fill(store: MessageStore, n: int = 40, queues: int = 2,
     return sent
 
 
-def assert_queues(store: MessageStore, sent: dict[int, list[bytes]],
-                  topic: str = "TopicA") -> None:
+def assert_queues(store: MessageStore, sent: dict[int, list[bytes]], topic: str = "TopicA") -> None:
     for q, bodies in sent.items():
         got = read_queue(store, topic, q)
         assert [m.body for m in got] == bodies
@@ -78,8 +78,7 @@ def test_deleted_consume_queue_is_rebuilt(make_store: MakeStore, tmp_path: Path)
     assert store.topics() == ["TopicA", "TopicB"]
 
 
-def test_recovery_report_counts_what_was_rebuilt(make_store: MakeStore,
-                                                   tmp_path: Path) -> None:
+def test_recovery_report_counts_what_was_rebuilt(make_store: MakeStore, tmp_path: Path) -> None:
     store = make_store()
     fill(store, 30)
     store.close()
@@ -98,8 +97,9 @@ def test_recovery_report_counts_what_was_rebuilt(make_store: MakeStore,
 
 
 @pytest.mark.parametrize("keep_entries", [0, 2, 13])
-def test_truncated_consume_queue_file_is_rebuilt(make_store: MakeStore, tmp_path: Path,
-                                                 keep_entries: int) -> None:
+def test_truncated_consume_queue_file_is_rebuilt(
+    make_store: MakeStore, tmp_path: Path, keep_entries: int
+) -> None:
     store = make_store()
     sent = fill(store, 50)
     store.close()
@@ -107,7 +107,7 @@ def test_truncated_consume_queue_file_is_rebuilt(make_store: MakeStore, tmp_path
     files = sorted(qdir.iterdir())
     assert len(files) >= 3  # 25 entries in 10-entry files
     keep_file, keep_in_file = divmod(keep_entries, 10)
-    for f in files[keep_file + 1:]:
+    for f in files[keep_file + 1 :]:
         f.unlink()
     os.truncate(files[keep_file], keep_in_file * 20 + 7)  # and a torn entry
 
@@ -129,8 +129,9 @@ def test_missing_checkpoint_rebuilds_everything(make_store: MakeStore, tmp_path:
     assert_queues(store, sent)
 
 
-def test_checkpoint_of_another_format_version_is_refused(make_store: MakeStore,
-                                                         tmp_path: Path) -> None:
+def test_checkpoint_of_another_format_version_is_refused(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     fill(store, 3)
     store.close()
@@ -150,13 +151,19 @@ def _valid_record_bytes(store: MessageStore, r: PutMessageResult) -> bytes:
     return encode_record(store.read_message_bytes(r.commit_log_offset))
 
 
-TEARS = ["random_garbage", "half_record", "flipped_byte_in_last_record", "bad_length",
-         "garbage_in_next_segment"]
+TEARS = [
+    "random_garbage",
+    "half_record",
+    "flipped_byte_in_last_record",
+    "bad_length",
+    "garbage_in_next_segment",
+]
 
 
 @pytest.mark.parametrize("tear", TEARS)
-def test_torn_tail_is_cut_and_everything_before_survives(make_store: MakeStore, tmp_path: Path,
-                                                         tear: str) -> None:
+def test_torn_tail_is_cut_and_everything_before_survives(
+    make_store: MakeStore, tmp_path: Path, tear: str
+) -> None:
     store = make_store()
     sent = fill(store, 30)
     store.flush_consume_queues()  # checkpoint somewhere in the middle
@@ -185,9 +192,12 @@ def test_torn_tail_is_cut_and_everything_before_survives(make_store: MakeStore, 
         (image / "commitlog" / f"{seg_end:020d}").write_bytes(rng.randbytes(4096))
     store.close()
 
-    recovered = MessageStore(StoreConfig(str(image), mapped_file_size_commit_log=4096,
-                                                    mapped_file_size_consume_queue=200),
-                             ("127.0.0.1", 1))
+    recovered = MessageStore(
+        StoreConfig(
+            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+        ),
+        ("127.0.0.1", 1),
+    )
     first_report = recovered.load()
     assert first_report.truncated_bytes > 0
     if tear == "garbage_in_next_segment":
@@ -217,8 +227,9 @@ def test_torn_tail_is_cut_and_everything_before_survives(make_store: MakeStore, 
 
 @pytest.mark.parametrize("tear", ["random_garbage", "flipped_byte_in_last_record"])
 def test_recovery_report_measures_the_cut(tmp_path: Path, tear: str) -> None:
-    cfg = StoreConfig(str(tmp_path / "s"), mapped_file_size_commit_log=4096,
-                      mapped_file_size_consume_queue=200)
+    cfg = StoreConfig(
+        str(tmp_path / "s"), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+    )
     store = MessageStore(cfg, ("127.0.0.1", 1))
     store.load()
     fill(store, 5, 1)
@@ -231,15 +242,20 @@ def test_recovery_report_measures_the_cut(tmp_path: Path, tear: str) -> None:
     else:
         last_segment_write(image, last.end_offset - 1, b"\x01")
         cut = last.end_offset - last.commit_log_offset
-    img = MessageStore(StoreConfig(str(image), mapped_file_size_commit_log=4096,
-                                   mapped_file_size_consume_queue=200), ("127.0.0.1", 1))
+    img = MessageStore(
+        StoreConfig(
+            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+        ),
+        ("127.0.0.1", 1),
+    )
     report = img.load()
     assert report.truncated_bytes == cut
     img.close()
 
 
-def test_consume_queue_entries_past_the_end_are_dropped(make_store: MakeStore,
-                                                        tmp_path: Path) -> None:
+def test_consume_queue_entries_past_the_end_are_dropped(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     sent = fill(store, 24, 1)
     end = store.max_phy_offset
@@ -255,8 +271,9 @@ def test_consume_queue_entries_past_the_end_are_dropped(make_store: MakeStore,
     assert_queues(store, sent)
 
 
-def test_crash_without_checkpoint_progress_redispatches_the_tail(make_store: MakeStore,
-                                                                 tmp_path: Path) -> None:
+def test_crash_without_checkpoint_progress_redispatches_the_tail(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     first = fill(store, 20)
     store.flush_consume_queues()
@@ -265,9 +282,12 @@ def test_crash_without_checkpoint_progress_redispatches_the_tail(make_store: Mak
     image = crash_image(tmp_path / "store", tmp_path / "image")
     store.close()
 
-    recovered = MessageStore(StoreConfig(str(image), mapped_file_size_commit_log=4096,
-                                                    mapped_file_size_consume_queue=200),
-                             ("127.0.0.1", 1))
+    recovered = MessageStore(
+        StoreConfig(
+            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+        ),
+        ("127.0.0.1", 1),
+    )
     report = recovered.load()
     assert report.checkpoint_offset == report.scan_start_offset == checkpoint
     assert report.redispatched == 30
@@ -281,8 +301,9 @@ def test_crash_without_checkpoint_progress_redispatches_the_tail(make_store: Mak
     again.close()
 
 
-def test_recovery_after_retention_keeps_queue_offsets(make_store: MakeStore,
-                                                      tmp_path: Path) -> None:
+def test_recovery_after_retention_keeps_queue_offsets(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     fill(store, 20, 1, topic="Old")  # all in the first segments
     old_end = (store.max_phy_offset // 4096 + 1) * 4096
@@ -328,15 +349,18 @@ def test_unknown_files_are_ignored(make_store: MakeStore, tmp_path: Path) -> Non
     assert_queues(store, sent)
 
 
-def test_damage_below_the_checkpoint_is_skipped_not_cut(make_store: MakeStore,
-                                                        tmp_path: Path) -> None:
+def test_damage_below_the_checkpoint_is_skipped_not_cut(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     """A queue is rebuilt from the start of the commit log and the scan meets a damaged record
     in data that was fsynced long ago: nothing is cut.  The queue that kept its files loses
     only the damaged message; the rebuilt one also loses the rest of that segment (framing is
     lost there), as holes, and keeps everything after."""
     store = make_store()
-    results = [store.put_message(make_msg(body=f"m{i:02d}".encode() + bytes(300),
-                                          queue_id=i % 2)) for i in range(24)]
+    results = [
+        store.put_message(make_msg(body=f"m{i:02d}".encode() + bytes(300), queue_id=i % 2))
+        for i in range(24)
+    ]
     end = store.max_phy_offset
     store.close()
     victim = results[4]  # queue 0, offset 2, in the first segment
@@ -361,14 +385,18 @@ def test_damage_below_the_checkpoint_is_skipped_not_cut(make_store: MakeStore,
 
         assert store.get_max_offset_in_queue("TopicA", 1) == 12
         assert bodies(0) == [f"m{i:02d}".encode() for i in range(0, 24, 2) if i != 4]
-        assert bodies(1) == [f"m{i:02d}".encode() for i, r in enumerate(results) if i % 2 == 1
-                             and not victim.commit_log_offset < r.commit_log_offset < 4096]
+        assert bodies(1) == [
+            f"m{i:02d}".encode()
+            for i, r in enumerate(results)
+            if i % 2 == 1 and not victim.commit_log_offset < r.commit_log_offset < 4096
+        ]
     finally:
         store.close()
 
 
-def test_a_damaged_queue_entry_cannot_misdirect_the_rebuild(make_store: MakeStore,
-                                                            tmp_path: Path) -> None:
+def test_a_damaged_queue_entry_cannot_misdirect_the_rebuild(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     sent = fill(store, 30, 1)
     end = store.max_phy_offset
@@ -387,8 +415,7 @@ def test_a_damaged_queue_entry_cannot_misdirect_the_rebuild(make_store: MakeStor
     assert_queues(store, sent)
 
 
-def test_segments_after_a_missing_one_are_set_aside(make_store: MakeStore,
-                                                    tmp_path: Path) -> None:
+def test_segments_after_a_missing_one_are_set_aside(make_store: MakeStore, tmp_path: Path) -> None:
     store = make_store()
     results = [store.put_message(make_msg(body=bytes(1500))) for _ in range(12)]
     store.close()
@@ -399,12 +426,13 @@ def test_segments_after_a_missing_one_are_set_aside(make_store: MakeStore,
     store = make_store()
     assert store.max_phy_offset == int(files[1].name)  # the log now ends at the gap
     assert sorted(p.name for p in (tmp_path / "store" / "commitlog").iterdir()) == [
-        files[0].name] + [f.name + ".orphaned" for f in files[2:]]
+        files[0].name
+    ] + [f.name + ".orphaned" for f in files[2:]]
     # the messages in the set-aside files are lost, their offsets are not reused
     assert store.get_max_offset_in_queue("TopicA", 0) == 12
     r = store.put_message(make_msg(body=b"new"))
     assert (r.commit_log_offset, r.queue_offset) == (int(files[1].name), 12)
     got = read_queue(store, "TopicA", 0)
     assert [m.commit_log_offset for m in got] == [
-        x.commit_log_offset for x in results if x.end_offset <= int(files[1].name)] + [
-        r.commit_log_offset]
+        x.commit_log_offset for x in results if x.end_offset <= int(files[1].name)
+    ] + [r.commit_log_offset]

@@ -18,8 +18,10 @@ HOURS = 3600.0
 
 
 def fill(store: MessageStore, n: int) -> list[PutMessageResult]:
-    return [store.put_message(make_msg(body=f"m{i}".encode() + bytes(400), queue_id=i % 2))
-            for i in range(n)]
+    return [
+        store.put_message(make_msg(body=f"m{i}".encode() + bytes(400), queue_id=i % 2))
+        for i in range(n)
+    ]
 
 
 def age(paths: list[Path], hours: float) -> None:
@@ -32,8 +34,9 @@ def cq_files(store_dir: Path, qid: int) -> list[Path]:
     return sorted((store_dir / "consumequeue" / "TopicA" / str(qid)).iterdir())
 
 
-def test_aged_segments_are_deleted_but_never_the_active_one(make_store: MakeStore,
-                                                            tmp_path: Path) -> None:
+def test_aged_segments_are_deleted_but_never_the_active_one(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store()
     results = fill(store, 60)
     store_dir = tmp_path / "store"
@@ -54,8 +57,11 @@ def test_aged_segments_are_deleted_but_never_the_active_one(make_store: MakeStor
     assert len(cq_files(store_dir, 0)) < cq_before
     for qid in (0, 1):
         new_min = store.get_min_offset_in_queue("TopicA", qid)
-        survivors = [r for i, r in enumerate(results)
-                     if i % 2 == qid and r.commit_log_offset >= store.min_phy_offset]
+        survivors = [
+            r
+            for i, r in enumerate(results)
+            if i % 2 == qid and r.commit_log_offset >= store.min_phy_offset
+        ]
         assert new_min == survivors[0].queue_offset
         r = store.get_messages("TopicA", qid, 0)
         assert r.status is GetMessageStatus.OFFSET_TOO_SMALL
@@ -87,7 +93,8 @@ def test_reserved_time_is_configurable(make_store: MakeStore, tmp_path: Path) ->
 
 
 def test_a_full_disk_deletes_the_oldest_segments_whatever_their_age(
-        make_store: MakeStore, tmp_path: Path) -> None:
+    make_store: MakeStore, tmp_path: Path
+) -> None:
     store = make_store(disk_max_used_space_ratio=0)
     fill(store, 40)
     files = commit_log_files(tmp_path / "store")
