@@ -40,8 +40,8 @@ typecheck: $(STAMP)
 	rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/txmq
 	for f in txmq/*.py; do ln -s ../../../$$f $(TYPEVIEW)/txmq/; done
 	for d in protocol broker client spark_connector; do ln -s ../../../$$d $(TYPEVIEW)/txmq/$$d; done
-	for d in bench examples; do ln -s ../../$$d $(TYPEVIEW)/$$d; done
-	cd $(TYPEVIEW) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml txmq bench examples
+	for d in bench examples tests; do ln -s ../../$$d $(TYPEVIEW)/$$d; done
+	cd $(TYPEVIEW) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml txmq bench examples tests
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

@@ -21,7 +21,7 @@ CONTAINER_CONFIG = "/etc/txmq/broker.toml"
 DATA_DIR = "/var/lib/txmq"
 
 #: Keys the sample sets to something other than the built-in default, and why.
-ON_PURPOSE = {
+ON_PURPOSE: dict[str, Any] = {
     "store_path_root_dir": DATA_DIR,  # the image's data volume
 }
 

@@ -151,7 +151,8 @@ def test_console_lines_on_a_terminal() -> None:
                 break
             chunks.append(data)
         assert proc.wait(timeout=60) == 0
-        proc.stderr.close()  # type: ignore[union-attr]
+        assert proc.stderr is not None
+        proc.stderr.close()
     finally:
         os.close(master)
     out = b"".join(chunks).decode()

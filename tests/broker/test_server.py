@@ -78,7 +78,7 @@ async def test_tag_filtering(client: RawClient):
 async def test_unknown_code_gets_request_code_not_supported(client: RawClient):
     resp = await client.call(9999)
     assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-    assert "9999" in resp.remark
+    assert resp.remark is not None and "9999" in resp.remark
 
 
 async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_config) -> None:
@@ -87,7 +87,11 @@ async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_confi
     try:
         c = await RawClient.connect(ctl.address)
         resp = await c.send("big", b"x" * 2000)
-        assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "1024" in resp.remark
+        assert (
+            resp.code == ResponseCode.MESSAGE_ILLEGAL
+            and resp.remark is not None
+            and "1024" in resp.remark
+        )
         ok = await c.send("big", b"small")
         assert ok.code == ResponseCode.SUCCESS
         assert [m.body for m in await c.pull_all("big")] == [b"small"]
@@ -99,7 +103,7 @@ async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_confi
 async def test_missing_header_field_names_the_field(client: RawClient):
     resp = await client.call(RequestCode.SEND_MESSAGE, {"producerGroup": "g"}, b"x")
     assert resp.code == ResponseCode.INVALID_PARAMETER
-    assert "topic" in resp.remark
+    assert resp.remark is not None and "topic" in resp.remark
 
 
 async def test_malformed_frame_gets_an_error_and_the_connection_goes_on(broker, client):
@@ -114,12 +118,16 @@ async def test_malformed_frame_gets_an_error_and_the_connection_goes_on(broker, 
     from txmq.protocol.frame import FrameDecoder
 
     dec = FrameDecoder()
-    answers = []
+    answers: list[RemotingCommand] = []
     while len(answers) < 2:
         dec.feed(await asyncio.wait_for(reader.read(65536), 5))
         while (cmd := dec.next_command()) is not None:
             answers.append(cmd)
-    assert answers[0].code == ResponseCode.SYSTEM_ERROR and "malformed" in answers[0].remark
+    assert (
+        answers[0].code == ResponseCode.SYSTEM_ERROR
+        and answers[0].remark is not None
+        and "malformed" in answers[0].remark
+    )
     assert answers[1].opaque == 77 and answers[1].code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     writer.close()
     # everyone else is still served
@@ -195,7 +203,7 @@ async def test_invalid_topic_name(client: RawClient):
 
 async def test_consumer_offsets(client: RawClient):
     await client.send("off", b"x")
-    q = {"consumerGroup": "g1", "topic": "off", "queueId": 0}
+    q = {"consumerGroup": "g1", "topic": "off", "queueId": 0, "setZeroIfNotFound": False}
     assert (
         await client.call(RequestCode.QUERY_CONSUMER_OFFSET, q)
     ).code == ResponseCode.QUERY_NOT_FOUND

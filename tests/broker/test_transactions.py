@@ -57,11 +57,19 @@ async def test_commit_makes_the_message_visible_once_with_its_real_topic(ctl):
     assert m.sys_flag & 0xC == 0x8
     # the same decision again: same answer, no second copy
     again = await c.end_transaction(G, half, COMMIT)
-    assert again.code == ResponseCode.SUCCESS and "already" in again.remark
+    assert (
+        again.code == ResponseCode.SUCCESS
+        and again.remark is not None
+        and "already" in again.remark
+    )
     assert len(await c.pull_all("orders")) == 1
     # a contradicting decision is refused and changes nothing
     contra = await c.end_transaction(G, half, ROLLBACK)
-    assert contra.code == ResponseCode.ILLEGAL_OPERATION and "COMMITTED" in contra.remark
+    assert (
+        contra.code == ResponseCode.ILLEGAL_OPERATION
+        and contra.remark is not None
+        and "COMMITTED" in contra.remark
+    )
     await c.close()
     ctl["ctl"] = await restart(ctl["ctl"])
     c = await RawClient.connect(ctl["ctl"].address)
@@ -96,14 +104,28 @@ async def test_mismatched_end_transaction_names_the_reason(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     half = await c.send("orders", b"x", group=G, transactional=True)
     r = await c.end_transaction("other-group", half, COMMIT)
-    assert r.code == ResponseCode.SYSTEM_ERROR and "producer group wrong" in r.remark
+    assert (
+        r.code == ResponseCode.SYSTEM_ERROR
+        and r.remark is not None
+        and "producer group wrong" in r.remark
+    )
     h = c.send_header(half)
     r = await c.end_transaction(G, half, COMMIT, tran_state_table_offset=h.queue_offset + 5)
-    assert r.code == ResponseCode.SYSTEM_ERROR and "state table offset wrong" in r.remark
+    assert (
+        r.code == ResponseCode.SYSTEM_ERROR
+        and r.remark is not None
+        and "state table offset wrong" in r.remark
+    )
     r = await c.end_transaction(G, half, COMMIT, commit_log_offset=123456)
-    assert r.code == ResponseCode.SYSTEM_ERROR and "commit log offset wrong" in r.remark
+    assert (
+        r.code == ResponseCode.SYSTEM_ERROR
+        and r.remark is not None
+        and "commit log offset wrong" in r.remark
+    )
     r = await c.end_transaction(G, half, COMMIT, transaction_id="nope", commit_log_offset=999_999)
-    assert r.code == ResponseCode.SYSTEM_ERROR and "Find prepared" in r.remark
+    assert (
+        r.code == ResponseCode.SYSTEM_ERROR and r.remark is not None and "Find prepared" in r.remark
+    )
     assert await c.pull_all("orders") == []  # nothing was decided
     assert (await c.end_transaction(G, half, COMMIT)).code == ResponseCode.SUCCESS
     await c.close()
@@ -232,6 +254,7 @@ class CheckingProducer:
         return cmd.response()
 
     async def _answer(self, h):
+        assert self.decision is not None, "only a scripted decision is sent"
         eh = EndTransactionRequestHeader(
             producer_group=G,
             tran_state_table_offset=h.tran_state_table_offset,
@@ -292,6 +315,7 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
         c = await p.connect(b.address)
         half = await c.send("orders", b"x", group=G, transactional=True)
         txid = c.send_header(half).transaction_id
+        assert txid is not None
         assert await wait_for(lambda: b.transactions.records[txid].state.value == "DISCARDED")
         assert len(p.checks) == 3
         _, parked = await c.pull("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
@@ -318,6 +342,7 @@ async def test_no_producer_online_keeps_the_budget(make_broker_config):
         c = await RawClient.connect(b.address)  # sends, but registers no producer group
         half = await c.send("orders", b"x", group=G, transactional=True)
         txid = c.send_header(half).transaction_id
+        assert txid is not None
         await asyncio.sleep(0.6)  # ~10 rounds with nobody to ask
         rec = b.transactions.records[txid]
         assert rec.state.value == "PENDING" and rec.check_times == 0

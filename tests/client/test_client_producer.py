@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -25,13 +26,13 @@ from txmq.protocol.errors import MessageIllegalError
 
 
 @pytest.fixture
-async def producer(broker: BrokerController) -> AsyncProducer:
+async def producer(broker: BrokerController) -> AsyncIterator[AsyncProducer]:
     async with AsyncProducer("test-producer", broker=broker.address, config=FAST_CLIENT) as p:
         yield p
 
 
 @pytest.fixture
-async def puller(broker: BrokerController) -> AsyncPullConsumer:
+async def puller(broker: BrokerController) -> AsyncIterator[AsyncPullConsumer]:
     async with AsyncPullConsumer("test-puller", broker=broker.address, config=FAST_CLIENT) as c:
         yield c
 
@@ -180,7 +181,7 @@ async def test_invalid_topic_and_oversized_body_are_refused_clearly(
 
 
 async def test_broker_side_limit_surfaces_as_its_error(
-    make_broker_config: Callable[..., object], unique: Callable[[str], str]
+    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
     controller = BrokerController(make_broker_config(max_message_size=1024))
     await controller.start()
@@ -262,7 +263,7 @@ async def test_lifecycle_errors(broker: BrokerController) -> None:
 
 
 async def test_flush_disk_timeout_is_a_status_not_a_resend(
-    make_broker_config: Callable[..., object], unique: Callable[[str], str]
+    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
     controller = BrokerController(
         make_broker_config(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=0)

@@ -6,7 +6,8 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -44,13 +45,13 @@ class Inbox:
 
 
 @pytest.fixture
-async def producer(broker: BrokerController) -> AsyncProducer:
+async def producer(broker: BrokerController) -> AsyncIterator[AsyncProducer]:
     async with AsyncProducer("push-test-producer", broker=broker.address, config=FAST_CLIENT) as p:
         yield p
 
 
-def consumer_for(broker: BrokerController, group: str, **kw: object) -> AsyncPushConsumer:
-    return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)  # type: ignore[arg-type]
+def consumer_for(broker: BrokerController, group: str, **kw: Any) -> AsyncPushConsumer:
+    return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)
 
 
 async def test_round_trip_with_tags_keys_properties_and_ids(

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 COMMIT, ROLLBACK = 8, 12
 
 
-async def _load(address: str, acked: list, stop: asyncio.Event, worker: int) -> None:
+async def _load(address: str, acked: list[bytes], stop: asyncio.Event, worker: int) -> None:
     try:
         c = await RawClient.connect(address)
     except TxmqError:
@@ -99,6 +99,7 @@ class Decider:
             msg_id=h.msg_id,
             transaction_id=h.transaction_id,
         )
+        assert self.client is not None, "connect the client before checks arrive"
         asyncio.get_running_loop().create_task(
             self.client.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())
         )
@@ -106,7 +107,7 @@ class Decider:
 
 
 async def _tx_load(
-    address: str, outcome: dict, stop: asyncio.Event, worker: int, rnd: random.Random
+    address: str, outcome: dict[bytes, str], stop: asyncio.Event, worker: int, rnd: random.Random
 ) -> None:
     try:
         c = await RawClient.connect(address)

@@ -23,8 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def image_command() -> list[str]:
     with open(os.path.join(ROOT, "Dockerfile")) as fh:
         text = fh.read()
-    entry = json.loads(re.search(r"^ENTRYPOINT\s+(\[.*\])", text, re.M).group(1))
-    cmd = json.loads(re.search(r"^CMD\s+(\[.*\])", text, re.M).group(1))
+    entry_line = re.search(r"^ENTRYPOINT\s+(\[.*\])", text, re.M)
+    cmd_line = re.search(r"^CMD\s+(\[.*\])", text, re.M)
+    assert entry_line is not None, "the Dockerfile has no ENTRYPOINT [...] line"
+    assert cmd_line is not None, "the Dockerfile has no CMD [...] line"
+    entry: list[str] = json.loads(entry_line.group(1))
+    cmd: list[str] = json.loads(cmd_line.group(1))
     return entry + cmd
 
 

@@ -23,7 +23,7 @@ from txmq.protocol.errors import (
     IllegalOperationError,
     NoPermissionError,
 )
-from txmq.protocol.message import Message, MessageConst
+from txmq.protocol.message import Message, MessageConst, MessageExt
 
 C, R, U = (
     LocalTransactionState.COMMIT_MESSAGE,
@@ -39,11 +39,12 @@ class Scripted(TransactionListener):
     def __init__(self, first, checks=(U,), on_execute=None):
         self.first = first
         self.script = list(checks)
-        self.checks: list[tuple[float, object]] = []
+        self.checks: list[tuple[float, MessageExt]] = []
         self.executed = 0
         self.on_execute = on_execute
 
-    async def execute_local_transaction(self, message, arg):
+    # The SDK awaits coroutine listeners; the base class annotates only the sync form.
+    async def execute_local_transaction(self, message, arg):  # type: ignore[override]
         self.executed += 1
         if self.on_execute:
             await self.on_execute(message)
@@ -56,7 +57,7 @@ class Scripted(TransactionListener):
         return self.script[min(len(self.checks), len(self.script)) - 1]
 
 
-async def delivered(address: str, topic: str) -> list:
+async def delivered(address: str, topic: str) -> list[MessageExt]:
     c = await RawClient.connect(address)
     try:
         return await c.pull_all(topic)
@@ -146,6 +147,7 @@ async def test_unknown_forever_exactly_check_max_then_parked_then_resumed(fast_b
     lst = Scripted(None)  # None means UNKNOW
     async with AsyncTransactionProducer(G, lst, fast_broker.address) as p:
         r = await p.send_message_in_transaction(Message("orders", b"x"))
+        assert r.transaction_id is not None
         rec = fast_broker.transactions.records[r.transaction_id]
         assert await eventually(lambda: rec.state.value == "DISCARDED")
         await asyncio.sleep(0.4)

@@ -20,7 +20,7 @@ from txmq.protocol.frame import FrameDecoder, decode_frame, encode_frame
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Text that UTF-8 can carry (no lone surrogates).
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
 i16 = st.integers(-(2**15), 2**15 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)

@@ -10,6 +10,7 @@ these tests fails, a wire format changed: that breaks every client in the field.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from txmq.protocol.codes import LanguageCode, RequestCode, SerializeType
 from txmq.protocol.command import RemotingCommand
@@ -36,7 +37,7 @@ def h(annotated: str) -> bytes:
 
 #: SEND_MESSAGE (10), opaque 1, extFields {topic: "T", queueId: 1}, body b"hi"; language PYTHON
 #: (3) and version 1 are RemotingCommand's defaults.
-SEND = dict(code=RequestCode.SEND_MESSAGE, opaque=1, body=b"hi")
+SEND: dict[str, Any] = dict(code=RequestCode.SEND_MESSAGE, opaque=1, body=b"hi")
 
 
 # --- frames -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ HEADER_CLASSES: list[type[H.Header]] = sorted(
     key=lambda c: c.__name__,
 )
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
 
 
 def test_header_classes_found() -> None:

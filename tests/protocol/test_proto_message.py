@@ -39,7 +39,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 # Property text: anything UTF-8 can carry except the two separators.
 prop_text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=20
+    st.characters(blacklist_categories=["Cs"], blacklist_characters="\x01\x02"), max_size=20
 )
 properties = st.dictionaries(prop_text, prop_text, max_size=8)
 
@@ -48,7 +48,7 @@ hosts = st.tuples(ipv4, st.integers(0, 65535))
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
 # Topics of any length up to 255 UTF-8 bytes (V1 up to 127, V2 beyond).
-topics = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=100).filter(
+topics = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=100).filter(
     lambda t: len(t.encode()) <= 255
 )
 
@@ -327,7 +327,7 @@ def test_java_string_hash(s: str, expected: int) -> None:
 
 
 @SETTINGS
-@given(s=st.text(st.characters(blacklist_categories=("Cs",)), max_size=50))
+@given(s=st.text(st.characters(blacklist_categories=["Cs"]), max_size=50))
 def test_java_string_hash_matches_the_formula(s: str) -> None:
     units = struct.unpack(f">{len(s.encode('utf-16-be')) // 2}H", s.encode("utf-16-be"))
     h = 0

@@ -18,7 +18,9 @@ from txmq.protocol.message import MessageExt
 
 #: The broker of the Spark tests.  The transaction check-back stays slow: the sink's groups are
 #: never registered, so no check is ever sent for their halves anyway.
-BROKER_SETTINGS = dict(FAST, transaction_check_interval=1000, transaction_time_out=1000)
+BROKER_SETTINGS: dict[str, Any] = dict(
+    FAST, transaction_check_interval=1000, transaction_time_out=1000
+)
 
 
 def start_broker(store: Path) -> BrokerThread:
@@ -146,6 +148,7 @@ def failing_body_udf(
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
+        assert ctx is not None, "a UDF runs inside a Spark task"
         if (
             i in ids
             and ctx.partitionId() == partition
@@ -153,7 +156,11 @@ def failing_body_udf(
             and (marker is None or os.path.exists(marker))
         ):
             if produced[0] >= after:
-                g = group or "txmq-spark-" + ctx.getLocalProperty("sql.streaming.queryId")
+                g = group
+                if not g:
+                    query_id = ctx.getLocalProperty("sql.streaming.queryId")
+                    assert query_id is not None, "the sink runs in a streaming query"
+                    g = "txmq-spark-" + query_id
                 wait_for_pending_halves(address, g, partition, ctx.attemptNumber())
                 raise RuntimeError(f"injected failure after {after} rows")
             produced[0] += 1

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -61,7 +62,7 @@ class BrokerProcess:
                 return self.address
         raise RuntimeError(f"broker did not start: {self.log_lines[-20:]}")
 
-    def _lines(self, deadline: float):  # type: ignore[no-untyped-def]
+    def _lines(self, deadline: float) -> Iterator[dict[str, Any]]:
         assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 from txmq.protocol.aio import Connection, Handler, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
@@ -56,7 +57,7 @@ class RawClient:
 
     async def heartbeat(
         self,
-        producer_groups: list[str] = (),  # type: ignore[assignment]
+        producer_groups: Sequence[str] = (),
         consumer_groups: dict[str, dict[str, str]] | None = None,
     ) -> None:
         data = {
@@ -148,6 +149,32 @@ class RawClient:
                 out.extend(msgs)
                 offset = int(resp.ext_fields["nextBeginOffset"])
         return out
+
+    @overload
+    async def end_transaction(
+        self,
+        group: str,
+        send_resp: RemotingCommand,
+        decision: int,
+        *,
+        from_check: bool = False,
+        txid: str | None = None,
+        oneway: Literal[False] = False,
+        **overrides: Any,
+    ) -> RemotingCommand: ...
+
+    @overload
+    async def end_transaction(
+        self,
+        group: str,
+        send_resp: RemotingCommand,
+        decision: int,
+        *,
+        from_check: bool = False,
+        txid: str | None = None,
+        oneway: Literal[True],
+        **overrides: Any,
+    ) -> None: ...
 
     async def end_transaction(
         self,

@@ -98,8 +98,10 @@ def test_sync_flush_keeps_every_acknowledged_message_exactly_once(tmp_path: Path
         acked[seed] = []
         for line in lines:
             if line.startswith("A "):
-                _, cl_off, qid, qoff, hexbody = line.split(" ")
-                acked[seed].append((int(cl_off), int(qid), int(qoff), bytes.fromhex(hexbody)))
+                _, cl_off_text, qid_text, qoff_text, hexbody = line.split(" ")
+                acked[seed].append(
+                    (int(cl_off_text), int(qid_text), int(qoff_text), bytes.fromhex(hexbody))
+                )
         assert acked[seed], "the child acknowledged nothing"
 
         store = open_store(store_dir)

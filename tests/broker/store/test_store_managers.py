@@ -40,7 +40,7 @@ def test_topic_config_json_uses_rocketmq_keys() -> None:
     )
     for bad in ({}, {"topicName": 3}, {"topicName": "X", "perm": [6]}, "[1]"):
         with pytest.raises(ValueError):
-            TopicConfig.from_json(bad)  # type: ignore[arg-type]
+            TopicConfig.from_json(bad)
 
 
 def test_topic_configs_persist_on_every_change(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from txmq.broker.store import GetMessageStatus, MessageStore, PutMessageResult, 
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_message
 
 _text = st.text(
-    st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20
+    st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), max_size=20
 )
 _ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
 

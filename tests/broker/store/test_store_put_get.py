@@ -414,7 +414,7 @@ def test_config_is_validated(tmp_path: Path) -> None:
         {"disk_max_used_space_ratio": 101},
     ):
         with pytest.raises(ValueError):
-            StoreConfig(str(tmp_path), **bad)  # type: ignore[arg-type]
+            StoreConfig(str(tmp_path), **bad)
 
 
 def test_failed_write_leaves_nothing_visible(make_store: MakeStore, tmp_path: Path) -> None:

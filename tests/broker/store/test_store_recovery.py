@@ -184,9 +184,9 @@ def test_torn_tail_is_cut_and_everything_before_survives(
         last_segment_write(image, pos, b"\x5a")
         expected_b = more[0]
     elif tear == "bad_length":
-        record = bytearray(_valid_record_bytes(store, last))
-        struct.pack_into(">I", record, 4, 4000)  # length past the segment end
-        last_segment_write(image, end, bytes(record))
+        torn = bytearray(_valid_record_bytes(store, last))
+        struct.pack_into(">I", torn, 4, 4000)  # length past the segment end
+        last_segment_write(image, end, bytes(torn))
     else:  # a new segment file full of garbage after the last one
         seg_end = (end // 4096 + 1) * 4096
         (image / "commitlog" / f"{seg_end:020d}").write_bytes(rng.randbytes(4096))
@@ -218,9 +218,9 @@ def test_torn_tail_is_cut_and_everything_before_survives(
     reopened = MessageStore(recovered.config, ("127.0.0.1", 1))
     report = reopened.load()
     assert report.truncated_bytes == 0
-    r = reopened.put_message(make_msg("TopicB", b"after recovery", 0))
-    assert r.commit_log_offset == report_end
-    assert reopened.lookup_message(r.commit_log_offset).body == b"after recovery"
+    put = reopened.put_message(make_msg("TopicB", b"after recovery", 0))
+    assert put.commit_log_offset == report_end
+    assert reopened.lookup_message(put.commit_log_offset).body == b"after recovery"
     assert [m.body for m in read_queue(reopened, "TopicB", 0)] == expected_b + [b"after recovery"]
     reopened.close()
 
