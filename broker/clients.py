@@ -156,7 +156,9 @@ class ClientManager:
             try:
                 ch.conn.send_oneway(
                     RemotingCommand.request(
-                        RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}
+                        RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                        {"consumerGroup": group},
+                        serialize_type=ch.conn.peer_serialize_type,
                     )
                 )
             except TxmqError:

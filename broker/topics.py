@@ -29,6 +29,9 @@ RMQ_SYS_TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 #: Delayed messages, one queue per delay level.
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: The route a stock client asks for when its topic has none yet; it then sends with this
+#: route and the broker creates the topic (``autoCreateTopicEnable``).
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
@@ -99,6 +102,21 @@ class TopicManager:
     def get(self, topic: str) -> TopicConfig | None:
         return self.table.get(topic)
 
+    def route_config(self, topic: str) -> TopicConfig | None:
+        """The config a route answer describes: the topic's own, or, for ``TBW102`` while
+        auto-creation is on, an inheritable template with the default queue count (RocketMQ
+        keeps it as a real topic; here it is never stored, listed or consumable)."""
+        tc = self.table.get(topic)
+        if tc is None and topic == AUTO_CREATE_TOPIC_KEY_TOPIC and self.auto_create:
+            n = self.default_queue_nums
+            tc = TopicConfig(
+                topic,
+                read_queue_nums=n,
+                write_queue_nums=n,
+                perm=PERM_READ | PERM_WRITE | PERM_INHERIT,
+            )
+        return tc
+
     def all(self) -> dict[str, TopicConfig]:
         return self.table.all()
 
@@ -127,7 +145,7 @@ class TopicManager:
 
     def for_send(self, topic: str, requested_queue_nums: int) -> TopicConfig:
         """The config of a topic a client sends to; auto-creates it when allowed."""
-        if topic in SYSTEM_TOPICS:
+        if topic in SYSTEM_TOPICS or topic == AUTO_CREATE_TOPIC_KEY_TOPIC:
             raise NoPermissionError(f"topic {topic} is a system topic; clients cannot send to it")
         validate_topic(topic)
         tc = self.table.get(topic)

@@ -40,9 +40,11 @@ from txmq.protocol.headers import SendMessageRequestHeader, SendMessageResponseH
 from txmq.protocol.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
+    ZLIB_COMPRESSED,
     Message,
     MessageConst,
     UniqIdGenerator,
+    compress_body,
     encode_batch,
     properties_to_string,
 )
@@ -517,10 +519,13 @@ class AsyncProducer:
     def _send_command(
         self, msg: Message, route: TopicRoute, qid: int, props: dict[str, str], *, sys_flag: int
     ) -> RemotingCommand:
+        body = msg.payload
+        over = self.config.compress_over
+        if over and len(body) >= over:
+            body = compress_body(body, self.config.compress_level)
+            sys_flag |= ZLIB_COMPRESSED
         header = self._header(msg, route, qid, properties_to_string(props), sys_flag)
-        return RemotingCommand.request(
-            RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), msg.payload
-        )
+        return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body)
 
     def _select_queue(
         self,

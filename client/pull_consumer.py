@@ -32,7 +32,14 @@ from txmq.protocol.headers import (
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from txmq.protocol.message import MessageExt, decode_messages, parse_subscription, tags_code
+from txmq.protocol.message import (
+    MessageExt,
+    MessageSysFlag,
+    decode_messages,
+    inflate_body,
+    parse_subscription,
+    tags_code,
+)
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
@@ -167,6 +174,15 @@ async def pull_messages(
     messages: list[MessageExt] = []
     if status is PullStatus.FOUND:
         messages = decode_messages(resp.body)
+        for m in messages:
+            if m.sys_flag & MessageSysFlag.COMPRESSED and not inflate_body(m):
+                log.warning(
+                    "message_body_not_inflated",
+                    topic=m.topic,
+                    msg_id=m.msg_id,
+                    sys_flag=m.sys_flag,
+                    reason="not zlib, or corrupt",
+                )
         tags = parse_subscription(expression)
         if tags is not None:
             messages = [m for m in messages if m.tags in tags]
@@ -179,7 +195,9 @@ async def query_committed_offset(
     """The group's committed offset for a queue; None when it has none."""
     resp = await conn.invoke(
         RequestCode.QUERY_CONSUMER_OFFSET,
-        QueryConsumerOffsetRequestHeader(consumer_group=group, topic=topic, queue_id=queue_id),
+        QueryConsumerOffsetRequestHeader(
+            consumer_group=group, topic=topic, queue_id=queue_id, set_zero_if_not_found=False
+        ),
         accept=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
     )
     if resp.code == ResponseCode.QUERY_NOT_FOUND:

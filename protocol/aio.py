@@ -90,6 +90,9 @@ class Connection(asyncio.Protocol):
         self.local: tuple[str, int] = ("", 0)
         #: Free slot for the owner (e.g. the broker keeps the client id here).
         self.context: dict[str, Any] = {}
+        #: The header encoding of the last request the peer sent: requests sent *to* the peer
+        #: use it, since a stock client decodes only the encoding it speaks (JSON or ROCKETMQ).
+        self.peer_serialize_type: SerializeType = SerializeType.MSGPACK
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class Connection(asyncio.Protocol):
             if fut is not None and not fut.done():
                 fut.set_result(cmd)
             return
+        self.peer_serialize_type = cmd.serialize_type
         if self.handler is None:
             if not cmd.is_oneway:
                 self.write(

@@ -264,6 +264,20 @@ def decode_frame(frame: bytes) -> RemotingCommand:
     return cmd
 
 
+def _not_remoting(head: bytes) -> str | None:
+    """Name the protocol when the first bytes of a stream are plainly not remoting frames."""
+    if head.startswith(b"PRI * HT"):
+        return (
+            "HTTP/2 connection preface on the remoting port: a gRPC client (RocketMQ 5.x) "
+            "must use the gRPC port (grpcServerPort)"
+        )
+    if head[:1] == b"\x16" and head[1:2] == b"\x03":
+        return "TLS handshake on a plain-text remoting port"
+    if head[:4] in (b"GET ", b"POST", b"PUT ", b"HEAD"):
+        return "HTTP/1 request on the remoting port"
+    return None
+
+
 class FrameDecoder:
     """Incremental, size-capped decoder (sans-IO).
 
@@ -297,7 +311,8 @@ class FrameDecoder:
         (length,) = _U32.unpack_from(buf, 0)
         if length > self.max_frame_size:
             self._failed = FrameTooLargeError(
-                f"frame of {length} bytes exceeds the limit of {self.max_frame_size} bytes"
+                _not_remoting(bytes(buf[:8]))
+                or f"frame of {length} bytes exceeds the limit of {self.max_frame_size} bytes"
             )
             raise self._failed
         if length < 4:

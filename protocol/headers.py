@@ -31,6 +31,9 @@ def camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+_BOOL_SPELLINGS = {"true": True, "false": False, "1": True, "0": False}
+
+
 def _coerce(value: Any, tp: Any, wire: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -41,8 +44,11 @@ def _coerce(value: Any, tp: Any, wire: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
+        if isinstance(value, str):
+            # Java sends "true"/"false"; the C++ client sends "0"/"1".
+            spelled = _BOOL_SPELLINGS.get(value.strip().lower())
+            if spelled is not None:
+                return spelled
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
     elif tp is int:
@@ -194,6 +200,10 @@ class QueryConsumerOffsetRequestHeader(Header):
     consumer_group: str
     topic: str
     queue_id: int
+    #: RocketMQ's answer for a group without an offset: 0 when the queue still starts at 0
+    #: (None/True), or QUERY_NOT_FOUND regardless (False; what the txmq SDK asks for, so its
+    #: ``consume_from`` decides).
+    set_zero_if_not_found: bool | None = None
 
 
 @dataclass

@@ -111,6 +111,9 @@ class MessageConst:
 
 class MessageSysFlag:
     COMPRESSED = 0x1
+    #: Which codec compressed the body (bits 8-10; RocketMQ 5); 0 from older clients = zlib.
+    COMPRESSION_TYPE_MASK = 0x7 << 8
+    COMPRESSION_ZLIB_TYPE = 0x3 << 8
     MULTI_TAGS = 0x2
     TRANSACTION_NOT_TYPE = 0x0
     TRANSACTION_PREPARED_TYPE = 0x4
@@ -507,6 +510,38 @@ def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
         out.append(m)
         pos += m.store_size
     return out
+
+
+# --- compression ------------------------------------------------------------------------------
+
+#: The sys flag bits of a zlib-compressed body.
+ZLIB_COMPRESSED = MessageSysFlag.COMPRESSED | MessageSysFlag.COMPRESSION_ZLIB_TYPE
+
+
+def compress_body(body: bytes, level: int = 5) -> bytes:
+    """zlib-compress a body, as RocketMQ's clients do; set :data:`ZLIB_COMPRESSED` in its sys
+    flag."""
+    return zlib.compress(body, level)
+
+
+def inflate_body(m: MessageExt) -> bool:
+    """Undo a producer's compression (sys flag bit 0) in place and clear the flag.
+
+    zlib is the codec of every RocketMQ client before 5.x (no codec bits) and of 5.x's default
+    (``ZLIB``).  A body in another codec (LZ4, ZSTD) or one that does not inflate is left as it
+    is, flag included, and False is returned, so the caller can say so.
+    """
+    if not m.sys_flag & MessageSysFlag.COMPRESSED:
+        return True
+    codec = m.sys_flag & MessageSysFlag.COMPRESSION_TYPE_MASK
+    if codec not in (0, MessageSysFlag.COMPRESSION_ZLIB_TYPE):
+        return False
+    try:
+        m.body = zlib.decompress(m.body)
+    except zlib.error:
+        return False
+    m.sys_flag &= ~ZLIB_COMPRESSED
+    return True
 
 
 # --- batches ----------------------------------------------------------------------------------

@@ -76,10 +76,21 @@ class AdminProcessor:
         h = QueryConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
         off = self.broker.offsets.query(h.consumer_group, h.topic, h.queue_id)
         if off < 0:
-            return cmd.response(
-                ResponseCode.QUERY_NOT_FOUND,
-                "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
-            )
+            # RocketMQ's answer for a group that has no offset yet: 0 while the queue still
+            # holds its first message (a new group of a stock client then reads from the
+            # start), unless the client asked not to be given a zero.
+            store = self.broker.store
+            if (
+                h.set_zero_if_not_found is not False
+                and store.get_min_offset_in_queue(h.topic, h.queue_id) <= 0
+                and store.get_max_offset_in_queue(h.topic, h.queue_id) > 0
+            ):
+                off = 0
+            else:
+                return cmd.response(
+                    ResponseCode.QUERY_NOT_FOUND,
+                    "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+                )
         return cmd.response(ext_fields=QueryConsumerOffsetResponseHeader(off).to_ext_fields())
 
     async def update_consumer_offset(
@@ -143,7 +154,7 @@ class AdminProcessor:
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
-        tc = self.broker.topics.get(h.topic)
+        tc = self.broker.topics.route_config(h.topic)
         if tc is None:
             raise TopicNotExistError(f"No topic route info in name server for the topic: {h.topic}")
         cfg = self.broker.config

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from txmq.protocol.aio import Connection, wait_event
-from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
     BrokerSystemError,
@@ -83,9 +83,15 @@ class CheckSender(Protocol):
 
 
 class RemotingCheckSender:
-    """Sends CHECK_TRANSACTION_STATE as a request; the producer acknowledges that it accepted
-    the check (SUCCESS) or that it is too busy now (SYSTEM_BUSY).  Only an acknowledged check
-    counts as delivered."""
+    """Sends CHECK_TRANSACTION_STATE in the encoding the producer's connection speaks.
+
+    The txmq SDK (msgpack) gets it as a request and acknowledges that it accepted the check
+    (SUCCESS) or that it is too busy now (SYSTEM_BUSY); only an acknowledged check counts as
+    delivered.  Stock RocketMQ clients (JSON or ROCKETMQ headers) take it oneway, as RocketMQ's
+    broker sends it, and acknowledge nothing: for them a check written to a live connection
+    counts as delivered, and the half stays pending until their END_TRANSACTION (also oneway)
+    arrives or the next check is due.
+    """
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -93,11 +99,20 @@ class RemotingCheckSender:
     async def __call__(
         self, channel: ClientChannel, header: CheckTransactionStateRequestHeader, body: bytes
     ) -> bool:
+        conn = channel.conn
+        st = conn.peer_serialize_type
         cmd = RemotingCommand.request(
-            RequestCode.CHECK_TRANSACTION_STATE, header.to_ext_fields(), body
+            RequestCode.CHECK_TRANSACTION_STATE, header.to_ext_fields(), body, serialize_type=st
         )
+        if st != SerializeType.MSGPACK:
+            try:
+                conn.send_oneway(cmd)
+            except TxmqError as exc:
+                log.info("check_not_delivered", client_id=channel.client_id, error=str(exc))
+                return False
+            return True
         try:
-            resp = await channel.conn.request(cmd, self.timeout_s)
+            resp = await conn.request(cmd, self.timeout_s)
         except TxmqError as exc:
             log.info("check_not_delivered", client_id=channel.client_id, error=str(exc))
             return False
