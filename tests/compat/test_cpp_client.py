@@ -1,0 +1,217 @@
+"""Apache rocketmq-client-cpp 1.2 (PyPI ``rocketmq==0.4.4``, JSON headers) against a real
+broker: every send mode, push with a tag filter, pull, resuming a group, RECONSUME_LATER,
+compressed bodies, a half message and its check-back, and interop with the txmq SDK."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.compat.stock import StockClient, cpp_client
+from tests.conftest import BrokerThread
+from tests.support.raw import RawClient
+from txmq.client import Message, Producer, PullConsumer, PullStatus
+from txmq.protocol.codes import RequestCode, SerializeType
+from txmq.protocol.command import RemotingCommand
+
+pytestmark = pytest.mark.slow
+
+COMMIT = 8
+
+
+@pytest.fixture
+def cpp(tmp_path: Path) -> StockClient:
+    return cpp_client(tmp_path / "home")
+
+
+@pytest.fixture
+def stock_broker(broker_thread_factory: Callable[..., BrokerThread]) -> Iterator[BrokerThread]:
+    # Checks every 200 ms after 300 ms, with a budget that outlasts the tests.
+    yield broker_thread_factory(transaction_check_max=10_000)
+
+
+def sdk_bodies(address: str, topic: str, queues: int = 4) -> list[bytes]:
+    out: list[bytes] = []
+    with PullConsumer("sdk-reader", broker=address) as c:
+        for q in range(queues):
+            offset = 0
+            while True:
+                r = c.pull(topic, q, offset)
+                if r.status is not PullStatus.FOUND:
+                    break
+                out.extend(m.body for m in r.messages)
+                offset = r.next_begin_offset
+    return out
+
+
+def test_every_send_mode_reaches_a_push_consumer_filtering_on_tags(
+    stock_broker: BrokerThread, cpp: StockClient
+) -> None:
+    addr, topic = stock_broker.address, "cpp-modes"
+    cpp.run(
+        "send", addr, topic, "--mode", "sync", "--count", 3, "--tags", "TagA", "--prefix", "s"
+    ).check()
+    cpp.run(
+        "send", addr, topic, "--mode", "oneway", "--count", 2, "--tags", "TagB", "--prefix", "o"
+    ).check()
+    cpp.run(
+        "send", addr, topic, "--mode", "orderly", "--count", 2, "--tags", "TagA", "--prefix", "f"
+    ).check()
+    batch = cpp.run(
+        "send", addr, topic, "--mode", "batch", "--count", 3, "--tags", "TagB", "--prefix", "b"
+    ).check()
+    assert batch.docs[0]["status"] == 0
+    cpp.run(
+        "send", addr, topic, "--count", 1, "--tags", "TagB", "--prefix", "big", "--body-size", 6144
+    ).check()
+    cpp.run("send", addr, topic, "--count", 2, "--tags", "TagC", "--prefix", "c").check()
+
+    run = cpp.run(
+        "push",
+        addr,
+        topic,
+        "cpp-push",
+        "--expect",
+        11,
+        "--expr",
+        "TagA || TagB",
+        "--linger",
+        1.5,
+        "--timeout",
+        60,
+    ).check()
+    got = run.events("received")
+    bodies = sorted(str(d["body"]).rstrip(".") for d in got)
+    assert bodies == sorted(
+        ["s-0", "s-1", "s-2", "o-0", "o-1", "f-0", "f-1", "b-0", "b-1", "b-2", "big-0"]
+    ), "each message exactly once, none tagged TagC"
+    # Orderly sends with one sharding key land in one queue, in order.
+    ordered = [d for d in got if str(d["body"]).startswith("f-")]
+    assert len({d["queue_id"] for d in ordered}) == 1
+    assert [d["body"] for d in sorted(ordered, key=lambda d: d["queue_offset"])] == ["f-0", "f-1"]
+    # The client compressed the 6 KiB body (sys flag bit 0); its consumer and the SDK's both
+    # see it whole.
+    [big] = [d for d in got if str(d["body"]).startswith("big-")]
+    assert big["body_len"] == 6144
+    sdk = [b for b in sdk_bodies(addr, topic) if b.startswith(b"big-")]
+    assert sdk == [b"big-0" + b"." * (6144 - 5)]
+
+
+def test_pull_consumer_reads_what_the_sdk_sent(
+    stock_broker: BrokerThread, cpp: StockClient
+) -> None:
+    addr, topic = stock_broker.address, "cpp-pull"
+    with Producer("sdk-producer", broker=addr) as p:
+        for i in range(6):
+            p.send(Message(topic, f"sdk-{i}".encode(), tags="T", keys=f"k{i}"))
+    run = cpp.run("pull", addr, topic, "cpp-puller", "--expect", 6, "--timeout", 60).check()
+    got = run.events("received")
+    assert sorted(d["body"] for d in got) == [f"sdk-{i}" for i in range(6)]
+    assert {d["tags"] for d in got} == {"T"}
+
+
+def test_a_group_resumes_where_it_stopped_without_repeats_or_gaps(
+    stock_broker: BrokerThread, cpp: StockClient
+) -> None:
+    addr, topic = stock_broker.address, "cpp-resume"
+    cpp.run("send", addr, topic, "--count", 4, "--prefix", "first").check()
+    first = cpp.run("push", addr, topic, "cpp-resumer", "--expect", 4, "--linger", 1).check()
+    assert sorted(d["body"] for d in first.events("received")) == [f"first-{i}" for i in range(4)]
+    cpp.run("send", addr, topic, "--count", 3, "--prefix", "second").check()
+    again = cpp.run("push", addr, topic, "cpp-resumer", "--expect", 3, "--linger", 1.5).check()
+    assert sorted(d["body"] for d in again.events("received")) == [f"second-{i}" for i in range(3)]
+
+
+def test_reconsume_later_is_delivered_again(stock_broker: BrokerThread, cpp: StockClient) -> None:
+    addr, topic = stock_broker.address, "cpp-retry"
+    cpp.run("send", addr, topic, "--count", 2, "--prefix", "r").check()
+    run = cpp.run(
+        "push",
+        addr,
+        topic,
+        "cpp-retrier",
+        "--expect",
+        2,
+        "--fail-first",
+        "--linger",
+        1,
+        "--timeout",
+        60,
+    ).check()
+    assert sorted(d["body"] for d in run.events("reconsume_later")) == ["r-0", "r-1"]
+    again = run.events("received")
+    assert sorted(d["body"] for d in again) == ["r-0", "r-1"]
+    assert all(d["reconsume_times"] >= 1 for d in again)
+
+
+def test_a_half_stays_invisible_and_the_check_back_is_decoded_by_the_client(
+    stock_broker: BrokerThread, cpp: StockClient, tmp_path: Path
+) -> None:
+    addr, topic, group = stock_broker.address, "cpp-half", "cpp-tx"
+    proc = cpp.start(
+        "send",
+        addr,
+        topic,
+        "--group",
+        group,
+        "--prefix",
+        "half",
+        "--property",
+        "TRAN_MSG=true",
+        "--property",
+        f"PGROUP={group}",
+        "--linger",
+        60,
+    )
+    try:
+        logs = tmp_path / "home" / "logs" / "rocketmq-cpp"
+        check = _wait_for_check(logs, timeout=60)
+        assert sdk_bodies(addr, topic) == [], "a half is invisible until it is decided"
+        raw = stock_broker.call(RawClient.connect(addr))
+        try:
+            # The decision a stock producer sends after a check, from what the check carried:
+            # END_TRANSACTION, oneway, in JSON.
+            stock_broker.call(_end_oneway(raw, group, check, COMMIT))
+            deadline = time.monotonic() + 30
+            while sdk_bodies(addr, topic) != [b"half-0"]:
+                assert time.monotonic() < deadline, "the committed half never became visible"
+                time.sleep(0.05)
+        finally:
+            stock_broker.call(raw.close())
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def _wait_for_check(logs: Path, timeout: float) -> dict[str, str]:
+    """The fields of the first CHECK_TRANSACTION_STATE header the client's log says it decoded
+    (``CheckTransactionStateRequestHeader: msgId:... transactionId:... commitLogOffset:...``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for f in sorted(logs.glob("*.log*")) if logs.exists() else []:
+            for line in f.read_text(errors="replace").splitlines():
+                _, found, rest = line.partition("CheckTransactionStateRequestHeader:")
+                if found:
+                    fields = dict(w.split(":", 1) for w in rest.split("[")[0].split() if ":" in w)
+                    if "transactionId" in fields and "commitLogOffset" in fields:
+                        return fields
+        time.sleep(0.1)
+    pytest.fail(f"the client did not log a decoded check-back within {timeout}s")
+
+
+async def _end_oneway(raw: RawClient, group: str, check: dict[str, str], decision: int) -> None:
+    ext = {
+        "producerGroup": group,
+        "tranStateTableOffset": check["tranStateTableOffset"],
+        "commitLogOffset": check["commitLogOffset"],
+        "commitOrRollback": str(decision),
+        "fromTransactionCheck": "1",
+        "msgId": check["msgId"],
+        "transactionId": check["transactionId"],
+    }
+    raw.conn.send_oneway(
+        RemotingCommand.request(RequestCode.END_TRANSACTION, ext, serialize_type=SerializeType.JSON)
+    )
