@@ -10,6 +10,7 @@ stop accepting, answer parked pulls, finish in-flight requests, stop services, f
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import time
@@ -49,6 +50,15 @@ Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | 
 
 #: Requests still served while shutting down (answers to in-flight transactions).
 _SHUTDOWN_ALLOWED = frozenset({RequestCode.END_TRANSACTION, RequestCode.UNREGISTER_CLIENT})
+
+
+class PortInUseError(OSError):
+    """Another process already listens on the broker's port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(errno.EADDRINUSE, f"port {port} on {host} is already in use")
+        self.host = host
+        self.port = port
 
 
 class BrokerController:
@@ -106,13 +116,18 @@ class BrokerController:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._new_connection,
-            cfg.bind_address,
-            cfg.listen_port,
-            start_serving=False,
-            reuse_address=True,
-        )
+        try:
+            self._server = await loop.create_server(
+                self._new_connection,
+                cfg.bind_address,
+                cfg.listen_port,
+                start_serving=False,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(cfg.bind_address, cfg.listen_port) from exc
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         root = cfg.store_path_root_dir
         os.makedirs(root, exist_ok=True)

@@ -163,13 +163,18 @@ def broker(
         _echo_json(config.as_rocketmq_dict())
         return
     configure_logging(log_level)
-    from txmq.broker.server import serve
+    from txmq.broker.server import PortInUseError, serve
     from txmq.broker.store import StoreLockedError
 
     try:
         sys.exit(serve(config))
     except StoreLockedError as exc:
         raise click.ClickException(str(exc)) from None
+    except PortInUseError as exc:
+        raise click.ClickException(
+            f"port {exc.port} on {exc.host} is already in use (another broker?): "
+            "choose a free one with --port or listenPort in the config file"
+        ) from None
     except OSError as exc:
         raise click.ClickException(f"cannot start the broker: {exc}") from None
 

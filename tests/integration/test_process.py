@@ -6,6 +6,9 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -122,3 +125,24 @@ def test_broker_print_config_shows_precedence(tmp_path, monkeypatch):
     assert json.loads(res.output)["listenPort"] == 4000
     res = CliRunner().invoke(main, ["broker", "--set", "noSuchKey=1", "--print-config"])
     assert res.exit_code == 1 and "unknown configuration key 'noSuchKey'" in res.output
+
+
+def test_broker_says_plainly_that_its_port_is_taken(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "txmq", "broker", "--port", str(port)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: port {port} on 127.0.0.1 is already in use (another broker?): "
+        "choose a free one with --port or listenPort in the config file"
+    ]
+    assert not (tmp_path / "data").exists(), "nothing is written before the port is bound"
