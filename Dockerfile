@@ -1,7 +1,14 @@
-# txmq broker image: `docker build -t txmq .` then `docker run -p 10911:10911 -v txmq-data:/var/lib/txmq txmq`
-# (or `docker-compose up broker`).  The store lives on the /var/lib/txmq volume; the
-# configuration is /etc/txmq/broker.toml (config/broker.toml of the repository).
-FROM python:3.11-slim
+# txmq broker image: `make docker-image` then `docker-compose up broker`, or by hand
+# `docker build -t txmq .` and `docker run -p 10911:10911 -v txmq-data:/var/lib/txmq txmq`.
+# The store lives on the /var/lib/txmq volume; the configuration is /etc/txmq/broker.toml
+# (config/broker.toml of the repository).
+#
+# Nothing is pulled from a registry or a package index: the base is txmq-base:bookworm, a Debian
+# bookworm root file system with python3 and venv built by tests/support/docker_base.sh (any
+# image with Python 3.11 and venv will do, e.g. --build-arg BASE_IMAGE=python:3.11-slim), and
+# the package comes as the wheels `make wheels` puts in build/wheels (txmq and its dependencies).
+ARG BASE_IMAGE=txmq-base:bookworm
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -13,16 +20,13 @@ RUN groupadd --system --gid 10001 txmq \
  && useradd --system --uid 10001 --gid txmq --home-dir /var/lib/txmq --no-create-home \
         --shell /usr/sbin/nologin txmq
 
-# Install the package (the SDK's optional Spark extras are not needed by the broker).
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY txmq ./txmq
-COPY protocol ./protocol
-COPY broker ./broker
-COPY client ./client
-COPY spark_connector ./spark_connector
-RUN pip install . \
- && cd / && rm -rf /src
+# Install the package into its own virtual environment from the wheels alone (the SDK's optional
+# Spark extras are not needed by the broker).
+COPY build/wheels /tmp/wheels
+RUN python3 -m venv /opt/txmq \
+ && /opt/txmq/bin/pip install --no-index --find-links /tmp/wheels txmq \
+ && rm -rf /tmp/wheels
+ENV PATH=/opt/txmq/bin:$PATH
 
 COPY config/broker.toml /etc/txmq/broker.toml
 

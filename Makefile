@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy sees the package as installed: txmq.protocol, txmq.broker, ... (see `typecheck`).
 TYPEVIEW := build/typecheck
 
-.PHONY: install run test pytest lint typecheck gates bench clean
+.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheels docker-image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
@@ -24,7 +24,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP)
+pytest: $(STAMP) docker-setup
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -42,6 +42,22 @@ typecheck: $(STAMP)
 	for d in protocol broker client spark_connector; do ln -s ../../../$$d $(TYPEVIEW)/txmq/$$d; done
 	for d in bench examples tests; do ln -s ../../$$d $(TYPEVIEW)/$$d; done
 	cd $(TYPEVIEW) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml txmq bench examples tests
+
+## What the broker image is built from, made here since no registry may be reachable: Docker
+## (Debian's docker.io, docker-compose, debootstrap; installed when missing, dockerd started
+## when not running) and the base image txmq-base:bookworm.  Status 3 of the script: this
+## machine cannot (not root, no apt); the Docker test then says why.
+docker-setup:
+	@sh tests/support/docker_base.sh || [ $$? -eq 3 ]
+
+## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
+wheels: $(STAMP)
+	rm -rf build/wheels
+	$(PY) -m pip wheel --quiet --wheel-dir build/wheels .
+
+## The broker image txmq:latest, for `docker-compose up broker`.
+docker-image: docker-setup wheels
+	docker-compose build broker
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
