@@ -85,6 +85,12 @@ class BrokerConfig:
     #: Seconds a SIGTERM shutdown waits for in-flight requests.
     shutdown_timeout: float = 10.0
 
+    # -- RocketMQ 5 gRPC front end (txmq[grpc]) -------------------------------------------
+    #: Serve apache.rocketmq.v2.MessagingService (needs the ``grpc`` extra).
+    grpc_server_enable: bool = False
+    #: Its port (RocketMQ's proxy default); 0 picks a free port.
+    grpc_server_port: int = 8081
+
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(
@@ -92,6 +98,8 @@ class BrokerConfig:
             )
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError(f"listenPort must be 0..65535, got {self.listen_port}")
+        if not 0 <= self.grpc_server_port <= 65535:
+            raise ConfigError(f"grpcServerPort must be 0..65535, got {self.grpc_server_port}")
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
         if self.max_message_size >= self.mapped_file_size_commit_log:

@@ -92,6 +92,9 @@ class BrokerController:
         self.port = config.listen_port
         self.started_monotonic = time.monotonic()
         self.recovery: dict[str, Any] = {}
+        #: The RocketMQ 5 gRPC front end (``grpcServerEnable``) and its bound port.
+        self.grpc: Any = None
+        self.grpc_port = 0
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -116,6 +119,15 @@ class BrokerController:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        grpc_server: Any = None
+        if cfg.grpc_server_enable:
+            try:
+                from .grpc.server import GrpcServer
+            except ImportError as exc:
+                raise RuntimeError(
+                    f"grpcServerEnable needs the grpc extra (pip install 'txmq[grpc]'): {exc}"
+                ) from exc
+            grpc_server = GrpcServer
         try:
             self._server = await loop.create_server(
                 self._new_connection,
@@ -182,6 +194,9 @@ class BrokerController:
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
         if cfg.metrics_port:
             self.metrics.serve_http(cfg.metrics_port, cfg.bind_address)
+        if grpc_server is not None:
+            self.grpc = grpc_server(self)
+            self.grpc_port = await self.grpc.start()
         self.started_monotonic = time.monotonic()
         await self._server.start_serving()
         log.info(
@@ -238,6 +253,8 @@ class BrokerController:
         if self._server is not None:
             self._server.close()
         self.puller.hold.wake_all()
+        if self.grpc is not None:
+            await self.grpc.stop()
         inflight = [c.wait_handlers() for c in list(self._connections)]
         if inflight:
             done = await asyncio.wait(

@@ -1,0 +1,937 @@
+"""``apache.rocketmq.v2.MessagingService`` on the broker: the servicer, the gRPC client registry
+and the check-back sender.
+
+Clients are known by their ``x-mq-client-id`` metadata.  A client's Telemetry stream is kept
+for server-to-client commands; a producer with a live stream is registered in the broker's
+:class:`~txmq.broker.clients.ClientManager` as a producer of the *group named after each topic it
+publishes to* (RocketMQ's proxy does the same: 5.x producers have no group), through a
+:class:`GrpcPeer` that stands in for a remoting connection.  A 5.x half message carries that
+group (``PGROUP`` = its topic), so the broker's check loop finds the 5.x producers of the topic
+and :class:`GrpcCheckSender` writes a RecoverOrphanedTransactionCommand on one of their streams;
+checks for remoting producers still go to the sender that was there before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+import structlog
+
+from txmq.protocol.aio import Connection
+from txmq.protocol.errors import (
+    FlushDiskTimeoutError,
+    ProtocolError,
+    QueryNotFoundError,
+    TxmqError,
+)
+from txmq.protocol.headers import CheckTransactionStateRequestHeader
+from txmq.protocol.message import (
+    MessageConst,
+    MessageExt,
+    decode_message,
+    java_string_hash,
+    parse_subscription,
+    tags_code,
+)
+
+from ..clients import ClientChannel
+from ..store import GetMessageStatus
+from ..topics import PERM_READ, PERM_WRITE, dlq_topic, retry_topic, validate_topic
+from ..transaction.service import CheckSender
+from ..transaction.state import Decision
+from . import convert
+from .consumption import ConsumptionState, QueueView, make_handle, parse_handle
+from .convert import Code, GrpcStatusError, status, status_of
+from .v2 import definition_pb2 as pb
+from .v2 import service_pb2 as spb
+
+if TYPE_CHECKING:
+    from ..server import BrokerController
+
+log = structlog.get_logger(__name__)
+
+#: Message types a txmq topic accepts (it has no type attribute: RocketMQ's MIXED).
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+#: Most messages one ReceiveMessage returns.
+MAX_RECEIVE_BATCH = 32
+#: Invisible durations RocketMQ's proxy accepts for ReceiveMessage / ChangeInvisibleDuration.
+MIN_INVISIBLE_S, MAX_INVISIBLE_S = 1.0, 12 * 3600.0
+#: Default long-polling time when the request has none.
+DEFAULT_LONG_POLLING_S = 20.0
+#: Remoting language codes of the ``x-mq-language`` values (for the client table).
+_LANGUAGES = {"JAVA": 0, "CPP": 1, "DOTNET": 2, "PYTHON": 3, "GOLANG": 9, "RUST": 12, "NODE_JS": 13}
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode("utf-8", "replace")
+    return ""
+
+
+def _peer_address(context: grpc.aio.ServicerContext) -> tuple[str, int]:
+    """``ipv4:1.2.3.4:5678`` / ``ipv6:[::1]:5678`` -> (host, port)."""
+    p = context.peer() or ""
+    _, _, rest = p.partition(":")
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    return (host, int(port) if port.isdigit() else 0)
+
+
+@dataclass
+class Malformed:
+    """A request (or Telemetry command) that did not parse as protobuf."""
+
+    error: str
+
+
+# -- clients ------------------------------------------------------------------------------------
+
+
+class TelemetryStream:
+    """One open Telemetry call; writes are serialised and bounded."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self.context = context
+        self.live = True
+        self.task: asyncio.Task[Any] | None = asyncio.current_task()
+        self._lock = asyncio.Lock()
+
+    async def write(self, cmd: Any, timeout: float) -> bool:
+        """Write one command; False (and the stream is dead) if it could not be written."""
+        if not self.live:
+            return False
+        try:
+            async with self._lock:
+                await asyncio.wait_for(self.context.write(cmd), timeout)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.live = False
+            log.info("telemetry_write_failed", error=repr(exc))
+            return False
+
+
+class GrpcPeer:
+    """Stands in for a remoting :class:`~txmq.protocol.aio.Connection` in the broker's client
+    table: ``closed`` while the client has no live Telemetry stream."""
+
+    def __init__(self, client_id: str, peer: tuple[str, int]) -> None:
+        self.client_id = client_id
+        self.peer = peer
+        self.context: dict[str, Any] = {"client_id": client_id, "protocol": "grpc"}
+        self.streams: list[TelemetryStream] = []
+
+    @property
+    def closed(self) -> bool:
+        return not any(s.live for s in self.streams)
+
+    def stream(self) -> TelemetryStream | None:
+        """The newest live stream."""
+        for s in reversed(self.streams):
+            if s.live:
+                return s
+        return None
+
+    def close(self) -> None:
+        """The client table expired the client: nothing to close here (its streams end when
+        the client goes away); it registers again with its next heartbeat."""
+
+    def send_oneway(self, cmd: Any) -> None:
+        """Remoting notifications (NOTIFY_CONSUMER_IDS_CHANGED) do not apply to gRPC clients."""
+
+
+@dataclass
+class GrpcClient:
+    client_id: str
+    peer: GrpcPeer
+    language: int = 3
+    client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
+    group: str = ""
+    topics: set[str] = field(default_factory=set)
+    fifo: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+# -- check-back ---------------------------------------------------------------------------------
+
+
+class GrpcCheckSender:
+    """The transaction service's :class:`CheckSender`: gRPC producers get a
+    RecoverOrphanedTransactionCommand on their Telemetry stream, everyone else goes to
+    ``fallback``.  A check counts as delivered when it was written to a live stream."""
+
+    def __init__(self, service: MessagingService, fallback: CheckSender) -> None:
+        self.service = service
+        self.fallback = fallback
+
+    async def __call__(
+        self, channel: ClientChannel, header: CheckTransactionStateRequestHeader, body: bytes
+    ) -> bool:
+        peer: Any = channel.conn
+        if not isinstance(peer, GrpcPeer):
+            return await self.fallback(channel, header, body)
+        return await self.service.recover_orphaned(peer, header, body)
+
+
+# -- the service --------------------------------------------------------------------------------
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class MessagingService:
+    """The RPCs; :func:`txmq.broker.grpc.server.handlers` binds them by name."""
+
+    def __init__(self, broker: BrokerController, port: int) -> None:
+        self.broker = broker
+        self.port = port
+        self.clients: dict[str, GrpcClient] = {}
+        self.consumption = ConsumptionState(self._initial_offset, self._commit_offset)
+        self.closing = False
+        self._rr = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    @property
+    def cfg(self) -> Any:
+        return self.broker.config
+
+    def _count(self, method: str) -> None:
+        self.broker.metrics.requests.labels(f"grpc:{method}").inc()
+
+    def _client(self, context: grpc.aio.ServicerContext, create: bool = True) -> GrpcClient:
+        cid = _metadata(context, "x-mq-client-id")
+        if not cid:
+            raise GrpcStatusError(Code.CLIENT_ID_REQUIRED, "x-mq-client-id metadata is required")
+        c = self.clients.get(cid)
+        if c is None:
+            if not create:
+                raise GrpcStatusError(Code.CLIENT_ID_REQUIRED, f"unknown client {cid}")
+            lang = _LANGUAGES.get(_metadata(context, "x-mq-language").upper(), 7)
+            c = GrpcClient(cid, GrpcPeer(cid, _peer_address(context)), language=lang)
+            self.clients[cid] = c
+        c.last_seen = time.monotonic()
+        return c
+
+    def _register_producer(self, c: GrpcClient) -> None:
+        """(Re)register a producer with a live stream as a producer of each of its topics."""
+        if c.peer.closed or not c.topics:
+            return
+        data = {"clientID": c.client_id, "producerDataSet": [{"groupName": t} for t in c.topics]}
+        self.broker.clients.heartbeat(cast(Connection, c.peer), data, c.language, 0)
+
+    def _forget(self, c: GrpcClient) -> None:
+        self.clients.pop(c.client_id, None)
+        self.broker.clients.connection_closed(cast(Connection, c.peer))
+
+    def _topic_config(self, topic: str, create: bool) -> Any:
+        try:
+            validate_topic(topic)
+        except TxmqError as exc:
+            raise GrpcStatusError(Code.ILLEGAL_TOPIC, str(exc)) from None
+        topics = self.broker.topics
+        tc = topics.get(topic)
+        if tc is None and create and self.cfg.auto_create_topic_enable:
+            tc = topics.for_send(topic, self.cfg.default_topic_queue_nums)
+        if tc is None:
+            raise GrpcStatusError(Code.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+        return tc
+
+    def _endpoints(self, requested: Any) -> Any:
+        if requested is not None and len(requested.addresses):
+            return requested
+        host = self.cfg.broker_i_p1
+        return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=self.port)])
+
+    def _queue(self, topic: str, qid: int, perm: int, endpoints: Any) -> Any:
+        read, write = bool(perm & PERM_READ), bool(perm & PERM_WRITE)
+        p = pb.READ_WRITE if read and write else pb.READ if read else pb.WRITE if write else pb.NONE
+        q = pb.MessageQueue(id=qid, permission=p, accept_message_types=ACCEPTED_TYPES)
+        q.topic.name = topic
+        q.broker.name = self.cfg.broker_name
+        q.broker.id = 0
+        q.broker.endpoints.CopyFrom(endpoints)
+        return q
+
+    async def _durable(self, end_offset: int) -> None:
+        await self.broker.flush.wait_durable(end_offset)
+
+    def _shutting_down(self) -> bool:
+        return self.closing or bool(getattr(self.broker, "_shutting_down", False))
+
+    # -- route, heartbeat, settings ---------------------------------------------------------
+
+    async def QueryRoute(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("QueryRoute")
+        try:
+            topic = convert.resource_name(request.topic)
+            tc = self._topic_config(topic, create=True)
+            eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
+            n = max(tc.read_queue_nums, tc.write_queue_nums)
+            queues = []
+            for qid in range(n):
+                perm = tc.perm
+                if qid >= tc.read_queue_nums:
+                    perm &= ~PERM_READ
+                if qid >= tc.write_queue_nums:
+                    perm &= ~PERM_WRITE
+                queues.append(self._queue(topic, qid, perm, eps))
+            return spb.QueryRouteResponse(status=status(), message_queues=queues)
+        except Exception as exc:
+            return spb.QueryRouteResponse(status=self._failed("QueryRoute", exc))
+
+    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("Heartbeat")
+        try:
+            c = self._client(context)
+            if request.client_type:
+                c.client_type = request.client_type
+            if request.HasField("group") and request.group.name:
+                c.group = convert.resource_name(request.group)
+                self.broker.topics.ensure(retry_topic(c.group), 1)
+            elif c.client_type in (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER):
+                raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "a consumer needs a group")
+            self._register_producer(c)
+            return spb.HeartbeatResponse(status=status())
+        except Exception as exc:
+            return spb.HeartbeatResponse(status=self._failed("Heartbeat", exc))
+
+    async def NotifyClientTermination(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("NotifyClientTermination")
+        cid = _metadata(context, "x-mq-client-id")
+        c = self.clients.get(cid)
+        if c is not None:
+            log.info("grpc_client_terminated", client_id=cid)
+            self._forget(c)
+        return spb.NotifyClientTerminationResponse(status=status())
+
+    def _apply_settings(self, c: GrpcClient, s: Any) -> Any:
+        """Record a client's settings; answer with the settings the broker enforces."""
+        if s.HasField("client_type"):
+            c.client_type = s.client_type
+        out = pb.Settings()
+        out.client_type = c.client_type
+        if s.HasField("access_point"):
+            out.access_point.CopyFrom(s.access_point)
+        if s.HasField("request_timeout"):
+            out.request_timeout.CopyFrom(s.request_timeout)
+        else:
+            out.request_timeout.seconds = 3
+        out.user_agent.CopyFrom(s.user_agent)
+        out.metric.on = False
+        which = s.WhichOneof("pub_sub")
+        if which == "publishing":
+            for t in s.publishing.topics:
+                c.topics.add(convert.resource_name(t))
+            out.publishing.topics.extend(s.publishing.topics)
+            out.publishing.max_body_size = self.cfg.max_message_size
+            out.publishing.validate_message_type = True
+            attempts = s.backoff_policy.max_attempts if s.HasField("backoff_policy") else 0
+            bp = out.backoff_policy
+            bp.max_attempts = attempts or 3
+            convert.set_duration(bp.exponential_backoff.initial, 0.01)
+            convert.set_duration(bp.exponential_backoff.max, 1.0)
+            bp.exponential_backoff.multiplier = 2.0
+        elif which == "subscription":
+            sub = s.subscription
+            if sub.HasField("group"):
+                c.group = convert.resource_name(sub.group)
+            c.fifo = sub.fifo if sub.HasField("fifo") else False
+            out.subscription.CopyFrom(sub)
+            out.subscription.fifo = c.fifo
+            out.subscription.receive_batch_size = MAX_RECEIVE_BATCH
+            if not sub.HasField("long_polling_timeout"):
+                convert.set_duration(out.subscription.long_polling_timeout, DEFAULT_LONG_POLLING_S)
+            bp = out.backoff_policy
+            bp.max_attempts = self.cfg.max_reconsume_times + 1
+            for ms in self.broker.delay_levels:
+                convert.set_duration(bp.customized_backoff.next.add(), ms / 1000.0)
+        return out
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> None:
+        self._count("Telemetry")
+        try:
+            c = self._client(context)
+        except GrpcStatusError as exc:
+            await context.write(spb.TelemetryCommand(status=status(exc.code, exc.message)))
+            return
+        stream = TelemetryStream(context)
+        c.peer.streams.append(stream)
+        timeout = self.cfg.transaction_check_request_timeout / 1000.0
+        log.info("grpc_telemetry_opened", client_id=c.client_id, peer=c.peer.peer)
+        try:
+            async for cmd in request_iterator:
+                if isinstance(cmd, Malformed):
+                    await context.abort(grpc.StatusCode.INTERNAL, "Invalid protobuf byte sequence")
+                which = cmd.WhichOneof("command")
+                if which == "settings":
+                    settings = self._apply_settings(c, cmd.settings)
+                    reply = spb.TelemetryCommand(status=status(), settings=settings)
+                    if not await stream.write(reply, timeout):
+                        break
+                    self._register_producer(c)
+                elif cmd.HasField("status") and cmd.status.code != Code.OK:
+                    log.info(
+                        "grpc_telemetry_client_status",
+                        client_id=c.client_id,
+                        code=cmd.status.code,
+                        message=cmd.status.message,
+                    )
+                if self._shutting_down():
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("grpc_telemetry_ended", client_id=c.client_id, error=repr(exc))
+        finally:
+            stream.live = False
+            if stream in c.peer.streams:
+                c.peer.streams.remove(stream)
+            if c.peer.closed and self.clients.get(c.client_id) is c:
+                self.broker.clients.connection_closed(cast(Connection, c.peer))
+            log.info("grpc_telemetry_closed", client_id=c.client_id)
+
+    async def close_streams(self) -> None:
+        """On shutdown: end every Telemetry call now."""
+        self.closing = True
+        tasks = []
+        for c in list(self.clients.values()):
+            for s in list(c.peer.streams):
+                s.live = False
+                if s.task is not None and not s.task.done():
+                    s.task.cancel()
+                    tasks.append(s.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+
+    # -- send -------------------------------------------------------------------------------
+
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("SendMessage")
+        try:
+            return await self._send(request, context)
+        except Exception as exc:
+            st = self._failed("SendMessage", exc)
+            entries = [spb.SendResultEntry(status=st) for _ in request.messages]
+            return spb.SendMessageResponse(status=st, entries=entries)
+
+    def _pick_queue(self, write_queues: int, group: str | None) -> int:
+        if group is not None:
+            return abs(java_string_hash(group)) % write_queues
+        self._rr += 1
+        return (self._rr + random.randrange(write_queues)) % write_queues
+
+    async def _send(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.messages:
+            raise GrpcStatusError(Code.BAD_REQUEST, "no message in the request")
+        c = self._client(context)
+        broker = self.broker
+        tx = broker.transactions
+        peer_host = c.peer.peer[0]
+        now = int(broker.clock() * 1000)
+        # Check everything before anything is stored: a bad request changes nothing.
+        prepared: list[tuple[MessageExt, bool]] = []
+        for m in request.messages:
+            convert.check_message(m, self.cfg.max_message_size)
+            topic = convert.resource_name(m.topic)
+            try:
+                validate_topic(topic)
+            except TxmqError as exc:
+                raise GrpcStatusError(Code.ILLEGAL_TOPIC, str(exc)) from None
+            tc = broker.topics.get(topic)
+            if tc is None and not self.cfg.auto_create_topic_enable:
+                raise GrpcStatusError(Code.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+            msg = convert.to_message_ext(m, topic, peer_host, now)
+            sp = m.system_properties
+            transactional = sp.message_type == pb.TRANSACTION
+            if sp.HasField("delivery_timestamp") and not transactional:
+                deliver = convert.timestamp_ms(sp.delivery_timestamp)
+                if deliver > now:
+                    level = convert.delay_level_for(deliver - now, broker.delay_levels)
+                    if level == 0:
+                        raise GrpcStatusError(
+                            Code.ILLEGAL_DELIVERY_TIME,
+                            f"delivery in {(deliver - now) / 1000:.0f}s is beyond the longest "
+                            f"delay level ({broker.delay_levels[-1] / 1000:.0f}s)",
+                        )
+                    msg.properties[MessageConst.DELAY] = str(level)
+                    msg.properties[convert.TIMER_DELIVER_MS] = str(deliver)
+            prepared.append((msg, transactional))
+        msgs: list[MessageExt] = []
+        for msg, transactional in prepared:
+            tc = broker.topics.for_send(msg.topic, self.cfg.default_topic_queue_nums)
+            group = msg.properties.get(convert.SHARDING_KEY)
+            msg.queue_id = self._pick_queue(tc.write_queue_nums, group)
+            if transactional:
+                tx.prepare_half(msg, msg.topic)
+                if msg.topic and c.topics.isdisjoint({msg.properties[MessageConst.REAL_TOPIC]}):
+                    c.topics.add(msg.properties[MessageConst.REAL_TOPIC])
+                    self._register_producer(c)
+            else:
+                broker.sender.delay_to_schedule(msg)
+            msgs.append(msg)
+        results = broker.put_messages(msgs)
+        entries = []
+        for (msg, transactional), r in zip(prepared, results, strict=True):
+            if transactional:
+                tx.on_half_stored(msg, r)
+            entries.append(
+                spb.SendResultEntry(
+                    status=status(),
+                    message_id=msg.properties[MessageConst.UNIQ_KEY],
+                    transaction_id=(tx.transaction_id_of(msg.properties) or "")
+                    if transactional
+                    else "",
+                    offset=r.queue_offset,
+                )
+            )
+        try:
+            await self._durable(results[-1].end_offset)
+        except FlushDiskTimeoutError as exc:
+            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, str(exc))
+            for e in entries:
+                e.status.CopyFrom(st)
+            return spb.SendMessageResponse(status=st, entries=entries)
+        return spb.SendMessageResponse(status=status(), entries=entries)
+
+    # -- transactions -----------------------------------------------------------------------
+
+    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("EndTransaction")
+        try:
+            return spb.EndTransactionResponse(status=await self._end_transaction(request))
+        except Exception as exc:
+            return spb.EndTransactionResponse(status=self._failed("EndTransaction", exc))
+
+    async def _end_transaction(self, request: Any) -> Any:
+        tx = self.broker.transactions
+        m = self.broker.metrics
+        topic = convert.resource_name(request.topic)
+        rec = tx.records.get(request.transaction_id) if request.transaction_id else None
+        if rec is None:
+            raise GrpcStatusError(
+                Code.INVALID_TRANSACTION_ID,
+                f"no half message with transaction id {request.transaction_id!r}",
+            )
+        if topic and not any(h.real_topic == topic for h in rec.halves):
+            raise GrpcStatusError(
+                Code.INVALID_TRANSACTION_ID,
+                f"transaction {rec.transaction_id} has no half message in topic {topic}",
+            )
+        if request.message_id and not any(h.uniq_key == request.message_id for h in rec.halves):
+            raise GrpcStatusError(
+                Code.INVALID_TRANSACTION_ID,
+                f"message {request.message_id} is not a half message of transaction "
+                f"{rec.transaction_id}",
+            )
+        from_check = request.source == pb.SOURCE_SERVER_CHECK
+        if from_check:
+            m.tx_checks_answered.inc()
+            if rec.state.decided:
+                m.tx_checks_unexpected.inc()
+            rec.check_in_flight = False
+        if request.resolution == pb.COMMIT:
+            decision = Decision.COMMIT
+        elif request.resolution == pb.ROLLBACK:
+            decision = Decision.ROLLBACK
+        else:
+            log.info(
+                "transaction_unknown", transaction_id=rec.transaction_id, from_check=from_check
+            )
+            return status(message=f"transaction {rec.transaction_id} stays {rec.state.value}")
+        already = rec.state.decided
+        end = tx.decide(rec, decision, "check" if from_check else "producer", "grpc")
+        await self._durable(end)
+        return status(
+            message=f"transaction {rec.transaction_id} "
+            f"{'was already ' if already else ''}{rec.state.value}"
+        )
+
+    async def recover_orphaned(
+        self, peer: GrpcPeer, header: CheckTransactionStateRequestHeader, body: bytes
+    ) -> bool:
+        stream = peer.stream()
+        if stream is None:
+            return False
+        try:
+            msg = decode_message(body)
+        except ProtocolError as exc:
+            log.warning("check_message_undecodable", error=str(exc))
+            return False
+        proto = convert.to_proto(msg, self.broker.store_host)
+        proto.system_properties.message_type = pb.TRANSACTION
+        cmd = spb.TelemetryCommand(
+            recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
+                message=proto, transaction_id=header.transaction_id or ""
+            )
+        )
+        timeout = self.cfg.transaction_check_request_timeout / 1000.0
+        ok = await stream.write(cmd, timeout)
+        log.info(
+            "grpc_check_sent" if ok else "grpc_check_not_written",
+            client_id=peer.client_id,
+            transaction_id=header.transaction_id,
+        )
+        return ok
+
+    # -- consumption ------------------------------------------------------------------------
+
+    def _initial_offset(self, group: str, topic: str, qid: int) -> int:
+        off = self.broker.offsets.query(group, topic, qid)
+        store = self.broker.store
+        if off < 0:
+            return store.get_min_offset_in_queue(topic, qid)
+        return off
+
+    def _commit_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
+        self.broker.offsets.commit(group, topic, qid, offset)
+
+    async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("QueryAssignment")
+        try:
+            topic = convert.resource_name(request.topic)
+            tc = self._topic_config(topic, create=False)
+            if not request.group.name:
+                raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
+            eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
+            # One assignment per broker, queue id -1: the broker serves every queue of the
+            # topic to each ReceiveMessage (as RocketMQ's proxy does in pop mode).
+            q = self._queue(topic, -1, tc.perm, eps)
+            return spb.QueryAssignmentResponse(
+                status=status(), assignments=[pb.Assignment(message_queue=q)]
+            )
+        except Exception as exc:
+            return spb.QueryAssignmentResponse(status=self._failed("QueryAssignment", exc))
+
+    async def ReceiveMessage(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        self._count("ReceiveMessage")
+        try:
+            found = await self._receive(request, context)
+        except Exception as exc:
+            yield spb.ReceiveMessageResponse(status=self._failed("ReceiveMessage", exc))
+            return
+        if not found:
+            yield spb.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "no new message")
+            )
+            return
+        yield spb.ReceiveMessageResponse(status=status())
+        for m in found:
+            yield spb.ReceiveMessageResponse(message=m)
+        ts = spb.ReceiveMessageResponse()
+        convert.set_timestamp(ts.delivery_timestamp, int(time.time() * 1000))
+        yield ts
+
+    def _filter(self, request: Any) -> frozenset[str] | None:
+        fe = request.filter_expression
+        if request.HasField("filter_expression") and fe.type == pb.SQL:
+            raise GrpcStatusError(
+                Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filtering is not supported by txmq"
+            )
+        expr = fe.expression if request.HasField("filter_expression") else "*"
+        return parse_subscription(expr or "*")
+
+    async def _receive(self, request: Any, context: grpc.aio.ServicerContext) -> list[Any]:
+        c = self._client(context)
+        group = convert.resource_name(request.group)
+        if not group:
+            raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
+        topic = convert.resource_name(request.message_queue.topic)
+        tc = self._topic_config(topic, create=False)
+        if not tc.perm & PERM_READ:
+            raise GrpcStatusError(Code.FORBIDDEN, f"the topic[{topic}] receiving is forbidden")
+        tags = self._filter(request)
+        batch = request.batch_size
+        if batch <= 0:
+            raise GrpcStatusError(Code.BAD_REQUEST, "batch_size must be positive")
+        batch = min(batch, MAX_RECEIVE_BATCH)
+        invisible = (
+            convert.duration_s(request.invisible_duration)
+            if request.HasField("invisible_duration")
+            else 30.0
+        )
+        if not MIN_INVISIBLE_S <= invisible <= MAX_INVISIBLE_S:
+            raise GrpcStatusError(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible duration must be {MIN_INVISIBLE_S:.0f}s..{MAX_INVISIBLE_S:.0f}s",
+            )
+        poll = (
+            convert.duration_s(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else DEFAULT_LONG_POLLING_S
+        )
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll = min(poll, max(0.0, remaining - 0.5))
+        fifo = c.fifo and c.group == group
+        deadline = time.monotonic() + poll
+        qids = list(range(tc.read_queue_nums))
+        self._rr += 1
+        start = self._rr % max(1, len(qids))
+        qids = qids[start:] + qids[:start]
+        while True:
+            out = self._collect(group, topic, qids, tags, batch, invisible, fifo)
+            now = time.monotonic()
+            if out or now >= deadline or self._shutting_down():
+                return out
+            wait = deadline - now
+            for qid in qids:
+                v = self.consumption.existing(group, topic, qid)
+                nv = v.next_visible() if v is not None else None
+                if nv is not None:
+                    wait = min(wait, max(0.01, nv - now))
+            await self._wait_any(topic, qids, wait)
+
+    async def _wait_any(self, topic: str, qids: list[int], timeout: float) -> None:
+        hold = self.broker.puller.hold
+        waiters = [asyncio.ensure_future(hold.wait(topic, q, timeout)) for q in qids]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    def _collect(
+        self,
+        group: str,
+        topic: str,
+        qids: list[int],
+        tags: frozenset[str] | None,
+        batch: int,
+        invisible: float,
+        fifo: bool,
+    ) -> list[Any]:
+        out: list[Any] = []
+        now = time.monotonic()
+        tag_codes = None if tags is None else frozenset(tags_code(t) for t in tags)
+        for qid in qids:
+            if len(out) >= batch:
+                break
+            v = self.consumption.view(group, topic, qid)
+            if fifo and v.blocked(now):
+                continue
+            for x in v.due(now):
+                if len(out) >= batch:
+                    break
+                m = self._read_one(topic, qid, x.offset)
+                if m is None:
+                    v.ack(x.offset)
+                    continue
+                if x.attempts > self.cfg.max_reconsume_times:
+                    self._to_dlq(group, m, x.attempts)
+                    if v.ack(x.offset):
+                        self._commit_offset(group, topic, qid, v.committed)
+                    continue
+                x2 = v.hand_out(x.offset, now, invisible, x.attempts + 1)
+                out.append(self._delivered(m, qid, x2.attempts, invisible, make_handle(qid, x2)))
+            if fifo and v.inflight:
+                continue
+            self._collect_new(v, group, topic, qid, tags, tag_codes, batch, invisible, now, out)
+            if fifo and v.inflight:
+                continue
+        return out
+
+    def _collect_new(
+        self,
+        v: QueueView,
+        group: str,
+        topic: str,
+        qid: int,
+        tags: frozenset[str] | None,
+        tag_codes: frozenset[int] | None,
+        batch: int,
+        invisible: float,
+        now: float,
+        out: list[Any],
+    ) -> None:
+        store = self.broker.store
+        committed_before = v.committed
+        while len(out) < batch:
+            r = store.get_messages(topic, qid, v.next, batch - len(out), tag_codes)
+            if r.status is GetMessageStatus.FOUND:
+                for raw in r.messages:
+                    m = decode_message(raw)
+                    v.skip_to(m.queue_offset)
+                    v.next = m.queue_offset + 1
+                    if tags is not None and m.tags not in tags:
+                        v.acked.add(m.queue_offset)
+                        continue
+                    x = v.hand_out(m.queue_offset, now, invisible, 1)
+                    out.append(self._delivered(m, qid, 1, invisible, make_handle(qid, x)))
+                v.skip_to(r.next_begin_offset)
+            elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL,):
+                v.reset(r.next_begin_offset)
+            elif r.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+                v.reset(r.next_begin_offset)
+                break
+            elif r.next_begin_offset > v.next:
+                v.skip_to(r.next_begin_offset)
+            else:
+                break
+        while v.committed in v.acked:
+            v.acked.discard(v.committed)
+            v.committed += 1
+        if v.committed != committed_before:
+            self._commit_offset(group, topic, qid, v.committed)
+
+    def _read_one(self, topic: str, qid: int, offset: int) -> MessageExt | None:
+        r = self.broker.store.get_messages(topic, qid, offset, 1)
+        if r.status is not GetMessageStatus.FOUND:
+            return None
+        m = decode_message(r.messages[0])
+        return m if m.queue_offset == offset else None
+
+    def _delivered(
+        self, m: MessageExt, qid: int, attempts: int, invisible: float, handle: str
+    ) -> Any:
+        self.broker.metrics.messages_pulled.inc()
+        p = convert.to_proto(m, self.broker.store_host)
+        sp = p.system_properties
+        sp.receipt_handle = handle
+        sp.delivery_attempt = attempts
+        convert.set_duration(sp.invisible_duration, invisible)
+        return p
+
+    def _to_dlq(self, group: str, m: MessageExt, attempts: int) -> None:
+        topic = dlq_topic(group)
+        self.broker.topics.ensure(topic, 1)
+        props = dict(m.properties)
+        props.setdefault(MessageConst.RETRY_TOPIC, m.topic)
+        props.setdefault(MessageConst.ORIGIN_MESSAGE_ID, m.msg_id)
+        props.pop(MessageConst.DELAY, None)
+        self.broker.put_message(
+            MessageExt(
+                topic=topic,
+                body=m.body,
+                queue_id=0,
+                flag=m.flag,
+                sys_flag=m.sys_flag & ~0xC,
+                born_timestamp=m.born_timestamp,
+                born_host=m.born_host,
+                reconsume_times=attempts,
+                properties=props,
+            )
+        )
+        log.warning("message_dead_lettered", group=group, msg_id=m.msg_id, attempts=attempts)
+
+    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("AckMessage")
+        try:
+            group = convert.resource_name(request.group)
+            topic = convert.resource_name(request.topic)
+            if not request.entries:
+                raise GrpcStatusError(Code.BAD_REQUEST, "no entry to ack")
+            results = []
+            for e in request.entries:
+                try:
+                    self.consumption.ack(group, topic, e.receipt_handle)
+                    st = status()
+                except GrpcStatusError as exc:
+                    st = status(exc.code, exc.message)
+                results.append(
+                    spb.AckMessageResultEntry(
+                        message_id=e.message_id, receipt_handle=e.receipt_handle, status=st
+                    )
+                )
+            codes = {r.status.code for r in results}
+            top = (
+                results[0].status
+                if len(codes) == 1
+                else status(Code.MULTIPLE_RESULTS, "some entries failed")
+            )
+            return spb.AckMessageResponse(status=top, entries=results)
+        except Exception as exc:
+            return spb.AckMessageResponse(status=self._failed("AckMessage", exc))
+
+    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._count("ChangeInvisibleDuration")
+        try:
+            secs = convert.duration_s(request.invisible_duration)
+            if not 0 <= secs <= MAX_INVISIBLE_S:
+                raise GrpcStatusError(
+                    Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 0..{MAX_INVISIBLE_S}s"
+                )
+            handle = self.consumption.change_invisible(
+                convert.resource_name(request.group),
+                convert.resource_name(request.topic),
+                request.receipt_handle,
+                secs,
+                time.monotonic(),
+            )
+            return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
+        except Exception as exc:
+            return spb.ChangeInvisibleDurationResponse(
+                status=self._failed("ChangeInvisibleDuration", exc)
+            )
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        self._count("ForwardMessageToDeadLetterQueue")
+        try:
+            group = convert.resource_name(request.group)
+            topic = convert.resource_name(request.topic)
+            qid, offset, _ = parse_handle(request.receipt_handle)
+            m = self._read_one(topic, qid, offset)
+            if m is None:
+                raise GrpcStatusError(Code.MESSAGE_NOT_FOUND, "the message is gone")
+            self.consumption.ack(group, topic, request.receipt_handle)
+            self._to_dlq(group, m, request.delivery_attempt)
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
+        except Exception as exc:
+            return spb.ForwardMessageToDeadLetterQueueResponse(
+                status=self._failed("ForwardMessageToDeadLetterQueue", exc)
+            )
+
+    # -- not implemented --------------------------------------------------------------------
+
+    def _not_implemented(self, method: str) -> Any:
+        self._count(method)
+        return status(Code.NOT_IMPLEMENTED, f"{method} is not implemented by txmq")
+
+    async def PullMessage(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        yield spb.PullMessageResponse(status=self._not_implemented("PullMessage"))
+
+    async def UpdateOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return spb.UpdateOffsetResponse(status=self._not_implemented("UpdateOffset"))
+
+    async def GetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return spb.GetOffsetResponse(status=self._not_implemented("GetOffset"))
+
+    async def QueryOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return spb.QueryOffsetResponse(status=self._not_implemented("QueryOffset"))
+
+    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return spb.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
+
+    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return spb.SyncLiteSubscriptionResponse(
+            status=self._not_implemented("SyncLiteSubscription")
+        )
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def _failed(self, method: str, exc: Exception) -> Any:
+        st = status_of(exc)
+        if isinstance(exc, (GrpcStatusError, TxmqError, QueryNotFoundError)):
+            log.info("grpc_request_failed", method=method, code=st.code, error=st.message)
+        else:
+            log.exception("grpc_request_crashed", method=method)
+        return st
+
+
+__all__ = ["GrpcCheckSender", "GrpcPeer", "Malformed", "MessagingService"]

@@ -1,0 +1,314 @@
+"""The official RocketMQ 5 Python client (PyPI ``rocketmq-python-client==5.1.2``) against the
+broker's gRPC front end.
+
+The client lives in its own virtualenv, ``build/clients/py5`` (its import name ``rocketmq`` is
+also the name of an unrelated PyPI package), made by ``make py5-client``, which ``make test``
+runs before pytest.  Each case runs ``tests/compat/py5_client.py`` in that venv as a subprocess
+with bounded timeouts.  Without the venv the tests are skipped with the reason, and fail when
+the environment variable CI is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BrokerThread
+from txmq.client import Message, Producer, PullConsumer, PullStatus
+
+pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / "build" / "clients" / "py5"
+PY5 = VENV / "bin" / "python"
+SCRIPT = Path(__file__).resolve().parent / "py5_client.py"
+#: Seconds one client run may take.
+RUN_TIMEOUT = 60.0
+
+
+CLIENT = "rocketmq-python-client==5.1.2"
+STAMP = VENV / ".installed"
+
+
+def _setup(cmd: list[str]) -> str | None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if r.returncode != 0:
+        return f"{' '.join(cmd)} exited {r.returncode}: {(r.stderr or r.stdout)[-2000:]}"
+    return None
+
+
+def _client_missing() -> str | None:
+    """Install the client if ``make py5-client`` has not (same steps); the reason if it
+    cannot be."""
+    if not STAMP.exists():
+        print(f"installing {CLIENT} into {VENV}", file=sys.stderr)
+        err = _setup([sys.executable, "-m", "venv", "--clear", str(VENV)]) or _setup(
+            [str(PY5), "-m", "pip", "install", "--quiet", CLIENT]
+        )
+        if err is not None:
+            return err
+        STAMP.write_text(CLIENT + "\n")
+    return _setup([str(PY5), "-c", "import rocketmq.v5, rocketmq; rocketmq.Producer"])
+
+
+@pytest.fixture(scope="module")
+def py5() -> Path:
+    reason = _client_missing()
+    if reason is not None:
+        message = f"RocketMQ 5 Python client unavailable: {reason}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        print(message, file=sys.stderr)
+        pytest.skip(message)
+    return PY5
+
+
+@pytest.fixture
+def grpc_broker(broker_thread_factory: Callable[..., BrokerThread]) -> Iterator[BrokerThread]:
+    yield broker_thread_factory(
+        grpc_server_enable=True, grpc_server_port=0, transaction_check_max=10_000
+    )
+
+
+def endpoint(bt: BrokerThread) -> str:
+    assert bt.controller is not None
+    return f"127.0.0.1:{bt.controller.grpc_port}"
+
+
+def run(py5: Path, **args: Any) -> dict[str, Any]:
+    """Run one client operation; its result, or a failure with the client's output."""
+    proc = subprocess.run(
+        [str(py5), str(SCRIPT), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"client {args['op']} exited {proc.returncode}\n--- stderr ---\n"
+            f"{proc.stderr[-4000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
+        )
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def tx_state(bt: BrokerThread, txid: str) -> str | None:
+    def get() -> str | None:
+        assert bt.controller is not None
+        rec = bt.controller.transactions.records.get(txid)
+        return None if rec is None else rec.state.value
+
+    return bt.run(get)  # type: ignore[no-any-return]
+
+
+def sdk_messages(address: str, topic: str, queues: int = 4) -> list[Any]:
+    out: list[Any] = []
+    with PullConsumer("sdk-reader", broker=address) as c:
+        for q in range(queues):
+            offset = 0
+            while True:
+                r = c.pull(topic, q, offset)
+                if r.status is not PullStatus.FOUND:
+                    break
+                out.extend(r.messages)
+                offset = r.next_begin_offset
+    return out
+
+
+def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-normal"
+    sent = run(
+        py5,
+        op="send",
+        endpoint=ep,
+        topic=topic,
+        messages=[
+            {"body": "one", "tag": "TagA", "keys": "k1", "properties": {"color": "red"}},
+            {"body": "two", "tag": "TagB"},
+            {"body": "three", "group": "order-1"},
+        ],
+    )
+    assert len(sent["ids"]) == 3
+    got = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=3, timeout=20)
+    by_body = {m["body"]: m for m in got["messages"]}
+    assert sorted(by_body) == ["one", "three", "two"]
+    assert by_body["one"]["tag"] == "TagA" and by_body["one"]["keys"] == ["k1"]
+    assert by_body["one"]["properties"] == {"color": "red"}
+    assert by_body["three"]["group"] == "order-1"
+    assert {m["id"] for m in got["messages"]} == set(sent["ids"])
+    # acked: the committed offsets cover every message, and nothing comes again
+    again = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=1, timeout=2)
+    assert again["messages"] == []
+
+    def committed() -> int:
+        assert grpc_broker.controller is not None
+        return sum(grpc_broker.controller.offsets.offsets("py5-g", topic).values())
+
+    assert grpc_broker.run(committed) == 3
+
+
+def test_tag_filter_and_unacked_message_comes_back(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-redeliver"
+    run(
+        py5,
+        op="send",
+        endpoint=ep,
+        topic=topic,
+        messages=[{"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"}],
+    )
+    first = run(
+        py5,
+        op="receive",
+        endpoint=ep,
+        topic=topic,
+        group="g-re",
+        count=1,
+        filter="Y",
+        ack=False,
+        invisible_s=1,
+        timeout=10,
+    )
+    assert [m["body"] for m in first["messages"]] == ["b"]
+    second = run(
+        py5,
+        op="receive",
+        endpoint=ep,
+        topic=topic,
+        group="g-re",
+        count=1,
+        filter="Y",
+        invisible_s=5,
+        timeout=15,
+    )
+    assert [(m["body"], m["attempt"]) for m in second["messages"]] == [("b", 2)]
+
+
+def test_transaction_commit_and_rollback(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-tx"
+    committed = run(
+        py5, op="transaction", endpoint=ep, topic=topic, decision="commit", message={"body": "yes"}
+    )
+    rolled = run(
+        py5, op="transaction", endpoint=ep, topic=topic, decision="rollback", message={"body": "no"}
+    )
+    assert tx_state(grpc_broker, committed["transaction_id"]) == "COMMITTED"
+    assert tx_state(grpc_broker, rolled["transaction_id"]) == "ROLLED_BACK"
+    got = run(py5, op="receive", endpoint=ep, topic=topic, group="g-tx", count=2, timeout=4)
+    assert [m["body"] for m in got["messages"]] == ["yes"]
+    # and the committed message reaches a remoting consumer too
+    assert [m.body for m in sdk_messages(grpc_broker.address, topic)] == [b"yes"]
+
+
+def test_orphaned_half_is_resolved_by_check_back(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-orphan"
+    args = {
+        "op": "orphan",
+        "endpoint": ep,
+        "topic": topic,
+        "timeout": 40,
+        "check_answer": "commit",
+        "message": {"body": "orphan", "tag": "O"},
+    }
+    proc = subprocess.Popen(
+        [str(py5), str(SCRIPT), json.dumps(args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
+        lines: list[str] = []
+
+        def line() -> str:
+            ready, _, _ = select.select([stdout], [], [], 0.1)
+            if ready:
+                text = stdout.readline()
+                if text:
+                    lines.append(text)
+                    return text
+            if proc.poll() is not None:
+                pytest.fail(f"orphan client exited {proc.returncode}: {stderr.read()[-4000:]}")
+            return ""
+
+        half = json.loads(wait_for(line, 30, "the half message to be sent"))["half_sent"]
+        # The producer never decides; the broker's check makes its checker commit.
+        wait_for(lambda: tx_state(grpc_broker, half) == "COMMITTED", 30, "the check-back commit")
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-4000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["checked"][0]["message_id"] == half
+        assert result["checked"][0]["body"] == "orphan"
+
+        def record() -> Any:
+            assert grpc_broker.controller is not None
+            return grpc_broker.controller.transactions.records[half]
+
+        rec = grpc_broker.run(record)
+        assert rec.decided_by == "check" and rec.check_times >= 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    bodies = [m.body for m in sdk_messages(grpc_broker.address, topic)]
+    assert bodies == [b"orphan"]
+
+
+def test_grpc_producer_to_txmq_sdk_consumer(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-to-sdk"
+    sent = run(
+        py5,
+        op="send",
+        endpoint=ep,
+        topic=topic,
+        messages=[{"body": "cross", "tag": "T1", "keys": "key-1", "properties": {"p": "v"}}],
+    )
+    [m] = sdk_messages(grpc_broker.address, topic)
+    assert m.body == b"cross" and m.tags == "T1" and m.keys == "key-1"
+    assert m.user_properties == {"p": "v"}
+    assert m.msg_id == sent["ids"][0]
+    assert m.born_timestamp > 0 and m.born_host[0]
+
+
+def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path) -> None:
+    topic = "sdk-to-py5"
+    with Producer("sdk-producer", broker=grpc_broker.address) as p:
+        r = p.send(Message(topic, b"from-sdk", tags="S", keys="sk", properties={"x": "1"}))
+    got = run(
+        py5,
+        op="receive",
+        endpoint=endpoint(grpc_broker),
+        topic=topic,
+        group="g-x",
+        count=1,
+        timeout=20,
+    )
+    [m] = got["messages"]
+    assert m["body"] == "from-sdk" and m["tag"] == "S" and m["keys"] == ["sk"]
+    assert m["properties"] == {"x": "1"}
+    assert m["id"] == r.msg_id
