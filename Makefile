@@ -6,13 +6,14 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy sees the package as installed: txmq.protocol, txmq.broker, ... (see `typecheck`).
 TYPEVIEW := build/typecheck
 
-.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheels docker-image
+.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheels docker-image \
+	py5-client grpc-gen
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev]'
+	$(PY) -m pip install --quiet -e '.[spark,dev,grpc]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,7 +25,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup
+pytest: $(STAMP) docker-setup py5-client
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -64,3 +65,18 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+## The official RocketMQ 5 Python client in a venv of its own (its import name `rocketmq` is
+## also another PyPI package's) for tests/compat/test_grpc_python5.py.  Made once; when it
+## cannot be installed the step says so and the test reports the reason (fails under CI).
+PY5 := build/clients/py5
+PY5_CLIENT := rocketmq-python-client==5.1.2
+py5-client:
+	@[ -f $(PY5)/.installed ] || { $(PYTHON) -m venv --clear $(PY5) \
+		&& $(PY5)/bin/python -m pip install --quiet '$(PY5_CLIENT)' \
+		&& echo '$(PY5_CLIENT)' > $(PY5)/.installed; } \
+		|| echo "py5-client: $(PY5_CLIENT) could not be installed; the gRPC client tests say why"
+
+## Regenerate broker/grpc/v2 from broker/grpc/protos after editing a .proto file.
+grpc-gen: $(STAMP)
+	$(PY) -m txmq.broker.grpc.codegen
