@@ -33,6 +33,7 @@ from .metrics import BrokerMetrics
 from .processors.admin import AdminProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.send import SendMessageProcessor
+from .processors.transaction import TransactionProcessor
 from .schedule import ScheduleMessageService
 from .store import (
     ConsumerOffsetManager,
@@ -171,10 +172,10 @@ class BrokerController:
             default_queue_nums=cfg.default_topic_queue_nums,
             delay_levels=len(self.delay_levels),
         )
-        self.transactions = TransactionalMessageService(self, self._check_sender)
         self.clients = ClientManager(
-            on_producer_registered=self.transactions.on_producer_registered
+            on_producer_registered=lambda group: self.transactions.on_producer_registered(group)
         )
+        self.transactions = TransactionalMessageService(self, self._check_sender)
         self.flush = FlushService(
             self.store,
             sync=cfg.sync_flush,
@@ -185,6 +186,7 @@ class BrokerController:
         self.sender = SendMessageProcessor(self)
         self.puller = PullMessageProcessor(self)
         self.admin = AdminProcessor(self)
+        self.tx_processor = TransactionProcessor(self.transactions, self.flush, self.metrics)
         self.schedule = ScheduleMessageService(self, self.delay_levels)
         self.recovery["transactions"] = self.transactions.load()
         self._processors = self._build_processors()
@@ -211,7 +213,7 @@ class BrokerController:
         )
 
     def _build_processors(self) -> dict[int, Processor]:
-        s, p, a, t = self.sender, self.puller, self.admin, self.transactions
+        s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
         R = RequestCode
         return {
             R.SEND_MESSAGE: s.send_message,

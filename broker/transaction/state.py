@@ -132,35 +132,84 @@ class TxRecord:
         return d
 
 
-def encode_op(
-    kind: str,
-    group: str,
-    txids: list[str],
-    halves: list[int],
-    remark: str,
-    ts: int,
-    batch_key: str | None = None,
-    committed: list[str] | None = None,
-) -> bytes:
-    doc: dict[str, Any] = {
-        "v": OP_FORMAT_VERSION,
-        "k": kind,
-        "g": group,
-        "t": txids,
-        "h": halves,
-        "r": remark,
-        "ts": ts,
-    }
-    if batch_key is not None:
-        doc["bk"] = batch_key
-    if committed is not None:
-        doc["c"] = committed
-    packed: bytes = msgpack.packb(doc, use_bin_type=True)
-    return packed
+class OpKind(enum.Enum):
+    """What an op record does."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    DISCARD = "discard"
+    RESUME = "resume"
+    BATCH = "batch"
 
 
-def decode_op(body: bytes) -> dict[str, Any]:
-    doc = msgpack.unpackb(body, raw=False)
-    if not isinstance(doc, dict) or doc.get("v") != OP_FORMAT_VERSION:
-        raise ValueError("not a txmq op record")
-    return doc
+class OpRecordError(ValueError):
+    """A body in the op topic that is not a readable op record."""
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One decision, as stored in ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (the table at the top of this
+    module).  Both the live path and recovery hand these to
+    :meth:`~.machine.TransactionStateMachine.apply`."""
+
+    kind: OpKind
+    group: str
+    #: the transactions decided (for BATCH: the rolled-back ones)
+    txids: tuple[str, ...]
+    #: commit-log offsets of the halves whose real messages follow the record
+    halves: tuple[int, ...] = ()
+    #: who decided and why, e.g. ``"producer"``, ``"operator: ticket 42"``
+    remark: str = ""
+    #: broker time of the decision, ms
+    ts: int = 0
+    batch_key: str | None = None
+    #: BATCH: the committed transactions
+    committed: tuple[str, ...] = ()
+
+    @property
+    def by(self) -> str:
+        """The decider: the remark up to its first colon."""
+        return self.remark.split(":", 1)[0].strip()
+
+    def encode(self) -> bytes:
+        """The record's body: a msgpack map with the keys in the table above, in that order."""
+        doc: dict[str, Any] = {
+            "v": OP_FORMAT_VERSION,
+            "k": self.kind.value,
+            "g": self.group,
+            "t": list(self.txids),
+            "h": list(self.halves),
+            "r": self.remark,
+            "ts": self.ts,
+        }
+        if self.batch_key is not None:
+            doc["bk"] = self.batch_key
+        if self.kind is OpKind.BATCH:
+            doc["c"] = list(self.committed)
+        packed: bytes = msgpack.packb(doc, use_bin_type=True)
+        return packed
+
+    @classmethod
+    def decode(cls, body: bytes) -> OpRecord:
+        """Raises :class:`OpRecordError` for anything that is not a version-1 op record."""
+        try:
+            doc = msgpack.unpackb(body, raw=False)
+        except Exception as exc:  # msgpack raises a zoo of types on garbage
+            raise OpRecordError(f"not msgpack: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("v") != OP_FORMAT_VERSION:
+            raise OpRecordError("not a txmq op record (version 1)")
+        try:
+            kind = OpKind(doc["k"])
+            bk = doc.get("bk")
+            return cls(
+                kind=kind,
+                group=str(doc.get("g", "")),
+                txids=tuple(str(t) for t in doc.get("t", [])),
+                halves=tuple(int(h) for h in doc.get("h", [])),
+                remark=str(doc.get("r", "")),
+                ts=int(doc.get("ts", 0)),
+                batch_key=None if bk is None else str(bk),
+                committed=tuple(str(t) for t in doc.get("c", [])),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise OpRecordError(f"malformed op record: {exc!r}") from None

@@ -1,0 +1,175 @@
+"""Transaction request codes: END_TRANSACTION, TXMQ_DECIDE_BATCH and the operator commands.
+
+Each handler parses its header, asks the transaction service for the transition (which the
+state machine checks), and answers once the decision is durable under the flush mode in force.
+"""
+
+from __future__ import annotations
+
+import json
+
+import structlog
+
+from txmq.protocol.aio import Connection
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import BrokerSystemError, InvalidParameterError
+from txmq.protocol.headers import (
+    DecideBatchRequestHeader,
+    EndTransactionRequestHeader,
+    ForceDecideRequestHeader,
+    GetTransactionRequestHeader,
+    ListTransactionsRequestHeader,
+    ResumeCheckHalfMessageRequestHeader,
+)
+
+from ..flush import FlushService
+from ..metrics import BrokerMetrics
+from ..transaction.service import TransactionalMessageService
+from ..transaction.state import Decision, TxState
+
+log = structlog.get_logger(__name__)
+
+
+def _decision(value: int, allowed: str) -> Decision:
+    try:
+        return Decision(value)
+    except ValueError:
+        raise InvalidParameterError(f"commitOrRollback must be {allowed}, got {value}") from None
+
+
+class TransactionProcessor:
+    def __init__(
+        self, tx: TransactionalMessageService, flush: FlushService, metrics: BrokerMetrics
+    ) -> None:
+        self.tx = tx
+        self.flush = flush
+        self.metrics = metrics
+
+    async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = EndTransactionRequestHeader.from_ext_fields(cmd.ext_fields)
+        decision = _decision(h.commit_or_rollback, "0, 8 or 12")
+        rec = self.tx.find(h.transaction_id, h.commit_log_offset)
+        if h.from_transaction_check:
+            self.metrics.tx_checks_answered.inc()
+            if rec.state.decided:
+                self.metrics.tx_checks_unexpected.inc()
+            rec.check_in_flight = False
+        half = next((x for x in rec.halves if x.commit_log_offset == h.commit_log_offset), None)
+        if rec.producer_group != h.producer_group:
+            raise BrokerSystemError(
+                f"The producer group wrong: transaction {rec.transaction_id} belongs to "
+                f"{rec.producer_group}, not {h.producer_group}"
+            )
+        if half is None:
+            raise BrokerSystemError(
+                f"The commit log offset wrong: {h.commit_log_offset} is not a half message of "
+                f"transaction {rec.transaction_id}"
+            )
+        if half.queue_offset != h.tran_state_table_offset:
+            raise BrokerSystemError(
+                f"The transaction state table offset wrong: expected {half.queue_offset}, "
+                f"got {h.tran_state_table_offset}"
+            )
+        if decision == Decision.UNKNOWN:
+            log.info(
+                "transaction_unknown",
+                transaction_id=rec.transaction_id,
+                from_check=h.from_transaction_check,
+                remark=cmd.remark,
+            )
+            return cmd.response(remark=f"transaction {rec.transaction_id} stays {rec.state.value}")
+        by = "check" if h.from_transaction_check else "producer"
+        already = rec.state.decided
+        end = self.tx.decide(rec, decision, by, cmd.remark or "")
+        await self.flush.wait_durable(end)
+        return cmd.response(
+            remark=f"transaction {rec.transaction_id} "
+            f"{'was already ' if already else ''}{rec.state.value}"
+        )
+
+    async def decide_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = DecideBatchRequestHeader.from_ext_fields(cmd.ext_fields)
+        try:
+            doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
+            commit = [str(x) for x in doc.get("commit", [])]
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
+            raise InvalidParameterError(
+                f"decide-batch body must be JSON {{'commit': [...]}}: {exc}"
+            ) from None
+        key = (h.producer_group, h.batch_key)
+        if h.query_only:
+            decided = self.tx.batches.get(key)
+            return cmd.response(
+                body=json.dumps(
+                    {
+                        "batchKey": h.batch_key,
+                        "decided": decided is not None,
+                        "committed": decided["committed"] if decided else [],
+                        "rolledBack": decided["rolledBack"] if decided else [],
+                        "pending": self.tx.machine.pending_in_batch(*key),
+                    }
+                ).encode()
+            )
+        end = self.tx.decide_batch(h.producer_group, h.batch_key, commit)
+        if end is not None:
+            await self.flush.wait_durable(end)
+        decided = self.tx.batches[key]
+        body = json.dumps(
+            {
+                "batchKey": h.batch_key,
+                "decided": True,
+                "committed": decided["committed"],
+                "rolledBack": decided["rolledBack"],
+                "first": end is not None,
+            }
+        ).encode()
+        return cmd.response(body=body)
+
+    async def resume_check_half_message(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        h = ResumeCheckHalfMessageRequestHeader.from_ext_fields(cmd.ext_fields)
+        rec = self.tx.find_by_any_id(h.msg_id)
+        end = self.tx.resume(rec)
+        await self.flush.wait_durable(end)
+        return cmd.response(remark=f"transaction {rec.transaction_id} is under checking again")
+
+    async def list_transactions(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = ListTransactionsRequestHeader.from_ext_fields(cmd.ext_fields)
+        now = self.tx.now_ms()
+        states = (
+            {s.strip().upper() for s in h.state.split(",")}
+            if h.state
+            else {TxState.PENDING.value, TxState.DISCARDED.value}
+        )
+        out = []
+        for rec in self.tx.records.values():
+            if rec.state.value not in states:
+                continue
+            if h.producer_group and rec.producer_group != h.producer_group:
+                continue
+            if h.topic and not any(x.real_topic == h.topic for x in rec.halves):
+                continue
+            out.append(rec.to_json(now))
+            if len(out) >= h.limit:
+                break
+        return cmd.response(body=json.dumps(out).encode())
+
+    async def get_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = GetTransactionRequestHeader.from_ext_fields(cmd.ext_fields)
+        rec = self.tx.find_by_any_id(h.transaction_id)
+        return cmd.response(body=json.dumps(rec.to_json(self.tx.now_ms())).encode())
+
+    async def force_decide(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = ForceDecideRequestHeader.from_ext_fields(cmd.ext_fields)
+        decision = _decision(h.commit_or_rollback, "8 (commit) or 12 (rollback)")
+        if decision == Decision.UNKNOWN:
+            raise InvalidParameterError("an operator decision must be commit (8) or rollback (12)")
+        rec = self.tx.find_by_any_id(h.transaction_id)
+        already = rec.state.decided
+        end = self.tx.decide(rec, decision, "operator", cmd.remark or "")
+        await self.flush.wait_durable(end)
+        return cmd.response(
+            remark=f"transaction {rec.transaction_id} "
+            f"{'was already ' if already else ''}{rec.state.value}"
+        )

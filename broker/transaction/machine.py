@@ -1,0 +1,293 @@
+"""The transaction state machine: every transition of every transaction, synchronously.
+
+It owns the table (records by transaction id, the pending ones, halves by commit-log offset,
+batch decisions) and nothing else: no store, no network, no clock, no metrics.  The same
+methods serve a live broker and recovery, so there is one path to test and the one a replica
+applies:
+
+* a half message joins its transaction with :meth:`add_half` (live, after the append; at
+  start, for each half read back from the half queue);
+* a decision is first *planned* (:meth:`plan_decision`, :meth:`plan_batch`,
+  :meth:`plan_discard`, :meth:`plan_resume`), which checks it against the current state and
+  returns the :class:`~.state.OpRecord` to append, or None when it changes nothing; once the
+  record is in the commit log, :meth:`apply` makes the transition.  Recovery calls
+  :meth:`apply` for every op record read back, in commit-log order.
+
+Planning and applying run without an await in between (the broker appends synchronously), so
+the first decision wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from txmq.protocol.errors import IllegalOperationError, InvalidParameterError
+
+from .state import Decision, HalfRef, OpKind, OpRecord, TxRecord, TxState
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    op: OpRecord
+    #: halves whose real messages the commit appends right after the op record
+    to_commit: list[HalfRef]
+
+
+class TransactionStateMachine:
+    def __init__(self) -> None:
+        self.records: dict[str, TxRecord] = {}
+        #: transactions that may still be checked (state PENDING)
+        self.pending: dict[str, TxRecord] = {}
+        self.by_half_offset: dict[int, str] = {}
+        #: (group, batch key) -> {"committed": [...], "rolledBack": [...]}
+        self.batches: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.batch_members: dict[tuple[str, str], set[str]] = {}
+
+    # -- halves ---------------------------------------------------------------------------------
+
+    def check_joinable(self, txid: str, group: str, batch_key: str | None) -> None:
+        """Raise unless a new half may join transaction ``txid`` of ``group``."""
+        rec = self.records.get(txid)
+        if rec is not None:
+            if rec.producer_group != group:
+                raise IllegalOperationError(
+                    f"transaction {txid} belongs to producer group {rec.producer_group}, "
+                    f"not {group}"
+                )
+            if rec.state is not TxState.PENDING:
+                raise IllegalOperationError(
+                    f"transaction {txid} is already {rec.state.value}; no message can join it"
+                )
+        if batch_key is not None and (group, batch_key) in self.batches:
+            raise IllegalOperationError(
+                f"batch {batch_key!r} of producer group {group} is already decided; this "
+                "attempt's messages will never be delivered"
+            )
+
+    def add_half(self, txid: str, group: str, batch_key: str | None, half: HalfRef) -> TxRecord:
+        """A stored half joins its transaction (created PENDING on its first half)."""
+        rec = self.records.get(txid)
+        if rec is None:
+            rec = TxRecord(txid, group, batch_key=batch_key)
+            self.records[txid] = rec
+            self.pending[txid] = rec
+            if batch_key is not None:
+                self.batch_members.setdefault((group, batch_key), set()).add(txid)
+        rec.halves.append(half)
+        self.by_half_offset[half.commit_log_offset] = txid
+        return rec
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def find(self, txid: str | None, commit_log_offset: int | None = None) -> TxRecord | None:
+        rec = self.records.get(txid) if txid else None
+        if rec is None and commit_log_offset is not None:
+            other = self.by_half_offset.get(commit_log_offset)
+            rec = self.records.get(other) if other else None
+        return rec
+
+    def half_at(self, commit_log_offset: int) -> HalfRef | None:
+        rec = self.find(None, commit_log_offset)
+        if rec is None:
+            return None
+        return next((h for h in rec.halves if h.commit_log_offset == commit_log_offset), None)
+
+    def pending_in_batch(self, group: str, batch_key: str) -> list[str]:
+        members = self.batch_members.get((group, batch_key), set())
+        return sorted(t for t in members if self.records[t].state is TxState.PENDING)
+
+    # -- planning decisions ---------------------------------------------------------------------
+
+    def plan_decision(
+        self, rec: TxRecord, decision: Decision, remark: str, ts: int
+    ) -> OpRecord | None:
+        """The op record of a commit or rollback; None when ``rec`` already has that outcome.
+
+        Raises:
+            IllegalOperationError: ``rec`` already has the other outcome.
+        """
+        target = TxState.COMMITTED if decision == Decision.COMMIT else TxState.ROLLED_BACK
+        if rec.state.decided:
+            if rec.state is target:
+                return None
+            word = "commit" if decision == Decision.COMMIT else "rollback"
+            raise IllegalOperationError(
+                f"transaction {rec.transaction_id} is already {rec.state.value}; the {word} "
+                f"was refused and the outcome does not change"
+            )
+        return OpRecord(
+            kind=OpKind.COMMIT if target is TxState.COMMITTED else OpKind.ROLLBACK,
+            group=rec.producer_group,
+            txids=(rec.transaction_id,),
+            halves=tuple(h.commit_log_offset for h in rec.halves),
+            remark=remark,
+            ts=ts,
+        )
+
+    def plan_batch(self, group: str, batch_key: str, commit: list[str], ts: int) -> BatchPlan:
+        """Commit the listed transactions of a batch and roll back its other pending ones.
+
+        Raises:
+            InvalidParameterError: a listed transaction is unknown or of another group.
+            IllegalOperationError: a listed transaction is already rolled back.
+        """
+        commit_recs = []
+        for txid in dict.fromkeys(commit):
+            rec = self.records.get(txid)
+            if rec is None or rec.producer_group != group:
+                raise InvalidParameterError(
+                    f"transaction {txid} has no half message in producer group {group}"
+                )
+            if rec.state is TxState.ROLLED_BACK:
+                raise IllegalOperationError(
+                    f"transaction {txid} is already ROLLED_BACK; batch {batch_key!r} was not "
+                    "decided"
+                )
+            commit_recs.append(rec)
+        commit_set = {r.transaction_id for r in commit_recs}
+        rollback = [
+            t
+            for t in sorted(self.batch_members.get((group, batch_key), set()))
+            if t not in commit_set and not self.records[t].state.decided
+        ]
+        to_commit = [h for r in commit_recs if not r.state.decided for h in r.halves]
+        op = OpRecord(
+            kind=OpKind.BATCH,
+            group=group,
+            txids=tuple(rollback),
+            halves=tuple(h.commit_log_offset for h in to_commit),
+            remark="batch",
+            ts=ts,
+            batch_key=batch_key,
+            committed=tuple(r.transaction_id for r in commit_recs),
+        )
+        return BatchPlan(op, to_commit)
+
+    def plan_discard(self, rec: TxRecord, reason: str, ts: int) -> OpRecord:
+        """Park a pending transaction whose check budget is used up."""
+        return OpRecord(
+            kind=OpKind.DISCARD,
+            group=rec.producer_group,
+            txids=(rec.transaction_id,),
+            halves=tuple(h.commit_log_offset for h in rec.halves),
+            remark=reason,
+            ts=ts,
+        )
+
+    def plan_resume(self, rec: TxRecord, ts: int) -> OpRecord:
+        """Check a parked (or pending) transaction again from a fresh budget.
+
+        Raises:
+            IllegalOperationError: it is already decided.
+        """
+        if rec.state.decided:
+            raise IllegalOperationError(
+                f"transaction {rec.transaction_id} is already {rec.state.value}"
+            )
+        return OpRecord(
+            kind=OpKind.RESUME,
+            group=rec.producer_group,
+            txids=(rec.transaction_id,),
+            remark="operator",
+            ts=ts,
+        )
+
+    # -- the transition -------------------------------------------------------------------------
+
+    def apply(self, op: OpRecord, end_offset: int) -> list[TxRecord]:
+        """Apply an op record that is in the commit log (its append ends at ``end_offset``).
+
+        Idempotent per record, and the only place decisions change state.  Returns the records
+        that changed state.
+        """
+        changed: list[TxRecord] = []
+
+        def settle(txid: str, state: TxState) -> None:
+            rec = self._record(txid, op.group)
+            if rec.state is state:
+                return
+            if rec.state.decided:  # the first decision won; a contradiction is ignored on replay
+                return
+            rec.state = state
+            rec.decided_ms = op.ts
+            rec.decided_by = op.by
+            rec.remark = op.remark
+            rec.check_in_flight = False
+            rec.decision_end_offset = end_offset
+            self.pending.pop(txid, None)
+            changed.append(rec)
+
+        if op.kind is OpKind.COMMIT:
+            for t in op.txids:
+                settle(t, TxState.COMMITTED)
+        elif op.kind is OpKind.ROLLBACK:
+            for t in op.txids:
+                settle(t, TxState.ROLLED_BACK)
+        elif op.kind is OpKind.BATCH:
+            for t in op.committed:
+                settle(t, TxState.COMMITTED)
+            for t in op.txids:
+                settle(t, TxState.ROLLED_BACK)
+            if op.batch_key is not None:
+                self.batches.setdefault(
+                    (op.group, op.batch_key),
+                    {"committed": sorted(op.committed), "rolledBack": sorted(op.txids)},
+                )
+        elif op.kind is OpKind.DISCARD:
+            for t in op.txids:
+                rec = self._record(t, op.group)
+                if rec.state is TxState.PENDING:
+                    rec.state = TxState.DISCARDED
+                    rec.remark = op.remark
+                    rec.check_in_flight = False
+                    self.pending.pop(t, None)
+                    changed.append(rec)
+        elif op.kind is OpKind.RESUME:
+            for t in op.txids:
+                rec = self._record(t, op.group)
+                if not rec.state.decided and rec.halves:
+                    rec.state = TxState.PENDING
+                    rec.check_times = 0
+                    rec.last_check_ms = 0
+                    rec.check_in_flight = False
+                    self.pending[t] = rec
+                    changed.append(rec)
+        return changed
+
+    def _record(self, txid: str, group: str) -> TxRecord:
+        rec = self.records.get(txid)
+        if rec is None:  # its halves were removed by retention: remember the decision
+            rec = TxRecord(txid, group, state=TxState.PENDING)
+            self.records[txid] = rec
+        return rec
+
+    # -- check state ----------------------------------------------------------------------------
+
+    def record_check(self, rec: TxRecord, now_ms: int) -> bool:
+        """A check of ``rec`` was delivered; counts it if ``rec`` is still pending."""
+        if rec.state is not TxState.PENDING:
+            return False
+        rec.check_times += 1
+        rec.last_check_ms = now_ms
+        return True
+
+    def restore_check(self, txid: str, times: int, last_ms: int) -> None:
+        """Check counts from the persisted index (they are not in the commit log)."""
+        rec = self.records.get(txid)
+        if rec is not None and not rec.state.decided:
+            rec.check_times = max(rec.check_times, times)
+            rec.last_check_ms = last_ms
+
+    def check_counts(self) -> dict[str, list[int]]:
+        """What the check-state index persists."""
+        return {
+            r.transaction_id: [r.check_times, r.last_check_ms]
+            for r in self.records.values()
+            if r.state in (TxState.PENDING, TxState.DISCARDED) and r.check_times
+        }
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in TxState}
+        for rec in self.records.values():
+            out[rec.state.value] += 1
+        return out
