@@ -685,7 +685,8 @@ class MessagingService:
             now = time.monotonic()
             if out or now >= deadline or self._shutting_down():
                 return out
-            wait = deadline - now
+            # at most 1 s: a ChangeInvisibleDuration made meanwhile may shorten the wait
+            wait = min(deadline - now, 1.0)
             for qid in qids:
                 v = self.consumption.existing(group, topic, qid)
                 nv = v.next_visible() if v is not None else None

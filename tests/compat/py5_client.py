@@ -166,7 +166,43 @@ def op_receive(args: dict[str, Any]) -> dict[str, Any]:
         consumer.shutdown()
 
 
+def op_push(args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer of ``group``: its listener fails the first delivery of a body listed in
+    ``fail_once`` and consumes everything else, until ``count`` messages were consumed."""
+    got: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    done = threading.Event()
+    lock = threading.Lock()
+
+    class Listener(rocketmq.MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            body = message.body.decode()
+            with lock:
+                if body in args.get("fail_once", []) and body not in failed:
+                    failed.add(body)
+                    return rocketmq.ConsumeResult.FAILURE
+                got.append({"body": body, "attempt": message.delivery_attempt})
+                if len(got) >= args["count"]:
+                    done.set()
+            return rocketmq.ConsumeResult.SUCCESS
+
+    consumer = rocketmq.PushConsumer(
+        config(args),
+        args["group"],
+        Listener(),
+        {args["topic"]: FilterExpression(args.get("filter", "*"))},
+    )
+    consumer.startup()
+    try:
+        done.wait(args.get("timeout", 30))
+        with lock:
+            return {"messages": list(got)}
+    finally:
+        consumer.shutdown()
+
+
 OPS = {
+    "push": op_push,
     "send": op_send,
     "transaction": op_transaction,
     "orphan": op_orphan,

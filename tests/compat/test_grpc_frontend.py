@@ -4,6 +4,7 @@ client is exercised in test_grpc_python5.py)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -111,7 +112,7 @@ def test_route_auto_creates_and_unknown_topic_is_not_found(
             assert q.broker.endpoints.addresses[0].port == b.controller.grpc_port
             assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
         else:
-            assert b.run(lambda b=b: b.controller.topics.get("fresh-topic")) is None
+            assert b.run(functools.partial(b.controller.topics.get, "fresh-topic")) is None
 
 
 def test_unknown_method_is_unimplemented(channel: Any) -> None:
@@ -290,6 +291,10 @@ def test_check_budget_counts_only_checks_written_to_a_live_stream(
             rc = cmd.recover_orphaned_transaction_command
             assert rc.transaction_id == "half-1" and rc.message.body == b"h"
             assert rc.message.topic.name == "t-half"
+            # counted once the write completed (the client may see the command first)
+            deadline = time.monotonic() + 10
+            while b.run(rec).check_times < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert b.run(rec).check_times >= 1
             end = s.EndTransaction(
                 spb.EndTransactionRequest(

@@ -312,3 +312,27 @@ def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path
     assert m["body"] == "from-sdk" and m["tag"] == "S" and m["keys"] == ["sk"]
     assert m["properties"] == {"x": "1"}
     assert m["id"] == r.msg_id
+
+
+def test_push_consumer_consumes_and_retries_a_failure(grpc_broker: BrokerThread, py5: Path) -> None:
+    ep, topic = endpoint(grpc_broker), "py5-push"
+    run(py5, op="send", endpoint=ep, topic=topic, messages=[{"body": "p1"}, {"body": "p2"}])
+    got = run(
+        py5,
+        op="push",
+        endpoint=ep,
+        topic=topic,
+        group="g-push",
+        count=2,
+        fail_once=["p2"],
+        timeout=40,
+    )
+    attempts = {m["body"]: m["attempt"] for m in got["messages"]}
+    assert attempts["p1"] == 1
+    assert attempts["p2"] == 2  # failed once, delivered again
+
+    def committed() -> int:
+        assert grpc_broker.controller is not None
+        return sum(grpc_broker.controller.offsets.offsets("g-push", topic).values())
+
+    wait_for(lambda: grpc_broker.run(committed) == 2, 10, "both messages acked")
