@@ -14,8 +14,9 @@ import errno
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -46,6 +47,8 @@ from .topics import SCHEDULE_TOPIC, TopicManager
 from .transaction.service import CheckSender, TransactionalMessageService
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
@@ -88,6 +91,9 @@ class BrokerController:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[Connection] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        #: Blocking work that must not run on the event loop: state-file writes (offsets, topic
+        #: configs, transaction check state) and retention.  One thread keeps them in order.
+        self._meta_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-meta")
         self._shutting_down = False
         self._stopped = asyncio.Event()
         self.port = config.listen_port
@@ -164,7 +170,7 @@ class BrokerController:
         self.recovery["store"] = report
         self.offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
         self.offsets.load()
-        table = TopicConfigManager(os.path.join(root, "config", "topics.json"))
+        table = TopicConfigManager(os.path.join(root, "config", "topics.json"), write_behind=True)
         table.load()
         self.topics = TopicManager(
             table,
@@ -273,8 +279,10 @@ class BrokerController:
         await self.transactions.stop()
         await self.schedule.stop()
         await self.flush.stop()
-        self.offsets.persist()
-        self.store.close()
+        await self.in_background(self.offsets.persist)
+        await self.persist_topics()
+        await self.in_background(self.store.close)  # its final flush fsyncs
+        self._meta_executor.shutdown(wait=True)
         self.metrics.stop_http()
         for c in list(self._connections):
             c.close()
@@ -362,6 +370,19 @@ class BrokerController:
                 self.schedule.notify(qid)
         return results
 
+    # -- blocking work, off the loop ------------------------------------------------------------
+
+    async def in_background(self, fn: Callable[[], T]) -> T:
+        """Run a blocking call (a state-file write, retention) on the broker's metadata thread,
+        never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._meta_executor, fn)
+
+    async def persist_topics(self) -> None:
+        """Write the topic table if a change is not written yet (a request that created a topic
+        waits for this before it is answered)."""
+        if self.topics.table.dirty:
+            await self.in_background(self.topics.table.persist)
+
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
@@ -373,13 +394,14 @@ class BrokerController:
             try:
                 await self.flush.flush_queues()
                 if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
-                    self.offsets.persist()
+                    await self.in_background(self.offsets.persist)
                     last_offsets = now
+                await self.persist_topics()
                 if now - last_expire >= 10.0:
                     self.clients.expire(cfg.channel_expired_timeout / 1000.0)
                     last_expire = now
                 if now - last_clean >= cfg.clean_resource_interval / 1000.0:
-                    deleted = self.store.delete_expired_files()
+                    deleted = await self.in_background(self.store.delete_expired_files)
                     if deleted:
                         log.info("retention_ran", segments_deleted=deleted)
                     last_clean = now

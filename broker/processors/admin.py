@@ -49,6 +49,7 @@ class AdminProcessor:
         for c in data.get("consumerDataSet") or []:
             if isinstance(c, dict) and c.get("groupName"):
                 self.broker.topics.ensure(retry_topic(c["groupName"]), 1)
+        await self.broker.persist_topics()
         self.broker.clients.heartbeat(conn, data, cmd.language, cmd.version)
         return cmd.response()
 
@@ -144,6 +145,7 @@ class AdminProcessor:
                 order=h.order,
             )
         )
+        await self.broker.persist_topics()
         return cmd.response()
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -100,6 +100,8 @@ class SendMessageProcessor:
             return await self.send_batch(conn, cmd, h)
         self._check_body(cmd.body)
         tc = self.broker.topics.for_send(h.topic, h.default_topic_queue_nums)
+        if self.broker.topics.table.dirty:  # this send created the topic: make that durable
+            await self.broker.persist_topics()
         try:
             props = string_to_properties(h.properties)
         except ProtocolError as exc:
@@ -151,6 +153,8 @@ class SendMessageProcessor:
     ) -> RemotingCommand:
         h = h or self._header(cmd)
         tc = self.broker.topics.for_send(h.topic, h.default_topic_queue_nums)
+        if self.broker.topics.table.dirty:
+            await self.broker.persist_topics()
         qid = self._queue_id(h.queue_id, tc.write_queue_nums, h.topic)
         try:
             entries = decode_batch(cmd.body)
@@ -239,6 +243,7 @@ class SendMessageProcessor:
             self.broker.topics.ensure(topic, 1)
             level = h.delay_level if h.delay_level > 0 else 3 + orig.reconsume_times
             props[MessageConst.DELAY] = str(level)
+        await self.broker.persist_topics()
         msg = MessageExt(
             topic=topic,
             body=orig.body,

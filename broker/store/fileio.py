@@ -16,8 +16,12 @@ import os
 import tempfile
 from collections.abc import Callable
 
-#: fdatasync where the platform has it (Linux); plain fsync elsewhere.
-fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+def fdatasync(fd: int) -> None:
+    """fdatasync where the platform has it (Linux); plain fsync elsewhere.  Looked up at each
+    call, so a test guard that wraps ``os.fdatasync`` sees every call."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -32,7 +36,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fsync) -> None:
+def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] | None = None) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
 
     Order: write a temporary file in the same directory, fsync it, rename it over ``path``,
@@ -42,7 +46,8 @@ def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fs
     Args:
         path: the file to replace (its directory must exist).
         data: the complete new content.
-        fsync: the function used to fsync the temporary file (a seam for fault-injection tests).
+        fsync: the function used to fsync the temporary file (a seam for fault-injection tests;
+            ``os.fsync`` by default).
 
     Raises:
         OSError: the write, fsync or rename failed; ``path`` is unchanged.
@@ -55,7 +60,7 @@ def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fs
             written = 0
             while written < len(view):
                 written += os.write(fd, view[written:])
-            fsync(fd)
+            (fsync or os.fsync)(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

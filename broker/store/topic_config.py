@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,16 +91,26 @@ class TopicConfig:
 
 
 class TopicConfigManager:
-    """The persisted table of topic configs.  Every change is written at once (atomically).
+    """The persisted table of topic configs, written atomically.
+
+    By default every change is written at once.  With ``write_behind`` a change only marks the
+    table dirty and :meth:`persist` writes it; that method may run on another thread (the
+    broker calls it off its event loop and waits for it before answering a request that
+    created a topic).
 
     Args:
         path: ``<root>/config/topics.json`` (its folder is created on first write).
+        write_behind: leave writing to :meth:`persist`.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, write_behind: bool = False) -> None:
         self.path = path
+        self.write_behind = write_behind
         self._table: dict[str, TopicConfig] = {}
         self._counter = 0
+        self._dirty = False
+        self._lock = threading.Lock()
+        self._persist_lock = threading.Lock()
 
     def load(self) -> None:
         """Read the file if there is one.
@@ -129,26 +140,59 @@ class TopicConfigManager:
         return self._table.get(name)
 
     def put(self, tc: TopicConfig) -> None:
-        """Add or replace a topic config and persist the table."""
-        self._table[tc.topic_name] = tc
-        self._persist()
+        """Add or replace a topic config (and persist the table unless ``write_behind``)."""
+        with self._lock:
+            self._table[tc.topic_name] = tc
+            self._changed()
+        if not self.write_behind:
+            self.persist()
 
     def delete(self, name: str) -> bool:
         """Remove a topic config; True if there was one."""
-        if self._table.pop(name, None) is None:
-            return False
-        self._persist()
+        with self._lock:
+            if self._table.pop(name, None) is None:
+                return False
+            self._changed()
+        if not self.write_behind:
+            self.persist()
         return True
+
+    @property
+    def dirty(self) -> bool:
+        """A change is not written yet."""
+        return self._dirty
+
+    def _changed(self) -> None:
+        self._counter += 1
+        self._dirty = True
 
     def all(self) -> dict[str, TopicConfig]:
         """A copy of the table."""
         return dict(self._table)
 
-    def _persist(self) -> None:
-        self._counter += 1
-        doc = {
-            "topicConfigTable": {name: tc.to_json() for name, tc in sorted(self._table.items())},
-            "dataVersion": {"timestamp": int(time.time() * 1000), "counter": self._counter},
-        }
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        atomic_write(self.path, json.dumps(doc, indent=1).encode())
+    def persist(self) -> bool:
+        """Write the table if it changed since the last write; True if it wrote.  Safe to call
+        from another thread than the one changing the table.
+
+        Raises:
+            OSError: the write failed; the file keeps its previous content and the table stays
+                dirty.
+        """
+        with self._persist_lock:
+            with self._lock:
+                if not self._dirty:
+                    return False
+                self._dirty = False
+                doc = {
+                    "topicConfigTable": {
+                        name: tc.to_json() for name, tc in sorted(self._table.items())
+                    },
+                    "dataVersion": {"timestamp": int(time.time() * 1000), "counter": self._counter},
+                }
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                atomic_write(self.path, json.dumps(doc, indent=1).encode())
+            except BaseException:
+                self._dirty = True
+                raise
+            return True

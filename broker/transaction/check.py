@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -116,7 +116,7 @@ class CheckService:
         producer_channels: Callable[[str], list[ClientChannel]],
         park: Callable[[TxRecord, str], None],
         on_checked: Callable[[], None],
-        after_round: Callable[[], None],
+        after_round: Callable[[], Awaitable[None]],
         now_ms: Callable[[], int],
         metrics: BrokerMetrics,
         interval_ms: int,
@@ -211,7 +211,7 @@ class CheckService:
 
             await asyncio.gather(*(one(r, c) for r, c in due))
             self.rounds += 1
-            self._after_round()
+            await self._after_round()
             if any(stats.values()):
                 log.info("check_round_finished", **stats)
             return stats

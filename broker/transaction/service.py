@@ -339,7 +339,7 @@ class TransactionalMessageService:
 
     async def stop(self) -> None:
         await self.checks.stop()
-        self.persist_check_state()
+        await self.persist_check_state()
 
     def on_producer_registered(self, group: str) -> None:
         self.checks.on_producer_registered(group)
@@ -350,19 +350,30 @@ class TransactionalMessageService:
     def _mark_check_state_dirty(self) -> None:
         self._check_state_dirty = True
 
-    def _after_round(self) -> None:
-        self.persist_check_state()
+    async def _after_round(self) -> None:
         self.update_gauges()
+        await self.persist_check_state()
 
     # -- persistence of check state -------------------------------------------------------------
 
-    def persist_check_state(self) -> None:
+    async def persist_check_state(self) -> None:
+        """Write the check-state index if it changed: the snapshot is taken here, the write runs
+        on the broker's metadata thread."""
         if not self._check_state_dirty:
             return
-        doc = {"version": CHECK_STATE_VERSION, "checks": self.machine.check_counts()}
-        os.makedirs(os.path.dirname(self._check_state_path), exist_ok=True)
-        atomic_write(self._check_state_path, json.dumps(doc).encode())
         self._check_state_dirty = False
+        doc = {"version": CHECK_STATE_VERSION, "checks": self.machine.check_counts()}
+        path, data = self._check_state_path, json.dumps(doc).encode()
+
+        def write() -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data)
+
+        try:
+            await self.broker.in_background(write)
+        except BaseException:
+            self._check_state_dirty = True
+            raise
 
     def _load_check_state(self) -> None:
         try:
