@@ -1,8 +1,7 @@
-"""Topic management: system topics, auto-creation, permissions, validation."""
+"""Topic management: system topics, auto-creation, permissions, validation (the names are
+in :mod:`txmq.protocol.topics`)."""
 
 from __future__ import annotations
-
-import re
 
 import structlog
 
@@ -10,6 +9,20 @@ from txmq.protocol.errors import (
     MessageIllegalError,
     NoPermissionError,
     TopicNotExistError,
+)
+from txmq.protocol.topics import (
+    AUTO_CREATE_TOPIC_KEY_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    RMQ_SYS_TRANS_HALF_TOPIC,
+    RMQ_SYS_TRANS_OP_HALF_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
+    TOPIC_MAX_LENGTH,
+    TOPIC_PATTERN,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    dlq_topic,
+    retry_topic,
 )
 
 from .store import TopicConfig, TopicConfigManager
@@ -21,40 +34,6 @@ PERM_READ = 0x4
 PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
 
-#: Where half messages wait for their decision.
-RMQ_SYS_TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-#: Decisions (op records) about half messages.
-RMQ_SYS_TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-#: Halves that used up their check budget, waiting for an operator.
-TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
-#: Delayed messages, one queue per delay level.
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-#: The route a stock client asks for when its topic has none yet; it then sends with this
-#: route and the broker creates the topic (``autoCreateTopicEnable``).
-AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-
-SYSTEM_TOPICS = frozenset(
-    {
-        RMQ_SYS_TRANS_HALF_TOPIC,
-        RMQ_SYS_TRANS_OP_HALF_TOPIC,
-        TRANS_CHECK_MAX_TIME_TOPIC,
-        SCHEDULE_TOPIC,
-    }
-)
-
-_VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-TOPIC_MAX_LENGTH = 127
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
-
 
 def validate_topic(topic: str) -> None:
     """RocketMQ's rules: ``[%|a-zA-Z0-9_-]``, at most 127 characters."""
@@ -62,7 +41,7 @@ def validate_topic(topic: str) -> None:
         raise MessageIllegalError("the topic name is empty")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise MessageIllegalError(f"the topic name is longer than {TOPIC_MAX_LENGTH} characters")
-    if not _VALID_TOPIC.match(topic):
+    if not TOPIC_PATTERN.match(topic):
         raise MessageIllegalError(
             f"the topic name {topic!r} contains characters outside [%|a-zA-Z0-9_-]"
         )
@@ -167,3 +146,25 @@ class TopicManager:
         if not tc.perm & PERM_WRITE:
             raise NoPermissionError(f"the topic[{topic}] sending message is forbidden")
         return tc
+
+
+# The topic names are defined in txmq.protocol.topics; they are re-exported for the broker.
+__all__ = [
+    "AUTO_CREATE_TOPIC_KEY_TOPIC",
+    "DLQ_GROUP_TOPIC_PREFIX",
+    "PERM_INHERIT",
+    "PERM_PRIORITY",
+    "PERM_READ",
+    "PERM_WRITE",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "SCHEDULE_TOPIC",
+    "SYSTEM_TOPICS",
+    "TOPIC_MAX_LENGTH",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TopicManager",
+    "dlq_topic",
+    "retry_topic",
+    "validate_topic",
+]

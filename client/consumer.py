@@ -52,6 +52,7 @@ from txmq.protocol.headers import (
     GetConsumerListByGroupRequestHeader,
 )
 from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
+from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
@@ -72,9 +73,6 @@ from .remoting import BrokerConnection
 from .route import fetch_route
 
 log = structlog.get_logger(__name__)
-
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 T = TypeVar("T")
 
@@ -343,7 +341,7 @@ class AsyncPushConsumer:
     ) -> None:
         if not group or not isinstance(group, str):
             raise ValueError("a consumer needs a non-empty group name")
-        validate_topic(RETRY_GROUP_TOPIC_PREFIX + group)
+        validate_topic(retry_topic(group))
         self.group = group
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
@@ -351,7 +349,7 @@ class AsyncPushConsumer:
         if max_reconsume_times < 0:
             raise ValueError("max_reconsume_times must not be negative")
         self.max_reconsume_times = max_reconsume_times
-        self.retry_topic = RETRY_GROUP_TOPIC_PREFIX + group
+        self.retry_topic = retry_topic(group)
         self._retry_sub = _Subscription(self.retry_topic, "*", None, False, 0)
         self._subs: dict[str, _Subscription] = {}
         #: Subscribed topics that did not exist yet when this consumer looked for them.

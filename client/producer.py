@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
-import re
 import time
 import zlib
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from txmq.protocol.message import (
     encode_batch,
     properties_to_string,
 )
+from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError, InvalidMessageError
@@ -56,11 +56,6 @@ from .route import TopicRoute, fetch_route
 
 log = structlog.get_logger(__name__)
 
-#: Topic names RocketMQ accepts (``Validators.VALID_PATTERN_STR``).
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-TOPIC_MAX_LENGTH = 127
-#: The topic RocketMQ names as the template for auto-created topics.
-AUTO_CREATE_TOPIC_KEY = "TBW102"
 
 #: ``f(queue_ids, message) -> queue_id``: picks the queue for one message.
 QueueSelector = Callable[[list[int], Message], int]
@@ -504,7 +499,7 @@ class AsyncProducer:
         return SendMessageRequestHeader(
             producer_group=self.group,
             topic=msg.topic,
-            default_topic=AUTO_CREATE_TOPIC_KEY,
+            default_topic=AUTO_CREATE_TOPIC_KEY_TOPIC,
             default_topic_queue_nums=self.config.default_topic_queue_nums,
             queue_id=qid,
             sys_flag=sys_flag,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .errors import InvalidParameterError
+from .topics import AUTO_CREATE_TOPIC_KEY_TOPIC
 
 H = TypeVar("H", bound="Header")
 
@@ -117,7 +118,7 @@ class Header:
 class SendMessageRequestHeader(Header):
     producer_group: str
     topic: str
-    default_topic: str = "TBW102"
+    default_topic: str = AUTO_CREATE_TOPIC_KEY_TOPIC
     default_topic_queue_nums: int = 4
     queue_id: int = -1
     sys_flag: int = 0
@@ -267,7 +268,7 @@ class GetRouteInfoRequestHeader(Header):
 @dataclass
 class CreateTopicRequestHeader(Header):
     topic: str
-    default_topic: str = "TBW102"
+    default_topic: str = AUTO_CREATE_TOPIC_KEY_TOPIC
     read_queue_nums: int = 4
     write_queue_nums: int = 4
     perm: int = 6

@@ -49,8 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: Topic names the broker accepts (RocketMQ's ``Validators.VALID_PATTERN_STR``).
-_TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+from txmq.protocol.topics import TOPIC_MAX_LENGTH, TOPIC_PATTERN
+
 #: Producer group names: what RocketMQ accepts for group names.
 _GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.:-]{1,255}$")
 
@@ -158,7 +158,7 @@ def validate_topic(topic: str, option: str = "topic") -> str:
     Raises:
         TxmqOptionError: not a valid topic name.
     """
-    if not _TOPIC_PATTERN.match(topic):
+    if not (0 < len(topic) <= TOPIC_MAX_LENGTH and TOPIC_PATTERN.match(topic)):
         raise TxmqOptionError(
             f"option {option!r}: {topic!r} is not a valid topic name (letters, digits, '%', "
             "'|', '_' and '-', at most 127 characters)"

@@ -67,6 +67,20 @@ RULES = [
 ]
 
 
+#: Protocol modules that are plain data and pure functions: they import none of these.
+IO_MODULES = (
+    "asyncio",
+    "os",
+    "selectors",
+    "socket",
+    "ssl",
+    "subprocess",
+    "threading",
+    "uvloop",
+)
+PURE_PROTOCOL_MODULES = ("protocol/topics.py",)
+
+
 def module_name(path: Path) -> str:
     """The installed dotted name of a source file (``broker/store/x.py`` ->
     ``txmq.broker.store.x``)."""
@@ -127,6 +141,14 @@ def test_layering(rule: Rule) -> None:
         for name in violations(rule, imports):
             problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not problems, f"{rule.why}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", PURE_PROTOCOL_MODULES)
+def test_pure_protocol_module_does_no_io(path: str) -> None:
+    source = ROOT / path
+    imports = imported_modules(source.read_text(encoding="utf-8"), module_name(source), False)
+    bad = violations(Rule(path, IO_MODULES, "pure"), imports)
+    assert not bad, f"{path} must stay free of I/O; it imports {bad}"
 
 
 # --- the checker itself -----------------------------------------------------------------------
