@@ -78,6 +78,15 @@ class BrokerConfig:
     reject_transaction_message: bool = False
     #: How long the broker waits for a producer to acknowledge a CHECK_TRANSACTION_STATE (ms).
     transaction_check_request_timeout: int = 3000
+    #: How long a decided transaction is remembered (ms): within it a repeated decision is
+    #: answered as the first one was and a contradicting one is refused; after it the record
+    #: is dropped from memory (a late END_TRANSACTION then gets "Find prepared transaction
+    #: message failed", as from RocketMQ).
+    transaction_decided_retention: int = 300_000
+    #: How long a batch decision (TXMQ_DECIDE_BATCH, the Spark sink) is remembered (ms); a
+    #: streaming query that replays a batch finds its decision within this time.  Default: the
+    #: store's retention (fileReservedTime).
+    transaction_batch_retention: int = 72 * 3_600_000
 
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).

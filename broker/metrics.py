@@ -34,6 +34,11 @@ class BrokerMetrics:
         self.tx_discards = Counter(
             "txmq_transaction_discards", "Transactions parked after the check budget", registry=r
         )
+        self.tx_pruned = Counter(
+            "txmq_transaction_pruned",
+            "Decided transactions forgotten after their idempotency window",
+            registry=r,
+        )
         self.tx_checks_sent = Counter(
             "txmq_transaction_checks_sent", "Checks delivered to a live producer", registry=r
         )

@@ -19,6 +19,8 @@ the first decision wins.
 
 from __future__ import annotations
 
+import sys
+from collections import deque
 from dataclasses import dataclass
 
 from txmq.protocol.errors import IllegalOperationError, InvalidParameterError
@@ -42,6 +44,9 @@ class TransactionStateMachine:
         #: (group, batch key) -> {"committed": [...], "rolledBack": [...]}
         self.batches: dict[tuple[str, str], dict[str, list[str]]] = {}
         self.batch_members: dict[tuple[str, str], set[str]] = {}
+        #: decided transactions and batches in decision order, for :meth:`prune`
+        self._decided: deque[tuple[int, str]] = deque()
+        self._decided_batches: deque[tuple[int, tuple[str, str]]] = deque()
 
     # -- halves ---------------------------------------------------------------------------------
 
@@ -210,11 +215,12 @@ class TransactionStateMachine:
                 return
             rec.state = state
             rec.decided_ms = op.ts
-            rec.decided_by = op.by
+            rec.decided_by = sys.intern(op.by)
             rec.remark = op.remark
             rec.check_in_flight = False
             rec.decision_end_offset = end_offset
             self.pending.pop(txid, None)
+            self._decided.append((op.ts, txid))
             changed.append(rec)
 
         if op.kind is OpKind.COMMIT:
@@ -228,11 +234,13 @@ class TransactionStateMachine:
                 settle(t, TxState.COMMITTED)
             for t in op.txids:
                 settle(t, TxState.ROLLED_BACK)
-            if op.batch_key is not None:
-                self.batches.setdefault(
-                    (op.group, op.batch_key),
-                    {"committed": sorted(op.committed), "rolledBack": sorted(op.txids)},
-                )
+            key = (op.group, op.batch_key or "")
+            if op.batch_key is not None and key not in self.batches:
+                self.batches[key] = {
+                    "committed": sorted(op.committed),
+                    "rolledBack": sorted(op.txids),
+                }
+                self._decided_batches.append((op.ts, key))
         elif op.kind is OpKind.DISCARD:
             for t in op.txids:
                 rec = self._record(t, op.group)
@@ -260,6 +268,35 @@ class TransactionStateMachine:
             rec = TxRecord(txid, group, state=TxState.PENDING)
             self.records[txid] = rec
         return rec
+
+    # -- bounded memory -------------------------------------------------------------------------
+
+    def prune(self, decided_before_ms: int, batches_before_ms: int) -> int:
+        """Forget transactions decided before ``decided_before_ms`` and batch decisions made
+        before ``batches_before_ms`` (their idempotency windows are over).  Cheap: decisions are
+        kept in decision order, so only the expired ones are looked at.  Returns how many
+        transactions were forgotten."""
+        n = 0
+        while self._decided and self._decided[0][0] < decided_before_ms:
+            _, txid = self._decided.popleft()
+            rec = self.records.get(txid)
+            if rec is None or not rec.state.decided:
+                continue
+            del self.records[txid]
+            for h in rec.halves:
+                if self.by_half_offset.get(h.commit_log_offset) == txid:
+                    del self.by_half_offset[h.commit_log_offset]
+            if rec.batch_key is not None:
+                members = self.batch_members.get((rec.producer_group, rec.batch_key))
+                if members is not None:
+                    members.discard(txid)
+                    if not members:
+                        del self.batch_members[(rec.producer_group, rec.batch_key)]
+            n += 1
+        while self._decided_batches and self._decided_batches[0][0] < batches_before_ms:
+            _, key = self._decided_batches.popleft()
+            self.batches.pop(key, None)
+        return n
 
     # -- check state ----------------------------------------------------------------------------
 

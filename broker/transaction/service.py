@@ -351,8 +351,22 @@ class TransactionalMessageService:
         self._check_state_dirty = True
 
     async def _after_round(self) -> None:
+        self.prune()
         self.update_gauges()
         await self.persist_check_state()
+
+    def prune(self) -> int:
+        """Forget decisions whose idempotency window is over (``transactionDecidedRetention``,
+        ``transactionBatchRetention``), so memory stays bounded however many transactions were
+        decided."""
+        cfg, now = self.broker.config, self.now_ms()
+        n = self.machine.prune(
+            now - cfg.transaction_decided_retention, now - cfg.transaction_batch_retention
+        )
+        if n:
+            self.broker.metrics.tx_pruned.inc(n)
+            log.debug("transactions_pruned", count=n, remembered=len(self.records))
+        return n
 
     # -- persistence of check state -------------------------------------------------------------
 
@@ -427,8 +441,15 @@ class TransactionalMessageService:
                 last_commit = (m.commit_log_offset, op.halves)
         self._load_check_state()
         repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
+        pruned = self.prune()
         self.update_gauges()
-        stats = {"halves": n_half, "ops": n_op, "pending": len(self.pending), "repaired": repaired}
+        stats = {
+            "halves": n_half,
+            "ops": n_op,
+            "pending": len(self.pending),
+            "repaired": repaired,
+            "pruned": pruned,
+        }
         log.info("transactions_recovered", **stats)
         return stats
 

@@ -64,7 +64,7 @@ class Decision(enum.IntEnum):
     ROLLBACK = 0xC
 
 
-@dataclass
+@dataclass(slots=True)
 class HalfRef:
     """One half message of a transaction."""
 
@@ -78,7 +78,7 @@ class HalfRef:
     immunity_ms: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TxRecord:
     transaction_id: str
     producer_group: str

@@ -200,3 +200,23 @@ def _table(
         return (r.state, r.decided_by, r.decision_end_offset, len(r.halves), checks)
 
     return {t: row(r) for t, r in m.records.items()}
+
+
+def test_decisions_are_forgotten_after_their_window_and_batches_after_theirs() -> None:
+    m, ops = TransactionStateMachine(), list[OpRecord]()
+    for i, t in enumerate(["A", "B", "C"]):
+        rec = m.add_half(t, "g", "q/1" if t != "C" else None, half(100 * (i + 1)))
+    live(m, m.plan_batch("g", "q/1", ["A"], 1_000).op, ops)  # A committed, B rolled back
+    live(m, m.plan_decision(m.records["C"], Decision.COMMIT, "producer", 5_000), ops)
+    m.add_half("D", "g", None, half(400))  # still pending: never forgotten
+    assert m.prune(decided_before_ms=1_000, batches_before_ms=1_000) == 0
+    assert m.prune(decided_before_ms=2_000, batches_before_ms=0) == 2
+    assert set(m.records) == {"C", "D"} and set(m.by_half_offset.values()) == {"C", "D"}
+    # The batch decision outlives its members' records: a replayed batch still finds it, and
+    # no new attempt can join it.
+    assert m.batches[("g", "q/1")]["committed"] == ["A"]
+    with pytest.raises(IllegalOperationError, match="already decided"):
+        m.check_joinable("E", "g", "q/1")
+    assert m.prune(decided_before_ms=10_000, batches_before_ms=10_000) == 1
+    assert set(m.records) == {"D"} and m.batches == {} and "D" in m.pending
+    assert rec.transaction_id == "C"
