@@ -552,19 +552,66 @@ def inflate_body(m: MessageExt) -> bool:
 # when it stores it), so txmq does the same and ignores both fields when decoding.
 
 
+_BATCH_ENTRY_HEAD = struct.Struct(">iiiii")
+_BATCH_PROPS_LEN = struct.Struct(">h")
+#: Bytes a batch entry takes besides its body and properties (head and properties length).
+BATCH_ENTRY_OVERHEAD = _BATCH_ENTRY_HEAD.size + _BATCH_PROPS_LEN.size
+
+
+class BatchBody:
+    """A SEND_BATCH_MESSAGE body built one entry at a time: the parts are kept, not copied,
+    until :meth:`encode` joins them once (a body is copied only there).
+
+    Attributes:
+        parts: the encoded pieces, in order.
+        count: entries added.
+        size: bytes the encoded body takes.
+    """
+
+    __slots__ = ("parts", "count", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.count = 0
+        self.size = 0
+
+    def add(self, body: bytes, properties: bytes, flag: int = 0) -> int:
+        """Append one entry and return the bytes it takes.
+
+        Args:
+            body: the message body.
+            properties: the properties string in wire form (:func:`properties_to_string`,
+                UTF-8), at most 32767 bytes.
+            flag: the user flag.
+
+        Raises:
+            struct.error: the properties are longer than 32767 bytes.
+        """
+        blen = len(body)
+        plen = len(properties)
+        size = BATCH_ENTRY_OVERHEAD + blen + plen
+        self.parts += (
+            _BATCH_ENTRY_HEAD.pack(size, 0, 0, flag, blen),
+            body,
+            _BATCH_PROPS_LEN.pack(plen),
+            properties,
+        )
+        self.count += 1
+        self.size += size
+        return size
+
+    def encode(self) -> bytes:
+        """The body: every entry added so far, back to back."""
+        return b"".join(self.parts)
+
+
 def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
     """Encode (body, flag, properties) triples as a SEND_BATCH_MESSAGE body."""
-    parts = []
+    batch = BatchBody()
+    add = batch.add
     for body, flag, props in messages:
-        p = properties_to_string(props).encode("utf-8")
-        total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
-        parts.append(
-            struct.pack(">iiiii", total, 0, 0, flag, len(body))
-            + body
-            + struct.pack(">h", len(p))
-            + p
-        )
-    return b"".join(parts)
+        add(body, properties_to_string(props).encode("utf-8"), flag)
+    return batch.encode()
 
 
 def decode_batch(buf: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
@@ -572,10 +619,10 @@ def decode_batch(buf: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
     pos = 0
     try:
         while pos < len(buf):
-            total, _magic, _crc, flag, blen = struct.unpack_from(">iiiii", buf, pos)
-            if total < 22 or pos + total > len(buf) or blen < 0:
+            total, _magic, _crc, flag, blen = _BATCH_ENTRY_HEAD.unpack_from(buf, pos)
+            if total < BATCH_ENTRY_OVERHEAD or pos + total > len(buf) or blen < 0:
                 raise ProtocolError("batch entry is truncated")
-            p = pos + 20
+            p = pos + _BATCH_ENTRY_HEAD.size
             body = bytes(buf[p : p + blen])
             p += blen
             (plen,) = struct.unpack_from(">h", buf, p)

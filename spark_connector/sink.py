@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import struct
 import time
 import uuid
 import zlib
@@ -44,8 +43,10 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import (
+    BATCH_ENTRY_OVERHEAD,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
+    BatchBody,
     MessageConst,
     MessageSysFlag,
     UniqIdGenerator,
@@ -64,8 +65,6 @@ ROW_CHUNK = 1024
 #: The most bytes the properties of one message may take (a signed 16-bit length).
 MAX_PROPERTIES_BYTES = 32767
 
-_ENTRY_HEAD = struct.Struct(">iiiii")
-_PROPS_LEN = struct.Struct(">h")
 _KV = NAME_VALUE_SEPARATOR.encode()
 _SEP = PROPERTY_SEPARATOR.encode()
 _UNIQ_PREFIX = MessageConst.UNIQ_KEY.encode() + _KV
@@ -193,15 +192,6 @@ def queue_for_key(value: Any, queue_nums: int) -> int:
     return zlib.crc32(raw) % queue_nums
 
 
-class _Buffer:
-    __slots__ = ("parts", "count", "size")
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.count = 0
-        self.size = 0
-
-
 class HalfWriter:
     """Writes one task attempt's rows as half messages of one transaction.
 
@@ -242,8 +232,8 @@ class HalfWriter:
         self._ids = _id_generator()
         self._queue_nums: dict[str, int] = {}
         self._cursor: dict[str, int] = {}
-        self._buffers: dict[tuple[str, int], _Buffer] = {}
-        self._ready: list[tuple[str, int, _Buffer]] = []
+        self._buffers: dict[tuple[str, int], BatchBody] = {}
+        self._ready: list[tuple[str, int, BatchBody]] = []
         self._in_flight: set[asyncio.Future[None]] = set()
         self._checked_topics: set[str] = set()
 
@@ -286,8 +276,6 @@ class HalfWriter:
         max_bytes = self.options.max_request_bytes
         const = self._const
         next_id = self._ids.next_id
-        head = _ENTRY_HEAD.pack
-        plen = _PROPS_LEN.pack
         queue_nums = self._queue_nums
         cursor = self._cursor
         buffers = self._buffers
@@ -316,28 +304,22 @@ class HalfWriter:
                     f"a row's properties take {len(p)} bytes, over the limit of "
                     f"{MAX_PROPERTIES_BYTES}"
                 )
-            blen = len(body)
-            size = 22 + blen + len(p)
+            size = BATCH_ENTRY_OVERHEAD + len(body) + len(p)
             key = (topic, qid)
             buf = buffers.get(key)
             if buf is None:
-                buf = buffers[key] = _Buffer()
+                buf = buffers[key] = BatchBody()
             elif buf.size + size > max_bytes:
                 self._take(key, buf)
-                buf = buffers[key] = _Buffer()
-            buf.parts.append(head(size, 0, 0, 0, blen))
-            buf.parts.append(body)
-            buf.parts.append(plen(len(p)))
-            buf.parts.append(p)
-            buf.count += 1
-            buf.size += size
+                buf = buffers[key] = BatchBody()
+            buf.add(body, p)
             if buf.count >= batch_size or buf.size >= max_bytes:
                 self._take(key, buf)
                 del buffers[key]
         self.rows += n
         await self._send_ready()
 
-    def _take(self, key: tuple[str, int], buf: _Buffer) -> None:
+    def _take(self, key: tuple[str, int], buf: BatchBody) -> None:
         topic, qid = key
         self._ready.append((topic, qid, buf))
         if qid == self._cursor.get(topic):
@@ -355,7 +337,7 @@ class HalfWriter:
                     fut.result()
             self._in_flight.add(asyncio.ensure_future(self._send(topic, qid, buf)))
 
-    async def _send(self, topic: str, qid: int, buf: _Buffer) -> None:
+    async def _send(self, topic: str, qid: int, buf: BatchBody) -> None:
         header = SendMessageRequestHeader(
             producer_group=self.group,
             topic=topic,
@@ -368,7 +350,7 @@ class HalfWriter:
             batch=True,
         )
         cmd = RemotingCommand.request(
-            RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), b"".join(buf.parts)
+            RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), buf.encode()
         )
         resp = await self.session.connection.request(cmd, self.options.request_timeout)
         self.requests += 1
