@@ -64,6 +64,9 @@ class ClientManager:
         self._channels: dict[Connection, ClientChannel] = {}
         self._on_consumer_group_changed = on_consumer_group_changed
         self._on_producer_registered = on_producer_registered
+        #: When set (ACL on), only connections it accepts for a group get that group's
+        #: check-backs.
+        self.producer_filter: Callable[[Connection, str], bool] | None = None
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -172,11 +175,15 @@ class ClientManager:
         return self._channels.get(conn)
 
     def producer_channels(self, group: str) -> list[ClientChannel]:
-        """Live producer connections of a group (closed ones are never returned)."""
+        """Live producer connections of a group (closed ones are never returned, nor, with
+        the ACL on, connections not authenticated for the group)."""
+        allowed = self.producer_filter
         return [
             ch
             for ch in self._channels.values()
-            if group in ch.producer_groups and not ch.conn.closed
+            if group in ch.producer_groups
+            and not ch.conn.closed
+            and (allowed is None or allowed(ch.conn, group))
         ]
 
     def consumer_channels(self, group: str) -> list[ClientChannel]:

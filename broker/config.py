@@ -100,7 +100,19 @@ class BrokerConfig:
     #: Its port (RocketMQ's proxy default); 0 picks a free port.
     grpc_server_port: int = 8081
 
+    # -- security (docs/security.md) -----------------------------------------------------------
+    #: Check every remoting request against the ACL file (RocketMQ's ACL 1.0, plain access).
+    acl_enable: bool = False
+    #: The accounts, in RocketMQ's plain_acl.yml format (relative to the working directory,
+    #: like storePathRootDir).
+    plain_acl_file: str = "config/plain_acl.yml"
+
     def __post_init__(self) -> None:
+        if self.acl_enable and self.grpc_server_enable:
+            raise ConfigError(
+                "aclEnable covers the remoting port only: the gRPC front end does not check "
+                "credentials yet, so turn grpcServerEnable off while aclEnable is on"
+            )
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(
                 f"flushDiskType must be one of {', '.join(FLUSH_TYPES)}, got {self.flush_disk_type!r}"

@@ -27,8 +27,9 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.message import MessageExt
 
+from .acl import AclConfigError, AclManager
 from .clients import ClientManager
-from .config import BrokerConfig, delay_levels
+from .config import BrokerConfig, ConfigError, delay_levels
 from .flush import FlushService
 from .metrics import BrokerMetrics
 from .processors.admin import AdminProcessor
@@ -102,6 +103,8 @@ class BrokerController:
         #: The RocketMQ 5 gRPC front end (``grpcServerEnable``) and its bound port.
         self.grpc: Any = None
         self.grpc_port = 0
+        #: The ACL in force (``aclEnable``); None when off, so the dispatch pays one check.
+        self.acl: AclManager | None = None
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -135,6 +138,13 @@ class BrokerController:
                     f"grpcServerEnable needs the grpc extra (pip install 'txmq[grpc]'): {exc}"
                 ) from exc
             grpc_server = GrpcServer
+        if cfg.acl_enable:
+            acl = AclManager(cfg.plain_acl_file)
+            try:
+                await self.in_background(acl.load)
+            except AclConfigError as exc:
+                raise ConfigError(f"aclEnable: {exc}") from None
+            self.acl = acl
         try:
             self._server = await loop.create_server(
                 self._new_connection,
@@ -182,6 +192,9 @@ class BrokerController:
             on_producer_registered=lambda group: self.transactions.on_producer_registered(group)
         )
         self.transactions = TransactionalMessageService(self, self._check_sender)
+        if self.acl is not None:
+            self.acl.transactions = self.transactions
+            self.clients.producer_filter = self.acl.may_produce
         self.flush = FlushService(
             self.store,
             sync=cfg.sync_flush,
@@ -328,6 +341,8 @@ class BrokerController:
         if self._shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "the broker is shutting down")
         try:
+            if self.acl is not None:
+                self.acl.check(conn, cmd)
             return await proc(conn, cmd)
         except TxmqError as exc:
             self.metrics.request_errors.labels(str(exc.code)).inc()
@@ -397,6 +412,10 @@ class BrokerController:
                     await self.in_background(self.offsets.persist)
                     last_offsets = now
                 await self.persist_topics()
+                if self.acl is not None:
+                    changed = await self.in_background(self.acl.poll)
+                    if changed is not None:
+                        self.acl.install(changed)
                 if now - last_expire >= 10.0:
                     self.clients.expire(cfg.channel_expired_timeout / 1000.0)
                     last_expire = now

@@ -77,6 +77,9 @@ class Connection(asyncio.Protocol):
         on_protocol_error: Callable[[Connection, ProtocolError], None] | None = None,
     ) -> None:
         self.handler = handler
+        #: Applied to every request this side sends, just before it is written (a client's
+        #: ACL credentials, :meth:`txmq.protocol.acl.Credentials.sign`).
+        self.signer: Callable[[RemotingCommand], None] | None = None
         self.on_close = on_close
         self.on_protocol_error = on_protocol_error
         self._decoder = FrameDecoder(max_frame_size)
@@ -227,6 +230,8 @@ class Connection(asyncio.Protocol):
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         """Send a request and wait for its response."""
         cmd.opaque = next_opaque()
+        if self.signer is not None:
+            self.signer(cmd)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[RemotingCommand] = loop.create_future()
         self._pending[cmd.opaque] = fut
@@ -254,6 +259,8 @@ class Connection(asyncio.Protocol):
     def send_oneway(self, cmd: RemotingCommand) -> None:
         cmd.opaque = next_opaque()
         cmd.flag |= 0x2
+        if self.signer is not None:
+            self.signer(cmd)
         self.write(cmd)
 
     def close(self) -> None:
@@ -277,9 +284,11 @@ async def open_connection(
     handler: Handler | None = None,
     *,
     timeout: float = 3.0,
+    signer: Callable[[RemotingCommand], None] | None = None,
     **kwargs: Any,
 ) -> Connection:
-    """Connect to ``host:port`` and return the :class:`Connection`."""
+    """Connect to ``host:port`` and return the :class:`Connection`; ``signer`` signs every
+    request it sends (see :attr:`Connection.signer`)."""
     loop = asyncio.get_running_loop()
     try:
         _, proto = await asyncio.wait_for(
@@ -289,4 +298,5 @@ async def open_connection(
         raise RequestTimeoutError(f"connecting to {host}:{port} timed out") from None
     except OSError as exc:
         raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
+    proto.signer = signer
     return proto

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
+from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, Handler, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
@@ -34,9 +35,17 @@ class RawClient:
         self.client_id = f"raw@{os.getpid()}#{id(self)}"
 
     @classmethod
-    async def connect(cls, address: str, handler: Handler | None = None) -> RawClient:
+    async def connect(
+        cls,
+        address: str,
+        handler: Handler | None = None,
+        *,
+        credentials: Credentials | None = None,
+    ) -> RawClient:
+        """Connect; with ``credentials`` every request is signed (the broker's ACL)."""
         host, _, port = address.rpartition(":")
-        return cls(await open_connection(host, int(port), handler))
+        signer = credentials.sign if credentials is not None else None
+        return cls(await open_connection(host, int(port), handler, signer=signer))
 
     async def close(self) -> None:
         self.conn.close()
