@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -31,16 +32,33 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 class AsyncAdminClient:
-    """One connection to a broker for operator requests.  Use as ``async with``."""
+    """One connection to a broker for operator requests.  Use as ``async with``.
 
-    def __init__(self, broker: str = "127.0.0.1:10911", timeout: float = 5.0) -> None:
+    With the broker's ACL on, give an admin account's ``access_key`` and ``secret_key``: every
+    request is signed with them.
+    """
+
+    def __init__(
+        self,
+        broker: str = "127.0.0.1:10911",
+        timeout: float = 5.0,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
         self.broker = broker
         self.timeout = timeout
+        if bool(access_key) != bool(secret_key):
+            raise ValueError("access_key and secret_key must be given together")
+        self._credentials = (
+            Credentials(access_key, secret_key) if access_key and secret_key else None
+        )
         self._conn: Connection | None = None
 
     async def __aenter__(self) -> AsyncAdminClient:
         host, port = split_address(self.broker)
-        self._conn = await open_connection(host, port, timeout=self.timeout)
+        signer = self._credentials.sign if self._credentials is not None else None
+        self._conn = await open_connection(host, port, timeout=self.timeout, signer=signer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

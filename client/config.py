@@ -7,8 +7,10 @@ Tests make timers fast by building a :class:`ClientConfig` with small values (ne
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from txmq.protocol.acl import Credentials
 
 #: The broker address used when none is given.
 DEFAULT_BROKER = "127.0.0.1:10911"
@@ -46,6 +48,10 @@ class ClientConfig:
             RocketMQ's clients do above 4 KiB (``compressMsgBodyOverHowmuch``); 0 (the default)
             never compresses.  Consumers of every RocketMQ client and of this SDK inflate them.
         compress_level: zlib level used with ``compress_over``.
+        access_key: the ACL account (RocketMQ's ACL 1.0) every request is signed with; needs
+            ``secret_key``.  None (the default) sends requests unsigned.
+        secret_key: the account's secret (never printed by ``repr``).
+        security_token: optional ``SecurityToken`` sent and signed with the request.
     """
 
     request_timeout: float = 3.0
@@ -69,8 +75,13 @@ class ClientConfig:
     shutdown_timeout: float = 10.0
     compress_over: int = 0
     compress_level: int = 5
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    security_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ValueError("access_key and secret_key must be given together")
         positive = (
             "request_timeout",
             "connect_timeout",
@@ -98,6 +109,13 @@ class ClientConfig:
             raise ValueError("retry_times_when_send_failed must not be negative")
         if self.long_poll_timeout < 0:
             raise ValueError("long_poll_timeout must not be negative")
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The signing credentials, or None when requests go unsigned."""
+        if not self.access_key or not self.secret_key:
+            return None
+        return Credentials(self.access_key, self.secret_key, self.security_token)
 
     def replace(self, **changes: Any) -> ClientConfig:
         """A copy with some settings changed."""

@@ -84,6 +84,8 @@ class BrokerConnection:
         self._reconnect_callbacks: list[ReconnectCallback] = []
         self._producer_groups: set[str] = set()
         self._consumers: dict[str, ConsumerDataProvider] = {}
+        credentials = self.config.credentials
+        self._signer = credentials.sign if credentials is not None else None
         #: How many times the connection was re-established (for tests and metrics).
         self.reconnects = 0
 
@@ -301,6 +303,7 @@ class BrokerConnection:
             self._handle,
             timeout=self.config.connect_timeout,
             on_close=self._on_close,
+            signer=self._signer,
         )
 
     def _on_close(self, conn: Connection) -> None:

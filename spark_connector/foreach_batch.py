@@ -85,7 +85,7 @@ def txmq_foreach_batch(
         batch_key = stream_batch_key(query_id, batch_id)
 
         async def ask() -> dict[str, Any]:
-            async with BrokerSession(sink.broker, sink.request_timeout) as s:
+            async with BrokerSession(sink.broker, sink.request_timeout, sink.credentials) as s:
                 return await s.decide_batch(group, batch_key, query_only=True)
 
         if run(ask).get("decided"):
@@ -116,6 +116,6 @@ def txmq_foreach_batch(
             PartitionResult(group, batch_key, txid, rows, decided, index, attempt)
             for txid, rows, decided, index, attempt in collected
         ]
-        decide_batch(sink.broker, group, batch_key, results, sink.request_timeout)
+        decide_batch(sink.broker, group, batch_key, results, sink.request_timeout, sink.credentials)
 
     return write_batch

@@ -20,6 +20,8 @@ option                 meaning
 ``maxRequestBytes``    most body bytes per request (default 1 MiB)
 ``maxInFlight``        requests a task keeps in flight (default 8)
 ``requestTimeout``     seconds to wait for each broker answer (default 30)
+``accessKey``          ACL account the requests are signed with (the broker's ``aclEnable``)
+``secretKey``          its secret key (both or neither)
 =====================  =======================================================================
 
 Source (``spark.readStream.format("txmq")`` and ``spark.read.format("txmq")``):
@@ -38,6 +40,9 @@ option                      meaning
 ``failOnDataLoss``          fail when messages to read were already deleted by retention
                             (default true); false skips to the oldest stored message
 ``requestTimeout``          seconds to wait for each broker answer (default 30)
+``accessKey``               ACL account the requests are signed with (the broker's
+                            ``aclEnable``)
+``secretKey``               its secret key (both or neither)
 ==========================  ==================================================================
 """
 
@@ -46,9 +51,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from txmq.protocol.acl import Credentials
 from txmq.protocol.topics import TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
 #: Producer group names: what RocketMQ accepts for group names.
@@ -135,6 +141,22 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
     raise TxmqOptionError(f"option {name!r} must be true or false, got {raw!r}")
 
 
+def _credential_options(opts: dict[str, str]) -> dict[str, str | None]:
+    """``accessKey`` / ``secretKey``: both or neither."""
+    access_key, secret_key = _get(opts, "accessKey"), _get(opts, "secretKey")
+    if bool(access_key) != bool(secret_key):
+        raise TxmqOptionError(
+            "options accessKey and secretKey go together: give both (an ACL account) or neither"
+        )
+    return {"access_key": access_key or None, "secret_key": secret_key or None}
+
+
+def _credentials(access_key: str | None, secret_key: str | None) -> Credentials | None:
+    if not access_key or not secret_key:
+        return None
+    return Credentials(access_key, secret_key)
+
+
 def parse_broker(raw: str | None) -> str:
     """Check a ``host:port`` broker address.
 
@@ -205,6 +227,8 @@ class SinkOptions:
         max_request_bytes: most body bytes per request.
         max_in_flight: requests one task keeps in flight.
         request_timeout: seconds to wait for each answer.
+        access_key: the ACL account requests are signed with, or None.
+        secret_key: its secret (never in ``repr``).
     """
 
     broker: str
@@ -215,6 +239,12 @@ class SinkOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return _credentials(self.access_key, self.secret_key)
 
 
 def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
@@ -241,6 +271,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         ),
         max_in_flight=_int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, maximum=64),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
+        **_credential_options(opts),
     )
 
 
@@ -298,6 +329,8 @@ class SourceOptions:
         pull_batch_size: messages per pull request.
         fail_on_data_loss: raise when messages in range were deleted by retention.
         request_timeout: seconds to wait for each answer.
+        access_key: the ACL account requests are signed with, or None.
+        secret_key: its secret (never in ``repr``).
     """
 
     broker: str
@@ -307,6 +340,12 @@ class SourceOptions:
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
     fail_on_data_loss: bool = True
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return _credentials(self.access_key, self.secret_key)
 
 
 def parse_topics(raw: str | None) -> tuple[str, ...]:
@@ -398,6 +437,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         ),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
+        **_credential_options(opts),
     )
 
 

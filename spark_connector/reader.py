@@ -111,7 +111,7 @@ def latest_offsets(options: SourceOptions) -> OffsetMap:
     do not exist)."""
 
     async def go() -> OffsetMap:
-        async with BrokerSession(options.broker, options.request_timeout) as s:
+        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
             return await _all_offsets(s, options.topics, latest=True)
 
     return normalize_offsets(run(go))
@@ -122,7 +122,7 @@ def initial_offsets(options: SourceOptions) -> OffsetMap:
     start = options.starting_offsets
 
     async def go() -> OffsetMap:
-        async with BrokerSession(options.broker, options.request_timeout) as s:
+        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
             if start == LATEST:
                 return await _all_offsets(s, options.topics, latest=True)
             earliest = await _all_offsets(s, options.topics, latest=False)
@@ -210,7 +210,7 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
             ``failOnDataLoss=false``), or the queue ends before the range does.
     """
     loop = asyncio.new_event_loop()
-    session = BrokerSession(options.broker, options.request_timeout)
+    session = BrokerSession(options.broker, options.request_timeout, options.credentials)
     try:
         loop.run_until_complete(session.__aenter__())
         offset = part.start

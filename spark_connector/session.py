@@ -24,6 +24,7 @@ from txmq.client import BrokerConnection, ClientConfig
 from txmq.client.admin import ROLLBACK
 from txmq.client.pull_consumer import PullResult, get_max_offset, get_min_offset, pull_messages
 from txmq.client.route import TopicRoute, fetch_route
+from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import error_for_code
 from txmq.protocol.headers import DecideBatchRequestHeader, ForceDecideRequestHeader
@@ -62,11 +63,19 @@ class BrokerSession:
     Use as ``async with BrokerSession(...) as session:``.
     """
 
-    def __init__(self, broker: str, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self, broker: str, request_timeout: float = 30.0, credentials: Credentials | None = None
+    ) -> None:
         self.broker = broker
         self.request_timeout = request_timeout
         self.connection = BrokerConnection(
-            broker, ClientConfig(request_timeout=request_timeout, connect_timeout=10.0)
+            broker,
+            ClientConfig(
+                request_timeout=request_timeout,
+                connect_timeout=10.0,
+                access_key=credentials.access_key if credentials else None,
+                secret_key=credentials.secret_key if credentials else None,
+            ),
         )
 
     async def __aenter__(self) -> BrokerSession:

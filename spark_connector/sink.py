@@ -38,6 +38,7 @@ from typing import Any
 
 import structlog
 
+from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
@@ -423,7 +424,9 @@ def write_partition(
     columns = input_columns(options)
 
     async def go() -> PartitionResult:
-        async with BrokerSession(options.broker, options.request_timeout) as session:
+        async with BrokerSession(
+            options.broker, options.request_timeout, options.credentials
+        ) as session:
             if skip_if_decided:
                 answer = await session.decide_batch(group, batch_key, query_only=True)
                 if answer.get("decided"):
@@ -478,6 +481,7 @@ def decide_batch(
     batch_key: str,
     results: Iterable[PartitionResult | None],
     request_timeout: float = 30.0,
+    credentials: Credentials | None = None,
 ) -> dict[str, Any]:
     """Commit the successful attempts' transactions of a batch and roll back the rest.
 
@@ -501,7 +505,7 @@ def decide_batch(
     )
 
     async def go() -> dict[str, Any]:
-        async with BrokerSession(broker, request_timeout) as session:
+        async with BrokerSession(broker, request_timeout, credentials) as session:
             return await session.decide_batch(group, batch_key, commit)
 
     answer = run(go)
@@ -525,7 +529,10 @@ def decide_batch(
 
 
 def rollback_transactions(
-    broker: str, transaction_ids: Iterable[str], request_timeout: float = 30.0
+    broker: str,
+    transaction_ids: Iterable[str],
+    request_timeout: float = 30.0,
+    credentials: Credentials | None = None,
 ) -> list[str]:
     """Roll back the given transactions (best effort: failures are logged, not raised).
 
@@ -538,7 +545,7 @@ def rollback_transactions(
 
     async def go() -> list[str]:
         failed: list[str] = []
-        async with BrokerSession(broker, request_timeout) as session:
+        async with BrokerSession(broker, request_timeout, credentials) as session:
             for txid in ids:
                 try:
                     await session.rollback(txid)

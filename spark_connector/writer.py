@@ -122,7 +122,14 @@ class TxmqStreamWriter(_StreamWriterBase):
                 f"commit messages of batch {batchId} disagree on the producer group or batch key: "
                 f"{sorted({(r.producer_group, r.batch_key) for r in results})}"
             )
-        decide_batch(self.options.broker, group, key, results, self.options.request_timeout)
+        decide_batch(
+            self.options.broker,
+            group,
+            key,
+            results,
+            self.options.request_timeout,
+            self.options.credentials,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Roll back the transactions of the attempts that reported one.  The batch stays
@@ -130,7 +137,9 @@ class TxmqStreamWriter(_StreamWriterBase):
         failed attempts stay invisible until then."""
         ids = [r.transaction_id for r in _results(messages) if r.transaction_id]
         log.warning("sink_batch_aborted", batch_id=batchId, transactions=len(ids))
-        rollback_transactions(self.options.broker, ids, self.options.request_timeout)
+        rollback_transactions(
+            self.options.broker, ids, self.options.request_timeout, self.options.credentials
+        )
 
 
 class TxmqBatchWriter(_BatchWriterBase):
@@ -166,6 +175,7 @@ class TxmqBatchWriter(_BatchWriterBase):
             self.batch_key,
             _results(messages),
             self.options.request_timeout,
+            self.options.credentials,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -178,4 +188,5 @@ class TxmqBatchWriter(_BatchWriterBase):
             self.batch_key,
             [],
             self.options.request_timeout,
+            self.options.credentials,
         )

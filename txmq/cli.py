@@ -2,7 +2,9 @@
 transactions.
 
 Every client command takes ``--broker host:port`` (environment: ``TXMQ_BROKER``; default
-127.0.0.1:10911).  The broker command resolves its configuration as defaults < ``--config`` file
+127.0.0.1:10911).  With the broker's ACL on, give the account before the command:
+``txmq --access-key AK --secret-key SK ...`` (environment: ``TXMQ_ACCESS_KEY``,
+``TXMQ_SECRET_KEY``); every request is then signed.  The broker command resolves its configuration as defaults < ``--config`` file
 < ``TXMQ_*`` environment variables < flags.
 """
 
@@ -12,7 +14,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
@@ -29,15 +31,33 @@ BROKER_OPTION = click.option(
 )
 
 
-def _run(coro: Awaitable[T]) -> T:
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    from txmq.client.bridge import run_coroutine
     from txmq.protocol.errors import TxmqError
 
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        return run_coroutine(coro)
     except TxmqError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _credentials() -> tuple[str | None, str | None]:
+    """``(access_key, secret_key)`` given to the top-level command (None when not)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    if not isinstance(obj, dict):
+        return None, None
+    return obj.get("access_key"), obj.get("secret_key")
+
+
+def _client_config() -> Any:
+    """The SDK's ClientConfig carrying the command's credentials."""
+    from txmq.client.config import ClientConfig
+
+    access_key, secret_key = _credentials()
+    return ClientConfig(access_key=access_key, secret_key=secret_key)
 
 
 def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
@@ -45,8 +65,10 @@ def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
     errors."""
     from txmq.client.admin import AsyncAdminClient
 
+    access_key, secret_key = _credentials()
+
     async def go() -> T:
-        async with AsyncAdminClient(broker) as admin:
+        async with AsyncAdminClient(broker, access_key=access_key, secret_key=secret_key) as admin:
             return await call(admin)
 
     return _run(go())
@@ -58,9 +80,24 @@ def _echo_json(doc: Any) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="txmq")
-def main() -> None:
+@click.option(
+    "--access-key",
+    envvar="TXMQ_ACCESS_KEY",
+    help="ACL account to sign requests with (env TXMQ_ACCESS_KEY).",
+)
+@click.option(
+    "--secret-key",
+    envvar="TXMQ_SECRET_KEY",
+    help="Its secret key (env TXMQ_SECRET_KEY; prefer the environment to the command line).",
+)
+@click.pass_context
+def main(ctx: click.Context, access_key: str | None, secret_key: str | None) -> None:
     """txmq: a transactional message broker in the Apache RocketMQ tradition."""
     from txmq.broker.logging import configure_logging
+
+    if bool(access_key) != bool(secret_key):
+        raise click.UsageError("--access-key and --secret-key go together")
+    ctx.obj = {"access_key": access_key, "secret_key": secret_key} if access_key else {}
 
     # Client commands print results, not the SDK's events; `txmq broker` sets its own level.
     configure_logging("WARNING")
@@ -307,9 +344,10 @@ def send(
     if body is None and not from_stdin:
         raise click.UsageError("give a BODY or --stdin")
     props = _props(properties)
+    config = _client_config()  # here: the click context is not visible inside the loop
 
     async def go() -> None:
-        async with AsyncProducer(group, broker=broker) as producer:
+        async with AsyncProducer(group, broker=broker, config=config) as producer:
             bodies = (
                 (line.rstrip("\n") for line in sys.stdin)
                 if from_stdin
@@ -357,6 +395,8 @@ def consume(
     """Consume TOPIC as group GROUP and print one JSON line per message."""
     from txmq.client import AsyncPushConsumer
 
+    config = _client_config()  # here: the click context is not visible inside the loop
+
     async def go() -> None:
         seen = 0
         done = asyncio.Event()
@@ -384,7 +424,7 @@ def consume(
             if count is not None and seen >= count:
                 done.set()
 
-        consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from)
+        consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from, config=config)
         consumer.subscribe(topic_name, expression, on_message)
         await consumer.start()
         try:

@@ -1,0 +1,177 @@
+"""The SDK, the admin client and the CLI with ACL credentials against a real broker whose ACL
+is on: sends, consumption and a transaction decided by check-back all work signed, and the
+same calls without credentials (or with another account's) are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import BrokerThread
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import BrokerController
+from txmq.cli import main as cli
+from txmq.client import (
+    AsyncProducer,
+    AsyncPushConsumer,
+    AsyncTransactionProducer,
+    ClientConfig,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    TransactionListener,
+)
+from txmq.client.admin import AsyncAdminClient
+from txmq.protocol.errors import NoPermissionError
+
+ACL = """
+accounts:
+  - accessKey: shopProducer
+    secretKey: producer-secret-1
+    topicPerms: [orders=PUB]
+    groupPerms: [shop=PUB]
+  - accessKey: billingReader
+    secretKey: consumer-secret-1
+    topicPerms: [orders=SUB]
+    groupPerms: [billing=SUB]
+  - accessKey: opsAdmin
+    secretKey: admin-secret-1
+    admin: true
+"""
+
+PRODUCER = ClientConfig(access_key="shopProducer", secret_key="producer-secret-1")
+CONSUMER = ClientConfig(access_key="billingReader", secret_key="consumer-secret-1")
+
+
+async def wait_for(pred: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def acl_config(make_broker_config: Callable[..., BrokerConfig], tmp_path: Path) -> BrokerConfig:
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(ACL, encoding="utf-8")
+    return make_broker_config(acl_enable=True, plain_acl_file=str(path))
+
+
+@pytest.fixture
+async def acl_broker(acl_config: BrokerConfig) -> AsyncIterator[BrokerController]:
+    controller = BrokerController(acl_config)
+    await controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.shutdown()
+
+
+class CheckBackCommits(TransactionListener):
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN  # decided later, by the check-back
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        self.checked.append(message.body.decode())
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+async def test_send_consume_and_a_checked_back_transaction_with_credentials(
+    acl_broker: BrokerController,
+) -> None:
+    addr = acl_broker.address
+    got: list[bytes] = []
+    consumer = AsyncPushConsumer("billing", addr, consume_from="first", config=CONSUMER)
+    consumer.subscribe("orders", "*", lambda m: got.append(m.body))
+    listener = CheckBackCommits()
+    async with AsyncProducer("shop", addr, config=PRODUCER) as producer:
+        await producer.send(Message("orders", b"plain-1"))
+        async with AsyncTransactionProducer("shop", listener, addr, config=PRODUCER) as tx:
+            result = await tx.send_message_in_transaction(Message("orders", b"tx-1"))
+            assert result.local_transaction_state is LocalTransactionState.UNKNOWN
+            await wait_for(lambda: listener.checked == ["tx-1"], "the check-back")
+            await consumer.start()
+            try:
+                await wait_for(lambda: sorted(got) == [b"plain-1", b"tx-1"], "both messages")
+            finally:
+                await consumer.shutdown()
+    assert acl_broker.transactions.records[str(result.transaction_id)].state.value == "COMMITTED"
+
+
+async def test_without_credentials_or_with_the_wrong_account_the_sdk_is_refused(
+    acl_broker: BrokerController,
+) -> None:
+    addr = acl_broker.address
+    with pytest.raises(NoPermissionError, match="carries no AccessKey"):
+        async with AsyncProducer("shop", addr):
+            pass
+    async with AsyncProducer("other", addr, config=CONSUMER) as reader_as_producer:
+        with pytest.raises(NoPermissionError, match="has SUB on topic 'orders'.*needs PUB"):
+            await reader_as_producer.send(Message("orders", b"nope"))
+    wrong = ClientConfig(access_key="shopProducer", secret_key="not-the-secret")
+    with pytest.raises(NoPermissionError, match="bad signature"):
+        async with AsyncProducer("shop", addr, config=wrong):
+            pass
+
+
+async def test_the_admin_client_signs_and_operator_requests_need_an_admin(
+    acl_broker: BrokerController,
+) -> None:
+    async with AsyncAdminClient(
+        acl_broker.address, access_key="opsAdmin", secret_key="admin-secret-1"
+    ) as admin:
+        await admin.create_topic("audit", 2)
+        assert "audit" in await admin.list_topics()
+    async with AsyncAdminClient(
+        acl_broker.address, access_key="shopProducer", secret_key="producer-secret-1"
+    ) as not_admin:
+        with pytest.raises(NoPermissionError, match="needs an admin account"):
+            await not_admin.create_topic("audit2", 2)
+
+
+def test_the_cli_takes_credentials_from_the_environment(
+    acl_config: BrokerConfig, broker_thread_factory: Callable[..., BrokerThread]
+) -> None:
+    bt = broker_thread_factory(acl_config)
+    runner = CliRunner()
+    env = {"TXMQ_BROKER": bt.address}
+    refused = runner.invoke(cli, ["topic", "create", "cli-topic"], env=env)
+    assert refused.exit_code != 0 and "carries no AccessKey" in refused.output
+    admin_env = {**env, "TXMQ_ACCESS_KEY": "opsAdmin", "TXMQ_SECRET_KEY": "admin-secret-1"}
+    ok = runner.invoke(cli, ["topic", "create", "cli-topic"], env=admin_env)
+    assert ok.exit_code == 0, ok.output
+    sent = runner.invoke(
+        cli,
+        ["--access-key", "shopProducer", "--secret-key", "producer-secret-1"]
+        + ["send", "orders", "hello", "--group", "shop"],
+        env=env,
+    )
+    assert sent.exit_code == 0, sent.output
+    assert "SEND_OK" in sent.output
+
+
+def test_the_spark_options_carry_credentials() -> None:
+    from txmq.spark_connector.options import (
+        TxmqOptionError,
+        parse_sink_options,
+        parse_source_options,
+    )
+
+    sink = parse_sink_options(
+        {"broker": "h:1", "topic": "orders", "accessKey": "shopProducer", "secretKey": "s3cret!"}
+    )
+    assert sink.credentials is not None and sink.credentials.access_key == "shopProducer"
+    assert "s3cret!" not in repr(sink)
+    source = parse_source_options({"broker": "h:1", "topic": "orders"})
+    assert source.credentials is None
+    with pytest.raises(TxmqOptionError, match="accessKey and secretKey go together"):
+        parse_source_options({"broker": "h:1", "topic": "orders", "accessKey": "x"})
