@@ -43,7 +43,7 @@ from txmq.protocol.headers import (
     ForceDecideRequestHeader,
     SendMessageRequestHeader,
 )
-from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
+from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from txmq.protocol.aio import Connection
@@ -430,6 +430,10 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
     if code in (R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP):
         topic = _field(ext, "topic")
         return False, [_topic_or_group(topic, SUB)] if topic else []
+    if code == R.GET_ROUTEINFO_BY_TOPIC and _field(ext, "topic") == AUTO_CREATE_TOPIC_KEY_TOPIC:
+        # Stock clients ask for the auto-create template's route before a new topic's first
+        # send; the send itself needs PUB on the new topic.
+        return False, []
     if code in (R.GET_ROUTEINFO_BY_TOPIC, R.GET_TOPIC_STATS_INFO):
         topic = _field(ext, "topic")
         return False, [_topic_or_group(topic, ANY)] if topic else []

@@ -9,6 +9,9 @@ a failure is a non-zero exit with the error on stderr.
     cpp_client.py push ADDR TOPIC GROUP --expect N [--expr "A || B"] [--fail-first]
                   [--timeout S] [--linger S]
     cpp_client.py pull ADDR TOPIC GROUP --expect N [--timeout S]
+
+``send`` and ``push`` take ``--access-key AK --secret-key SK`` to sign every request (the
+broker's ACL), through the client's ``set_session_credentials(ak, sk, "")``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def make_message(args: argparse.Namespace, i: int) -> Message:
 def cmd_send(args: argparse.Namespace) -> None:
     p = Producer(args.group)
     p.set_namesrv_addr(args.addr)
+    if args.access_key:
+        p.set_session_credentials(args.access_key, args.secret_key, "")
     p.start()
     try:
         if args.mode == "batch":
@@ -103,6 +108,8 @@ def cmd_push(args: argparse.Namespace) -> None:
 
     c = PushConsumer(args.group)
     c.set_namesrv_addr(args.addr)
+    if args.access_key:
+        c.set_session_credentials(args.access_key, args.secret_key, "")
     c.set_thread_count(1)
     c.subscribe(args.topic, on_message, args.expr)
     c.start()
@@ -169,6 +176,9 @@ def main() -> None:
     q.add_argument("group")
     q.add_argument("--expect", type=int, required=True)
     q.add_argument("--timeout", type=float, default=60.0)
+    for sp in (s, p):
+        sp.add_argument("--access-key", default="")
+        sp.add_argument("--secret-key", default="")
     args = ap.parse_args()
     {"send": cmd_send, "push": cmd_push, "pull": cmd_pull}[args.cmd](args)
 
