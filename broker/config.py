@@ -87,6 +87,9 @@ class BrokerConfig:
     #: streaming query that replays a batch finds its decision within this time.  Default: the
     #: store's retention (fileReservedTime).
     transaction_batch_retention: int = 72 * 3_600_000
+    #: How often the transaction table is snapshotted (ms), so a restart replays only the
+    #: half and op records written since; also on every clean shutdown.
+    transaction_snapshot_interval: int = 60_000
 
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).

@@ -47,6 +47,7 @@ from ..topics import (
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
 )
+from . import snapshot
 from .check import CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
 from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
@@ -71,6 +72,10 @@ class TransactionalMessageService:
             cfg.store_path_root_dir, "transaction", "checkState.json"
         )
         self._check_state_dirty = False
+        self._snapshot_path = os.path.join(
+            cfg.store_path_root_dir, "transaction", "snapshot.msgpack"
+        )
+        self._last_snapshot_ms = 0
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -340,6 +345,7 @@ class TransactionalMessageService:
     async def stop(self) -> None:
         await self.checks.stop()
         await self.persist_check_state()
+        await self.write_snapshot()
 
     def on_producer_registered(self, group: str) -> None:
         self.checks.on_producer_registered(group)
@@ -354,6 +360,11 @@ class TransactionalMessageService:
         self.prune()
         self.update_gauges()
         await self.persist_check_state()
+        if (
+            self.now_ms() - self._last_snapshot_ms
+            >= self.broker.config.transaction_snapshot_interval
+        ):
+            await self.write_snapshot()
 
     def prune(self) -> int:
         """Forget decisions whose idempotency window is over (``transactionDecidedRetention``,
@@ -401,11 +412,60 @@ class TransactionalMessageService:
         for txid, (times, last) in (doc.get("checks") or {}).items():
             self.machine.restore_check(txid, int(times), int(last))
 
+    # -- snapshots ------------------------------------------------------------------------------
+
+    async def write_snapshot(self) -> None:
+        """Snapshot the table (see :mod:`.snapshot`): taken here, written on the metadata
+        thread once the commit log is flushed past what it covers."""
+        store = self.broker.store
+        clog = store.max_phy_offset
+        snap = snapshot.take(
+            self.machine,
+            clog,
+            store.get_max_offset_in_queue(self.half_topic, 0),
+            store.get_max_offset_in_queue(self.op_topic, 0),
+        )
+        self._last_snapshot_ms = self.now_ms()
+        if await self.broker.flush.flush_now() < clog:
+            log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
+            return
+        path = self._snapshot_path
+
+        def write() -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, snapshot.encode(snap))
+
+        await self.broker.in_background(write)
+        log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
+
+    def _load_snapshot(self) -> tuple[int | None, int | None]:
+        """Restore the last snapshot if it is usable; the queue offsets to replay from."""
+        try:
+            with open(self._snapshot_path, "rb") as fh:
+                snap = snapshot.decode(fh.read())
+        except FileNotFoundError:
+            return None, None
+        except (OSError, snapshot.SnapshotError) as exc:
+            log.warning("transaction_snapshot_ignored", path=self._snapshot_path, error=str(exc))
+            return None, None
+        if snap.clog_offset > self.broker.store.max_phy_offset:
+            log.warning(
+                "transaction_snapshot_ignored",
+                reason="it covers more than the recovered commit log",
+                snapshot_offset=snap.clog_offset,
+                commit_log_offset=self.broker.store.max_phy_offset,
+            )
+            return None, None
+        snapshot.restore(self.machine, snap)
+        return snap.half_from, snap.op_from
+
     # -- recovery -------------------------------------------------------------------------------
 
-    def _read_queue(self, topic: str) -> Iterator[MessageExt]:
+    def _read_queue(self, topic: str, start: int | None = None) -> Iterator[MessageExt]:
         store = self.broker.store
         offset = store.get_min_offset_in_queue(topic, 0)
+        if start is not None:
+            offset = max(offset, start)
         while True:
             r = store.get_messages(topic, 0, offset, 256)
             if r.status is GetMessageStatus.FOUND:
@@ -418,11 +478,12 @@ class TransactionalMessageService:
                 return
 
     def load(self) -> dict[str, int]:
-        """Rebuild the table from the half and op queues, merged in commit-log order and applied
-        through the state machine; load the check-state index; finish a commit that a crash
-        interrupted."""
-        halves = ((m.commit_log_offset, 0, m) for m in self._read_queue(self.half_topic))
-        ops = ((m.commit_log_offset, 1, m) for m in self._read_queue(self.op_topic))
+        """Rebuild the table: the last snapshot, then the half and op queues after it (all of
+        them without one), merged in commit-log order and applied through the state machine;
+        load the check-state index; finish a commit that a crash interrupted."""
+        half_from, op_from = self._load_snapshot()
+        halves = ((m.commit_log_offset, 0, m) for m in self._read_queue(self.half_topic, half_from))
+        ops = ((m.commit_log_offset, 1, m) for m in self._read_queue(self.op_topic, op_from))
         n_half = n_op = 0
         last_commit: tuple[int, tuple[int, ...]] | None = None
         for offset, kind, m in heapq.merge(halves, ops, key=lambda x: (x[0], x[1])):
@@ -439,11 +500,14 @@ class TransactionalMessageService:
             self.machine.apply(op, m.commit_log_offset)
             if op.kind in (OpKind.COMMIT, OpKind.BATCH) and op.halves:
                 last_commit = (m.commit_log_offset, op.halves)
+        if last_commit is None and half_from is not None:
+            last_commit = self._last_commit_in_snapshot()
         self._load_check_state()
         repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
         pruned = self.prune()
         self.update_gauges()
         stats = {
+            "snapshot": int(half_from is not None),
             "halves": n_half,
             "ops": n_op,
             "pending": len(self.pending),
@@ -452,6 +516,16 @@ class TransactionalMessageService:
         }
         log.info("transactions_recovered", **stats)
         return stats
+
+    def _last_commit_in_snapshot(self) -> tuple[int, tuple[int, ...]] | None:
+        """The newest commit the snapshot holds, as the tail's last commit would be given: its
+        messages lie after its halves, so scanning back to the newest half is enough."""
+        committed = [r for r in self.records.values() if r.state is TxState.COMMITTED and r.halves]
+        if not committed:
+            return None
+        rec = max(committed, key=lambda r: r.decision_end_offset)
+        offsets = tuple(h.commit_log_offset for h in rec.halves)
+        return max(offsets), offsets
 
     def _complete_interrupted_commit(self, last: tuple[int, tuple[int, ...]]) -> int:
         """The last commit's messages were appended right after its op record; a crash can

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from txmq.broker.transaction import snapshot
 from txmq.broker.transaction.machine import TransactionStateMachine
 from txmq.broker.transaction.state import (
     Decision,
@@ -188,6 +189,15 @@ def test_replaying_the_op_records_of_a_live_run_rebuilds_the_same_table(
         rec.check_times = m.records[txid].check_times if rec.state is TxState.PENDING else 0
     assert _table(replica) == _table(m, ignore_checks_of_decided=True)
     assert replica.batches == m.batches and set(replica.pending) == set(m.pending)
+    # A snapshot of the live table restores it exactly, check counts included.
+    restored = TransactionStateMachine()
+    snap = snapshot.take(m, 1, 2, 3)
+    snapshot.restore(restored, snapshot.decode(snapshot.encode(snap)))
+    assert _table(restored) == _table(m)
+    assert restored.batches == m.batches and set(restored.pending) == set(m.pending)
+    assert restored.by_half_offset == m.by_half_offset
+    assert restored.batch_members == m.batch_members
+    assert list(restored._decided) == sorted(m._decided)
 
 
 def _table(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
@@ -57,10 +58,22 @@ async def test_a_decision_is_remembered_for_its_window_then_forgotten(
         await c.close()
     finally:
         await b.shutdown()
-    # A restart replays the op record and forgets it again at once.
+    # A restart starts from the shutdown's snapshot, which no longer holds it.
     b = BrokerController(cfg, clock=clock)
     await b.start()
     try:
-        assert b.recovery["transactions"]["pruned"] == 1 and not b.transactions.records
+        tx = b.recovery["transactions"]
+        assert (tx["snapshot"], tx["halves"], tx["ops"]) == (1, 0, 0)
+        assert not b.transactions.records
+    finally:
+        await b.shutdown()
+    # Without the snapshot the op record is replayed, and forgotten again at once.
+    (Path(cfg.store_path_root_dir) / "transaction" / "snapshot.msgpack").unlink()
+    b = BrokerController(cfg, clock=clock)
+    await b.start()
+    try:
+        tx = b.recovery["transactions"]
+        assert (tx["snapshot"], tx["halves"], tx["pruned"]) == (0, 1, 1)
+        assert not b.transactions.records
     finally:
         await b.shutdown()

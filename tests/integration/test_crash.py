@@ -133,8 +133,11 @@ async def _tx_load(
         c.conn.close()
 
 
-@pytest.mark.parametrize("seed", [3, 4])
-async def test_sigkill_under_transactional_load(tmp_path, seed):
+@pytest.mark.parametrize(
+    ("seed", "snapshot_ms"),
+    [(3, 60_000), (4, 60_000), (5, 200)],  # the last one restarts from a snapshot plus the tail
+)
+async def test_sigkill_under_transactional_load(tmp_path, seed, snapshot_ms):
     rnd = random.Random(seed)
     bp = BrokerProcess(
         str(tmp_path / "store"),
@@ -144,6 +147,7 @@ async def test_sigkill_under_transactional_load(tmp_path, seed):
             "maxMessageSize": 65536,
             "transactionTimeOut": 0,
             "transactionCheckInterval": 100,
+            "transactionSnapshotInterval": snapshot_ms,
         },
     )
     address = bp.start()
@@ -155,6 +159,9 @@ async def test_sigkill_under_transactional_load(tmp_path, seed):
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
     assert sum(1 for v in outcome.values() if v != "pending") > 20
+    snap = tmp_path / "store" / "transaction" / "snapshot.msgpack"
+    if snapshot_ms < 1000:
+        assert snap.exists(), "the restart starts from a snapshot plus the tail"
     address = bp.start()
     try:
         d = Decider("txg")

@@ -1,0 +1,167 @@
+"""Snapshots of the transaction table, so a restart reads the snapshot plus the tail of the
+half and op queues instead of both queues from their start.
+
+A snapshot holds every transaction the machine remembers (pending ones with their check
+counts, decided ones still inside their idempotency window), the batch decisions, and the
+positions it covers: the next offsets of the half queue and the op queue, and the commit-log
+offset they end at.  It is written only once the commit log is flushed past that offset, so
+it never claims more than a crash leaves on disk; a snapshot that still reaches past the
+recovered commit log (a lost disk tail) is ignored and the queues are replayed in full.
+
+Taking a snapshot (:func:`take`) runs on the event loop and copies only what can still change
+(pending records are copied; decided records never change again); encoding and writing run on
+a worker thread.
+
+File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
+
+    {"v": 1, "clog": int, "halfFrom": int, "opFrom": int,
+     "records": [[txid, group, state, batchKey, checkTimes, lastCheckMs, decidedMs, decidedBy,
+                  decisionEndOffset, remark, [[clOffset, qOffset, topic, queueId, storeTs,
+                                               uniqKey, offsetMsgId, immunityMs], ...]], ...],
+     "batches": [[group, batchKey, decidedMs, [committed...], [rolledBack...]], ...]}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .machine import TransactionStateMachine
+from .state import HalfRef, TxRecord, TxState
+
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used (the queues are then replayed in full)."""
+
+
+@dataclass
+class Snapshot:
+    clog_offset: int
+    half_from: int
+    op_from: int
+    records: list[list[Any]]
+    batches: list[list[Any]]
+
+
+def _record_row(r: TxRecord) -> list[Any]:
+    return [
+        r.transaction_id,
+        r.producer_group,
+        r.state.value,
+        r.batch_key,
+        r.check_times,
+        r.last_check_ms,
+        r.decided_ms,
+        r.decided_by,
+        r.decision_end_offset,
+        r.remark,
+        [
+            [
+                h.commit_log_offset,
+                h.queue_offset,
+                h.real_topic,
+                h.real_queue_id,
+                h.store_timestamp,
+                h.uniq_key,
+                h.offset_msg_id,
+                h.immunity_ms,
+            ]
+            for h in r.halves
+        ],
+    ]
+
+
+def take(m: TransactionStateMachine, clog_offset: int, half_from: int, op_from: int) -> Snapshot:
+    """What the table holds now (on the event loop: pending records are copied here)."""
+    records: list[Any] = []
+    for r in m.records.values():
+        # Decided records never change again: the row is built on the writer's thread.
+        records.append(r if r.state.decided else _record_row(r))
+    batch_ts = dict((key, ts) for ts, key in m._decided_batches)
+    batches = [
+        [g, bk, batch_ts.get((g, bk), 0), list(d["committed"]), list(d["rolledBack"])]
+        for (g, bk), d in m.batches.items()
+    ]
+    return Snapshot(clog_offset, half_from, op_from, records, batches)
+
+
+def encode(s: Snapshot) -> bytes:
+    """The file's bytes (on a worker thread)."""
+    doc = {
+        "v": SNAPSHOT_VERSION,
+        "clog": s.clog_offset,
+        "halfFrom": s.half_from,
+        "opFrom": s.op_from,
+        "records": [r if isinstance(r, list) else _record_row(r) for r in s.records],
+        "batches": s.batches,
+    }
+    packed: bytes = msgpack.packb(doc, use_bin_type=True)
+    return packed
+
+
+def decode(data: bytes) -> Snapshot:
+    """Raises :class:`SnapshotError` for anything but a version-1 snapshot."""
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if not isinstance(doc, dict) or doc.get("v") != SNAPSHOT_VERSION:
+            raise SnapshotError("not a version-1 transaction snapshot")
+        return Snapshot(
+            int(doc["clog"]),
+            int(doc["halfFrom"]),
+            int(doc["opFrom"]),
+            list(doc["records"]),
+            list(doc["batches"]),
+        )
+    except SnapshotError:
+        raise
+    except Exception as exc:  # msgpack and the conversions raise many types on garbage
+        raise SnapshotError(f"unreadable transaction snapshot: {exc!r}") from None
+
+
+def restore(m: TransactionStateMachine, s: Snapshot) -> None:
+    """Load a snapshot into an empty machine (decisions keep their order for pruning)."""
+    decided: list[tuple[int, str]] = []
+    for row in s.records:
+        (txid, group, state, bk, times, last, dms, dby, dend, remark, halves) = row
+        rec = TxRecord(
+            str(txid),
+            str(group),
+            state=TxState(state),
+            batch_key=bk,
+            check_times=int(times),
+            last_check_ms=int(last),
+            decided_ms=int(dms),
+            decided_by=str(dby),
+            decision_end_offset=int(dend),
+            remark=str(remark),
+        )
+        for h in halves:
+            half = HalfRef(
+                int(h[0]),
+                int(h[1]),
+                str(h[2]),
+                int(h[3]),
+                int(h[4]),
+                str(h[5]),
+                str(h[6]),
+                None if h[7] is None else int(h[7]),
+            )
+            rec.halves.append(half)
+            m.by_half_offset[half.commit_log_offset] = rec.transaction_id
+        m.records[rec.transaction_id] = rec
+        if rec.state is TxState.PENDING:
+            m.pending[rec.transaction_id] = rec
+        elif rec.state.decided:
+            decided.append((rec.decided_ms, rec.transaction_id))
+        if bk is not None:
+            m.batch_members.setdefault((rec.producer_group, str(bk)), set()).add(rec.transaction_id)
+    decided.sort()
+    m._decided.extend(decided)
+    for g, bk, ts, committed, rolled_back in sorted(s.batches, key=lambda b: int(b[2])):
+        key = (str(g), str(bk))
+        m.batches[key] = {"committed": list(committed), "rolledBack": list(rolled_back)}
+        m._decided_batches.append((int(ts), key))
