@@ -5,7 +5,6 @@ or be asked about another account's transaction; the file is re-read without a r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, AddressPattern, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
 from txmq.broker.server import BrokerController
@@ -78,14 +78,6 @@ C = Credentials("consumerC", "secret-c-123")
 ADMIN = Credentials("operator", "secret-op-123")
 
 _ids = UniqIdGenerator()
-
-
-async def wait_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -367,7 +359,9 @@ async def test_a_producer_of_another_account_cannot_decide_or_be_checked(
         assert acl_broker.transactions.records[str(txid)].state.value == "PENDING"
 
         # three check rounds reach A; none ever reaches B
-        await wait_for(lambda: len(checks["producerA"]) >= 3, "three check-backs to producerA")
+        await wait_until(
+            lambda: len(checks["producerA"]) >= 3, what="three check-backs to producerA"
+        )
         assert checks["producerB"] == []
 
         resp = await a.call(RequestCode.END_TRANSACTION, end_tx_fields(half, "groupA", 8))
@@ -393,16 +387,16 @@ async def test_the_file_is_reloaded_without_a_restart(
         )
         assert acl_broker.acl is not None
         reloads = acl_broker.acl.reloads
-        await wait_for(
-            lambda: acl_broker.acl is not None and acl_broker.acl.reloads > reloads, "reload"
+        await wait_until(
+            lambda: acl_broker.acl is not None and acl_broker.acl.reloads > reloads, what="reload"
         )
         assert (await max_offset("payments")).code == ResponseCode.SUCCESS
 
         # a file that no longer parses keeps the accounts in force
         acl_file.write_text("accounts: [unclosed\n", encoding="utf-8")
         stamp = (acl_file.stat().st_mtime, acl_file.stat().st_size)
-        await wait_for(
-            lambda: acl_broker.acl is not None and acl_broker.acl._stamp == stamp, "poll"
+        await wait_until(
+            lambda: acl_broker.acl is not None and acl_broker.acl._stamp == stamp, what="poll"
         )
         assert (await max_offset("payments")).code == ResponseCode.SUCCESS
         assert (await max_offset("elsewhere")).code == ResponseCode.NO_PERMISSION

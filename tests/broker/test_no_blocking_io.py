@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.support.loopguard import blocking_call_guard
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.broker.store import atomic_write
@@ -23,14 +23,6 @@ from txmq.protocol.headers import CreateTopicRequestHeader
 from txmq.protocol.message import encode_batch
 
 COMMIT = 8
-
-
-async def wait_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_the_guard_sees_an_atomic_write_on_the_loop_and_not_off_it(tmp_path: Path) -> None:
@@ -104,20 +96,20 @@ async def test_a_busy_broker_never_blocks_its_loop_on_the_disk(
             assert back.code == ResponseCode.SUCCESS, back.remark
             # A transaction that is checked (check state persisted), then committed.
             half = await c.send("orders", b"half", group="guard-tx", transactional=True)
-            await wait_for(lambda: len(checks) >= 2, "two check-backs")
+            await wait_until(lambda: len(checks) >= 2, what="two check-backs")
             txid = c.send_header(half).transaction_id
             check_state = root / "transaction" / "checkState.json"
-            await wait_for(
+            await wait_until(
                 lambda: txid in dict(_json(check_state).get("checks") or {}),  # type: ignore[call-overload]
-                "the check state to be written",
+                what="the check state to be written",
             )
             resp = await c.end_transaction("guard-tx", half, COMMIT)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             # Housekeeping writes the offsets and the topic table.
             offsets = root / "config" / "consumerOffset.json"
-            await wait_for(
+            await wait_until(
                 lambda: "t1@g" in dict(_json(offsets).get("offsetTable") or {}),  # type: ignore[call-overload]
-                "the offsets to be written",
+                what="the offsets to be written",
             )
             topics = dict(_json(root / "config" / "topics.json").get("topicConfigTable") or {})  # type: ignore[call-overload]
             assert {"made", "t1", "t2", "%RETRY%g", "orders"} <= set(topics)

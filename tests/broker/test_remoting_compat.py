@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
@@ -23,14 +24,6 @@ from txmq.protocol.message import MessageConst, properties_to_string
 
 JSON = SerializeType.JSON
 COMMIT = 8
-
-
-async def wait_for(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -153,7 +146,7 @@ async def test_notify_consumer_ids_changed_speaks_the_clients_encoding(
         # A second member joins: the first one is told, in JSON.
         resp = await client.call(RequestCode.HEART_BEAT, body=heartbeat_body(client))
         assert resp.code == ResponseCode.SUCCESS
-        await wait_for(lambda: bool(seen), "NOTIFY_CONSUMER_IDS_CHANGED")
+        await wait_until(lambda: bool(seen), what="NOTIFY_CONSUMER_IDS_CHANGED")
         assert seen[0].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
         assert seen[0].serialize_type == JSON
         assert seen[0].ext_fields == {"consumerGroup": "json-group"}
@@ -188,7 +181,7 @@ async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway
             "stock-orders", b"half", group="stock-tx", transactional=True, st=JSON
         )
         assert half.code == ResponseCode.SUCCESS, half.remark
-        await wait_for(lambda: bool(checks), "CHECK_TRANSACTION_STATE")
+        await wait_until(lambda: bool(checks), what="CHECK_TRANSACTION_STATE")
         check = checks[0]
         assert check.code == RequestCode.CHECK_TRANSACTION_STATE
         assert check.serialize_type == JSON and check.is_oneway
@@ -197,7 +190,7 @@ async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway
         assert await producer.pull_all("stock-orders") == []  # still invisible
         # The answer a stock producer gives: END_TRANSACTION, oneway, from the check.
         await producer.end_transaction("stock-tx", half, COMMIT, from_check=True, oneway=True)
-        await wait_for(lambda: not b.transactions.pending, "the half to be decided")
+        await wait_until(lambda: not b.transactions.pending, what="the half to be decided")
         [m] = await producer.pull_all("stock-orders")
         assert m.body == b"half"
         await producer.close()

@@ -3,13 +3,9 @@ broker's own admin request (no broker internals)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
-
+from tests.support.waiting import wait_until, wait_until_sync
 from txmq.client import ClientConfig
 from txmq.client.remoting import BrokerConnection
 from txmq.protocol.codes import RequestCode
@@ -31,31 +27,6 @@ FAST_CLIENT = ClientConfig(
 )
 
 
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0, what: str = ""
-) -> None:
-    """Poll ``predicate`` (sync or async) until it is true; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if not isinstance(value, bool):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        await asyncio.sleep(0.02)
-
-
-def wait_until_sync(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    """Blocking :func:`wait_until` for tests of the sync facade."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(0.02)
-
-
 async def create_topic(address: str, topic: str, queues: int = 4, **header: Any) -> None:
     """Create a topic with UPDATE_AND_CREATE_TOPIC, as an operator tool would."""
     conn = BrokerConnection(address, FAST_CLIENT)
@@ -69,3 +40,6 @@ async def create_topic(address: str, topic: str, queues: int = 4, **header: Any)
         )
     finally:
         await conn.close()
+
+
+__all__ = ["FAST_CLIENT", "create_topic", "wait_until", "wait_until_sync"]

@@ -4,8 +4,6 @@ same calls without credentials (or with another account's) are refused."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
+from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
@@ -46,14 +45,6 @@ accounts:
 
 PRODUCER = ClientConfig(access_key="shopProducer", secret_key="producer-secret-1")
 CONSUMER = ClientConfig(access_key="billingReader", secret_key="consumer-secret-1")
-
-
-async def wait_for(pred: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -98,10 +89,10 @@ async def test_send_consume_and_a_checked_back_transaction_with_credentials(
         async with AsyncTransactionProducer("shop", listener, addr, config=PRODUCER) as tx:
             result = await tx.send_message_in_transaction(Message("orders", b"tx-1"))
             assert result.local_transaction_state is LocalTransactionState.UNKNOWN
-            await wait_for(lambda: listener.checked == ["tx-1"], "the check-back")
+            await wait_until(lambda: listener.checked == ["tx-1"], what="the check-back")
             await consumer.start()
             try:
-                await wait_for(lambda: sorted(got) == [b"plain-1", b"tx-1"], "both messages")
+                await wait_until(lambda: sorted(got) == [b"plain-1", b"tx-1"], what="both messages")
             finally:
                 await consumer.shutdown()
     assert acl_broker.transactions.records[str(result.transaction_id)].state.value == "COMMITTED"
