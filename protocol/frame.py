@@ -166,12 +166,16 @@ def _remark_from(doc: dict[Any, Any]) -> str | None:
     return r
 
 
+#: The serialize type byte -> its member, built once: ``SerializeType(byte)`` per frame costs an
+#: Enum lookup with its error path on every decode.
+_SERIALIZE_TYPES: dict[int, SerializeType] = {int(t): t for t in SerializeType}
+
+
 def decode_header(st_byte: int, header: bytes, body: bytes) -> RemotingCommand:
     """Decode one header; raises :class:`MalformedFrameError` on anything wrong."""
-    try:
-        st = SerializeType(st_byte)
-    except ValueError:
-        raise MalformedFrameError(f"unknown serialize type {st_byte}") from None
+    st = _SERIALIZE_TYPES.get(st_byte)
+    if st is None:
+        raise MalformedFrameError(f"unknown serialize type {st_byte}")
     try:
         if st == SerializeType.MSGPACK:
             doc = msgpack.unpackb(header, raw=False, strict_map_key=False)
