@@ -20,11 +20,11 @@ RUN groupadd --system --gid 10001 txmq \
  && useradd --system --uid 10001 --gid txmq --home-dir /var/lib/txmq --no-create-home \
         --shell /usr/sbin/nologin txmq
 
-# Install the package into its own virtual environment from the wheels alone (the SDK's optional
-# Spark extras are not needed by the broker).
+# Install the package into its own virtual environment from the wheels alone, with the gRPC
+# front end (the SDK's optional Spark extras are not needed by the broker).
 COPY build/wheels /tmp/wheels
 RUN python3 -m venv /opt/txmq \
- && /opt/txmq/bin/pip install --no-index --find-links /tmp/wheels txmq \
+ && /opt/txmq/bin/pip install --no-index --find-links /tmp/wheels 'txmq[grpc]' \
  && rm -rf /tmp/wheels
 ENV PATH=/opt/txmq/bin:$PATH
 
@@ -40,7 +40,7 @@ WORKDIR /var/lib/txmq
 ENV TXMQ_BIND_ADDRESS=0.0.0.0
 
 USER txmq
-EXPOSE 10911
+EXPOSE 10911 8081
 
 # `txmq status` pings the broker and exits non-zero when it does not answer.  The start period
 # leaves time for recovery after an unclean stop.

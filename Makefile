@@ -54,7 +54,7 @@ docker-setup:
 ## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
 wheels: $(STAMP)
 	rm -rf build/wheels
-	$(PY) -m pip wheel --quiet --wheel-dir build/wheels .
+	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[grpc]'
 
 ## The broker image txmq:latest, for `docker-compose up broker`.
 docker-image: docker-setup wheels

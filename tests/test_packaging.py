@@ -137,9 +137,12 @@ def test_compose_broker_service(compose: dict[str, Any]) -> None:
     broker = compose["services"]["broker"]
     assert broker["build"]["context"] == "."
     assert interpolate(broker["build"]["args"]["BASE_IMAGE"], {}) == BASE_IMAGE
-    # Port 10911 unless TXMQ_HOST_PORT publishes it elsewhere on the host.
-    assert [interpolate(p, {}) for p in broker["ports"]] == ["10911:10911"]
-    assert [interpolate(p, {"TXMQ_HOST_PORT": "20911"}) for p in broker["ports"]] == ["20911:10911"]
+    # Ports 10911 and 8081 (gRPC, on) unless TXMQ_HOST_PORT / TXMQ_GRPC_HOST_PORT publish them
+    # elsewhere on the host.
+    assert [interpolate(p, {}) for p in broker["ports"]] == ["10911:10911", "8081:8081"]
+    moved = {"TXMQ_HOST_PORT": "20911", "TXMQ_GRPC_HOST_PORT": "28081"}
+    assert [interpolate(p, moved) for p in broker["ports"]] == ["20911:10911", "28081:8081"]
+    assert broker["environment"]["TXMQ_GRPC_SERVER_ENABLE"] == "true"
     assert broker["environment"]["TXMQ_BIND_ADDRESS"] == "0.0.0.0"
     assert broker["stop_signal"] == "SIGTERM"
     assert broker["stop_grace_period"] == "30s"
@@ -214,11 +217,12 @@ def test_dockerfile_installs_the_wheels_alone(dockerfile: dict[str, list[str]]) 
     assert f"PATH={venv.group(1)}/bin:$PATH" in dockerfile["ENV"]
     # `make wheels` writes them where the Dockerfile takes them from.
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert f"--wheel-dir {WHEELS} ." in makefile
+    assert f"--wheel-dir {WHEELS} '.[grpc]'" in makefile
+    assert "'txmq[grpc]'" in install
 
 
 def test_dockerfile_image(dockerfile: dict[str, list[str]]) -> None:
-    assert dockerfile["EXPOSE"] == ["10911"]
+    assert dockerfile["EXPOSE"] == ["10911 8081"]
     assert _json_array(dockerfile["VOLUME"][0]) == [DATA_DIR]
     (user,) = dockerfile["USER"]
     assert user not in ("root", "0") and not user.startswith("0:")

@@ -107,6 +107,8 @@ class Compose:
         self.address = f"127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if k != "TXMQ_BASE_IMAGE"}
         self.env["TXMQ_HOST_PORT"] = self.address
+        self.grpc_address = f"127.0.0.1:{free_port()}"
+        self.env["TXMQ_GRPC_HOST_PORT"] = self.grpc_address
         self._container = ""
 
     def __call__(
@@ -195,6 +197,7 @@ def test_compose_broker_serves_and_keeps_messages_across_a_restart(compose: Comp
             assert producer.send(Message(topic, body)).status == SendStatus.SEND_OK
     with PullConsumer("docker-test-first", broker=compose.address) as consumer:
         assert sorted(drain(consumer, topic)) == sorted(sent)
+    assert_grpc_route(compose.grpc_address, topic)
 
     # A graceful stop (SIGTERM, exit status 0), then the same container and volume again.
     compose("stop", "broker")
@@ -209,12 +212,41 @@ def test_compose_broker_serves_and_keeps_messages_across_a_restart(compose: Comp
             assert first.committed_offset(topic, queue_id) == first.max_offset(topic, queue_id)
 
 
+def assert_grpc_route(address: str, topic: str) -> None:
+    """The gRPC front end (on in compose) answers QueryRoute for the topic on its published
+    port, naming its 4 queues."""
+    import grpc
+
+    from txmq.broker.grpc.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+
+    with grpc.insecure_channel(address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        route = sgrpc.MessagingServiceStub(channel).QueryRoute(
+            spb.QueryRouteRequest(topic=pb.Resource(name=topic)),
+            metadata=(("x-mq-client-id", "docker-test"),),
+            timeout=30,
+        )
+    assert route.status.code == pb.OK, route.status
+    assert len(route.message_queues) == 4
+
+
 def build_wheels() -> None:
     """txmq and its dependencies as wheels in build/wheels, which the Dockerfile installs (what
     `make wheels` does)."""
     wheels = ROOT / "build" / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--wheel-dir",
+            str(wheels),
+            f"{ROOT}[grpc]",
+        ],
         BUILD_TIMEOUT,
     )
