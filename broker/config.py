@@ -109,8 +109,23 @@ class BrokerConfig:
     #: The accounts, in RocketMQ's plain_acl.yml format (relative to the working directory,
     #: like storePathRootDir).
     plain_acl_file: str = "config/plain_acl.yml"
+    #: TLS on the remoting port (RocketMQ's ``tls.server.mode``): ``disabled``, ``permissive``
+    #: (TLS and plain clients on one port) or ``enforcing`` (TLS only).
+    tls_server_mode: str = "disabled"
+    #: The broker's certificate chain (PEM), ``tls.server.certPath``.
+    tls_server_cert_path: str = ""
+    #: Its private key (PEM, unencrypted), ``tls.server.keyPath``.
+    tls_server_key_path: str = ""
+    #: CA certificates client certificates are checked against, ``tls.server.trustCertPath``.
+    tls_server_trust_cert_path: str = ""
+    #: Mutual TLS, ``tls.server.need.client.auth``: ``none``, ``optional`` (a certificate, if
+    #: sent, must be valid) or ``require``.
+    tls_server_need_client_auth: str = "none"
+    #: Seconds a TLS handshake may take before the connection is closed.
+    tls_handshake_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        self._check_tls()
         if self.acl_enable and self.grpc_server_enable:
             raise ConfigError(
                 "aclEnable covers the remoting port only: the gRPC front end does not check "
@@ -132,6 +147,38 @@ class BrokerConfig:
             raise ConfigError("defaultTopicQueueNums must be at least 1")
         delay_levels(self.message_delay_level)
 
+    def _check_tls(self) -> None:
+        from .tls import CLIENT_AUTH, MODES
+
+        if self.tls_server_mode not in MODES:
+            raise ConfigError(
+                f"tls.server.mode must be one of {', '.join(MODES)}, got {self.tls_server_mode!r}"
+            )
+        if self.tls_server_need_client_auth not in CLIENT_AUTH:
+            raise ConfigError(
+                "tls.server.need.client.auth must be one of "
+                f"{', '.join(CLIENT_AUTH)}, got {self.tls_server_need_client_auth!r}"
+            )
+        if self.tls_server_mode == "disabled":
+            return
+        for attr in ("tls_server_cert_path", "tls_server_key_path"):
+            if not getattr(self, attr):
+                raise ConfigError(
+                    f"tls.server.mode = {self.tls_server_mode} needs {key_name(attr)}"
+                )
+        if self.tls_server_need_client_auth != "none" and not self.tls_server_trust_cert_path:
+            raise ConfigError(
+                f"tls.server.need.client.auth = {self.tls_server_need_client_auth} needs "
+                "tls.server.trustCertPath (the CA client certificates are checked against)"
+            )
+        if self.tls_handshake_timeout <= 0:
+            raise ConfigError("tlsHandshakeTimeout must be positive")
+        if self.grpc_server_enable and self.tls_server_mode == "enforcing":
+            raise ConfigError(
+                "tls.server.mode = enforcing covers the remoting port only: the gRPC front end "
+                "has no TLS yet, so turn grpcServerEnable off while TLS is enforced"
+            )
+
     @property
     def sync_flush(self) -> bool:
         return self.flush_disk_type == "SYNC_FLUSH"
@@ -143,11 +190,23 @@ class BrokerConfig:
         return {key_name(f.name): getattr(self, f.name) for f in fields(self)}
 
 
+#: Keys whose RocketMQ names are not the camelCase of the attribute (RocketMQ's TLS keys are
+#: dotted: ``tls.server.mode``).  Their environment variables follow the attribute
+#: (``TXMQ_TLS_SERVER_MODE``).
+_ALIASES = {
+    "broker_i_p1": "brokerIP1",
+    "tls_server_mode": "tls.server.mode",
+    "tls_server_cert_path": "tls.server.certPath",
+    "tls_server_key_path": "tls.server.keyPath",
+    "tls_server_trust_cert_path": "tls.server.trustCertPath",
+    "tls_server_need_client_auth": "tls.server.need.client.auth",
+}
+
+
 def key_name(attr: str) -> str:
-    """The RocketMQ key of an attribute (``broker_i_p1`` -> ``brokerIP1``)."""
-    if attr == "broker_i_p1":
-        return "brokerIP1"
-    return camel(attr)
+    """The RocketMQ key of an attribute (``broker_i_p1`` -> ``brokerIP1``,
+    ``tls_server_mode`` -> ``tls.server.mode``)."""
+    return _ALIASES.get(attr) or camel(attr)
 
 
 def env_name(attr: str) -> str:
@@ -210,6 +269,23 @@ def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> Non
         values[f.name] = _convert(f, value, source)
 
 
+def _flatten(doc: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    """Sections are allowed for readability ([broker], [store], [transaction]); keys are flat.
+    A dotted key (``tls.server.mode = ...``, unquoted, or a ``[tls.server]`` table) parses as
+    nested tables: those are joined back into the dotted name."""
+    for k, v in doc.items():
+        name = prefix + k
+        if isinstance(v, dict):
+            if any(key.startswith(name + ".") for key in _KEYS):
+                _flatten(v, name + ".", out)
+            elif not prefix:
+                _flatten(v, "", out)  # a section
+            else:
+                out[name] = v  # refused as an unknown key
+        else:
+            out[name] = v
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -227,13 +303,8 @@ def load_config(
             raise ConfigError(f"configuration file not found: {path}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
-        # Sections are allowed for readability ([broker], [store], [transaction]); keys are flat.
         flat: dict[str, Any] = {}
-        for k, v in doc.items():
-            if isinstance(v, dict):
-                flat.update(v)
-            else:
-                flat[k] = v
+        _flatten(doc, "", flat)
         _apply(values, flat, str(path))
     environ = os.environ if env is None else env
     for f in fields(BrokerConfig):

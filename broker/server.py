@@ -44,6 +44,7 @@ from .store import (
     StoreConfig,
     TopicConfigManager,
 )
+from .tls import ServerTls, TlsConfigError, TlsFiles, TlsServer
 from .topics import SCHEDULE_TOPIC, TopicManager
 from .transaction.service import CheckSender, TransactionalMessageService
 
@@ -89,7 +90,9 @@ class BrokerController:
         self.metrics = BrokerMetrics()
         self.delay_levels = delay_levels(config.message_delay_level)
         self._check_sender = check_sender
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.AbstractServer | TlsServer | None = None
+        #: The TLS context in force (``tls.server.mode`` not disabled); None when off.
+        self.tls: ServerTls | None = None
         self._connections: set[Connection] = set()
         self._tasks: list[asyncio.Task[None]] = []
         #: Blocking work that must not run on the event loop: state-file writes (offsets, topic
@@ -145,14 +148,40 @@ class BrokerController:
             except AclConfigError as exc:
                 raise ConfigError(f"aclEnable: {exc}") from None
             self.acl = acl
-        try:
-            self._server = await loop.create_server(
-                self._new_connection,
-                cfg.bind_address,
-                cfg.listen_port,
-                start_serving=False,
-                reuse_address=True,
+        if cfg.tls_server_mode != "disabled":
+            tls = ServerTls(
+                TlsFiles(
+                    cfg.tls_server_cert_path,
+                    cfg.tls_server_key_path,
+                    cfg.tls_server_trust_cert_path,
+                    cfg.tls_server_need_client_auth,
+                )
             )
+            try:
+                await self.in_background(tls.load)
+            except TlsConfigError as exc:
+                raise ConfigError(f"tls.server.mode = {cfg.tls_server_mode}: {exc}") from None
+            self.tls = tls
+        try:
+            if self.tls is not None:
+                self._server = await TlsServer.bind(
+                    cfg.bind_address,
+                    cfg.listen_port,
+                    self._new_connection,
+                    self.tls,
+                    mode=cfg.tls_server_mode,
+                    handshake_timeout=cfg.tls_handshake_timeout,
+                    first_byte_timeout=cfg.channel_expired_timeout / 1000.0,
+                    on_rejected=self._tls_rejected,
+                )
+            else:
+                self._server = await loop.create_server(
+                    self._new_connection,
+                    cfg.bind_address,
+                    cfg.listen_port,
+                    start_serving=False,
+                    reuse_address=True,
+                )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUseError(cfg.bind_address, cfg.listen_port) from exc
@@ -227,6 +256,7 @@ class BrokerController:
             store=root,
             flush=cfg.flush_disk_type,
             version=self.version,
+            tls=cfg.tls_server_mode,
             max_phy_offset=self.store.max_phy_offset,
             pending_transactions=len(self.transactions.pending),
         )
@@ -326,6 +356,9 @@ class BrokerController:
         if not self._shutting_down:
             self.clients.connection_closed(conn)
 
+    def _tls_rejected(self, peer: str, reason: str) -> None:
+        self.metrics.protocol_errors.inc()
+
     def _protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         self.metrics.protocol_errors.inc()
         log.warning("frame_rejected", peer=f"{conn.peer[0]}:{conn.peer[1]}", error=str(exc))
@@ -416,6 +449,10 @@ class BrokerController:
                     changed = await self.in_background(self.acl.poll)
                     if changed is not None:
                         self.acl.install(changed)
+                if self.tls is not None:
+                    ctx = await self.in_background(self.tls.poll)
+                    if ctx is not None:
+                        self.tls.install(ctx)
                 if now - last_expire >= 10.0:
                     self.clients.expire(cfg.channel_expired_timeout / 1000.0)
                     last_expire = now

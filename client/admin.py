@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 from txmq.protocol.acl import Credentials
@@ -35,7 +36,8 @@ class AsyncAdminClient:
     """One connection to a broker for operator requests.  Use as ``async with``.
 
     With the broker's ACL on, give an admin account's ``access_key`` and ``secret_key``: every
-    request is signed with them.
+    request is signed with them.  ``tls`` is as in
+    :attr:`txmq.client.config.ClientConfig.tls`: True or an :class:`ssl.SSLContext`.
     """
 
     def __init__(
@@ -45,8 +47,16 @@ class AsyncAdminClient:
         *,
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: bool | ssl.SSLContext = False,
     ) -> None:
         self.broker = broker
+        self._ssl: ssl.SSLContext | None = (
+            tls
+            if isinstance(tls, ssl.SSLContext)
+            else ssl.create_default_context()
+            if tls
+            else None
+        )
         self.timeout = timeout
         if bool(access_key) != bool(secret_key):
             raise ValueError("access_key and secret_key must be given together")
@@ -58,7 +68,9 @@ class AsyncAdminClient:
     async def __aenter__(self) -> AsyncAdminClient:
         host, port = split_address(self.broker)
         signer = self._credentials.sign if self._credentials is not None else None
-        self._conn = await open_connection(host, port, timeout=self.timeout, signer=signer)
+        self._conn = await open_connection(
+            host, port, timeout=self.timeout, signer=signer, ssl=self._ssl
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -7,6 +7,7 @@ Tests make timers fast by building a :class:`ClientConfig` with small values (ne
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,10 @@ class ClientConfig:
             ``secret_key``.  None (the default) sends requests unsigned.
         secret_key: the account's secret (never printed by ``repr``).
         security_token: optional ``SecurityToken`` sent and signed with the request.
+        tls: connect with TLS: True checks the broker's certificate against the system's CA
+            store (and its name or IP against the broker address); an :class:`ssl.SSLContext`
+            is used as given (your CA, a client certificate for mutual TLS; see
+            :func:`tls_context`).  False (the default) connects in plain TCP.
     """
 
     request_timeout: float = 3.0
@@ -78,8 +83,11 @@ class ClientConfig:
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
     security_token: str | None = field(default=None, repr=False)
+    tls: bool | ssl.SSLContext = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tls, (bool, ssl.SSLContext)):
+            raise ValueError(f"tls must be a bool or an ssl.SSLContext, got {self.tls!r}")
         if bool(self.access_key) != bool(self.secret_key):
             raise ValueError("access_key and secret_key must be given together")
         positive = (
@@ -117,9 +125,42 @@ class ClientConfig:
             return None
         return Credentials(self.access_key, self.secret_key, self.security_token)
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context, or None for plain TCP."""
+        if isinstance(self.tls, ssl.SSLContext):
+            return self.tls
+        return tls_context() if self.tls else None
+
     def replace(self, **changes: Any) -> ClientConfig:
         """A copy with some settings changed."""
         return dataclasses.replace(self, **changes)
+
+
+def tls_context(
+    ca_path: str | None = None, cert_path: str | None = None, key_path: str | None = None
+) -> ssl.SSLContext:
+    """A client TLS context: the broker's certificate is checked against ``ca_path`` (PEM; the
+    system's CA store when None), with ``cert_path`` / ``key_path`` as the client certificate
+    for mutual TLS.
+
+    Raises:
+        ValueError: a file is missing or does not hold what it should (the message names it).
+    """
+    if bool(cert_path) != bool(key_path):
+        raise ValueError("a TLS client certificate and its key must be given together")
+    try:
+        ctx = ssl.create_default_context(cafile=ca_path or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the TLS CA file {ca_path!r}: {exc}") from None
+    if cert_path and key_path:
+        try:
+            ctx.load_cert_chain(cert_path, key_path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"cannot load the TLS client certificate {cert_path!r} with key {key_path!r}: {exc}"
+            ) from None
+    return ctx
 
 
 def parse_address(address: str) -> tuple[str, int]:

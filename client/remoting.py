@@ -86,6 +86,7 @@ class BrokerConnection:
         self._consumers: dict[str, ConsumerDataProvider] = {}
         credentials = self.config.credentials
         self._signer = credentials.sign if credentials is not None else None
+        self._ssl = self.config.ssl_context
         #: How many times the connection was re-established (for tests and metrics).
         self.reconnects = 0
 
@@ -304,6 +305,7 @@ class BrokerConnection:
             timeout=self.config.connect_timeout,
             on_close=self._on_close,
             signer=self._signer,
+            ssl=self._ssl,
         )
 
     def _on_close(self, conn: Connection) -> None:

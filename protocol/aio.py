@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl as _ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -285,17 +286,27 @@ async def open_connection(
     *,
     timeout: float = 3.0,
     signer: Callable[[RemotingCommand], None] | None = None,
+    ssl: _ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
     **kwargs: Any,
 ) -> Connection:
     """Connect to ``host:port`` and return the :class:`Connection`; ``signer`` signs every
-    request it sends (see :attr:`Connection.signer`)."""
+    request it sends (see :attr:`Connection.signer`).  With ``ssl`` the connection is TLS, the
+    broker's certificate checked as the context says, for ``server_hostname`` (default:
+    ``host``)."""
     loop = asyncio.get_running_loop()
+    tls: dict[str, Any] = {}
+    if ssl is not None:
+        tls = {"ssl": ssl, "server_hostname": server_hostname or host}
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection(handler, **kwargs), host, port), timeout
+            loop.create_connection(lambda: Connection(handler, **kwargs), host, port, **tls),
+            timeout,
         )
     except TimeoutError:
         raise RequestTimeoutError(f"connecting to {host}:{port} timed out") from None
+    except _ssl.SSLError as exc:
+        raise ConnectionClosedError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
     except OSError as exc:
         raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
     proto.signer = signer
