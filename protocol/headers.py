@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -34,41 +35,89 @@ def camel(name: str) -> str:
 
 _BOOL_SPELLINGS = {"true": True, "false": False, "1": True, "0": False}
 
+#: ``convert(value, wire_name)``: one header field's value as its declared type, or
+#: :class:`InvalidParameterError`.
+Converter = Callable[[Any, str], Any]
 
-def _coerce(value: Any, tp: Any, wire: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or value == "" and args[0] is not str:
-            return None
-        return _coerce(value, args[0], wire)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            # Java sends "true"/"false"; the C++ client sends "0"/"1".
-            spelled = _BOOL_SPELLINGS.get(value.strip().lower())
-            if spelled is not None:
-                return spelled
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+
+def _invalid(value: Any, wire: str) -> Any:
     raise InvalidParameterError(f"header field {wire!r} has an invalid value {value!r}")
 
 
+def _to_bool(value: Any, wire: str) -> Any:
+    if value is True or value is False:
+        return value
+    if isinstance(value, str):
+        # Java sends "true"/"false"; the C++ client sends "0"/"1".
+        spelled = _BOOL_SPELLINGS.get(value.strip().lower())
+        if spelled is not None:
+            return spelled
+    elif isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return _invalid(value, wire)
+
+
+def _to_int(value: Any, wire: str) -> Any:
+    if type(value) is int:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    return _invalid(value, wire)
+
+
+def _to_str(value: Any, wire: str) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _invalid(value, wire)
+
+
+_SCALAR_CONVERTERS: dict[Any, Converter] = {bool: _to_bool, int: _to_int, str: _to_str}
+
+
+def _optional(inner: Converter, empty_is_none: bool) -> Converter:
+    if empty_is_none:
+
+        def convert(value: Any, wire: str) -> Any:
+            if value is None or value == "":
+                return None
+            return inner(value, wire)
+
+    else:
+
+        def convert(value: Any, wire: str) -> Any:
+            return None if value is None else inner(value, wire)
+
+    return convert
+
+
+def _converter(tp: Any) -> Converter:
+    """The converter of a field annotated ``tp``, resolved once per header class (not per
+    field per request): ``X | None`` accepts None, and "" for a non-str ``X``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _optional(_converter(args[0]), args[0] is not str)
+    return _SCALAR_CONVERTERS.get(tp, _invalid)
+
+
+def _coerce(value: Any, tp: Any, wire: str) -> Any:
+    """``value`` (native or a string) as the type ``tp`` of the header field ``wire``."""
+    return _converter(tp)(value, wire)
+
+
 _FIELDS_CACHE: dict[type, list[tuple[dataclasses.Field[Any], str, Any]]] = {}
+#: Per header class, what decoding needs of each field: attribute name, wire name, converter,
+#: and whether the field is required.
+_DECODE_PLAN: dict[type, list[tuple[str, str, Converter, bool]]] = {}
+#: Per header class, (attribute name, wire name) of each field, for encoding.
+_ENCODE_PLAN: dict[type, list[tuple[str, str]]] = {}
 
 
 @dataclass
@@ -92,10 +141,34 @@ class Header:
             _FIELDS_CACHE[cls] = cached
         return cached
 
+    @classmethod
+    def _decode_plan(cls) -> list[tuple[str, str, Converter, bool]]:
+        plan = _DECODE_PLAN.get(cls)
+        if plan is None:
+            plan = [
+                (
+                    f.name,
+                    wire,
+                    _converter(tp),
+                    f.default is _MISSING and f.default_factory is _MISSING,
+                )
+                for f, wire, tp in cls._fields()
+            ]
+            _DECODE_PLAN[cls] = plan
+        return plan
+
+    @classmethod
+    def _encode_plan(cls) -> list[tuple[str, str]]:
+        plan = _ENCODE_PLAN.get(cls)
+        if plan is None:
+            plan = [(f.name, wire) for f, wire, _ in cls._fields()]
+            _ENCODE_PLAN[cls] = plan
+        return plan
+
     def to_ext_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f, wire, _ in self._fields():
-            v = getattr(self, f.name)
+        for name, wire in self._encode_plan():
+            v = getattr(self, name)
             if v is not None:
                 out[wire] = v
         return out
@@ -103,10 +176,12 @@ class Header:
     @classmethod
     def from_ext_fields(cls: type[H], ext: dict[str, Any]) -> H:
         kwargs: dict[str, Any] = {}
-        for f, wire, tp in cls._fields():
-            if wire in ext and ext[wire] is not None:
-                kwargs[f.name] = _coerce(ext[wire], tp, wire)
-            elif f.default is _MISSING and f.default_factory is _MISSING:
+        get = ext.get
+        for name, wire, convert, required in cls._decode_plan():
+            v = get(wire)
+            if v is not None:
+                kwargs[name] = convert(v, wire)
+            elif required:
                 raise InvalidParameterError(f"the custom field <{wire}> is null")
         return cls(**kwargs)
 
@@ -149,12 +224,16 @@ class SendMessageRequestHeader(Header):
         "brokerName": "n",
     }
 
+    #: The reverse of :attr:`V2_KEYS`.
+    V2_NAMES: ClassVar[dict[str, str]] = {v: k for k, v in V2_KEYS.items()}
+
     def to_v2_ext_fields(self) -> dict[str, Any]:
-        return {self.V2_KEYS[k]: v for k, v in self.to_ext_fields().items()}
+        keys = self.V2_KEYS
+        return {keys[k]: v for k, v in self.to_ext_fields().items()}
 
     @classmethod
     def from_v2_ext_fields(cls, ext: dict[str, Any]) -> SendMessageRequestHeader:
-        back = {v: k for k, v in cls.V2_KEYS.items()}
+        back = cls.V2_NAMES
         return cls.from_ext_fields({back.get(k, k): v for k, v in ext.items()})
 
 
