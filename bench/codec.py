@@ -78,9 +78,8 @@ def _steps() -> dict[str, Callable[[], object]]:
         return SendMessageResponseHeader.from_ext_fields(cmd.ext_fields)
 
     def count_metrics() -> object:
-        metrics.requests.labels(str(int(RequestCode.SEND_MESSAGE_V2))).inc()
-        metrics.messages_put.labels("bench-topic").inc(1)
-        metrics.bytes_put.inc(1024)
+        metrics.record_request(int(RequestCode.SEND_MESSAGE_V2))
+        metrics.record_put({"bench-topic": 1}, 1024)
         return None
 
     return {

@@ -60,6 +60,36 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call,
+        # and the send path counts one request and one put per message.
+        self._request_counters: dict[int | str, Any] = {}
+        self._error_counters: dict[int, Any] = {}
+        self._put_counters: dict[str, Any] = {}
+
+    def record_request(self, code: int | str) -> None:
+        """Count one request of ``code`` (a request code, or a name such as ``grpc:Send``)."""
+        child = self._request_counters.get(code)
+        if child is None:
+            child = self._request_counters[code] = self.requests.labels(str(code))
+        child.inc()
+
+    def record_error(self, code: int) -> None:
+        """Count one error response with response code ``code``."""
+        child = self._error_counters.get(code)
+        if child is None:
+            child = self._error_counters[code] = self.request_errors.labels(str(int(code)))
+        child.inc()
+
+    def record_put(self, per_topic: dict[str, int], nbytes: int) -> None:
+        """Count stored messages (``per_topic``: topic -> messages) and their bytes."""
+        children = self._put_counters
+        for topic, n in per_topic.items():
+            child = children.get(topic)
+            if child is None:
+                child = children[topic] = self.messages_put.labels(topic)
+            child.inc(n)
+        self.bytes_put.inc(nbytes)
+
     def serve_http(self, port: int, addr: str) -> None:
         """Serve ``/metrics`` in Prometheus' text format on ``addr:port``."""
         self._http = start_http_server(port, addr=addr, registry=self.registry)

@@ -366,7 +366,7 @@ class BrokerController:
     async def handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         """Dispatch one request to its processor; every failure becomes a precise answer."""
         proc = self._processors.get(cmd.code)
-        self.metrics.requests.labels(str(cmd.code)).inc()
+        self.metrics.record_request(cmd.code)
         if proc is None:
             return cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
@@ -378,7 +378,7 @@ class BrokerController:
                 self.acl.check(conn, cmd)
             return await proc(conn, cmd)
         except TxmqError as exc:
-            self.metrics.request_errors.labels(str(exc.code)).inc()
+            self.metrics.record_error(exc.code)
             log.info(
                 "request_failed",
                 code=cmd.code,
@@ -388,7 +388,7 @@ class BrokerController:
             )
             return cmd.response(exc.code, str(exc) or type(exc).__name__)
         except Exception as exc:
-            self.metrics.request_errors.labels(str(int(ResponseCode.SYSTEM_ERROR))).inc()
+            self.metrics.record_error(ResponseCode.SYSTEM_ERROR)
             log.exception("request_crashed", code=cmd.code)
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
@@ -408,10 +408,7 @@ class BrokerController:
         for msg in msgs:
             per_topic[msg.topic] = per_topic.get(msg.topic, 0) + 1
             queues.add((msg.topic, msg.queue_id))
-        m = self.metrics
-        for topic, n in per_topic.items():
-            m.messages_put.labels(topic).inc(n)
-        m.bytes_put.inc(sum(r.size for r in results))
+        self.metrics.record_put(per_topic, sum(r.size for r in results))
         for topic, qid in queues:
             self.puller.hold.notify(topic, qid)
             if topic == SCHEDULE_TOPIC:

@@ -204,7 +204,7 @@ class MessagingService:
         return self.broker.config
 
     def _count(self, method: str) -> None:
-        self.broker.metrics.requests.labels(f"grpc:{method}").inc()
+        self.broker.metrics.record_request(f"grpc:{method}")
 
     def _client(self, context: grpc.aio.ServicerContext, create: bool = True) -> GrpcClient:
         cid = _metadata(context, "x-mq-client-id")
