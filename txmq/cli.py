@@ -4,8 +4,11 @@ transactions.
 Every client command takes ``--broker host:port`` (environment: ``TXMQ_BROKER``; default
 127.0.0.1:10911).  With the broker's ACL on, give the account before the command:
 ``txmq --access-key AK --secret-key SK ...`` (environment: ``TXMQ_ACCESS_KEY``,
-``TXMQ_SECRET_KEY``); every request is then signed.  The broker command resolves its configuration as defaults < ``--config`` file
-< ``TXMQ_*`` environment variables < flags.
+``TXMQ_SECRET_KEY``); every request is then signed.  With the broker's TLS on, add ``--tls``
+(the system's CA store) or ``--tls-ca ca.pem``, and ``--tls-cert`` / ``--tls-key`` for mutual TLS
+(environment: ``TXMQ_TLS``, ``TXMQ_TLS_CA``, ``TXMQ_TLS_CERT``, ``TXMQ_TLS_KEY``).  The broker
+command resolves its configuration as defaults < ``--config`` file < ``TXMQ_*`` environment
+variables < flags.
 """
 
 from __future__ import annotations
@@ -52,12 +55,19 @@ def _credentials() -> tuple[str | None, str | None]:
     return obj.get("access_key"), obj.get("secret_key")
 
 
+def _tls() -> Any:
+    """The TLS context given to the top-level command (False for plain TCP)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return obj.get("tls", False) if isinstance(obj, dict) else False
+
+
 def _client_config() -> Any:
-    """The SDK's ClientConfig carrying the command's credentials."""
+    """The SDK's ClientConfig carrying the command's credentials and TLS settings."""
     from txmq.client.config import ClientConfig
 
     access_key, secret_key = _credentials()
-    return ClientConfig(access_key=access_key, secret_key=secret_key)
+    return ClientConfig(access_key=access_key, secret_key=secret_key, tls=_tls())
 
 
 def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
@@ -66,9 +76,12 @@ def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
     from txmq.client.admin import AsyncAdminClient
 
     access_key, secret_key = _credentials()
+    tls = _tls()
 
     async def go() -> T:
-        async with AsyncAdminClient(broker, access_key=access_key, secret_key=secret_key) as admin:
+        async with AsyncAdminClient(
+            broker, access_key=access_key, secret_key=secret_key, tls=tls
+        ) as admin:
             return await call(admin)
 
     return _run(go())
@@ -90,14 +103,55 @@ def _echo_json(doc: Any) -> None:
     envvar="TXMQ_SECRET_KEY",
     help="Its secret key (env TXMQ_SECRET_KEY; prefer the environment to the command line).",
 )
+@click.option(
+    "--tls",
+    "use_tls",
+    is_flag=True,
+    envvar="TXMQ_TLS",
+    help="Connect with TLS, checking the broker against the system's CAs (env TXMQ_TLS).",
+)
+@click.option(
+    "--tls-ca",
+    type=click.Path(dir_okay=False),
+    envvar="TXMQ_TLS_CA",
+    help="CA file (PEM) the broker's certificate is checked against; implies --tls "
+    "(env TXMQ_TLS_CA).",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False),
+    envvar="TXMQ_TLS_CERT",
+    help="Client certificate (PEM) for mutual TLS; implies --tls (env TXMQ_TLS_CERT).",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False),
+    envvar="TXMQ_TLS_KEY",
+    help="Its private key (PEM) (env TXMQ_TLS_KEY).",
+)
 @click.pass_context
-def main(ctx: click.Context, access_key: str | None, secret_key: str | None) -> None:
+def main(
+    ctx: click.Context,
+    access_key: str | None,
+    secret_key: str | None,
+    use_tls: bool,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> None:
     """txmq: a transactional message broker in the Apache RocketMQ tradition."""
     from txmq.broker.logging import configure_logging
 
     if bool(access_key) != bool(secret_key):
         raise click.UsageError("--access-key and --secret-key go together")
     ctx.obj = {"access_key": access_key, "secret_key": secret_key} if access_key else {}
+    if use_tls or tls_ca or tls_cert or tls_key:
+        from txmq.client.config import tls_context
+
+        try:
+            ctx.obj["tls"] = tls_context(tls_ca, tls_cert, tls_key)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
 
     # Client commands print results, not the SDK's events; `txmq broker` sets its own level.
     configure_logging("WARNING")
