@@ -3,6 +3,7 @@ consumer drains the topic.
 
     python bench/throughput.py --producers 4 --seconds 10 --size 1024 [--flush SYNC_FLUSH]
     python bench/throughput.py --batch 64          # SEND_BATCH_MESSAGE, 64 messages a request
+    python bench/throughput.py --tls               # plain TCP, then TLS, on one permissive broker
 
 Prints messages/s and MB/s for sending and for pulling, and send latency percentiles.
 """
@@ -12,19 +13,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import ssl
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _broker import broker_process, drain_topic, emit, percentiles, quiet_logs  # noqa: E402
 
-from txmq.client import AsyncProducer, Message  # noqa: E402
+from txmq.client import AsyncProducer, ClientConfig, Message  # noqa: E402
 
 
-async def run(args: argparse.Namespace, address: str) -> dict[str, object]:
+def self_signed(folder: str) -> tuple[str, str]:
+    """A throw-away certificate for 127.0.0.1 (the openssl command line)."""
+    cert, key = os.path.join(folder, "broker.pem"), os.path.join(folder, "broker.key")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+        + ["-nodes", "-days", "1", "-keyout", key, "-out", cert, "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def run(
+    args: argparse.Namespace, address: str, tls: ssl.SSLContext | None = None
+) -> dict[str, object]:
     body = b"x" * args.size
-    producers = [AsyncProducer(f"bench-{i}", address) for i in range(args.producers)]
+    config = ClientConfig(tls=tls) if tls is not None else None
+    producers = [AsyncProducer(f"bench-{i}", address, config=config) for i in range(args.producers)]
     for p in producers:
         await p.start()
     latencies: list[float] = []
@@ -78,10 +98,33 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--topic", default="bench-plain")
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="measure plain TCP, then TLS, against one broker in permissive mode",
+    )
     args = ap.parse_args()
     quiet_logs()
-    with broker_process(flush=args.flush, address=args.broker) as address:
-        emit(asyncio.run(run(args, address)))
+    if not args.tls:
+        with broker_process(flush=args.flush, address=args.broker) as address:
+            emit(asyncio.run(run(args, address)))
+        return
+    with tempfile.TemporaryDirectory(prefix="txmq-bench-tls-") as tmp:
+        cert, key = self_signed(tmp)
+        settings = {
+            "tls.server.mode": "permissive",
+            "tls.server.certPath": cert,
+            "tls.server.keyPath": key,
+        }
+        ctx = ssl.create_default_context(cafile=cert)
+        with broker_process(settings, flush=args.flush) as address:
+            topic = args.topic
+            args.topic = f"{topic}-tcp"
+            plain = asyncio.run(run(args, address))
+            args.topic = f"{topic}-tls"
+            secure = asyncio.run(run(args, address, ctx))
+    ratio = float(secure["send_msgs_per_s"]) / float(plain["send_msgs_per_s"])  # type: ignore[arg-type]
+    emit({"plain": plain, "tls": secure, "tls_send_throughput_vs_plain": round(ratio, 3)})
 
 
 if __name__ == "__main__":
