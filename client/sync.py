@@ -1,73 +1,28 @@
 """The synchronous facade: thin wrappers that run the async core on one private event loop.
 
-The loop lives in a daemon thread, shared by every sync client of the process and started on
-first use.  Each sync method submits the matching coroutine with
-:func:`asyncio.run_coroutine_threadsafe` and waits for its result, so there is one copy of the
-logic.  Sync message callbacks of a :class:`PushConsumer` run in the consumer's own thread pool,
-never on the private loop.
+The loop lives in a daemon thread (:class:`~txmq.client.bridge.LoopThread`), shared by every
+sync client of the process and started on first use.  Each sync method submits the matching
+coroutine to it and waits for its result, so there is one copy of the logic.  Sync message
+callbacks of a :class:`PushConsumer` run in the consumer's own thread pool, never on the
+private loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Coroutine
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from txmq.protocol.message import Message
 
+from .bridge import LoopThread
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
-from .errors import ClientStateError
 from .producer import AsyncProducer, QueueSelector, SendResult
 from .pull_consumer import AsyncPullConsumer, PullResult
 
 R = TypeVar("R")
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _LoopThread:
-    """The private event loop of the sync facade."""
-
-    _instance: _LoopThread | None = None
-    _guard = threading.Lock()
-
-    def __init__(self) -> None:
-        self.loop = _new_loop()
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="txmq-client-loop", daemon=True)
-        self.thread.start()
-        self._ready.wait()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._ready.set)
-        self.loop.run_forever()
-
-    @classmethod
-    def get(cls) -> _LoopThread:
-        with cls._guard:
-            if cls._instance is None or not cls._instance.thread.is_alive():
-                cls._instance = cls()
-            return cls._instance
-
-    def run(self, coro: Coroutine[Any, Any, R]) -> R:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise ClientStateError(
-                "a sync txmq client was called from its own event loop (e.g. inside an async "
-                "callback); use the Async* classes there"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
 class _SyncClient:
@@ -75,7 +30,7 @@ class _SyncClient:
     _core: Any
 
     def __init__(self) -> None:
-        self._runner = _LoopThread.get()
+        self._runner = LoopThread.shared()
 
     def _run(self, coro: Coroutine[Any, Any, R]) -> R:
         return self._runner.run(coro)
@@ -87,6 +42,10 @@ class _SyncClient:
     def shutdown(self) -> None:
         """Close cleanly (see the async class).  Idempotent."""
         self._run(self._core.shutdown())
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -113,10 +72,6 @@ class Producer(_SyncClient):
     ) -> None:
         super().__init__()
         self._core = self.core = AsyncProducer(group, broker, config=config, **settings)
-
-    def __enter__(self) -> Producer:
-        self.start()
-        return self
 
     def send(
         self,
@@ -192,10 +147,6 @@ class PushConsumer(_SyncClient):
             **settings,
         )
 
-    def __enter__(self) -> PushConsumer:
-        self.start()
-        return self
-
     def subscribe(self, topic: str, expression: str | None, callback: MessageCallback) -> None:
         """Consume ``topic``'s messages matching ``expression`` (``"*"`` or ``"a || b"``) with
         ``callback(msg)``: return to acknowledge, raise to get the message again later."""
@@ -247,10 +198,6 @@ class PullConsumer(_SyncClient):
     ) -> None:
         super().__init__()
         self._core = self.core = AsyncPullConsumer(group, broker, config=config, **settings)
-
-    def __enter__(self) -> PullConsumer:
-        self.start()
-        return self
 
     def fetch_queues(self, topic: str) -> list[int]:
         """The readable queue ids of ``topic``."""

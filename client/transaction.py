@@ -427,10 +427,6 @@ class TransactionProducer(_SyncClient):
         super().__init__()
         self._core = self.core = AsyncTransactionProducer(group, listener, broker, **kwargs)
 
-    def __enter__(self) -> TransactionProducer:
-        self.start()
-        return self
-
     def send_message_in_transaction(
         self, msg: Message, arg: Any = None, **kwargs: Any
     ) -> TransactionSendResult:

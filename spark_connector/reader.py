@@ -35,6 +35,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from txmq.client.bridge import LoopThread
 from txmq.client.pull_consumer import PullStatus
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageExt
@@ -209,14 +210,14 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
         TxmqError: a pull failed, messages in the range were deleted (unless
             ``failOnDataLoss=false``), or the queue ends before the range does.
     """
-    loop = asyncio.new_event_loop()
+    runner = LoopThread(name="txmq-spark-read")
     session = BrokerSession(options.broker, options.request_timeout, options.credentials)
     try:
-        loop.run_until_complete(session.__aenter__())
+        runner.run(session.__aenter__())
         offset = part.start
         while offset < part.end:
             want = min(options.pull_batch_size, part.end - offset)
-            result = loop.run_until_complete(session.pull(part.topic, part.queue_id, offset, want))
+            result = runner.run(session.pull(part.topic, part.queue_id, offset, want))
             if result.status is PullStatus.FOUND:
                 for m in result.messages:
                     if m.queue_offset >= part.end:
@@ -253,9 +254,9 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
             offset = next_offset
     finally:
         try:
-            loop.run_until_complete(session.__aexit__(None, None, None))
+            runner.run(session.__aexit__(None, None, None))
         finally:
-            loop.close()
+            runner.stop()
 
 
 # --- Spark readers ----------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Broker I/O for Spark tasks and driver-side callbacks.
 
 Spark calls the connector from plain synchronous Python (executor tasks, the driver's planning
-and commit workers).  Each call opens one :class:`BrokerSession` on a fresh private event loop
-(:func:`run`), does its requests, and closes the connection again, so nothing outlives the task
-that opened it.
+and commit workers).  Each call opens one :class:`BrokerSession` on a private event loop thread
+of its own (:func:`run`, the SDK's sync-over-async bridge), does its requests, and closes the
+connection and the loop again, so nothing outlives the task that opened it.
 
 The session's connection announces **no producer group**: the broker only sends
 CHECK_TRANSACTION_STATE to registered groups, so the sink's pending halves never use up a check
@@ -22,6 +22,7 @@ import structlog
 
 from txmq.client import BrokerConnection, ClientConfig
 from txmq.client.admin import ROLLBACK
+from txmq.client.bridge import run_coroutine
 from txmq.client.pull_consumer import PullResult, get_max_offset, get_min_offset, pull_messages
 from txmq.client.route import TopicRoute, fetch_route
 from txmq.protocol.acl import Credentials
@@ -38,19 +39,17 @@ READER_GROUP = "txmq-spark-reader"
 
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run ``fn()`` to completion on a new private event loop and close the loop.
+    """Run ``fn()`` to completion on a private event loop thread and stop the loop again
+    (:func:`txmq.client.bridge.run_coroutine`).
 
     Spark may call the connector from a thread that already has a running loop (never in its
     own workers, but possibly in a user's process); a private loop keeps the two apart.
     """
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(fn())
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
+
+    async def call() -> T:
+        return await fn()
+
+    return run_coroutine(call())
 
 
 class BrokerSession:
