@@ -30,12 +30,25 @@ Source (``spark.readStream.format("txmq")`` and ``spark.read.format("txmq")``):
 option                      meaning
 ==========================  ==================================================================
 ``broker``                  ``host:port`` of the broker (required)
-``topic``                   one topic, or several separated by commas (required)
+``topic``                   one topic, or several separated by commas
+``subscribePattern``        a regular expression: every topic whose whole name matches (one of
+                            ``topic`` and ``subscribePattern`` is required)
 ``startingOffsets``         ``earliest`` (default), ``latest``, or JSON
                             ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest; queues
                             not named start at the earliest offset)
+``startingOffsetsByTimestamp``  JSON ``{"topic": {"0": <epoch ms>}}``: per queue, the first
+                            message stored at or after that time (queues not named: earliest)
+``startingTimestamp``       epoch ms, the same for every queue (at most one of the three
+                            starting options)
+``endingOffsets``           batch reads only: ``latest`` (default) or JSON like
+                            ``startingOffsets`` (-1 latest; queues not named: latest)
+``minPartitions``           split the queues' ranges into at least this many Spark partitions
 ``maxMessagesPerTrigger``   most messages per micro-batch, spread over the queues (default: no
                             limit)
+``maxBytesPerTrigger``      about this many body bytes per micro-batch (estimated from the
+                            sizes of the next messages)
+``minOffsetsPerTrigger``    wait for this many new messages before a micro-batch ...
+``maxTriggerDelay``         ... but no longer than this after the last batch (default ``15m``)
 ``pullBatchSize``           messages per PULL_MESSAGE (default 256, at most 1024)
 ``failOnDataLoss``          fail when messages to read were already deleted by retention
                             (default true); false skips to the oldest stored message
@@ -83,6 +96,34 @@ SINK_COLUMNS = ("topic", "body", "tags", "keys", "properties")
 
 #: ``{"topic": {"queueId": offset}}``, queue ids as strings (JSON keys).
 OffsetMap = dict[str, dict[str, int]]
+
+#: Default of ``maxTriggerDelay`` (Kafka's): 15 minutes.
+DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
+
+#: Every option the source understands (lower case: Spark's option keys are case-insensitive).
+SOURCE_OPTION_NAMES = (
+    "broker",
+    "topic",
+    "subscribePattern",
+    "startingOffsets",
+    "startingOffsetsByTimestamp",
+    "startingTimestamp",
+    "endingOffsets",
+    "minPartitions",
+    "maxMessagesPerTrigger",
+    "maxBytesPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "pullBatchSize",
+    "failOnDataLoss",
+    "requestTimeout",
+    "accessKey",
+    "secretKey",
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|d)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION_UNITS["d"] = 86400.0
 
 
 class TxmqOptionError(ValueError):
@@ -325,7 +366,15 @@ class SourceOptions:
         topics: the topics to read, in the order given.
         starting_offsets: ``"earliest"``, ``"latest"``, or a per-queue map (values may be
             :data:`EARLIEST_OFFSET` / :data:`LATEST_OFFSET`).
+        topic_pattern: ``subscribePattern`` (then ``topics`` is empty), or None.
+        starting_timestamps: ``startingOffsetsByTimestamp``, epoch ms per queue, or None.
+        starting_timestamp: ``startingTimestamp``, epoch ms for every queue, or None.
+        ending_offsets: ``"latest"`` or a per-queue map (batch reads only).
+        min_partitions: split the ranges into at least this many partitions, or None.
         max_messages_per_trigger: most messages per micro-batch, or None.
+        max_bytes_per_trigger: about this many body bytes per micro-batch, or None.
+        min_offsets_per_trigger: wait for this many new messages, or None.
+        max_trigger_delay: ... but at most this many seconds after the last batch.
         pull_batch_size: messages per pull request.
         fail_on_data_loss: raise when messages in range were deleted by retention.
         request_timeout: seconds to wait for each answer.
@@ -336,7 +385,15 @@ class SourceOptions:
     broker: str
     topics: tuple[str, ...]
     starting_offsets: str | OffsetMap = EARLIEST
+    topic_pattern: str | None = None
+    starting_timestamps: OffsetMap | None = None
+    starting_timestamp: int | None = None
+    ending_offsets: str | OffsetMap = LATEST
+    min_partitions: int | None = None
     max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
     fail_on_data_loss: bool = True
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
@@ -346,6 +403,12 @@ class SourceOptions:
     @property
     def credentials(self) -> Credentials | None:
         return _credentials(self.access_key, self.secret_key)
+
+    def wants(self, topic: str) -> bool:
+        """Whether ``topic`` is read: named in ``topic`` or matched by ``subscribePattern``."""
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
 
 
 def parse_topics(raw: str | None) -> tuple[str, ...]:
@@ -366,7 +429,62 @@ def parse_topics(raw: str | None) -> tuple[str, ...]:
     return topics
 
 
-def parse_starting_offsets(raw: str | None, topics: tuple[str, ...]) -> str | OffsetMap:
+def _offset_map(
+    raw: str,
+    name: str,
+    wanted: Any,
+    describe: str,
+    *,
+    minimum: int,
+    values: str,
+) -> OffsetMap:
+    """A JSON ``{"topic": {"queueId": value}}`` map over topics ``wanted(topic)`` accepts."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise TxmqOptionError(f"option {name!r} must be {describe}, got {raw!r}") from None
+    if not isinstance(doc, dict):
+        raise TxmqOptionError(f"option {name!r} must be a JSON object of topics, got {raw!r}")
+    out: OffsetMap = {}
+    for topic, queues in doc.items():
+        if not wanted(topic):
+            raise TxmqOptionError(
+                f"option {name!r} names topic {topic!r}, which is not read ({wanted.__doc__})"
+            )
+        if not isinstance(queues, dict):
+            raise TxmqOptionError(
+                f"option {name!r}: topic {topic!r} needs an object of queue offsets, got {queues!r}"
+            )
+        qmap: dict[str, int] = {}
+        for qid, offset in queues.items():
+            if not str(qid).isdigit():
+                raise TxmqOptionError(
+                    f"option {name!r}: {qid!r} of topic {topic!r} is not a queue id"
+                )
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < minimum:
+                raise TxmqOptionError(
+                    f"option {name!r}: {offset!r} of {topic!r} queue {qid} must be {values}"
+                )
+            qmap[str(int(qid))] = offset
+        out[topic] = qmap
+    return out
+
+
+def _topic_filter(topics: tuple[str, ...], pattern: str | None) -> Any:
+    def wanted(topic: str) -> bool:
+        if pattern is not None:
+            return re.fullmatch(pattern, topic) is not None
+        return topic in topics
+
+    wanted.__doc__ = (
+        f"subscribePattern: {pattern}" if pattern is not None else f"topics: {', '.join(topics)}"
+    )
+    return wanted
+
+
+def parse_starting_offsets(
+    raw: str | None, topics: tuple[str, ...], pattern: str | None = None
+) -> str | OffsetMap:
     """Parse ``startingOffsets``.
 
     Raises:
@@ -377,61 +495,132 @@ def parse_starting_offsets(raw: str | None, topics: tuple[str, ...]) -> str | Of
         return EARLIEST
     if raw.lower() in (EARLIEST, LATEST):
         return raw.lower()
-    try:
-        doc = json.loads(raw)
-    except ValueError:
+    return _offset_map(
+        raw,
+        "startingOffsets",
+        _topic_filter(topics, pattern),
+        "'earliest', 'latest' or JSON like {\"topic\": {\"0\": 12}}",
+        minimum=-2,
+        values=">= 0, or -2 (earliest) or -1 (latest)",
+    )
+
+
+def parse_ending_offsets(
+    raw: str | None, topics: tuple[str, ...], pattern: str | None = None
+) -> str | OffsetMap:
+    """Parse ``endingOffsets`` (batch reads): ``latest`` or a JSON map, -1 meaning latest.
+
+    Raises:
+        TxmqOptionError: anything else.
+    """
+    if raw is None or raw.lower() == LATEST:
+        return LATEST
+    return _offset_map(
+        raw,
+        "endingOffsets",
+        _topic_filter(topics, pattern),
+        '\'latest\' or JSON like {"topic": {"0": 12}}',
+        minimum=-1,
+        values=">= 0, or -1 (latest)",
+    )
+
+
+def parse_duration(raw: str, name: str) -> float:
+    """``"500ms"``, ``"30s"``, ``"15m"``, ``"1h"``, ``"1d"`` -> seconds.
+
+    Raises:
+        TxmqOptionError: not a number with one of those units.
+    """
+    m = _DURATION.match(raw)
+    if m is None:
         raise TxmqOptionError(
-            "option 'startingOffsets' must be 'earliest', 'latest' or JSON like "
-            f'{{"topic": {{"0": 12}}}}, got {raw!r}'
-        ) from None
-    if not isinstance(doc, dict):
-        raise TxmqOptionError(
-            f"option 'startingOffsets' must be a JSON object of topics, got {raw!r}"
+            f"option {name!r} must be a duration such as '500ms', '30s', '15m' or '1h', got {raw!r}"
         )
-    out: OffsetMap = {}
-    for topic, queues in doc.items():
-        if topic not in topics:
-            raise TxmqOptionError(
-                f"option 'startingOffsets' names topic {topic!r}, which is not read "
-                f"(topics: {', '.join(topics)})"
-            )
-        if not isinstance(queues, dict):
-            raise TxmqOptionError(
-                f"option 'startingOffsets': topic {topic!r} needs an object of queue offsets, "
-                f"got {queues!r}"
-            )
-        qmap: dict[str, int] = {}
-        for qid, offset in queues.items():
-            if not str(qid).isdigit():
-                raise TxmqOptionError(
-                    f"option 'startingOffsets': {qid!r} of topic {topic!r} is not a queue id"
-                )
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
-                raise TxmqOptionError(
-                    f"option 'startingOffsets': offset {offset!r} of {topic!r} queue {qid} must "
-                    "be >= 0, or -2 (earliest) or -1 (latest)"
-                )
-            qmap[str(int(qid))] = offset
-        out[topic] = qmap
-    return out
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+def check_known_options(options: Mapping[str, Any], known: tuple[str, ...], what: str) -> None:
+    """Refuse options nobody reads (a typo would otherwise be silently ignored).
+
+    Raises:
+        TxmqOptionError: naming every unknown option.
+    """
+    names = {k.lower() for k in known}
+    unknown = sorted(str(k) for k in options if str(k).lower() not in names)
+    if unknown:
+        raise TxmqOptionError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} for the txmq {what}: "
+            f"{', '.join(repr(u) for u in unknown)} (known: {', '.join(known)})"
+        )
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     """Parse the source's options.
 
     Raises:
-        TxmqOptionError: a missing or invalid option.
+        TxmqOptionError: a missing, invalid or unknown option.
     """
+    check_known_options(options, SOURCE_OPTION_NAMES, "source")
     opts = _lower(options)
-    topics = parse_topics(_get(opts, "topic"))
-    max_per_trigger = _get(opts, "maxMessagesPerTrigger")
+    raw_topics, pattern = _get(opts, "topic"), _get(opts, "subscribePattern")
+    if raw_topics is not None and pattern is not None:
+        raise TxmqOptionError("give one of the options 'topic' and 'subscribePattern', not both")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise TxmqOptionError(
+                f"option 'subscribePattern' is not a regular expression: {pattern!r} ({exc})"
+            ) from None
+        topics: tuple[str, ...] = ()
+    else:
+        if raw_topics is None:
+            raise TxmqOptionError(
+                "option 'topic' is required: one topic or several separated by commas "
+                "(or 'subscribePattern', a regular expression)"
+            )
+        topics = parse_topics(raw_topics)
+    starts = [
+        n
+        for n in ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp")
+        if _get(opts, n) is not None
+    ]
+    if len(starts) > 1:
+        raise TxmqOptionError(
+            f"options {' and '.join(repr(n) for n in starts)} exclude each other: give one"
+        )
+    by_ts = _get(opts, "startingOffsetsByTimestamp")
+    starting_ts = _get(opts, "startingTimestamp")
+    min_offsets = _get(opts, "minOffsetsPerTrigger")
+    delay = _get(opts, "maxTriggerDelay")
     return SourceOptions(
         broker=parse_broker(_get(opts, "broker")),
         topics=topics,
-        starting_offsets=parse_starting_offsets(_get(opts, "startingOffsets"), topics),
-        max_messages_per_trigger=None
-        if max_per_trigger is None
-        else _int(opts, "maxMessagesPerTrigger", 0),
+        topic_pattern=pattern,
+        starting_offsets=parse_starting_offsets(_get(opts, "startingOffsets"), topics, pattern),
+        starting_timestamps=None
+        if by_ts is None
+        else _offset_map(
+            by_ts,
+            "startingOffsetsByTimestamp",
+            _topic_filter(topics, pattern),
+            'JSON like {"topic": {"0": 1700000000000}} (epoch milliseconds)',
+            minimum=0,
+            values="a time in epoch milliseconds (>= 0)",
+        ),
+        starting_timestamp=None
+        if starting_ts is None
+        else _int(opts, "startingTimestamp", 0, minimum=0),
+        ending_offsets=parse_ending_offsets(_get(opts, "endingOffsets"), topics, pattern),
+        min_partitions=_optional_int(opts, "minPartitions"),
+        max_messages_per_trigger=_optional_int(opts, "maxMessagesPerTrigger"),
+        max_bytes_per_trigger=_optional_int(opts, "maxBytesPerTrigger"),
+        min_offsets_per_trigger=None
+        if min_offsets is None
+        else _int(opts, "minOffsetsPerTrigger", 0),
+        max_trigger_delay=DEFAULT_MAX_TRIGGER_DELAY
+        if delay is None
+        else parse_duration(delay, "maxTriggerDelay"),
         pull_batch_size=_int(
             opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE, maximum=MAX_PULL_BATCH_SIZE
         ),
@@ -439,6 +628,10 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
         **_credential_options(opts),
     )
+
+
+def _optional_int(opts: dict[str, str], name: str) -> int | None:
+    return None if _get(opts, name) is None else _int(opts, name, 0)
 
 
 # --- offsets ----------------------------------------------------------------------------------
@@ -482,3 +675,75 @@ def share_budget(
             grant[key] = take
             remaining -= take
     return grant
+
+
+def split_ranges(
+    ranges: list[tuple[str, int, int, int]], min_partitions: int | None
+) -> list[tuple[str, int, int, int]]:
+    """Split ``(topic, queue, start, end)`` ranges until there are at least ``min_partitions``
+    (``minPartitions``), always halving the largest range; ranges of one message stay whole.
+
+    The result covers exactly the same offsets, each once.
+    """
+    out = [r for r in ranges if r[3] > r[2]]
+    if min_partitions is None:
+        return out
+    while len(out) < min_partitions:
+        i = max(range(len(out)), key=lambda k: out[k][3] - out[k][2], default=-1)
+        if i < 0:
+            break
+        topic, q, s, e = out[i]
+        if e - s < 2:
+            break
+        mid = s + (e - s) // 2
+        out[i : i + 1] = [(topic, q, s, mid), (topic, q, mid, e)]
+    return out
+
+
+def rows_for_bytes(max_bytes: int, sample_sizes: list[int]) -> int:
+    """How many messages fit in ``max_bytes`` (``maxBytesPerTrigger``), from the body sizes of
+    a sample of the next messages; at least one, so a query always makes progress."""
+    if not sample_sizes:
+        return max(1, max_bytes)
+    average = max(1.0, sum(sample_sizes) / len(sample_sizes))
+    return max(1, int(max_bytes // average))
+
+
+def admit_batch(
+    backlog: int, min_offsets: int | None, since_last_batch: float | None, max_delay: float
+) -> bool:
+    """Whether a micro-batch may start now (``minOffsetsPerTrigger`` / ``maxTriggerDelay``):
+    there is a backlog, and either it reaches ``min_offsets``, or ``max_delay`` seconds passed
+    since the last batch (or there was none yet in this run)."""
+    if backlog <= 0:
+        return False
+    if min_offsets is None or backlog >= min_offsets or since_last_batch is None:
+        return True
+    return since_last_batch >= max_delay
+
+
+def offsets_behind(source_progress: Mapping[str, Any]) -> dict[str, int]:
+    """Kafka's source metrics from one entry of ``query.lastProgress["sources"]``: how many
+    messages each queue's ``endOffset`` is behind its ``latestOffset`` -- ``min``, ``max``,
+    ``avg`` and ``total`` over the queues (``OffsetsBehindLatest`` suffixed, as Kafka names
+    them).  Empty when the progress has no offsets."""
+
+    def load(v: Any) -> Any:
+        return json.loads(v) if isinstance(v, str) else v
+
+    end, latest = load(source_progress.get("endOffset")), load(source_progress.get("latestOffset"))
+    if not isinstance(end, dict) or not isinstance(latest, dict):
+        return {}
+    behind = [
+        max(0, int(o) - int(end.get(t, {}).get(q, 0)))
+        for t, queues in latest.items()
+        for q, o in queues.items()
+    ]
+    if not behind:
+        return {}
+    return {
+        "minOffsetsBehindLatest": min(behind),
+        "maxOffsetsBehindLatest": max(behind),
+        "avgOffsetsBehindLatest": sum(behind) // len(behind),
+        "totalOffsetsBehindLatest": sum(behind),
+    }

@@ -8,12 +8,15 @@ committed batch ended.  A micro-batch reads, per queue, the messages from its st
 Consumers of a topic's queues only ever see committed messages: half messages live in a system
 topic until they are committed, so the source never sees a half or a rolled-back message.
 
-Queues (or topics) that appear while a query runs are read from offset 0.
+Queues (or topics, also those a ``subscribePattern`` comes to match) that appear while a query
+runs are read from offset 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -36,9 +39,11 @@ from pyspark.sql.types import (
 )
 
 from txmq.client.bridge import LoopThread
-from txmq.client.pull_consumer import PullStatus
+from txmq.client.pull_consumer import PullStatus, search_offset
+from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageExt
+from txmq.protocol.topics import SYSTEM_TOPICS
 
 from .options import (
     EARLIEST,
@@ -47,8 +52,12 @@ from .options import (
     LATEST_OFFSET,
     OffsetMap,
     SourceOptions,
+    TxmqOptionError,
+    admit_batch,
     normalize_offsets,
+    rows_for_bytes,
     share_budget,
+    split_ranges,
 )
 from .session import BrokerSession, run
 
@@ -102,6 +111,26 @@ class TxmqInputPartition(InputPartition):
 # --- offsets ----------------------------------------------------------------------------------
 
 
+#: Messages sampled per queue to estimate message sizes for ``maxBytesPerTrigger``.
+SIZE_SAMPLE = 16
+
+
+async def resolve_topics(session: BrokerSession, options: SourceOptions) -> tuple[str, ...]:
+    """The topics read: those of ``topic``, or every topic whose name ``subscribePattern``
+    matches as a whole (system, retry and dead-letter topics left out), sorted."""
+    if options.topic_pattern is None:
+        return options.topics
+    resp = await session.connection.invoke(RequestCode.GET_ALL_TOPIC_CONFIG)
+    table = json.loads(resp.body)["topicConfigTable"] if resp.body else {}
+    return tuple(
+        sorted(
+            t
+            for t in table
+            if t not in SYSTEM_TOPICS and not t.startswith("%") and options.wants(t)
+        )
+    )
+
+
 async def _all_offsets(session: BrokerSession, topics: Sequence[str], latest: bool) -> OffsetMap:
     maps = await asyncio.gather(*(session.queue_offsets(t, latest=latest) for t in topics))
     return dict(zip(topics, maps, strict=True))
@@ -113,26 +142,59 @@ def latest_offsets(options: SourceOptions) -> OffsetMap:
 
     async def go() -> OffsetMap:
         async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
-            return await _all_offsets(s, options.topics, latest=True)
+            return await _all_offsets(s, await resolve_topics(s, options), latest=True)
 
     return normalize_offsets(run(go))
 
 
+async def _by_timestamp(
+    s: BrokerSession, earliest: OffsetMap, stamps: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    keys = [k for k in stamps if k[1] in earliest.get(k[0], {})]
+    found = await asyncio.gather(
+        *(search_offset(s.connection, t, int(q), stamps[(t, q)]) for t, q in keys)
+    )
+    return dict(zip(keys, (int(o) for o in found), strict=True))
+
+
 def initial_offsets(options: SourceOptions) -> OffsetMap:
-    """Where a new query starts, from ``startingOffsets``."""
+    """Where a new query (or a batch read) starts: ``startingOffsets``,
+    ``startingOffsetsByTimestamp`` or ``startingTimestamp``.  A time after the last message
+    gives the queue's end."""
     start = options.starting_offsets
 
     async def go() -> OffsetMap:
         async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
-            if start == LATEST:
-                return await _all_offsets(s, options.topics, latest=True)
-            earliest = await _all_offsets(s, options.topics, latest=False)
+            topics = await resolve_topics(s, options)
+            if (
+                start == LATEST
+                and options.starting_timestamps is None
+                and (options.starting_timestamp is None)
+            ):
+                return await _all_offsets(s, topics, latest=True)
+            earliest = await _all_offsets(s, topics, latest=False)
+            if options.starting_timestamp is not None or options.starting_timestamps is not None:
+                if options.starting_timestamp is not None:
+                    ts = options.starting_timestamp
+                    stamps = {(t, q): ts for t in topics for q in earliest.get(t, {})}
+                else:
+                    assert options.starting_timestamps is not None
+                    stamps = {
+                        (t, q): ms
+                        for t, queues in options.starting_timestamps.items()
+                        for q, ms in queues.items()
+                    }
+                found = await _by_timestamp(s, earliest, stamps)
+                out = {t: dict(earliest.get(t, {})) for t in topics}
+                for (t, q), offset in found.items():
+                    out[t][q] = max(offset, earliest[t][q])
+                return out
             if start == EARLIEST:
                 return earliest
             assert isinstance(start, dict)
-            latest = await _all_offsets(s, options.topics, latest=True)
-            out: OffsetMap = {}
-            for topic in options.topics:
+            latest = await _all_offsets(s, topics, latest=True)
+            out = {}
+            for topic in topics:
                 queues = dict(earliest.get(topic, {}))
                 for q, offset in start.get(topic, {}).items():
                     if offset == EARLIEST_OFFSET:
@@ -145,6 +207,47 @@ def initial_offsets(options: SourceOptions) -> OffsetMap:
             return out
 
     return normalize_offsets(run(go))
+
+
+def ending_offsets(options: SourceOptions, latest: OffsetMap) -> OffsetMap:
+    """The end of a batch read: ``endingOffsets`` over ``latest`` (-1 and queues not named:
+    the queue's end at planning time; an offset beyond the end is capped to it)."""
+    end = options.ending_offsets
+    if not isinstance(end, dict):
+        return latest
+    out = {t: dict(queues) for t, queues in latest.items()}
+    for topic, queues in end.items():
+        for q, offset in queues.items():
+            if offset != LATEST_OFFSET:
+                out.setdefault(topic, {})[q] = min(offset, latest.get(topic, {}).get(q, 0))
+    return normalize_offsets(out)
+
+
+def sample_sizes(options: SourceOptions, start: OffsetMap, latest: OffsetMap) -> list[int]:
+    """Body sizes of up to :data:`SIZE_SAMPLE` next messages of every queue with a backlog
+    (for ``maxBytesPerTrigger``)."""
+    wanted = [
+        (t, int(q), s, min(SIZE_SAMPLE, latest[t][q] - s))
+        for t, queues in latest.items()
+        for q in queues
+        for s in [start.get(t, {}).get(q, 0)]
+        if latest[t][q] > s
+    ]
+
+    async def go() -> list[int]:
+        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
+            results = await asyncio.gather(*(s.pull(t, q, o, n) for t, q, o, n in wanted))
+        return [len(m.body) for r in results if r.status is PullStatus.FOUND for m in r.messages]
+
+    return run(go) if wanted else []
+
+
+def _backlog(start: OffsetMap, latest: OffsetMap) -> int:
+    return sum(
+        max(0, o - start.get(t, {}).get(q, 0))
+        for t, queues in latest.items()
+        for q, o in queues.items()
+    )
 
 
 def plan_end(start: OffsetMap, latest: OffsetMap, max_rows: int | None) -> OffsetMap:
@@ -169,15 +272,18 @@ def plan_end(start: OffsetMap, latest: OffsetMap, max_rows: int | None) -> Offse
     return normalize_offsets(end)
 
 
-def plan_partitions(start: OffsetMap, end: OffsetMap) -> list[TxmqInputPartition]:
-    """One partition per queue whose end is beyond its start."""
-    parts = []
+def plan_partitions(
+    start: OffsetMap, end: OffsetMap, min_partitions: int | None = None
+) -> list[TxmqInputPartition]:
+    """One partition per queue whose end is beyond its start; with ``min_partitions`` the
+    largest ranges are split until there are at least that many."""
+    ranges = []
     for topic, queues in end.items():
         for q, e in queues.items():
             s = start.get(topic, {}).get(q, 0)
             if e > s:
-                parts.append(TxmqInputPartition(topic, int(q), s, e))
-    return parts
+                ranges.append((topic, int(q), s, e))
+    return [TxmqInputPartition(*r) for r in split_ranges(ranges, min_partitions)]
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -263,15 +369,25 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
 
 
 class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batch reader; offsets per queue, capped by ``maxMessagesPerTrigger``."""
+    """Micro-batch reader; offsets per queue, capped by ``maxMessagesPerTrigger`` and
+    ``maxBytesPerTrigger``, held back by ``minOffsetsPerTrigger`` up to ``maxTriggerDelay``."""
 
     def __init__(self, options: SourceOptions) -> None:
+        if options.ending_offsets != LATEST:
+            raise TxmqOptionError(
+                "option 'endingOffsets' is for batch reads (spark.read); a streaming query "
+                "reads on (use Trigger.AvailableNow to stop at the end)"
+            )
         self.options = options
         #: The end an ``availableNow`` query must stop at (set by
         #: :meth:`prepareForTriggerAvailableNow`).
         self._target: OffsetMap | None = None
         #: The last end offset handed out (for pyspark < 4.2, whose latestOffset has no start).
         self._last: OffsetMap | None = None
+        #: The queues' ends as last seen, reported in the query progress (``latestOffset``).
+        self._seen: OffsetMap | None = None
+        #: When the last micro-batch was planned (``maxTriggerDelay``), None before the first.
+        self._last_batch: float | None = None
 
     def initialOffset(self) -> dict[str, Any]:
         offsets = initial_offsets(self.options)
@@ -290,6 +406,7 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _latest(self) -> OffsetMap:
         latest = latest_offsets(self.options)
+        self._seen = latest
         if self._target is not None:
             target = self._target
             latest = {
@@ -301,7 +418,8 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, Any]:
-        """The end of the next batch: the queues' max offsets, capped by the read limit."""
+        """The end of the next batch: the queues' max offsets, capped by the read limits, or
+        ``start`` (no batch) while ``minOffsetsPerTrigger`` holds it back."""
         if start is None:  # pyspark < 4.2: no admission control from Spark
             start = self._last or {}
             max_rows = self.options.max_messages_per_trigger
@@ -309,15 +427,38 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_rows = int(limit.max_rows)
         else:
             max_rows = None
-        end = plan_end(normalize_offsets(start), self._latest(), max_rows)
+        begin = normalize_offsets(start)
+        latest = self._latest()
+        now = time.monotonic()
+        if self._target is None and not admit_batch(
+            _backlog(begin, latest),
+            self.options.min_offsets_per_trigger,
+            None if self._last_batch is None else now - self._last_batch,
+            self.options.max_trigger_delay,
+        ):
+            return begin
+        if self.options.max_bytes_per_trigger is not None:
+            by_size = rows_for_bytes(
+                self.options.max_bytes_per_trigger, sample_sizes(self.options, begin, latest)
+            )
+            max_rows = by_size if max_rows is None else min(max_rows, by_size)
+        end = plan_end(begin, latest, max_rows)
+        if end != begin:
+            self._last_batch = now
         self._last = end
         return end
 
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The queues' ends, shown as ``latestOffset`` in the query progress (see
+        :func:`~txmq.spark_connector.options.offsets_behind`)."""
+        return self._seen if self._seen is not None else latest_offsets(self.options)
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return plan_partitions(start, end)
+        return plan_partitions(start, end, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, TxmqInputPartition)
+        if not isinstance(partition, TxmqInputPartition):
+            return iter(())  # nothing to read: Spark runs one empty partition of its own
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -325,15 +466,18 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class TxmqBatchReader(DataSourceReader):
-    """Reads ``startingOffsets`` (default earliest) up to the offsets at planning time."""
+    """Reads from the starting offsets (default earliest) up to ``endingOffsets`` (default: the
+    offsets at planning time)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
         start = initial_offsets(self.options)
-        return plan_partitions(start, plan_end(start, latest_offsets(self.options), None))
+        end = ending_offsets(self.options, latest_offsets(self.options))
+        return plan_partitions(start, plan_end(start, end, None), self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, TxmqInputPartition)
+        if not isinstance(partition, TxmqInputPartition):
+            return iter(())  # nothing to read: Spark runs one empty partition of its own
         return read_range(self.options, partition)

@@ -13,11 +13,16 @@ from txmq.spark_connector.options import (
     EARLIEST,
     LATEST,
     TxmqOptionError,
+    admit_batch,
     check_sink_schema,
     normalize_offsets,
+    offsets_behind,
+    parse_duration,
     parse_sink_options,
     parse_source_options,
+    rows_for_bytes,
     share_budget,
+    split_ranges,
     stream_producer_group,
 )
 
@@ -208,3 +213,143 @@ def test_share_budget_is_bounded_fair_and_makes_progress(
     assert all(
         backlogs[k] == 0 or sum(grant.values()) == budget for k in backlogs if k not in grant
     )
+
+
+# --- Kafka-style source options ---------------------------------------------------------------
+
+
+def test_unknown_source_options_are_refused_by_name() -> None:
+    with pytest.raises(
+        TxmqOptionError, match=r"unknown options .*'maxOffsetPerTrigger', 'subscribe'"
+    ):
+        parse_source_options({**BROKER, "topic": "a", "subscribe": "a", "maxOffsetPerTrigger": "5"})
+    # Known options are accepted in any case.
+    parse_source_options({"BROKER": "h:1", "Topic": "a", "MINPARTITIONS": "3"})
+
+
+def test_kafka_style_source_options() -> None:
+    o = parse_source_options(
+        {
+            **BROKER,
+            "subscribePattern": "orders-.*",
+            "startingOffsetsByTimestamp": json.dumps({"orders-eu": {"0": 1700000000000}}),
+            "endingOffsets": json.dumps({"orders-eu": {"0": 50, "1": -1}}),
+            "minPartitions": "6",
+            "maxBytesPerTrigger": "1048576",
+            "minOffsetsPerTrigger": "100",
+            "maxTriggerDelay": "30s",
+        }
+    )
+    assert o.topics == () and o.topic_pattern == "orders-.*"
+    assert o.wants("orders-eu") and not o.wants("orders") and not o.wants("x-orders-eu")
+    assert o.starting_timestamps == {"orders-eu": {"0": 1700000000000}}
+    assert o.ending_offsets == {"orders-eu": {"0": 50, "1": -1}}
+    assert (o.min_partitions, o.max_bytes_per_trigger, o.min_offsets_per_trigger) == (
+        6,
+        1048576,
+        100,
+    )
+    assert o.max_trigger_delay == 30.0
+    d = parse_source_options({**BROKER, "topic": "a", "startingTimestamp": "1700000000000"})
+    assert (d.starting_timestamp, d.ending_offsets, d.max_trigger_delay) == (
+        1700000000000,
+        LATEST,
+        15 * 60.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribePattern": "a.*", "topic": "a"}, "one of the options 'topic' and"),
+        ({"subscribePattern": "(a"}, "'subscribePattern' is not a regular expression"),
+        (
+            {"topic": "a", "startingOffsets": "latest", "startingTimestamp": "5"},
+            "'startingOffsets' and 'startingTimestamp' exclude each other",
+        ),
+        ({"topic": "a", "startingTimestamp": "soon"}, "'startingTimestamp' must be an integer"),
+        (
+            {"topic": "a", "startingOffsetsByTimestamp": '{"b": {"0": 5}}'},
+            "names topic 'b', which is not read",
+        ),
+        (
+            {"subscribePattern": "a.*", "startingOffsetsByTimestamp": '{"b": {"0": 5}}'},
+            r"names topic 'b', which is not read \(subscribePattern: a\.\*\)",
+        ),
+        (
+            {"topic": "a", "startingOffsetsByTimestamp": '{"a": {"0": -2}}'},
+            "epoch milliseconds",
+        ),
+        ({"topic": "a", "endingOffsets": "earliest"}, "'endingOffsets' must be 'latest' or JSON"),
+        ({"topic": "a", "endingOffsets": '{"a": {"0": -2}}'}, r"must be >= 0, or -1 \(latest\)"),
+        ({"topic": "a", "minPartitions": "0"}, "'minPartitions' must be at least 1"),
+        ({"topic": "a", "maxBytesPerTrigger": "lots"}, "'maxBytesPerTrigger' must be an integer"),
+        ({"topic": "a", "minOffsetsPerTrigger": "0"}, "'minOffsetsPerTrigger' must be at least"),
+        ({"topic": "a", "maxTriggerDelay": "15"}, "'maxTriggerDelay' must be a duration"),
+    ],
+)
+def test_kafka_style_option_errors(options: dict[str, str], message: str) -> None:
+    with pytest.raises(TxmqOptionError, match=message):
+        parse_source_options({**BROKER, **options})
+
+
+def test_durations() -> None:
+    assert [parse_duration(d, "x") for d in ("500ms", "30s", "2m", "1.5h", "1d", "3 min")] == [
+        0.5,
+        30.0,
+        120.0,
+        5400.0,
+        86400.0,
+        180.0,
+    ]
+
+
+def test_min_partitions_splits_the_largest_ranges_and_covers_each_offset_once() -> None:
+    start = {"t": {"0": 0, "1": 10}}
+    end = {"t": {"0": 100, "1": 13}}
+    parts = plan_partitions(start, end, 5)
+    assert len(parts) == 5
+    covered = sorted((p.queue_id, o) for p in parts for o in range(p.start, p.end))
+    assert covered == [(0, o) for o in range(100)] + [(1, o) for o in range(10, 13)]
+    # Never more than one partition per message.
+    assert len(split_ranges([("t", 0, 0, 3)], 10)) == 3
+    assert split_ranges([("t", 0, 5, 5)], 4) == []
+    assert len(plan_partitions(start, end, None)) == 2
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=6), st.integers(1, 30))
+def test_split_ranges_is_an_exact_cover(bounds: list[tuple[int, int]], n: int) -> None:
+    ranges = [("t", q, min(a, b), max(a, b)) for q, (a, b) in enumerate(bounds)]
+    out = split_ranges(ranges, n)
+    total = sum(e - s for _, _, s, e in ranges)
+    assert len(out) >= min(n, total)
+    assert sorted((q, o) for _, q, s, e in out for o in range(s, e)) == sorted(
+        (q, o) for _, q, s, e in ranges for o in range(s, e)
+    )
+
+
+def test_rows_for_bytes_and_admission() -> None:
+    assert rows_for_bytes(10_240, [1024] * 8) == 10
+    assert rows_for_bytes(100, [1024]) == 1  # always progress
+    assert rows_for_bytes(100, []) == 100
+    # minOffsetsPerTrigger 50, maxTriggerDelay 10 s
+    assert admit_batch(50, 50, 1.0, 10.0)
+    assert not admit_batch(20, 50, 1.0, 10.0)
+    assert admit_batch(20, 50, 10.0, 10.0)
+    assert admit_batch(20, 50, None, 10.0)  # the first batch of a run is not held back
+    assert not admit_batch(0, None, None, 10.0)
+    assert admit_batch(1, None, 0.0, 10.0)
+
+
+def test_offsets_behind_from_query_progress() -> None:
+    source = {
+        "endOffset": json.dumps({"t": {"0": 10, "1": 4}}),
+        "latestOffset": json.dumps({"t": {"0": 15, "1": 4, "2": 7}}),
+    }
+    assert offsets_behind(source) == {
+        "minOffsetsBehindLatest": 0,
+        "maxOffsetsBehindLatest": 7,
+        "avgOffsetsBehindLatest": 4,
+        "totalOffsetsBehindLatest": 12,
+    }
+    assert offsets_behind({"endOffset": None, "latestOffset": None}) == {}
