@@ -432,6 +432,66 @@ class AsyncProducer:
             timeout=timeout,
         )
 
+    async def send_messages(
+        self,
+        msgs: list[Message],
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        timeout: float | None = None,
+        sys_flag: int = 0,
+        extra_properties: dict[str, str] | None = None,
+    ) -> SendResult:
+        """:meth:`send_message` for several messages of one topic in one SEND_BATCH_MESSAGE
+        (one queue, one acknowledged round trip).  Bodies are sent as they are (a batch is not
+        compressed); ``extra_properties`` apply to every message.  The result lists each
+        message's ids in ``msg_ids`` and ``offset_msg_ids``.
+
+        Raises:
+            InvalidMessageError: an empty batch, mixed topics, an invalid message, or more than
+                ``max_message_size`` bytes in all.
+        """
+        if not msgs:
+            raise InvalidMessageError("a batch needs at least one message")
+        topic = msgs[0].topic
+        limit = self.config.max_message_size
+        entries = []
+        uniq_ids = []
+        for m in msgs:
+            validate_message(m, limit)
+            if m.topic != topic:
+                raise InvalidMessageError(
+                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
+                )
+            uniq = new_uniq_id()
+            uniq_ids.append(uniq)
+            entries.append((m.payload, m.flag, self._wire_properties(m, uniq, extra_properties)))
+        body = encode_batch(entries)
+        if len(body) > limit:
+            raise InvalidMessageError(
+                f"the batch is {len(body)} bytes, over the limit of {limit} bytes; send it in "
+                "smaller parts"
+            )
+        header_props = properties_to_string({MessageConst.WAIT_STORE_MSG_OK: "true"})
+        probe = msgs[0]
+
+        def build(route: TopicRoute, qid: int) -> RemotingCommand:
+            header = self._header(probe, route, qid, header_props, sys_flag)
+            header.batch = True
+            return RemotingCommand.request(
+                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
+            )
+
+        return await self._send_with_retries(
+            probe,
+            uniq_ids,
+            build,
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+            selector=None,
+            timeout=timeout,
+        )
+
     async def _send_with_retries(
         self,
         msg: Message,

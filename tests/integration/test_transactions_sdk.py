@@ -18,6 +18,7 @@ from txmq.client.transaction import (
     LocalTransactionState,
     TransactionListener,
 )
+from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import (
     BrokerSystemError,
     IllegalOperationError,
@@ -242,6 +243,35 @@ async def test_multi_message_transaction_all_or_nothing(fast_broker):
     assert got == [b"m0", b"m1", b"m2", b"m3"]
     assert [m.body for m in await delivered(fast_broker.address, "audit")] == [b"a"]
     assert fast_broker.transactions.records[txn2.transaction_id].state.value == "ROLLED_BACK"
+
+
+async def test_concurrent_halves_travel_in_one_batch(fast_broker):
+    """Halves sent together go as one SEND_BATCH_MESSAGE per topic and queue choice; each
+    send still gets its own ids, and the decision covers all of them."""
+    requests = fast_broker.metrics.requests
+
+    def batches() -> float:
+        return float(requests.labels(str(int(RequestCode.SEND_BATCH_MESSAGE)))._value.get())
+
+    async with AsyncTransactionProducer(G, Scripted(U), fast_broker.address) as p:
+        before = batches()
+        async with p.transaction() as txn:
+            results = await asyncio.gather(
+                *(txn.send(Message("orders", f"b{i}".encode())) for i in range(5)),
+                txn.send(Message("audit", b"x1")),
+                txn.send(Message("audit", b"x2")),
+                txn.send(Message("orders", b"q3"), queue_id=3),
+            )
+            assert await delivered(fast_broker.address, "orders") == []
+        assert batches() - before == 2  # five "orders" halves, two "audit" halves
+        assert len({r.msg_id for r in results}) == len({r.offset_msg_id for r in results}) == 8
+        orders = results[:5]
+        assert [r.queue_offset for r in orders] == [orders[0].queue_offset + i for i in range(5)]
+    rec = fast_broker.transactions.records[txn.transaction_id]
+    assert rec.state.value == "COMMITTED"
+    got = sorted(m.body for m in await delivered(fast_broker.address, "orders"))
+    assert got == [b"b0", b"b1", b"b2", b"b3", b"b4", b"q3"]
+    assert sorted(m.body for m in await delivered(fast_broker.address, "audit")) == [b"x1", b"x2"]
 
 
 async def test_no_producer_online_keeps_the_budget(fast_broker):
