@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy sees the package as installed: txmq.protocol, txmq.broker, ... (see `typecheck`).
 TYPEVIEW := build/typecheck
 
-.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheels docker-image \
-	py5-client grpc-gen
+.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
+	docker-image py5-client grpc-gen
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
@@ -51,6 +51,12 @@ typecheck: $(STAMP)
 docker-setup:
 	@sh tests/support/docker_base.sh || [ $$? -eq 3 ]
 
+## txmq alone as a wheel, dist/txmq-<version>-py3-none-any.whl: what to `pip install` on Spark
+## nodes or anywhere else (txmq is not on PyPI; see docs/spark.md).
+wheel: $(STAMP)
+	rm -f dist/txmq-*.whl
+	$(PY) -m pip wheel --quiet --no-deps -w dist .
+
 ## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
 wheels: $(STAMP)
 	rm -rf build/wheels
@@ -64,7 +70,7 @@ bench: $(STAMP)
 	$(PY) bench/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 ## The official RocketMQ 5 Python client in a venv of its own (its import name `rocketmq` is
 ## also another PyPI package's) for tests/compat/test_grpc_python5.py.  Made once; when it

@@ -10,7 +10,7 @@ Try it against a local broker (``make run`` starts one on 127.0.0.1:10911)::
 
     python examples/pipeline.py seed --count 1000      # publish 1000 orders
     python examples/pipeline.py run --available-now    # bill what is there, then stop
-    python examples/pipeline.py show                   # count the billing messages
+    python examples/pipeline.py show                   # messages and distinct order ids
 
 ``run`` without ``--available-now`` keeps running and bills new orders as they come (Ctrl-C
 stops it; the next ``run`` goes on where it stopped).  With ``spark-submit`` see docs/spark.md.
@@ -106,15 +106,25 @@ def seed(broker: str, topic: str, count: int, start: int = 0) -> None:
             )
 
 
-def count_messages(broker: str, topic: str) -> int:
-    """How many messages the topic holds (over all queues)."""
-    from txmq.client import PullConsumer
+def count_messages(broker: str, topic: str) -> tuple[int, int]:
+    """How many messages the topic holds (over all queues), and how many distinct ids among
+    them (a billing message's key is its order id): the two differ exactly when something was
+    delivered twice."""
+    from txmq.client import PullConsumer, PullStatus
 
-    total = 0
+    total, ids = 0, set()
     with PullConsumer("pipeline-show", broker=broker) as consumer:
         for q in consumer.fetch_queues(topic):
-            total += consumer.max_offset(topic, q) - consumer.min_offset(topic, q)
-    return total
+            offset = consumer.min_offset(topic, q)
+            while True:
+                result = consumer.pull(topic, q, offset, max_nums=256)
+                if result.status is not PullStatus.FOUND:
+                    break
+                for m in result.messages:
+                    total += 1
+                    ids.add(m.keys or m.msg_id)
+                offset = result.next_begin_offset
+    return total, len(ids)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"published {args.count} orders to {args.source}")
         return 0
     if args.command == "show":
-        print(f"{args.sink}: {count_messages(args.broker, args.sink)} messages")
-        return 0
+        total, distinct = count_messages(args.broker, args.sink)
+        duplicates = total - distinct
+        print(f"{args.sink}: {total} messages, {distinct} distinct ids, {duplicates} duplicates")
+        return 0 if duplicates == 0 else 2
 
     from pyspark.sql import SparkSession
 

@@ -283,3 +283,6 @@ def test_example_pipeline_bills_every_order_exactly_once(
     assert check() > first
     assert example.main(run) == 0
     assert len(pull_all(address, "ex-billing")) == check()
+    # `show` counts the messages and their distinct order ids: no duplicate.
+    assert example.count_messages(address, "ex-billing") == (check(), check())
+    assert example.main(["show", *common]) == 0
