@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from types import TracebackType
 from typing import Any, TypeVar
 
 import structlog
@@ -56,6 +55,7 @@ from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
+from .lifecycle import AsyncClient
 from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
@@ -315,7 +315,7 @@ class _SyncWorkers:
             t.join(max(deadline - time.monotonic(), 0))
 
 
-class AsyncPushConsumer:
+class AsyncPushConsumer(AsyncClient):
     """A clustering consumer that calls back for every message; the lifecycle methods are
     coroutines.
 
@@ -328,6 +328,8 @@ class AsyncPushConsumer:
         config: client settings; ``**settings`` override single fields, e.g.
             ``consume_thread_max=4``, ``pull_batch_size=64``, ``long_poll_timeout=5``.
     """
+
+    _kind = "consumer"
 
     def __init__(
         self,
@@ -342,6 +344,7 @@ class AsyncPushConsumer:
         if not group or not isinstance(group, str):
             raise ValueError("a consumer needs a non-empty group name")
         validate_topic(retry_topic(group))
+        super().__init__()
         self.group = group
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
@@ -363,8 +366,6 @@ class AsyncPushConsumer:
         self._rebalance_wanted: asyncio.Event | None = None
         self._rebalance_lock: asyncio.Lock | None = None
         self._stop: asyncio.Event | None = None
-        self._started = False
-        self._closed = False
         #: Messages acknowledged so far (callback returned or send-back succeeded).
         self.consumed_count = 0
 
@@ -456,18 +457,14 @@ class AsyncPushConsumer:
         """The (topic, queue id) pairs this member consumes now, sorted."""
         return sorted(self._pqs)
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Connect, register the group and its subscriptions, take a share of the queues and
         start consuming.
 
         Raises:
-            ClientStateError: no subscription, or the consumer was shut down.
+            ClientStateError: no subscription.
             ConnectionClosedError: the broker cannot be reached.
         """
-        if self._closed:
-            raise ClientStateError(f"consumer {self.group!r} was shut down; make a new one")
-        if self._started:
-            return
         if not self._subs:
             raise ClientStateError(f"consumer {self.group!r} has no subscription; subscribe first")
         loop = asyncio.get_running_loop()
@@ -496,15 +493,9 @@ class AsyncPushConsumer:
             queues=len(self._pqs),
         )
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
         """Stop pulling, let running callbacks finish (up to ``shutdown_timeout``), commit the
-        offsets, unregister from the group and close the connection.  Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._started:
-            return
-        self._started = False
+        offsets, unregister from the group and close the connection."""
         assert self._stop is not None
         self._stop.set()
         for task in self._loop_tasks:
@@ -533,15 +524,6 @@ class AsyncPushConsumer:
             workers, self._workers = self._workers, None
             await asyncio.to_thread(workers.stop, 1.0)
         log.info("consumer_shut_down", group=self.group, consumed=self.consumed_count)
-
-    async def __aenter__(self) -> AsyncPushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.shutdown()
 
     # -- rebalance -------------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import structlog
@@ -51,6 +50,7 @@ from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, 
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError, InvalidMessageError
+from .lifecycle import AsyncClient
 from .remoting import BrokerConnection
 from .route import TopicRoute, fetch_route
 
@@ -203,7 +203,7 @@ def _result(
     )
 
 
-class AsyncProducer:
+class AsyncProducer(AsyncClient):
     """Sends messages; every method is a coroutine.
 
     Args:
@@ -216,6 +216,8 @@ class AsyncProducer:
     :meth:`shutdown`.
     """
 
+    _kind = "producer"
+
     def __init__(
         self,
         group: str,
@@ -226,6 +228,7 @@ class AsyncProducer:
     ) -> None:
         if not group or not isinstance(group, str):
             raise ValueError("a producer needs a non-empty group name")
+        super().__init__()
         self.group = group
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
@@ -233,7 +236,6 @@ class AsyncProducer:
         self._routes: dict[str, TopicRoute] = {}
         self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
         self._rr = itertools.count()
-        self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -250,17 +252,12 @@ class AsyncProducer:
             )
         return self._conn
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Connect to the broker and register the producer group.
 
         Raises:
             ConnectionClosedError: the broker cannot be reached.
-            ClientStateError: the producer was shut down already.
         """
-        if self._closed:
-            raise ClientStateError(f"producer {self.group!r} was shut down; make a new one")
-        if self._conn is not None:
-            return
         conn = BrokerConnection(self.broker, self.config)
         conn.register_producer(self.group)
         await conn.start()
@@ -269,24 +266,14 @@ class AsyncProducer:
             "producer_started", group=self.group, broker=self.broker, client_id=conn.client_id
         )
 
-    async def shutdown(self) -> None:
-        """Unregister from the broker and close the connection (idempotent)."""
-        self._closed = True
+    async def _shutdown(self) -> None:
+        """Unregister from the broker and close the connection."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
         await conn.unregister(producer_group=self.group)
         await conn.close()
         log.debug("producer_shut_down", group=self.group)
-
-    async def __aenter__(self) -> AsyncProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.shutdown()
 
     # -- public API --------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 
 import structlog
@@ -43,6 +42,7 @@ from txmq.protocol.message import (
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
+from .lifecycle import AsyncClient
 from .producer import validate_topic
 from .remoting import BrokerConnection
 from .route import fetch_route
@@ -252,7 +252,7 @@ async def search_offset(
     return GetOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
 
 
-class AsyncPullConsumer:
+class AsyncPullConsumer(AsyncClient):
     """Pull messages from queues and offsets the application chooses; every method is a
     coroutine.
 
@@ -261,6 +261,8 @@ class AsyncPullConsumer:
         broker: ``"host:port"`` of the broker.
         config: client settings; ``**settings`` override single fields.
     """
+
+    _kind = "pull consumer"
 
     def __init__(
         self,
@@ -272,11 +274,11 @@ class AsyncPullConsumer:
     ) -> None:
         if not group or not isinstance(group, str):
             raise ValueError("a consumer needs a non-empty group name")
+        super().__init__()
         self.group = group
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn: BrokerConnection | None = None
-        self._closed = False
 
     @property
     def connection(self) -> BrokerConnection:
@@ -291,38 +293,23 @@ class AsyncPullConsumer:
             )
         return self._conn
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Connect to the broker.
 
         Raises:
             ConnectionClosedError: the broker cannot be reached.
         """
-        if self._closed:
-            raise ClientStateError(f"pull consumer {self.group!r} was shut down; make a new one")
-        if self._conn is not None:
-            return
         # The group is not announced in heartbeats: a pull consumer chooses its queues itself
         # and must not take a share in a push consumer group's rebalance.
         conn = BrokerConnection(self.broker, self.config)
         await conn.start()
         self._conn = conn
 
-    async def shutdown(self) -> None:
-        """Close the connection (idempotent)."""
-        self._closed = True
+    async def _shutdown(self) -> None:
+        """Close the connection."""
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        await conn.close()
-
-    async def __aenter__(self) -> AsyncPullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.shutdown()
+        if conn is not None:
+            await conn.close()
 
     async def fetch_queues(self, topic: str) -> list[int]:
         """The readable queue ids of ``topic``.

@@ -19,6 +19,7 @@ from txmq.protocol.message import Message
 from .bridge import LoopThread
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
+from .lifecycle import AsyncClient
 from .producer import AsyncProducer, QueueSelector, SendResult
 from .pull_consumer import AsyncPullConsumer, PullResult
 
@@ -26,8 +27,8 @@ R = TypeVar("R")
 
 
 class _SyncClient:
-    #: The async client this facade drives (anything with start() and shutdown()).
-    _core: Any
+    #: The async client this facade drives.
+    _core: AsyncClient
 
     def __init__(self) -> None:
         self._runner = LoopThread.shared()

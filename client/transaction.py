@@ -44,6 +44,7 @@ from txmq.protocol.message import (
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
+from .lifecycle import AsyncClient
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
 from .sync import _SyncClient
 
@@ -108,7 +109,7 @@ def _as_state(value: Any) -> LocalTransactionState:
     raise TypeError(f"a transaction listener must return a LocalTransactionState, got {value!r}")
 
 
-class AsyncTransactionProducer:
+class AsyncTransactionProducer(AsyncClient):
     """Sends transactional messages; every method is a coroutine.
 
     Args:
@@ -120,6 +121,8 @@ class AsyncTransactionProducer:
             again next round).
         config, **settings: client settings, as for :class:`AsyncProducer`.
     """
+
+    _kind = "producer"
 
     def __init__(
         self,
@@ -136,6 +139,7 @@ class AsyncTransactionProducer:
             raise ValueError("a transaction producer needs a TransactionListener")
         if check_threads < 1 or check_queue_size < 1:
             raise ValueError("check_threads and check_queue_size must be at least 1")
+        super().__init__()
         self.group = group
         self.listener = listener
         self.producer = AsyncProducer(group, broker, config=config, **settings)
@@ -149,24 +153,19 @@ class AsyncTransactionProducer:
         self.checks_answered = 0
         self.checks_refused = 0
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
+        """Start the producer and answer the broker's transaction checks."""
         await self.producer.start()
         self.producer.connection.register_processor(
             RequestCode.CHECK_TRANSACTION_STATE, self._on_check
         )
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
+        """Cancel the running checks and shut the producer down."""
         for t in list(self._check_tasks):
             t.cancel()
         await asyncio.gather(*self._check_tasks, return_exceptions=True)
         await self.producer.shutdown()
-
-    async def __aenter__(self) -> AsyncTransactionProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     # -- sending ------------------------------------------------------------------------------
 
