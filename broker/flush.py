@@ -47,6 +47,11 @@ class FlushService:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: True while the flusher sleeps without a timer because nothing is unflushed;
+        #: :meth:`notify_written` ends that.
+        self._idle = False
+        #: The commit-log end when the consume queues were last flushed (``flush_queues``).
+        self._queues_flushed_at = -1
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txmq-flush")
@@ -62,10 +67,22 @@ class FlushService:
             log.warning("flush_slow", seconds=round(elapsed, 3), flushed_offset=flushed)
         return flushed
 
-    async def flush_queues(self) -> None:
+    def notify_written(self) -> None:
+        """Records were appended: an idle flusher goes back to its interval."""
+        if self._idle:
+            self._idle = False
+            self._wakeup.set()
+
+    async def flush_queues(self, *, force: bool = True) -> None:
+        """fsync the consume queues and write the checkpoint; with ``force=False``, only if
+        something was appended since the last time (an idle broker wakes no thread for it)."""
+        end = self.store.max_phy_offset
+        if not force and end == self._queues_flushed_at:
+            return
         await asyncio.get_running_loop().run_in_executor(
             self._executor, self.store.flush_consume_queues
         )
+        self._queues_flushed_at = end
 
     async def wait_durable(self, end_offset: int) -> None:
         """Under SYNC_FLUSH, return once the commit log is fsynced past ``end_offset``; raise
@@ -91,6 +108,10 @@ class FlushService:
             else:
                 await asyncio.sleep(self.interval)
             if self.store.max_phy_offset <= self.store.flushed_offset and not self._waiters:
+                # Nothing to flush: sleep without a timer until something is appended.
+                self._idle = True
+                self._wakeup.clear()
+                await self._wakeup.wait()
                 continue
             try:
                 flushed = await self.flush_now()

@@ -26,8 +26,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 SCHEDULE_GROUP = "%SCHEDULE%"
-#: Longest sleep between two looks at a level's queue (s).
+#: Longest sleep between two looks at a level's queue while it holds a message not due yet (s).
 MAX_IDLE = 1.0
+#: Longest sleep while a level's queue is empty (s): a put to the level wakes it at once
+#: (:meth:`ScheduleMessageService.notify`), so this is only a safety net, and an idle broker
+#: does not wake every level every second.
+EMPTY_IDLE = 60.0
 
 
 class ScheduleMessageService:
@@ -59,7 +63,7 @@ class ScheduleMessageService:
         while True:
             offset = max(offsets.query(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid), 0)
             r = store.get_messages(SCHEDULE_TOPIC, qid, offset, 64)
-            sleep = MAX_IDLE
+            sleep = EMPTY_IDLE
             if r.status is GetMessageStatus.FOUND:
                 now = int(self.broker.clock() * 1000)
                 for raw in r.messages:

@@ -401,6 +401,7 @@ class BrokerController:
         """Append to the store and wake whoever waits for these queues.  Synchronous: the
         appends of one call are contiguous and nothing else runs in between."""
         results = self.store.put_messages(msgs)
+        self.flush.notify_written()
         # Count and wake once per (topic, queue), not once per message: a batch decision can
         # append hundreds of thousands of messages in one call.
         per_topic: dict[str, int] = {}
@@ -437,7 +438,7 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
-                await self.flush.flush_queues()
+                await self.flush.flush_queues(force=False)
                 if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
                     await self.in_background(self.offsets.persist)
                     last_offsets = now
@@ -457,6 +458,7 @@ class BrokerController:
                     deleted = await self.in_background(self.store.delete_expired_files)
                     if deleted:
                         log.info("retention_ran", segments_deleted=deleted)
+                        await self.flush.flush_queues()  # close what retention retired
                     last_clean = now
             except Exception as exc:
                 log.error("housekeeping_failed", error=repr(exc))
