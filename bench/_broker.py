@@ -29,6 +29,49 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def spawn_broker(
+    store: str,
+    settings: dict[str, object] | None = None,
+    flush: str = "ASYNC_FLUSH",
+) -> Iterator[tuple[str, int]]:
+    """A broker in a child process on ``store``: yields its address and pid, and stops it
+    (SIGTERM, then SIGKILL after 30 s) at the end."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "txmq",
+        "broker",
+        "--store-dir",
+        store,
+        "--port",
+        str(port),
+        "--flush",
+        flush,
+        "--log-level",
+        "WARNING",
+    ]
+    for k, v in (settings or {}).items():
+        cmd += ["--set", f"{k}={v}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
 def broker_process(
     settings: dict[str, object] | None = None,
     flush: str = "ASYNC_FLUSH",
@@ -38,43 +81,11 @@ def broker_process(
     if address:
         yield address
         return
-    with tempfile.TemporaryDirectory(prefix="txmq-bench-") as tmp:
-        port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "txmq",
-            "broker",
-            "--store-dir",
-            tmp,
-            "--port",
-            str(port),
-            "--flush",
-            flush,
-            "--log-level",
-            "WARNING",
-        ]
-        for k, v in (settings or {}).items():
-            cmd += ["--set", f"{k}={v}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    break
-                if proc.poll() is not None:
-                    raise RuntimeError("the broker exited at start")
-                time.sleep(0.1)
-            yield f"127.0.0.1:{port}"
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with (
+        tempfile.TemporaryDirectory(prefix="txmq-bench-") as tmp,
+        spawn_broker(tmp, settings, flush) as (started, _pid),
+    ):
+        yield started
 
 
 async def drain_topic(address: str, topic: str, group: str = "bench-reader") -> list[bytes]:

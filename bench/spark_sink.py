@@ -17,60 +17,19 @@ workers and this driver), which shows what bounds the figure on this machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _broker import spawn_broker  # noqa: E402
+
 ROW_BYTES = 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def broker(store: str) -> Iterator[tuple[str, int]]:
-    """A broker in a child process: yields its address and pid."""
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "txmq",
-        "broker",
-        "--store-dir",
-        store,
-        "--port",
-        str(port),
-        "--log-level",
-        "WARNING",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the broker did not start")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _proc_cpu(pid: int) -> float:
@@ -132,7 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tmp = tempfile.mkdtemp(prefix="txmq-spark-bench-")
     try:
-        with broker(os.path.join(tmp, "store")) as (address, broker_pid):
+        with spawn_broker(os.path.join(tmp, "store")) as (address, broker_pid):
             spark = (
                 SparkSession.builder.master(args.master)
                 .appName("txmq-spark-sink-bench")

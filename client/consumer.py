@@ -445,7 +445,7 @@ class AsyncPushConsumer(AsyncClient):
             ClientStateError: the consumer is not started.
         """
         if self._conn is None:
-            raise ClientStateError(f"consumer {self.group!r} is not started")
+            raise self._not_started()
         return self._conn
 
     @property

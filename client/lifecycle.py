@@ -50,6 +50,12 @@ class AsyncClient:
         self._started = False
         await self._shutdown()
 
+    def _not_started(self) -> ClientStateError:
+        """The error of a call that needs a started client."""
+        return ClientStateError(
+            f"{self._kind} {self.group!r} is not started; call start() or use 'async with'"
+        )
+
     async def _start(self) -> None:
         raise NotImplementedError
 

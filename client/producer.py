@@ -49,7 +49,7 @@ from txmq.protocol.message import (
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
 from .config import DEFAULT_BROKER, ClientConfig
-from .errors import ClientStateError, InvalidMessageError
+from .errors import InvalidMessageError
 from .lifecycle import AsyncClient
 from .remoting import BrokerConnection
 from .route import TopicRoute, fetch_route
@@ -247,9 +247,7 @@ class AsyncProducer(AsyncClient):
             ClientStateError: the producer is not started.
         """
         if self._conn is None:
-            raise ClientStateError(
-                f"producer {self.group!r} is not started; call start() or use 'async with'"
-            )
+            raise self._not_started()
         return self._conn
 
     async def _start(self) -> None:
@@ -342,46 +340,14 @@ class AsyncProducer(AsyncClient):
                 or more than ``max_message_size`` bytes in all.
             TxmqError: the send failed, after the retries for retriable errors.
         """
-        msgs = list(msgs)
-        if not msgs:
-            raise InvalidMessageError("a batch needs at least one message")
-        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
-        for m in msgs:
-            validate_message(m, self.config.max_message_size)
-            if m.topic != topic:
-                raise InvalidMessageError(
-                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
-                )
-            if m.delay_level > 0:
-                raise InvalidMessageError("messages of a batch cannot have a delay level")
-        uniq_ids = [new_uniq_id() for _ in msgs]
-        entries = []
-        for m, uid in zip(msgs, uniq_ids, strict=True):
-            entries.append((m.payload, m.flag, self._wire_properties(m, uid, None)))
-        body = encode_batch(entries)
-        if len(body) > self.config.max_message_size:
-            raise InvalidMessageError(
-                f"the batch is {len(body)} bytes, over the limit of "
-                f"{self.config.max_message_size} bytes; send it in smaller parts"
-            )
-        header_props = {MessageConst.WAIT_STORE_MSG_OK: "true"}
-        probe = msgs[0]
-
-        def build(route: TopicRoute, qid: int) -> RemotingCommand:
-            header = self._header(probe, route, qid, properties_to_string(header_props), 0)
-            header.batch = True
-            return RemotingCommand.request(
-                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
-            )
-
-        return await self._send_with_retries(
-            probe,
-            uniq_ids,
-            build,
+        return await self._send_batch(
+            list(msgs),
             queue_id=queue_id,
             sharding_key=sharding_key,
-            selector=None,
             timeout=timeout,
+            sys_flag=0,
+            extra_properties=None,
+            allow_delay=False,
         )
 
     # -- the kernel, shared with the transactional producer ------------------------------------------
@@ -438,9 +404,30 @@ class AsyncProducer(AsyncClient):
             InvalidMessageError: an empty batch, mixed topics, an invalid message, or more than
                 ``max_message_size`` bytes in all.
         """
+        return await self._send_batch(
+            msgs,
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+            timeout=timeout,
+            sys_flag=sys_flag,
+            extra_properties=extra_properties,
+            allow_delay=True,
+        )
+
+    async def _send_batch(
+        self,
+        msgs: list[Message],
+        *,
+        queue_id: int | None,
+        sharding_key: str | None,
+        timeout: float | None,
+        sys_flag: int,
+        extra_properties: dict[str, str] | None,
+        allow_delay: bool,
+    ) -> SendResult:
         if not msgs:
             raise InvalidMessageError("a batch needs at least one message")
-        topic = msgs[0].topic
+        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
         entries = []
         uniq_ids = []
@@ -450,6 +437,8 @@ class AsyncProducer(AsyncClient):
                 raise InvalidMessageError(
                     f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
                 )
+            if not allow_delay and m.delay_level > 0:
+                raise InvalidMessageError("messages of a batch cannot have a delay level")
             uniq = new_uniq_id()
             uniq_ids.append(uniq)
             entries.append((m.payload, m.flag, self._wire_properties(m, uniq, extra_properties)))

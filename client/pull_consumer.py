@@ -41,7 +41,6 @@ from txmq.protocol.message import (
 )
 
 from .config import DEFAULT_BROKER, ClientConfig
-from .errors import ClientStateError
 from .lifecycle import AsyncClient
 from .producer import validate_topic
 from .remoting import BrokerConnection
@@ -288,9 +287,7 @@ class AsyncPullConsumer(AsyncClient):
             ClientStateError: the consumer is not started.
         """
         if self._conn is None:
-            raise ClientStateError(
-                f"pull consumer {self.group!r} is not started; call start() or use 'async with'"
-            )
+            raise self._not_started()
         return self._conn
 
     async def _start(self) -> None:

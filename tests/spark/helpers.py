@@ -4,9 +4,11 @@ and reading back what reached the broker through the SDK."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,19 @@ def spark_session(master: str, app: str, **conf: str) -> Any:
     register(spark)
     _ship_by_value()
     return spark
+
+
+@contextlib.contextmanager
+def running_spark(master: str, app: str, **conf: str) -> Iterator[Any]:
+    """:func:`spark_session` for a module's tests: stops its streaming queries and the session
+    at the end."""
+    session = spark_session(master, app, **conf)
+    try:
+        yield session
+    finally:
+        for q in session.streams.active:
+            q.stop()
+        session.stop()
 
 
 def pull_all(address: str, topic: str) -> list[MessageExt]:

@@ -18,7 +18,7 @@ from tests.spark.helpers import (
     forget_commit,
     order_ids,
     pull_all,
-    spark_session,
+    running_spark,
     transactions,
 )
 
@@ -31,17 +31,12 @@ SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = spark_session(
+    with running_spark(
         "local[2,4]",
         "txmq-recovery-tests",
         **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    )
-    try:
+    ) as session:
         yield session
-    finally:
-        for q in session.streams.active:
-            q.stop()
-        session.stop()
 
 
 def _start(

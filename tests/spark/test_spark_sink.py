@@ -23,7 +23,7 @@ from tests.spark.helpers import (
     forget_commit,
     order_ids,
     pull_all,
-    spark_session,
+    running_spark,
     transactions,
 )
 
@@ -36,15 +36,10 @@ SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = spark_session(
+    with running_spark(
         "local[2]", "txmq-sink-tests", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"}
-    )
-    try:
+    ) as session:
         yield session
-    finally:
-        for q in session.streams.active:
-            q.stop()
-        session.stop()
 
 
 def _orders(spark: Any, folder: str) -> Any:
