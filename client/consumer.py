@@ -55,7 +55,7 @@ from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
-from .lifecycle import AsyncClient
+from .lifecycle import ConnectedClient
 from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
@@ -315,7 +315,7 @@ class _SyncWorkers:
             t.join(max(deadline - time.monotonic(), 0))
 
 
-class AsyncPushConsumer(AsyncClient):
+class AsyncPushConsumer(ConnectedClient):
     """A clustering consumer that calls back for every message; the lifecycle methods are
     coroutines.
 
@@ -436,17 +436,6 @@ class AsyncPushConsumer(AsyncClient):
         }
 
     # -- lifecycle -------------------------------------------------------------------------------
-
-    @property
-    def connection(self) -> BrokerConnection:
-        """The broker connection.
-
-        Raises:
-            ClientStateError: the consumer is not started.
-        """
-        if self._conn is None:
-            raise self._not_started()
-        return self._conn
 
     @property
     def client_id(self) -> str | None:

@@ -1,12 +1,16 @@
 """The start and stop of the async clients (producer, push and pull consumer, transaction
-producer): start once, shut down once, ``async with``."""
+producer): start once, shut down once, ``async with``; and the connection of those that hold
+one."""
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from .errors import ClientStateError
+
+if TYPE_CHECKING:
+    from .remoting import BrokerConnection
 
 
 class AsyncClient:
@@ -50,12 +54,6 @@ class AsyncClient:
         self._started = False
         await self._shutdown()
 
-    def _not_started(self) -> ClientStateError:
-        """The error of a call that needs a started client."""
-        return ClientStateError(
-            f"{self._kind} {self.group!r} is not started; call start() or use 'async with'"
-        )
-
     async def _start(self) -> None:
         raise NotImplementedError
 
@@ -72,4 +70,24 @@ class AsyncClient:
         await self.shutdown()
 
 
-__all__ = ["AsyncClient"]
+class ConnectedClient(AsyncClient):
+    """An async client with a broker connection of its own, made by :meth:`_start` and
+    dropped by :meth:`_shutdown`."""
+
+    _conn: BrokerConnection | None = None
+
+    @property
+    def connection(self) -> BrokerConnection:
+        """The broker connection (for extensions, e.g. transactional check processors).
+
+        Raises:
+            ClientStateError: the client is not started.
+        """
+        if self._conn is None:
+            raise ClientStateError(
+                f"{self._kind} {self.group!r} is not started; call start() or use 'async with'"
+            )
+        return self._conn
+
+
+__all__ = ["AsyncClient", "ConnectedClient"]

@@ -50,7 +50,7 @@ from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, 
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
-from .lifecycle import AsyncClient
+from .lifecycle import ConnectedClient
 from .remoting import BrokerConnection
 from .route import TopicRoute, fetch_route
 
@@ -203,7 +203,7 @@ def _result(
     )
 
 
-class AsyncProducer(AsyncClient):
+class AsyncProducer(ConnectedClient):
     """Sends messages; every method is a coroutine.
 
     Args:
@@ -238,17 +238,6 @@ class AsyncProducer(AsyncClient):
         self._rr = itertools.count()
 
     # -- lifecycle -------------------------------------------------------------------------------
-
-    @property
-    def connection(self) -> BrokerConnection:
-        """The broker connection (for extensions, e.g. transactional check processors).
-
-        Raises:
-            ClientStateError: the producer is not started.
-        """
-        if self._conn is None:
-            raise self._not_started()
-        return self._conn
 
     async def _start(self) -> None:
         """Connect to the broker and register the producer group.

@@ -41,7 +41,7 @@ from txmq.protocol.message import (
 )
 
 from .config import DEFAULT_BROKER, ClientConfig
-from .lifecycle import AsyncClient
+from .lifecycle import ConnectedClient
 from .producer import validate_topic
 from .remoting import BrokerConnection
 from .route import fetch_route
@@ -251,7 +251,7 @@ async def search_offset(
     return GetOffsetResponseHeader.from_ext_fields(resp.ext_fields).offset
 
 
-class AsyncPullConsumer(AsyncClient):
+class AsyncPullConsumer(ConnectedClient):
     """Pull messages from queues and offsets the application chooses; every method is a
     coroutine.
 
@@ -278,17 +278,6 @@ class AsyncPullConsumer(AsyncClient):
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn: BrokerConnection | None = None
-
-    @property
-    def connection(self) -> BrokerConnection:
-        """The broker connection.
-
-        Raises:
-            ClientStateError: the consumer is not started.
-        """
-        if self._conn is None:
-            raise self._not_started()
-        return self._conn
 
     async def _start(self) -> None:
         """Connect to the broker.
