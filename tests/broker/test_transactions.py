@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
@@ -273,16 +275,6 @@ class CheckingProducer:
         return self.client
 
 
-async def wait_for(pred, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if pred():
-            return True
-        await asyncio.sleep(0.02)
-    return pred()
-
-
 async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
     b = BrokerController(
         make_broker_config(transaction_time_out=200, transaction_check_interval=100)
@@ -292,10 +284,10 @@ async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_co
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
         half = await c.send("orders", b"x", group=G, transactional=True)
-        assert await wait_for(lambda: len(p.checks) >= 1)
-        assert await wait_for(lambda: not b.transactions.pending)
+        await wait_until(lambda: len(p.checks) >= 1)
+        await wait_until(lambda: not b.transactions.pending)
         assert len(await c.pull_all("orders")) == 1
-        await asyncio.sleep(0.5)  # several more rounds
+        await rounds_pass(lambda: b.transactions.rounds, 5)
         assert len(p.checks) == 1  # zero checks for a decided transaction
         assert c.send_header(half).transaction_id == p.checks[0].transaction_id
         await c.close()
@@ -316,15 +308,15 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
         half = await c.send("orders", b"x", group=G, transactional=True)
         txid = c.send_header(half).transaction_id
         assert txid is not None
-        assert await wait_for(lambda: b.transactions.records[txid].state.value == "DISCARDED")
+        await wait_until(lambda: b.transactions.records[txid].state.value == "DISCARDED")
         assert len(p.checks) == 3
         _, parked = await c.pull("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
         assert [m.transaction_id for m in parked] == [txid]
         r = await c.call(RequestCode.RESUME_CHECK_HALF_MESSAGE, {"msgId": parked[0].offset_msg_id})
         assert r.code == ResponseCode.SUCCESS, r.remark
-        assert await wait_for(lambda: len(p.checks) >= 4)
+        await wait_until(lambda: len(p.checks) >= 4)
         p.decision = COMMIT
-        assert await wait_for(lambda: b.transactions.records[txid].state.value == "COMMITTED")
+        await wait_until(lambda: b.transactions.records[txid].state.value == "COMMITTED")
         assert len(await c.pull_all("orders")) == 1
         await c.close()
     finally:
@@ -343,12 +335,12 @@ async def test_no_producer_online_keeps_the_budget(make_broker_config):
         half = await c.send("orders", b"x", group=G, transactional=True)
         txid = c.send_header(half).transaction_id
         assert txid is not None
-        await asyncio.sleep(0.6)  # ~10 rounds with nobody to ask
+        await rounds_pass(lambda: b.transactions.rounds, 10)  # nobody to ask
         rec = b.transactions.records[txid]
         assert rec.state.value == "PENDING" and rec.check_times == 0
         p = CheckingProducer(COMMIT)
         pc = await p.connect(b.address)
-        assert await wait_for(lambda: rec.state.value == "COMMITTED")
+        await wait_until(lambda: rec.state.value == "COMMITTED")
         assert len(p.checks) == 1
         await pc.close()
         await c.close()
@@ -357,7 +349,11 @@ async def test_no_producer_online_keeps_the_budget(make_broker_config):
 
 
 async def test_immunity_delays_the_first_check(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_time_out=0, transaction_check_interval=50))
+    now = [time.time()]  # the broker's clock, moved by the test
+    b = BrokerController(
+        make_broker_config(transaction_time_out=0, transaction_check_interval=50),
+        clock=lambda: now[0],
+    )
     await b.start()
     try:
         p = CheckingProducer(COMMIT)
@@ -369,9 +365,10 @@ async def test_immunity_delays_the_first_check(make_broker_config):
             transactional=True,
             props={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "1"},
         )
-        await asyncio.sleep(0.6)
-        assert p.checks == []
-        assert await wait_for(lambda: len(p.checks) == 1, 3)
+        await rounds_pass(lambda: b.transactions.rounds, 5)
+        assert p.checks == []  # 5 rounds, and the broker's clock has not moved: immune
+        now[0] += 1.5
+        await wait_until(lambda: len(p.checks) == 1)
         await c.close()
     finally:
         await b.shutdown()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
 from txmq.client.transaction import (
@@ -66,15 +67,6 @@ async def delivered(address: str, topic: str) -> list[MessageExt]:
         await c.close()
 
 
-async def eventually(pred, timeout=8.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if await pred() if asyncio.iscoroutinefunction(pred) else pred():
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 async def fast_broker(make_broker_config):
     b = BrokerController(
@@ -122,7 +114,7 @@ async def test_rollback_never_delivered_also_after_restart(fast_broker):
     b2 = BrokerController(cfg)
     await b2.start()
     try:
-        await asyncio.sleep(0.4)
+        await rounds_pass(lambda: b2.transactions.rounds, 3)
         assert await delivered(b2.address, "orders") == []
     finally:
         await b2.shutdown()
@@ -136,8 +128,8 @@ async def test_unknown_then_resolved_by_check_back(fast_broker, answer):
     async with AsyncTransactionProducer(G, lst, fast_broker.address) as p:
         r = await p.send_message_in_transaction(Message("orders", b"x"))
         assert r.local_transaction_state is U
-        assert await eventually(lambda: len(lst.checks) == 2)
-        assert await eventually(lambda: not fast_broker.transactions.pending)
+        await wait_until(lambda: len(lst.checks) == 2)
+        await wait_until(lambda: not fast_broker.transactions.pending)
     got = await delivered(fast_broker.address, "orders")
     assert len(got) == (1 if answer is C else 0)
     assert lst.checks[0][1].topic == "orders"
@@ -150,15 +142,15 @@ async def test_unknown_forever_exactly_check_max_then_parked_then_resumed(fast_b
         r = await p.send_message_in_transaction(Message("orders", b"x"))
         assert r.transaction_id is not None
         rec = fast_broker.transactions.records[r.transaction_id]
-        assert await eventually(lambda: rec.state.value == "DISCARDED")
-        await asyncio.sleep(0.4)
+        await wait_until(lambda: rec.state.value == "DISCARDED")
+        await rounds_pass(lambda: fast_broker.transactions.rounds, 3)
         assert len(lst.checks) == 5  # transactionCheckMax
         async with AsyncAdminClient(fast_broker.address) as admin:
             parked = await admin.list_transactions(state="DISCARDED")
             assert [t["transactionId"] for t in parked] == [r.transaction_id]
             await admin.resume_transaction(r.transaction_id)
         lst.script = [C]
-        assert await eventually(lambda: rec.state.value == "COMMITTED")
+        await wait_until(lambda: rec.state.value == "COMMITTED")
     assert len(await delivered(fast_broker.address, "orders")) == 1
 
 
@@ -174,7 +166,7 @@ async def test_no_check_before_the_timeout_and_immunity_delays_it(make_broker_co
             await p.send_message_in_transaction(Message("orders", b"a"))
             t1 = time.monotonic()
             await p.send_message_in_transaction(Message("orders", b"b"), check_immunity_seconds=2)
-            assert await eventually(lambda: len(lst.checks) == 2, 6)
+            await wait_until(lambda: len(lst.checks) == 2, 6)
         first, second = lst.checks[0][0] - t0, lst.checks[1][0] - t1
         assert first >= 0.8, first
         assert second >= 2.0, second
@@ -277,12 +269,12 @@ async def test_concurrent_halves_travel_in_one_batch(fast_broker):
 async def test_no_producer_online_keeps_the_budget(fast_broker):
     async with AsyncTransactionProducer(G, Scripted(U), fast_broker.address) as p:
         r = await p.send_message_in_transaction(Message("orders", b"x"))
-    await asyncio.sleep(1.0)  # ~10 rounds, nobody online
+    await rounds_pass(lambda: fast_broker.transactions.rounds, 10)  # nobody online
     rec = fast_broker.transactions.records[r.transaction_id]
     assert rec.check_times == 0 and rec.state.value == "PENDING"
     lst = Scripted(U, checks=[C])
     async with AsyncTransactionProducer(G, lst, fast_broker.address):
-        assert await eventually(lambda: rec.state.value == "COMMITTED")
+        await wait_until(lambda: rec.state.value == "COMMITTED")
     assert len(lst.checks) == 1
 
 
@@ -300,7 +292,7 @@ async def test_bounded_check_queue_refuses_and_nothing_is_lost(fast_broker):
     async with AsyncTransactionProducer(
         G, lst, fast_broker.address, check_threads=1, check_queue_size=2
     ) as q:
-        assert await eventually(lambda: not fast_broker.transactions.pending, 15)
+        await wait_until(lambda: not fast_broker.transactions.pending, 15)
         assert q.checks_refused > 0
     assert len(await delivered(fast_broker.address, "orders")) == 6
 
@@ -329,7 +321,7 @@ async def test_producer_killed_after_the_half_another_producer_decides(fast_brok
         )
         out, _ = await proc.communicate()
         assert b"HALF" in out and proc.returncode == -9
-        assert await eventually(lambda: not fast_broker.transactions.pending)
+        await wait_until(lambda: not fast_broker.transactions.pending)
     assert [m.body for m in await delivered(fast_broker.address, "orders")] == [b"from-the-dead"]
     assert len(lst.checks) == 1
     # every check the broker counted went to the live producer

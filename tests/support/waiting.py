@@ -33,3 +33,10 @@ def wait_until_sync(predicate: Callable[[], bool], timeout: float = 30.0, what: 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+async def rounds_pass(rounds: Callable[[], int], n: int, what: str = "check rounds") -> None:
+    """Wait until a counter (e.g. the broker's completed check rounds) has advanced by ``n``:
+    "nothing happened during n rounds" without guessing how long n rounds take."""
+    start = rounds()
+    await wait_until(lambda: rounds() >= start + n, what=f"{n} more {what}")
