@@ -18,6 +18,8 @@ With pyspark >= 4.1 the writers receive Arrow record batches (no per-row convers
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -51,6 +53,21 @@ except ImportError:  # pragma: no cover - pyspark 4.0
     _BatchWriterBase = DataSourceWriter  # type: ignore[misc,assignment]
 
 log = structlog.get_logger(__name__)
+
+#: Test seam of the crash tests, never set in production: ``<point>:<batchId>`` makes the
+#: streaming commit of that batch SIGKILL the process group of its session's leader at
+#: ``<point>`` -- with ``local[...]`` and the driver program started as a session leader, the
+#: driver program and its JVM, as a lost driver host would (the Python workers, in groups of
+#: their own, end when the JVM is gone): ``before_decide`` (the tasks' halves are stored, the batch is undecided) or
+#: ``after_decide`` (the broker decided the batch; Spark has not written its commit log).
+CRASH_AT_ENV = "TXMQ_SPARK_CRASH_AT"
+
+
+def _crash_point(point: str, batch_id: int) -> None:
+    if os.environ.get(CRASH_AT_ENV) == f"{point}:{batch_id}":
+        log.warning("sink_crash_point", point=point, batch_id=batch_id)
+        os.killpg(os.getsid(0), signal.SIGKILL)
+
 
 #: TaskContext local properties Spark sets for streaming micro-batches.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -122,6 +139,7 @@ class TxmqStreamWriter(_StreamWriterBase):
                 f"commit messages of batch {batchId} disagree on the producer group or batch key: "
                 f"{sorted({(r.producer_group, r.batch_key) for r in results})}"
             )
+        _crash_point("before_decide", batchId)
         decide_batch(
             self.options.broker,
             group,
@@ -130,6 +148,7 @@ class TxmqStreamWriter(_StreamWriterBase):
             self.options.request_timeout,
             self.options.credentials,
         )
+        _crash_point("after_decide", batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Roll back the transactions of the attempts that reported one.  The batch stays
