@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from txmq.client import PullConsumer, PullStatus
+from txmq.protocol.message import MessageExt
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = ROOT / "build" / "clients"
 HERE = Path(__file__).resolve().parent
@@ -145,3 +148,19 @@ def ali_ons_client() -> StockClient:
     modules = install_ali_ons()
     env = {**os.environ, "NODE_PATH": str(modules)}
     return StockClient(["node", str(HERE / "ali_ons_client.js")], env)
+
+
+def sdk_messages(address: str, topic: str, queues: int = 4) -> list[MessageExt]:
+    """Every message of ``topic`` as the txmq SDK's pull consumer reads it (the other side of
+    an interop check)."""
+    out: list[MessageExt] = []
+    with PullConsumer("sdk-reader", broker=address) as c:
+        for q in range(queues):
+            offset = 0
+            while True:
+                r = c.pull(topic, q, offset)
+                if r.status is not PullStatus.FOUND:
+                    break
+                out.extend(r.messages)
+                offset = r.next_begin_offset
+    return out

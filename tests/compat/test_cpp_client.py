@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.stock import StockClient, cpp_client
+from tests.compat.stock import StockClient, cpp_client, sdk_messages
 from tests.conftest import BrokerThread
 from tests.support.raw import RawClient
-from txmq.client import Message, Producer, PullConsumer, PullStatus
+from txmq.client import Message, Producer
 from txmq.protocol.codes import RequestCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 
@@ -33,18 +33,8 @@ def stock_broker(broker_thread_factory: Callable[..., BrokerThread]) -> Iterator
     yield broker_thread_factory(transaction_check_max=10_000)
 
 
-def sdk_bodies(address: str, topic: str, queues: int = 4) -> list[bytes]:
-    out: list[bytes] = []
-    with PullConsumer("sdk-reader", broker=address) as c:
-        for q in range(queues):
-            offset = 0
-            while True:
-                r = c.pull(topic, q, offset)
-                if r.status is not PullStatus.FOUND:
-                    break
-                out.extend(m.body for m in r.messages)
-                offset = r.next_begin_offset
-    return out
+def sdk_bodies(address: str, topic: str) -> list[bytes]:
+    return [m.body for m in sdk_messages(address, topic)]
 
 
 def test_every_send_mode_reaches_a_push_consumer_filtering_on_tags(

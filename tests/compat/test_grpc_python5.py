@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
+from tests.compat.stock import sdk_messages
 from tests.conftest import BrokerThread
-from txmq.client import Message, Producer, PullConsumer, PullStatus
+from txmq.client import Message, Producer
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
@@ -121,20 +122,6 @@ def tx_state(bt: BrokerThread, txid: str) -> str | None:
         return None if rec is None else rec.state.value
 
     return bt.run(get)  # type: ignore[no-any-return]
-
-
-def sdk_messages(address: str, topic: str, queues: int = 4) -> list[Any]:
-    out: list[Any] = []
-    with PullConsumer("sdk-reader", broker=address) as c:
-        for q in range(queues):
-            offset = 0
-            while True:
-                r = c.pull(topic, q, offset)
-                if r.status is not PullStatus.FOUND:
-                    break
-                out.extend(r.messages)
-                offset = r.next_begin_offset
-    return out
 
 
 def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, py5: Path) -> None:
