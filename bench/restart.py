@@ -16,6 +16,8 @@ import argparse
 import asyncio
 import os
 import resource
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +32,9 @@ from txmq.broker.transaction.state import Decision  # noqa: E402
 from txmq.protocol.message import MessageConst, MessageExt, UniqIdGenerator  # noqa: E402
 
 
-async def fill(cfg: BrokerConfig, gib: float, body_size: int, tx_share: float) -> int:
+async def fill(
+    cfg: BrokerConfig, gib: float, body_size: int, tx_share: float, crash: bool = False
+) -> int:
     b = BrokerController(cfg)
     await b.start()
     ids = UniqIdGenerator()
@@ -38,6 +42,7 @@ async def fill(cfg: BrokerConfig, gib: float, body_size: int, tx_share: float) -
     target = int(gib * (1 << 30))
     n = 0
     every = max(1, round(1 / tx_share)) if tx_share > 0 else 0
+    batches = 0
     while b.store.max_phy_offset < target:
         batch = []
         for _ in range(256):
@@ -69,8 +74,11 @@ async def fill(cfg: BrokerConfig, gib: float, body_size: int, tx_share: float) -
                 txid = b.transactions.transaction_id_of(half.properties)
                 b.transactions.decide(b.transactions.records[str(txid)], Decision.COMMIT, "bench")
                 n += 1
-        if n % (256 * 200) < 256:
-            await asyncio.sleep(0)  # let the flush task run
+        batches += 1
+        if batches % 20 == 0:
+            await asyncio.sleep(0.01)  # a broker between requests: flush, housekeeping, checks run
+    if crash:  # no shutdown: the store and the transaction table as a SIGKILL leaves them
+        os.kill(os.getpid(), signal.SIGKILL)
     await b.shutdown()
     return n
 
@@ -96,10 +104,40 @@ def main() -> None:
         help="share of transactions among the messages (about)",
     )
     ap.add_argument("--store", help="reuse this store folder (filled if empty)")
+    ap.add_argument(
+        "--crash",
+        action="store_true",
+        help="fill in a child process that is SIGKILLed at the end, then time the start",
+    )
+    ap.add_argument("--fill-and-die", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     quiet_logs()
     root = args.store or tempfile.mkdtemp(prefix="txmq-restart-")
     cfg = BrokerConfig(listen_port=0, store_path_root_dir=root)
+    if args.fill_and_die:
+        loop = new_event_loop()
+        loop.run_until_complete(fill(cfg, args.gib, args.body, args.tx_share, crash=True))
+        return
+    if args.crash and not os.path.exists(os.path.join(root, "commitlog")):
+        t0 = time.perf_counter()
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--fill-and-die",
+                "--store",
+                root,
+                "--gib",
+                str(args.gib),
+                "--body",
+                str(args.body),
+                "--tx-share",
+                str(args.tx_share),
+            ],
+            check=False,
+        )
+        assert child.returncode == -signal.SIGKILL, f"the filler exited {child.returncode}"
+        print(f"filled {root} and SIGKILLed the broker in {time.perf_counter() - t0:,.1f}s")
     loop = new_event_loop()
     try:
         if not os.path.exists(os.path.join(root, "commitlog")):
