@@ -87,6 +87,9 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Frames written in this turn of the event loop, handed to the transport together at
+        #: its end: one send() for all the answers (or requests) of a turn instead of one each.
+        self._wbuf: list[bytes] = []
         self._closed = asyncio.get_running_loop().create_future()
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -130,6 +133,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._wbuf.clear()
         err = ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} closed")
         for fut in self._pending.values():
             if not fut.done():
@@ -215,10 +219,24 @@ class Connection(asyncio.Protocol):
         return len(self._tasks)
 
     def write(self, cmd: RemotingCommand) -> None:
+        """Queue one frame; it goes to the transport at the end of this turn of the event loop
+        (in order, with the other frames of the turn)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
-        assert self._transport is not None
-        self._transport.write(encode_frame(cmd))
+        buf = self._wbuf
+        buf.append(encode_frame(cmd))
+        if len(buf) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_writes)
+
+    def _flush_writes(self) -> None:
+        buf = self._wbuf
+        if not buf:
+            return
+        self._wbuf = []
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return  # the peer left; nobody to tell
+        transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
 
     async def drain(self) -> None:
         """Wait until the transport takes writes again (returns at once when it does, or when
@@ -266,6 +284,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
+            self._flush_writes()  # what was written before close() still goes out
             self._transport.close()
 
     async def wait_closed(self, timeout: float = 5.0) -> bool:
