@@ -39,6 +39,8 @@ from txmq.protocol.message import (
     MessageSysFlag,
     decode_message,
     decode_offset_msg_id,
+    pack_host,
+    unpack_host,
 )
 
 from ..store import GetMessageStatus, PutMessageResult, atomic_write
@@ -58,6 +60,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 CHECK_STATE_VERSION = 1
+#: Bounds of the in-memory copies of recently stored halves (see
+#: :meth:`TransactionalMessageService._remember_half`): entries and body bytes.
+RECENT_HALVES_MAX = 4096
+RECENT_HALVES_MAX_BYTES = 16 * 1024 * 1024
+#: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
+_HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 
 
 class TransactionalMessageService:
@@ -76,6 +84,11 @@ class TransactionalMessageService:
             cfg.store_path_root_dir, "transaction", "snapshot.msgpack"
         )
         self._last_snapshot_ms = 0
+        #: commit-log offset -> the half as its stored bytes decode, for the halves stored
+        #: lately (oldest first): a commit that follows soon builds its message from here
+        #: instead of reading and decoding the half again.
+        self._recent_halves: dict[int, MessageExt] = {}
+        self._recent_bytes = 0
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -157,7 +170,8 @@ class TransactionalMessageService:
         msg.commit_log_offset = result.commit_log_offset
         msg.queue_offset = result.queue_offset
         msg.store_timestamp = result.store_timestamp
-        self._add_half(msg, result.offset_msg_id)
+        if self._add_half(msg, result.offset_msg_id) is not None:
+            self._remember_half(msg)
         self.broker.metrics.tx_half.inc()
         log.debug(
             "half_message_stored",
@@ -216,9 +230,47 @@ class TransactionalMessageService:
 
     # -- decisions: plan in the machine, append, apply ------------------------------------------
 
+    def _remember_half(self, msg: MessageExt) -> None:
+        """Keep what a commit needs of a just-stored half, exactly as its stored bytes decode
+        (the hosts as stored, the sys flag without the IPv6 bits), within the bounds."""
+        body = bytes(msg.body)
+        if len(body) > RECENT_HALVES_MAX_BYTES // 64:
+            return
+        recent = self._recent_halves
+        recent[msg.commit_log_offset] = MessageExt(
+            topic=msg.topic,
+            body=body,
+            flag=msg.flag,
+            sys_flag=msg.sys_flag & ~_HOST_V6_BITS,
+            born_timestamp=msg.born_timestamp,
+            born_host=unpack_host(pack_host(msg.born_host)),
+            reconsume_times=msg.reconsume_times,
+            properties=dict(msg.properties),
+        )
+        self._recent_bytes += len(body)
+        while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > RECENT_HALVES_MAX_BYTES:
+            oldest = recent.pop(next(iter(recent)))
+            self._recent_bytes -= len(oldest.body)
+
+    def _stored_half(self, commit_log_offset: int) -> MessageExt:
+        """The half stored at ``commit_log_offset``: the in-memory copy while there is one and
+        the commit log still holds that offset, else read and decoded from the store."""
+        h = self._recent_halves.pop(commit_log_offset, None)
+        if h is not None:
+            self._recent_bytes -= len(h.body)
+            if commit_log_offset >= self.broker.store.min_phy_offset:
+                return h
+        return self.broker.store.lookup_message(commit_log_offset)
+
+    def _forget_halves(self, rec: TxRecord) -> None:
+        for h in rec.halves:
+            m = self._recent_halves.pop(h.commit_log_offset, None)
+            if m is not None:
+                self._recent_bytes -= len(m.body)
+
     def _real_message(self, half: HalfRef) -> MessageExt:
         """The message a commit delivers: the half with its real topic and queue restored."""
-        h = self.broker.store.lookup_message(half.commit_log_offset)
+        h = self._stored_half(half.commit_log_offset)
         props = dict(h.properties)
         for k in (
             MessageConst.REAL_TOPIC,
@@ -281,7 +333,11 @@ class TransactionalMessageService:
         op = self.machine.plan_decision(rec, decision, f"{by}: {remark}".strip(": "), self.now_ms())
         if op is None:
             return rec.decision_end_offset
-        extra = [self._real_message(h) for h in rec.halves] if op.kind is OpKind.COMMIT else []
+        if op.kind is OpKind.COMMIT:
+            extra = [self._real_message(h) for h in rec.halves]
+        else:
+            extra = []
+            self._forget_halves(rec)
         end = self._append(op, extra)
         log.info(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
