@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
+import ipaddress
 import os
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +54,22 @@ from .transaction.service import CheckSender, TransactionalMessageService
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=16)
+def _ipv4_of(host: str) -> str:
+    """``brokerIP1`` may be a host name; stored messages and message ids carry an IPv4 address,
+    so it is resolved here, once (the protocol package does no lookups)."""
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        log.warning("broker_ip_unresolved", host=host, error=str(exc), using="127.0.0.1")
+        return "127.0.0.1"
+
 
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
@@ -125,7 +144,7 @@ class BrokerController:
 
     @property
     def store_host(self) -> tuple[str, int]:
-        return (self.config.broker_i_p1, self.port)
+        return (_ipv4_of(self.config.broker_i_p1), self.port)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

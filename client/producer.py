@@ -51,7 +51,7 @@ from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
-from .remoting import BrokerConnection
+from .remoting import BrokerConnection, local_ip
 from .route import TopicRoute, fetch_route
 
 log = structlog.get_logger(__name__)
@@ -67,7 +67,7 @@ def new_uniq_id() -> str:
     """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
     global _uniq_ids
     if _uniq_ids is None:
-        _uniq_ids = UniqIdGenerator()
+        _uniq_ids = UniqIdGenerator(local_ip())
     return _uniq_ids.next_id()
 
 

@@ -19,9 +19,11 @@ Public hooks for other parts of the SDK:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,7 +39,6 @@ from txmq.protocol.errors import (
     error_for_code,
 )
 from txmq.protocol.headers import Header, UnregisterClientRequestHeader
-from txmq.protocol.message import local_ip
 
 from .config import ClientConfig, parse_address
 
@@ -50,6 +51,19 @@ Processor = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
 ReconnectCallback = Callable[[], Awaitable[None] | None]
 #: Returns one entry of the heartbeat's ``consumerDataSet``.
 ConsumerDataProvider = Callable[[], dict[str, Any]]
+
+
+@functools.lru_cache(maxsize=1)
+def local_ip() -> str:
+    """The address this host uses for outgoing traffic (a UDP socket is connected, no packet
+    is sent); 127.0.0.1 without a route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip: str = s.getsockname()[0]
+            return ip
+    except OSError:
+        return "127.0.0.1"
 
 
 def make_client_id() -> str:

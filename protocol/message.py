@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
-import socket
 import struct
 import threading
 import time
@@ -159,15 +158,18 @@ def string_to_properties(s: str | None) -> dict[str, str]:
 # --- hosts and ids ----------------------------------------------------------------------------
 
 
+_LOOPBACK = b"\x7f\x00\x00\x01"
+
+
 @functools.lru_cache(maxsize=256)
 def _ip4_bytes(host: str) -> bytes:
+    """The 4 bytes of an IPv4 address; anything else (a host name, an IPv6 peer) is stored as
+    127.0.0.1.  No name lookup here: this module does no I/O, so whoever holds a host name
+    resolves it first (the broker resolves ``brokerIP1`` at start)."""
     try:
         return ipaddress.IPv4Address(host).packed
     except ValueError:
-        try:
-            return ipaddress.IPv4Address(socket.gethostbyname(host)).packed
-        except OSError:
-            return b"\x7f\x00\x00\x01"
+        return _LOOPBACK
 
 
 def pack_host(host: tuple[str, int]) -> bytes:
@@ -177,10 +179,15 @@ def pack_host(host: tuple[str, int]) -> bytes:
 _HOST_PORT = struct.Struct(">i")
 
 
+@functools.lru_cache(maxsize=1024)
+def _dotted(ip4: bytes) -> str:
+    return f"{ip4[0]}.{ip4[1]}.{ip4[2]}.{ip4[3]}"
+
+
 def unpack_host(b: bytes) -> tuple[str, int]:
-    # socket.inet_ntoa gives the same dotted quad as ipaddress.IPv4Address, ~10x faster; it
-    # runs twice for every message a consumer decodes.
-    return (socket.inet_ntoa(b[:4]), _HOST_PORT.unpack_from(b, 4)[0])
+    # Twice for every message a consumer decodes: the dotted quads are cached (a handful of
+    # hosts), which is faster than formatting them each time.
+    return (_dotted(bytes(b[:4])), _HOST_PORT.unpack_from(b, 4)[0])
 
 
 def create_offset_msg_id(store_host: tuple[str, int], commit_log_offset: int) -> str:
@@ -206,8 +213,10 @@ class UniqIdGenerator:
     ``ms since the start of the month (4) + counter (2)``: 32 hex characters in all.
     """
 
-    def __init__(self, ip: str | None = None) -> None:
-        ip_bytes = _ip4_bytes(ip or local_ip())
+    def __init__(self, ip: str = "127.0.0.1") -> None:
+        """``ip``: this host's address (the SDK passes the one it uses for outgoing
+        traffic)."""
+        ip_bytes = _ip4_bytes(ip)
         pid = os.getpid() & 0xFFFF
         salt = int.from_bytes(os.urandom(4), "big")
         self._prefix = (ip_bytes + struct.pack(">HI", pid, salt)).hex().upper()
@@ -232,17 +241,6 @@ class UniqIdGenerator:
             counter = self._counter
         diff = int((now - self._month_start) * 1000) & 0xFFFFFFFF
         return self._prefix + struct.pack(">IH", diff, counter).hex().upper()
-
-
-def local_ip() -> str:
-    """The address this host uses for outgoing traffic (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))
-            ip: str = s.getsockname()[0]
-            return ip
-    except OSError:
-        return "127.0.0.1"
 
 
 def java_string_hash(s: str) -> int:

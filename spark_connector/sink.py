@@ -38,6 +38,7 @@ from typing import Any
 
 import structlog
 
+from txmq.client.remoting import local_ip
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
@@ -81,7 +82,7 @@ def _id_generator() -> UniqIdGenerator:
     global _ids
     pid = os.getpid()
     if _ids is None or _ids[0] != pid:
-        _ids = (pid, UniqIdGenerator())
+        _ids = (pid, UniqIdGenerator(local_ip()))
     return _ids[1]
 
 

@@ -143,6 +143,28 @@ def test_layering(rule: Rule) -> None:
     assert not problems, f"{rule.why}:\n" + "\n".join(problems)
 
 
+#: The only protocol module that does I/O: the asyncio adapter both sides share.
+PROTOCOL_IO_ADAPTER = "protocol/aio.py"
+#: What the rest of the protocol package may not import: no network, no event loop, no
+#: processes (``os`` and ``threading`` stay allowed for a pid, random bytes and a lock).
+NETWORK_MODULES = ("asyncio", "selectors", "socket", "ssl", "subprocess", "uvloop")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        str(p.relative_to(ROOT))
+        for p in source_files("protocol")
+        if str(p.relative_to(ROOT)) != PROTOCOL_IO_ADAPTER
+    ],
+)
+def test_the_protocol_does_no_network_io_outside_its_adapter(path: str) -> None:
+    source = ROOT / path
+    imports = imported_modules(source.read_text(encoding="utf-8"), module_name(source), False)
+    bad = violations(Rule(path, NETWORK_MODULES, "sans-IO"), imports)
+    assert not bad, f"{path} must stay free of I/O (no name lookups, sockets or loops): {bad}"
+
+
 @pytest.mark.parametrize("path", PURE_PROTOCOL_MODULES)
 def test_pure_protocol_module_does_no_io(path: str) -> None:
     source = ROOT / path
