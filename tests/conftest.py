@@ -99,6 +99,23 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A test that configures logging (the CLI does, through click's CliRunner, onto a stream
+    that is gone once the command returns) must not leave later tests logging into it."""
+    import logging
+
+    import structlog
+
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
     """The suite runs under uvloop, as the broker does in production."""
     return {"uvloop": new_event_loop}
