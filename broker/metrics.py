@@ -90,9 +90,28 @@ class BrokerMetrics:
             child.inc(n)
         self.bytes_put.inc(nbytes)
 
-    def serve_http(self, port: int, addr: str) -> None:
-        """Serve ``/metrics`` in Prometheus' text format on ``addr:port``."""
-        self._http = start_http_server(port, addr=addr, registry=self.registry)
+    def serve_http(
+        self,
+        port: int,
+        addr: str,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        client_cafile: str | None = None,
+        client_auth_required: bool = False,
+    ) -> None:
+        """Serve ``/metrics`` in Prometheus' text format on ``addr:port``; over HTTPS when
+        ``certfile`` and ``keyfile`` are given (client certificates checked against
+        ``client_cafile``, required when ``client_auth_required``)."""
+        self._http = start_http_server(
+            port,
+            addr=addr,
+            registry=self.registry,
+            certfile=certfile or None,
+            keyfile=keyfile or None,
+            client_cafile=client_cafile or None,
+            client_auth_required=client_auth_required,
+        )
 
     def stop_http(self) -> None:
         http = getattr(self, "_http", None)

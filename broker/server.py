@@ -262,7 +262,19 @@ class BrokerController:
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
         if cfg.metrics_port:
-            self.metrics.serve_http(cfg.metrics_port, cfg.bind_address)
+            # With TLS enforced on the remoting port, the metrics endpoint is HTTPS with the
+            # same certificate (and the same client-certificate rule); permissive keeps it plain.
+            https = cfg.tls_server_mode == "enforcing"
+            self.metrics.serve_http(
+                cfg.metrics_port,
+                cfg.bind_address,
+                certfile=cfg.tls_server_cert_path if https else None,
+                keyfile=cfg.tls_server_key_path if https else None,
+                client_cafile=cfg.tls_server_trust_cert_path
+                if https and cfg.tls_server_need_client_auth != "none"
+                else None,
+                client_auth_required=https and cfg.tls_server_need_client_auth == "require",
+            )
         if grpc_server is not None:
             self.grpc = grpc_server(self)
             self.grpc_port = await self.grpc.start()

@@ -358,3 +358,39 @@ async def test_a_missing_certificate_file_stops_the_start_with_its_name(
     with pytest.raises(ConfigError, match="nope.pem"):
         await broker.start()
     broker._meta_executor.shutdown()
+
+
+# -- the metrics endpoint ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client_auth", ["none", "require"])
+async def test_with_tls_enforced_the_metrics_endpoint_is_https(
+    certs: Certs, start_broker: Callable[..., Any], client_auth: str
+) -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    await start_broker(metrics_port=port, **certs.broker_settings("enforcing", client_auth))
+    url = f"https://127.0.0.1:{port}/metrics"
+    mutual = client_auth == "require"
+
+    def fetch(url: str, ctx: ssl.SSLContext | None) -> str:
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            return str(r.read().decode())
+
+    loop = asyncio.get_running_loop()
+    text = await loop.run_in_executor(None, fetch, url, certs.client_context(mutual=mutual))
+    assert "txmq_connections" in text
+    # Plain HTTP is not served, nor HTTPS to a client that does not trust the broker's CA (or,
+    # under mutual TLS, one without a certificate).
+    for bad_url, ctx in [
+        (f"http://127.0.0.1:{port}/metrics", None),
+        (url, certs.client_context(ca=certs.wrong_ca, mutual=mutual)),
+        *([(url, certs.client_context())] if mutual else []),
+    ]:
+        with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError, OSError)):
+            await loop.run_in_executor(None, fetch, bad_url, ctx)
