@@ -235,9 +235,9 @@ async def test_a_client_that_never_speaks_does_not_block_others(
 # -- certificate rotation ---------------------------------------------------------------------
 
 
-async def test_a_rotated_certificate_is_used_for_new_connections(
-    certs: Certs, start_broker: Callable[..., Any], tmp_path: Path
-) -> None:
+def live_certificate(certs: Certs, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the broker's certificate and key in a folder of their own (the files an
+    operator replaces), and enforcing settings that point at them."""
     live = tmp_path / "live"
     live.mkdir()
     shutil.copy(certs.server_cert, live / "broker.pem")
@@ -246,6 +246,13 @@ async def test_a_rotated_certificate_is_used_for_new_connections(
     settings.update(
         tls_server_cert_path=str(live / "broker.pem"), tls_server_key_path=str(live / "broker.key")
     )
+    return live, settings
+
+
+async def test_a_rotated_certificate_is_used_for_new_connections(
+    certs: Certs, start_broker: Callable[..., Any], tmp_path: Path
+) -> None:
+    live, settings = live_certificate(certs, tmp_path)
     broker = await start_broker(**settings)
     old = await connect(broker, certs.client_context())
     await ping(old)
@@ -271,14 +278,7 @@ async def test_a_rotated_certificate_is_used_for_new_connections(
 async def test_a_broken_certificate_file_keeps_the_one_in_force(
     certs: Certs, start_broker: Callable[..., Any], tmp_path: Path
 ) -> None:
-    live = tmp_path / "live"
-    live.mkdir()
-    shutil.copy(certs.server_cert, live / "broker.pem")
-    shutil.copy(certs.server_key, live / "broker.key")
-    settings = certs.broker_settings("enforcing")
-    settings.update(
-        tls_server_cert_path=str(live / "broker.pem"), tls_server_key_path=str(live / "broker.key")
-    )
+    live, settings = live_certificate(certs, tmp_path)
     broker = await start_broker(**settings)
     assert broker.tls is not None
     tls = broker.tls
