@@ -173,11 +173,6 @@ class BrokerConfig:
             )
         if self.tls_handshake_timeout <= 0:
             raise ConfigError("tlsHandshakeTimeout must be positive")
-        if self.grpc_server_enable and self.tls_server_mode == "enforcing":
-            raise ConfigError(
-                "tls.server.mode = enforcing covers the remoting port only: the gRPC front end "
-                "has no TLS yet, so turn grpcServerEnable off while TLS is enforced"
-            )
 
     @property
     def sync_flush(self) -> bool:

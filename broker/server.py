@@ -479,9 +479,9 @@ class BrokerController:
                     if changed is not None:
                         self.acl.install(changed)
                 if self.tls is not None:
-                    ctx = await self.in_background(self.tls.poll)
-                    if ctx is not None:
-                        self.tls.install(ctx)
+                    material = await self.in_background(self.tls.poll)
+                    if material is not None:
+                        self.tls.install(material)
                 if now - last_expire >= 10.0:
                     self.clients.expire(cfg.channel_expired_timeout / 1000.0)
                     last_expire = now

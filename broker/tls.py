@@ -34,7 +34,7 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -97,6 +97,52 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     return ctx
 
 
+@dataclass(frozen=True)
+class TlsMaterial:
+    """A server context and the PEM bytes it was built from (the gRPC front end, whose TLS is
+    gRPC's own, is given the bytes)."""
+
+    context: ssl.SSLContext
+    chain: bytes = field(repr=False)
+    key: bytes = field(repr=False)
+    #: The CA of client certificates (``None`` when none is asked for).
+    trust: bytes | None = field(default=None, repr=False)
+
+
+def _read_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
+    def read(path: str) -> bytes:
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    trust = read(files.trust_cert_path) if files.need_client_auth != "none" else None
+    return read(files.cert_path), read(files.key_path), trust
+
+
+def server_material(files: TlsFiles) -> TlsMaterial:
+    """:func:`server_context` and the bytes it was built from; blocking.  The files are read
+    before and after the context is built: a file replaced in between (a rotation under way)
+    is read again, so the context and the bytes always come from the same files.
+
+    Raises:
+        TlsConfigError: as :func:`server_context`, or the files kept changing.
+    """
+    for _ in range(3):
+        try:
+            before: tuple[bytes, bytes, bytes | None] | None = _read_pem(files)
+        except OSError:
+            before = None  # server_context names the file that is missing
+        ctx = server_context(files)
+        try:
+            after = _read_pem(files)
+        except OSError as exc:
+            raise TlsConfigError(f"cannot read the certificate files: {exc}") from None
+        if after == before:
+            return TlsMaterial(ctx, *after)
+    raise TlsConfigError(
+        f"the certificate files {', '.join(files.paths())} kept changing while being read"
+    )
+
+
 class ServerTls:
     """The server context in force and the file stamps it was built from.
 
@@ -106,7 +152,8 @@ class ServerTls:
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
-        self.context: ssl.SSLContext | None = None
+        #: The context in force and its PEM bytes.
+        self.material: TlsMaterial | None = None
         self._stamps: tuple[tuple[float, int], ...] = ()
         #: Times the certificate was reloaded (for tests and logs).
         self.reloads = 0
@@ -121,30 +168,35 @@ class ServerTls:
                 out.append((0.0, -1))
         return tuple(out)
 
+    @property
+    def context(self) -> ssl.SSLContext | None:
+        """The context new remoting connections get."""
+        return None if self.material is None else self.material.context
+
     def load(self) -> None:
         """Build the first context (blocking).  Raises :class:`TlsConfigError`."""
         stamps = self._stat()
-        self.context = server_context(self.files)
+        self.material = server_material(self.files)
         self._stamps = stamps
 
-    def poll(self) -> ssl.SSLContext | None:
+    def poll(self) -> TlsMaterial | None:
         """A new context when a file changed since the last build (blocking), else None.  A
         changed file that does not load is logged and the context in force stays."""
         stamps = self._stat()
         if stamps == self._stamps:
             return None
         try:
-            ctx = server_context(self.files)
+            material = server_material(self.files)
         except TlsConfigError as exc:
             # Remember the stamps: a half-written file is retried when it changes again.
             self._stamps = stamps
             log.error("tls_reload_failed", error=str(exc))
             return None
         self._stamps = stamps
-        return ctx
+        return material
 
-    def install(self, ctx: ssl.SSLContext) -> None:
-        self.context = ctx
+    def install(self, material: TlsMaterial) -> None:
+        self.material = material
         self.reloads += 1
         log.info("tls_certificate_reloaded", cert=self.files.cert_path)
 

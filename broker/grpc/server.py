@@ -1,4 +1,15 @@
-"""Start and stop the ``grpc.aio`` server of the RocketMQ 5 front end on the broker's loop."""
+"""Start and stop the ``grpc.aio`` server of the RocketMQ 5 front end on the broker's loop.
+
+TLS.  With ``tls.server.mode = enforcing`` the port serves TLS only, with the broker's
+certificate and gRPC's own TLS (``grpc.dynamic_ssl_server_credentials``); with
+``need.client.auth = require`` a client certificate signed by ``trustCertPath`` is required.
+gRPC asks for a certificate only when it requires one, so ``optional`` is ``none`` here.
+A rotated certificate reaches gRPC through its certificate fetcher, which gRPC calls before
+every new handshake: it hands over the files the broker's TLS poll last loaded
+(:class:`~txmq.broker.tls.ServerTls`), so remoting and gRPC always serve the same certificate.
+``permissive`` leaves the gRPC port plain: one gRPC port cannot serve both (see
+docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +26,7 @@ from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
     from ..server import BrokerController
+    from ..tls import ServerTls, TlsMaterial
     from ..transaction.service import CheckSender
 
 log = structlog.get_logger(__name__)
@@ -45,7 +57,19 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        port = server.add_insecure_port(f"{cfg.bind_address}:{self.port}")
+        address = f"{cfg.bind_address}:{self.port}"
+        tls = self.broker.tls
+        if tls is not None and cfg.tls_server_mode == "enforcing":
+            require = cfg.tls_server_need_client_auth == "require"
+            port = server.add_secure_port(address, CertificateFetcher(tls, require).credentials())
+        else:
+            if tls is not None:
+                log.warning(
+                    "grpc_plaintext",
+                    reason="tls.server.mode = permissive serves the gRPC port in plain text; "
+                    "it is TLS only with enforcing",
+                )
+            port = server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind the gRPC port {cfg.bind_address}:{self.port}")
         self.port = port
@@ -56,7 +80,11 @@ class GrpcServer:
         tx = self.broker.transactions
         self._previous_sender = tx.check_sender
         tx.check_sender = GrpcCheckSender(self.service, tx.check_sender)
-        log.info("grpc_server_started", address=f"{cfg.bind_address}:{port}")
+        log.info(
+            "grpc_server_started",
+            address=f"{cfg.bind_address}:{port}",
+            tls=tls is not None and cfg.tls_server_mode == "enforcing",
+        )
         return int(port)
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
@@ -70,6 +98,38 @@ class GrpcServer:
         if self._previous_sender is not None:
             self.broker.transactions.check_sender = self._previous_sender
         log.info("grpc_server_stopped")
+
+
+class CertificateFetcher:
+    """gRPC's certificate fetcher: the broker's TLS material, anew after each reload.
+
+    gRPC calls it from its own threads before every handshake; it only compares one reference
+    (the files are read by the broker's TLS poll, off every loop).
+    """
+
+    def __init__(self, tls: ServerTls, require_client_auth: bool) -> None:
+        self._tls = tls
+        self._require = require_client_auth
+        assert tls.material is not None
+        self._served: TlsMaterial = tls.material
+
+    def _configuration(self, m: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(m.key, m.chain)], root_certificates=m.trust if self._require else None
+        )
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self._configuration(self._served), self, require_client_authentication=self._require
+        )
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        m = self._tls.material
+        if m is None or m is self._served:
+            return None
+        self._served = m
+        log.info("grpc_certificate_reloaded", cert=self._tls.files.cert_path)
+        return self._configuration(m)
 
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"

@@ -5,6 +5,10 @@ Usage: ``python py5_client.py '<json>'``.  The JSON names the operation and its 
 the script prints one JSON document on its last stdout line and exits 0, or prints the error to
 stderr and exits 1.  Every wait is bounded by ``timeout`` seconds.
 
+Common arguments: ``endpoint``; ``access_key`` and ``secret_key`` (the client signs every call);
+``tls`` (a TLS channel: gRPC's default roots, so the caller names its CA in the environment as
+``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``).
+
 Operations:
 
 * ``send``: ``messages`` = [{body, tag, keys, properties, group, delay_ms}] -> message ids.
@@ -38,7 +42,12 @@ TransactionResolution = rocketmq.TransactionResolution
 
 
 def config(args: dict[str, Any]) -> Any:
-    return ClientConfiguration(args["endpoint"], Credentials(), request_timeout=5)
+    creds = Credentials(args.get("access_key", ""), args.get("secret_key", ""))
+    return ClientConfiguration(args["endpoint"], creds, request_timeout=5)
+
+
+def tls(args: dict[str, Any]) -> bool:
+    return bool(args.get("tls", False))
 
 
 def build(topic: str, spec: dict[str, Any]) -> Any:
@@ -80,7 +89,7 @@ class Checker(rocketmq.TransactionChecker):  # type: ignore[misc]
 
 
 def op_send(args: dict[str, Any]) -> dict[str, Any]:
-    producer = Producer(config(args), (args["topic"],))
+    producer = Producer(config(args), (args["topic"],), tls_enable=tls(args))
     producer.startup()
     try:
         ids = []
@@ -94,7 +103,7 @@ def op_send(args: dict[str, Any]) -> dict[str, Any]:
 
 def op_transaction(args: dict[str, Any]) -> dict[str, Any]:
     checker = Checker("rollback")
-    producer = Producer(config(args), (args["topic"],), checker)
+    producer = Producer(config(args), (args["topic"],), checker, tls_enable=tls(args))
     producer.startup()
     try:
         tx = producer.begin_transaction()
@@ -110,7 +119,7 @@ def op_transaction(args: dict[str, Any]) -> dict[str, Any]:
 
 def op_orphan(args: dict[str, Any]) -> dict[str, Any]:
     checker = Checker(args.get("check_answer", "commit"))
-    producer = Producer(config(args), (args["topic"],), checker)
+    producer = Producer(config(args), (args["topic"],), checker, tls_enable=tls(args))
     producer.startup()
     try:
         tx = producer.begin_transaction()
@@ -139,6 +148,7 @@ def op_receive(args: dict[str, Any]) -> dict[str, Any]:
         args["group"],
         {args["topic"]: FilterExpression(args.get("filter", "*"))},
         await_duration=args.get("await_s", 3),
+        tls_enable=tls(args),
     )
     consumer.startup()
     got: list[dict[str, Any]] = []
@@ -191,6 +201,7 @@ def op_push(args: dict[str, Any]) -> dict[str, Any]:
         args["group"],
         Listener(),
         {args["topic"]: FilterExpression(args.get("filter", "*"))},
+        tls_enable=tls(args),
     )
     consumer.startup()
     try:

@@ -88,20 +88,36 @@ def endpoint(bt: BrokerThread) -> str:
     return f"127.0.0.1:{bt.controller.grpc_port}"
 
 
-def run(py5: Path, **args: Any) -> dict[str, Any]:
-    """Run one client operation; its result, or a failure with the client's output."""
-    proc = subprocess.run(
+def _client_run(
+    py5: Path, env: dict[str, str] | None, args: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(py5), str(SCRIPT), json.dumps(args)],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def run(py5: Path, env: dict[str, str] | None = None, **args: Any) -> dict[str, Any]:
+    """Run one client operation (``env``: added to the client's environment); its result, or
+    a failure with the client's output."""
+    proc = _client_run(py5, env, args)
     if proc.returncode != 0:
         pytest.fail(
             f"client {args['op']} exited {proc.returncode}\n--- stderr ---\n"
             f"{proc.stderr[-4000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
         )
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def run_refused(py5: Path, env: dict[str, str] | None = None, **args: Any) -> str:
+    """Run one client operation that must fail; the error it printed."""
+    proc = _client_run(py5, env, args)
+    if proc.returncode == 0:
+        pytest.fail(f"client {args['op']} succeeded but should have been refused: {proc.stdout}")
+    return proc.stderr
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
