@@ -8,6 +8,7 @@ Register it once per Spark session::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -20,17 +21,36 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .options import (
+    SinkOptions,
+    SourceOptions,
     TxmqOptionError,
     check_sink_schema,
     parse_sink_options,
     parse_source_options,
 )
 from .reader import SOURCE_SCHEMA, TxmqBatchReader, TxmqStreamReader
+from .session import ssl_context
 from .writer import TxmqBatchWriter, TxmqStreamWriter
 
 
 def _columns(schema: StructType) -> dict[str, str]:
     return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+
+def _sink(options: Mapping[str, Any], schema: StructType) -> SinkOptions:
+    """The sink's options, checked against the input's columns and its TLS files loaded once on
+    the driver (a bad file fails the query at its start, not in every task)."""
+    sink = parse_sink_options(options)
+    check_sink_schema(_columns(schema), sink)
+    ssl_context(sink.tls)
+    return sink
+
+
+def _source(options: Mapping[str, Any]) -> SourceOptions:
+    """The source's options, its TLS files loaded once on the driver."""
+    source = parse_source_options(options)
+    ssl_context(source.tls)
+    return source
 
 
 class TxmqDataSource(DataSource):
@@ -50,26 +70,24 @@ class TxmqDataSource(DataSource):
     # -- sink --------------------------------------------------------------------------------
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options = parse_sink_options(self.options)
-        check_sink_schema(_columns(schema), options)
+        options = _sink(self.options, schema)
         writer: DataSourceStreamWriter = TxmqStreamWriter(options)
         return writer
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise TxmqOptionError("a txmq topic cannot be overwritten; use mode('append')")
-        options = parse_sink_options(self.options)
-        check_sink_schema(_columns(schema), options)
+        options = _sink(self.options, schema)
         writer: DataSourceWriter = TxmqBatchWriter(options)
         return writer
 
     # -- source ------------------------------------------------------------------------------
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return TxmqStreamReader(parse_source_options(self.options))
+        return TxmqStreamReader(_source(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TxmqBatchReader(parse_source_options(self.options))
+        return TxmqBatchReader(_source(self.options))
 
 
 def register(spark: Any) -> None:

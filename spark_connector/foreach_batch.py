@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from .options import parse_sink_options, stream_producer_group
-from .session import BrokerSession, run
+from .session import BrokerSession, run, ssl_context
 from .sink import (
     PartitionResult,
     decide_batch,
@@ -57,7 +57,8 @@ def txmq_foreach_batch(
         producer_group: the sink's producer group; default ``txmq-spark-<queryId>``.
         queue_column: column whose value picks the queue.
         **options: further sink options by their Spark names (``batchSize``,
-            ``maxRequestBytes``, ``maxInFlight``, ``requestTimeout``).
+            ``maxRequestBytes``, ``maxInFlight``, ``requestTimeout``, ``accessKey`` /
+            ``secretKey``, ``tls``, ``tlsCaPath``, ``tlsCertPath`` / ``tlsKeyPath``).
 
     Raises:
         TxmqOptionError: an invalid option (raised here, before the query starts).
@@ -70,6 +71,7 @@ def txmq_foreach_batch(
         **options,
     }
     sink = parse_sink_options(raw)
+    ssl_context(sink.tls)  # a TLS file that cannot be loaded fails here, not in every batch
     columns = input_columns(sink)
 
     def write_batch(df: Any, batch_id: int) -> None:
@@ -85,7 +87,9 @@ def txmq_foreach_batch(
         batch_key = stream_batch_key(query_id, batch_id)
 
         async def ask() -> dict[str, Any]:
-            async with BrokerSession(sink.broker, sink.request_timeout, sink.credentials) as s:
+            async with BrokerSession(
+                sink.broker, sink.request_timeout, sink.credentials, sink.tls
+            ) as s:
                 return await s.decide_batch(group, batch_key, query_only=True)
 
         if run(ask).get("decided"):
@@ -116,6 +120,14 @@ def txmq_foreach_batch(
             PartitionResult(group, batch_key, txid, rows, decided, index, attempt)
             for txid, rows, decided, index, attempt in collected
         ]
-        decide_batch(sink.broker, group, batch_key, results, sink.request_timeout, sink.credentials)
+        decide_batch(
+            sink.broker,
+            group,
+            batch_key,
+            results,
+            sink.request_timeout,
+            sink.credentials,
+            sink.tls,
+        )
 
     return write_batch

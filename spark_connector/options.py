@@ -22,6 +22,12 @@ option                 meaning
 ``requestTimeout``     seconds to wait for each broker answer (default 30)
 ``accessKey``          ACL account the requests are signed with (the broker's ``aclEnable``)
 ``secretKey``          its secret key (both or neither)
+``tls``                connect with TLS (default false; true checks the broker's certificate
+                       against the system's CA store)
+``tlsCaPath``          PEM CA bundle the broker's certificate is checked against (implies
+                       ``tls``)
+``tlsCertPath``        client certificate (PEM) for mutual TLS ...
+``tlsKeyPath``         ... and its private key (both or neither)
 =====================  =======================================================================
 
 Source (``spark.readStream.format("txmq")`` and ``spark.read.format("txmq")``):
@@ -56,7 +62,13 @@ option                      meaning
 ``accessKey``               ACL account the requests are signed with (the broker's
                             ``aclEnable``)
 ``secretKey``               its secret key (both or neither)
+``tls``, ``tlsCaPath``,     TLS to the broker, as for the sink
+``tlsCertPath``,
+``tlsKeyPath``
 ==========================  ==================================================================
+
+The TLS files are read where a connection is opened: on the driver (offsets, batch decisions)
+and on every executor, so the paths must be valid on all of them.
 """
 
 from __future__ import annotations
@@ -119,7 +131,33 @@ SOURCE_OPTION_NAMES = (
     "requestTimeout",
     "accessKey",
     "secretKey",
+    "tls",
+    "tlsCaPath",
+    "tlsCertPath",
+    "tlsKeyPath",
 )
+
+#: Every option the sink understands (Spark's own :data:`SPARK_SINK_OPTION_NAMES` aside).
+SINK_OPTION_NAMES = (
+    "broker",
+    "topic",
+    "producerGroup",
+    "queueColumn",
+    "batchSize",
+    "maxRequestBytes",
+    "maxInFlight",
+    "requestTimeout",
+    "accessKey",
+    "secretKey",
+    "tls",
+    "tlsCaPath",
+    "tlsCertPath",
+    "tlsKeyPath",
+)
+
+#: What Spark itself puts into a sink's options: ``writeStream.option("checkpointLocation")``,
+#: ``queryName(...)`` and ``start(path)`` / ``save(path)`` (which the sink ignores).
+SPARK_SINK_OPTION_NAMES = ("checkpointLocation", "queryName", "path")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|d)\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -190,6 +228,43 @@ def _credential_options(opts: dict[str, str]) -> dict[str, str | None]:
             "options accessKey and secretKey go together: give both (an ACL account) or neither"
         )
     return {"access_key": access_key or None, "secret_key": secret_key or None}
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS to the broker (options ``tls``, ``tlsCaPath``, ``tlsCertPath``, ``tlsKeyPath``).
+
+    Only file paths: an :class:`ssl.SSLContext` cannot be pickled, so every driver callback and
+    executor task builds its own from these (:func:`txmq.spark_connector.session.ssl_context`).
+
+    Attributes:
+        ca_path: PEM CA bundle the broker's certificate is checked against, or None for the
+            system's CA store.
+        cert_path: client certificate for mutual TLS, or None.
+        key_path: its private key, or None.
+    """
+
+    ca_path: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+
+
+def _tls_options(opts: dict[str, str]) -> TlsOptions | None:
+    """``tls`` / ``tlsCaPath`` / ``tlsCertPath`` / ``tlsKeyPath``: a path turns TLS on."""
+    ca, cert, key = _get(opts, "tlsCaPath"), _get(opts, "tlsCertPath"), _get(opts, "tlsKeyPath")
+    if bool(cert) != bool(key):
+        raise TxmqOptionError(
+            "options tlsCertPath and tlsKeyPath go together: give both (a client certificate "
+            "for mutual TLS) or neither"
+        )
+    paths = [n for n, v in (("tlsCaPath", ca), ("tlsCertPath", cert), ("tlsKeyPath", key)) if v]
+    enabled = _bool(opts, "tls", bool(paths))
+    if not enabled and paths:
+        raise TxmqOptionError(
+            f"option tls is false, but {' and '.join(paths)} {'is' if len(paths) == 1 else 'are'}"
+            " only used with TLS: drop them or set tls to true"
+        )
+    return TlsOptions(ca, cert, key) if enabled else None
 
 
 def _credentials(access_key: str | None, secret_key: str | None) -> Credentials | None:
@@ -270,6 +345,7 @@ class SinkOptions:
         request_timeout: seconds to wait for each answer.
         access_key: the ACL account requests are signed with, or None.
         secret_key: its secret (never in ``repr``).
+        tls: TLS to the broker, or None for plain TCP.
     """
 
     broker: str
@@ -282,6 +358,7 @@ class SinkOptions:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
 
     @property
     def credentials(self) -> Credentials | None:
@@ -292,8 +369,9 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     """Parse the sink's options.
 
     Raises:
-        TxmqOptionError: a missing or invalid option.
+        TxmqOptionError: a missing, invalid or unknown option.
     """
+    check_known_options(options, SINK_OPTION_NAMES, "sink", SPARK_SINK_OPTION_NAMES)
     opts = _lower(options)
     topic = _get(opts, "topic")
     group = _get(opts, "producerGroup")
@@ -313,6 +391,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         max_in_flight=_int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, maximum=64),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
         **_credential_options(opts),
+        tls=_tls_options(opts),
     )
 
 
@@ -380,6 +459,7 @@ class SourceOptions:
         request_timeout: seconds to wait for each answer.
         access_key: the ACL account requests are signed with, or None.
         secret_key: its secret (never in ``repr``).
+        tls: TLS to the broker, or None for plain TCP.
     """
 
     broker: str
@@ -399,6 +479,7 @@ class SourceOptions:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
 
     @property
     def credentials(self) -> Credentials | None:
@@ -539,13 +620,16 @@ def parse_duration(raw: str, name: str) -> float:
     return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
 
 
-def check_known_options(options: Mapping[str, Any], known: tuple[str, ...], what: str) -> None:
-    """Refuse options nobody reads (a typo would otherwise be silently ignored).
+def check_known_options(
+    options: Mapping[str, Any], known: tuple[str, ...], what: str, also: tuple[str, ...] = ()
+) -> None:
+    """Refuse options nobody reads (a typo would otherwise be silently ignored); ``also`` are
+    accepted without being listed as known.
 
     Raises:
         TxmqOptionError: naming every unknown option.
     """
-    names = {k.lower() for k in known}
+    names = {k.lower() for k in known + also}
     unknown = sorted(str(k) for k in options if str(k).lower() not in names)
     if unknown:
         raise TxmqOptionError(
@@ -627,6 +711,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
         **_credential_options(opts),
+        tls=_tls_options(opts),
     )
 
 

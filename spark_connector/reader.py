@@ -141,7 +141,9 @@ def latest_offsets(options: SourceOptions) -> OffsetMap:
     do not exist)."""
 
     async def go() -> OffsetMap:
-        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
+        async with BrokerSession(
+            options.broker, options.request_timeout, options.credentials, options.tls
+        ) as s:
             return await _all_offsets(s, await resolve_topics(s, options), latest=True)
 
     return normalize_offsets(run(go))
@@ -164,7 +166,9 @@ def initial_offsets(options: SourceOptions) -> OffsetMap:
     start = options.starting_offsets
 
     async def go() -> OffsetMap:
-        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
+        async with BrokerSession(
+            options.broker, options.request_timeout, options.credentials, options.tls
+        ) as s:
             topics = await resolve_topics(s, options)
             if (
                 start == LATEST
@@ -235,7 +239,9 @@ def sample_sizes(options: SourceOptions, start: OffsetMap, latest: OffsetMap) ->
     ]
 
     async def go() -> list[int]:
-        async with BrokerSession(options.broker, options.request_timeout, options.credentials) as s:
+        async with BrokerSession(
+            options.broker, options.request_timeout, options.credentials, options.tls
+        ) as s:
             results = await asyncio.gather(*(s.pull(t, q, o, n) for t, q, o, n in wanted))
         return [len(m.body) for r in results if r.status is PullStatus.FOUND for m in r.messages]
 
@@ -316,8 +322,10 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
         TxmqError: a pull failed, messages in the range were deleted (unless
             ``failOnDataLoss=false``), or the queue ends before the range does.
     """
+    session = BrokerSession(
+        options.broker, options.request_timeout, options.credentials, options.tls
+    )
     runner = LoopThread(name="txmq-spark-read")
-    session = BrokerSession(options.broker, options.request_timeout, options.credentials)
     try:
         runner.run(session.__aenter__())
         offset = part.start

@@ -5,6 +5,9 @@ and commit workers).  Each call opens one :class:`BrokerSession` on a private ev
 of its own (:func:`run`, the SDK's sync-over-async bridge), does its requests, and closes the
 connection and the loop again, so nothing outlives the task that opened it.
 
+With TLS options the session builds its :class:`ssl.SSLContext` from the configured files where
+it runs (a context cannot be pickled and shipped from the driver).
+
 The session's connection announces **no producer group**: the broker only sends
 CHECK_TRANSACTION_STATE to registered groups, so the sink's pending halves never use up a check
 budget; they wait for the batch decision (TXMQ_DECIDE_BATCH) instead.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -23,12 +27,15 @@ import structlog
 from txmq.client import BrokerConnection, ClientConfig
 from txmq.client.admin import ROLLBACK
 from txmq.client.bridge import run_coroutine
+from txmq.client.config import tls_context
 from txmq.client.pull_consumer import PullResult, get_max_offset, get_min_offset, pull_messages
 from txmq.client.route import TopicRoute, fetch_route
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
-from txmq.protocol.errors import error_for_code
+from txmq.protocol.errors import ConnectionClosedError, error_for_code
 from txmq.protocol.headers import DecideBatchRequestHeader, ForceDecideRequestHeader
+
+from .options import TlsOptions, TxmqOptionError
 
 log = structlog.get_logger(__name__)
 
@@ -52,21 +59,48 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
     return run_coroutine(call())
 
 
+def ssl_context(tls: TlsOptions | None) -> ssl.SSLContext | None:
+    """The client TLS context of the ``tls*`` options (None: plain TCP).
+
+    Raises:
+        TxmqOptionError: a file cannot be read or does not hold what it should (naming the
+            option and the file).
+    """
+    if tls is None:
+        return None
+    try:
+        return tls_context(tls.ca_path, tls.cert_path, tls.key_path)
+    except ValueError as exc:
+        option = "tlsCaPath" if "CA file" in str(exc) else "tlsCertPath/tlsKeyPath"
+        raise TxmqOptionError(f"option {option}: {exc}") from None
+
+
 class BrokerSession:
     """One broker connection used by one Spark task or driver callback.
 
     Args:
         broker: ``host:port``.
         request_timeout: seconds to wait for each answer.
+        credentials: the ACL account requests are signed with, or None.
+        tls: TLS to the broker, or None for plain TCP.
 
     Use as ``async with BrokerSession(...) as session:``.
+
+    Raises:
+        TxmqOptionError: the TLS files cannot be loaded.
     """
 
     def __init__(
-        self, broker: str, request_timeout: float = 30.0, credentials: Credentials | None = None
+        self,
+        broker: str,
+        request_timeout: float = 30.0,
+        credentials: Credentials | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.broker = broker
         self.request_timeout = request_timeout
+        self.tls = tls
+        context = ssl_context(tls)
         self.connection = BrokerConnection(
             broker,
             ClientConfig(
@@ -74,11 +108,25 @@ class BrokerSession:
                 connect_timeout=10.0,
                 access_key=credentials.access_key if credentials else None,
                 secret_key=credentials.secret_key if credentials else None,
+                tls=context if context is not None else False,
             ),
         )
 
     async def __aenter__(self) -> BrokerSession:
-        await self.connection.start()
+        try:
+            await self.connection.start()
+        except ConnectionClosedError as exc:
+            if self.tls is None or "TLS handshake" not in str(exc):
+                raise
+            trusted = (
+                f"the CA file {self.tls.ca_path!r} (option tlsCaPath)"
+                if self.tls.ca_path
+                else "the system's CA store (no tlsCaPath given)"
+            )
+            raise ConnectionClosedError(
+                f"{exc} -- the broker's certificate was checked against {trusted}; is that the "
+                "CA that signed it?"
+            ) from exc
         return self
 
     async def __aexit__(
@@ -173,4 +221,4 @@ def check_success(code: int, remark: str | None, what: str) -> None:
         raise error_for_code(code, f"{what}: {remark or 'no remark'}")
 
 
-__all__ = ["BrokerSession", "READER_GROUP", "check_success", "run"]
+__all__ = ["BrokerSession", "READER_GROUP", "check_success", "run", "ssl_context"]

@@ -55,7 +55,7 @@ from txmq.protocol.message import (
     properties_to_string,
 )
 
-from .options import SinkOptions, TxmqOptionError, validate_topic
+from .options import SinkOptions, TlsOptions, TxmqOptionError, validate_topic
 from .session import BrokerSession, check_success, run
 
 log = structlog.get_logger(__name__)
@@ -426,7 +426,7 @@ def write_partition(
 
     async def go() -> PartitionResult:
         async with BrokerSession(
-            options.broker, options.request_timeout, options.credentials
+            options.broker, options.request_timeout, options.credentials, options.tls
         ) as session:
             if skip_if_decided:
                 answer = await session.decide_batch(group, batch_key, query_only=True)
@@ -483,6 +483,7 @@ def decide_batch(
     results: Iterable[PartitionResult | None],
     request_timeout: float = 30.0,
     credentials: Credentials | None = None,
+    tls: TlsOptions | None = None,
 ) -> dict[str, Any]:
     """Commit the successful attempts' transactions of a batch and roll back the rest.
 
@@ -506,7 +507,7 @@ def decide_batch(
     )
 
     async def go() -> dict[str, Any]:
-        async with BrokerSession(broker, request_timeout, credentials) as session:
+        async with BrokerSession(broker, request_timeout, credentials, tls) as session:
             return await session.decide_batch(group, batch_key, commit)
 
     answer = run(go)
@@ -534,6 +535,7 @@ def rollback_transactions(
     transaction_ids: Iterable[str],
     request_timeout: float = 30.0,
     credentials: Credentials | None = None,
+    tls: TlsOptions | None = None,
 ) -> list[str]:
     """Roll back the given transactions (best effort: failures are logged, not raised).
 
@@ -546,7 +548,7 @@ def rollback_transactions(
 
     async def go() -> list[str]:
         failed: list[str] = []
-        async with BrokerSession(broker, request_timeout, credentials) as session:
+        async with BrokerSession(broker, request_timeout, credentials, tls) as session:
             for txid in ids:
                 try:
                     await session.rollback(txid)

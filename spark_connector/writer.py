@@ -147,6 +147,7 @@ class TxmqStreamWriter(_StreamWriterBase):
             results,
             self.options.request_timeout,
             self.options.credentials,
+            self.options.tls,
         )
         _crash_point("after_decide", batchId)
 
@@ -157,7 +158,11 @@ class TxmqStreamWriter(_StreamWriterBase):
         ids = [r.transaction_id for r in _results(messages) if r.transaction_id]
         log.warning("sink_batch_aborted", batch_id=batchId, transactions=len(ids))
         rollback_transactions(
-            self.options.broker, ids, self.options.request_timeout, self.options.credentials
+            self.options.broker,
+            ids,
+            self.options.request_timeout,
+            self.options.credentials,
+            self.options.tls,
         )
 
 
@@ -195,6 +200,7 @@ class TxmqBatchWriter(_BatchWriterBase):
             _results(messages),
             self.options.request_timeout,
             self.options.credentials,
+            self.options.tls,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -208,4 +214,5 @@ class TxmqBatchWriter(_BatchWriterBase):
             [],
             self.options.request_timeout,
             self.options.credentials,
+            self.options.tls,
         )

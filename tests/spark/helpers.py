@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.conftest import FAST, BrokerThread
 from txmq.broker.config import BrokerConfig
-from txmq.client import PullConsumer, PullStatus
+from txmq.client import ClientConfig, PullConsumer, PullStatus
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.message import MessageExt
 
@@ -72,10 +72,11 @@ def running_spark(master: str, app: str, **conf: str) -> Iterator[Any]:
         session.stop()
 
 
-def pull_all(address: str, topic: str) -> list[MessageExt]:
-    """Every message of every queue of ``topic``, pulled with the SDK's pull consumer."""
+def pull_all(address: str, topic: str, config: ClientConfig | None = None) -> list[MessageExt]:
+    """Every message of every queue of ``topic``, pulled with the SDK's pull consumer (with
+    ``config``: e.g. TLS)."""
     out: list[MessageExt] = []
-    with PullConsumer("spark-test-check", broker=address) as consumer:
+    with PullConsumer("spark-test-check", broker=address, config=config) as consumer:
         try:
             queues = consumer.fetch_queues(topic)
         except Exception:  # the topic was never created: nothing was delivered

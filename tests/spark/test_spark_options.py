@@ -4,6 +4,7 @@ and no broker."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -353,3 +354,45 @@ def test_offsets_behind_from_query_progress() -> None:
         "totalOffsetsBehindLatest": 12,
     }
     assert offsets_behind({"endOffset": None, "latestOffset": None}) == {}
+
+
+# --- TLS and unknown sink options ------------------------------------------------------------
+
+
+def test_tls_options_of_sink_and_source() -> None:
+    from txmq.spark_connector.options import TlsOptions
+
+    assert parse_sink_options({**BROKER, "topic": "a"}).tls is None
+    assert parse_sink_options({**BROKER, "topic": "a", "tls": "true"}).tls == TlsOptions()
+    # A path turns TLS on; keys are case-insensitive, as all of Spark's.
+    mutual = {"TLSCAPATH": "/ca.pem", "tlsCertPath": "/c.pem", "tlsKeyPath": "/c.key"}
+    assert parse_source_options({**BROKER, "topic": "a", **mutual}).tls == TlsOptions(
+        "/ca.pem", "/c.pem", "/c.key"
+    )
+    assert parse_sink_options({**BROKER, "tls": "false"}).tls is None
+    with pytest.raises(TxmqOptionError, match="tlsCertPath and tlsKeyPath go together"):
+        parse_sink_options({**BROKER, "tlsCertPath": "/c.pem"})
+    with pytest.raises(TxmqOptionError, match="option tls is false, but tlsCaPath is only used"):
+        parse_source_options({**BROKER, "topic": "a", "tls": "false", "tlsCaPath": "/ca.pem"})
+    with pytest.raises(TxmqOptionError, match="option 'tls' must be true or false"):
+        parse_sink_options({**BROKER, "tls": "mutual"})
+
+
+def test_unknown_sink_options_are_refused_by_name_but_spark_s_own_pass() -> None:
+    with pytest.raises(TxmqOptionError, match=r"unknown option for the txmq sink: 'tlsCA'"):
+        parse_sink_options({**BROKER, "tlsCA": "/ca.pem"})
+    parse_sink_options(
+        {**BROKER, "checkpointlocation": "/ckpt", "queryname": "q", "path": "/p", "TLS": "1"}
+    )
+
+
+def test_tls_files_are_loaded_with_errors_naming_the_option(tmp_path: Path) -> None:
+    from txmq.spark_connector.options import TlsOptions
+    from txmq.spark_connector.session import ssl_context
+
+    assert ssl_context(None) is None
+    assert ssl_context(TlsOptions()) is not None  # the system's CA store
+    with pytest.raises(TxmqOptionError, match="option tlsCaPath: cannot load the TLS CA file"):
+        ssl_context(TlsOptions(ca_path=str(tmp_path / "missing.pem")))
+    with pytest.raises(TxmqOptionError, match="option tlsCertPath/tlsKeyPath: cannot load"):
+        ssl_context(TlsOptions(cert_path=str(tmp_path / "c.pem"), key_path=str(tmp_path / "k")))
