@@ -185,6 +185,19 @@ def failing_body_udf(
     return F.udf(body, "string", useArrow=False)
 
 
+def slow_body_udf(seconds_per_row: float) -> Any:
+    """A Python UDF ``id -> "order-<id>|"`` that takes ``seconds_per_row`` per row: a
+    micro-batch's writers then store halves for a while before the batch is decided, a window
+    in which a test can kill the broker."""
+    from pyspark.sql import functions as F
+
+    def body(i: Any) -> Any:
+        time.sleep(seconds_per_row)
+        return f"order-{i}|"
+
+    return F.udf(body, "string", useArrow=False)
+
+
 def order_ids(messages: list[MessageExt]) -> list[int]:
     """The ids in ``order-<id>|...`` bodies, sorted."""
     return sorted(int(m.body.split(b"|")[0].split(b"-")[1]) for m in messages)
