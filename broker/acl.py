@@ -1,4 +1,5 @@
-"""ACL 1.0 (RocketMQ's plain access control) on the remoting port.
+"""ACL 1.0 (RocketMQ's plain access control) on the remoting port; the gRPC front end checks its
+calls with the same accounts through :mod:`txmq.broker.grpc.auth`.
 
 Turned on with ``aclEnable = true``; the accounts live in a YAML file in RocketMQ's
 ``plain_acl.yml`` shape (``plainAclFile``, see docs/security.md).  PyYAML reads it: the file
@@ -25,7 +26,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -70,6 +71,15 @@ _COMMIT = 0x8
 
 class AclConfigError(ValueError):
     """The ACL file cannot be used; the message names the file and the entry."""
+
+
+class AclDenied(NoPermissionError):
+    """A refused request; ``authentication`` tells a failed identity check (no or unknown
+    key, forbidden address, bad signature) from a missing permission."""
+
+    def __init__(self, message: str, *, authentication: bool) -> None:
+        super().__init__(message)
+        self.authentication = authentication
 
 
 def perm_name(perm: int) -> str:
@@ -348,7 +358,7 @@ ADMIN_CODES = frozenset(
 )
 
 
-def _topic_or_group(topic: str, perm: int) -> Need:
+def topic_or_group(topic: str, perm: int) -> Need:
     """A retry topic stands for its consumer group."""
     if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
         return Need(topic[len(RETRY_GROUP_TOPIC_PREFIX) :], True, SUB)
@@ -374,7 +384,7 @@ def _heartbeat_needs(body: bytes) -> list[Need]:
         needs.append(Need(str(c["groupName"]), True, SUB))
         for s in c.get("subscriptionDataSet") or []:
             if isinstance(s, dict) and s.get("topic"):
-                needs.append(_topic_or_group(str(s["topic"]), SUB))
+                needs.append(topic_or_group(str(s["topic"]), SUB))
     return needs
 
 
@@ -404,7 +414,7 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
             h = SendMessageRequestHeader.from_v2_ext_fields(ext)
         else:
             h = SendMessageRequestHeader.from_ext_fields(ext)
-        needs = [_topic_or_group(h.topic, PUB)]
+        needs = [topic_or_group(h.topic, PUB)]
         if h.sys_flag & _TRANSACTION_PREPARED:
             needs.append(Need(h.producer_group, True, PUB))
         return False, needs
@@ -412,7 +422,7 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         b = ConsumerSendMsgBackRequestHeader.from_ext_fields(ext)
         needs = [Need(b.group, True, SUB)]
         if b.origin_topic:
-            needs.append(_topic_or_group(b.origin_topic, SUB))
+            needs.append(topic_or_group(b.origin_topic, SUB))
         return False, needs
     if code in (R.PULL_MESSAGE, R.QUERY_CONSUMER_OFFSET, R.UPDATE_CONSUMER_OFFSET):
         group, topic = _field(ext, "consumerGroup"), _field(ext, "topic")
@@ -420,7 +430,7 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         if group:
             needs.append(Need(group, True, SUB))
         if topic:
-            needs.append(_topic_or_group(topic, SUB))
+            needs.append(topic_or_group(topic, SUB))
         return False, needs
     if code == R.HEART_BEAT:
         return False, _heartbeat_needs(cmd.body)
@@ -429,14 +439,14 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         return False, [Need(group, True, SUB)] if group else []
     if code in (R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP):
         topic = _field(ext, "topic")
-        return False, [_topic_or_group(topic, SUB)] if topic else []
+        return False, [topic_or_group(topic, SUB)] if topic else []
     if code == R.GET_ROUTEINFO_BY_TOPIC and _field(ext, "topic") == AUTO_CREATE_TOPIC_KEY_TOPIC:
         # Stock clients ask for the auto-create template's route before a new topic's first
         # send; the send itself needs PUB on the new topic.
         return False, []
     if code in (R.GET_ROUTEINFO_BY_TOPIC, R.GET_TOPIC_STATS_INFO):
         topic = _field(ext, "topic")
-        return False, [_topic_or_group(topic, ANY)] if topic else []
+        return False, [topic_or_group(topic, ANY)] if topic else []
     if code == R.END_TRANSACTION:
         e = EndTransactionRequestHeader.from_ext_fields(ext)
         rec = tx.machine.find(e.transaction_id, e.commit_log_offset)
@@ -531,73 +541,115 @@ class AclManager:
 
     # -- the check ------------------------------------------------------------------------------
 
-    def _refuse(self, conn: Connection, cmd: RemotingCommand, ak: str | None, why: str) -> NoReturn:
-        log.warning(
-            "acl_refused",
-            peer=f"{conn.peer[0]}:{conn.peer[1]}",
-            code=cmd.code,
-            access_key=ak,
-            reason=why,
-        )
-        raise NoPermissionError(f"ACL: {why}")
+    def refuse(self, why: str, ak: str | None, where: dict[str, Any], *, authn: bool) -> NoReturn:
+        """Log the refusal (never the secret) and raise :class:`AclDenied`."""
+        log.warning("acl_refused", **where, access_key=ak, reason=why)
+        raise AclDenied(f"ACL: {why}", authentication=authn)
 
-    def check(self, conn: Connection, cmd: RemotingCommand) -> None:
-        """Let the request through or raise :class:`NoPermissionError` saying why."""
+    def authenticate(
+        self,
+        host: str,
+        ak: str | None,
+        signed: Callable[[Account], bool],
+        what: str,
+        where: dict[str, Any],
+    ) -> Account | None:
+        """Who makes a request: ``None`` for a peer trusted by ``globalWhiteRemoteAddresses``,
+        else the account of ``ak``, used from an address it allows, whose secret
+        ``signed(account)`` confirms.  ``what`` names the request in refusals, ``where`` goes
+        into the log line.
+
+        Raises:
+            AclDenied: (``authentication`` true) saying which check failed.
+        """
         cfg = self.config
-        host = conn.peer[0]
         if cfg.trusted(host):
-            conn.context[CONTEXT_KEY] = ""
-            return
-        ext = cmd.ext_fields
-        ak = ext.get(ACCESS_KEY)
-        if not isinstance(ak, str) or not ak:
-            self._refuse(
-                conn, cmd, None, f"request code {_code_name(cmd.code)} carries no AccessKey"
-            )
+            return None
+        if not ak:
+            self.refuse(f"{what} carries no AccessKey", None, where, authn=True)
         account = cfg.accounts.get(ak)
         if account is None:
-            self._refuse(conn, cmd, ak, f"unknown AccessKey {ak!r}")
+            self.refuse(f"unknown AccessKey {ak!r}", ak, where, authn=True)
         wra = account.white_remote_address
         if wra is not None and not wra.blank and not wra.match(host):
-            self._refuse(
-                conn,
-                cmd,
-                ak,
+            self.refuse(
                 f"forbidden address: AccessKey {ak!r} may not be used from {host} "
                 f"(whiteRemoteAddress {wra.spec})",
-            )
-        if not verify_signature(ext, cmd.body, account.secret_key):
-            self._refuse(conn, cmd, ak, f"bad signature for AccessKey {ak!r}")
-        assert self.transactions is not None
-        admin_only, needs = requirements(cmd, self.transactions)
-        if admin_only and not account.admin:
-            self._refuse(
-                conn,
-                cmd,
                 ak,
-                f"request code {_code_name(cmd.code)} needs an admin account; "
-                f"AccessKey {ak!r} is not admin",
+                where,
+                authn=True,
+            )
+        if not signed(account):
+            self.refuse(f"bad signature for AccessKey {ak!r}", ak, where, authn=True)
+        return account
+
+    def authorize(
+        self,
+        account: Account,
+        admin_only: bool,
+        needs: Iterable[Need],
+        what: str,
+        where: dict[str, Any],
+    ) -> None:
+        """Whether ``account`` may make a request that needs ``needs`` (and an admin account
+        when ``admin_only``).
+
+        Raises:
+            AclDenied: (``authentication`` false) naming the missing permission.
+        """
+        ak = account.access_key
+        if admin_only and not account.admin:
+            self.refuse(
+                f"{what} needs an admin account; AccessKey {ak!r} is not admin",
+                ak,
+                where,
+                authn=False,
             )
         for need in needs:
             owned = account.perm(need.resource, need.group)
             if not permits(owned, need.perm):
                 wanted = "PUB or SUB" if need.perm & ANY else perm_name(need.perm)
-                self._refuse(
-                    conn,
-                    cmd,
-                    ak,
+                self.refuse(
                     f"missing permission: AccessKey {ak!r} has {perm_name(owned)} on "
-                    f"{need.describe()}, request code {_code_name(cmd.code)} needs {wanted}",
+                    f"{need.describe()}, {what} needs {wanted}",
+                    ak,
+                    where,
+                    authn=False,
                 )
-        conn.context[CONTEXT_KEY] = ak
+
+    def check(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """Let the request through or raise :class:`NoPermissionError` saying why."""
+        ext = cmd.ext_fields
+        ak = ext.get(ACCESS_KEY)
+        what = f"request code {_code_name(cmd.code)}"
+        where = {"peer": f"{conn.peer[0]}:{conn.peer[1]}", "code": cmd.code}
+        account = self.authenticate(
+            conn.peer[0],
+            ak if isinstance(ak, str) else None,
+            lambda a: verify_signature(ext, cmd.body, a.secret_key),
+            what,
+            where,
+        )
+        if account is None:
+            conn.context[CONTEXT_KEY] = ""
+            return
+        assert self.transactions is not None
+        admin_only, needs = requirements(cmd, self.transactions)
+        self.authorize(account, admin_only, needs, what, where)
+        conn.context[CONTEXT_KEY] = account.access_key
+
+    def may(self, host: str, ak: str | None, need: Need) -> bool:
+        """Whether a peer at ``host`` authenticated as ``ak`` ("" when it was trusted) holds
+        ``need`` under the accounts in force now."""
+        cfg = self.config
+        if cfg.trusted(host):
+            return True
+        account = cfg.accounts.get(ak) if ak else None
+        return account is not None and permits(account.perm(need.resource, need.group), need.perm)
 
     def may_produce(self, conn: Connection, group: str) -> bool:
         """Whether a check-back for ``group`` may go to ``conn``: its peer is trusted, or its
         last accepted request came from an account with PUB on the group (under the accounts
         in force now)."""
-        cfg = self.config
-        if cfg.trusted(conn.peer[0]):
-            return True
         ak = conn.context.get(CONTEXT_KEY)
-        account = cfg.accounts.get(ak) if isinstance(ak, str) and ak else None
-        return account is not None and permits(account.perm(group, True), PUB)
+        return self.may(conn.peer[0], ak if isinstance(ak, str) else None, Need(group, True, PUB))

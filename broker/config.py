@@ -126,11 +126,6 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         self._check_tls()
-        if self.acl_enable and self.grpc_server_enable:
-            raise ConfigError(
-                "aclEnable covers the remoting port only: the gRPC front end does not check "
-                "credentials yet, so turn grpcServerEnable off while aclEnable is on"
-            )
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(
                 f"flushDiskType must be one of {', '.join(FLUSH_TYPES)}, got {self.flush_disk_type!r}"

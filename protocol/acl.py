@@ -10,6 +10,12 @@ part.  This is how RocketMQ's broker computes it, so stock clients that sign (th
 
 Values that travel natively in txmq's msgpack headers (ints, bools) are signed in the text form
 the string encodings would carry (``"true"``, ``"42"``), on both sides.
+
+RocketMQ 5 clients sign gRPC calls differently: every call carries the metadata
+``x-mq-date-time`` (``20240102T030405Z``) and ``authorization`` =
+``MQv2-HMAC-SHA1 Credential=<AccessKey>, SignedHeaders=x-mq-date-time, Signature=<hex>``, the
+signature being the hex of HmacSHA1 keyed with the secret key over the ``x-mq-date-time`` value
+(RocketMQ's ``AuthorizationHeader``; ``Credential`` may go on with ``/region/channel``).
 """
 
 from __future__ import annotations
@@ -80,3 +86,64 @@ class Credentials:
         if self.security_token:
             ext[SECURITY_TOKEN] = self.security_token
         ext[SIGNATURE] = calc_signature(signed_content(ext, cmd.body), self.secret_key)
+
+
+# -- gRPC (RocketMQ 5 clients) ----------------------------------------------------------------
+
+#: Metadata keys of a signed gRPC call.
+GRPC_AUTHORIZATION = "authorization"
+GRPC_DATE_TIME = "x-mq-date-time"
+#: The only signing algorithm RocketMQ 5 clients use.
+GRPC_ALGORITHM = "MQv2-HMAC-SHA1"
+
+
+@dataclass(frozen=True)
+class GrpcAuthorization:
+    """A parsed ``authorization`` value (``access_key`` "" when it names none)."""
+
+    access_key: str
+    signature: str = field(repr=False)
+    signed_headers: tuple[str, ...] = ()
+
+
+def parse_grpc_authorization(value: str) -> GrpcAuthorization:
+    """Read an ``authorization`` metadata value.
+
+    Raises:
+        ValueError: saying what is wrong with it.
+    """
+    algorithm, _, rest = value.strip().partition(" ")
+    if algorithm != GRPC_ALGORITHM:
+        raise ValueError(f"signing algorithm must be {GRPC_ALGORITHM}, got {algorithm[:40]!r}")
+    items: dict[str, str] = {}
+    for part in rest.split(","):
+        key, eq, val = part.strip().partition("=")
+        if not eq:
+            raise ValueError(f"cannot read {part.strip()[:40]!r}")
+        items[key.strip()] = val.strip()
+    # An empty Credential is what clients without credentials send: no access key.
+    ak = items.get("Credential", "").split("/")[0]
+    signature = items.get("Signature", "")
+    if not signature:
+        raise ValueError("no Signature")
+    headers = tuple(h for h in items.get("SignedHeaders", "").split(";") if h)
+    return GrpcAuthorization(ak, signature, headers)
+
+
+def grpc_signature(secret_key: str, date_time: str) -> str:
+    """hex(HmacSHA1(secret_key, date_time)), what a RocketMQ 5 client sends."""
+    return hmac.new(secret_key.encode("utf-8"), date_time.encode("utf-8"), hashlib.sha1).hexdigest()
+
+
+def grpc_authorization(access_key: str, secret_key: str, date_time: str) -> str:
+    """The ``authorization`` value a RocketMQ 5 client sends with ``x-mq-date-time``."""
+    return (
+        f"{GRPC_ALGORITHM} Credential={access_key}, SignedHeaders={GRPC_DATE_TIME}, "
+        f"Signature={grpc_signature(secret_key, date_time)}"
+    )
+
+
+def verify_grpc_signature(auth: GrpcAuthorization, date_time: str, secret_key: str) -> bool:
+    """Whether the signature matches (hex, either case; compared in constant time)."""
+    expected = grpc_signature(secret_key, date_time)
+    return hmac.compare_digest(expected.encode("ascii"), auth.signature.lower().encode("utf-8"))

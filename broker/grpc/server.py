@@ -21,7 +21,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from .service import GrpcCheckSender, Malformed, MessagingService
+from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class GrpcServer:
         self._server: grpc.aio.Server | None = None
         self.service: MessagingService | None = None
         self._previous_sender: CheckSender | None = None
+        self._previous_filter: Callable[[Any, str], bool] | None = None
 
     async def start(self) -> int:
         cfg = self.broker.config
@@ -80,12 +81,25 @@ class GrpcServer:
         tx = self.broker.transactions
         self._previous_sender = tx.check_sender
         tx.check_sender = GrpcCheckSender(self.service, tx.check_sender)
+        if self.service.access is not None:
+            clients = self.broker.clients
+            self._previous_filter = clients.producer_filter
+            clients.producer_filter = self._producer_filter
         log.info(
             "grpc_server_started",
             address=f"{cfg.bind_address}:{port}",
             tls=tls is not None and cfg.tls_server_mode == "enforcing",
         )
         return int(port)
+
+    def _producer_filter(self, conn: Any, group: str) -> bool:
+        """With the ACL on: which producers may be asked about a transaction of ``group``
+        (gRPC clients by the accounts of their streams, remoting connections as before)."""
+        if isinstance(conn, GrpcPeer):
+            assert self.service is not None
+            return self.service.may_check(conn, group)
+        previous = self._previous_filter
+        return previous is None or previous(conn, group)
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Stop accepting, end the Telemetry streams, give other calls ``grace`` seconds."""
@@ -97,6 +111,8 @@ class GrpcServer:
         await server.stop(grace)
         if self._previous_sender is not None:
             self.broker.transactions.check_sender = self._previous_sender
+        if self.service is not None and self.service.access is not None:
+            self.broker.clients.producer_filter = self._previous_filter
         log.info("grpc_server_stopped")
 
 
@@ -150,9 +166,24 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _unary(method: Callable[..., Any]) -> Callable[..., Any]:
+def _refusal(response: Any, request: Any, st: Any) -> Any:
+    """The answer to a call the ACL refused: ``st`` in the response's Status (and in each entry
+    of a SendMessage answer, as for any refused send)."""
+    out = response(status=st)
+    if response is spb.SendMessageResponse and not isinstance(request, Malformed):
+        out.entries.extend(spb.SendResultEntry(status=st) for _ in request.messages)
+    return out
+
+
+def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
+    method = getattr(service, name)
+
     @functools.wraps(method)
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if service.access is not None:
+            refused = service.admit(name, request, context)
+            if refused is not None:
+                return _refusal(response, request, refused)
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
         return await method(request, context)
@@ -160,9 +191,16 @@ def _unary(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _server_streaming(method: Callable[..., Any]) -> Callable[..., Any]:
+def _server_streaming(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
+    method = getattr(service, name)
+
     @functools.wraps(method)
     async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if service.access is not None:
+            refused = service.admit(name, request, context)
+            if refused is not None:
+                yield _refusal(response, request, refused)
+                return
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
         async for item in method(request, context):
@@ -177,18 +215,23 @@ def handlers(service: MessagingService) -> grpc.GenericRpcHandler:
     table: dict[str, grpc.RpcMethodHandler] = {}
     for m in desc.methods:
         req = _deserializer(getattr(spb, m.input_type.name))
-        resp = getattr(spb, m.output_type.name).SerializeToString
-        impl = getattr(service, m.name)
+        response = getattr(spb, m.output_type.name)
+        resp = response.SerializeToString
         if m.client_streaming and m.server_streaming:
+            # Telemetry checks its stream and each Settings command itself
             table[m.name] = grpc.stream_stream_rpc_method_handler(
-                impl, request_deserializer=req, response_serializer=resp
+                getattr(service, m.name), request_deserializer=req, response_serializer=resp
             )
         elif m.server_streaming:
             table[m.name] = grpc.unary_stream_rpc_method_handler(
-                _server_streaming(impl), request_deserializer=req, response_serializer=resp
+                _server_streaming(service, m.name, response),
+                request_deserializer=req,
+                response_serializer=resp,
             )
         else:
             table[m.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(impl), request_deserializer=req, response_serializer=resp
+                _unary(service, m.name, response),
+                request_deserializer=req,
+                response_serializer=resp,
             )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, table)

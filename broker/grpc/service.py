@@ -40,12 +40,16 @@ from txmq.protocol.message import (
     tags_code,
 )
 
+from ..acl import AclDenied
 from ..clients import ClientChannel
 from ..store import GetMessageStatus
 from ..topics import PERM_READ, PERM_WRITE, dlq_topic, retry_topic, validate_topic
 from ..transaction.service import CheckSender
 from ..transaction.state import Decision
 from . import convert
+from .auth import CALLER, GrpcAccess
+from .auth import metadata as _metadata
+from .auth import peer_address as _peer_address
 from .consumption import ConsumptionState, QueueView, make_handle, parse_handle
 from .convert import Code, GrpcStatusError, status, status_of
 from .v2 import definition_pb2 as pb
@@ -68,22 +72,6 @@ DEFAULT_LONG_POLLING_S = 20.0
 _LANGUAGES = {"JAVA": 0, "CPP": 1, "DOTNET": 2, "PYTHON": 3, "GOLANG": 9, "RUST": 12, "NODE_JS": 13}
 
 
-def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
-    for k, v in context.invocation_metadata() or ():
-        if k == key:
-            return v if isinstance(v, str) else v.decode("utf-8", "replace")
-    return ""
-
-
-def _peer_address(context: grpc.aio.ServicerContext) -> tuple[str, int]:
-    """``ipv4:1.2.3.4:5678`` / ``ipv6:[::1]:5678`` -> (host, port)."""
-    p = context.peer() or ""
-    _, _, rest = p.partition(":")
-    host, _, port = rest.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    return (host, int(port) if port.isdigit() else 0)
-
-
 @dataclass
 class Malformed:
     """A request (or Telemetry command) that did not parse as protobuf."""
@@ -95,10 +83,12 @@ class Malformed:
 
 
 class TelemetryStream:
-    """One open Telemetry call; writes are serialised and bounded."""
+    """One open Telemetry call; writes are serialised and bounded.  ``access_key``: the
+    account it was authenticated as ("" trusted peer, None ACL off)."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext, access_key: str | None = None) -> None:
         self.context = context
+        self.access_key = access_key
         self.live = True
         self.task: asyncio.Task[Any] | None = asyncio.current_task()
         self._lock = asyncio.Lock()
@@ -133,10 +123,12 @@ class GrpcPeer:
     def closed(self) -> bool:
         return not any(s.live for s in self.streams)
 
-    def stream(self) -> TelemetryStream | None:
-        """The newest live stream."""
+    def stream(
+        self, allowed: Callable[[TelemetryStream], bool] | None = None
+    ) -> TelemetryStream | None:
+        """The newest live stream (that ``allowed`` accepts)."""
         for s in reversed(self.streams):
-            if s.live:
+            if s.live and (allowed is None or allowed(s)):
                 return s
         return None
 
@@ -158,6 +150,8 @@ class GrpcClient:
     topics: set[str] = field(default_factory=set)
     fifo: bool = False
     last_seen: float = field(default_factory=time.monotonic)
+    #: The account that registered the client id (see :data:`.auth.CALLER`).
+    access_key: str | None = None
 
 
 # -- check-back ---------------------------------------------------------------------------------
@@ -196,6 +190,10 @@ class MessagingService:
         self.consumption = ConsumptionState(self._initial_offset, self._commit_offset)
         self.closing = False
         self._rr = 0
+        #: The ACL check of every call (``aclEnable``); None when off.
+        self.access = (
+            GrpcAccess(broker.acl, broker.transactions) if broker.acl is not None else None
+        )
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -206,6 +204,24 @@ class MessagingService:
     def _count(self, method: str) -> None:
         self.broker.metrics.record_request(f"grpc:{method}")
 
+    def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """The ACL check of one call (``request`` None: authenticate only): None when it may
+        go on (its caller is then in :data:`.auth.CALLER`), else the refusal's ``Status``."""
+        assert self.access is not None
+        try:
+            CALLER.set(self.access.admit(method, request, context))
+        except AclDenied as exc:
+            return status(Code.UNAUTHORIZED if exc.authentication else Code.FORBIDDEN, str(exc))
+        return None
+
+    def _owner_check(self, c: GrpcClient) -> None:
+        """With the ACL on, a client id belongs to the account that registered it."""
+        if self.access is not None and c.access_key != CALLER.get():
+            raise GrpcStatusError(
+                Code.FORBIDDEN,
+                f"ACL: x-mq-client-id {c.client_id} is registered by another AccessKey",
+            )
+
     def _client(self, context: grpc.aio.ServicerContext, create: bool = True) -> GrpcClient:
         cid = _metadata(context, "x-mq-client-id")
         if not cid:
@@ -215,8 +231,12 @@ class MessagingService:
             if not create:
                 raise GrpcStatusError(Code.CLIENT_ID_REQUIRED, f"unknown client {cid}")
             lang = _LANGUAGES.get(_metadata(context, "x-mq-language").upper(), 7)
-            c = GrpcClient(cid, GrpcPeer(cid, _peer_address(context)), language=lang)
+            c = GrpcClient(
+                cid, GrpcPeer(cid, _peer_address(context)), language=lang, access_key=CALLER.get()
+            )
             self.clients[cid] = c
+        else:
+            self._owner_check(c)
         c.last_seen = time.monotonic()
         return c
 
@@ -308,6 +328,12 @@ class MessagingService:
         cid = _metadata(context, "x-mq-client-id")
         c = self.clients.get(cid)
         if c is not None:
+            try:
+                self._owner_check(c)
+            except GrpcStatusError as exc:
+                return spb.NotifyClientTerminationResponse(
+                    status=self._failed("NotifyClientTermination", exc)
+                )
             log.info("grpc_client_terminated", client_id=cid)
             self._forget(c)
         return spb.NotifyClientTerminationResponse(status=status())
@@ -359,12 +385,17 @@ class MessagingService:
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> None:
         self._count("Telemetry")
+        if self.access is not None:
+            refused = self.admit("Telemetry", None, context)
+            if refused is not None:
+                await context.write(spb.TelemetryCommand(status=refused))
+                return
         try:
             c = self._client(context)
         except GrpcStatusError as exc:
             await context.write(spb.TelemetryCommand(status=status(exc.code, exc.message)))
             return
-        stream = TelemetryStream(context)
+        stream = TelemetryStream(context, CALLER.get())
         c.peer.streams.append(stream)
         timeout = self.cfg.transaction_check_request_timeout / 1000.0
         log.info("grpc_telemetry_opened", client_id=c.client_id, peer=c.peer.peer)
@@ -373,6 +404,11 @@ class MessagingService:
                 if isinstance(cmd, Malformed):
                     await context.abort(grpc.StatusCode.INTERNAL, "Invalid protobuf byte sequence")
                 which = cmd.WhichOneof("command")
+                if which == "settings" and self.access is not None:
+                    refused = self.admit("Telemetry", cmd, context)
+                    if refused is not None:
+                        await stream.write(spb.TelemetryCommand(status=refused), timeout)
+                        break
                 if which == "settings":
                     settings = self._apply_settings(c, cmd.settings)
                     reply = spb.TelemetryCommand(status=status(), settings=settings)
@@ -556,16 +592,33 @@ class MessagingService:
             f"{'was already ' if already else ''}{rec.state.value}"
         )
 
+    def may_check(self, peer: GrpcPeer, group: str) -> bool:
+        """With the ACL on, whether check-backs of ``group`` (a 5.x half's group is its topic)
+        may go to ``peer``: one of its live streams is authenticated for an account with PUB
+        on that topic."""
+        return peer.stream(self._check_allowed(peer, (group,))) is not None
+
+    def _check_allowed(
+        self, peer: GrpcPeer, topics: tuple[str, ...]
+    ) -> Callable[[TelemetryStream], bool] | None:
+        access = self.access
+        if access is None:
+            return None
+        host = peer.peer[0]
+        return lambda s: all(access.may_publish(host, s.access_key, t) for t in topics)
+
     async def recover_orphaned(
         self, peer: GrpcPeer, header: CheckTransactionStateRequestHeader, body: bytes
     ) -> bool:
-        stream = peer.stream()
-        if stream is None:
-            return False
         try:
             msg = decode_message(body)
         except ProtocolError as exc:
             log.warning("check_message_undecodable", error=str(exc))
+            return False
+        topic = msg.properties.get(MessageConst.REAL_TOPIC) or msg.topic
+        group = msg.properties.get(MessageConst.PGROUP) or topic
+        stream = peer.stream(self._check_allowed(peer, (topic, group)))
+        if stream is None:
             return False
         proto = convert.to_proto(msg, self.broker.store_host)
         proto.system_properties.message_type = pb.TRANSACTION

@@ -484,8 +484,3 @@ def test_address_patterns_and_file_errors() -> None:
         )
     with pytest.raises(AclConfigError, match="listed twice"):
         parse_acl_document({"accounts": [{"accessKey": "abcdef", "secretKey": "abcdef"}] * 2}, "f")
-
-
-def test_acl_and_the_grpc_front_end_cannot_be_on_together() -> None:
-    with pytest.raises(ConfigError, match="grpcServerEnable"):
-        BrokerConfig(acl_enable=True, grpc_server_enable=True)
