@@ -177,3 +177,27 @@ def test_permissive_keeps_the_grpc_port_plain(
     bt = tls_broker(broker_thread_factory, certs, **certs.broker_settings("permissive"))
     assert route(bt, None).status.code == pb.OK
     assert_refused(route(bt, tls_creds(certs.ca)))
+
+
+def test_stock_client_over_tls_with_credentials(
+    broker_thread_factory: Callable[..., BrokerThread], certs: Certs, tmp_path: Path, py5: Path
+) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(
+        "accounts:\n"
+        "  - accessKey: tlsProducer\n    secretKey: tls-secret-123\n"
+        "    topicPerms: [secure=PUB|SUB]\n    groupPerms: [sg=SUB]\n",
+        encoding="utf-8",
+    )
+    bt = tls_broker(broker_thread_factory, certs, acl_enable=True, plain_acl_file=str(acl))
+    ep, env = endpoint(bt), roots(certs.ca)
+    keys = {"access_key": "tlsProducer", "secret_key": "tls-secret-123"}
+    run(
+        py5, env, op="send", endpoint=ep, topic="secure", tls=True, messages=[{"body": "z"}], **keys
+    )
+    got = run(
+        py5, env, op="receive", endpoint=ep, topic="secure", group="sg", tls=True, count=1, **keys
+    )
+    assert [m["body"] for m in got["messages"]] == ["z"]
+    err = run_refused(py5, env, op="send", endpoint=ep, topic="secure", tls=True, messages=[{}])
+    assert "route" in err  # over TLS, but without credentials
