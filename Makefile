@@ -7,13 +7,13 @@ STAMP  := $(VENV)/.installed-stamp
 TYPEVIEW := build/typecheck
 
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client grpc-gen
+	docker-image py5-client grpc-gen etcd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev,grpc]'
+	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,7 +25,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client
+pytest: $(STAMP) docker-setup py5-client etcd
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -60,11 +60,16 @@ wheel: $(STAMP)
 ## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
 wheels: $(STAMP)
 	rm -rf build/wheels
-	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[grpc]'
+	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[grpc,cluster]'
 
 ## The broker image txmq:latest, for `docker-compose up broker`.
 docker-image: docker-setup wheels
 	docker-compose build broker
+
+## etcd for cluster mode and its tests: build/etcd/bin/etcd and etcdctl, Debian's etcd-server
+## and etcd-client packages unpacked (no system install).
+etcd:
+	@sh tests/support/get_etcd.sh || [ $$? -eq 3 ]
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

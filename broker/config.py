@@ -124,6 +124,20 @@ class BrokerConfig:
     #: Seconds a TLS handshake may take before the connection is closed.
     tls_handshake_timeout: float = 10.0
 
+    # -- cluster mode (docs/cluster.md) ---------------------------------------------------------
+    #: etcd members (``host:port,host:port``); empty runs a single node.  Set, the broker is a
+    #: replica (``brokerId``) of the broker group ``brokerName`` in ``brokerClusterName``.
+    etcd_endpoints: str = ""
+    #: Seconds a replica's etcd lease lives without a keep-alive: how long a dead leader keeps
+    #: its group waiting before another replica is elected.
+    etcd_lease_ttl: int = 5
+    #: Replicas of a group a write must be on (the leader included) before it is acknowledged.
+    min_in_sync_replicas: int = 2
+    #: Replicas a group is meant to have (``txmq cluster status`` flags fewer in sync).
+    in_sync_replicas: int = 3
+    #: A follower this long (ms) behind the leader's end leaves the in-sync set.
+    ha_max_time_slave_not_catchup: int = 3000
+
     def __post_init__(self) -> None:
         self._check_tls()
         if self.flush_disk_type not in FLUSH_TYPES:
@@ -132,6 +146,15 @@ class BrokerConfig:
             )
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError(f"listenPort must be 0..65535, got {self.listen_port}")
+        if self.etcd_endpoints:
+            if self.listen_port == 0:
+                raise ConfigError("cluster mode (etcdEndpoints) needs a fixed listenPort")
+            if self.etcd_lease_ttl < 2:
+                raise ConfigError(f"etcdLeaseTtl must be at least 2 s, got {self.etcd_lease_ttl}")
+            if self.min_in_sync_replicas < 1:
+                raise ConfigError(
+                    f"minInSyncReplicas must be at least 1, got {self.min_in_sync_replicas}"
+                )
         if not 0 <= self.grpc_server_port <= 65535:
             raise ConfigError(f"grpcServerPort must be 0..65535, got {self.grpc_server_port}")
         if self.mapped_file_size_commit_log < 4096:

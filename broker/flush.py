@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import structlog
 
@@ -52,6 +53,9 @@ class FlushService:
         self._idle = False
         #: The commit-log end when the consume queues were last flushed (``flush_queues``).
         self._queues_flushed_at = -1
+        #: Cluster mode: the leader's replication; a write is durable once the in-sync
+        #: replicas have it too.
+        self.replication: Any = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txmq-flush")
@@ -87,9 +91,14 @@ class FlushService:
     async def wait_durable(self, end_offset: int) -> None:
         """Under SYNC_FLUSH, return once the commit log is fsynced past ``end_offset``; raise
         FlushDiskTimeoutError if that takes longer than ``syncFlushTimeout``.  Under
-        ASYNC_FLUSH, return at once."""
-        if not self.sync or self.store.flushed_offset >= end_offset:
-            return
+        ASYNC_FLUSH, return at once.  In cluster mode, then wait until the in-sync replicas
+        have it (FlushSlaveTimeoutError / SlaveNotAvailableError otherwise)."""
+        if self.sync and self.store.flushed_offset < end_offset:
+            await self._wait_flushed(end_offset)
+        if self.replication is not None:
+            await self.replication.wait_replicated(end_offset)
+
+    async def _wait_flushed(self, end_offset: int) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((end_offset, fut))
         self._wakeup.set()

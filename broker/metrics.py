@@ -59,6 +59,19 @@ class BrokerMetrics:
             ["topic", "group"],
             registry=r,
         )
+        # Cluster mode (docs/cluster.md), on a group's leader.
+        self.replication_lag = Gauge(
+            "txmq_replication_lag_bytes",
+            "Commit-log bytes a follower is behind the leader",
+            ["replica"],
+            registry=r,
+        )
+        self.in_sync_replicas = Gauge(
+            "txmq_in_sync_replicas", "Replicas in the group's in-sync set", registry=r
+        )
+        self.elections = Counter(
+            "txmq_elections", "Elections this broker process has won", registry=r
+        )
 
         # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call,
         # and the send path counts one request and one put per message.

@@ -103,8 +103,17 @@ class BrokerController:
         *,
         clock: Callable[[], float] = time.time,
         check_sender: CheckSender | None = None,
+        cluster: Any = None,
     ) -> None:
         self.config = config
+        #: Cluster mode: the node's hooks (routes from etcd, status); None for a single node.
+        self.cluster = cluster
+        #: Cluster mode: builds the leader's replication once the store is open, and what to
+        #: do just before clients are served (record the new epoch).
+        self.make_replication: Callable[[], Any] | None = None
+        self.before_serving: Callable[[], None] | None = None
+        #: The leader's replication (cluster mode), None otherwise.
+        self.replication: Any = None
         self.clock = clock
         self.metrics = BrokerMetrics()
         self.delay_levels = delay_levels(config.message_delay_level)
@@ -257,6 +266,18 @@ class BrokerController:
         self.schedule = ScheduleMessageService(self, self.delay_levels)
         self.recovery["transactions"] = self.transactions.load()
         self._processors = self._build_processors()
+        if self.make_replication is not None:
+            rep = self.replication = self.make_replication()
+            self.flush.replication = rep
+            if self.cluster is not None:
+                self.cluster.replication = rep
+            R = RequestCode
+            self._processors[R.TXMQ_HA_HANDSHAKE] = rep.handshake
+            self._processors[R.TXMQ_HA_FETCH] = rep.fetch
+            self._processors[R.TXMQ_HA_META] = rep.meta
+            self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+        if self.before_serving is not None:
+            self.before_serving()
         self.flush.start()
         self.schedule.start()
         self.transactions.start()
@@ -322,6 +343,7 @@ class BrokerController:
             R.TXMQ_GET_TRANSACTION: t.get_transaction,
             R.TXMQ_FORCE_DECIDE: t.force_decide,
             R.TXMQ_DECIDE_BATCH: t.decide_batch,
+            R.TXMQ_CLUSTER_STATUS: a.cluster_status,
         }
 
     async def shutdown(self) -> None:
@@ -331,6 +353,8 @@ class BrokerController:
             await self._stopped.wait()
             return
         self._shutting_down = True
+        if self.replication is not None:
+            self.replication.close("the broker is shutting down")
         log.info("broker_stopping", connections=len(self._connections))
         if self._server is not None:
             self._server.close()
@@ -433,6 +457,8 @@ class BrokerController:
         appends of one call are contiguous and nothing else runs in between."""
         results = self.store.put_messages(msgs)
         self.flush.notify_written()
+        if self.replication is not None:
+            self.replication.notify_written()
         # Count and wake once per (topic, queue), not once per message: a batch decision can
         # append hundreds of thousands of messages in one call.
         per_topic: dict[str, int] = {}

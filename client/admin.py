@@ -109,6 +109,11 @@ class AsyncAdminClient:
         doc = await self._json(RequestCode.GET_BROKER_RUNTIME_INFO)
         return dict(doc["table"])
 
+    async def cluster_status(self) -> dict[str, Any]:
+        """Cluster mode: groups, leaders, in-sync sets, lag and epochs as this broker sees
+        them."""
+        return dict(await self._json(RequestCode.TXMQ_CLUSTER_STATUS))
+
     async def metrics(self) -> dict[str, float]:
         return dict(await self._json(RequestCode.TXMQ_GET_METRICS))
 

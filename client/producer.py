@@ -473,7 +473,14 @@ class AsyncProducer(ConnectedClient):
         attempts = 1 + self.config.retry_times_when_send_failed
         last_error: TxmqError | None = None
         for attempt in range(attempts):
-            route = await self._route_for(msg.topic)
+            try:
+                route = await self._route_for(msg.topic)
+            except TxmqError as exc:
+                if not exc.retriable or attempt + 1 == attempts:
+                    raise
+                last_error = exc
+                log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
+                continue
             qid = self._select_queue(route, msg, queue_id, sharding_key, selector, attempt)
             cmd = build(route, qid)
             try:

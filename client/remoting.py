@@ -35,6 +35,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
     ConnectionClosedError,
+    RequestTimeoutError,
     TxmqError,
     error_for_code,
 )
@@ -84,7 +85,12 @@ class BrokerConnection:
         self, address: str, config: ClientConfig | None = None, *, client_id: str | None = None
     ) -> None:
         self.address = address
-        self.host, self.port = parse_address(address)
+        #: Every address given (``"h1:p1,h2:p2"``): brokers of one cluster to discover its
+        #: leader through; a single address is a single broker (or any broker of a cluster).
+        self.seeds = [parse_address(a) for a in address.split(",") if a.strip()]
+        if not self.seeds:
+            raise ValueError(f"broker address must look like 'host:port', got {address!r}")
+        self.host, self.port = self.seeds[0]
         self.config = config or ClientConfig()
         self.client_id = client_id or make_client_id()
         self._conn: Connection | None = None
@@ -103,6 +109,9 @@ class BrokerConnection:
         self._ssl = self.config.ssl_context
         #: How many times the connection was re-established (for tests and metrics).
         self.reconnects = 0
+        #: True once the broker said it is part of a cluster (then a request that times out
+        #: drops the connection and the next one looks for the group's leader again).
+        self.cluster = False
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -220,12 +229,22 @@ class BrokerConnection:
         conn = self._conn
         if conn is not None and not conn.closed:
             return conn
-        if not await wait_event(self._connected, timeout):
-            raise ConnectionClosedError(f"not connected to broker {self.address} (reconnecting)")
-        conn = self._conn
-        if conn is None or conn.closed or self._closing:
-            raise ConnectionClosedError(f"not connected to broker {self.address}")
-        return conn
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._connected.is_set() and (self._conn is None or self._conn.closed):
+                # Closed by this side a moment ago; its close callback (which starts the
+                # reconnect) has not run yet.
+                self._connected.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await wait_event(self._connected, remaining):
+                raise ConnectionClosedError(
+                    f"not connected to broker {self.address} (reconnecting)"
+                )
+            conn = self._conn
+            if self._closing:
+                raise ConnectionClosedError(f"connection to broker {self.address} is closed")
+            if conn is not None and not conn.closed:
+                return conn
 
     async def request(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         """Send ``cmd`` and return the broker's response, whatever its code.
@@ -238,7 +257,15 @@ class BrokerConnection:
         deadline = time.monotonic() + timeout
         conn = await self.wait_connected(timeout)
         remaining = max(deadline - time.monotonic(), 0.001)
-        return await conn.request(cmd, remaining)
+        try:
+            return await conn.request(cmd, remaining)
+        except RequestTimeoutError:
+            if self.cluster and conn is self._conn:
+                # A leader that stopped answering (paused, cut off) keeps its TCP connection
+                # open: drop it, so the next request finds the group's current leader.
+                log.warning("broker_unresponsive", broker=f"{self.host}:{self.port}")
+                conn.close()
+            raise
 
     async def invoke(
         self,
@@ -311,16 +338,71 @@ class BrokerConnection:
 
     # -- connection management --------------------------------------------------------------------
 
-    async def _open(self) -> Connection:
+    async def _connect(self, host: str, port: int) -> Connection:
         return await open_connection(
-            self.host,
-            self.port,
+            host,
+            port,
             self._handle,
             timeout=self.config.connect_timeout,
             on_close=self._on_close,
             signer=self._signer,
             ssl=self._ssl,
         )
+
+    async def _open(self) -> Connection:
+        """Connect to the broker to use: the address given, or in a cluster (brokers started
+        with etcdEndpoints) the leader of its broker group, found by asking the given
+        addresses in turn (the last leader first)."""
+        seeds = [(self.host, self.port), *[s for s in self.seeds if s != (self.host, self.port)]]
+        last: TxmqError | None = None
+        for host, port in seeds:
+            try:
+                conn = await self._connect(host, port)
+            except TxmqError as exc:
+                last = exc
+                continue
+            try:
+                leader = await self._cluster_leader(conn)
+            except TxmqError as exc:
+                conn.close()
+                last = exc
+                continue
+            if leader is None or leader == (host, port):
+                self.host, self.port = host, port
+                return conn
+            conn.close()
+            try:
+                conn = await self._connect(*leader)
+            except TxmqError as exc:
+                last = exc
+                continue
+            self.host, self.port = leader
+            return conn
+        assert last is not None
+        raise last
+
+    async def _cluster_leader(self, conn: Connection) -> tuple[str, int] | None:
+        """The leader of the broker group ``conn`` belongs to, None for a single broker.
+
+        Raises:
+            ConnectionClosedError: a cluster broker with no elected leader yet.
+        """
+        resp = await conn.request(
+            RemotingCommand.request(RequestCode.TXMQ_CLUSTER_STATUS),
+            self.config.connect_timeout,
+        )
+        if resp.code != ResponseCode.SUCCESS:
+            return None  # a single broker (or one that does not say)
+        self.cluster = True
+        doc = json.loads(resp.body)
+        group = doc.get("self", {}).get("group")
+        info = doc.get("groups", {}).get(group) or {}
+        leader = info.get("leader")
+        if not leader:
+            raise ConnectionClosedError(
+                f"broker group {group!r} has no leader yet (asked {conn.peer[0]}:{conn.peer[1]})"
+            )
+        return parse_address(str(leader["addr"]))
 
     def _on_close(self, conn: Connection) -> None:
         if conn is not self._conn or self._closing:

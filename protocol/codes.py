@@ -53,6 +53,16 @@ class RequestCode(IntEnum):
     #: group tagged with the same batch key.  Asking again returns the first decision.
     #: With ``queryOnly=true`` it decides nothing and answers ``{"decided": bool, ...}``.
     TXMQ_DECIDE_BATCH = 10005
+    #: Replication, follower to leader (cluster mode): the leader's epoch history and store
+    #: geometry.  Header: ``brokerName``, ``replicaId``, ``epoch``.  Body: JSON.
+    TXMQ_HA_HANDSHAKE = 10010
+    #: Replication: commit-log bytes from ``offset``, as stored (long-polled up to ``waitMs``).
+    #: The offset a follower asks from is also its acknowledgement of everything below it.
+    TXMQ_HA_FETCH = 10011
+    #: Replication: the leader's state files (consumer offsets, topics, check state).
+    TXMQ_HA_META = 10012
+    #: Cluster state as this broker sees it (``txmq cluster status``).  Body: JSON.
+    TXMQ_CLUSTER_STATUS = 10013
 
 
 class ResponseCode(IntEnum):

@@ -258,6 +258,20 @@ def broker(
     from txmq.broker.store import StoreLockedError
 
     try:
+        if config.etcd_endpoints:
+            try:
+                from txmq.broker.cluster.etcd import EtcdError
+                from txmq.broker.cluster.node import serve_cluster
+            except ImportError as exc:
+                raise click.ClickException(
+                    f"cluster mode (etcdEndpoints) needs the cluster extra: "
+                    f"pip install 'txmq[cluster]' ({exc})"
+                ) from None
+
+            try:
+                sys.exit(serve_cluster(config))
+            except EtcdError as exc:
+                raise click.ClickException(str(exc)) from None
         sys.exit(serve(config))
     except StoreLockedError as exc:
         raise click.ClickException(str(exc)) from None
@@ -304,6 +318,68 @@ def status(broker: str, as_json: bool) -> None:
     for k in keys:
         if k in info:
             click.echo(f"  {k:28} {info[k]}")
+
+
+# --- cluster ----------------------------------------------------------------------------------
+
+
+@main.group()
+def cluster() -> None:
+    """Inspect a cluster (brokers started with etcdEndpoints) and place topics on its groups."""
+
+
+@cluster.command("status")
+@BROKER_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+def cluster_status(broker: str, as_json: bool) -> None:
+    """Groups, their leaders, in-sync replicas, lag and epochs (asked of any one broker)."""
+    doc = _admin(broker, lambda admin: admin.cluster_status())
+    if as_json:
+        _echo_json(doc)
+        return
+    me = doc.get("self", {})
+    click.echo(
+        f"cluster {doc['cluster']} (asked {me.get('addr')}: replica {me.get('replicaId')} of "
+        f"{me.get('group')}, {me.get('role')})"
+    )
+    for name, g in sorted(doc["groups"].items()):
+        leader = g["leader"]
+        who = f"replica {leader['replicaId']} at {leader['addr']}" if leader else "NONE"
+        click.echo(f"group {name}: leader {who}, epoch {g['epoch']}")
+        click.echo(f"  members   {', '.join(f'{k}={v}' for k, v in sorted(g['members'].items()))}")
+        click.echo(f"  in sync   {g['inSync']}")
+        lag = ", ".join(f"{k}: {v} B" for k, v in sorted(g["lag"].items())) or "-"
+        click.echo(f"  lag       {lag} (leader end {g['leaderEnd']})")
+        click.echo(f"  topics    {', '.join(g['topics']) or '-'}")
+
+
+@cluster.command("place")
+@BROKER_OPTION
+@click.argument("topic_name")
+@click.option("--group", "group_name", required=True, help="The broker group (brokerName).")
+@click.option("--queues", "-q", default=4, show_default=True, help="Queues in that group.")
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Stop new writes to the group's queues of the topic (consumers drain them): the "
+    "step that moves a topic's traffic off a group.",
+)
+def cluster_place(
+    broker: str, topic_name: str, group_name: str, queues: int, read_only: bool
+) -> None:
+    """Give TOPIC_NAME queues in broker group GROUP (create or update them on its leader)."""
+    doc = _admin(broker, lambda admin: admin.cluster_status())
+    g = doc["groups"].get(group_name)
+    if g is None or not g.get("leader"):
+        raise click.ClickException(
+            f"broker group {group_name!r} has no leader now (groups: {sorted(doc['groups'])})"
+        )
+    perm = 4 if read_only else 6
+    _admin(g["leader"]["addr"], lambda admin: admin.create_topic(topic_name, queues, perm=perm))
+    click.echo(
+        f"topic {topic_name}: {queues} queues in group {group_name}"
+        + (" (read-only)" if read_only else "")
+    )
 
 
 # --- topics -----------------------------------------------------------------------------------

@@ -156,6 +156,13 @@ class AdminProcessor:
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
+        if self.broker.cluster is not None:
+            cluster_route = self.broker.cluster.route(h.topic)
+            if cluster_route is None:
+                raise TopicNotExistError(
+                    f"No topic route info in name server for the topic: {h.topic}"
+                )
+            return cmd.response(body=json_body(cluster_route))
         tc = self.broker.topics.route_config(h.topic)
         if tc is None:
             raise TopicNotExistError(f"No topic route info in name server for the topic: {h.topic}")
@@ -181,6 +188,15 @@ class AdminProcessor:
             "filterServerTable": {},
         }
         return cmd.response(body=json_body(route))
+
+    async def cluster_status(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """``txmq cluster status``: the cluster as this broker sees it (cluster mode only)."""
+        if self.broker.cluster is None:
+            return cmd.response(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                "this broker runs as a single node (no etcdEndpoints): there is no cluster",
+            )
+        return cmd.response(body=json_body(self.broker.cluster.status()))
 
     async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)

@@ -429,6 +429,81 @@ class CommitLog:
             ) from exc
         return total
 
+    # -- replication (owner thread) ------------------------------------------------------------
+
+    def read_raw(self, pos: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole records from ``pos`` (a record boundary), as stored: ``(data, next)``.
+
+        ``data`` stays inside one segment and holds at most ``max_bytes`` (but always at least
+        one record when there is one).  ``next`` is where the following read starts: the end of
+        ``data``, or the next segment's start once this segment's data ends (after a blank
+        record or a tail too short for a header).  ``(b"", pos)`` means nothing new.
+
+        Raises:
+            ValueError: ``pos`` is below the oldest stored segment or not a record boundary.
+        """
+        if pos >= self.write_pos:
+            return b"", pos
+        idx = self._index_of(pos)
+        if idx is None:
+            raise ValueError(
+                f"commit-log offset {pos} is not stored here (oldest offset {self.min_offset})"
+            )
+        seg = self._segments[idx]
+        assert seg.mm is not None
+        limit = min(self.write_pos, seg.end)
+        rolled = self.write_pos >= seg.end  # the log goes on in a later segment
+        cur = pos
+        ended = False
+        while cur < limit:
+            rel = cur - seg.start
+            if seg.capacity - rel < RECORD_HEADER_SIZE:
+                ended = True
+                break
+            magic, length, _crc = RECORD_HEADER.unpack_from(seg.mm, rel)
+            if magic == BLANK_MAGIC and length == seg.capacity - rel:
+                cur += RECORD_HEADER_SIZE
+                ended = True
+                break
+            if magic != RECORD_MAGIC or cur + RECORD_HEADER_SIZE + length > limit:
+                raise ValueError(f"commit-log offset {cur} is not a record boundary")
+            if cur > pos and cur + RECORD_HEADER_SIZE + length - pos > max_bytes:
+                break
+            cur += RECORD_HEADER_SIZE + length
+        else:
+            ended = rolled
+        data = bytes(seg.mm[pos - seg.start : cur - seg.start])
+        return data, (seg.end if ended and rolled else cur)
+
+    def write_replicated(self, pos: int, data: bytes, next_pos: int) -> None:
+        """Write ``data`` (whole records read by a leader's :meth:`read_raw`) at ``pos``, the
+        same offset it has on the leader, and move the write position to ``next_pos``.  The
+        caller holds the store lock and has validated the records."""
+        if pos != self.write_pos and not (self.write_pos == 0 and not self._segments):
+            raise ValueError(
+                f"replicated data at {pos} does not continue this log at {self.write_pos}"
+            )
+        if data:
+            seg = self._segments[-1] if self._segments else None
+            if seg is None or pos >= seg.end:
+                try:
+                    seg = MappedFile.create(self.directory, pos, self.segment_size, writable=False)
+                except OSError as exc:
+                    raise StoreIOError(
+                        f"cannot create commit-log segment at offset {pos}: {exc}"
+                    ) from exc
+                self._append_segment(seg)
+                self._dir_dirty = True
+            if pos + len(data) > seg.end:
+                raise ValueError(
+                    f"replicated data [{pos}, {pos + len(data)}) crosses the segment end {seg.end}"
+                    " (the leader's mappedFileSizeCommitLog differs from this broker's)"
+                )
+            self._pwrite(seg, pos, [data])
+        if not data and not self._segments:
+            self.flushed = next_pos
+        self.write_pos = max(pos + len(data), next_pos)
+
     # -- reading ------------------------------------------------------------------------------
 
     def read_payload(self, offset: int, size: int | None = None) -> bytes | None:

@@ -78,6 +78,7 @@ from txmq.protocol.message import (
 
 from .checkpoint import StoreCheckpoint
 from .commit_log import (
+    BLANK_MAGIC,
     FORMAT_VERSION,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
@@ -314,6 +315,7 @@ class MessageStore:
         self._put_bytes = 0
         self._get_found = 0
         self._get_miss = 0
+        self._replica_dispatcher: _RecoveryDispatcher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -633,6 +635,93 @@ class MessageStore:
         self._put_count += len(msgs)
         self._put_bytes += total
         return results
+
+    # -- replication (owner thread) --------------------------------------------------------------
+
+    def read_replica_chunk(self, pos: int, max_bytes: int) -> tuple[bytes, int]:
+        """A leader's side: whole commit-log records from ``pos`` as stored, see
+        :meth:`CommitLog.read_raw`."""
+        self._check_open()
+        return self._commit_log.read_raw(pos, max_bytes)
+
+    def append_replicated(self, pos: int, data: bytes, next_pos: int) -> int:
+        """A follower's side: write records read from the leader at the same offsets (so the
+        two logs stay byte-identical) and index them in the consume queues.  Every record is
+        checked (framing, CRC, its own offset) before anything is written.  Returns the new
+        end of the log.
+
+        Raises:
+            ValueError: the chunk does not continue this log or a record is damaged; nothing
+                is written.
+        """
+        self._check_open()
+        records: list[tuple[int, int, DispatchInfo]] = []
+        mv = memoryview(data)
+        cur = 0
+        while cur < len(data):
+            if len(data) - cur < RECORD_HEADER_SIZE:
+                raise ValueError(f"replicated chunk at {pos} ends inside a record header")
+            magic, length, crc = RECORD_HEADER.unpack_from(mv, cur)
+            if magic == BLANK_MAGIC:
+                if cur + RECORD_HEADER_SIZE != len(data):
+                    raise ValueError(f"replicated chunk at {pos} goes on after a blank record")
+                break
+            end = cur + RECORD_HEADER_SIZE + length
+            if magic != RECORD_MAGIC or end > len(data):
+                raise ValueError(f"replicated chunk at {pos}: no record at {pos + cur}")
+            payload = mv[cur + RECORD_HEADER_SIZE : end]
+            if zlib.crc32(payload) != crc:
+                raise ValueError(f"replicated record at {pos + cur} fails its CRC check")
+            phy = _I64.unpack_from(payload, POS_PHYSICAL_OFFSET)[0]
+            if phy != pos + cur:
+                raise ValueError(
+                    f"replicated record at {pos + cur} says it belongs at offset {phy}"
+                )
+            records.append((pos + cur, length, parse_dispatch_info(payload)))
+            cur = end
+        mv.release()
+        with self._lock:
+            cl = self._commit_log
+            cl.write_replicated(pos, data, next_pos)
+            if self._replica_dispatcher is None:
+                self._replica_dispatcher = _RecoveryDispatcher(self, 0, cl.min_offset)
+            for offset, size, info in records:
+                self._replica_dispatcher(offset, size, info)
+            self._put_count += len(records)
+            self._put_bytes += len(data)
+            return cl.write_pos
+
+    def truncate(self, offset: int) -> int:
+        """Cut the commit log (and the consume-queue entries pointing into the cut part) back
+        to ``offset``, a record boundary: what a rejoining replica does with records its
+        leader never acknowledged.  The store is closed and reopened around the cut.  Returns
+        the number of bytes cut."""
+        self._check_open()
+        if offset >= self._commit_log.write_pos:
+            return 0
+        old_end = self._commit_log.write_pos
+        self.close()
+        cl = CommitLog(
+            self._commit_log.directory, self.config.mapped_file_size_commit_log, threading.Lock()
+        )
+        cl.load()
+        if offset <= cl.min_offset:
+            cl.close()
+            shutil.rmtree(self._commit_log.directory, ignore_errors=True)
+            shutil.rmtree(self._cq_dir, ignore_errors=True)
+            if os.path.exists(self._checkpoint_path):
+                os.unlink(self._checkpoint_path)
+            fsync_dir(self._root)
+        else:
+            cl._truncate(offset)
+            cl.close()
+            cp = StoreCheckpoint.read(self._checkpoint_path)
+            logic = min(cp.logic_offset, offset) if cp is not None else offset
+            StoreCheckpoint(logic, logic, int(time.time() * 1000), {}).write(self._checkpoint_path)
+        log.warning("store_truncated", path=self._root, offset=offset, cut_bytes=old_end - offset)
+        self._replica_dispatcher = None
+        self.load()
+        return old_end - offset
 
     # -- flushing (any thread) ------------------------------------------------------------------
 

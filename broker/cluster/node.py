@@ -1,0 +1,572 @@
+"""A broker in cluster mode: one replica of a broker group, leading or following.
+
+The node holds an etcd session (a lease kept alive every third of ``etcdLeaseTtl``), registers
+itself as a member of its group, watches the cluster's keys and acts on them:
+
+* no leader key for its group and it is eligible (in the ISR, or the group never had an
+  election): campaign — one etcd transaction creates the leader key on its lease, bumps the
+  epoch and rewrites the ISR without the previous leader.  The winner opens its store as a full
+  :class:`~txmq.broker.server.BrokerController` (the normal recovery, transaction table
+  included) and serves clients;
+* another replica leads: follow it — a small server on the broker port answers routes and tells
+  clients where the leader is, and a :class:`ReplicaFetcher` copies the leader's log;
+* it led and lost the lease or the leader key (paused, partitioned): stop serving at once, fail
+  every write still waiting for replicas, and rejoin as a follower (cutting what nobody
+  acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import structlog
+
+from txmq.protocol.aio import Connection, wait_event
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+
+from ..config import BrokerConfig
+from ..store import MessageStore, StoreConfig
+from .etcd import EtcdError, EtcdSession
+from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
+from .view import ClusterView, Keys
+
+log = structlog.get_logger(__name__)
+
+
+def store_config(cfg: BrokerConfig) -> StoreConfig:
+    return StoreConfig(
+        store_path_root_dir=cfg.store_path_root_dir,
+        mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
+        mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
+        file_reserved_time=cfg.file_reserved_time,
+        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+        max_message_size=cfg.max_message_size + 64 * 1024,
+    )
+
+
+class ClusterHooks:
+    """What a leading BrokerController asks its node: routes, status, replication."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.replication: LeaderReplication | None = None
+
+    def route(self, topic: str) -> dict[str, Any] | None:
+        return self.node.view.route(topic)
+
+    def status(self) -> dict[str, Any]:
+        return self.node.status()
+
+
+class FollowerRole:
+    """A following replica: its store, the fetch loop and a server that redirects clients."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        cfg = node.config
+        self.store = MessageStore(store_config(cfg), node.store_host)
+        self.epochs = EpochHistory(cfg.store_path_root_dir)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-replica")
+        self._server: asyncio.AbstractServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self.target: tuple[str, int] | None = None
+        self.fetcher: ReplicaFetcher | None = None
+        self._connections: set[Connection] = set()
+
+    async def start(self) -> None:
+        await self.run_blocking(self.store.load)
+        self.epochs.load()
+        cfg = self.node.config
+        self._server = await asyncio.get_running_loop().create_server(
+            self._new_connection, cfg.bind_address, self.node.port, reuse_address=True
+        )
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        log.info("follower_started", group=cfg.broker_name, replica=cfg.broker_id)
+
+    async def run_blocking(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def follow(self, addr: str, epoch: int) -> None:
+        if self.target == (addr, epoch) and self._task is not None and not self._task.done():
+            return
+        self.target = (addr, epoch)
+        if self._task is not None:
+            self._task.cancel()
+        self._task = asyncio.get_running_loop().create_task(
+            self._follow(addr, epoch), name="txmq-replica-fetch"
+        )
+
+    async def _follow(self, addr: str, epoch: int) -> None:
+        cfg = self.node.config
+        delay = 0.2
+        while True:
+            self.fetcher = ReplicaFetcher(
+                self.store,
+                self.epochs,
+                addr,
+                cfg.broker_name,
+                cfg.broker_id,
+                epoch,
+                segment_size=cfg.mapped_file_size_commit_log,
+                sync=cfg.sync_flush,
+                run_blocking=self.run_blocking,
+                ssl=self.node.client_ssl(),
+            )
+            try:
+                await self.fetcher.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("replica_fetch_failed", leader=addr, epoch=epoch, error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _flush_loop(self) -> None:
+        cfg = self.node.config
+        while True:
+            await asyncio.sleep(cfg.flush_interval_commit_log / 1000.0)
+            try:
+                await self.run_blocking(self.store.flush)
+                await self.run_blocking(self.store.flush_consume_queues)
+            except Exception as exc:
+                log.error("follower_flush_failed", error=repr(exc))
+
+    def _new_connection(self) -> Connection:
+        conn = Connection(
+            self._handle,
+            max_frame_size=self.node.config.max_frame_size,
+            on_close=self._connections.discard,
+        )
+        self._connections.add(conn)
+        return conn
+
+    async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        node = self.node
+        if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            topic = str(cmd.ext_fields.get("topic", ""))
+            route = node.view.route(topic)
+            if route is None:
+                return cmd.response(
+                    ResponseCode.TOPIC_NOT_EXIST,
+                    f"No topic route info in name server for the topic: {topic}",
+                )
+            return cmd.response(body=json.dumps(route).encode())
+        if cmd.code == RequestCode.TXMQ_CLUSTER_STATUS:
+            return cmd.response(body=json.dumps(node.status()).encode())
+        if cmd.code in (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT):
+            return cmd.response()
+        leader = node.view.leader(node.group)
+        where = f"its leader is at {leader.addr}" if leader else "no leader is elected yet"
+        return cmd.response(
+            ResponseCode.SERVICE_NOT_AVAILABLE,
+            f"this broker is a follower in broker group {node.group!r}; {where}",
+        )
+
+    async def stop(self) -> None:
+        for t in (self._task, self._flusher):
+            if t is not None:
+                t.cancel()
+                await asyncio.wait({t}, timeout=5.0)
+        if self._server is not None:
+            self._server.close()
+            for c in list(self._connections):
+                c.close()
+            await asyncio.wait({asyncio.ensure_future(self._server.wait_closed())}, timeout=5.0)
+        await self.run_blocking(self.store.close)
+        self._executor.shutdown(wait=True)
+        log.info("follower_stopped", group=self.node.group)
+
+
+class ClusterNode:
+    """One replica of a broker group; see the module docstring.
+
+    Args:
+        config: the broker configuration (``etcdEndpoints`` set).
+    """
+
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+        from ..server import _ipv4_of
+
+        self.config = config
+        self.clock = clock
+        self.group = config.broker_name
+        self.replica = config.broker_id
+        self.port = config.listen_port
+        self.keys = Keys(config.broker_cluster_name)
+        self.view = ClusterView(config.broker_cluster_name)
+        self.etcd = EtcdSession(config.etcd_endpoints, timeout=min(3.0, config.etcd_lease_ttl / 2))
+        self.addr = f"{config.broker_i_p1}:{config.listen_port}"
+        self.store_host = (_ipv4_of(config.broker_i_p1), config.listen_port)
+        self.lease = 0
+        self.lease_deadline = 0.0
+        self.role = "starting"
+        self.leader_broker: Any = None
+        self.hooks: ClusterHooks | None = None
+        self.follower: FollowerRole | None = None
+        self.epoch = 0
+        self._leader_mod = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._transition = asyncio.Lock()
+        self.elections = 0
+        self.stepped_down = asyncio.Event()
+        self.became_leader = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.listen_port == 0:
+            raise ValueError("cluster mode needs a fixed listenPort: routes name it")
+        await self.etcd.connect()
+        await self._new_lease()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._keepalive(), name="txmq-etcd-keepalive"))
+        self._tasks.append(
+            loop.create_task(
+                self.etcd.watch_prefix(self.keys.root, self._on_view), name="txmq-etcd-watch"
+            )
+        )
+        if not await wait_event(self.view.loaded, 30.0):
+            raise EtcdError(f"could not read the cluster state from etcd at {self.etcd.endpoints}")
+        self._tasks.append(loop.create_task(self._roles(), name="txmq-cluster-roles"))
+        log.info(
+            "cluster_node_started",
+            cluster=self.config.broker_cluster_name,
+            group=self.group,
+            replica=self.replica,
+            etcd=self.etcd.endpoints,
+        )
+
+    def _on_view(self, table: dict[str, Any]) -> None:
+        self.view.update(table)
+        self._wake.set()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.wait(self._tasks, timeout=10.0)
+        async with self._transition:
+            await self._stop_roles()
+        try:
+            if self.lease:
+                await asyncio.wait_for(self.etcd.revoke(self.lease), 3.0)
+        except Exception as exc:
+            log.info("etcd_lease_not_revoked", error=str(exc))
+        await self.etcd.close()
+        log.info("cluster_node_stopped", group=self.group, replica=self.replica)
+
+    # -- the lease --------------------------------------------------------------------------
+
+    async def _new_lease(self) -> None:
+        ttl = self.config.etcd_lease_ttl
+        sent = time.monotonic()
+        self.lease = await self.etcd.grant(ttl)
+        self.lease_deadline = sent + ttl - 0.5
+        await self.etcd.put(
+            self.keys.member(self.group, self.replica),
+            {"addr": self.addr, "replicaId": self.replica, "group": self.group},
+            lease=self.lease,
+        )
+
+    def lease_valid(self) -> bool:
+        return time.monotonic() < self.lease_deadline
+
+    async def _keepalive(self) -> None:
+        ttl = self.config.etcd_lease_ttl
+        while True:
+            await asyncio.sleep(ttl / 3.0)
+            sent = time.monotonic()
+            try:
+                left = await self.etcd.keepalive(self.lease)
+            except EtcdError as exc:
+                log.warning("etcd_keepalive_failed", error=str(exc))
+                if not self.lease_valid() and self.role == "leader":
+                    await self._step_down("the etcd lease could not be renewed in time")
+                continue
+            if left > 0:
+                self.lease_deadline = sent + left - 0.5
+                continue
+            log.warning("etcd_lease_lost", lease=self.lease)
+            if self.role == "leader":
+                await self._step_down("the etcd lease expired")
+            try:
+                await self._new_lease()
+            except EtcdError as exc:
+                log.warning("etcd_lease_grant_failed", error=str(exc))
+            self._wake.set()
+
+    # -- roles ------------------------------------------------------------------------------
+
+    async def _roles(self) -> None:
+        while not self._stopping:
+            await wait_event(self._wake, 0.5)
+            self._wake.clear()
+            try:
+                async with self._transition:
+                    await self._decide()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("cluster_role_change_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+
+    async def _decide(self) -> None:
+        leader = self.view.leader(self.group)
+        if leader is not None and leader.replica == self.replica and leader.lease == self.lease:
+            if self.role != "leader":
+                # Our own leader key on our lease (a restart in the same session cannot keep
+                # one, so this is the election just won).
+                await self._become_leader(leader.epoch)
+            return
+        if self.role == "leader":
+            await self._step_down_locked("another replica leads or the leader key is gone")
+        if leader is None:
+            if self._eligible():
+                await self._campaign()
+            elif self.role != "follower":
+                await self._become_follower(None)
+            return
+        await self._become_follower(leader)
+
+    def _eligible(self) -> bool:
+        isr = self.view.isr(self.group)
+        return isr is None or self.replica in isr.members
+
+    async def _campaign(self) -> None:
+        epoch, epoch_rev = self.view.epoch(self.group)
+        isr = self.view.isr(self.group)
+        last = self.view.table.get(self.keys.epoch(self.group))
+        previous = int(last.value.get("replicaId", -1)) if last is not None else -1
+        members = set(isr.members) if isr is not None else set()
+        members.discard(previous)
+        members.add(self.replica)
+        new_epoch = epoch + 1
+        compare = [
+            (self.keys.leader(self.group), "version", 0),
+            (self.keys.epoch(self.group), "mod", epoch_rev),
+            (self.keys.isr(self.group), "mod", isr.mod_revision if isr is not None else 0),
+        ]
+        ok = await self.etcd.txn(
+            "campaign",
+            compare,
+            [
+                (
+                    self.keys.leader(self.group),
+                    {"replicaId": self.replica, "addr": self.addr, "epoch": new_epoch},
+                    self.lease,
+                ),
+                (
+                    self.keys.epoch(self.group),
+                    {"epoch": new_epoch, "replicaId": self.replica},
+                    None,
+                ),
+                (self.keys.isr(self.group), {"epoch": new_epoch, "members": sorted(members)}, None),
+            ],
+        )
+        if ok:
+            self.elections += 1
+            log.warning(
+                "leader_elected",
+                group=self.group,
+                replica=self.replica,
+                epoch=new_epoch,
+                isr=sorted(members),
+            )
+        self._wake.set()
+
+    async def _become_leader(self, epoch: int) -> None:
+        from ..server import BrokerController
+
+        t0 = time.monotonic()
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+        self.epoch = epoch
+        got = await self.etcd.get(self.keys.leader(self.group))
+        self._leader_mod = got[1] if got is not None else 0
+        isr = self.view.isr(self.group)
+        members = isr.members if isr is not None else (self.replica,)
+        self.hooks = ClusterHooks(self)
+        broker = BrokerController(self.config, clock=self.clock, cluster=self.hooks)
+        epochs = EpochHistory(self.config.store_path_root_dir)
+        epochs.load()
+
+        def begin_epoch() -> None:
+            epochs.begin(epoch, broker.store.max_phy_offset)
+
+        broker.before_serving = begin_epoch
+        broker.make_replication = lambda: LeaderReplication(
+            broker,
+            self.replica,
+            epoch,
+            members,
+            epochs,
+            self._update_isr,
+            self.lease_valid,
+            self._stale,
+        )
+        await broker.start()
+        broker.metrics.elections.inc(self.elections)
+        self.leader_broker = broker
+        self.role = "leader"
+        self.became_leader.set()
+        self.stepped_down.clear()
+        log.warning(
+            "leading",
+            group=self.group,
+            replica=self.replica,
+            epoch=epoch,
+            isr=list(members),
+            took_ms=round((time.monotonic() - t0) * 1000),
+            max_phy_offset=broker.store.max_phy_offset,
+        )
+        asyncio.get_running_loop().create_task(self._publish_loop(broker), name="txmq-publish")
+
+    async def _update_isr(self, members: tuple[int, ...]) -> bool:
+        return await self.etcd.txn(
+            "isr update",
+            [(self.keys.leader(self.group), "mod", self._leader_mod)],
+            [(self.keys.isr(self.group), {"epoch": self.epoch, "members": list(members)}, None)],
+        )
+
+    def _stale(self, why: str) -> None:
+        log.warning("leadership_stale", reason=why)
+        if self.hooks is not None and self.hooks.replication is not None:
+            self.hooks.replication.close(why)
+        self._wake.set()
+
+    async def _publish_loop(self, broker: Any) -> None:
+        """Keep the group's topics and replication progress in etcd while leading."""
+        published: dict[str, Any] = {}
+        last_progress = 0.0
+        while self.leader_broker is broker and self.role == "leader":
+            try:
+                want: dict[str, Any] = {}
+                for name, tc in broker.topics.all().items():
+                    if name.startswith("RMQ_SYS_") or name.startswith("SCHEDULE_TOPIC"):
+                        continue
+                    want[name] = {
+                        "read": tc.read_queue_nums,
+                        "write": tc.write_queue_nums,
+                        "perm": tc.perm,
+                        "sysFlag": tc.topic_sys_flag,
+                    }
+                tbw = broker.topics.route_config("TBW102")
+                if tbw is not None:
+                    want["TBW102"] = {
+                        "read": tbw.read_queue_nums,
+                        "write": tbw.write_queue_nums,
+                        "perm": tbw.perm,
+                        "sysFlag": 0,
+                    }
+                for name, value in want.items():
+                    if published.get(name) != value:
+                        ok = await self.etcd.txn(
+                            "topic publish",
+                            [(self.keys.leader(self.group), "mod", self._leader_mod)],
+                            [(self.keys.topic(self.group, name), value, None)],
+                        )
+                        if not ok:
+                            self._stale("a topic publish was refused: another replica leads")
+                            return
+                        published[name] = value
+                now = time.monotonic()
+                rep = self.hooks.replication if self.hooks is not None else None
+                if rep is not None and now - last_progress >= 1.0:
+                    last_progress = now
+                    await self.etcd.put(
+                        self.keys.progress(self.group), rep.status(), lease=self.lease
+                    )
+            except EtcdError as exc:
+                log.info("cluster_publish_failed", error=str(exc))
+            await asyncio.sleep(0.3)
+
+    async def _step_down(self, why: str) -> None:
+        async with self._transition:
+            await self._step_down_locked(why)
+
+    async def _step_down_locked(self, why: str) -> None:
+        if self.role != "leader":
+            return
+        log.warning("stepping_down", group=self.group, replica=self.replica, reason=why)
+        if self.hooks is not None and self.hooks.replication is not None:
+            self.hooks.replication.close(why)
+        broker, self.leader_broker = self.leader_broker, None
+        self.role = "stepping-down"
+        if broker is not None:
+            await broker.shutdown()
+        self.role = "none"
+        self.became_leader.clear()
+        self.stepped_down.set()
+        self._wake.set()
+
+    async def _become_follower(self, leader: Any) -> None:
+        if self.follower is None:
+            self.follower = FollowerRole(self)
+            await self.follower.start()
+            self.role = "follower"
+        if leader is not None:
+            self.follower.follow(leader.addr, leader.epoch)
+
+    async def _stop_roles(self) -> None:
+        if self.role == "leader":
+            await self._step_down_locked("the broker is shutting down")
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        st = self.view.status()
+        st["self"] = {
+            "group": self.group,
+            "replicaId": self.replica,
+            "role": self.role,
+            "addr": self.addr,
+        }
+        return st
+
+    def client_ssl(self) -> Any:
+        """The TLS context a follower connects to its leader with, when TLS is enforced."""
+        cfg = self.config
+        if cfg.tls_server_mode != "enforcing":
+            return None
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=cfg.tls_server_trust_cert_path or None)
+        ctx.check_hostname = False
+        if cfg.tls_server_cert_path and cfg.tls_server_key_path:
+            ctx.load_cert_chain(cfg.tls_server_cert_path, cfg.tls_server_key_path)
+        return ctx
+
+
+def serve_cluster(config: BrokerConfig) -> int:
+    """``txmq broker`` with ``etcdEndpoints`` set: run a cluster node until SIGTERM/SIGINT."""
+    import signal
+
+    from ..server import new_event_loop
+
+    async def main() -> int:
+        node = ClusterNode(config)
+        await node.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal_received")
+        await node.shutdown()
+        return 0
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main())

@@ -1,0 +1,533 @@
+"""Commit-log replication inside a broker group.
+
+Followers pull (like a Kafka follower): a follower asks its leader for the commit-log bytes from
+its own end offset, writes them at the same offsets (the logs stay byte-identical, so
+commit-log offsets, offsetMsgIds and consume-queue positions mean the same on every replica)
+and asks again.  The offset a follower asks from acknowledges everything below it.
+
+A write is acknowledged to its client once every member of the in-sync set (ISR) has it and the
+ISR holds at least ``minInSyncReplicas`` replicas (the leader included).  A follower that has
+not caught up with the leader's end for ``haMaxTimeSlaveNotCatchup`` ms leaves the ISR; one that
+reaches the end joins it again.  Both changes are etcd transactions that compare the leader key
+the leader holds, so only the current leader can make them, and an acknowledged write is always
+on every ISR member: electing any of them loses nothing.
+
+Epochs: each election increments the group's epoch; the new leader records ``(epoch, its log
+end)`` in its epoch history (``<store>/ha/epochs.json``).  A replica that rejoins asks the leader
+for that history and cuts its own log back to where it diverged (the start of the first epoch
+newer than its own last one) before fetching: what a deposed leader wrote and nobody
+acknowledged is cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from txmq.protocol.aio import Connection, open_connection, wait_event
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import (
+    FlushSlaveTimeoutError,
+    ServiceNotAvailableError,
+    SlaveNotAvailableError,
+)
+
+from ..store import MessageStore, atomic_write
+
+if TYPE_CHECKING:
+    from ..server import BrokerController
+
+log = structlog.get_logger(__name__)
+
+#: Most bytes one fetch answer carries.
+FETCH_MAX_BYTES = 4 * 1024 * 1024
+#: How long a fetch waits for new data at the leader's end.
+FETCH_WAIT_MS = 500
+#: State files a follower copies from its leader (relative to the store root).
+META_FILES = (
+    "config/consumerOffset.json",
+    "config/topics.json",
+    "transaction/checkState.json",
+)
+
+
+class EpochHistory:
+    """``[(epoch, start offset), ...]`` of the leaders whose writes this log holds."""
+
+    def __init__(self, root: str) -> None:
+        self.path = os.path.join(root, "ha", "epochs.json")
+        self.entries: list[tuple[int, int]] = []
+
+    def load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                self.entries = [(int(e), int(o)) for e, o in json.loads(f.read())]
+        except FileNotFoundError:
+            self.entries = []
+
+    def save(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        atomic_write(self.path, json.dumps(self.entries).encode())
+
+    @property
+    def last_epoch(self) -> int:
+        return self.entries[-1][0] if self.entries else -1
+
+    def begin(self, epoch: int, offset: int) -> None:
+        """This replica leads ``epoch`` from ``offset`` on."""
+        self.entries = [(e, o) for e, o in self.entries if e < epoch and o <= offset]
+        self.entries.append((epoch, offset))
+        self.save()
+
+    def adopt(self, leader: list[tuple[int, int]], end: int) -> None:
+        """Follow the leader's history as far as this log reaches."""
+        mine = [(e, o) for e, o in leader if o <= end]
+        if mine != self.entries:
+            self.entries = mine
+            self.save()
+
+
+def divergence(mine: list[tuple[int, int]], leader: list[tuple[int, int]]) -> int | None:
+    """Where a rejoining replica's log stops agreeing with its leader's: the start of the first
+    leader epoch newer than the replica's last one (None: no cut needed)."""
+    if not mine:
+        return None
+    last = mine[-1][0]
+    for epoch, start in leader:
+        if epoch > last:
+            return start
+    return None
+
+
+@dataclass
+class _Follower:
+    offset: int = 0
+    fetched: bool = False
+    fetched_at: float = field(default_factory=time.monotonic)
+    caught_up_at: float = field(default_factory=time.monotonic)
+
+
+class LeaderReplication:
+    """The leader side: serves fetches, keeps the ISR, releases waiting writes.
+
+    Args:
+        broker: the leader's broker (its store and config).
+        replica: this replica's id.
+        epoch: the epoch this leadership runs under.
+        isr: the in-sync set from the election.
+        update_isr: writes a new ISR to etcd if this replica still leads; False if not.
+        lease_valid: whether this replica's etcd lease is surely still alive (a leader whose
+            lease may have expired acknowledges nothing).
+        on_stale: called when a follower shows a newer epoch (this leader is deposed).
+    """
+
+    def __init__(
+        self,
+        broker: BrokerController,
+        replica: int,
+        epoch: int,
+        isr: tuple[int, ...],
+        epochs: EpochHistory,
+        update_isr: Callable[[tuple[int, ...]], Any],
+        lease_valid: Callable[[], bool],
+        on_stale: Callable[[str], None],
+    ) -> None:
+        self.broker = broker
+        self.store = broker.store
+        cfg = broker.config
+        self.replica = replica
+        self.epoch = epoch
+        self.isr: tuple[int, ...] = tuple(sorted(set(isr) | {replica}))
+        self.epochs = epochs
+        self.min_isr = cfg.min_in_sync_replicas
+        self.max_lag_s = cfg.ha_max_time_slave_not_catchup / 1000.0
+        self.timeout = cfg.sync_flush_timeout / 1000.0
+        self._update_isr = update_isr
+        self._lease_valid = lease_valid
+        self._on_stale = on_stale
+        self.followers: dict[int, _Follower] = {r: _Follower() for r in self.isr if r != replica}
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._appended = asyncio.Event()
+        self._isr_changing = False
+        self._closed: str | None = None
+        self.metrics = broker.metrics
+        self.metrics.in_sync_replicas.set(len(self.isr))
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    def _replicated(self, end: int) -> bool:
+        return all(
+            self.followers.get(r, _Follower()).offset >= end for r in self.isr if r != self.replica
+        )
+
+    def _check_can_ack(self) -> None:
+        if self._closed is not None:
+            raise ServiceNotAvailableError(f"this broker no longer leads: {self._closed}")
+        if len(self.isr) < self.min_isr:
+            raise SlaveNotAvailableError(
+                f"only {len(self.isr)} in-sync replica(s) {list(self.isr)}, minInSyncReplicas is "
+                f"{self.min_isr}: the write is stored on the leader but not acknowledged"
+            )
+        if not self._lease_valid():
+            raise ServiceNotAvailableError(
+                "this broker's etcd lease may have expired: it cannot acknowledge writes"
+            )
+
+    async def wait_replicated(self, end: int) -> None:
+        """Return once ``end`` is on every ISR member; raise a retriable error otherwise."""
+        self._check_can_ack()
+        if self._replicated(end):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, fut))
+        self._appended.set()
+        loop = asyncio.get_running_loop()
+
+        def expire() -> None:
+            if not fut.done():
+                fut.set_exception(
+                    FlushSlaveTimeoutError(
+                        f"the write is stored on the leader but the in-sync replicas "
+                        f"{list(self.isr)} did not confirm it within {self.timeout:.1f}s"
+                    )
+                )
+
+        timer = loop.call_later(self.timeout, expire)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+        self._check_can_ack()
+
+    def _release(self) -> None:
+        if not self._waiters:
+            return
+        still = []
+        for end, fut in self._waiters:
+            if fut.done():
+                continue
+            if self._replicated(end):
+                fut.set_result(None)
+            else:
+                still.append((end, fut))
+        self._waiters = still
+
+    def _fail_all(self, exc: Exception) -> None:
+        for _end, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._waiters = []
+
+    def notify_written(self) -> None:
+        self._appended.set()
+
+    def close(self, reason: str) -> None:
+        self._closed = reason
+        self._fail_all(ServiceNotAvailableError(f"this broker no longer leads: {reason}"))
+        self._appended.set()
+
+    # -- requests from followers ------------------------------------------------------------
+
+    def _check_follower(self, cmd: RemotingCommand) -> int:
+        f = cmd.ext_fields
+        group = str(f.get("brokerName", ""))
+        if group != self.broker.config.broker_name:
+            raise ServiceNotAvailableError(
+                f"this broker leads group {self.broker.config.broker_name!r}, not {group!r}"
+            )
+        epoch = int(f.get("epoch", -1))
+        if epoch > self.epoch:
+            self._on_stale(f"a follower is at epoch {epoch}, this leader at {self.epoch}")
+            raise ServiceNotAvailableError(f"this leader's epoch {self.epoch} is stale")
+        if self._closed is not None:
+            raise ServiceNotAvailableError(f"this broker no longer leads: {self._closed}")
+        return int(f.get("replicaId", -1))
+
+    async def handshake(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        replica = self._check_follower(cmd)
+        log.info("replica_handshake", replica=replica, peer=f"{conn.peer[0]}:{conn.peer[1]}")
+        body = {
+            "epoch": self.epoch,
+            "epochs": self.epochs.entries,
+            "segmentSize": self.broker.config.mapped_file_size_commit_log,
+            "minOffset": self.store.min_phy_offset,
+            "end": self.store.max_phy_offset,
+        }
+        return cmd.response(body=json.dumps(body).encode())
+
+    async def fetch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        replica = self._check_follower(cmd)
+        pos = int(cmd.ext_fields["offset"])
+        wait = min(int(cmd.ext_fields.get("waitMs", FETCH_WAIT_MS)), 5000) / 1000.0
+        self._progress(replica, pos)
+        if pos >= self.store.max_phy_offset and wait > 0:
+            self._appended.clear()
+            await wait_event(self._appended, wait)
+        if pos < self.store.min_phy_offset and pos == 0:
+            pos = self.store.min_phy_offset  # an empty follower starts at the oldest segment
+        try:
+            data, nxt = self.store.read_replica_chunk(pos, FETCH_MAX_BYTES)
+        except ValueError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
+        return cmd.response(
+            ext_fields={
+                "offset": pos,
+                "next": nxt,
+                "leaderEnd": self.store.max_phy_offset,
+                "epoch": self.epoch,
+            },
+            body=data,
+        )
+
+    async def meta(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self._check_follower(cmd)
+        b = self.broker
+        root = b.config.store_path_root_dir
+
+        def read() -> dict[str, str]:
+            b.offsets.persist()
+            out: dict[str, str] = {}
+            for rel in META_FILES:
+                try:
+                    with open(os.path.join(root, rel), encoding="utf-8") as f:
+                        out[rel] = f.read()
+                except FileNotFoundError:
+                    pass
+            return out
+
+        await b.persist_topics()
+        await b.transactions.persist_check_state()
+        files = await b.in_background(read)
+        return cmd.response(body=json.dumps(files).encode())
+
+    def _progress(self, replica: int, offset: int) -> None:
+        now = time.monotonic()
+        f = self.followers.setdefault(replica, _Follower(caught_up_at=now))
+        f.offset = max(f.offset, offset) if f.fetched else offset
+        f.fetched = True
+        f.fetched_at = now
+        end = self.store.max_phy_offset
+        if offset >= end:
+            f.caught_up_at = now
+        self.metrics.replication_lag.labels(str(replica)).set(max(0, end - offset))
+        self._release()
+        if replica not in self.isr and offset >= end:
+            self._change_isr(tuple(sorted((*self.isr, replica))), f"replica {replica} caught up")
+
+    # -- the ISR ----------------------------------------------------------------------------
+
+    def _change_isr(self, new: tuple[int, ...], why: str) -> None:
+        if self._isr_changing or self._closed is not None or new == self.isr:
+            return
+        self._isr_changing = True
+        asyncio.get_running_loop().create_task(self._write_isr(new, why), name="txmq-isr")
+
+    async def _write_isr(self, new: tuple[int, ...], why: str) -> None:
+        try:
+            ok = await self._update_isr(new)
+            if ok:
+                old, self.isr = self.isr, new
+                self.metrics.in_sync_replicas.set(len(new))
+                log.warning("isr_changed", old=list(old), new=list(new), reason=why)
+                if len(new) < self.min_isr:
+                    self._fail_all(
+                        SlaveNotAvailableError(
+                            f"in-sync replicas {list(new)} are fewer than minInSyncReplicas "
+                            f"{self.min_isr}: the write is stored on the leader but not "
+                            "acknowledged"
+                        )
+                    )
+                self._release()
+            else:
+                self._on_stale("the ISR update was refused: another replica leads")
+        except Exception as exc:
+            log.warning("isr_update_failed", new=list(new), error=str(exc))
+        finally:
+            self._isr_changing = False
+
+    async def run(self) -> None:
+        """Drop followers that fall behind from the ISR."""
+        while self._closed is None:
+            await asyncio.sleep(0.2)
+            now = time.monotonic()
+            end = self.store.max_phy_offset
+            for r in self.isr:
+                if r == self.replica:
+                    continue
+                f = self.followers.setdefault(r, _Follower())
+                if now - f.fetched_at > self.max_lag_s:
+                    self._change_isr(
+                        tuple(x for x in self.isr if x != r),
+                        f"replica {r} has not fetched for {now - f.fetched_at:.1f}s",
+                    )
+                    break
+                if f.offset >= end:
+                    f.caught_up_at = now
+                elif now - f.caught_up_at > self.max_lag_s:
+                    self._change_isr(
+                        tuple(x for x in self.isr if x != r),
+                        f"replica {r} behind by {end - f.offset} bytes for more than "
+                        f"{self.max_lag_s:.1f}s",
+                    )
+                    break
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "end": self.store.max_phy_offset,
+            "replicas": {str(r): f.offset for r, f in self.followers.items()},
+            "isr": list(self.isr),
+            "epoch": self.epoch,
+        }
+
+
+class ReplicaFetcher:
+    """The follower side: handshake (cut back to the divergence point), then fetch forever.
+
+    Args:
+        store: this replica's open store.
+        epochs: its epoch history.
+        leader_addr: ``host:port`` of the leader's remoting port.
+        group, replica, epoch: who asks, under which epoch (from the watched cluster view).
+        sync: fsync each fetched chunk before acknowledging it (``SYNC_FLUSH``).
+        ssl: the client TLS context when the leader's port enforces TLS.
+    """
+
+    def __init__(
+        self,
+        store: MessageStore,
+        epochs: EpochHistory,
+        leader_addr: str,
+        group: str,
+        replica: int,
+        epoch: int,
+        *,
+        segment_size: int,
+        sync: bool,
+        run_blocking: Callable[[Callable[[], Any]], Any],
+        ssl: Any = None,
+    ) -> None:
+        self.store = store
+        self.epochs = epochs
+        self.leader_addr = leader_addr
+        self.group = group
+        self.replica = replica
+        self.epoch = epoch
+        self.segment_size = segment_size
+        self.sync = sync
+        self._run_blocking = run_blocking
+        self._ssl = ssl
+        self.leader_end = 0
+        self.caught_up = asyncio.Event()
+        self.fetches = 0
+        self._leader_epochs: list[tuple[int, int]] = []
+
+    def _fields(self, **more: Any) -> dict[str, Any]:
+        return {"brokerName": self.group, "replicaId": self.replica, "epoch": self.epoch, **more}
+
+    async def run(self) -> None:
+        host, _, port = self.leader_addr.rpartition(":")
+        conn = await open_connection(host, int(port), timeout=3.0, ssl=self._ssl)
+        try:
+            await self._handshake(conn)
+            last_meta = 0.0
+            while True:
+                await self._fetch_once(conn)
+                now = time.monotonic()
+                if now - last_meta >= 1.0:
+                    last_meta = now
+                    await self._meta(conn)
+        finally:
+            conn.close()
+
+    async def _request(self, conn: Connection, code: int, timeout: float, **fields: Any) -> Any:
+        resp = await conn.request(RemotingCommand.request(code, self._fields(**fields)), timeout)
+        if resp.code != ResponseCode.SUCCESS:
+            raise ServiceNotAvailableError(
+                f"leader {self.leader_addr} refused replication request {code}: {resp.remark}"
+            )
+        return resp
+
+    async def _handshake(self, conn: Connection) -> None:
+        resp = await self._request(conn, RequestCode.TXMQ_HA_HANDSHAKE, 5.0)
+        info = json.loads(resp.body)
+        if int(info["segmentSize"]) != self.segment_size:
+            raise ValueError(
+                f"the leader's mappedFileSizeCommitLog is {info['segmentSize']}, this broker's "
+                f"{self.segment_size}: replicas of a group need the same value"
+            )
+        leader_epochs = [(int(e), int(o)) for e, o in info["epochs"]]
+        end = self.store.max_phy_offset
+        cut = divergence(self.epochs.entries, leader_epochs)
+        if cut is not None and cut < end:
+            log.warning(
+                "replica_truncating",
+                offset=cut,
+                end=end,
+                reason="records past the point where this log diverged from the leader's",
+            )
+            await self._run_blocking(lambda: self.store.truncate(cut))
+            end = self.store.max_phy_offset
+        elif end > int(info["end"]):
+            log.warning("replica_truncating", offset=int(info["end"]), end=end, reason="ahead")
+            leader_end = int(info["end"])
+            await self._run_blocking(lambda: self.store.truncate(leader_end))
+            end = self.store.max_phy_offset
+        self._leader_epochs = leader_epochs
+        self.epochs.adopt(leader_epochs, end)
+        log.info(
+            "replica_following",
+            leader=self.leader_addr,
+            epoch=self.epoch,
+            offset=end,
+            leader_end=int(info["end"]),
+        )
+
+    async def _fetch_once(self, conn: Connection) -> None:
+        pos = self.store.max_phy_offset
+        resp = await self._request(
+            conn,
+            RequestCode.TXMQ_HA_FETCH,
+            FETCH_WAIT_MS / 1000.0 + 5.0,
+            offset=pos,
+            waitMs=FETCH_WAIT_MS,
+        )
+        f = resp.ext_fields
+        start, nxt = int(f["offset"]), int(f["next"])
+        self.leader_end = int(f["leaderEnd"])
+        self.fetches += 1
+        if resp.body or nxt != start:
+            end = self.store.append_replicated(start, resp.body, nxt)
+            if self.sync:
+                await self._run_blocking(self.store.flush)
+            self.epochs.adopt(self._leader_epochs, end)
+        if self.store.max_phy_offset >= self.leader_end:
+            self.caught_up.set()
+
+    async def _meta(self, conn: Connection) -> None:
+        resp = await self._request(conn, RequestCode.TXMQ_HA_META, 5.0)
+        files: dict[str, str] = json.loads(resp.body)
+        root = self.store.config.store_path_root_dir
+
+        def write() -> None:
+            for rel, text in files.items():
+                if rel not in META_FILES:
+                    continue
+                path = os.path.join(root, rel)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        if f.read() == text:
+                            continue
+                except FileNotFoundError:
+                    pass
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                atomic_write(path, text.encode())
+
+        await self._run_blocking(write)

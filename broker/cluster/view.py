@@ -1,0 +1,203 @@
+"""What a cluster keeps in etcd, and each broker's watched copy of it.
+
+Keys, under ``/txmq/<brokerClusterName>/`` (values are JSON)::
+
+    members/<group>/<replicaId>  {"addr", "replicaId", "group"}       lease: the broker's session
+    leader/<group>               {"replicaId", "addr", "epoch"}       lease: the leader's session
+    epoch/<group>                {"epoch", "replicaId"}   the last election (who won it)
+    isr/<group>                  {"epoch", "members": [replicaId...]} written only by the leader
+    topics/<group>/<topic>       {"read", "write", "perm", "sysFlag"} the group's queues of a topic
+    progress/<group>             {"end", "replicas": {id: offset}, "isr": [...]}  lease: leader
+    batches/<group>/<batchKey>   {"commit": [transactionId...]}      a cross-group batch decision
+
+Only the leader of a group writes ``isr``, ``topics`` and ``progress`` for it, always in an etcd
+transaction that compares the leader key it holds, so a deposed leader's writes are refused.
+Clients never talk to etcd: every broker answers routes from this copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from .etcd import Entry
+
+
+def prefix(cluster: str) -> str:
+    return f"/txmq/{cluster}/"
+
+
+class Keys:
+    def __init__(self, cluster: str) -> None:
+        self.root = prefix(cluster)
+
+    def member(self, group: str, replica: int) -> str:
+        return f"{self.root}members/{group}/{replica}"
+
+    def leader(self, group: str) -> str:
+        return f"{self.root}leader/{group}"
+
+    def epoch(self, group: str) -> str:
+        return f"{self.root}epoch/{group}"
+
+    def isr(self, group: str) -> str:
+        return f"{self.root}isr/{group}"
+
+    def topic(self, group: str, topic: str) -> str:
+        return f"{self.root}topics/{group}/{topic}"
+
+    def progress(self, group: str) -> str:
+        return f"{self.root}progress/{group}"
+
+    def batch(self, group: str, batch_key: str) -> str:
+        return f"{self.root}batches/{group}/{batch_key}"
+
+
+@dataclass(frozen=True)
+class Leader:
+    replica: int
+    addr: str
+    epoch: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Isr:
+    epoch: int
+    members: tuple[int, ...]
+    mod_revision: int
+
+
+class ClusterView:
+    """The watched copy: rebuilt from the whole prefix on every change (it is small)."""
+
+    def __init__(self, cluster: str) -> None:
+        self.keys = Keys(cluster)
+        self.cluster = cluster
+        self.table: dict[str, Entry] = {}
+        self.changed = asyncio.Event()
+        self.revision = 0
+        self.loaded = asyncio.Event()
+
+    def update(self, table: dict[str, Entry]) -> None:
+        self.table = table
+        self.revision += 1
+        self.loaded.set()
+        self.changed.set()
+
+    def _under(self, kind: str) -> dict[tuple[str, ...], Entry]:
+        head = f"{self.keys.root}{kind}/"
+        out: dict[tuple[str, ...], Entry] = {}
+        for key, entry in self.table.items():
+            if key.startswith(head):
+                out[tuple(key[len(head) :].split("/"))] = entry
+        return out
+
+    def groups(self) -> list[str]:
+        names = {k[0] for k in self._under("members")} | {k[0] for k in self._under("leader")}
+        names |= {k[0] for k in self._under("topics")}
+        return sorted(names)
+
+    def leader(self, group: str) -> Leader | None:
+        e = self.table.get(self.keys.leader(group))
+        if e is None:
+            return None
+        v = e.value
+        return Leader(int(v["replicaId"]), str(v["addr"]), int(v["epoch"]), e.lease)
+
+    def members(self, group: str) -> dict[int, str]:
+        return {
+            int(k[1]): str(e.value["addr"])
+            for k, e in self._under("members").items()
+            if k[0] == group and len(k) == 2
+        }
+
+    def isr(self, group: str) -> Isr | None:
+        e = self.table.get(self.keys.isr(group))
+        if e is None:
+            return None
+        return Isr(int(e.value["epoch"]), tuple(int(m) for m in e.value["members"]), e.mod_revision)
+
+    def epoch(self, group: str) -> tuple[int, int]:
+        """(last epoch, mod revision of its key; 0 if there never was an election)."""
+        e = self.table.get(self.keys.epoch(group))
+        if e is None:
+            return 0, 0
+        return int(e.value["epoch"]), e.mod_revision
+
+    def progress(self, group: str) -> dict[str, Any]:
+        e = self.table.get(self.keys.progress(group))
+        return dict(e.value) if e is not None else {}
+
+    def topics(self, group: str) -> dict[str, dict[str, Any]]:
+        return {
+            k[1]: dict(e.value)
+            for k, e in self._under("topics").items()
+            if k[0] == group and len(k) == 2
+        }
+
+    def batch(self, group: str, batch_key: str) -> dict[str, Any] | None:
+        e = self.table.get(self.keys.batch(group, batch_key))
+        return dict(e.value) if e is not None else None
+
+    def route(self, topic: str) -> dict[str, Any] | None:
+        """RocketMQ's TopicRouteData for ``topic`` over every group that has it: each group's
+        queues, and its leader as broker id 0 (followers as 1, 2, ... for information)."""
+        queue_datas: list[dict[str, Any]] = []
+        broker_datas: list[dict[str, Any]] = []
+        for group in self.groups():
+            tc = self.topics(group).get(topic)
+            if tc is None:
+                continue
+            queue_datas.append(
+                {
+                    "brokerName": group,
+                    "readQueueNums": int(tc["read"]),
+                    "writeQueueNums": int(tc["write"]),
+                    "perm": int(tc["perm"]),
+                    "topicSysFlag": int(tc.get("sysFlag", 0)),
+                }
+            )
+            addrs: dict[str, str] = {}
+            leader = self.leader(group)
+            if leader is not None:
+                addrs["0"] = leader.addr
+            n = 1
+            for rid, addr in sorted(self.members(group).items()):
+                if leader is None or rid != leader.replica:
+                    addrs[str(n)] = addr
+                    n += 1
+            broker_datas.append(
+                {"cluster": self.cluster, "brokerName": group, "brokerAddrs": addrs}
+            )
+        if not queue_datas:
+            return None
+        return {
+            "orderTopicConf": None,
+            "queueDatas": queue_datas,
+            "brokerDatas": broker_datas,
+            "filterServerTable": {},
+        }
+
+    def status(self) -> dict[str, Any]:
+        """Everything ``txmq cluster status`` shows."""
+        out: dict[str, Any] = {"cluster": self.cluster, "groups": {}}
+        for group in self.groups():
+            leader = self.leader(group)
+            isr = self.isr(group)
+            prog = self.progress(group)
+            end = int(prog.get("end", 0))
+            replicas = {str(k): int(v) for k, v in dict(prog.get("replicas", {})).items()}
+            out["groups"][group] = {
+                "leader": None
+                if leader is None
+                else {"replicaId": leader.replica, "addr": leader.addr, "epoch": leader.epoch},
+                "epoch": self.epoch(group)[0],
+                "members": {str(k): v for k, v in self.members(group).items()},
+                "inSync": list(isr.members) if isr is not None else [],
+                "leaderEnd": end,
+                "lag": {rid: max(0, end - off) for rid, off in replicas.items()},
+                "topics": sorted(self.topics(group)),
+            }
+        return out

@@ -1,0 +1,264 @@
+"""Broker groups of real broker processes over real etcd members, for the cluster tests.
+
+Each replica is ``txmq broker`` in its own process with its own store folder and a fixed
+loopback port (routes name it), logging to a file (``replica.log`` is where to look when a test
+fails).  Conditions are read from the brokers themselves (``TXMQ_CLUSTER_STATUS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txmq.protocol.aio import open_connection
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import TxmqError
+
+from .etcd import free_port
+
+#: Test timers: short lease (quick failover), short lag limit, fast transaction checks.
+FAST_CLUSTER = {
+    "etcdLeaseTtl": 3,
+    "haMaxTimeSlaveNotCatchup": 2000,
+    "syncFlushTimeout": 4000,
+    "transactionTimeOut": 1000,
+    "transactionCheckInterval": 300,
+    "mappedFileSizeCommitLog": 8 * 1024 * 1024,
+    "maxMessageSize": 1024 * 1024,
+    "flushIntervalCommitLog": 100,
+}
+
+
+@dataclass
+class Replica:
+    group: str
+    replica: int
+    port: int
+    store: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class BrokerCluster:
+    def __init__(
+        self,
+        base: Path,
+        etcd_endpoints: str,
+        *,
+        name: str,
+        groups: dict[str, int],
+        flush: str = "SYNC_FLUSH",
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.base = base
+        self.etcd = etcd_endpoints
+        self.name = name
+        self.flush = flush
+        self.settings = {**FAST_CLUSTER, **(settings or {})}
+        self.replicas: dict[tuple[str, int], Replica] = {}
+        for group, n in groups.items():
+            for rid in range(n):
+                d = base / f"{group}-{rid}"
+                d.mkdir(parents=True, exist_ok=True)
+                self.replicas[(group, rid)] = Replica(
+                    group, rid, free_port(), d / "store", d / "replica.log"
+                )
+
+    def seeds(self, group: str | None = None) -> str:
+        """The address list a client is given (every replica of the group, or all)."""
+        return ",".join(r.addr for r in self.replicas.values() if group in (None, r.group))
+
+    def command(self, r: Replica) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "txmq",
+            "broker",
+            "--store-dir",
+            str(r.store),
+            "--port",
+            str(r.port),
+            "--flush",
+            self.flush,
+            "--set",
+            f"etcdEndpoints={self.etcd}",
+            "--set",
+            f"brokerClusterName={self.name}",
+            "--set",
+            f"brokerName={r.group}",
+            "--set",
+            f"brokerId={r.replica}",
+        ]
+        for k, v in self.settings.items():
+            cmd += ["--set", f"{k}={v}"]
+        return cmd
+
+    def start(self, group: str, rid: int) -> Replica:
+        r = self.replicas[(group, rid)]
+        assert not r.running
+        out = open(r.log, "ab")
+        r.proc = subprocess.Popen(
+            self.command(r),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        out.close()
+        return r
+
+    def start_all(self) -> None:
+        for group, rid in self.replicas:
+            self.start(group, rid)
+
+    def kill(self, group: str, rid: int) -> None:
+        r = self.replicas[(group, rid)]
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGKILL)
+        r.proc.wait(15)
+
+    def pause(self, group: str, rid: int) -> None:
+        r = self.replicas[(group, rid)]
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, group: str, rid: int) -> None:
+        r = self.replicas[(group, rid)]
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGCONT)
+
+    def wipe(self, group: str, rid: int) -> None:
+        r = self.replicas[(group, rid)]
+        assert not r.running
+        shutil.rmtree(r.store, ignore_errors=True)
+
+    def stop_all(self) -> None:
+        for r in self.replicas.values():
+            if r.proc is not None and r.proc.poll() is None:
+                r.proc.send_signal(signal.SIGCONT)
+                r.proc.terminate()
+        for r in self.replicas.values():
+            if r.proc is not None:
+                try:
+                    r.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    r.proc.kill()
+                    r.proc.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        out = []
+        for r in self.replicas.values():
+            try:
+                text = r.log.read_text(errors="replace").splitlines()[-lines:]
+            except FileNotFoundError:
+                text = []
+            out.append(f"--- {r.group}/{r.replica} ({r.addr}) ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def events(self, group: str, rid: int, event: str) -> list[dict[str, Any]]:
+        r = self.replicas[(group, rid)]
+        found = []
+        for line in r.log.read_text(errors="replace").splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if doc.get("event") == event:
+                found.append(doc)
+        return found
+
+    # -- asking the brokers ------------------------------------------------------------------
+
+    async def wait(
+        self, predicate: Callable[[], Awaitable[bool]], timeout: float, message: str
+    ) -> None:
+        """Poll ``predicate`` every 0.2 s; fail with ``message`` and the replicas' log tails
+        after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not await predicate():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.0f}s: {message}\n{self.log_tail()}")
+            if not any(r.running for r in self.replicas.values()):
+                pytest.fail(f"every broker process exited: {message}\n{self.log_tail()}")
+            await asyncio.sleep(0.2)
+
+    async def status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        host, _, port = addr.rpartition(":")
+        try:
+            conn = await open_connection(host, int(port), timeout=timeout)
+        except TxmqError:
+            return None
+        try:
+            resp = await conn.request(
+                RemotingCommand.request(RequestCode.TXMQ_CLUSTER_STATUS), timeout
+            )
+        except TxmqError:
+            return None
+        finally:
+            conn.close()
+        if resp.code != ResponseCode.SUCCESS:
+            return None
+        doc: dict[str, Any] = json.loads(resp.body)
+        return doc
+
+    async def group_status(self, group: str) -> dict[str, Any] | None:
+        """The group as the first running replica that answers sees it."""
+        for r in self.replicas.values():
+            if r.running:
+                st = await self.status(r.addr)
+                if st is not None and group in st["groups"]:
+                    return dict(st["groups"][group])
+        return None
+
+    async def wait_leader(
+        self, group: str, *, not_replica: int | None = None, timeout: float = 30.0
+    ) -> Replica:
+        """Until a replica of ``group`` (other than ``not_replica``) leads and serves."""
+        found: list[Replica] = []
+
+        async def led() -> bool:
+            for r in self.replicas.values():
+                if r.group != group or not r.running or r.replica == not_replica:
+                    continue
+                st = await self.status(r.addr)
+                if st is not None and st["self"]["role"] == "leader":
+                    found[:] = [r]
+                    return True
+            return False
+
+        await self.wait(led, timeout, f"no leader in group {group}")
+        return found[0]
+
+    async def wait_in_sync(self, group: str, members: list[int], timeout: float = 30.0) -> None:
+        async def synced() -> bool:
+            st = await self.group_status(group)
+            return st is not None and sorted(st["inSync"]) == sorted(members)
+
+        await self.wait(synced, timeout, f"group {group} in-sync set never became {members}")
+
+    def wait_exit(self, r: Replica, timeout: float = 20.0) -> None:
+        assert r.proc is not None
+        r.proc.wait(timeout)
+
+    def elapsed(self, t0: float) -> float:
+        return time.monotonic() - t0
