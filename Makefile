@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 TYPEVIEW := build/typecheck
 
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client grpc-gen etcd
+	docker-image py5-client grpc-gen etcd spark35
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
@@ -25,7 +25,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client etcd
+pytest: $(STAMP) docker-setup py5-client etcd spark35
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -87,6 +87,20 @@ py5-client:
 		&& $(PY5)/bin/python -m pip install --quiet '$(PY5_CLIENT)' \
 		&& echo '$(PY5_CLIENT)' > $(PY5)/.installed; } \
 		|| echo "py5-client: $(PY5_CLIENT) could not be installed; the gRPC client tests say why"
+
+## pyspark 3.5 in a venv of its own, with the pandas and pyarrow it supports and txmq from this
+## checkout (editable, without the spark extra, which wants pyspark >= 4), for
+## tests/spark/test_spark35.py (the foreachBatch helper).  Made once; when it cannot be
+## installed the step says so and the test reports the reason (fails under CI).
+SPARK35 := build/venvs/spark35
+SPARK35_PACKAGES := 'pyspark>=3.5,<3.6' 'pandas>=2.0,<2.3' 'pyarrow>=12,<16' 'numpy<2'
+spark35:
+	@[ -f $(SPARK35)/.installed ] || { $(PYTHON) -m venv --clear $(SPARK35) \
+		&& $(SPARK35)/bin/python -m pip install --quiet $(SPARK35_PACKAGES) \
+		&& $(SPARK35)/bin/python -m pip install --quiet -e . \
+		&& $(SPARK35)/bin/python -m pip check \
+		&& echo $(SPARK35_PACKAGES) > $(SPARK35)/.installed; } \
+		|| echo "spark35: pyspark 3.5 could not be installed in $(SPARK35); tests/spark/test_spark35.py says why"
 
 ## Regenerate broker/grpc/v2 from broker/grpc/protos after editing a .proto file.
 grpc-gen: $(STAMP)

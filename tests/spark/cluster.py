@@ -30,10 +30,13 @@ def free_port() -> int:
         return port
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without Spark's variables, plus ``extra``."""
+def clean_env(*, home: bool = True, **extra: str) -> dict[str, str]:
+    """The test's environment without Spark's variables, plus ``extra``; with ``home``,
+    ``SPARK_HOME`` is this pyspark's distribution (without, a pyspark finds its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SPARK_VARIABLES)}
-    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", **extra)
+    if home:
+        env["SPARK_HOME"] = str(spark_home())
+    env.update(SPARK_LOCAL_IP="127.0.0.1", **extra)
     return env
 
 
