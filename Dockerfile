@@ -29,6 +29,9 @@ RUN python3 -m venv /opt/txmq \
 ENV PATH=/opt/txmq/bin:$PATH
 
 COPY config/broker.toml /etc/txmq/broker.toml
+# etcd for the compose file's cluster profile (the same image runs etcd members and brokers):
+# Debian's etcd-server binary, as `make etcd` unpacks it.
+COPY build/etcd/bin/etcd /usr/local/bin/etcd
 
 # The data folder exists and belongs to txmq before VOLUME, so a fresh named volume inherits
 # that ownership.

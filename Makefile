@@ -63,7 +63,7 @@ wheels: $(STAMP)
 	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[grpc,cluster]'
 
 ## The broker image txmq:latest, for `docker-compose up broker`.
-docker-image: docker-setup wheels
+docker-image: docker-setup wheels etcd
 	docker-compose build broker
 
 ## etcd for cluster mode and its tests: build/etcd/bin/etcd and etcdctl, Debian's etcd-server

@@ -444,6 +444,10 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         # Stock clients ask for the auto-create template's route before a new topic's first
         # send; the send itself needs PUB on the new topic.
         return False, []
+    if code == R.TXMQ_CLUSTER_STATUS:
+        # Brokers, groups and leaders, as route answers name them: the SDK asks for it to find
+        # its group's leader, so any account may.
+        return False, []
     if code in (R.GET_ROUTEINFO_BY_TOPIC, R.GET_TOPIC_STATS_INFO):
         topic = _field(ext, "topic")
         return False, [topic_or_group(topic, ANY)] if topic else []

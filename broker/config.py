@@ -37,6 +37,9 @@ class BrokerConfig:
     broker_id: int = 0
     #: Address clients are told to use (route answers, offsetMsgId).
     broker_i_p1: str = "127.0.0.1"
+    #: Cluster mode: the address the other replicas of the group replicate through (RocketMQ's
+    #: HA address); empty = ``brokerIP1``.
+    broker_i_p2: str = ""
     #: Interface the server binds; 127.0.0.1 unless configured otherwise.
     bind_address: str = "127.0.0.1"
     listen_port: int = 10911
@@ -208,6 +211,7 @@ class BrokerConfig:
 #: (``TXMQ_TLS_SERVER_MODE``).
 _ALIASES = {
     "broker_i_p1": "brokerIP1",
+    "broker_i_p2": "brokerIP2",
     "tls_server_mode": "tls.server.mode",
     "tls_server_cert_path": "tls.server.certPath",
     "tls_server_key_path": "tls.server.keyPath",
@@ -223,8 +227,8 @@ def key_name(attr: str) -> str:
 
 
 def env_name(attr: str) -> str:
-    if attr == "broker_i_p1":
-        return "TXMQ_BROKER_IP1"
+    if attr in ("broker_i_p1", "broker_i_p2"):
+        return "TXMQ_BROKER_IP" + attr[-1]
     return "TXMQ_" + attr.upper()
 
 

@@ -133,7 +133,12 @@ def interpolate(value: str, env: dict[str, str]) -> str:
 
 
 def test_compose_broker_service(compose: dict[str, Any]) -> None:
-    assert list(compose["services"]) == ["broker"]
+    services = compose["services"]
+    # Everything but the single broker is in the opt-in cluster profile: `docker-compose up`
+    # starts the broker alone.
+    assert [n for n, svc in services.items() if "cluster" not in svc.get("profiles", [])] == [
+        "broker"
+    ]
     broker = compose["services"]["broker"]
     assert broker["build"]["context"] == "."
     assert interpolate(broker["build"]["args"]["BASE_IMAGE"], {}) == BASE_IMAGE
@@ -261,3 +266,40 @@ def test_build_context_is_what_the_dockerfile_copies(dockerfile: dict[str, list[
     copied = {c.split()[0] for c in dockerfile["COPY"]}
     assert {p[1:] for p in patterns[1:]} == copied
     assert (ROOT / "config" / "broker.toml").is_file()
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """A sub-package missing from pyproject works in the editable checkout but not from a wheel
+    (the Docker image, a Spark node)."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]
+    dirs = setup["package-dir"]
+    assert sorted(setup["packages"]) == sorted(dirs)
+    for top, name in (
+        ("protocol", "txmq.protocol"),
+        ("broker", "txmq.broker"),
+        ("client", "txmq.client"),
+        ("spark_connector", "txmq.spark_connector"),
+    ):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / top)
+            pkg = ".".join([name, *rel.parts]) if rel.parts else name
+            assert pkg in dirs, f"{pkg} ({init.parent}) is not listed in pyproject.toml"
+            assert dirs[pkg] == "/".join([top, *rel.parts])
+
+
+def test_compose_cluster_profile(compose: dict[str, Any]) -> None:
+    """Three etcd members and three replicas of group g1, each replica on its own port (the same
+    inside and outside), replicating through its service name."""
+    services = compose["services"]
+    replicas = {n: s for n, s in services.items() if n.startswith("g1-")}
+    assert sorted(replicas) == ["g1-0", "g1-1", "g1-2"]
+    assert sorted(n for n in services if n.startswith("etcd")) == ["etcd1", "etcd2", "etcd3"]
+    for name, svc in replicas.items():
+        env = svc["environment"]
+        assert env["TXMQ_ETCD_ENDPOINTS"] == "etcd1:2379,etcd2:2379,etcd3:2379"
+        assert env["TXMQ_BROKER_IP2"] == name
+        port = interpolate(env["TXMQ_LISTEN_PORT"], {})
+        assert [interpolate(p, {}) for p in svc["ports"]] == [f"{port}:{port}"]
+        assert svc["depends_on"] == ["etcd1", "etcd2", "etcd3"]

@@ -38,6 +38,9 @@ from .view import ClusterView, Keys
 
 log = structlog.get_logger(__name__)
 
+#: Seconds a cross-group batch decision stays in etcd: every group applies it long before.
+BATCH_RECORD_TTL = 3600
+
 
 def store_config(cfg: BrokerConfig) -> StoreConfig:
     return StoreConfig(
@@ -62,6 +65,11 @@ class ClusterHooks:
 
     def status(self) -> dict[str, Any]:
         return self.node.status()
+
+    async def batch_decision(
+        self, producer_group: str, batch_key: str, commit: list[str]
+    ) -> list[str]:
+        return await self.node.batch_decision(producer_group, batch_key, commit)
 
 
 class FollowerRole:
@@ -203,6 +211,8 @@ class ClusterNode:
         self.view = ClusterView(config.broker_cluster_name)
         self.etcd = EtcdSession(config.etcd_endpoints, timeout=min(3.0, config.etcd_lease_ttl / 2))
         self.addr = f"{config.broker_i_p1}:{config.listen_port}"
+        #: Where the group's other replicas reach this one (brokerIP2, else brokerIP1).
+        self.ha_addr = f"{config.broker_i_p2 or config.broker_i_p1}:{config.listen_port}"
         self.store_host = (_ipv4_of(config.broker_i_p1), config.listen_port)
         self.lease = 0
         self.lease_deadline = 0.0
@@ -273,7 +283,12 @@ class ClusterNode:
         self.lease_deadline = sent + ttl - 0.5
         await self.etcd.put(
             self.keys.member(self.group, self.replica),
-            {"addr": self.addr, "replicaId": self.replica, "group": self.group},
+            {
+                "addr": self.addr,
+                "haAddr": self.ha_addr,
+                "replicaId": self.replica,
+                "group": self.group,
+            },
             lease=self.lease,
         )
 
@@ -361,7 +376,12 @@ class ClusterNode:
             [
                 (
                     self.keys.leader(self.group),
-                    {"replicaId": self.replica, "addr": self.addr, "epoch": new_epoch},
+                    {
+                        "replicaId": self.replica,
+                        "addr": self.addr,
+                        "haAddr": self.ha_addr,
+                        "epoch": new_epoch,
+                    },
                     self.lease,
                 ),
                 (
@@ -479,6 +499,7 @@ class ClusterNode:
                             self._stale("a topic publish was refused: another replica leads")
                             return
                         published[name] = value
+                await self._apply_batches(broker)
                 now = time.monotonic()
                 rep = self.hooks.replication if self.hooks is not None else None
                 if rep is not None and now - last_progress >= 1.0:
@@ -486,9 +507,66 @@ class ClusterNode:
                     await self.etcd.put(
                         self.keys.progress(self.group), rep.status(), lease=self.lease
                     )
-            except EtcdError as exc:
+            except Exception as exc:
                 log.info("cluster_publish_failed", error=str(exc))
             await asyncio.sleep(0.3)
+
+    # -- batch decisions across groups ----------------------------------------------------
+
+    async def batch_decision(
+        self, producer_group: str, batch_key: str, commit: list[str]
+    ) -> list[str]:
+        """The commit point of a batch (TXMQ_DECIDE_BATCH) that may span broker groups: one
+        create-if-absent etcd record.  Returns the decision in force (the first one made)."""
+        key = self.keys.batch(producer_group, batch_key)
+        lease = await self.etcd.grant(BATCH_RECORD_TTL)
+        created = await self.etcd.txn(
+            "batch decision",
+            [(key, "version", 0)],
+            [(key, {"commit": sorted(set(commit)), "ts": int(self.clock() * 1000)}, lease)],
+        )
+        if created:
+            log.info("batch_commit_point", producer_group=producer_group, batch_key=batch_key)
+            return sorted(set(commit))
+        await self.etcd.revoke(lease)
+        got = await self.etcd.get(key)
+        if got is None:
+            raise EtcdError(f"batch decision {key} vanished while it was read")
+        return [str(t) for t in got[0]["commit"]]
+
+    async def _apply_batches(self, broker: Any) -> None:
+        """Apply every batch decision recorded in etcd that this group holds pending members
+        of: a batch decided through another group (or through a leader that died before it
+        got here) is completed here without anyone asking again."""
+        tx = broker.transactions
+        head = f"{self.keys.root}batches/"
+        for key, entry in list(self.view.table.items()):
+            if not key.startswith(head):
+                continue
+            producer_group, _, batch_key = key[len(head) :].partition("/")
+            if (producer_group, batch_key) in tx.batches:
+                continue
+            if not tx.machine.pending_in_batch(producer_group, batch_key):
+                continue
+            commit = tx.local_batch_part(producer_group, [str(t) for t in entry.value["commit"]])
+            try:
+                end = tx.decide_batch(producer_group, batch_key, commit)
+            except Exception as exc:  # e.g. a listed transaction was rolled back meanwhile
+                log.error(
+                    "batch_not_applied",
+                    producer_group=producer_group,
+                    batch_key=batch_key,
+                    error=str(exc),
+                )
+                continue
+            log.warning(
+                "batch_applied_from_commit_point",
+                producer_group=producer_group,
+                batch_key=batch_key,
+                committed=len(commit),
+            )
+            if end is not None:
+                await broker.flush.wait_durable(end)
 
     async def _step_down(self, why: str) -> None:
         async with self._transition:
@@ -515,7 +593,7 @@ class ClusterNode:
             await self.follower.start()
             self.role = "follower"
         if leader is not None:
-            self.follower.follow(leader.addr, leader.epoch)
+            self.follower.follow(leader.ha_addr, leader.epoch)
 
     async def _stop_roles(self) -> None:
         if self.role == "leader":

@@ -2,8 +2,8 @@
 
 Keys, under ``/txmq/<brokerClusterName>/`` (values are JSON)::
 
-    members/<group>/<replicaId>  {"addr", "replicaId", "group"}       lease: the broker's session
-    leader/<group>               {"replicaId", "addr", "epoch"}       lease: the leader's session
+    members/<group>/<replicaId>  {"addr", "haAddr", "replicaId", "group"}  lease: its session
+    leader/<group>               {"replicaId", "addr", "haAddr", "epoch"}  lease: the leader's
     epoch/<group>                {"epoch", "replicaId"}   the last election (who won it)
     isr/<group>                  {"epoch", "members": [replicaId...]} written only by the leader
     topics/<group>/<topic>       {"read", "write", "perm", "sysFlag"} the group's queues of a topic
@@ -60,6 +60,8 @@ class Leader:
     addr: str
     epoch: int
     lease: int
+    #: Where followers replicate from (brokerIP2), ``addr`` when not set.
+    ha_addr: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,10 @@ class ClusterView:
         if e is None:
             return None
         v = e.value
-        return Leader(int(v["replicaId"]), str(v["addr"]), int(v["epoch"]), e.lease)
+        addr = str(v["addr"])
+        return Leader(
+            int(v["replicaId"]), addr, int(v["epoch"]), e.lease, str(v.get("haAddr") or addr)
+        )
 
     def members(self, group: str) -> dict[int, str]:
         return {

@@ -110,6 +110,12 @@ class TransactionProcessor:
                     }
                 ).encode()
             )
+        cluster = self.tx.broker.cluster
+        if cluster is not None and key not in self.tx.batches:
+            # The batch may span broker groups: its decision is one create-if-absent record in
+            # etcd (the first decision wins everywhere); this group applies its part of it.
+            decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
+            commit = self.tx.local_batch_part(h.producer_group, decided_commit)
         end = self.tx.decide_batch(h.producer_group, h.batch_key, commit)
         if end is not None:
             await self.flush.wait_durable(end)

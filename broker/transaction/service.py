@@ -364,6 +364,12 @@ class TransactionalMessageService:
         )
         return end
 
+    def local_batch_part(self, group: str, commit: list[str]) -> list[str]:
+        """Cluster mode: the transactions of a batch decision that have their halves here (the
+        others are in other broker groups)."""
+        records = self.machine.records
+        return [t for t in commit if t in records and records[t].producer_group == group]
+
     def resume(self, rec: TxRecord) -> int:
         """Check ``rec`` again from a fresh budget (an operator's command)."""
         end = self._append(self.machine.plan_resume(rec, self.now_ms()))

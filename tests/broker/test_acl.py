@@ -166,6 +166,7 @@ def _allow(*keys: str) -> frozenset[str]:
 PUBLISHERS = _allow("producerA", "producerB", "operator")
 SUBSCRIBER = _allow("consumerC", "operator")
 ADMIN_ONLY = _allow("operator")
+EVERYONE = _allow("producerA", "producerB", "consumerC", "operator")
 
 
 async def cases(broker: BrokerController) -> list[Case]:
@@ -216,6 +217,7 @@ async def cases(broker: BrokerController) -> list[Case]:
             ADMIN_ONLY,
         ),
         Case(R.GET_ALL_TOPIC_CONFIG, {}, b"", ADMIN_ONLY),
+        Case(R.TXMQ_CLUSTER_STATUS, {}, b"", EVERYONE),
         Case(R.GET_BROKER_RUNTIME_INFO, {}, b"", ADMIN_ONLY),
         Case(R.TXMQ_GET_METRICS, {}, b"", ADMIN_ONLY),
         Case(R.RESUME_CHECK_HALF_MESSAGE, {"msgId": "nothing-like-it"}, b"", ADMIN_ONLY),

@@ -335,3 +335,52 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
         return True
 
     await bc.wait(both, 30, "every broker's route of 'wide' names both groups and leaders")
+
+
+async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster: Any) -> None:
+    """A batch with halves in two groups, decided through g1 while g2's leader is stopped; that
+    leader is then killed before it applied anything.  g2's next leader applies the decision
+    recorded in etcd by itself: the batch is committed in both groups, its other member rolled
+    back, with no second decide call."""
+    bc: BrokerCluster = make_cluster(groups={"g1": 1, "g2": 3}, settings={"minInSyncReplicas": 1})
+    bc.start_all()
+    l1 = await bc.wait_leader("g1")
+    l2 = await bc.wait_leader("g2")
+    await bc.wait_in_sync("g2", [0, 1, 2])
+    group, batch = "spark-sink", "query-1:7"
+    halves = {"a1": l1, "a2": l1, "b1": l2, "b2": l2}
+    for txid, leader in halves.items():
+        c = await RawClient.connect(leader.addr)
+        try:
+            resp = await c.send(
+                "sunk",
+                f"row-{txid}".encode(),
+                group=group,
+                transactional=True,
+                props={"TXMQ_BATCH_KEY": batch, "UNIQ_KEY": txid},
+            )
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        finally:
+            await c.close()
+    bc.pause("g2", l2.replica)
+    c = await RawClient.connect(l1.addr)
+    try:
+        resp = await c.call(
+            RequestCode.TXMQ_DECIDE_BATCH,
+            {"producerGroup": group, "batchKey": batch},
+            json.dumps({"commit": ["a1", "b1", "b2"]}).encode(),
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    finally:
+        await c.close()
+    bc.kill("g2", l2.replica)
+    new2 = await bc.wait_leader("g2", not_replica=l2.replica)
+
+    async def committed_in_both() -> bool:
+        g1 = sorted(text(b) for b in await stored_bodies(l1.addr, "sunk"))
+        g2 = sorted(text(b) for b in await stored_bodies(new2.addr, "sunk"))
+        return g1 == ["row-a1"] and g2 == ["row-b1", "row-b2"]
+
+    await bc.wait(committed_in_both, 40, "the batch is committed in both groups")
+    applied = bc.events("g2", new2.replica, "batch_applied_from_commit_point")
+    assert applied and applied[0]["batch_key"] == batch

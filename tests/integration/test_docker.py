@@ -9,6 +9,7 @@ run Docker (not root, no apt-get) the test is skipped with the reason, and fails
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shlex
@@ -19,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -246,7 +247,65 @@ def build_wheels() -> None:
             "--quiet",
             "--wheel-dir",
             str(wheels),
-            f"{ROOT}[grpc]",
+            f"{ROOT}[grpc,cluster]",
         ],
         BUILD_TIMEOUT,
     )
+
+
+CLUSTER = ["etcd1", "etcd2", "etcd3", "g1-0", "g1-1", "g1-2"]
+
+
+def cluster_status(address: str) -> dict[str, Any] | None:
+    from txmq.client.admin import AsyncAdminClient
+    from txmq.protocol.errors import TxmqError
+
+    async def ask() -> dict[str, Any]:
+        async with AsyncAdminClient(address, 3.0) as admin:
+            return await admin.cluster_status()
+
+    try:
+        return asyncio.run(ask())
+    except (TxmqError, OSError):
+        return None
+
+
+def wait_leader(ports: list[int], compose: Compose, not_port: int | None = None) -> int:
+    """The host port of the replica that leads g1 (other than ``not_port``)."""
+    deadline = time.monotonic() + HEALTHY_TIMEOUT
+    while time.monotonic() < deadline:
+        for port in ports:
+            if port == not_port:
+                continue
+            st = cluster_status(f"127.0.0.1:{port}")
+            if st and st["self"]["role"] == "leader" and len(st["groups"]["g1"]["inSync"]) >= 2:
+                return port
+        time.sleep(1.0)
+    logs = compose("logs", "--no-color", "--tail", "30", *CLUSTER[3:], check=False).stdout
+    pytest.fail(f"no leader of g1 in the compose cluster within {HEALTHY_TIMEOUT:.0f}s\n{logs}")
+
+
+def test_compose_cluster_profile_fails_over(compose: Compose) -> None:
+    """`docker-compose --profile cluster up`: three etcd members and three replicas come up, a
+    leader is elected, the SDK sends through the published ports; the leader's container is
+    SIGKILLed, another replica takes over and has every acknowledged message."""
+    ports = [free_port() for _ in range(3)]
+    for i, port in enumerate(ports):
+        compose.env[f"TXMQ_G1_{i}_PORT"] = str(port)
+    build_wheels()
+    compose("build", "broker", timeout=BUILD_TIMEOUT)
+    compose("--profile", "cluster", "up", "-d", *CLUSTER, timeout=STOP_TIMEOUT)
+    leader = wait_leader(ports, compose)
+    seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
+    topic = f"cluster-{secrets.token_hex(4)}"
+    sent = [f"message {i}".encode() for i in range(2 * MESSAGES)]
+    with Producer("docker-cluster", broker=seeds, request_timeout=10.0) as producer:
+        for body in sent[:MESSAGES]:
+            assert producer.send(Message(topic, body)).status == SendStatus.SEND_OK
+        victim = CLUSTER[3 + ports.index(leader)]
+        compose("kill", "-s", "SIGKILL", victim)
+        new_leader = wait_leader(ports, compose, not_port=leader)
+        for body in sent[MESSAGES:]:
+            assert producer.send(Message(topic, body)).status == SendStatus.SEND_OK
+    with PullConsumer("docker-cluster-check", broker=f"127.0.0.1:{new_leader}") as consumer:
+        assert sorted(drain(consumer, topic)) == sorted(sent)
