@@ -87,10 +87,17 @@ class FollowerRole:
         self.target: tuple[str, int] | None = None
         self.fetcher: ReplicaFetcher | None = None
         self._connections: set[Connection] = set()
+        self.acl: Any = None
 
     async def start(self) -> None:
         await self.run_blocking(self.store.load)
         self.epochs.load()
+        if self.node.config.acl_enable:
+            from ..acl import AclManager
+
+            acl = AclManager(self.node.config.plain_acl_file)
+            await self.run_blocking(acl.load)
+            self.acl = acl
         cfg = self.node.config
         self._server = await asyncio.get_running_loop().create_server(
             self._new_connection, cfg.bind_address, self.node.port, reuse_address=True
@@ -126,6 +133,7 @@ class FollowerRole:
                 sync=cfg.sync_flush,
                 run_blocking=self.run_blocking,
                 ssl=self.node.client_ssl(),
+                signer=self.node.replication_signer(),
             )
             try:
                 await self.fetcher.run()
@@ -157,6 +165,28 @@ class FollowerRole:
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         node = self.node
+        if self.acl is not None and cmd.code in (
+            RequestCode.GET_ROUTEINFO_BY_TOPIC,
+            RequestCode.TXMQ_CLUSTER_STATUS,
+        ):
+            # A follower serves no messages; routes and the cluster status go to any valid
+            # account (the leader checks topic permissions on everything else).
+            from txmq.protocol.acl import ACCESS_KEY, verify_signature
+
+            from ..acl import AclDenied
+
+            ext = cmd.ext_fields
+            ak = ext.get(ACCESS_KEY)
+            try:
+                self.acl.authenticate(
+                    conn.peer[0],
+                    ak if isinstance(ak, str) else None,
+                    lambda a: verify_signature(ext, cmd.body, a.secret_key),
+                    f"request code {cmd.code}",
+                    {"peer": f"{conn.peer[0]}:{conn.peer[1]}", "code": cmd.code},
+                )
+            except AclDenied as exc:
+                return cmd.response(ResponseCode.NO_PERMISSION, str(exc))
         if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
             topic = str(cmd.ext_fields.get("topic", ""))
             route = node.view.route(topic)
@@ -613,6 +643,28 @@ class ClusterNode:
             "addr": self.addr,
         }
         return st
+
+    def replication_signer(self) -> Callable[[RemotingCommand], None] | None:
+        """With ``aclEnable``, replicas sign replication requests with an admin account of the
+        group's shared ``plainAclFile`` (the first one, by AccessKey, not tied to addresses)."""
+        cfg = self.config
+        if not cfg.acl_enable:
+            return None
+        from txmq.protocol.acl import Credentials
+
+        from ..acl import load_acl_file
+
+        accounts = load_acl_file(cfg.plain_acl_file).accounts
+        admins = sorted(
+            (a for a in accounts.values() if a.admin and a.white_remote_address is None),
+            key=lambda a: a.access_key,
+        )
+        if not admins:
+            raise ValueError(
+                f"aclEnable in cluster mode: {cfg.plain_acl_file} needs an admin account without "
+                "whiteRemoteAddress, which replicas sign replication requests with"
+            )
+        return Credentials(admins[0].access_key, admins[0].secret_key).sign
 
     def client_ssl(self) -> Any:
         """The TLS context a follower connects to its leader with, when TLS is enforced."""

@@ -413,6 +413,7 @@ class ReplicaFetcher:
         sync: bool,
         run_blocking: Callable[[Callable[[], Any]], Any],
         ssl: Any = None,
+        signer: Callable[[RemotingCommand], None] | None = None,
     ) -> None:
         self.store = store
         self.epochs = epochs
@@ -424,6 +425,7 @@ class ReplicaFetcher:
         self.sync = sync
         self._run_blocking = run_blocking
         self._ssl = ssl
+        self._signer = signer
         self.leader_end = 0
         self.caught_up = asyncio.Event()
         self.fetches = 0
@@ -434,7 +436,9 @@ class ReplicaFetcher:
 
     async def run(self) -> None:
         host, _, port = self.leader_addr.rpartition(":")
-        conn = await open_connection(host, int(port), timeout=3.0, ssl=self._ssl)
+        conn = await open_connection(
+            host, int(port), timeout=3.0, ssl=self._ssl, signer=self._signer
+        )
         try:
             await self._handshake(conn)
             last_meta = 0.0

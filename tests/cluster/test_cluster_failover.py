@@ -23,6 +23,7 @@ from txmq.client import (
     MessageExt,
     TransactionListener,
 )
+from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import TxmqError
 
@@ -384,3 +385,60 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
     await bc.wait(committed_in_both, 40, "the batch is committed in both groups")
     applied = bc.events("g2", new2.replica, "batch_applied_from_commit_point")
     assert applied and applied[0]["batch_key"] == batch
+
+
+ACL_FILE = """
+accounts:
+  - accessKey: producerA
+    secretKey: secret-a-123
+    topicPerms:
+      - orders=PUB
+    groupPerms:
+      - groupA=PUB
+  - accessKey: operator
+    secretKey: secret-op-123
+    admin: true
+"""
+
+
+async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
+    """With aclEnable, replicas replicate with the file's admin account, anonymous clients get
+    neither log bytes nor routes, and a producer with its account follows a failover."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL_FILE)
+    bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
+    bc.signer = Credentials("operator", "secret-op-123").sign
+    bc.start_all()
+    leader = await bc.wait_leader("g1")
+    await bc.wait_in_sync("g1", [0, 1, 2])
+    follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
+    anonymous = await RawClient.connect(leader.addr)
+    try:
+        resp = await anonymous.call(
+            RequestCode.TXMQ_HA_FETCH, {"brokerName": "g1", "replicaId": 9, "offset": 0}
+        )
+        assert resp.code == ResponseCode.NO_PERMISSION, resp
+    finally:
+        await anonymous.close()
+    anonymous = await RawClient.connect(follower.addr)
+    try:
+        resp = await anonymous.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC})
+        assert resp.code == ResponseCode.NO_PERMISSION, resp
+    finally:
+        await anonymous.close()
+    p = AsyncProducer(
+        "groupA",
+        bc.seeds("g1"),
+        access_key="producerA",
+        secret_key="secret-a-123",
+        request_timeout=10.0,
+    )
+    await p.start()
+    try:
+        for i in range(10):
+            await p.send(Message(TOPIC, f"acl-{i}".encode()))
+        bc.kill("g1", leader.replica)
+        for i in range(10, 20):
+            await p.send(Message(TOPIC, f"acl-{i}".encode()))
+    finally:
+        await p.shutdown()

@@ -77,6 +77,8 @@ class BrokerCluster:
         self.flush = flush
         self.settings = {**FAST_CLUSTER, **(settings or {})}
         self.replicas: dict[tuple[str, int], Replica] = {}
+        #: Signs the harness's status requests when the brokers run with aclEnable.
+        self.signer: Callable[[RemotingCommand], None] | None = None
         for group, n in groups.items():
             for rid in range(n):
                 d = base / f"{group}-{rid}"
@@ -205,7 +207,7 @@ class BrokerCluster:
     async def status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         host, _, port = addr.rpartition(":")
         try:
-            conn = await open_connection(host, int(port), timeout=timeout)
+            conn = await open_connection(host, int(port), timeout=timeout, signer=self.signer)
         except TxmqError:
             return None
         try:
