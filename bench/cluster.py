@@ -143,7 +143,7 @@ async def failover(bc: BrokerCluster, kills: int) -> list[float]:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"config": vars(args)}
     base = Path(tempfile.mkdtemp(prefix="txmq-bench-cluster-"))
-    settings = {"flushIntervalCommitLog": 200}
+    settings: dict[str, object] = {"flushIntervalCommitLog": 200}
     print("single node ...", file=sys.stderr)
     with spawn_broker(str(base / "single"), settings, flush=args.flush) as (address, pid):
         c0 = cpu_seconds(pid)
