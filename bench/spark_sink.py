@@ -12,6 +12,10 @@ inside the window over their time; a batch is the halves' write plus the commit)
 offers rows at a fixed rate: if the sink keeps up, ``delivered_rows_per_s`` equals the rate.
 Alongside it prints the CPU used by the broker process and by Spark (the JVM, its Python
 workers and this driver), which shows what bounds the figure on this machine.
+
+Then the source reads back what the sink delivered (``readStream.format("txmq")`` with
+``Trigger.AvailableNow`` into Spark's ``noop`` sink) and prints its read rate in rows/s with the
+CPU split of that phase (``--no-read`` skips it).
 """
 
 from __future__ import annotations
@@ -71,9 +75,11 @@ def _cpu(broker_pid: int) -> tuple[float, float]:
 
 def delivered(address: str, topic: str) -> int:
     """Committed messages in the topic (sum of the queues' max offsets)."""
-    from txmq.client import PullConsumer
+    from txmq.client import ClientConfig, PullConsumer
 
-    with PullConsumer("bench-spark-sink", broker=address) as c:
+    # The broker may take seconds to answer while it decides a big batch: wait as the sink does.
+    patient = ClientConfig(connect_timeout=30.0, request_timeout=30.0)
+    with PullConsumer("bench-spark-sink", broker=address, config=patient) as c:
         try:
             queues = c.fetch_queues(topic)
         except Exception:
@@ -135,6 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             progress = list(query.recentProgress)
             spark.sparkContext.setLogLevel("OFF")  # stopping mid-batch logs cancelled tasks
             query.stop()
+            spark.sparkContext.setLogLevel("ERROR")
+            read = read_back(spark, args, address, broker_pid, tmp) if args.read else {}
             spark.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -163,6 +171,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "broker_cpu_pct": round(100 * (b1 - b0) / wall),
         "spark_cpu_pct": round(100 * (s1 - s0) / wall),
         "cores": os.cpu_count(),
+        **read,
+    }
+
+
+def read_back(
+    spark: Any, args: argparse.Namespace, address: str, broker_pid: int, tmp: str
+) -> dict[str, Any]:
+    """The source's read rate: everything the sink delivered, read with ``AvailableNow``
+    into the ``noop`` sink (every row is pulled and turned into a Spark row, nothing kept)."""
+    total = delivered(address, "bench-spark")
+    t0, (b0, s0) = time.time(), _cpu(broker_pid)
+    query = (
+        spark.readStream.format("txmq")
+        .option("broker", address)
+        .option("topic", "bench-spark")
+        .option("pullBatchSize", args.pull_batch_size)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", os.path.join(tmp, "read-ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(args.read_timeout):
+        query.stop()
+        raise SystemExit(f"reading {total} rows back took over {args.read_timeout}s")
+    t1, (b1, s1) = time.time(), _cpu(broker_pid)
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    if rows != total:
+        raise SystemExit(f"the source read {rows} rows, the topic holds {total}")
+    wall = t1 - t0
+    batch_s = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1000
+    return {
+        "read_rows": rows,
+        "read_rows_per_s": round(rows / wall),
+        "read_batch_rows_per_s": round(rows / batch_s) if batch_s else 0,
+        "read_s": round(wall, 1),
+        "read_broker_cpu_pct": round(100 * (b1 - b0) / wall),
+        "read_spark_cpu_pct": round(100 * (s1 - s0) / wall),
     }
 
 
@@ -189,6 +235,11 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--batch-size", type=int, default=512, help="sink option batchSize")
     p.add_argument("--max-in-flight", type=int, default=8, help="sink option maxInFlight")
+    p.add_argument(
+        "--no-read", dest="read", action="store_false", help="skip reading back with the source"
+    )
+    p.add_argument("--pull-batch-size", type=int, default=1024, help="source option pullBatchSize")
+    p.add_argument("--read-timeout", type=float, default=600.0, help="bound of the read-back")
     args = p.parse_args()
     result = run(args)
     print(json.dumps(result, indent=2))
@@ -200,9 +251,14 @@ def main() -> None:
     else:
         bound = f"latency, not CPU (broker {broker_cpu}%, Spark {spark_cpu}%)"
     print(
-        f"sustained {result['sustained_rows_per_s']} rows/s of 1 KiB rows "
+        f"sink: sustained {result['sustained_rows_per_s']} rows/s of 1 KiB rows "
         f"({result['mib_per_s']} MiB/s); bounded by {bound}"
     )
+    if args.read:
+        print(
+            f"source: read {result['read_rows']} rows at {result['read_rows_per_s']} rows/s "
+            f"(broker {result['read_broker_cpu_pct']}% CPU, Spark {result['read_spark_cpu_pct']}%)"
+        )
 
 
 if __name__ == "__main__":
