@@ -5,7 +5,8 @@ gRPC client's), started by the tests as a subprocess.  Every result is one JSON 
 a failure is a non-zero exit with the error on stderr.
 
     cpp_client.py send ADDR TOPIC --mode sync|oneway|orderly|batch --count N [--tags T]
-                  [--body-size S] [--prefix P] [--property K=V ...]
+                  [--body-size S] [--prefix P] [--property K=V ...] [--interval S]
+                  [--keep-going]
     cpp_client.py push ADDR TOPIC GROUP --expect N [--expr "A || B"] [--fail-first]
                   [--timeout S] [--linger S]
     cpp_client.py pull ADDR TOPIC GROUP --expect N [--timeout S]
@@ -60,7 +61,16 @@ def cmd_send(args: argparse.Namespace) -> None:
             return
         for i in range(args.count):
             m = make_message(args, i)
-            if args.mode == "sync":
+            if args.interval:
+                time.sleep(args.interval)
+            if args.mode == "sync" and args.keep_going:
+                try:
+                    r = p.send_sync(m)
+                except Exception as exc:  # a failover in progress: note it, go on
+                    emit(i=i, error=str(exc)[:200])
+                    continue
+                emit(i=i, status=int(r.status), msg_id=r.msg_id, offset=r.offset)
+            elif args.mode == "sync":
                 r = p.send_sync(m)
                 emit(i=i, status=int(r.status), msg_id=r.msg_id, offset=r.offset)
             elif args.mode == "oneway":
@@ -161,6 +171,8 @@ def main() -> None:
     s.add_argument("--sharding-key", type=int, default=7)
     s.add_argument("--property", action="append")
     s.add_argument("--linger", type=float, default=0.0)
+    s.add_argument("--interval", type=float, default=0.0, help="seconds between sends")
+    s.add_argument("--keep-going", action="store_true", help="report a failed send, go on")
     p = sub.add_parser("push")
     p.add_argument("addr")
     p.add_argument("topic")
