@@ -442,3 +442,32 @@ async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
             await p.send(Message(TOPIC, f"acl-{i}".encode()))
     finally:
         await p.shutdown()
+
+
+async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> None:
+    """With tls.server.mode enforcing, followers replicate over TLS (checking the leader's
+    certificate against tls.server.trustCertPath) and the SDK follows a failover over TLS."""
+    from tests.support.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    tls = {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(certs.server_cert),
+        "tls.server.keyPath": str(certs.server_key),
+        "tls.server.trustCertPath": str(certs.ca),
+    }
+    bc: BrokerCluster = make_cluster(settings=tls)
+    bc.ssl = certs.client_context()
+    bc.start_all()
+    leader = await bc.wait_leader("g1")
+    await bc.wait_in_sync("g1", [0, 1, 2])
+    p = AsyncProducer("tls", bc.seeds("g1"), tls=certs.client_context(), request_timeout=10.0)
+    await p.start()
+    try:
+        for i in range(10):
+            await p.send(Message(TOPIC, f"tls-{i}".encode()))
+        bc.kill("g1", leader.replica)
+        for i in range(10, 20):
+            await p.send(Message(TOPIC, f"tls-{i}".encode()))
+    finally:
+        await p.shutdown()

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -79,6 +80,8 @@ class BrokerCluster:
         self.replicas: dict[tuple[str, int], Replica] = {}
         #: Signs the harness's status requests when the brokers run with aclEnable.
         self.signer: Callable[[RemotingCommand], None] | None = None
+        #: The client TLS context of the harness's requests when the brokers enforce TLS.
+        self.ssl: ssl.SSLContext | None = None
         for group, n in groups.items():
             for rid in range(n):
                 d = base / f"{group}-{rid}"
@@ -207,7 +210,9 @@ class BrokerCluster:
     async def status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         host, _, port = addr.rpartition(":")
         try:
-            conn = await open_connection(host, int(port), timeout=timeout, signer=self.signer)
+            conn = await open_connection(
+                host, int(port), timeout=timeout, signer=self.signer, ssl=self.ssl
+            )
         except TxmqError:
             return None
         try:
