@@ -363,6 +363,15 @@ class BrokerConnection:
                 continue
             try:
                 leader = await self._cluster_leader(conn)
+            except RequestTimeoutError as exc:
+                if len(self.seeds) == 1:
+                    # One address: a busy broker, not a reason to fail the connection.
+                    log.info("cluster_status_unanswered", broker=f"{host}:{port}", error=str(exc))
+                    self.host, self.port = host, port
+                    return conn
+                conn.close()
+                last = exc
+                continue
             except TxmqError as exc:
                 conn.close()
                 last = exc
@@ -389,7 +398,10 @@ class BrokerConnection:
         """
         resp = await conn.request(
             RemotingCommand.request(RequestCode.TXMQ_CLUSTER_STATUS),
-            self.config.connect_timeout,
+            # Several addresses: a broker that does not answer fast is skipped for the next.
+            self.config.connect_timeout
+            if len(self.seeds) > 1
+            else max(self.config.connect_timeout, self.config.request_timeout),
         )
         if resp.code != ResponseCode.SUCCESS:
             return None  # a single broker (or one that does not say)
