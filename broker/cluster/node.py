@@ -32,6 +32,7 @@ from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
 from ..store import MessageStore, StoreConfig
+from ..topics import SYSTEM_TOPICS
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
 from .view import ClusterView, Keys
@@ -502,7 +503,7 @@ class ClusterNode:
             try:
                 want: dict[str, Any] = {}
                 for name, tc in broker.topics.all().items():
-                    if name.startswith("RMQ_SYS_") or name.startswith("SCHEDULE_TOPIC"):
+                    if name in SYSTEM_TOPICS:
                         continue
                     want[name] = {
                         "read": tc.read_queue_nums,
