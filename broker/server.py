@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -530,21 +530,33 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def serve(config: BrokerConfig) -> int:
-    """Run a broker until SIGTERM or SIGINT, then shut it down gracefully.  Returns the exit
-    status."""
+class _Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def run_until_signal(make: Callable[[], _Service]) -> int:
+    """Start what ``make()`` builds on a fresh event loop, run it until SIGTERM or SIGINT, then
+    shut it down gracefully.  Returns the exit status."""
 
     async def main() -> int:
-        controller = BrokerController(config)
-        await controller.start()
+        service = make()
+        await service.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("signal_received")
-        await controller.shutdown()
+        await service.shutdown()
         return 0
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main())
+
+
+def serve(config: BrokerConfig) -> int:
+    """Run a broker until SIGTERM or SIGINT, then shut it down gracefully.  Returns the exit
+    status."""
+    return run_until_signal(lambda: BrokerController(config))

@@ -31,7 +31,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
-from ..store import MessageStore, StoreConfig
+from ..store import MessageStore, StoreConfig, TopicConfig
 from ..topics import SYSTEM_TOPICS
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
@@ -453,6 +453,7 @@ class ClusterNode:
 
         def begin_epoch() -> None:
             epochs.begin(epoch, broker.store.max_phy_offset)
+            self._restore_topics(broker)
 
         broker.before_serving = begin_epoch
         broker.make_replication = lambda: LeaderReplication(
@@ -481,6 +482,36 @@ class ClusterNode:
             max_phy_offset=broker.store.max_phy_offset,
         )
         asyncio.get_running_loop().create_task(self._publish_loop(broker), name="txmq-publish")
+
+    def _restore_topics(self, broker: Any) -> None:
+        """Topics the replicated log has queues of but the copied topic table lacks (created on
+        the old leader less than a copy interval before it died): take their config from what
+        the old leader published to etcd, else from the queues found in the store."""
+        known = broker.topics.all()
+        published = self.view.topics(self.group)
+        for name in broker.store.topics():
+            if name in known or name in SYSTEM_TOPICS:
+                continue
+            pub = published.get(name)
+            if pub is not None:
+                tc = TopicConfig(
+                    name,
+                    read_queue_nums=int(pub["read"]),
+                    write_queue_nums=int(pub["write"]),
+                    perm=int(pub["perm"]),
+                    topic_sys_flag=int(pub.get("sysFlag", 0)),
+                )
+            else:
+                n = max(broker.store.queue_ids(name), default=0) + 1
+                n = max(n, self.config.default_topic_queue_nums)
+                tc = TopicConfig(name, read_queue_nums=n, write_queue_nums=n)
+            broker.topics.create_or_update(tc)
+            log.warning(
+                "topic_restored",
+                topic=name,
+                queues=tc.write_queue_nums,
+                source="etcd" if pub is not None else "store",
+            )
 
     async def _update_isr(self, members: tuple[int, ...]) -> bool:
         return await self.etcd.txn(
@@ -683,21 +714,6 @@ class ClusterNode:
 
 def serve_cluster(config: BrokerConfig) -> int:
     """``txmq broker`` with ``etcdEndpoints`` set: run a cluster node until SIGTERM/SIGINT."""
-    import signal
+    from ..server import run_until_signal
 
-    from ..server import new_event_loop
-
-    async def main() -> int:
-        node = ClusterNode(config)
-        await node.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("signal_received")
-        await node.shutdown()
-        return 0
-
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(main())
+    return run_until_signal(lambda: ClusterNode(config))

@@ -57,6 +57,12 @@ def same_logs(*replicas: Replica) -> Callable[[], Awaitable[bool]]:
     return check
 
 
+async def send_range(p: AsyncProducer, prefix: str, ids: range) -> None:
+    """Send ``<prefix>-<i>`` for each ``i``, each acknowledged before the next."""
+    for i in ids:
+        await p.send(Message(TOPIC, f"{prefix}-{i}".encode()))
+
+
 def text(body: bytes | str) -> str:
     return body.decode() if isinstance(body, bytes) else body
 
@@ -91,9 +97,7 @@ async def send_load(
 
 async def test_sync_sends_survive_leader_kills(make_cluster: Any) -> None:
     bc: BrokerCluster = make_cluster()
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     acked: list[bytes] = []
     failures: list[str] = []
     stop = asyncio.Event()
@@ -153,9 +157,7 @@ async def test_transactions_survive_leader_kills(make_cluster: Any) -> None:
     """Halves pending, decisions in flight, check-backs due: the leader is killed twice; in the
     end every transaction the producer decided is resolved exactly as decided, once."""
     bc: BrokerCluster = make_cluster()
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     oracle = Oracle(7)
     producer = AsyncTransactionProducer(
         "tx-oracle", oracle, bc.seeds("g1"), retry_times_when_send_failed=0, request_timeout=8.0
@@ -215,19 +217,15 @@ async def test_transactions_survive_leader_kills(make_cluster: Any) -> None:
 
 async def test_paused_leader_is_fenced_and_rejoins_as_follower(make_cluster: Any) -> None:
     bc: BrokerCluster = make_cluster()
-    bc.start_all()
-    old = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    old = await bc.start_group("g1")
     p = AsyncProducer("fence", bc.seeds("g1"), request_timeout=8.0)
     await p.start()
-    for i in range(20):
-        await p.send(Message(TOPIC, f"before-{i}".encode()))
+    await send_range(p, "before", range(20))
     stale = await RawClient.connect(old.addr)  # a client that still talks to the old leader
     bc.pause("g1", old.replica)
     try:
         new = await bc.wait_leader("g1", not_replica=old.replica)
-        for i in range(20):
-            await p.send(Message(TOPIC, f"after-{i}".encode()))
+        await send_range(p, "after", range(20))
     finally:
         bc.resume("g1", old.replica)
     # The old leader's first write after it wakes up is refused, never acknowledged.
@@ -254,9 +252,7 @@ async def test_paused_leader_is_fenced_and_rejoins_as_follower(make_cluster: Any
 
 async def test_follower_with_an_empty_disk_catches_up(make_cluster: Any) -> None:
     bc: BrokerCluster = make_cluster()
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     p = AsyncProducer("wipe", bc.seeds("g1"), request_timeout=8.0)
     await p.start()
     for i in range(200):
@@ -267,8 +263,7 @@ async def test_follower_with_an_empty_disk_catches_up(make_cluster: Any) -> None
         "g1", sorted(r.replica for r in bc.replicas.values() if r is not follower)
     )
     bc.wipe("g1", follower.replica)
-    for i in range(50):
-        await p.send(Message(TOPIC, f"n-{i}".encode()))
+    await send_range(p, "n", range(50))
     bc.start("g1", follower.replica)
     await bc.wait_in_sync("g1", [0, 1, 2])
     await bc.wait(same_logs(follower, leader), 30, "the wiped follower holds the leader's log")
@@ -279,9 +274,7 @@ async def test_etcd_member_kills_do_not_stop_the_cluster(
     make_cluster: Any, etcd: EtcdCluster
 ) -> None:
     bc: BrokerCluster = make_cluster(settings={"etcdLeaseTtl": 6})
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     p = AsyncProducer("etcd-kill", bc.seeds("g1"), request_timeout=10.0)
     await p.start()
     try:
@@ -408,9 +401,7 @@ async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
     acl.write_text(ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
     anonymous = await RawClient.connect(leader.addr)
     try:
@@ -435,11 +426,9 @@ async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
     )
     await p.start()
     try:
-        for i in range(10):
-            await p.send(Message(TOPIC, f"acl-{i}".encode()))
+        await send_range(p, "acl", range(10))
         bc.kill("g1", leader.replica)
-        for i in range(10, 20):
-            await p.send(Message(TOPIC, f"acl-{i}".encode()))
+        await send_range(p, "acl", range(10, 20))
     finally:
         await p.shutdown()
 
@@ -458,16 +447,12 @@ async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> No
     }
     bc: BrokerCluster = make_cluster(settings=tls)
     bc.ssl = certs.client_context()
-    bc.start_all()
-    leader = await bc.wait_leader("g1")
-    await bc.wait_in_sync("g1", [0, 1, 2])
+    leader = await bc.start_group("g1")
     p = AsyncProducer("tls", bc.seeds("g1"), tls=certs.client_context(), request_timeout=10.0)
     await p.start()
     try:
-        for i in range(10):
-            await p.send(Message(TOPIC, f"tls-{i}".encode()))
+        await send_range(p, "tls", range(10))
         bc.kill("g1", leader.replica)
-        for i in range(10, 20):
-            await p.send(Message(TOPIC, f"tls-{i}".encode()))
+        await send_range(p, "tls", range(10, 20))
     finally:
         await p.shutdown()

@@ -256,6 +256,17 @@ class BrokerCluster:
         await self.wait(led, timeout, f"no leader in group {group}")
         return found[0]
 
+    async def start_group(self, group: str = "g1") -> Replica:
+        """Start every replica of ``group``, wait until one leads and all are in sync; the
+        leader."""
+        ids = sorted(rid for g, rid in self.replicas if g == group)
+        for rid in ids:
+            if not self.replicas[(group, rid)].running:
+                self.start(group, rid)
+        leader = await self.wait_leader(group)
+        await self.wait_in_sync(group, ids)
+        return leader
+
     async def wait_in_sync(self, group: str, members: list[int], timeout: float = 30.0) -> None:
         async def synced() -> bool:
             st = await self.group_status(group)
