@@ -53,6 +53,11 @@ class ClientConfig:
             ``secret_key``.  None (the default) sends requests unsigned.
         secret_key: the account's secret (never printed by ``repr``).
         security_token: optional ``SecurityToken`` sent and signed with the request.
+        auto_batch: gather plain sends of one topic made at the same moment (no queue, key or
+            selector given, no delay level, not compressed) into SEND_BATCH_MESSAGE requests,
+            as RocketMQ 5.1's producer does with ``autoBatch``; each send still gets its own
+            :class:`SendResult` (the messages of one request share a queue).  Off by default.
+        batch_max_bytes: with ``auto_batch``, the largest request body a batch grows to.
         tls: connect with TLS: True checks the broker's certificate against the system's CA
             store (and its name or IP against the broker address); an :class:`ssl.SSLContext`
             is used as given (your CA, a client certificate for mutual TLS; see
@@ -84,6 +89,8 @@ class ClientConfig:
     secret_key: str | None = field(default=None, repr=False)
     security_token: str | None = field(default=None, repr=False)
     tls: bool | ssl.SSLContext = False
+    auto_batch: bool = False
+    batch_max_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.tls, (bool, ssl.SSLContext)):
@@ -110,6 +117,7 @@ class ClientConfig:
             "pull_threshold_for_queue",
             "default_topic_queue_nums",
             "max_message_size",
+            "batch_max_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")

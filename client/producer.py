@@ -203,6 +203,15 @@ def _result(
     )
 
 
+@dataclass
+class _Gathered:
+    """Sends of one topic waiting to leave as one batch (auto batching)."""
+
+    items: list[tuple[Message, asyncio.Future[SendResult]]] = field(default_factory=list)
+    bytes: int = 0
+    timeout: float | None = None
+
+
 class AsyncProducer(ConnectedClient):
     """Sends messages; every method is a coroutine.
 
@@ -236,6 +245,10 @@ class AsyncProducer(ConnectedClient):
         self._routes: dict[str, TopicRoute] = {}
         self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
         self._rr = itertools.count()
+        #: auto_batch: sends waiting for the end of this loop turn, per topic, and the batches
+        #: on their way.
+        self._gathering: dict[str, _Gathered] = {}
+        self._gathered_tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -254,7 +267,12 @@ class AsyncProducer(ConnectedClient):
         )
 
     async def _shutdown(self) -> None:
-        """Unregister from the broker and close the connection."""
+        """Send what auto batching still holds, unregister from the broker and close the
+        connection."""
+        for topic, pending in list(self._gathering.items()):
+            self._release_gathered(topic, pending)
+        if self._gathered_tasks:
+            await asyncio.wait(self._gathered_tasks, timeout=self.config.shutdown_timeout)
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -290,9 +308,87 @@ class AsyncProducer(ConnectedClient):
             InvalidMessageError: the message is not valid (nothing was sent).
             TxmqError: the send failed, after the retries for retriable errors.
         """
+        if (
+            self.config.auto_batch
+            and queue_id is None
+            and sharding_key is None
+            and selector is None
+            and not msg.delay_level
+            and not (self.config.compress_over and len(msg.payload) >= self.config.compress_over)
+        ):
+            return await self._send_gathered(msg, timeout)
         return await self.send_message(
             msg, queue_id=queue_id, sharding_key=sharding_key, selector=selector, timeout=timeout
         )
+
+    # -- auto batching (ClientConfig.auto_batch) ----------------------------------------------------
+
+    async def _send_gathered(self, msg: Message, timeout: float | None) -> SendResult:
+        """Queue ``msg`` with the other sends of its topic made in this turn of the event loop;
+        they leave as one batch when the loop gets to it (or when ``batch_max_bytes`` is
+        reached)."""
+        validate_message(msg, self.config.max_message_size)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[SendResult] = loop.create_future()
+        pending = self._gathering.get(msg.topic)
+        if pending is None:
+            pending = self._gathering[msg.topic] = _Gathered()
+            loop.call_soon(self._release_gathered, msg.topic, pending)
+        pending.items.append((msg, fut))
+        pending.bytes += (
+            len(msg.payload) + 64 + sum(len(k) + len(v) for k, v in msg.properties.items())
+        )
+        pending.timeout = timeout if pending.timeout is None else max(pending.timeout, timeout or 0)
+        if pending.bytes >= self.config.batch_max_bytes:
+            self._release_gathered(msg.topic, pending)
+        return await fut
+
+    def _release_gathered(self, topic: str, pending: _Gathered) -> None:
+        if self._gathering.get(topic) is not pending:
+            return  # already sent (it reached batch_max_bytes)
+        del self._gathering[topic]
+        task = asyncio.ensure_future(self._send_gathered_batch(pending))
+        self._gathered_tasks.add(task)
+        task.add_done_callback(self._gathered_tasks.discard)
+
+    async def _send_gathered_batch(self, pending: _Gathered) -> None:
+        items = pending.items
+        try:
+            if len(items) == 1:
+                results = [await self.send_message(items[0][0], timeout=pending.timeout)]
+            else:
+                r = await self._send_batch(
+                    [m for m, _ in items],
+                    queue_id=None,
+                    sharding_key=None,
+                    timeout=pending.timeout,
+                    sys_flag=0,
+                    extra_properties=None,
+                    allow_delay=False,
+                )
+                results = [
+                    SendResult(
+                        status=r.status,
+                        msg_id=r.msg_ids[i],
+                        offset_msg_id=r.offset_msg_ids[i] if i < len(r.offset_msg_ids) else "",
+                        topic=r.topic,
+                        queue_id=r.queue_id,
+                        queue_offset=r.queue_offset + i,
+                        msg_ids=[r.msg_ids[i]],
+                        offset_msg_ids=r.offset_msg_ids[i : i + 1],
+                    )
+                    for i in range(len(items))
+                ]
+        except BaseException as exc:
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, fut), result in zip(items, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
 
     async def send_oneway(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
