@@ -4,8 +4,10 @@ consumer drains the topic.
     python bench/throughput.py --producers 4 --seconds 10 --size 1024 [--flush SYNC_FLUSH]
     python bench/throughput.py --batch 64          # SEND_BATCH_MESSAGE, 64 messages a request
     python bench/throughput.py --tls               # plain TCP, then TLS, on one permissive broker
+    python bench/throughput.py --producers 1 --inflight 1000 --auto-batch   # pipelined, batched
 
-Prints messages/s and MB/s for sending and for pulling, and send latency percentiles.
+Prints messages/s and MB/s for sending and for pulling, send latency percentiles, and the SDK's
+CPU time per sent message (this process: producers and load loop, while sending).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ async def run(
     args: argparse.Namespace, address: str, tls: ssl.SSLContext | None = None
 ) -> dict[str, object]:
     body = b"x" * args.size
-    config = ClientConfig(tls=tls) if tls is not None else None
+    config = ClientConfig(tls=tls or False, auto_batch=args.auto_batch)
     producers = [AsyncProducer(f"bench-{i}", address, config=config) for i in range(args.producers)]
     for p in producers:
         await p.start()
@@ -64,8 +66,10 @@ async def run(
             latencies.append((time.perf_counter() - t0) * 1000)
 
     t0 = time.monotonic()
+    cpu0 = time.process_time()
     await asyncio.gather(*(worker(p) for p in producers for _ in range(args.inflight)))
     send_s = time.monotonic() - t0
+    sdk_cpu_s = time.process_time() - cpu0
     for p in producers:
         await p.shutdown()
 
@@ -77,11 +81,13 @@ async def run(
         "producers": args.producers,
         "inflight_per_producer": args.inflight,
         "batch": args.batch,
+        "auto_batch": args.auto_batch,
         "size_bytes": args.size,
         "sent": sent,
         "send_msgs_per_s": round(sent / send_s, 1),
         "send_MB_per_s": round(sent * args.size / send_s / 1e6, 2),
         "send_latency_ms": {k: round(v, 2) for k, v in percentiles(latencies).items()},
+        "sdk_cpu_us_per_msg": round(sdk_cpu_s / max(sent, 1) * 1e6, 1),
         "pulled": pulled,
         "pull_msgs_per_s": round(pulled / pull_s, 1),
         "lost": sent - pulled,
@@ -97,6 +103,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--topic", default="bench-plain")
+    ap.add_argument(
+        "--auto-batch",
+        action="store_true",
+        help="producers with auto_batch (concurrent sends leave as SEND_BATCH_MESSAGE)",
+    )
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     ap.add_argument(
         "--tls",
