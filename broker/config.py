@@ -93,6 +93,10 @@ class BrokerConfig:
     #: How often the transaction table is snapshotted (ms), so a restart replays only the
     #: half and op records written since; also on every clean shutdown.
     transaction_snapshot_interval: int = 60_000
+    #: Body bytes of the recently stored halves kept in memory, so that a decision that follows
+    #: soon builds its committed messages without reading the halves back from the commit log.
+    #: The default holds a 100,000-row Spark micro-batch of 1 KiB rows; 0 keeps none.
+    transaction_recent_halves_bytes: int = 192 * 1024 * 1024
 
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).

@@ -135,18 +135,38 @@ class MessageSysFlag:
 
 
 def properties_to_string(props: dict[str, str]) -> str:
-    for k, v in props.items():
-        for s in (k, v):
-            if NAME_VALUE_SEPARATOR in s or PROPERTY_SEPARATOR in s:
-                raise ProtocolError(f"property {k!r} contains a reserved separator character")
-    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+    if not props:
+        return ""
+    try:
+        # One pass in C; a separator inside a name or value shows up as an extra one.
+        s = PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items()))
+    except TypeError:
+        s = ""  # not all strings: the loop below says which
+    n = len(props)
+    if s.count(NAME_VALUE_SEPARATOR) != n or s.count(PROPERTY_SEPARATOR) != n - 1:
+        for k, v in props.items():
+            for x in (k, v):
+                if NAME_VALUE_SEPARATOR in x or PROPERTY_SEPARATOR in x:
+                    raise ProtocolError(f"property {k!r} contains a reserved separator character")
+        return "".join(
+            f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()
+        )
+    return s + PROPERTY_SEPARATOR
 
 
 def string_to_properties(s: str | None) -> dict[str, str]:
-    out: dict[str, str] = {}
     if not s:
-        return out
-    for item in s.split(PROPERTY_SEPARATOR):
+        return {}
+    items = s.split(PROPERTY_SEPARATOR)
+    if not items[-1]:
+        items.pop()
+    try:
+        # Every item ``name<sep>value``: one dict() in C (a later duplicate wins, as below).
+        return dict([item.split(NAME_VALUE_SEPARATOR, 1) for item in items])
+    except ValueError:  # an empty item or one without a separator: skip those
+        pass
+    out: dict[str, str] = {}
+    for item in items:
         if not item:
             continue
         k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
@@ -173,6 +193,14 @@ def _ip4_bytes(host: str) -> bytes:
 
 
 def pack_host(host: tuple[str, int]) -> bytes:
+    try:
+        return _packed_host(host)  # a handful of peers: cached
+    except TypeError:  # not hashable
+        return _ip4_bytes(host[0]) + struct.pack(">i", host[1])
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_host(host: tuple[str, int]) -> bytes:
     return _ip4_bytes(host[0]) + struct.pack(">i", host[1])
 
 
@@ -182,6 +210,12 @@ _HOST_PORT = struct.Struct(">i")
 @functools.lru_cache(maxsize=1024)
 def _dotted(ip4: bytes) -> str:
     return f"{ip4[0]}.{ip4[1]}.{ip4[2]}.{ip4[3]}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _unpacked_host(b: bytes) -> tuple[str, int]:
+    """:func:`unpack_host` of the 8 bytes a stored message holds (a handful of hosts)."""
+    return unpack_host(b)
 
 
 def unpack_host(b: bytes) -> tuple[str, int]:
@@ -379,6 +413,8 @@ class MessageExt:
 
 
 _FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including the body length
+_U8 = struct.Struct(">B")
+_I16 = struct.Struct(">h")
 FIXED_SIZE = _FIXED.size  # 88
 #: Byte positions the broker patches when it stores a message.
 POS_QUEUE_OFFSET = 20
@@ -396,9 +432,9 @@ def encode_message(m: MessageExt) -> bytes:
         raise ProtocolError("properties longer than 32767 bytes")
     body = bytes(m.body)
     if len(topic) <= V1_MAX_TOPIC_LENGTH:
-        magic, topic_len = MESSAGE_MAGIC_CODE, struct.pack(">B", len(topic))
+        magic, topic_len = MESSAGE_MAGIC_CODE, _U8.pack(len(topic))
     else:
-        magic, topic_len = MESSAGE_MAGIC_CODE_V2, struct.pack(">h", len(topic))
+        magic, topic_len = MESSAGE_MAGIC_CODE_V2, _I16.pack(len(topic))
     total = FIXED_SIZE + len(body) + len(topic_len) + len(topic) + 2 + len(props)
     sys_flag = m.sys_flag & ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
     return b"".join(
@@ -423,7 +459,7 @@ def encode_message(m: MessageExt) -> bytes:
             body,
             topic_len,
             topic,
-            struct.pack(">h", len(props)),
+            _I16.pack(len(props)),
             props,
         )
     )
@@ -462,13 +498,13 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
             tlen = buf[p]
             p += 1
         else:
-            (tlen,) = struct.unpack_from(">h", buf, p)
+            (tlen,) = _I16.unpack_from(buf, p)
             p += 2
             if tlen < 0:
                 raise ProtocolError("negative topic length")
         topic = bytes(buf[p : p + tlen]).decode("utf-8")
         p += tlen
-        (plen,) = struct.unpack_from(">h", buf, p)
+        (plen,) = _I16.unpack_from(buf, p)
         p += 2
         props = string_to_properties(bytes(buf[p : p + plen]).decode("utf-8"))
         p += plen
@@ -487,9 +523,9 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
         commit_log_offset=phys,
         sys_flag=sys_flag,
         born_timestamp=born_ts,
-        born_host=unpack_host(born_host),
+        born_host=_unpacked_host(born_host),
         store_timestamp=store_ts,
-        store_host=unpack_host(store_host),
+        store_host=_unpacked_host(store_host),
         reconsume_times=reconsume,
         prepared_transaction_offset=prepared,
         properties=props,

@@ -554,8 +554,14 @@ class MessageStore:
         cfg = self.config
         encoded: list[bytes] = []
         total = 0
+        valid: set[tuple[str, int]] = set()  # destinations checked already (a batch has few)
         for m in msgs:
-            if not _valid_destination(m.topic, m.queue_id):
+            dest = (m.topic, m.queue_id)
+            if dest in valid:
+                pass
+            elif _valid_destination(m.topic, m.queue_id):
+                valid.add(dest)
+            else:
                 raise MessageIllegalError(
                     f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: invalid "
                     f"topic name or queue id"
@@ -616,20 +622,18 @@ class MessageStore:
                 if cq is not None:
                     cq.append(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
         results = []
+        store_host, prefix = self.store_host, self._msg_id_prefix
         for (_cq, phy, n, qo), m in zip(plan, msgs, strict=True):
             m.store_timestamp = now_ms
-            m.store_host = self.store_host
+            m.store_host = store_host
             m.commit_log_offset = phy
             m.queue_offset = qo
             m.store_size = n
+            # positional: (commit_log_offset, size, queue_offset, store_timestamp,
+            # offset_msg_id, end_offset), cheaper than keywords for a frozen dataclass
             results.append(
                 PutMessageResult(
-                    commit_log_offset=phy,
-                    size=n,
-                    queue_offset=qo,
-                    store_timestamp=now_ms,
-                    offset_msg_id=f"{self._msg_id_prefix}{phy:016X}",
-                    end_offset=phy + RECORD_HEADER_SIZE + n,
+                    phy, n, qo, now_ms, f"{prefix}{phy:016X}", phy + RECORD_HEADER_SIZE + n
                 )
             )
         self._put_count += len(msgs)

@@ -18,10 +18,13 @@ messages right after them, in the same append) and then applies them.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -60,12 +63,42 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 CHECK_STATE_VERSION = 1
-#: Bounds of the in-memory copies of recently stored halves (see
-#: :meth:`TransactionalMessageService._remember_half`): entries and body bytes.
-RECENT_HALVES_MAX = 4096
-RECENT_HALVES_MAX_BYTES = 16 * 1024 * 1024
+#: Most in-memory copies of recently stored halves (see
+#: :meth:`TransactionalMessageService._remember_half`); their body bytes are bounded by
+#: ``transactionRecentHalvesBytes``.
+RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
+#: Properties of a half that its committed message does not carry.
+_HALF_ONLY_PROPERTIES = frozenset(
+    (
+        MessageConst.REAL_TOPIC,
+        MessageConst.REAL_QID,
+        MessageConst.TRAN_MSG,
+        MessageConst.TRANSACTION_CHECK_TIMES,
+        MessageConst.TXMQ_BATCH_KEY,
+    )
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_host(host: tuple[str, int]) -> tuple[str, int]:
+    """A host as the stored message gives it back (IPv4; anything else as 127.0.0.1)."""
+    return unpack_host(pack_host(host))
+
+
+@dataclass(slots=True)
+class _RecentHalf:
+    """What a commit needs of a just-stored half, as its stored bytes decode; ``properties``
+    are already those of the committed message (the half-only ones removed, order kept)."""
+
+    body: bytes
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+    reconsume_times: int
+    properties: dict[str, str]
 
 
 class TransactionalMessageService:
@@ -87,8 +120,9 @@ class TransactionalMessageService:
         #: commit-log offset -> the half as its stored bytes decode, for the halves stored
         #: lately (oldest first): a commit that follows soon builds its message from here
         #: instead of reading and decoding the half again.
-        self._recent_halves: dict[int, MessageExt] = {}
+        self._recent_halves: OrderedDict[int, _RecentHalf] = OrderedDict()
         self._recent_bytes = 0
+        self._recent_max_bytes = cfg.transaction_recent_halves_bytes
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -234,33 +268,23 @@ class TransactionalMessageService:
         """Keep what a commit needs of a just-stored half, exactly as its stored bytes decode
         (the hosts as stored, the sys flag without the IPv6 bits), within the bounds."""
         body = bytes(msg.body)
-        if len(body) > RECENT_HALVES_MAX_BYTES // 64:
+        limit = self._recent_max_bytes
+        if limit <= 0 or len(body) > limit // 64:
             return
         recent = self._recent_halves
-        recent[msg.commit_log_offset] = MessageExt(
-            topic=msg.topic,
-            body=body,
-            flag=msg.flag,
-            sys_flag=msg.sys_flag & ~_HOST_V6_BITS,
-            born_timestamp=msg.born_timestamp,
-            born_host=unpack_host(pack_host(msg.born_host)),
-            reconsume_times=msg.reconsume_times,
-            properties=dict(msg.properties),
+        recent[msg.commit_log_offset] = _RecentHalf(
+            body,
+            msg.flag,
+            msg.sys_flag & ~_HOST_V6_BITS,
+            msg.born_timestamp,
+            _stored_host(msg.born_host),
+            msg.reconsume_times,
+            {k: v for k, v in msg.properties.items() if k not in _HALF_ONLY_PROPERTIES},
         )
         self._recent_bytes += len(body)
-        while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > RECENT_HALVES_MAX_BYTES:
-            oldest = recent.pop(next(iter(recent)))
+        while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > limit:
+            _, oldest = recent.popitem(last=False)
             self._recent_bytes -= len(oldest.body)
-
-    def _stored_half(self, commit_log_offset: int) -> MessageExt:
-        """The half stored at ``commit_log_offset``: the in-memory copy while there is one and
-        the commit log still holds that offset, else read and decoded from the store."""
-        h = self._recent_halves.pop(commit_log_offset, None)
-        if h is not None:
-            self._recent_bytes -= len(h.body)
-            if commit_log_offset >= self.broker.store.min_phy_offset:
-                return h
-        return self.broker.store.lookup_message(commit_log_offset)
 
     def _forget_halves(self, rec: TxRecord) -> None:
         for h in rec.halves:
@@ -269,17 +293,20 @@ class TransactionalMessageService:
                 self._recent_bytes -= len(m.body)
 
     def _real_message(self, half: HalfRef) -> MessageExt:
-        """The message a commit delivers: the half with its real topic and queue restored."""
-        h = self._stored_half(half.commit_log_offset)
-        props = dict(h.properties)
-        for k in (
-            MessageConst.REAL_TOPIC,
-            MessageConst.REAL_QID,
-            MessageConst.TRAN_MSG,
-            MessageConst.TRANSACTION_CHECK_TIMES,
-            MessageConst.TXMQ_BATCH_KEY,
-        ):
-            props.pop(k, None)
+        """The message a commit delivers: the half with its real topic and queue restored.  The
+        half is the in-memory copy while there is one and the commit log still holds that
+        offset, else it is read and decoded from the store."""
+        offset = half.commit_log_offset
+        h: _RecentHalf | MessageExt | None = self._recent_halves.pop(offset, None)
+        if h is not None:
+            self._recent_bytes -= len(h.body)
+            if offset >= self.broker.store.min_phy_offset:
+                props = h.properties  # a copy already without the half-only properties
+            else:
+                h = None
+        if h is None:
+            h = self.broker.store.lookup_message(offset)
+            props = {k: v for k, v in h.properties.items() if k not in _HALF_ONLY_PROPERTIES}
         return MessageExt(
             topic=half.real_topic,
             body=h.body,
@@ -291,7 +318,7 @@ class TransactionalMessageService:
             born_timestamp=h.born_timestamp,
             born_host=h.born_host,
             reconsume_times=h.reconsume_times,
-            prepared_transaction_offset=half.commit_log_offset,
+            prepared_transaction_offset=offset,
             properties=props,
         )
 
