@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import functools
+import gc
 import ipaddress
 import os
 import signal
@@ -530,6 +531,10 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+#: ``gc.set_threshold`` of a broker process (see :func:`serve`).
+BROKER_GC_THRESHOLDS = (50_000, 20, 10)
+
+
 class _Service(Protocol):
     async def start(self) -> None: ...
 
@@ -559,4 +564,9 @@ def run_until_signal(make: Callable[[], _Service]) -> int:
 def serve(config: BrokerConfig) -> int:
     """Run a broker until SIGTERM or SIGINT, then shut it down gracefully.  Returns the exit
     status."""
+    # A batch decision allocates hundreds of thousands of short-lived objects while the
+    # transaction table holds as many long-lived ones: with Python's default thresholds the
+    # collector runs thousands of times per batch and rescans the table, about a tenth of the
+    # broker's time.  Young collections every 50,000 allocations make that negligible.
+    gc.set_threshold(*BROKER_GC_THRESHOLDS)
     return run_until_signal(lambda: BrokerController(config))
