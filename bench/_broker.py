@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -11,6 +12,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
+
+from txmq.client import LocalTransactionState, Message, TransactionListener
 
 
 def quiet_logs() -> None:
@@ -126,3 +130,30 @@ def emit(doc: dict[str, object]) -> None:
         print(f"{k:32} {v}")
     print("JSON " + json.dumps(doc, default=str))
     sys.stdout.flush()
+
+
+async def run_for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
+    """Run ``one()`` in ``workers`` concurrent loops for ``seconds``: (calls completed, elapsed
+    seconds)."""
+    done = 0
+    stop_at = time.monotonic() + seconds
+
+    async def loop() -> None:
+        nonlocal done
+        while time.monotonic() < stop_at:
+            await one()
+            done += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(workers)))
+    return done, time.monotonic() - t0
+
+
+class CommitAll(TransactionListener):
+    """Commits every local transaction (and says so when asked back)."""
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, message: Any) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE

@@ -28,39 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._broker import quiet_logs, spawn_broker  # noqa: E402
+from bench._broker import CommitAll, quiet_logs, run_for, spawn_broker  # noqa: E402
 from tests.support.cluster import BrokerCluster  # noqa: E402
 from tests.support.etcd import EtcdCluster  # noqa: E402
-from txmq.client import (  # noqa: E402
-    AsyncProducer,
-    AsyncTransactionProducer,
-    LocalTransactionState,
-    Message,
-    TransactionListener,
-)
-
-
-class Commit(TransactionListener):
-    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
-        return LocalTransactionState.COMMIT_MESSAGE
-
-    def check_local_transaction(self, message: Any) -> LocalTransactionState:
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
-async def _for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
-    done = 0
-    stop_at = time.monotonic() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.monotonic() < stop_at:
-            await one()
-            done += 1
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(loop() for _ in range(workers)))
-    return done, time.monotonic() - t0
+from txmq.client import AsyncProducer, AsyncTransactionProducer, Message  # noqa: E402
 
 
 async def sends(address: str, args: argparse.Namespace, tag: str) -> float:
@@ -78,7 +49,7 @@ async def sends(address: str, args: argparse.Namespace, tag: str) -> float:
 
     try:
         await one()
-        done, took = await _for(args.seconds, args.producers * args.inflight, one)
+        done, took = await run_for(args.seconds, args.producers * args.inflight, one)
     finally:
         for p in producers:
             await p.shutdown()
@@ -88,7 +59,7 @@ async def sends(address: str, args: argparse.Namespace, tag: str) -> float:
 async def transactions(address: str, args: argparse.Namespace, tag: str) -> float:
     body = b"x" * args.size
     txps = [
-        AsyncTransactionProducer(f"bench-tx-{tag}", Commit(), address, request_timeout=15.0)
+        AsyncTransactionProducer(f"bench-tx-{tag}", CommitAll(), address, request_timeout=15.0)
         for _ in range(args.producers)
     ]
     for t in txps:
@@ -100,7 +71,7 @@ async def transactions(address: str, args: argparse.Namespace, tag: str) -> floa
 
     try:
         await one()
-        done, took = await _for(args.seconds, args.producers * args.inflight, one)
+        done, took = await run_for(args.seconds, args.producers * args.inflight, one)
     finally:
         for t in txps:
             await t.shutdown()

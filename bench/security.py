@@ -22,12 +22,11 @@ import ssl
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import broker_process, emit, quiet_logs  # noqa: E402
+from _broker import CommitAll, broker_process, emit, quiet_logs, run_for  # noqa: E402
 from throughput import self_signed  # noqa: E402
 
 from txmq.client import (  # noqa: E402
@@ -36,7 +35,6 @@ from txmq.client import (  # noqa: E402
     ClientConfig,
     LocalTransactionState,
     Message,
-    TransactionListener,
 )
 
 PLAIN_TOPIC, TX_TOPIC, TX_GROUP = "sec-plain", "sec-tx", "sec-tx-group"
@@ -55,30 +53,6 @@ accounts:
 MODES = ("off", "tls", "acl", "tls+acl")
 
 
-class Commit(TransactionListener):
-    async def execute_local_transaction(self, message, arg):  # type: ignore[override]
-        return LocalTransactionState.COMMIT_MESSAGE
-
-    async def check_local_transaction(self, message):  # type: ignore[override]
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
-async def _for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
-    """Run ``one()`` in ``workers`` loops for ``seconds``; (calls completed, elapsed s)."""
-    done = 0
-    stop_at = time.monotonic() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.monotonic() < stop_at:
-            await one()
-            done += 1
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(loop() for _ in range(workers)))
-    return done, time.monotonic() - t0
-
-
 async def measure(args: argparse.Namespace, address: str, config: ClientConfig) -> dict[str, Any]:
     body = b"x" * args.size
     producers = [AsyncProducer(f"sec-{i}", address, config=config) for i in range(args.producers)]
@@ -91,13 +65,13 @@ async def measure(args: argparse.Namespace, address: str, config: ClientConfig) 
 
     try:
         await send()  # the route, the topic: not part of the measure
-        sent, send_s = await _for(args.seconds, args.producers * args.inflight, send)
+        sent, send_s = await run_for(args.seconds, args.producers * args.inflight, send)
     finally:
         for p in producers:
             await p.shutdown()
 
     txps = [
-        AsyncTransactionProducer(TX_GROUP, Commit(), address, config=config)
+        AsyncTransactionProducer(TX_GROUP, CommitAll(), address, config=config)
         for _ in range(args.producers)
     ]
     for t in txps:
@@ -111,7 +85,7 @@ async def measure(args: argparse.Namespace, address: str, config: ClientConfig) 
 
     try:
         await transact()
-        txs, tx_s = await _for(args.seconds, args.producers * args.inflight, transact)
+        txs, tx_s = await run_for(args.seconds, args.producers * args.inflight, transact)
     finally:
         for t in txps:
             await t.shutdown()

@@ -531,7 +531,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-#: ``gc.set_threshold`` of a broker process (see :func:`serve`).
+#: ``gc.set_threshold`` of a broker process (see :func:`run_until_signal`).
 BROKER_GC_THRESHOLDS = (50_000, 20, 10)
 
 
@@ -544,6 +544,11 @@ class _Service(Protocol):
 def run_until_signal(make: Callable[[], _Service]) -> int:
     """Start what ``make()`` builds on a fresh event loop, run it until SIGTERM or SIGINT, then
     shut it down gracefully.  Returns the exit status."""
+    # A batch decision allocates hundreds of thousands of short-lived objects while the
+    # transaction table holds as many long-lived ones: with Python's default thresholds the
+    # collector runs thousands of times per batch and rescans the table, about a tenth of the
+    # broker's time.  Young collections every 50,000 allocations make that negligible.
+    gc.set_threshold(*BROKER_GC_THRESHOLDS)
 
     async def main() -> int:
         service = make()
@@ -564,9 +569,4 @@ def run_until_signal(make: Callable[[], _Service]) -> int:
 def serve(config: BrokerConfig) -> int:
     """Run a broker until SIGTERM or SIGINT, then shut it down gracefully.  Returns the exit
     status."""
-    # A batch decision allocates hundreds of thousands of short-lived objects while the
-    # transaction table holds as many long-lived ones: with Python's default thresholds the
-    # collector runs thousands of times per batch and rescans the table, about a tenth of the
-    # broker's time.  Young collections every 50,000 allocations make that negligible.
-    gc.set_threshold(*BROKER_GC_THRESHOLDS)
     return run_until_signal(lambda: BrokerController(config))
