@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sized
 from typing import Any
@@ -296,21 +298,37 @@ async def test_etcd_member_kills_do_not_stop_the_cluster(
         await p.shutdown()
 
 
+def txmq_cli(*args: str) -> str:
+    """The ``txmq`` command line, as an operator runs it."""
+    r = subprocess.run(
+        [sys.executable, "-m", "txmq", *args], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, f"txmq {' '.join(args)} exited {r.returncode}: {r.stderr}"
+    return r.stdout
+
+
 async def test_routes_cover_every_group(make_cluster: Any) -> None:
+    """`txmq cluster place` gives a topic queues in each group (asking any broker where the
+    group's leader is); every broker's route answer then names both groups and their
+    leaders, and `txmq cluster status` lists them."""
     bc: BrokerCluster = make_cluster(groups={"g1": 1, "g2": 1}, settings={"minInSyncReplicas": 1})
     bc.start_all()
     l1 = await bc.wait_leader("g1")
     l2 = await bc.wait_leader("g2")
-    for leader in (l1, l2):
-        c = await RawClient.connect(leader.addr)
-        try:
-            resp = await c.call(
-                RequestCode.UPDATE_AND_CREATE_TOPIC,
-                {"topic": "wide", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
-            )
-            assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
+    for group in ("g1", "g2"):
+        out = await asyncio.to_thread(
+            txmq_cli,
+            "cluster",
+            "place",
+            "wide",
+            "--group",
+            group,
+            "--queues",
+            "2",
+            "--broker",
+            l1.addr,
+        )
+        assert f"2 queues in group {group}" in out
 
     async def both() -> bool:
         for r in (l1, l2):
@@ -329,6 +347,10 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
         return True
 
     await bc.wait(both, 30, "every broker's route of 'wide' names both groups and leaders")
+    status = await asyncio.to_thread(txmq_cli, "cluster", "status", "--broker", l2.addr)
+    assert f"group g1: leader replica 0 at {l1.addr}" in status
+    assert f"group g2: leader replica 0 at {l2.addr}" in status
+    assert "wide" in status
 
 
 async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster: Any) -> None:
