@@ -416,26 +416,46 @@ _FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including the body len
 _U8 = struct.Struct(">B")
 _I16 = struct.Struct(">h")
 FIXED_SIZE = _FIXED.size  # 88
+#: The fixed head of a stored message, TOTALSIZE to the body length, in field order.
+STORED_HEAD = _FIXED
 #: Byte positions the broker patches when it stores a message.
 POS_QUEUE_OFFSET = 20
 POS_PHYSICAL_OFFSET = 28
 POS_STORE_TIMESTAMP = 56
 
 
-def encode_message(m: MessageExt) -> bytes:
-    """Encode in the stored-message layout (``TOTALSIZE`` computed here)."""
-    topic = m.topic.encode("utf-8")
-    if len(topic) > 255:
-        raise ProtocolError(f"topic longer than 255 bytes: {m.topic!r}")
+@functools.lru_cache(maxsize=1024)
+def _topic_part(topic: str) -> tuple[int, bytes]:
+    """(magic code, topic length + topic bytes) of a stored record for ``topic``."""
+    raw = topic.encode("utf-8")
+    if len(raw) > 255:
+        raise ProtocolError(f"topic longer than 255 bytes: {topic!r}")
+    if len(raw) <= V1_MAX_TOPIC_LENGTH:
+        return MESSAGE_MAGIC_CODE, _U8.pack(len(raw)) + raw
+    return MESSAGE_MAGIC_CODE_V2, _I16.pack(len(raw)) + raw
+
+
+def encode_tail(m: MessageExt) -> tuple[int, bytes]:
+    """``(magic code, tail)`` of ``m``'s stored form: the tail is what follows the body (topic
+    length, topic, properties length, properties).  The fixed head is ``STORED_HEAD`` packed with
+    the record's fields, the magic code and the body's length (see :func:`encode_message`).
+
+    Raises:
+        ProtocolError: the topic or the properties are too long, or a property holds a
+            separator.
+    """
+    magic, topic_part = _topic_part(m.topic)
     props = properties_to_string(m.properties).encode("utf-8")
     if len(props) > 32767:
         raise ProtocolError("properties longer than 32767 bytes")
+    return magic, topic_part + _I16.pack(len(props)) + props
+
+
+def encode_message(m: MessageExt) -> bytes:
+    """Encode in the stored-message layout (``TOTALSIZE`` computed here)."""
+    magic, tail = encode_tail(m)
     body = bytes(m.body)
-    if len(topic) <= V1_MAX_TOPIC_LENGTH:
-        magic, topic_len = MESSAGE_MAGIC_CODE, _U8.pack(len(topic))
-    else:
-        magic, topic_len = MESSAGE_MAGIC_CODE_V2, _I16.pack(len(topic))
-    total = FIXED_SIZE + len(body) + len(topic_len) + len(topic) + 2 + len(props)
+    total = FIXED_SIZE + len(body) + len(tail)
     sys_flag = m.sys_flag & ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
     return b"".join(
         (
@@ -457,10 +477,7 @@ def encode_message(m: MessageExt) -> bytes:
                 len(body),
             ),
             body,
-            topic_len,
-            topic,
-            _I16.pack(len(props)),
-            props,
+            tail,
         )
     )
 

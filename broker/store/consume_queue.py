@@ -251,6 +251,47 @@ class ConsumeQueue:
         self.max_offset += 1
         self._tracker.written(seg)
 
+    def prepare_range(self, first: int, count: int) -> None:
+        """:meth:`prepare` for the ``count`` offsets from ``first`` on, a call per segment
+        rather than per entry.
+
+        Raises:
+            OSError: a segment cannot be created or its blocks cannot be reserved.
+        """
+        idx, end = first, first + count
+        while idx < end:
+            self.prepare(idx)
+            last = min(end, self._segments[-1].end // CQ_ENTRY_SIZE) - 1
+            if last > idx:
+                self.prepare(last)
+            idx = max(last, idx) + 1
+
+    def append_many(self, entries: bytes) -> None:
+        """Write packed entries (``CQ_ENTRY`` each) from offset ``max_offset`` on and advance
+        it: :meth:`append` for each of them, a write per segment."""
+        n = len(entries) // CQ_ENTRY_SIZE
+        data = memoryview(entries)
+        done = 0
+        while done < n:
+            pos = self.max_offset * CQ_ENTRY_SIZE
+            seg = self._segments[-1] if self._segments else None
+            if seg is None or pos >= seg.end or pos + CQ_ENTRY_SIZE > self._reserved_end:
+                self.prepare(self.max_offset)
+                seg = self._segments[-1]
+            if pos < seg.start:  # a batch prepared later offsets into a newer segment
+                seg = self._segments[bisect.bisect_right(self._starts, pos) - 1]
+            k = min(n - done, (seg.end - pos) // CQ_ENTRY_SIZE)
+            stop = pos + k * CQ_ENTRY_SIZE
+            if seg is self._segments[-1] and stop > self._reserved_end:
+                self._reserve(seg, stop - seg.start)
+            assert seg.mm is not None
+            seg.mm[pos - seg.start : stop - seg.start] = data[
+                done * CQ_ENTRY_SIZE : (done + k) * CQ_ENTRY_SIZE
+            ]
+            self.max_offset += k
+            done += k
+            self._tracker.written(seg)
+
     def _new_segment(self, pos: int) -> MappedFile:
         if self._segments:
             start = self._segments[-1].end

@@ -65,14 +65,14 @@ from txmq.protocol.errors import (
     ServiceNotAvailableError,
 )
 from txmq.protocol.message import (
+    FIXED_SIZE,
     POS_PHYSICAL_OFFSET,
-    POS_QUEUE_OFFSET,
-    POS_STORE_TIMESTAMP,
+    STORED_HEAD,
     MessageConst,
     MessageExt,
     MessageSysFlag,
     decode_message,
-    encode_message,
+    encode_tail,
     pack_host,
 )
 
@@ -103,7 +103,6 @@ MAX_TOPIC_BYTES = 255
 MAX_FILTER_SCAN = 800
 #: Segments retention deletes per call at most (RocketMQ's deleteCommitLogFilesBatchMax).
 DELETE_FILES_BATCH_MAX = 10
-_POS_STORE_HOST = 64
 _I64 = struct.Struct(">q")
 _TX_NO_DISPATCH = (
     MessageSysFlag.TRANSACTION_PREPARED_TYPE,
@@ -552,31 +551,40 @@ class MessageStore:
         if not msgs:
             return []
         cfg = self.config
-        encoded: list[bytes] = []
-        total = 0
+        max_size = cfg.max_message_size
+        crc32 = zlib.crc32
+        # First every check (nothing is reserved or written before all messages pass): the
+        # destination, the tail of the stored form (topic and properties), the size.
+        plan: list[tuple[MessageExt, tuple[str, int] | None, int, int, bytes, bytes, int]] = []
+        counts: dict[tuple[str, int], int] = {}  # dispatchable messages per consume queue
         valid: set[tuple[str, int]] = set()  # destinations checked already (a batch has few)
+        total = 0
         for m in msgs:
             dest = (m.topic, m.queue_id)
-            if dest in valid:
-                pass
-            elif _valid_destination(m.topic, m.queue_id):
+            if dest not in valid:
+                if not _valid_destination(m.topic, m.queue_id):
+                    raise MessageIllegalError(
+                        f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: "
+                        f"invalid topic name or queue id"
+                    )
                 valid.add(dest)
-            else:
-                raise MessageIllegalError(
-                    f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: invalid "
-                    f"topic name or queue id"
-                )
             try:
-                data = encode_message(m)
+                magic, tail = encode_tail(m)
             except ProtocolError as exc:
                 raise MessageIllegalError(f"cannot store message: {exc}") from None
-            if len(data) > cfg.max_message_size:
+            body = m.body if m.body.__class__ is bytes else bytes(m.body)
+            n = FIXED_SIZE + len(body) + len(tail)
+            if n > max_size:
                 raise MessageIllegalError(
-                    f"message size {len(data)} bytes exceeds the maximum message size of "
-                    f"{cfg.max_message_size} bytes"
+                    f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
                 )
-            encoded.append(data)
-            total += RECORD_HEADER_SIZE + len(data)
+            total += RECORD_HEADER_SIZE + n
+            if m.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
+                key = None
+            else:
+                key = dest
+                counts[dest] = counts.get(dest, 0) + 1
+            plan.append((m, key, magic, crc32(body) & 0x7FFFFFFF, body, tail, n))
         if total > cfg.mapped_file_size_commit_log:
             what = "the message" if len(msgs) == 1 else f"the batch of {len(msgs)} messages"
             raise MessageIllegalError(
@@ -584,51 +592,79 @@ class MessageStore:
                 f"{cfg.mapped_file_size_commit_log} bytes holds"
             )
 
+        # Then each record is built with its final offsets: record header, fixed head, body
+        # (not copied here) and tail; they are joined once, by the write.
         parts: list[bytes | bytearray] = []
-        plan: list[tuple[ConsumeQueue | None, int, int, int]] = []
+        placed: list[tuple[int, int, int]] = []  # (commit-log offset, size, queue offset)
         host = self._host_bytes
+        pack_head = STORED_HEAD.pack
+        pack_record = RECORD_HEADER.pack
+        no_v6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
         with self._lock:
             now_ms = int(self._clock() * 1000)
             cl = self._commit_log
             phy = cl.reserve(total)
             base = phy
-            pending: dict[tuple[str, int], int] = {}
-            for m, data in zip(msgs, encoded, strict=True):
-                n = len(data)
-                cq: ConsumeQueue | None = None
-                qo = 0
-                if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
-                    key = (m.topic, m.queue_id)
-                    cq = self._cqs.get(key) or self._new_cq(key)
-                    qo = pending.get(key, cq.max_offset)
-                    pending[key] = qo + 1
-                    try:
-                        cq.prepare(qo)
-                    except OSError as exc:
-                        raise StoreIOError(
-                            f"cannot extend consume queue {m.topic}/{m.queue_id}: {exc}"
-                        ) from exc
-                payload = bytearray(data)
-                _I64.pack_into(payload, POS_QUEUE_OFFSET, qo)
-                _I64.pack_into(payload, POS_PHYSICAL_OFFSET, phy)
-                _I64.pack_into(payload, POS_STORE_TIMESTAMP, now_ms)
-                payload[_POS_STORE_HOST : _POS_STORE_HOST + 8] = host
-                parts.append(RECORD_HEADER.pack(RECORD_MAGIC, n, zlib.crc32(payload)))
-                parts.append(payload)
-                plan.append((cq, phy, n, qo))
+            next_qo: dict[tuple[str, int], int] = {}
+            entries: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]] = {}
+            for key, count in counts.items():
+                cq = self._cqs.get(key) or self._new_cq(key)
+                try:
+                    cq.prepare_range(cq.max_offset, count)
+                except OSError as exc:
+                    raise StoreIOError(
+                        f"cannot extend consume queue {key[0]}/{key[1]}: {exc}"
+                    ) from exc
+                next_qo[key] = cq.max_offset
+                entries[key] = (cq, [])
+            for m, key, magic, crc, body, tail, n in plan:
+                if key is None:
+                    qo = 0
+                else:
+                    qo = next_qo[key]
+                    next_qo[key] = qo + 1
+                    entries[key][1].append(
+                        CQ_ENTRY.pack(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
+                    )
+                head = pack_head(
+                    n,
+                    magic,
+                    crc,
+                    m.queue_id,
+                    m.flag,
+                    qo,
+                    phy,
+                    m.sys_flag & no_v6,
+                    m.born_timestamp,
+                    pack_host(m.born_host),
+                    now_ms,
+                    host,
+                    m.reconsume_times,
+                    m.prepared_transaction_offset,
+                    len(body),
+                )
+                parts += (
+                    pack_record(RECORD_MAGIC, n, crc32(tail, crc32(body, crc32(head)))),
+                    head,
+                    body,
+                    tail,
+                )
+                placed.append((phy, n, qo))
                 phy += RECORD_HEADER_SIZE + n
             cl.write(base, parts)
-            for (cq, phy, n, _qo), m in zip(plan, msgs, strict=True):
-                if cq is not None:
-                    cq.append(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
+            for cq, packed in entries.values():
+                cq.append_many(b"".join(packed))
         results = []
         store_host, prefix = self.store_host, self._msg_id_prefix
-        for (_cq, phy, n, qo), m in zip(plan, msgs, strict=True):
+        for (phy, n, qo), (m, _key, _magic, crc, _body, _tail, _n) in zip(
+            placed, plan, strict=True
+        ):
             m.store_timestamp = now_ms
             m.store_host = store_host
             m.commit_log_offset = phy
             m.queue_offset = qo
             m.store_size = n
+            m.body_crc = crc
             # positional: (commit_log_offset, size, queue_offset, store_timestamp,
             # offset_msg_id, end_offset), cheaper than keywords for a frozen dataclass
             results.append(
