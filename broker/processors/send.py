@@ -193,8 +193,7 @@ class SendMessageProcessor:
             msgs.append(msg)
         results = self.broker.put_messages(msgs)
         if transactional:
-            for msg, r in zip(msgs, results, strict=True):
-                tx.on_half_stored(msg, r)
+            tx.on_halves_stored(msgs, results)
         header = SendMessageResponseHeader(
             msg_id=",".join(r.offset_msg_id for r in results),
             queue_id=qid,

@@ -204,14 +204,17 @@ class TransactionalMessageService:
         msg.commit_log_offset = result.commit_log_offset
         msg.queue_offset = result.queue_offset
         msg.store_timestamp = result.store_timestamp
-        if self._add_half(msg, result.offset_msg_id) is not None:
-            self._remember_half(msg)
-        self.broker.metrics.tx_half.inc()
-        log.debug(
-            "half_message_stored",
-            transaction_id=self.transaction_id_of(msg.properties),
-            offset=result.commit_log_offset,
-        )
+        self.on_halves_stored([msg], [result])
+
+    def on_halves_stored(self, msgs: list[MessageExt], results: list[PutMessageResult]) -> None:
+        """Halves just stored (the store has set their offsets and store timestamps) join
+        their transactions and are remembered for the commit; counted once per request."""
+        add_half = self._add_half
+        remember = self._remember_half
+        for msg, result in zip(msgs, results, strict=True):
+            if add_half(msg, result.offset_msg_id) is not None:
+                remember(msg)
+        self.broker.metrics.tx_half.inc(len(msgs))
 
     def _add_half(self, msg: MessageExt, offset_msg_id: str) -> TxRecord | None:
         props = msg.properties
