@@ -70,15 +70,23 @@ RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 #: Properties of a half that its committed message does not carry.
-_HALF_ONLY_PROPERTIES = frozenset(
-    (
-        MessageConst.REAL_TOPIC,
-        MessageConst.REAL_QID,
-        MessageConst.TRAN_MSG,
-        MessageConst.TRANSACTION_CHECK_TIMES,
-        MessageConst.TXMQ_BATCH_KEY,
-    )
+_HALF_ONLY_PROPERTIES = (
+    MessageConst.REAL_TOPIC,
+    MessageConst.REAL_QID,
+    MessageConst.TRAN_MSG,
+    MessageConst.TRANSACTION_CHECK_TIMES,
+    MessageConst.TXMQ_BATCH_KEY,
 )
+
+
+def _committed_properties(props: dict[str, str]) -> dict[str, str]:
+    """A half's properties without the half-only ones (order kept): a copy, then a few
+    removals, cheaper than filtering every item."""
+    out = dict(props)
+    pop = out.pop
+    for key in _HALF_ONLY_PROPERTIES:
+        pop(key, None)
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -282,7 +290,7 @@ class TransactionalMessageService:
             msg.born_timestamp,
             _stored_host(msg.born_host),
             msg.reconsume_times,
-            {k: v for k, v in msg.properties.items() if k not in _HALF_ONLY_PROPERTIES},
+            _committed_properties(msg.properties),
         )
         self._recent_bytes += len(body)
         while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > limit:
@@ -309,7 +317,7 @@ class TransactionalMessageService:
                 h = None
         if h is None:
             h = self.broker.store.lookup_message(offset)
-            props = {k: v for k, v in h.properties.items() if k not in _HALF_ONLY_PROPERTIES}
+            props = _committed_properties(h.properties)
         return MessageExt(
             topic=half.real_topic,
             body=h.body,
