@@ -156,6 +156,11 @@ class BrokerConfig:
         if self.etcd_endpoints:
             if self.listen_port == 0:
                 raise ConfigError("cluster mode (etcdEndpoints) needs a fixed listenPort")
+            if self.grpc_server_enable and self.grpc_server_port == 0:
+                raise ConfigError(
+                    "cluster mode with grpcServerEnable needs a fixed grpcServerPort (routes "
+                    "name it)"
+                )
             if self.etcd_lease_ttl < 2:
                 raise ConfigError(f"etcdLeaseTtl must be at least 2 s, got {self.etcd_lease_ttl}")
             if self.min_in_sync_replicas < 1:

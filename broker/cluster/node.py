@@ -64,6 +64,18 @@ class ClusterHooks:
     def route(self, topic: str) -> dict[str, Any] | None:
         return self.node.view.route(topic)
 
+    def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
+        """``(group, queue config, leader's gRPC host:port)`` of every group that has
+        ``topic`` and a leader serving gRPC."""
+        view = self.node.view
+        out = []
+        for group in view.groups():
+            tc = view.topics(group).get(topic)
+            leader = view.leader(group)
+            if tc is not None and leader is not None and leader.grpc_addr:
+                out.append((group, tc, leader.grpc_addr))
+        return out
+
     def status(self) -> dict[str, Any]:
         return self.node.status()
 
@@ -244,6 +256,10 @@ class ClusterNode:
         self.addr = f"{config.broker_i_p1}:{config.listen_port}"
         #: Where the group's other replicas reach this one (brokerIP2, else brokerIP1).
         self.ha_addr = f"{config.broker_i_p2 or config.broker_i_p1}:{config.listen_port}"
+        #: Where RocketMQ 5 clients reach this replica while it leads ("" without gRPC).
+        self.grpc_addr = (
+            f"{config.broker_i_p1}:{config.grpc_server_port}" if config.grpc_server_enable else ""
+        )
         self.store_host = (_ipv4_of(config.broker_i_p1), config.listen_port)
         self.lease = 0
         self.lease_deadline = 0.0
@@ -411,6 +427,7 @@ class ClusterNode:
                         "replicaId": self.replica,
                         "addr": self.addr,
                         "haAddr": self.ha_addr,
+                        "grpcAddr": self.grpc_addr,
                         "epoch": new_epoch,
                     },
                     self.lease,

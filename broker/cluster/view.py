@@ -3,7 +3,7 @@
 Keys, under ``/txmq/<brokerClusterName>/`` (values are JSON)::
 
     members/<group>/<replicaId>  {"addr", "haAddr", "replicaId", "group"}  lease: its session
-    leader/<group>               {"replicaId", "addr", "haAddr", "epoch"}  lease: the leader's
+    leader/<group>               {"replicaId", "addr", "haAddr", "grpcAddr", "epoch"}  lease
     epoch/<group>                {"epoch", "replicaId"}   the last election (who won it)
     isr/<group>                  {"epoch", "members": [replicaId...]} written only by the leader
     topics/<group>/<topic>       {"read", "write", "perm", "sysFlag"} the group's queues of a topic
@@ -62,6 +62,8 @@ class Leader:
     lease: int
     #: Where followers replicate from (brokerIP2), ``addr`` when not set.
     ha_addr: str = ""
+    #: The leader's RocketMQ 5 gRPC address ("" when it serves none).
+    grpc_addr: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,12 @@ class ClusterView:
         v = e.value
         addr = str(v["addr"])
         return Leader(
-            int(v["replicaId"]), addr, int(v["epoch"]), e.lease, str(v.get("haAddr") or addr)
+            int(v["replicaId"]),
+            addr,
+            int(v["epoch"]),
+            e.lease,
+            str(v.get("haAddr") or addr),
+            str(v.get("grpcAddr") or ""),
         )
 
     def members(self, group: str) -> dict[int, str]:

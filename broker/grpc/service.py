@@ -270,12 +270,14 @@ class MessagingService:
         host = self.cfg.broker_i_p1
         return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=self.port)])
 
-    def _queue(self, topic: str, qid: int, perm: int, endpoints: Any) -> Any:
+    def _queue(
+        self, topic: str, qid: int, perm: int, endpoints: Any, broker_name: str | None = None
+    ) -> Any:
         read, write = bool(perm & PERM_READ), bool(perm & PERM_WRITE)
         p = pb.READ_WRITE if read and write else pb.READ if read else pb.WRITE if write else pb.NONE
         q = pb.MessageQueue(id=qid, permission=p, accept_message_types=ACCEPTED_TYPES)
         q.topic.name = topic
-        q.broker.name = self.cfg.broker_name
+        q.broker.name = broker_name or self.cfg.broker_name
         q.broker.id = 0
         q.broker.endpoints.CopyFrom(endpoints)
         return q
@@ -294,15 +296,22 @@ class MessagingService:
             topic = convert.resource_name(request.topic)
             tc = self._topic_config(topic, create=True)
             eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
-            n = max(tc.read_queue_nums, tc.write_queue_nums)
+            groups = [(None, tc.read_queue_nums, tc.write_queue_nums, tc.perm, eps)]
+            if self.broker.cluster is not None:
+                # Cluster mode: every group that has the topic, each at its leader's endpoint.
+                groups = [
+                    (group, int(c["read"]), int(c["write"]), int(c["perm"]), _endpoints_of(addr))
+                    for group, c, addr in self.broker.cluster.grpc_route(topic)
+                ] or groups
             queues = []
-            for qid in range(n):
-                perm = tc.perm
-                if qid >= tc.read_queue_nums:
-                    perm &= ~PERM_READ
-                if qid >= tc.write_queue_nums:
-                    perm &= ~PERM_WRITE
-                queues.append(self._queue(topic, qid, perm, eps))
+            for group, nread, nwrite, tperm, geps in groups:
+                for qid in range(max(nread, nwrite)):
+                    perm = tperm
+                    if qid >= nread:
+                        perm &= ~PERM_READ
+                    if qid >= nwrite:
+                        perm &= ~PERM_WRITE
+                    queues.append(self._queue(topic, qid, perm, geps, group))
             return spb.QueryRouteResponse(status=status(), message_queues=queues)
         except Exception as exc:
             return spb.QueryRouteResponse(status=self._failed("QueryRoute", exc))
@@ -657,10 +666,16 @@ class MessagingService:
                 raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
             eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
             # One assignment per broker, queue id -1: the broker serves every queue of the
-            # topic to each ReceiveMessage (as RocketMQ's proxy does in pop mode).
-            q = self._queue(topic, -1, tc.perm, eps)
+            # topic to each ReceiveMessage (as RocketMQ's proxy does in pop mode).  In cluster
+            # mode, one per group, at its leader.
+            assigned = [self._queue(topic, -1, tc.perm, eps)]
+            if self.broker.cluster is not None:
+                assigned = [
+                    self._queue(topic, -1, int(c["perm"]), _endpoints_of(addr), group)
+                    for group, c, addr in self.broker.cluster.grpc_route(topic)
+                ] or assigned
             return spb.QueryAssignmentResponse(
-                status=status(), assignments=[pb.Assignment(message_queue=q)]
+                status=status(), assignments=[pb.Assignment(message_queue=q) for q in assigned]
             )
         except Exception as exc:
             return spb.QueryAssignmentResponse(status=self._failed("QueryAssignment", exc))
@@ -989,3 +1004,9 @@ class MessagingService:
 
 
 __all__ = ["GrpcCheckSender", "GrpcPeer", "Malformed", "MessagingService"]
+
+
+def _endpoints_of(addr: str) -> Any:
+    """``host:port`` as gRPC Endpoints."""
+    host, _, port = addr.rpartition(":")
+    return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])

@@ -51,6 +51,8 @@ class Replica:
     store: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: The RocketMQ 5 gRPC port when the cluster serves it (``grpc=True``), else 0.
+    grpc_port: int = 0
 
     @property
     def addr(self) -> str:
@@ -71,6 +73,7 @@ class BrokerCluster:
         groups: dict[str, int],
         flush: str = "SYNC_FLUSH",
         settings: dict[str, Any] | None = None,
+        grpc: bool = False,
     ) -> None:
         self.base = base
         self.etcd = etcd_endpoints
@@ -87,7 +90,12 @@ class BrokerCluster:
                 d = base / f"{group}-{rid}"
                 d.mkdir(parents=True, exist_ok=True)
                 self.replicas[(group, rid)] = Replica(
-                    group, rid, free_port(), d / "store", d / "replica.log"
+                    group,
+                    rid,
+                    free_port(),
+                    d / "store",
+                    d / "replica.log",
+                    grpc_port=free_port() if grpc else 0,
                 )
 
     def seeds(self, group: str | None = None) -> str:
@@ -117,6 +125,8 @@ class BrokerCluster:
         ]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]
+        if r.grpc_port:
+            cmd += ["--set", "grpcServerEnable=true", "--set", f"grpcServerPort={r.grpc_port}"]
         return cmd
 
     def start(self, group: str, rid: int) -> Replica:
