@@ -38,12 +38,20 @@ async def test_cpp_client_follows_a_leader_change(make_cluster: Any, tmp_path: P
         "--prefix",
         "cpp",
     )
+    first: list[str] = []
     try:
-        await asyncio.sleep(5.0)
+        # Kill the leader once the client has sent a few messages through it.
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while sum('"status": 0' in line for line in first) < 5:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            assert line and time.monotonic() < deadline, f"the client stopped early: {first}"
+            first.append(line)
         killed_at = time.monotonic()
         bc.kill("g1", leader.replica)
         new = await bc.wait_leader("g1", not_replica=leader.replica)
-        out, err = await asyncio.to_thread(proc.communicate, timeout=150)
+        rest, err = await asyncio.to_thread(proc.communicate, timeout=150)
+        out = "".join(first) + rest
     finally:
         if proc.poll() is None:
             proc.kill()
