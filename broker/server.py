@@ -72,6 +72,19 @@ def _ipv4_of(host: str) -> str:
         return "127.0.0.1"
 
 
+def store_config(cfg: BrokerConfig) -> StoreConfig:
+    """The store settings of a broker configuration (a stored message may be up to 64 KiB
+    larger than ``maxMessageSize``: the broker's own properties and headers)."""
+    return StoreConfig(
+        store_path_root_dir=cfg.store_path_root_dir,
+        mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
+        mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
+        file_reserved_time=cfg.file_reserved_time,
+        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+        max_message_size=cfg.max_message_size + 64 * 1024,
+    )
+
+
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 #: Requests still served while shutting down (answers to in-flight transactions).
@@ -218,18 +231,7 @@ class BrokerController:
         self.port = self._server.sockets[0].getsockname()[1]
         root = cfg.store_path_root_dir
         os.makedirs(root, exist_ok=True)
-        self.store = MessageStore(
-            StoreConfig(
-                store_path_root_dir=root,
-                mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
-                mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
-                file_reserved_time=cfg.file_reserved_time,
-                disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
-                max_message_size=cfg.max_message_size + 64 * 1024,
-            ),
-            self.store_host,
-            clock=self.clock,
-        )
+        self.store = MessageStore(store_config(cfg), self.store_host, clock=self.clock)
         try:
             report = self.store.load()
         except BaseException:

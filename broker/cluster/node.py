@@ -31,7 +31,8 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
-from ..store import MessageStore, StoreConfig, TopicConfig
+from ..server import BrokerController, _ipv4_of, run_until_signal, store_config
+from ..store import MessageStore, TopicConfig
 from ..topics import SYSTEM_TOPICS
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
@@ -41,17 +42,6 @@ log = structlog.get_logger(__name__)
 
 #: Seconds a cross-group batch decision stays in etcd: every group applies it long before.
 BATCH_RECORD_TTL = 3600
-
-
-def store_config(cfg: BrokerConfig) -> StoreConfig:
-    return StoreConfig(
-        store_path_root_dir=cfg.store_path_root_dir,
-        mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
-        mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
-        file_reserved_time=cfg.file_reserved_time,
-        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
-        max_message_size=cfg.max_message_size + 64 * 1024,
-    )
 
 
 class ClusterHooks:
@@ -243,8 +233,6 @@ class ClusterNode:
     """
 
     def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
-        from ..server import _ipv4_of
-
         self.config = config
         self.clock = clock
         self.group = config.broker_name
@@ -452,8 +440,6 @@ class ClusterNode:
         self._wake.set()
 
     async def _become_leader(self, epoch: int) -> None:
-        from ..server import BrokerController
-
         t0 = time.monotonic()
         if self.follower is not None:
             await self.follower.stop()
@@ -731,6 +717,4 @@ class ClusterNode:
 
 def serve_cluster(config: BrokerConfig) -> int:
     """``txmq broker`` with ``etcdEndpoints`` set: run a cluster node until SIGTERM/SIGINT."""
-    from ..server import run_until_signal
-
     return run_until_signal(lambda: ClusterNode(config))
