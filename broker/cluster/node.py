@@ -84,7 +84,7 @@ class FollowerRole:
         self.store = MessageStore(store_config(cfg), node.store_host)
         self.epochs = EpochHistory(cfg.store_path_root_dir)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-replica")
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Any = None
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.target: tuple[str, int] | None = None
@@ -102,9 +102,34 @@ class FollowerRole:
             await self.run_blocking(acl.load)
             self.acl = acl
         cfg = self.node.config
-        self._server = await asyncio.get_running_loop().create_server(
-            self._new_connection, cfg.bind_address, self.node.port, reuse_address=True
-        )
+        if cfg.tls_server_mode != "disabled":
+            # The broker port keeps its TLS rule whichever role the replica has.
+            from ..tls import ServerTls, TlsFiles, TlsServer
+
+            tls = ServerTls(
+                TlsFiles(
+                    cfg.tls_server_cert_path,
+                    cfg.tls_server_key_path,
+                    cfg.tls_server_trust_cert_path,
+                    cfg.tls_server_need_client_auth,
+                )
+            )
+            await self.run_blocking(tls.load)
+            server = await TlsServer.bind(
+                cfg.bind_address,
+                self.node.port,
+                self._new_connection,
+                tls,
+                mode=cfg.tls_server_mode,
+                handshake_timeout=cfg.tls_handshake_timeout,
+                first_byte_timeout=cfg.channel_expired_timeout / 1000.0,
+            )
+            await server.start_serving()
+            self._server = server
+        else:
+            self._server = await asyncio.get_running_loop().create_server(
+                self._new_connection, cfg.bind_address, self.node.port, reuse_address=True
+            )
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
         log.info("follower_started", group=cfg.broker_name, replica=cfg.broker_id)
 

@@ -470,6 +470,16 @@ async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> No
     bc: BrokerCluster = make_cluster(settings=tls)
     bc.ssl = certs.client_context()
     leader = await bc.start_group("g1")
+    # Every replica's broker port is TLS-only, followers' too.
+    for r in bc.replicas.values():
+        st = await bc.status(r.addr)
+        assert st is not None, f"replica {r.replica} does not answer over TLS"
+        plain = await RawClient.connect(r.addr)
+        try:
+            with pytest.raises(TxmqError):
+                await plain.call(RequestCode.TXMQ_CLUSTER_STATUS, {}, timeout=5.0)
+        finally:
+            await plain.close()
     p = AsyncProducer("tls", bc.seeds("g1"), tls=certs.client_context(), request_timeout=10.0)
     await p.start()
     try:
