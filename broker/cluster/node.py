@@ -287,6 +287,8 @@ class ClusterNode:
         self._stopping = False
         self._transition = asyncio.Lock()
         self.elections = 0
+        #: After a won election this replica could not serve: no campaign before this time.
+        self._no_campaign_until = 0.0
         self.stepped_down = asyncio.Event()
         self.became_leader = asyncio.Event()
 
@@ -400,12 +402,15 @@ class ClusterNode:
             if self.role != "leader":
                 # Our own leader key on our lease (a restart in the same session cannot keep
                 # one, so this is the election just won).
-                await self._become_leader(leader.epoch)
+                try:
+                    await self._become_leader(leader.epoch)
+                except Exception as exc:
+                    await self._give_up_leadership(exc)
             return
         if self.role == "leader":
             await self._step_down_locked("another replica leads or the leader key is gone")
         if leader is None:
-            if self._eligible():
+            if self._eligible() and time.monotonic() >= self._no_campaign_until:
                 await self._campaign()
             elif self.role != "follower":
                 await self._become_follower(None)
@@ -415,6 +420,26 @@ class ClusterNode:
     def _eligible(self) -> bool:
         isr = self.view.isr(self.group)
         return isr is None or self.replica in isr.members
+
+    async def _give_up_leadership(self, exc: Exception) -> None:
+        """An election won by a replica that cannot serve (its store does not open, its port
+        is taken): let the group elect another one instead of holding the leader key.  The
+        lease goes (with the leader key on it); a new one keeps this replica a member, and it
+        does not campaign again for a while."""
+        log.error(
+            "leadership_refused",
+            group=self.group,
+            replica=self.replica,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        self.leader_broker = None
+        self.role = "none"
+        self._no_campaign_until = time.monotonic() + 3 * self.config.etcd_lease_ttl
+        try:
+            await self.etcd.revoke(self.lease)
+        except EtcdError as err:
+            log.warning("etcd_lease_not_revoked", error=str(err))
+        await self._new_lease()
 
     async def _campaign(self) -> None:
         epoch, epoch_rev = self.view.epoch(self.group)

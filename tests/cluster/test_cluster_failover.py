@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sized
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.cluster import BrokerCluster, Replica
-from tests.support.etcd import EtcdCluster
+from tests.support.etcd import EtcdCluster, etcd_binary
 from tests.support.raw import RawClient
 from txmq.client import (
     AsyncProducer,
@@ -488,3 +490,49 @@ async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> No
         await send_range(p, "tls", range(10, 20))
     finally:
         await p.shutdown()
+
+
+async def test_a_winner_that_cannot_serve_gives_the_leadership_up(make_cluster: Any) -> None:
+    """Replica 0 wins the group's first election but its store cannot be opened (another
+    process holds the store's lock): it gives the leadership up (lease revoked, so the leader
+    key does not stay on a replica that serves nothing) instead of holding it, and campaigns
+    again later; once the store can be opened, it leads and serves."""
+    import fcntl
+
+    bc: BrokerCluster = make_cluster(groups={"g1": 1}, settings={"minInSyncReplicas": 1})
+    broken = bc.replicas[("g1", 0)]
+    broken.store.mkdir(parents=True)
+    fd = os.open(broken.store / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        bc.start("g1", 0)
+
+        async def refused() -> bool:
+            return bool(bc.events("g1", 0, "leadership_refused"))
+
+        await bc.wait(refused, 30, "replica 0 gives up a leadership it cannot serve")
+        ctl = Path(etcd_binary()).with_name("etcdctl")
+        key = f"/txmq/{bc.name}/leader/g1"
+
+        async def key_released() -> bool:
+            r = await asyncio.to_thread(
+                subprocess.run,
+                [str(ctl), "--endpoints", bc.etcd, "get", key, "--print-value-only"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                env={**os.environ, "ETCDCTL_API": "3"},
+            )
+            return r.returncode == 0 and not r.stdout.strip()
+
+        await bc.wait(key_released, 10, "the leader key of a replica that cannot serve goes")
+    finally:
+        os.close(fd)
+    leader = await bc.wait_leader("g1", timeout=60)
+    p = AsyncProducer("after-refusal", bc.seeds("g1"), request_timeout=8.0)
+    await p.start()
+    try:
+        await send_range(p, "served", range(3))
+    finally:
+        await p.shutdown()
+    assert leader.replica == 0
