@@ -85,6 +85,16 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
     )
 
 
+def tls_files(cfg: BrokerConfig) -> TlsFiles:
+    """The ``tls.server.*`` files of a broker configuration."""
+    return TlsFiles(
+        cfg.tls_server_cert_path,
+        cfg.tls_server_key_path,
+        cfg.tls_server_trust_cert_path,
+        cfg.tls_server_need_client_auth,
+    )
+
+
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 #: Requests still served while shutting down (answers to in-flight transactions).
@@ -191,14 +201,7 @@ class BrokerController:
                 raise ConfigError(f"aclEnable: {exc}") from None
             self.acl = acl
         if cfg.tls_server_mode != "disabled":
-            tls = ServerTls(
-                TlsFiles(
-                    cfg.tls_server_cert_path,
-                    cfg.tls_server_key_path,
-                    cfg.tls_server_trust_cert_path,
-                    cfg.tls_server_need_client_auth,
-                )
-            )
+            tls = ServerTls(tls_files(cfg))
             try:
                 await self.in_background(tls.load)
             except TlsConfigError as exc:

@@ -31,7 +31,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
-from ..server import BrokerController, _ipv4_of, run_until_signal, store_config
+from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
 from ..store import MessageStore, TopicConfig
 from ..topics import SYSTEM_TOPICS
 from .etcd import EtcdError, EtcdSession
@@ -104,16 +104,9 @@ class FollowerRole:
         cfg = self.node.config
         if cfg.tls_server_mode != "disabled":
             # The broker port keeps its TLS rule whichever role the replica has.
-            from ..tls import ServerTls, TlsFiles, TlsServer
+            from ..tls import ServerTls, TlsServer
 
-            tls = ServerTls(
-                TlsFiles(
-                    cfg.tls_server_cert_path,
-                    cfg.tls_server_key_path,
-                    cfg.tls_server_trust_cert_path,
-                    cfg.tls_server_need_client_auth,
-                )
-            )
+            tls = ServerTls(tls_files(cfg))
             await self.run_blocking(tls.load)
             server = await TlsServer.bind(
                 cfg.bind_address,
