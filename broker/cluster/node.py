@@ -608,6 +608,9 @@ class ClusterNode:
                             return
                         published[name] = value
                 await self._apply_batches(broker)
+                # A commit (a recorded batch applied here, a check-back) may write to a topic the
+                # old leader created just before it died, before its table was copied.
+                self._restore_topics(broker)
                 now = time.monotonic()
                 rep = self.hooks.replication if self.hooks is not None else None
                 if rep is not None and now - last_progress >= 1.0:
