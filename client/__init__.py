@@ -29,6 +29,7 @@ from .errors import ClientStateError, InvalidMessageError
 from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
+from .route import MessageQueue
 from .sync import Producer, PullConsumer, PushConsumer
 from .transaction import (
     AsyncTransaction,
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidMessageError",
     "Message",
     "MessageExt",
+    "MessageQueue",
     "Producer",
     "PullConsumer",
     "PullResult",

@@ -70,7 +70,7 @@ from .pull_consumer import (
     update_committed_offset,
 )
 from .remoting import BrokerConnection
-from .route import fetch_route
+from .route import MessageQueue, fetch_route
 
 log = structlog.get_logger(__name__)
 
@@ -169,9 +169,14 @@ class ProcessQueue:
     processing; after an offset jump backwards (PULL_OFFSET_MOVED) ``min()`` is used instead.
     """
 
-    def __init__(self, topic: str, queue_id: int, offset: int) -> None:
+    def __init__(
+        self, topic: str, queue_id: int, offset: int, broker: str = "", conn: Any = None
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
+        #: The broker group holding the queue, and the connection to its leader.
+        self.broker = broker
+        self.conn: BrokerConnection | None = conn
         #: The next offset to pull.
         self.next_offset = offset
         #: The last offset stored at the broker.
@@ -188,8 +193,8 @@ class ProcessQueue:
         self._ordered = True
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.topic, self.queue_id)
+    def key(self) -> MessageQueue:
+        return MessageQueue(self.topic, self.broker, self.queue_id)
 
     def add(self, msgs: list[MessageExt]) -> None:
         if self.msgs and msgs and msgs[0].queue_offset < next(reversed(self.msgs)):
@@ -358,7 +363,7 @@ class AsyncPushConsumer(ConnectedClient):
         #: Subscribed topics that did not exist yet when this consumer looked for them.
         self._born_later: set[str] = set()
         self._conn: BrokerConnection | None = None
-        self._pqs: dict[tuple[str, int], ProcessQueue] = {}
+        self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_tasks: list[asyncio.Task[None]] = []
         self._workers: _SyncWorkers | None = None
@@ -443,7 +448,12 @@ class AsyncPushConsumer(ConnectedClient):
         return self._conn.client_id if self._conn is not None else None
 
     def assignment(self) -> list[tuple[str, int]]:
-        """The (topic, queue id) pairs this member consumes now, sorted."""
+        """The (topic, queue id) pairs this member consumes now, sorted (a topic in several
+        broker groups has a queue id once per group; :meth:`queues` tells them apart)."""
+        return sorted((q.topic, q.queue_id) for q in self._pqs)
+
+    def queues(self) -> list[MessageQueue]:
+        """The queues (topic, broker group, queue id) this member consumes now, sorted."""
         return sorted(self._pqs)
 
     async def _start(self) -> None:
@@ -544,8 +554,8 @@ class AsyncPushConsumer(ConnectedClient):
             complete = await self._rebalance()
             retry_in = 1.0 if complete else retry_in * 2
 
-    async def _consumer_ids(self) -> list[str]:
-        resp = await self.connection.invoke(
+    async def _consumer_ids(self, conn: BrokerConnection) -> list[str]:
+        resp = await conn.invoke(
             RequestCode.GET_CONSUMER_LIST_BY_GROUP,
             GetConsumerListByGroupRequestHeader(consumer_group=self.group),
         )
@@ -559,18 +569,11 @@ class AsyncPushConsumer(ConnectedClient):
             if not self._started:
                 return True
             conn = self.connection
-            try:
-                ids = await self._consumer_ids()
-            except (TxmqError, ValueError) as exc:
-                log.warning("rebalance_failed", group=self.group, error=str(exc))
-                return False
-            if conn.client_id not in ids:
-                log.info("consumer_not_found_in_group", group=self.group, client_id=conn.client_id)
-                return False
             complete = True
             subs = self._all_subscriptions()
-            for key in [k for k in self._pqs if k[0] not in subs]:
+            for key in [k for k in self._pqs if k.topic not in subs]:
                 self._drop(self._pqs[key])
+            ids_by_group: dict[str, list[str]] = {}
             for topic in subs:
                 try:
                     route = await fetch_route(conn, topic)
@@ -581,29 +584,67 @@ class AsyncPushConsumer(ConnectedClient):
                 if route is None and topic != self.retry_topic:
                     complete = False
                     self._born_later.add(topic)
-                queues = route.read_queue_ids if route is not None and route.readable else []
+                if route is None or not route.readable:
+                    queues: list[MessageQueue] = []
+                else:
+                    queues = list(route.read_queues) or [
+                        MessageQueue(topic, "", q) for q in route.read_queue_ids
+                    ]
+                # Every member heartbeats to every group of the topic, so each group knows the
+                # whole consumer group; the members are read from the topic's first group.
+                conns: dict[str, BrokerConnection] = {}
+                try:
+                    for group in sorted({q.broker for q in queues}):
+                        brokers = route.brokers if route is not None else {}
+                        conns[group] = await conn.for_group(group, brokers.get(group, ()))
+                    first = conns[min(conns)] if conns else conn
+                    ids = ids_by_group.get(first.address)
+                    if ids is None:
+                        ids = ids_by_group[first.address] = await self._consumer_ids(first)
+                except (TxmqError, ValueError) as exc:
+                    log.warning("rebalance_failed", group=self.group, topic=topic, error=str(exc))
+                    complete = False
+                    continue
+                if conn.client_id not in ids:
+                    log.info(
+                        "consumer_not_found_in_group", group=self.group, client_id=conn.client_id
+                    )
+                    complete = False
+                    continue
                 mine = set(allocate_averagely(queues, ids, conn.client_id))
-                for key in [k for k in self._pqs if k[0] == topic and k[1] not in mine]:
+                for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
                     self._drop(self._pqs[key])
-                for qid in sorted(mine):
-                    if (topic, qid) in self._pqs or not self._started:
+                for mq in sorted(mine):
+                    if mq in self._pqs or not self._started:
                         continue
                     try:
-                        await self._take(topic, qid)
+                        await self._take(mq, conns.get(mq.broker, conn))
                     except TxmqError as exc:
-                        log.warning("queue_take_failed", topic=topic, queue_id=qid, error=str(exc))
+                        log.warning(
+                            "queue_take_failed",
+                            topic=topic,
+                            broker=mq.broker,
+                            queue_id=mq.queue_id,
+                            error=str(exc),
+                        )
                         complete = False
             return complete
 
-    async def _take(self, topic: str, queue_id: int) -> None:
-        offset = await self._initial_offset(topic, queue_id)
-        pq = ProcessQueue(topic, queue_id, offset)
+    async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
+        offset = await self._initial_offset(conn, mq.topic, mq.queue_id)
+        pq = ProcessQueue(mq.topic, mq.queue_id, offset, mq.broker, conn)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
-        log.info("queue_assigned", group=self.group, topic=topic, queue_id=queue_id, offset=offset)
+        log.info(
+            "queue_assigned",
+            group=self.group,
+            topic=mq.topic,
+            broker=mq.broker,
+            queue_id=mq.queue_id,
+            offset=offset,
+        )
 
-    async def _initial_offset(self, topic: str, queue_id: int) -> int:
-        conn = self.connection
+    async def _initial_offset(self, conn: BrokerConnection, topic: str, queue_id: int) -> int:
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
         if committed is not None:
             return committed
@@ -662,10 +703,11 @@ class AsyncPushConsumer(ConnectedClient):
 
     async def _commit(self, pq: ProcessQueue) -> None:
         offset = pq.offset_to_commit()
-        if offset == pq.committed or self._conn is None:
+        conn = pq.conn or self._conn
+        if offset == pq.committed or self._conn is None or conn is None:
             return
         try:
-            await update_committed_offset(self._conn, self.group, pq.topic, pq.queue_id, offset)
+            await update_committed_offset(conn, self.group, pq.topic, pq.queue_id, offset)
         except TxmqError as exc:
             log.warning(
                 "offset_commit_failed",
@@ -682,7 +724,7 @@ class AsyncPushConsumer(ConnectedClient):
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         cfg = self.config
-        conn = self.connection
+        conn = pq.conn or self.connection
         while not pq.dropped:
             if len(pq.msgs) >= cfg.pull_threshold_for_queue:
                 pq.space.clear()
@@ -829,7 +871,7 @@ class AsyncPushConsumer(ConnectedClient):
                 error=repr(error),
             )
             try:
-                await self._send_back(msg)
+                await self._send_back(pq, msg)
             except TxmqError as exc:
                 log.warning("send_back_failed", group=self.group, msg_id=msg.msg_id, error=str(exc))
                 if await self._sleep(self.config.send_back_retry_delay) or pq.dropped:
@@ -839,7 +881,7 @@ class AsyncPushConsumer(ConnectedClient):
                 return
             pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
             self.consumed_count += 1
-            if not any(k[0] == self.retry_topic for k in self._pqs):
+            if not any(k.topic == self.retry_topic for k in self._pqs):
                 # The retry topic may have just been created: look for its queues now.
                 self._request_rebalance()
         finally:
@@ -859,7 +901,7 @@ class AsyncPushConsumer(ConnectedClient):
             assert self._workers is not None
             self._workers.submit(pq, msg, sub.callback)
 
-    async def _send_back(self, msg: MessageExt) -> None:
+    async def _send_back(self, pq: ProcessQueue, msg: MessageExt) -> None:
         header = ConsumerSendMsgBackRequestHeader(
             offset=msg.commit_log_offset,
             group=self.group,
@@ -869,7 +911,8 @@ class AsyncPushConsumer(ConnectedClient):
             unit_mode=False,
             max_reconsume_times=self.max_reconsume_times,
         )
-        await self.connection.invoke(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+        # To the group that stored the message (the offset is in its commit log).
+        await (pq.conn or self.connection).invoke(RequestCode.CONSUMER_SEND_MSG_BACK, header)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

@@ -52,7 +52,7 @@ from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
 from .remoting import BrokerConnection, local_ip
-from .route import TopicRoute, fetch_route
+from .route import MessageQueue, TopicRoute, fetch_route
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +105,8 @@ class SendResult:
         transaction_id: the transaction id, for transactional sends.
         msg_ids: every message's ``UNIQ_KEY`` (one element for a single send).
         offset_msg_ids: every message's offsetMsgId.
+        broker_name: the broker group that stored it (the route's ``brokerName``): with
+            ``queue_id``, the queue (RocketMQ's MessageQueue).
     """
 
     status: SendStatus
@@ -116,6 +118,7 @@ class SendResult:
     transaction_id: str | None = None
     msg_ids: list[str] = field(default_factory=list)
     offset_msg_ids: list[str] = field(default_factory=list)
+    broker_name: str = ""
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -179,7 +182,7 @@ def validate_message(msg: Message, max_size: int) -> None:
 
 
 def _result(
-    resp: RemotingCommand, topic: str, uniq_ids: list[str], status: SendStatus
+    resp: RemotingCommand, topic: str, uniq_ids: list[str], status: SendStatus, broker: str
 ) -> SendResult:
     try:
         header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
@@ -200,6 +203,7 @@ def _result(
         transaction_id=header.transaction_id,
         msg_ids=list(uniq_ids),
         offset_msg_ids=offset_ids,
+        broker_name=broker,
     )
 
 
@@ -290,16 +294,19 @@ class AsyncProducer(ConnectedClient):
         sharding_key: str | None = None,
         selector: QueueSelector | None = None,
         timeout: float | None = None,
+        broker: str | None = None,
     ) -> SendResult:
         """Send one message and wait until the broker stored it.
 
         Args:
             msg: the message.
-            queue_id: write to this queue.
+            queue_id: write to this queue (of ``broker``'s group when the topic lives in
+                several broker groups of a cluster).
             sharding_key: write to queue ``crc32(key) % write_queue_nums``, so the messages of
                 one key stay in order in one queue.
             selector: ``f(queue_ids, msg) -> queue_id``.
             timeout: seconds to wait for each attempt (default: ``request_timeout``).
+            broker: write to this broker group (a route's ``brokerName``) of a cluster.
 
         Returns:
             The :class:`SendResult`.
@@ -313,12 +320,18 @@ class AsyncProducer(ConnectedClient):
             and queue_id is None
             and sharding_key is None
             and selector is None
+            and broker is None
             and not msg.delay_level
             and not (self.config.compress_over and len(msg.payload) >= self.config.compress_over)
         ):
             return await self._send_gathered(msg, timeout)
         return await self.send_message(
-            msg, queue_id=queue_id, sharding_key=sharding_key, selector=selector, timeout=timeout
+            msg,
+            queue_id=queue_id,
+            sharding_key=sharding_key,
+            selector=selector,
+            timeout=timeout,
+            broker=broker,
         )
 
     # -- auto batching (ClientConfig.auto_batch) ----------------------------------------------------
@@ -376,6 +389,7 @@ class AsyncProducer(ConnectedClient):
                         queue_offset=r.queue_offset + i,
                         msg_ids=[r.msg_ids[i]],
                         offset_msg_ids=r.offset_msg_ids[i : i + 1],
+                        broker_name=r.broker_name,
                     )
                     for i in range(len(items))
                 ]
@@ -400,11 +414,11 @@ class AsyncProducer(ConnectedClient):
             ConnectionClosedError: no connection to the broker.
         """
         validate_message(msg, self.config.max_message_size)
-        conn = self.connection
         route = await self._route_for(msg.topic)
-        qid = self._select_queue(route, msg, queue_id, sharding_key, None, 0)
+        mq = self._select_queue(route, msg, queue_id, sharding_key, None, None, None)
+        conn = await self._connection_for(route, mq)
         props = self._wire_properties(msg, new_uniq_id(), None)
-        cmd = self._send_command(msg, route, qid, props, sys_flag=0)
+        cmd = self._send_command(msg, route, mq.queue_id, props, sys_flag=0)
         await conn.send_oneway(cmd)
 
     async def send_batch(
@@ -447,11 +461,13 @@ class AsyncProducer(ConnectedClient):
         timeout: float | None = None,
         sys_flag: int = 0,
         extra_properties: dict[str, str] | None = None,
+        broker: str | None = None,
     ) -> SendResult:
         """:meth:`send` with the knobs other senders need (transactional half messages set
         ``sys_flag`` and system properties such as ``TRAN_MSG`` and ``PGROUP``).
 
-        ``extra_properties`` may set ``UNIQ_KEY`` to choose the message id.
+        ``extra_properties`` may set ``UNIQ_KEY`` to choose the message id; ``broker`` keeps
+        the message in that broker group (the halves of one transaction stay together).
         """
         validate_message(msg, self.config.max_message_size)
         uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or new_uniq_id()
@@ -468,6 +484,7 @@ class AsyncProducer(ConnectedClient):
             sharding_key=sharding_key,
             selector=selector,
             timeout=timeout,
+            broker=broker,
         )
 
     async def send_messages(
@@ -479,6 +496,7 @@ class AsyncProducer(ConnectedClient):
         timeout: float | None = None,
         sys_flag: int = 0,
         extra_properties: dict[str, str] | None = None,
+        broker: str | None = None,
     ) -> SendResult:
         """:meth:`send_message` for several messages of one topic in one SEND_BATCH_MESSAGE
         (one queue, one acknowledged round trip).  Bodies are sent as they are (a batch is not
@@ -497,6 +515,7 @@ class AsyncProducer(ConnectedClient):
             sys_flag=sys_flag,
             extra_properties=extra_properties,
             allow_delay=True,
+            broker=broker,
         )
 
     async def _send_batch(
@@ -509,6 +528,7 @@ class AsyncProducer(ConnectedClient):
         sys_flag: int,
         extra_properties: dict[str, str] | None,
         allow_delay: bool,
+        broker: str | None = None,
     ) -> SendResult:
         if not msgs:
             raise InvalidMessageError("a batch needs at least one message")
@@ -551,6 +571,7 @@ class AsyncProducer(ConnectedClient):
             sharding_key=sharding_key,
             selector=None,
             timeout=timeout,
+            broker=broker,
         )
 
     async def _send_with_retries(
@@ -563,11 +584,14 @@ class AsyncProducer(ConnectedClient):
         sharding_key: str | None,
         selector: QueueSelector | None,
         timeout: float | None,
+        broker: str | None = None,
     ) -> SendResult:
-        conn = self.connection
         timeout = self.config.request_timeout if timeout is None else timeout
         attempts = 1 + self.config.retry_times_when_send_failed
         last_error: TxmqError | None = None
+        #: The group of the last failed attempt: a retry goes to another one when it can
+        #: (RocketMQ's sendLatencyFaultEnable, in its simplest form).
+        failed: str | None = None
         for attempt in range(attempts):
             try:
                 route = await self._route_for(msg.topic)
@@ -577,34 +601,47 @@ class AsyncProducer(ConnectedClient):
                 last_error = exc
                 log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
                 continue
-            qid = self._select_queue(route, msg, queue_id, sharding_key, selector, attempt)
-            cmd = build(route, qid)
+            mq = self._select_queue(route, msg, queue_id, sharding_key, selector, broker, failed)
+            cmd = build(route, mq.queue_id)
             try:
+                conn = await self._connection_for(route, mq)
                 resp = await conn.request(cmd, timeout)
             except TxmqError as exc:
                 if not exc.retriable:
                     raise
                 last_error = exc
+                failed = mq.broker
                 log.info(
                     "send_retried",
                     topic=msg.topic,
-                    queue_id=qid,
+                    broker=mq.broker,
+                    queue_id=mq.queue_id,
                     attempt=attempt + 1,
                     error=str(exc),
                 )
+                if len(route.brokers) > 1:
+                    self._routes.pop(msg.topic, None)  # a group may have a new leader
                 continue
             status = _STATUS_BY_CODE.get(resp.code)
             if status is not None:
                 if not route.exists:
                     # The broker created the topic on this send: learn its real route next time.
                     self._routes.pop(msg.topic, None)
-                return _result(resp, msg.topic, uniq_ids, status)
+                return _result(
+                    resp, msg.topic, uniq_ids, status, mq.broker or conn.group_name or ""
+                )
             err = error_for_code(resp.code, resp.remark)
             if not err.retriable:
                 raise err
             last_error = err
+            failed = mq.broker
             log.info(
-                "send_retried", topic=msg.topic, queue_id=qid, attempt=attempt + 1, error=str(err)
+                "send_retried",
+                topic=msg.topic,
+                broker=mq.broker,
+                queue_id=mq.queue_id,
+                attempt=attempt + 1,
+                error=str(err),
             )
         assert last_error is not None
         raise last_error
@@ -657,32 +694,81 @@ class AsyncProducer(ConnectedClient):
         queue_id: int | None,
         sharding_key: str | None,
         selector: QueueSelector | None,
-        attempt: int,
-    ) -> int:
+        broker: str | None,
+        avoid: str | None,
+    ) -> MessageQueue:
+        """The queue to write: ``queue_id``, the key's, the selector's or the next in turn.
+
+        A topic in several broker groups has its write queues numbered in one list (by group
+        name, then queue id): ``sharding_key`` and ``selector`` choose among all of them
+        (``selector`` gets and returns positions in that list, which for a topic in one group
+        are its queue ids); ``queue_id`` is a queue id in ``broker``'s group (needed then).
+        Round robin skips the group ``avoid`` (the last one that failed) while another exists.
+        """
         if not route.writable:
             raise NoPermissionError(f"topic {route.topic!r} is not writable")
-        ids = route.write_queue_ids
-        if not ids:
+        queues = list(route.write_queues) or [
+            MessageQueue(route.topic, "", i) for i in range(route.write_queue_nums)
+        ]
+        if broker is not None and route.write_queues:
+            queues = [q for q in queues if q.broker == broker]
+            if not queues:
+                raise NoPermissionError(
+                    f"topic {route.topic!r} has no writable queue in broker group {broker!r} "
+                    f"(its groups: {', '.join(route.groups) or 'none'})"
+                )
+        if not queues:
             raise NoPermissionError(f"topic {route.topic!r} has no writable queue")
         chosen = sum(x is not None for x in (queue_id, sharding_key, selector))
         if chosen > 1:
             raise ValueError("give at most one of queue_id, sharding_key and selector")
         if queue_id is not None:
-            if queue_id not in ids:
+            groups = {q.broker for q in queues}
+            if len(groups) > 1:
                 raise InvalidMessageError(
-                    f"queue {queue_id} does not exist in topic {route.topic!r} (queues {ids})"
+                    f"topic {route.topic!r} has queues in broker groups {sorted(groups)}: "
+                    "queue_id needs the group too (broker=...), or use sharding_key"
                 )
-            return queue_id
+            for q in queues:
+                if q.queue_id == queue_id:
+                    return q
+            raise InvalidMessageError(
+                f"queue {queue_id} does not exist in topic {route.topic!r} "
+                f"(queues {[q.queue_id for q in queues]})"
+            )
         if sharding_key is not None:
-            return ids[zlib.crc32(str(sharding_key).encode("utf-8")) % len(ids)]
+            return queues[zlib.crc32(str(sharding_key).encode("utf-8")) % len(queues)]
         if selector is not None:
-            qid = selector(list(ids), msg)
-            if qid not in ids:
+            positions = list(range(len(queues)))
+            pos = selector(positions, msg)
+            if pos not in positions:
                 raise InvalidMessageError(
-                    f"the queue selector chose queue {qid!r}, which is not one of {ids}"
+                    f"the queue selector chose queue {pos!r}, which is not one of {positions}"
                 )
-            return int(qid)
-        return ids[next(self._rr) % len(ids)]
+            return queues[int(pos)]
+        if avoid is not None:
+            others = [q for q in queues if q.broker != avoid]
+            if others:
+                queues = others
+        return queues[next(self._rr) % len(queues)]
+
+    async def _connection_for(self, route: TopicRoute, mq: MessageQueue) -> BrokerConnection:
+        """The connection to ``mq``'s broker group (its leader)."""
+        return await self.connection.for_group(mq.broker, route.brokers.get(mq.broker, ()))
+
+    async def connection_for_group(self, group: str) -> BrokerConnection:
+        """The connection to broker group ``group`` (for decisions on what was stored there).
+
+        Raises:
+            ConnectionClosedError: no route named the group, or it cannot be reached.
+        """
+        conn = self.connection
+        if conn.group_name is None or not group or group == conn.group_name:
+            return conn
+        for route in self._routes.values():
+            if group in route.brokers:
+                return await conn.for_group(group, route.brokers[group])
+        return await conn.for_group(group)
 
     async def _route_for(self, topic: str) -> TopicRoute:
         route = self._routes.get(topic)

@@ -44,7 +44,7 @@ from .config import DEFAULT_BROKER, ClientConfig
 from .lifecycle import ConnectedClient
 from .producer import validate_topic
 from .remoting import BrokerConnection
-from .route import fetch_route
+from .route import MessageQueue, fetch_route
 
 log = structlog.get_logger(__name__)
 
@@ -278,6 +278,8 @@ class AsyncPullConsumer(ConnectedClient):
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn: BrokerConnection | None = None
+        #: Replica addresses of the broker groups seen in routes (for ``broker=`` calls).
+        self._group_addrs: dict[str, tuple[str, ...]] = {}
 
     async def _start(self) -> None:
         """Connect to the broker.
@@ -298,7 +300,17 @@ class AsyncPullConsumer(ConnectedClient):
             await conn.close()
 
     async def fetch_queues(self, topic: str) -> list[int]:
-        """The readable queue ids of ``topic``.
+        """The readable queue ids of ``topic`` (of a single broker, or of a topic that lives
+        in one broker group of a cluster; see :meth:`fetch_message_queues`).
+
+        Raises:
+            TopicNotExistError: the topic does not exist.
+        """
+        return [q.queue_id for q in await self.fetch_message_queues(topic)]
+
+    async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of ``topic`` in every broker group that has it: pass a queue's
+        ``broker`` along with its ``queue_id`` to the other methods.
 
         Raises:
             TopicNotExistError: the topic does not exist.
@@ -307,7 +319,20 @@ class AsyncPullConsumer(ConnectedClient):
         route = await fetch_route(self.connection, topic)
         if route is None:
             raise TopicNotExistError(f"topic {topic!r} does not exist")
-        return route.read_queue_ids
+        self._group_addrs.update(route.brokers)
+        if not route.readable:
+            return []
+        return list(route.read_queues) or [MessageQueue(topic, "", q) for q in route.read_queue_ids]
+
+    async def _group(self, topic: str, broker: str | None) -> BrokerConnection:
+        """The connection to the group holding the queue (``broker``, a route's group name;
+        None: the connected broker)."""
+        conn = self.connection
+        if broker is None or conn.group_name is None or broker == conn.group_name:
+            return conn
+        if broker not in self._group_addrs:
+            await self.fetch_message_queues(topic)
+        return await conn.for_group(broker, self._group_addrs.get(broker, ()))
 
     async def pull(
         self,
@@ -318,6 +343,8 @@ class AsyncPullConsumer(ConnectedClient):
         expression: str = "*",
         timeout: float | None = None,
         long_poll: float = 0.0,
+        *,
+        broker: str | None = None,
     ) -> PullResult:
         """Read up to ``max_nums`` messages of one queue from ``offset`` on.
 
@@ -326,12 +353,14 @@ class AsyncPullConsumer(ConnectedClient):
             timeout: seconds to wait for the answer (default ``request_timeout``).
             long_poll: when nothing is there, let the broker wait this many seconds for a
                 message before answering NO_NEW_MSG.
+            broker: the queue's broker group (from :meth:`fetch_message_queues`) when the topic
+                lives in several groups of a cluster.
 
         Raises:
             TxmqError: the request failed.
         """
         return await pull_messages(
-            self.connection,
+            await self._group(topic, broker),
             self.group,
             topic,
             queue_id,
@@ -342,24 +371,35 @@ class AsyncPullConsumer(ConnectedClient):
             timeout=timeout,
         )
 
-    async def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
+    async def commit_offset(
+        self, topic: str, queue_id: int, offset: int, *, broker: str | None = None
+    ) -> None:
         """Store the group's offset for a queue: the next offset to consume."""
-        await update_committed_offset(self.connection, self.group, topic, queue_id, offset)
+        conn = await self._group(topic, broker)
+        await update_committed_offset(conn, self.group, topic, queue_id, offset)
 
-    async def committed_offset(self, topic: str, queue_id: int) -> int | None:
+    async def committed_offset(
+        self, topic: str, queue_id: int, *, broker: str | None = None
+    ) -> int | None:
         """The group's stored offset for a queue, or None when there is none."""
-        return await query_committed_offset(self.connection, self.group, topic, queue_id)
+        conn = await self._group(topic, broker)
+        return await query_committed_offset(conn, self.group, topic, queue_id)
 
-    async def max_offset(self, topic: str, queue_id: int) -> int:
+    async def max_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         """The queue's next free offset."""
-        return await get_max_offset(self.connection, topic, queue_id)
+        return await get_max_offset(await self._group(topic, broker), topic, queue_id)
 
-    async def min_offset(self, topic: str, queue_id: int) -> int:
+    async def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         """The queue's smallest stored offset."""
-        return await get_min_offset(self.connection, topic, queue_id)
+        return await get_min_offset(await self._group(topic, broker), topic, queue_id)
 
     async def offset_for_timestamp(
-        self, topic: str, queue_id: int, ts_ms: int | float | datetime
+        self,
+        topic: str,
+        queue_id: int,
+        ts_ms: int | float | datetime,
+        *,
+        broker: str | None = None,
     ) -> int:
         """The first offset of a message stored at or after ``ts_ms`` (ms or a datetime)."""
-        return await search_offset(self.connection, topic, queue_id, ts_ms)
+        return await search_offset(await self._group(topic, broker), topic, queue_id, ts_ms)

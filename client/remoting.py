@@ -19,13 +19,14 @@ Public hooks for other parts of the SDK:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -72,6 +73,13 @@ def make_client_id() -> str:
     return f"{local_ip()}@{os.getpid()}#{os.urandom(6).hex()}"
 
 
+#: The connection a broker's request to this client (e.g. a transaction check) arrived on,
+#: while its processor runs.
+current_connection: contextvars.ContextVar[BrokerConnection | None] = contextvars.ContextVar(
+    "txmq_current_connection", default=None
+)
+
+
 class BrokerConnection:
     """One client's connection to the broker.
 
@@ -112,6 +120,12 @@ class BrokerConnection:
         #: True once the broker said it is part of a cluster (then a request that times out
         #: drops the connection and the next one looks for the group's leader again).
         self.cluster = False
+        #: The broker group (``brokerName``) of the leader connected to; None for a single
+        #: broker.
+        self.group_name: str | None = None
+        #: Connections to the other groups of a cluster, made on first use by
+        #: :meth:`for_group` (sharing this connection's registrations and client id).
+        self._groups: dict[str, asyncio.Future[BrokerConnection]] = {}
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -167,10 +181,66 @@ class BrokerConnection:
         self._heartbeat_task = self._spawn(self._heartbeat_loop())
         log.debug("broker_connected", broker=self.address, client_id=self.client_id)
 
+    # -- the other broker groups of a cluster -------------------------------------------------
+
+    async def for_group(self, group: str, addresses: Sequence[str] = ()) -> BrokerConnection:
+        """The connection to use for broker group ``group`` (a route's ``brokerName``).
+
+        A single broker, or the group this connection serves, is this connection.  Another
+        group of a cluster gets a connection of its own, opened on first use to the group's
+        leader (found through ``addresses``, its replicas as the route lists them) with this
+        connection's client id, producer and consumer registrations and request handlers, so
+        the broker sees one client; it heartbeats, reconnects and follows its group's leader
+        by itself, and closes with this one.
+
+        Raises:
+            ConnectionClosedError: the group cannot be reached (or has no leader yet).
+        """
+        if self.group_name is None or group == self.group_name or not group:
+            return self
+        pending = self._groups.get(group)
+        if pending is not None and pending.done() and pending.exception() is not None:
+            pending = None  # the last attempt failed: try again
+        if pending is None:
+            if not addresses:
+                raise ConnectionClosedError(f"no address known for broker group {group!r}")
+            pending = asyncio.ensure_future(self._open_group(group, addresses))
+            self._groups[group] = pending
+        return await asyncio.shield(pending)
+
+    async def _open_group(self, group: str, addresses: Sequence[str]) -> BrokerConnection:
+        if self._closing:
+            raise ConnectionClosedError(f"connection to broker {self.address} is closed")
+        other = BrokerConnection(",".join(addresses), self.config, client_id=self.client_id)
+        # Shared, not copied: a registration made later reaches every group.
+        other._processors = self._processors
+        other._producer_groups = self._producer_groups
+        other._consumers = self._consumers
+        other._reconnect_callbacks = self._reconnect_callbacks
+        await other.start()
+        if self._closing:
+            await other.close()
+            raise ConnectionClosedError(f"connection to broker {self.address} is closed")
+        log.info("broker_group_connected", group=group, broker=f"{other.host}:{other.port}")
+        return other
+
+    def _group_connections(self) -> list[BrokerConnection]:
+        return [
+            f.result()
+            for f in self._groups.values()
+            if f.done() and not f.cancelled() and f.exception() is None
+        ]
+
     async def close(self) -> None:
-        """Close the connection and stop the background tasks (no unregister; see
-        :meth:`unregister`)."""
+        """Close the connection (and those to other groups) and stop the background tasks (no
+        unregister; see :meth:`unregister`)."""
         self._closing = True
+        others = self._group_connections()
+        for f in self._groups.values():
+            f.cancel()
+        self._groups.clear()
+        if others:
+            await asyncio.gather(*(o.close() for o in others), return_exceptions=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -193,11 +263,20 @@ class BrokerConnection:
     async def unregister(
         self, *, producer_group: str | None = None, consumer_group: str | None = None
     ) -> None:
-        """Send UNREGISTER_CLIENT for one group (best effort: failures are logged)."""
+        """Send UNREGISTER_CLIENT for one group to every broker group connected to (best
+        effort: failures are logged)."""
         if producer_group:
             self._producer_groups.discard(producer_group)
         if consumer_group:
             self._consumers.pop(consumer_group, None)
+        others = self._group_connections()
+        if others:
+            await asyncio.gather(
+                *(
+                    o.unregister(producer_group=producer_group, consumer_group=consumer_group)
+                    for o in others
+                )
+            )
         if not self.connected:
             return
         header = UnregisterClientRequestHeader(
@@ -309,13 +388,15 @@ class BrokerConnection:
         }
 
     async def send_heartbeat(self) -> None:
-        """Send one HEART_BEAT now.
+        """Send one HEART_BEAT now (to every broker group connected to).
 
         Raises:
             TxmqError: the broker refused it or did not answer.
         """
         conn = await self.wait_connected(self.config.request_timeout)
         await self._heartbeat_on(conn)
+        for other in self._group_connections():
+            await other.send_heartbeat()
 
     async def _heartbeat_on(self, conn: Connection) -> None:
         body = json.dumps(self.heartbeat_data(), separators=(",", ":")).encode("utf-8")
@@ -408,6 +489,7 @@ class BrokerConnection:
         self.cluster = True
         doc = json.loads(resp.body)
         group = doc.get("self", {}).get("group")
+        self.group_name = str(group) if group else None
         info = doc.get("groups", {}).get(group) or {}
         leader = info.get("leader")
         if not leader:
@@ -470,6 +552,8 @@ class BrokerConnection:
             return
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        # A processor (and the tasks it starts) can tell which broker group asked.
+        current_connection.set(self)
         processor = self._processors.get(cmd.code)
         if processor is None:
             log.warning("broker_request_refused", code=cmd.code)

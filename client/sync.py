@@ -22,6 +22,7 @@ from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
 from .lifecycle import AsyncClient
 from .producer import AsyncProducer, QueueSelector, SendResult
 from .pull_consumer import AsyncPullConsumer, PullResult
+from .route import MessageQueue
 
 R = TypeVar("R")
 
@@ -82,6 +83,7 @@ class Producer(_SyncClient):
         sharding_key: str | None = None,
         selector: QueueSelector | None = None,
         timeout: float | None = None,
+        broker: str | None = None,
     ) -> SendResult:
         """Send one message and wait until it is stored; see :meth:`AsyncProducer.send`."""
         return self._run(
@@ -91,6 +93,7 @@ class Producer(_SyncClient):
                 sharding_key=sharding_key,
                 selector=selector,
                 timeout=timeout,
+                broker=broker,
             )
         )
 
@@ -204,6 +207,10 @@ class PullConsumer(_SyncClient):
         """The readable queue ids of ``topic``."""
         return self._run(self.core.fetch_queues(topic))
 
+    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of ``topic`` in every broker group that has it."""
+        return self._run(self.core.fetch_message_queues(topic))
+
     def pull(
         self,
         topic: str,
@@ -213,6 +220,8 @@ class PullConsumer(_SyncClient):
         expression: str = "*",
         timeout: float | None = None,
         long_poll: float = 0.0,
+        *,
+        broker: str | None = None,
     ) -> PullResult:
         """Read up to ``max_nums`` messages from ``offset`` on; see
         :meth:`AsyncPullConsumer.pull`."""
@@ -225,25 +234,37 @@ class PullConsumer(_SyncClient):
                 expression=expression,
                 timeout=timeout,
                 long_poll=long_poll,
+                broker=broker,
             )
         )
 
-    def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
+    def commit_offset(
+        self, topic: str, queue_id: int, offset: int, *, broker: str | None = None
+    ) -> None:
         """Store the group's next offset to consume for a queue."""
-        self._run(self.core.commit_offset(topic, queue_id, offset))
+        self._run(self.core.commit_offset(topic, queue_id, offset, broker=broker))
 
-    def committed_offset(self, topic: str, queue_id: int) -> int | None:
+    def committed_offset(
+        self, topic: str, queue_id: int, *, broker: str | None = None
+    ) -> int | None:
         """The group's stored offset for a queue, or None."""
-        return self._run(self.core.committed_offset(topic, queue_id))
+        return self._run(self.core.committed_offset(topic, queue_id, broker=broker))
 
-    def max_offset(self, topic: str, queue_id: int) -> int:
+    def max_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         """The queue's next free offset."""
-        return self._run(self.core.max_offset(topic, queue_id))
+        return self._run(self.core.max_offset(topic, queue_id, broker=broker))
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
+    def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         """The queue's smallest stored offset."""
-        return self._run(self.core.min_offset(topic, queue_id))
+        return self._run(self.core.min_offset(topic, queue_id, broker=broker))
 
-    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int | float | datetime) -> int:
+    def offset_for_timestamp(
+        self,
+        topic: str,
+        queue_id: int,
+        ts_ms: int | float | datetime,
+        *,
+        broker: str | None = None,
+    ) -> int:
         """The first offset stored at or after ``ts_ms``."""
-        return self._run(self.core.offset_for_timestamp(topic, queue_id, ts_ms))
+        return self._run(self.core.offset_for_timestamp(topic, queue_id, ts_ms, broker=broker))

@@ -46,6 +46,7 @@ from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import AsyncClient
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
+from .remoting import BrokerConnection, current_connection
 from .sync import _SyncClient
 
 log = structlog.get_logger(__name__)
@@ -237,6 +238,7 @@ class AsyncTransactionProducer(AsyncClient):
             transaction_id=txid,
             msg_ids=result.msg_ids,
             offset_msg_ids=result.offset_msg_ids,
+            broker_name=result.broker_name,
             local_transaction_state=state,
         )
 
@@ -260,12 +262,15 @@ class AsyncTransactionProducer(AsyncClient):
             msg_id=half.msg_id,
             transaction_id=transaction_id or half.transaction_id or half.msg_id,
         )
-        await self._end(header, remark)
+        # The decision goes to the broker group that stored the half.
+        await self._end(header, remark, await self.producer.connection_for_group(half.broker_name))
 
-    async def _end(self, header: EndTransactionRequestHeader, remark: str | None) -> None:
+    async def _end(
+        self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection
+    ) -> None:
         cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header.to_ext_fields())
         cmd.remark = remark
-        resp = await self.producer.connection.request(cmd)
+        resp = await conn.request(cmd)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
 
@@ -308,12 +313,16 @@ class AsyncTransactionProducer(AsyncClient):
         except TxmqError as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"bad check request: {exc}")
         self._checks_waiting += 1
-        task = asyncio.get_running_loop().create_task(self._run_check(header, msg))
+        # The answer goes back to the broker group that asked.
+        origin = current_connection.get() or self.producer.connection
+        task = asyncio.get_running_loop().create_task(self._run_check(header, msg, origin))
         self._check_tasks.add(task)
         task.add_done_callback(self._check_tasks.discard)
         return cmd.response()
 
-    async def _run_check(self, header: CheckTransactionStateRequestHeader, msg: MessageExt) -> None:
+    async def _run_check(
+        self, header: CheckTransactionStateRequestHeader, msg: MessageExt, conn: BrokerConnection
+    ) -> None:
         try:
             async with self._check_sem:
                 remark = None
@@ -337,7 +346,7 @@ class AsyncTransactionProducer(AsyncClient):
                     transaction_id=header.transaction_id or msg.transaction_id,
                 )
                 try:
-                    await self._end(end, remark)
+                    await self._end(end, remark, conn)
                     self.checks_answered += 1
                 except TxmqError as exc:
                     # the broker checks again next round if this did not land
@@ -372,6 +381,10 @@ class AsyncTransaction:
         self._pending: list[_PendingHalf] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The broker group holding this transaction's halves: the first half's, chosen as a
+        #: plain send would; the others follow it, so one decision covers them all.
+        self.broker: str | None = None
+        self._pinning: asyncio.Future[str | None] | None = None
 
     async def send(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
@@ -412,22 +425,53 @@ class AsyncTransaction:
         over = self.producer.producer.config.compress_over
         return not (over and len(msg.payload) >= over)
 
+    async def _pin(self, first: _PendingHalf) -> str | None:
+        """The broker group of this transaction, chosen with its first half."""
+        if self._pinning is None:
+            self._pinning = asyncio.ensure_future(self._choose_broker(first))
+        self.broker = await asyncio.shield(self._pinning)
+        return self.broker
+
+    async def _choose_broker(self, first: _PendingHalf) -> str | None:
+        producer = self.producer.producer
+        conn = producer.connection
+        if conn.group_name is None:
+            return None  # a single broker
+        route = await producer._route_for(first.msg.topic)
+        if not route.write_queues:
+            return conn.group_name  # created on its first send, in the connected group
+        mq = producer._select_queue(
+            route, first.msg, first.queue_id, first.sharding_key, None, None, None
+        )
+        return mq.broker
+
     async def _send_group(self, group: list[_PendingHalf]) -> None:
         extra = {MessageConst.TRANSACTION_ID: self.transaction_id}
         first = group[0]
+        try:
+            broker = await self._pin(first)
+        except asyncio.CancelledError:
+            for p in group:
+                p.result.cancel()
+            raise
+        except Exception as exc:
+            for p in group:
+                if not p.result.done():
+                    p.result.set_exception(exc)
+            return
         batch = [p for p in group if self._batchable(p.msg)]
         single = [p for p in group if not self._batchable(p.msg)]
         if len(batch) == 1:
             single, batch = [*single, *batch], []
         if batch:
-            await self._send_batch(batch, extra, first.queue_id, first.sharding_key)
+            await self._send_batch(batch, extra, first.queue_id, first.sharding_key, broker)
         for p in single:
-            await self._send_one(p, extra)
+            await self._send_one(p, extra, broker)
 
-    async def _send_one(self, p: _PendingHalf, extra: dict[str, str]) -> None:
+    async def _send_one(self, p: _PendingHalf, extra: dict[str, str], broker: str | None) -> None:
         try:
             result = await self.producer._send_half(
-                p.msg, extra, queue_id=p.queue_id, sharding_key=p.sharding_key
+                p.msg, extra, queue_id=p.queue_id, sharding_key=p.sharding_key, broker=broker
             )
         except asyncio.CancelledError:
             p.result.cancel()
@@ -445,6 +489,7 @@ class AsyncTransaction:
         extra: dict[str, str],
         queue_id: int | None,
         sharding_key: str | None,
+        broker: str | None,
     ) -> None:
         tx = self.producer
         props = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: tx.group, **extra}
@@ -458,11 +503,12 @@ class AsyncTransaction:
                 sharding_key=sharding_key,
                 sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
                 extra_properties=props,
+                broker=broker,
             )
         except InvalidMessageError:
             # e.g. the halves together exceed the size limit: send them one by one
             for p in batch:
-                await self._send_one(p, extra)
+                await self._send_one(p, extra, broker)
             return
         except asyncio.CancelledError:
             for p in batch:
@@ -490,6 +536,7 @@ class AsyncTransaction:
                     transaction_id=result.transaction_id,
                     msg_ids=[result.msg_ids[i]],
                     offset_msg_ids=[oid] if oid else [],
+                    broker_name=result.broker_name,
                 )
             )
 
