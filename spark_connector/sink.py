@@ -39,6 +39,7 @@ from typing import Any
 import structlog
 
 from txmq.client.remoting import local_ip
+from txmq.client.route import MessageQueue
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
@@ -233,6 +234,10 @@ class HalfWriter:
         ).encode("utf-8")
         self._ids = _id_generator()
         self._queue_nums: dict[str, int] = {}
+        #: A topic's write queues over every broker group of a cluster (queue index -> group
+        #: and queue id there); absent for a topic of one group or not created yet.
+        self._queue_refs: dict[str, list[MessageQueue]] = {}
+        self._group_addrs: dict[str, tuple[str, ...]] = {}
         self._cursor: dict[str, int] = {}
         self._buffers: dict[tuple[str, int], BatchBody] = {}
         self._ready: list[tuple[str, int, BatchBody]] = []
@@ -249,6 +254,11 @@ class HalfWriter:
             if route is not None and not route.writable:
                 raise TxmqError(f"topic {topic!r} is not writable")
             n = route.write_queue_nums if route is not None else DEFAULT_TOPIC_QUEUE_NUMS
+            if route is not None and len(route.brokers) > 1:
+                # A topic in several broker groups: its rows spread over all their queues.
+                self._queue_refs[topic] = list(route.write_queues)
+                self._group_addrs.update(route.brokers)
+                n = len(route.write_queues)
             if n < 1:
                 raise TxmqError(f"topic {topic!r} has no writable queue")
             self._queue_nums[topic] = n
@@ -340,6 +350,12 @@ class HalfWriter:
             self._in_flight.add(asyncio.ensure_future(self._send(topic, qid, buf)))
 
     async def _send(self, topic: str, qid: int, buf: BatchBody) -> None:
+        conn = self.session.connection
+        refs = self._queue_refs.get(topic)
+        if refs is not None:
+            mq = refs[qid]
+            conn = await conn.for_group(mq.broker, self._group_addrs.get(mq.broker, ()))
+            qid = mq.queue_id
         header = SendMessageRequestHeader(
             producer_group=self.group,
             topic=topic,
@@ -354,7 +370,7 @@ class HalfWriter:
         cmd = RemotingCommand.request(
             RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), buf.encode()
         )
-        resp = await self.session.connection.request(cmd, self.options.request_timeout)
+        resp = await conn.request(cmd, self.options.request_timeout)
         self.requests += 1
         # FLUSH_DISK_TIMEOUT is a failure here: a half that is not durable could vanish in a
         # broker crash and its row would be lost on commit.  The task fails and is retried.

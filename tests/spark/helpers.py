@@ -73,18 +73,18 @@ def running_spark(master: str, app: str, **conf: str) -> Iterator[Any]:
 
 
 def pull_all(address: str, topic: str, config: ClientConfig | None = None) -> list[MessageExt]:
-    """Every message of every queue of ``topic``, pulled with the SDK's pull consumer (with
-    ``config``: e.g. TLS)."""
+    """Every message of every queue of ``topic`` (in every broker group of a cluster), pulled
+    with the SDK's pull consumer (with ``config``: e.g. TLS)."""
     out: list[MessageExt] = []
     with PullConsumer("spark-test-check", broker=address, config=config) as consumer:
         try:
-            queues = consumer.fetch_queues(topic)
+            queues = consumer.fetch_message_queues(topic)
         except Exception:  # the topic was never created: nothing was delivered
             return []
         for q in queues:
             offset = 0
             while True:
-                r = consumer.pull(topic, q, offset, max_nums=256)
+                r = consumer.pull(topic, q.queue_id, offset, max_nums=256, broker=q.broker)
                 if r.status is not PullStatus.FOUND:
                     break
                 out.extend(r.messages)
