@@ -42,7 +42,9 @@ from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
 from .schedule import ScheduleMessageService
 from .store import (
+    AppendResult,
     ConsumerOffsetManager,
+    EncodedMessage,
     MessageStore,
     PutMessageResult,
     StoreConfig,
@@ -478,6 +480,23 @@ class BrokerController:
             if topic == SCHEDULE_TOPIC:
                 self.schedule.notify(qid)
         return results
+
+    def put_encoded(self, records: list[EncodedMessage]) -> AppendResult:
+        """:meth:`put_messages` of messages already encoded for the store (see
+        :meth:`MessageStore.put_encoded`)."""
+        res = self.store.put_encoded(records)
+        self.flush.notify_written()
+        if self.replication is not None:
+            self.replication.notify_written()
+        per_topic: dict[str, int] = {}
+        for (topic, _qid), n in res.per_destination.items():
+            per_topic[topic] = per_topic.get(topic, 0) + n
+        self.metrics.record_put(per_topic, res.payload_bytes)
+        for topic, qid in res.per_destination:
+            self.puller.hold.notify(topic, qid)
+            if topic == SCHEDULE_TOPIC:
+                self.schedule.notify(qid)
+        return res
 
     # -- blocking work, off the loop ------------------------------------------------------------
 

@@ -422,11 +422,17 @@ STORED_HEAD = _FIXED
 POS_QUEUE_OFFSET = 20
 POS_PHYSICAL_OFFSET = 28
 POS_STORE_TIMESTAMP = 56
+#: Most bytes a stored message's properties string takes (its length is a signed 16-bit field).
+MAX_PROPERTIES_BYTES = 32767
 
 
 @functools.lru_cache(maxsize=1024)
-def _topic_part(topic: str) -> tuple[int, bytes]:
-    """(magic code, topic length + topic bytes) of a stored record for ``topic``."""
+def stored_topic_part(topic: str) -> tuple[int, bytes]:
+    """(magic code, topic length + topic bytes) of a stored record for ``topic``.
+
+    Raises:
+        ProtocolError: the topic is longer than 255 bytes.
+    """
     raw = topic.encode("utf-8")
     if len(raw) > 255:
         raise ProtocolError(f"topic longer than 255 bytes: {topic!r}")
@@ -444,9 +450,14 @@ def encode_tail(m: MessageExt) -> tuple[int, bytes]:
         ProtocolError: the topic or the properties are too long, or a property holds a
             separator.
     """
-    magic, topic_part = _topic_part(m.topic)
-    props = properties_to_string(m.properties).encode("utf-8")
-    if len(props) > 32767:
+    return encode_tail_of(m.topic, m.properties)
+
+
+def encode_tail_of(topic: str, properties: dict[str, str]) -> tuple[int, bytes]:
+    """:func:`encode_tail` of a message of ``topic`` with ``properties``."""
+    magic, topic_part = stored_topic_part(topic)
+    props = properties_to_string(properties).encode("utf-8")
+    if len(props) > MAX_PROPERTIES_BYTES:
         raise ProtocolError("properties longer than 32767 bytes")
     return magic, topic_part + _I16.pack(len(props)) + props
 
@@ -605,6 +616,8 @@ def inflate_body(m: MessageExt) -> bool:
 
 _BATCH_ENTRY_HEAD = struct.Struct(">iiiii")
 _BATCH_PROPS_LEN = struct.Struct(">h")
+#: A SEND_BATCH_MESSAGE entry's head: TOTALSIZE, MAGICCODE, BODYCRC, FLAG, body length.
+BATCH_ENTRY_HEAD = _BATCH_ENTRY_HEAD
 #: Bytes a batch entry takes besides its body and properties (head and properties length).
 BATCH_ENTRY_OVERHEAD = _BATCH_ENTRY_HEAD.size + _BATCH_PROPS_LEN.size
 

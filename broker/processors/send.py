@@ -156,13 +156,50 @@ class SendMessageProcessor:
         if self.broker.topics.table.dirty:
             await self.broker.persist_topics()
         qid = self._queue_id(h.queue_id, tc.write_queue_nums, h.topic)
+        tx = self.broker.transactions
+        stored = tx.put_batch_halves(h, qid, cmd.body, conn.peer)
+        if stored is not None:  # one transaction's halves, stored without message objects
+            header = SendMessageResponseHeader(
+                msg_id=",".join(stored[1]),
+                queue_id=qid,
+                queue_offset=stored[2],
+                transaction_id=stored[0],
+            )
+            return await self._batch_stored(cmd, header, stored[3])
+        msgs, txid = self.batch_messages(h, qid, cmd.body, conn.peer)
+        results = self.broker.put_messages(msgs)
+        if txid is not None:
+            tx.on_halves_stored(msgs, results)
+        header = SendMessageResponseHeader(
+            msg_id=",".join(r.offset_msg_id for r in results),
+            queue_id=qid,
+            queue_offset=results[0].queue_offset,
+            transaction_id=txid,
+        )
+        return await self._batch_stored(cmd, header, results[-1].end_offset)
+
+    def batch_messages(
+        self,
+        h: SendMessageRequestHeader,
+        qid: int,
+        data: bytes,
+        born_host: tuple[str, int],
+    ) -> tuple[list[MessageExt], str | None]:
+        """The messages of a SEND_BATCH_MESSAGE body as they are stored (halves prepared),
+        and the transaction id when they are the halves of one transaction.
+
+        Raises:
+            MessageIllegalError: the body is malformed, empty or mixes plain messages and
+                halves (or halves of several transactions), a body is too large, or a plain
+                message has a delay.
+        """
+        tx = self.broker.transactions
         try:
-            entries = decode_batch(cmd.body)
+            entries = decode_batch(data)
         except ProtocolError as exc:
             raise MessageIllegalError(f"bad batch body: {exc}") from None
         if not entries:
             raise MessageIllegalError("the batch is empty")
-        tx = self.broker.transactions
         transactional = entries[0][2].get(MessageConst.TRAN_MSG, "").lower() == "true"
         txid = tx.transaction_id_of(entries[0][2]) if transactional else None
         msgs = []
@@ -184,24 +221,20 @@ class SendMessageProcessor:
                 flag=flag,
                 sys_flag=h.sys_flag & ~0xC,
                 born_timestamp=h.born_timestamp,
-                born_host=conn.peer,
+                born_host=born_host,
                 reconsume_times=h.reconsume_times or 0,
                 properties=props,
             )
             if transactional:
                 tx.prepare_half(msg, h.producer_group)
             msgs.append(msg)
-        results = self.broker.put_messages(msgs)
-        if transactional:
-            tx.on_halves_stored(msgs, results)
-        header = SendMessageResponseHeader(
-            msg_id=",".join(r.offset_msg_id for r in results),
-            queue_id=qid,
-            queue_offset=results[0].queue_offset,
-            transaction_id=txid,
-        )
+        return msgs, txid
+
+    async def _batch_stored(
+        self, cmd: RemotingCommand, header: SendMessageResponseHeader, end: int
+    ) -> RemotingCommand:
         try:
-            await self.broker.flush.wait_durable(results[-1].end_offset)
+            await self.broker.flush.wait_durable(end)
         except FlushDiskTimeoutError as exc:
             return cmd.response(ResponseCode.FLUSH_DISK_TIMEOUT, str(exc), header.to_ext_fields())
         return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields())

@@ -9,16 +9,21 @@ from .consumer_offset import ConsumerOffsetManager
 from .errors import StoreCorruptError, StoreIOError, StoreLockedError
 from .fileio import atomic_write
 from .message_store import (
+    AppendResult,
+    EncodedMessage,
     GetMessageResult,
     GetMessageStatus,
     MessageStore,
     PutMessageResult,
     RecoveryReport,
+    encode_for_store,
 )
 from .topic_config import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicConfig, TopicConfigManager
 
 __all__ = [
     "FORMAT_VERSION",
+    "AppendResult",
+    "EncodedMessage",
     "PERM_INHERIT",
     "PERM_READ",
     "PERM_WRITE",
@@ -38,4 +43,5 @@ __all__ = [
     "TopicConfig",
     "TopicConfigManager",
     "atomic_write",
+    "encode_for_store",
 ]

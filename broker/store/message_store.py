@@ -55,6 +55,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 import structlog
 
@@ -142,6 +143,68 @@ class PutMessageResult:
     store_timestamp: int
     offset_msg_id: str
     end_offset: int
+
+
+#: A message as the store appends it: every field of its stored form except those the store
+#: sets (queue offset, commit-log offset, store timestamp, store host), with the body's CRC and
+#: the tail (topic and properties, :func:`~txmq.protocol.message.encode_tail`) encoded::
+#:
+#:     (topic, queue_id, magic, body_crc, body, tail, flag, sys_flag, born_timestamp,
+#:      born_host, reconsume_times, prepared_transaction_offset, tags_code)
+#:
+#: ``born_host`` packed (:func:`~txmq.protocol.message.pack_host`), ``tags_code`` the
+#: consume-queue tag code of its TAGS.  A plain tuple: a batch decision makes 100,000s.
+EncodedMessage = tuple[str, int, int, int, bytes, bytes, int, int, int, bytes, int, int, int]
+#: Positions in an :data:`EncodedMessage`.
+ENC_BODY: Final = 4
+ENC_PREPARED_OFFSET: Final = 11
+
+
+def encode_for_store(m: MessageExt) -> EncodedMessage:
+    """The :data:`EncodedMessage` of ``m`` (what :meth:`MessageStore.put_messages` stores).
+
+    Raises:
+        MessageIllegalError: the topic or the properties cannot be encoded.
+    """
+    try:
+        magic, tail = encode_tail(m)
+    except ProtocolError as exc:
+        raise MessageIllegalError(f"cannot store message: {exc}") from None
+    body = m.body if m.body.__class__ is bytes else bytes(m.body)
+    return (
+        m.topic,
+        m.queue_id,
+        magic,
+        zlib.crc32(body) & 0x7FFFFFFF,
+        body,
+        tail,
+        m.flag,
+        m.sys_flag,
+        m.born_timestamp,
+        pack_host(m.born_host),
+        m.reconsume_times,
+        m.prepared_transaction_offset,
+        tags_code_of(m.properties.get(MessageConst.TAGS)),
+    )
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """Where :meth:`MessageStore.put_encoded` stored its records.
+
+    Attributes:
+        placed: ``(commit-log offset, size, queue offset)`` of each record, in order.
+        store_timestamp: ms, the store's clock, the same for every record.
+        end_offset: the commit-log offset a flush must reach for all of them to be durable.
+        per_destination: ``(topic, queue id) -> records``.
+        payload_bytes: stored-message bytes (the records without their 12-byte headers).
+    """
+
+    placed: list[tuple[int, int, int]]
+    store_timestamp: int
+    end_offset: int
+    per_destination: dict[tuple[str, int], int]
+    payload_bytes: int
 
 
 _new_object = object.__new__
@@ -580,12 +643,10 @@ class MessageStore:
         self._check_open()
         if not msgs:
             return []
-        cfg = self.config
-        max_size = cfg.max_message_size
-        crc32 = zlib.crc32
+        max_size = self.config.max_message_size
         # First every check (nothing is reserved or written before all messages pass): the
         # destination, the tail of the stored form (topic and properties), the size.
-        plan: list[tuple[MessageExt, tuple[str, int] | None, int, int, bytes, bytes, int]] = []
+        records: list[EncodedMessage] = []
         counts: dict[tuple[str, int], int] = {}  # dispatchable messages per consume queue
         valid: set[tuple[str, int]] = set()  # destinations checked already (a batch has few)
         total = 0
@@ -598,45 +659,131 @@ class MessageStore:
                         f"invalid topic name or queue id"
                     )
                 valid.add(dest)
-            try:
-                magic, tail = encode_tail(m)
-            except ProtocolError as exc:
-                raise MessageIllegalError(f"cannot store message: {exc}") from None
-            body = m.body if m.body.__class__ is bytes else bytes(m.body)
+            r = encode_for_store(m)
+            n = FIXED_SIZE + len(r[4]) + len(r[5])
+            if n > max_size:
+                raise MessageIllegalError(
+                    f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
+                )
+            total += RECORD_HEADER_SIZE + n
+            if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
+                counts[dest] = counts.get(dest, 0) + 1
+            records.append(r)
+        self._check_fits(total, len(msgs))
+        placed, now_ms = self._append(records, total, counts)
+        results = []
+        store_host, prefix = self.store_host, self._msg_id_prefix
+        for (phy, n, qo), m, r in zip(placed, msgs, records, strict=True):
+            m.store_timestamp = now_ms
+            m.store_host = store_host
+            m.commit_log_offset = phy
+            m.queue_offset = qo
+            m.store_size = n
+            m.body_crc = r[3]
+            results.append(
+                _put_result(phy, n, qo, now_ms, f"{prefix}{phy:016X}", phy + RECORD_HEADER_SIZE + n)
+            )
+        return results
+
+    def put_encoded(self, records: list[EncodedMessage]) -> AppendResult:
+        """:meth:`put_messages` of messages already encoded (:func:`encode_for_store`, or built
+        field by field the same way): the same checks, the same stored bytes, all or none; no
+        message objects and no per-message results, just where each record went.
+
+        Raises:
+            MessageIllegalError, StoreIOError, ServiceNotAvailableError: as :meth:`put_messages`.
+        """
+        self._check_open()
+        if not records:
+            pos = self._commit_log.write_pos
+            return AppendResult([], int(self._clock() * 1000), pos, {}, 0)
+        max_size = self.config.max_message_size
+        per_dest: dict[tuple[str, int], int] = {}
+        counts: dict[tuple[str, int], int] = {}
+        total = 0
+        for (
+            topic,
+            queue_id,
+            _magic,
+            _crc,
+            body,
+            tail,
+            _flag,
+            sys_flag,
+            _born_ts,
+            _born_host,
+            _reconsume,
+            _prepared,
+            _tags,
+        ) in records:
+            dest = (topic, queue_id)
+            seen = per_dest.get(dest)
+            if seen is None:
+                if not _valid_destination(topic, queue_id):
+                    raise MessageIllegalError(
+                        f"cannot store a message for topic {topic!r} queue {queue_id}: "
+                        f"invalid topic name or queue id"
+                    )
+                seen = 0
+            per_dest[dest] = seen + 1
             n = FIXED_SIZE + len(body) + len(tail)
             if n > max_size:
                 raise MessageIllegalError(
                     f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
                 )
             total += RECORD_HEADER_SIZE + n
-            if m.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
-                key = None
-            else:
-                key = dest
+            if sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
                 counts[dest] = counts.get(dest, 0) + 1
-            plan.append((m, key, magic, crc32(body) & 0x7FFFFFFF, body, tail, n))
-        if total > cfg.mapped_file_size_commit_log:
-            what = "the message" if len(msgs) == 1 else f"the batch of {len(msgs)} messages"
+        self._check_fits(total, len(records))
+        placed, now_ms = self._append(records, total, counts)
+        last, size, _qo = placed[-1]
+        return AppendResult(
+            placed,
+            now_ms,
+            last + RECORD_HEADER_SIZE + size,
+            per_dest,
+            total - RECORD_HEADER_SIZE * len(records),
+        )
+
+    def _check_fits(self, total: int, count: int) -> None:
+        segment = self.config.mapped_file_size_commit_log
+        if total > segment:
+            what = "the message" if count == 1 else f"the batch of {count} messages"
             raise MessageIllegalError(
                 f"{what} needs {total} bytes, more than a commit-log segment of "
-                f"{cfg.mapped_file_size_commit_log} bytes holds"
+                f"{segment} bytes holds"
             )
 
-        # Then each record is built with its final offsets: record header, fixed head, body
-        # (not copied here) and tail; they are joined once, by the write.
+    def _append(
+        self,
+        records: list[EncodedMessage],
+        total: int,
+        counts: dict[tuple[str, int], int],
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """Write checked records (``total`` bytes with their record headers; ``counts``: how
+        many go to each consume queue) as one contiguous append.  Each record is built with its
+        final offsets: record header, fixed head, body (not copied here) and tail, joined once
+        by the write.  Returns ``(commit-log offset, size, queue offset)`` of each record and
+        the store timestamp."""
         parts: list[bytes | bytearray] = []
-        placed: list[tuple[int, int, int]] = []  # (commit-log offset, size, queue offset)
+        placed: list[tuple[int, int, int]] = []
         host = self._host_bytes
         pack_head = STORED_HEAD.pack
         pack_record = RECORD_HEADER.pack
+        pack_entry = CQ_ENTRY.pack
+        crc32 = zlib.crc32
         no_v6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
+        tx_mask = MessageSysFlag.TRANSACTION_MASK
+        no_dispatch = _TX_NO_DISPATCH
+        hsize = RECORD_HEADER_SIZE
         with self._lock:
             now_ms = int(self._clock() * 1000)
             cl = self._commit_log
             phy = cl.reserve(total)
             base = phy
-            next_qo: dict[tuple[str, int], int] = {}
-            entries: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]] = {}
+            # per consume queue: [next queue offset, packed entries], and the queue
+            queues: dict[tuple[str, int], list[Any]] = {}
+            filled: list[tuple[ConsumeQueue, list[bytes]]] = []
             for key, count in counts.items():
                 cq = self._cqs.get(key) or self._new_cq(key)
                 try:
@@ -645,32 +792,47 @@ class MessageStore:
                     raise StoreIOError(
                         f"cannot extend consume queue {key[0]}/{key[1]}: {exc}"
                     ) from exc
-                next_qo[key] = cq.max_offset
-                entries[key] = (cq, [])
-            for m, key, magic, crc, body, tail, n in plan:
-                if key is None:
+                packed: list[bytes] = []
+                queues[key] = [cq.max_offset, packed]
+                filled.append((cq, packed))
+            for (
+                topic,
+                queue_id,
+                magic,
+                crc,
+                body,
+                tail,
+                flag,
+                sys_flag,
+                born_ts,
+                born_host,
+                reconsume,
+                prepared,
+                tags,
+            ) in records:
+                n = FIXED_SIZE + len(body) + len(tail)
+                if sys_flag & tx_mask in no_dispatch:
                     qo = 0
                 else:
-                    qo = next_qo[key]
-                    next_qo[key] = qo + 1
-                    entries[key][1].append(
-                        CQ_ENTRY.pack(phy, n, tags_code_of(m.properties.get(MessageConst.TAGS)))
-                    )
+                    slot = queues[(topic, queue_id)]
+                    qo = slot[0]
+                    slot[0] = qo + 1
+                    slot[1].append(pack_entry(phy, n, tags))
                 head = pack_head(
                     n,
                     magic,
                     crc,
-                    m.queue_id,
-                    m.flag,
+                    queue_id,
+                    flag,
                     qo,
                     phy,
-                    m.sys_flag & no_v6,
-                    m.born_timestamp,
-                    pack_host(m.born_host),
+                    sys_flag & no_v6,
+                    born_ts,
+                    born_host,
                     now_ms,
                     host,
-                    m.reconsume_times,
-                    m.prepared_transaction_offset,
+                    reconsume,
+                    prepared,
                     len(body),
                 )
                 parts += (
@@ -680,27 +842,13 @@ class MessageStore:
                     tail,
                 )
                 placed.append((phy, n, qo))
-                phy += RECORD_HEADER_SIZE + n
+                phy += hsize + n
             cl.write(base, parts)
-            for cq, packed in entries.values():
+            for cq, packed in filled:
                 cq.append_many(b"".join(packed))
-        results = []
-        store_host, prefix = self.store_host, self._msg_id_prefix
-        for (phy, n, qo), (m, _key, _magic, crc, _body, _tail, _n) in zip(
-            placed, plan, strict=True
-        ):
-            m.store_timestamp = now_ms
-            m.store_host = store_host
-            m.commit_log_offset = phy
-            m.queue_offset = qo
-            m.store_size = n
-            m.body_crc = crc
-            results.append(
-                _put_result(phy, n, qo, now_ms, f"{prefix}{phy:016X}", phy + RECORD_HEADER_SIZE + n)
-            )
-        self._put_count += len(msgs)
+        self._put_count += len(records)
         self._put_bytes += total
-        return results
+        return placed, now_ms
 
     # -- replication (owner thread) --------------------------------------------------------------
 
@@ -829,6 +977,12 @@ class MessageStore:
                 self._checkpoint_path
             )
             self._last_checkpoint = (logic, table)
+
+    @property
+    def msg_id_prefix(self) -> str:
+        """What every offsetMsgId of this store starts with (its host, 16 hex digits); the
+        commit-log offset follows as 16 more."""
+        return self._msg_id_prefix
 
     @property
     def flushed_offset(self) -> int:

@@ -82,6 +82,23 @@ class TransactionStateMachine:
         self.by_half_offset[half.commit_log_offset] = txid
         return rec
 
+    def add_halves(
+        self, txid: str, group: str, batch_key: str | None, halves: list[HalfRef]
+    ) -> TxRecord:
+        """:meth:`add_half` of several halves of one transaction, in order."""
+        rec = self.records.get(txid)
+        if rec is None:
+            rec = TxRecord(txid, group, batch_key=batch_key)
+            self.records[txid] = rec
+            self.pending[txid] = rec
+            if batch_key is not None:
+                self.batch_members.setdefault((group, batch_key), set()).add(txid)
+        rec.halves += halves
+        by_offset = self.by_half_offset
+        for h in halves:
+            by_offset[h.commit_log_offset] = txid
+        return rec
+
     # -- lookups --------------------------------------------------------------------------------
 
     def find(self, txid: str | None, commit_log_offset: int | None = None) -> TxRecord | None:

@@ -18,10 +18,11 @@ messages right after them, in the same append) and then applies them.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import json
 import os
+import struct
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,18 +36,32 @@ from txmq.protocol.errors import (
     NoPermissionError,
     ProtocolError,
     QueryNotFoundError,
+    TxmqError,
 )
 from txmq.protocol.message import (
+    BATCH_ENTRY_HEAD,
+    MAX_PROPERTIES_BYTES,
     MessageConst,
     MessageExt,
     MessageSysFlag,
     decode_message,
     decode_offset_msg_id,
+    encode_tail_of,
     pack_host,
-    unpack_host,
+    properties_to_string,
+    stored_topic_part,
+    string_to_properties,
 )
 
-from ..store import GetMessageStatus, PutMessageResult, atomic_write
+from ..store import (
+    EncodedMessage,
+    GetMessageStatus,
+    PutMessageResult,
+    atomic_write,
+    encode_for_store,
+)
+from ..store.message_store import ENC_BODY, ENC_PREPARED_OFFSET
+from ..store.tags import tags_code_of
 from ..topics import (
     RMQ_SYS_TRANS_HALF_TOPIC,
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
@@ -58,6 +73,8 @@ from .machine import TransactionStateMachine
 from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
 
 if TYPE_CHECKING:
+    from txmq.protocol.headers import SendMessageRequestHeader
+
     from ..server import BrokerController
 
 log = structlog.get_logger(__name__)
@@ -69,6 +86,10 @@ CHECK_STATE_VERSION = 1
 RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
+_UNIQ_PREFIX = (MessageConst.UNIQ_KEY + "\x01").encode()
+_KV = b"\x01"
+_SEP = b"\x02"
+_I16 = struct.Struct(">h")
 #: Properties of a half that its committed message does not carry.
 _HALF_ONLY_PROPERTIES = (
     MessageConst.REAL_TOPIC,
@@ -89,24 +110,37 @@ def _committed_properties(props: dict[str, str]) -> dict[str, str]:
     return out
 
 
-@functools.lru_cache(maxsize=1024)
-def _stored_host(host: tuple[str, int]) -> tuple[str, int]:
-    """A host as the stored message gives it back (IPv4; anything else as 127.0.0.1)."""
-    return unpack_host(pack_host(host))
+def _committed_sys_flag(sys_flag: int) -> int:
+    return MessageSysFlag.reset_transaction_value(
+        sys_flag & ~_HOST_V6_BITS, MessageSysFlag.TRANSACTION_COMMIT_TYPE
+    )
 
 
 @dataclass(slots=True)
-class _RecentHalf:
-    """What a commit needs of a just-stored half, as its stored bytes decode; ``properties``
-    are already those of the committed message (the half-only ones removed, order kept)."""
+class _HalfTemplate:
+    """What the halves of a SEND_BATCH_MESSAGE share when their properties differ only in the
+    leading UNIQ_KEY (as the Spark sink's do): the properties after it, worked out once as
+    the half and as its committed message store them, and what the transaction table needs.
 
-    body: bytes
-    flag: int
+    A half's stored properties are ``UNIQ_KEY<01><id><02>`` then :attr:`half_rest`; its
+    committed message's are the same id then :attr:`committed_rest` -- the strings
+    ``properties_to_string`` gives for the whole dicts, UNIQ_KEY being their first key."""
+
+    txid: str
+    group: str
+    batch_key: str | None
+    real_topic: str
+    real_queue_id: int
+    immunity_ms: int | None
     sys_flag: int
-    born_timestamp: int
-    born_host: tuple[str, int]
-    reconsume_times: int
-    properties: dict[str, str]
+    committed_sys_flag: int
+    tags_code: int
+    half_magic: int
+    half_topic_part: bytes
+    half_rest: bytes
+    committed_magic: int
+    committed_topic_part: bytes
+    committed_rest: bytes
 
 
 class TransactionalMessageService:
@@ -125,10 +159,10 @@ class TransactionalMessageService:
             cfg.store_path_root_dir, "transaction", "snapshot.msgpack"
         )
         self._last_snapshot_ms = 0
-        #: commit-log offset -> the half as its stored bytes decode, for the halves stored
-        #: lately (oldest first): a commit that follows soon builds its message from here
-        #: instead of reading and decoding the half again.
-        self._recent_halves: OrderedDict[int, _RecentHalf] = OrderedDict()
+        #: commit-log offset -> the half's committed message encoded for the store, for the
+        #: halves stored lately (oldest first): a commit that follows soon appends these
+        #: instead of reading, decoding and encoding the halves again.
+        self._recent_halves: OrderedDict[int, EncodedMessage] = OrderedDict()
         self._recent_bytes = 0
         self._recent_max_bytes = cfg.transaction_recent_halves_bytes
         self.checks = CheckService(
@@ -220,11 +254,12 @@ class TransactionalMessageService:
         add_half = self._add_half
         remember = self._remember_half
         for msg, result in zip(msgs, results, strict=True):
-            if add_half(msg, result.offset_msg_id) is not None:
-                remember(msg)
+            half = add_half(msg, result.offset_msg_id)
+            if half is not None:
+                remember(msg, half)
         self.broker.metrics.tx_half.inc(len(msgs))
 
-    def _add_half(self, msg: MessageExt, offset_msg_id: str) -> TxRecord | None:
+    def _add_half(self, msg: MessageExt, offset_msg_id: str) -> HalfRef | None:
         props = msg.properties
         txid = self.transaction_id_of(props)
         if not txid:
@@ -245,7 +280,232 @@ class TransactionalMessageService:
             immunity_ms=immunity_ms,
         )
         group = props.get(MessageConst.PGROUP, "")
-        return self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
+        self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
+        return half
+
+    # -- the halves of a SEND_BATCH_MESSAGE, without message objects ----------------------------
+
+    def put_batch_halves(
+        self,
+        h: SendMessageRequestHeader,
+        queue_id: int,
+        body: bytes,
+        born_host: tuple[str, int],
+    ) -> tuple[str, list[str], int, int] | None:
+        """Store a SEND_BATCH_MESSAGE of one transaction's halves whose properties differ
+        only in their leading UNIQ_KEY (the Spark sink's), straight from the request body:
+        the records, the transaction table and the committed copies to come are what the
+        generic path (:func:`~txmq.protocol.message.decode_batch`, :meth:`prepare_half`,
+        ``put_messages``, :meth:`on_halves_stored`) makes of the same batch, byte for byte,
+        without a dict, a message object or a properties string per half.
+
+        Returns ``(transaction id, offsetMsgIds, queue offset of the first, end offset)``, or
+        None when the batch does not qualify or anything in it is amiss: nothing is stored
+        then, and the generic path stores it or gives the error.
+        """
+        if body.__class__ is not bytes:
+            return None
+        max_body = self.broker.config.max_message_size
+        size = len(body)
+        unpack_head = BATCH_ENTRY_HEAD.unpack_from
+        unpack_i16 = _I16.unpack_from
+        head_size = BATCH_ENTRY_HEAD.size
+        find = body.find
+        startswith = body.startswith
+        uniq_prefix = _UNIQ_PREFIX
+        uniq_at = len(uniq_prefix)
+        templates: dict[bytes, _HalfTemplate] = {}
+        first: _HalfTemplate | None = None
+        # per half: (template, UNIQ_KEY bytes, body, flag)
+        halves: list[tuple[_HalfTemplate, bytes, bytes, int]] = []
+        pos = 0
+        try:
+            while pos < size:
+                total, _magic, _crc, flag, blen = unpack_head(body, pos)
+                if blen < 0 or blen > max_body or total < head_size + 2 or pos + total > size:
+                    return None
+                p = pos + head_size
+                b = body[p : p + blen]
+                p += blen
+                plen = unpack_i16(body, p)[0]
+                p += 2
+                end = p + plen
+                if plen < 0 or end - pos != total or not startswith(uniq_prefix, p, end):
+                    return None
+                sep = find(_SEP, p, end)
+                if sep < 0:
+                    return None
+                rest = body[sep + 1 : end]
+                t = templates.get(rest)
+                if t is None:
+                    t = self._half_template(rest, h, queue_id)
+                    if t is None or (first is not None and t.txid != first.txid):
+                        return None
+                    templates[rest] = t
+                    if first is None:
+                        first = t
+                halves.append((t, body[p + uniq_at : sep], b, flag))
+                pos += total
+        except struct.error:
+            return None
+        if first is None:
+            return None
+        # Each half's UNIQ_KEY: text (for the table) and free of separators.
+        try:
+            uniqs = [u.decode("utf-8") for _t, u, _b, _f in halves]
+        except UnicodeDecodeError:
+            return None
+        if any(_KV in u for _t, u, _b, _f in halves):
+            return None
+        crc32 = zlib.crc32
+        host = pack_host(born_host)
+        born_ts = h.born_timestamp
+        reconsume = h.reconsume_times or 0
+        half_topic = self.half_topic
+        records: list[EncodedMessage] = []
+        append = records.append
+        sep_len = uniq_at + 1
+        for t, u, b, flag in halves:
+            plen = sep_len + len(u) + len(t.half_rest)
+            if plen > MAX_PROPERTIES_BYTES:
+                return None
+            append(
+                (
+                    half_topic,
+                    0,
+                    t.half_magic,
+                    crc32(b) & 0x7FFFFFFF,
+                    b,
+                    b"".join(
+                        (t.half_topic_part, _I16.pack(plen), uniq_prefix, u, _SEP, t.half_rest)
+                    ),
+                    flag,
+                    t.sys_flag,
+                    born_ts,
+                    host,
+                    reconsume,
+                    0,
+                    t.tags_code,
+                )
+            )
+
+        res = self.broker.put_encoded(records)
+        # As on_halves_stored: the halves join their transaction, then are remembered.
+        now = res.store_timestamp
+        prefix = self.broker.store.msg_id_prefix
+        ids = [f"{prefix}{phy:016X}" for phy, _n, _qo in res.placed]
+        refs = [
+            HalfRef(phy, qo, t.real_topic, t.real_queue_id, now, uniq, mid, t.immunity_ms)
+            for (phy, _n, qo), mid, uniq, (t, _u, _b, _f) in zip(
+                res.placed, ids, uniqs, halves, strict=True
+            )
+        ]
+        self.machine.add_halves(first.txid, first.group, first.batch_key, refs)
+        limit = self._recent_max_bytes
+        if limit > 0:
+            recent = self._recent_halves
+            added = 0
+            too_big = limit // 64
+            for (phy, _n, _qo), r, (t, u, b, flag) in zip(res.placed, records, halves, strict=True):
+                if len(b) > too_big:
+                    continue
+                plen = sep_len + len(u) + len(t.committed_rest)
+                if plen > MAX_PROPERTIES_BYTES:
+                    continue  # the commit reads it back and refuses it, as the generic path
+                recent[phy] = (
+                    t.real_topic,
+                    t.real_queue_id,
+                    t.committed_magic,
+                    r[3],
+                    b,
+                    b"".join(
+                        (
+                            t.committed_topic_part,
+                            _I16.pack(plen),
+                            uniq_prefix,
+                            u,
+                            _SEP,
+                            t.committed_rest,
+                        )
+                    ),
+                    flag,
+                    t.committed_sys_flag,
+                    born_ts,
+                    host,
+                    reconsume,
+                    phy,
+                    t.tags_code,
+                )
+                added += len(b)
+            self._recent_bytes += added
+            self._evict_recent()
+        self.broker.metrics.tx_half.inc(len(records))
+        return first.txid, ids, res.placed[0][2], res.end_offset
+
+    def _half_template(
+        self, rest: bytes, h: SendMessageRequestHeader, queue_id: int
+    ) -> _HalfTemplate | None:
+        """The :class:`_HalfTemplate` of halves whose properties after their UNIQ_KEY are
+        ``rest``: parsed and prepared (:meth:`prepare_half`) as the generic path does each
+        half; None when they do not qualify (not transactional, the transaction id not in a
+        property of its own, a UNIQ_KEY further on, anything refused)."""
+        try:
+            rest_props = string_to_properties(rest.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        C = MessageConst
+        if (
+            C.UNIQ_KEY in rest_props
+            or rest_props.get(C.TRAN_MSG, "").lower() != "true"
+            or not rest_props.get(C.TRANSACTION_ID)
+        ):
+            return None
+        props = {C.UNIQ_KEY: "", **rest_props}  # the order of the wire
+        msg = MessageExt(
+            topic=h.topic, body=b"", queue_id=queue_id, sys_flag=h.sys_flag & ~0xC, properties=props
+        )
+        try:
+            self.prepare_half(msg, h.producer_group)
+        except TxmqError:
+            return None  # the generic path raises it for the first such half
+        committed = _committed_properties(props)
+        if next(iter(props)) != C.UNIQ_KEY or next(iter(committed)) != C.UNIQ_KEY:
+            return None
+        del props[C.UNIQ_KEY], committed[C.UNIQ_KEY]
+        txid = self.transaction_id_of(props)
+        immunity = props.get(C.CHECK_IMMUNITY_TIME_IN_SECONDS)
+        try:
+            immunity_ms = int(float(immunity) * 1000) if immunity else None
+        except ValueError:
+            immunity_ms = None
+        real_topic = props.get(C.REAL_TOPIC, "")
+        try:
+            real_queue_id = int(props.get(C.REAL_QID, "0") or 0)
+            half_magic, half_topic_part = stored_topic_part(msg.topic)
+            committed_magic, committed_topic_part = stored_topic_part(real_topic)
+            half_rest = properties_to_string(props).encode("utf-8")
+            committed_rest = properties_to_string(committed).encode("utf-8")
+        except (ProtocolError, ValueError):
+            return None
+        if not txid or txid != props.get(C.TRANSACTION_ID):
+            return None
+        return _HalfTemplate(
+            txid=txid,
+            group=props.get(C.PGROUP, ""),
+            batch_key=props.get(C.TXMQ_BATCH_KEY),
+            real_topic=real_topic,
+            real_queue_id=real_queue_id,
+            immunity_ms=immunity_ms,
+            sys_flag=msg.sys_flag,
+            committed_sys_flag=_committed_sys_flag(msg.sys_flag),
+            tags_code=tags_code_of(props.get(C.TAGS)),
+            half_magic=half_magic,
+            half_topic_part=half_topic_part,
+            half_rest=half_rest,
+            committed_magic=committed_magic,
+            committed_topic_part=committed_topic_part,
+            committed_rest=committed_rest,
+        )
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -275,49 +535,57 @@ class TransactionalMessageService:
 
     # -- decisions: plan in the machine, append, apply ------------------------------------------
 
-    def _remember_half(self, msg: MessageExt) -> None:
-        """Keep what a commit needs of a just-stored half, exactly as its stored bytes decode
-        (the hosts as stored, the sys flag without the IPv6 bits), within the bounds."""
+    def _remember_half(self, msg: MessageExt, half: HalfRef) -> None:
+        """Keep a just-stored half's committed message, encoded for the store as the commit
+        will append it (:meth:`_real_message` of the half, but without reading it back), within
+        the bounds."""
         body = bytes(msg.body)
         limit = self._recent_max_bytes
         if limit <= 0 or len(body) > limit // 64:
             return
-        recent = self._recent_halves
-        recent[msg.commit_log_offset] = _RecentHalf(
+        props = _committed_properties(msg.properties)
+        try:
+            magic, tail = encode_tail_of(half.real_topic, props)
+        except ProtocolError:
+            return  # the commit reads it back and refuses it
+        self._recent_halves[msg.commit_log_offset] = (
+            half.real_topic,
+            half.real_queue_id,
+            magic,
+            zlib.crc32(body) & 0x7FFFFFFF,
             body,
+            tail,
             msg.flag,
-            msg.sys_flag & ~_HOST_V6_BITS,
+            _committed_sys_flag(msg.sys_flag),
             msg.born_timestamp,
-            _stored_host(msg.born_host),
+            pack_host(msg.born_host),
             msg.reconsume_times,
-            _committed_properties(msg.properties),
+            msg.commit_log_offset,
+            tags_code_of(props.get(MessageConst.TAGS)),
         )
         self._recent_bytes += len(body)
-        while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > limit:
+        self._evict_recent()
+
+    def _evict_recent(self) -> None:
+        recent = self._recent_halves
+        while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > self._recent_max_bytes:
             _, oldest = recent.popitem(last=False)
-            self._recent_bytes -= len(oldest.body)
+            self._recent_bytes -= len(oldest[ENC_BODY])
 
     def _forget_halves(self, rec: TxRecord) -> None:
         for h in rec.halves:
             m = self._recent_halves.pop(h.commit_log_offset, None)
             if m is not None:
-                self._recent_bytes -= len(m.body)
+                self._recent_bytes -= len(m[ENC_BODY])
 
     def _real_message(self, half: HalfRef) -> MessageExt:
-        """The message a commit delivers: the half with its real topic and queue restored.  The
-        half is the in-memory copy while there is one and the commit log still holds that
-        offset, else it is read and decoded from the store."""
-        offset = half.commit_log_offset
-        h: _RecentHalf | MessageExt | None = self._recent_halves.pop(offset, None)
-        if h is not None:
-            self._recent_bytes -= len(h.body)
-            if offset >= self.broker.store.min_phy_offset:
-                props = h.properties  # a copy already without the half-only properties
-            else:
-                h = None
-        if h is None:
-            h = self.broker.store.lookup_message(offset)
-            props = _committed_properties(h.properties)
+        """The message a commit delivers, read from the store: the half with its real topic
+        and queue restored, without the half-only properties.
+
+        Raises:
+            QueryNotFoundError: the half is no longer stored.
+        """
+        h = self.broker.store.lookup_message(half.commit_log_offset)
         return MessageExt(
             topic=half.real_topic,
             body=h.body,
@@ -329,11 +597,33 @@ class TransactionalMessageService:
             born_timestamp=h.born_timestamp,
             born_host=h.born_host,
             reconsume_times=h.reconsume_times,
-            prepared_transaction_offset=offset,
-            properties=props,
+            prepared_transaction_offset=half.commit_log_offset,
+            properties=_committed_properties(h.properties),
         )
 
-    def _append(self, op: OpRecord, extra: list[MessageExt] | None = None) -> int:
+    def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:
+        """The committed messages of ``halves``, encoded for the store: the in-memory copy of
+        each half while there is one and the commit log still holds that offset, else
+        :meth:`_real_message` (read back from the store)."""
+        pop = self._recent_halves.pop
+        min_phy = self.broker.store.min_phy_offset
+        out: list[EncodedMessage] = []
+        append = out.append
+        freed = 0
+        try:
+            for h in halves:
+                r = pop(h.commit_log_offset, None)
+                if r is not None:
+                    freed += len(r[ENC_BODY])
+                    if r[ENC_PREPARED_OFFSET] >= min_phy:
+                        append(r)
+                        continue
+                append(encode_for_store(self._real_message(h)))
+        finally:
+            self._recent_bytes -= freed
+        return out
+
+    def _append(self, op: OpRecord, extra: list[EncodedMessage] | None = None) -> int:
         """Append ``op`` (and ``extra`` right after it, in the same append) and apply it;
         returns the commit-log offset that must be durable before anyone is told."""
         record = MessageExt(
@@ -344,8 +634,7 @@ class TransactionalMessageService:
             born_host=self.broker.store_host,
             properties={MessageConst.TAGS: OP_TAG},
         )
-        results = self.broker.put_messages([record, *(extra or [])])
-        end = results[-1].end_offset
+        end = self.broker.put_encoded([encode_for_store(record), *(extra or [])]).end_offset
         for rec in self.machine.apply(op, end):
             self._count(rec)
         self._check_state_dirty = True
@@ -372,7 +661,7 @@ class TransactionalMessageService:
         if op is None:
             return rec.decision_end_offset
         if op.kind is OpKind.COMMIT:
-            extra = [self._real_message(h) for h in rec.halves]
+            extra = self._committed_records(rec.halves)
         else:
             extra = []
             self._forget_halves(rec)
@@ -392,7 +681,7 @@ class TransactionalMessageService:
         if (group, batch_key) in self.batches:
             return None
         plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms())
-        end = self._append(plan.op, [self._real_message(h) for h in plan.to_commit])
+        end = self._append(plan.op, self._committed_records(plan.to_commit))
         log.info(
             "batch_decided",
             group=group,
@@ -427,7 +716,7 @@ class TransactionalMessageService:
             m.queue_id = 0
             m.properties[MessageConst.TRANSACTION_CHECK_TIMES] = str(rec.check_times)
             m.properties[MessageConst.TRANSACTION_ID] = rec.transaction_id
-            copies.append(m)
+            copies.append(encode_for_store(m))
         self._append(self.machine.plan_discard(rec, reason, self.now_ms()), copies)
         log.warning(
             "transaction_discarded",
