@@ -403,22 +403,31 @@ class CommitLog:
         self.write_pos = pos + self._pwrite(seg, pos, parts)
 
     def _pwrite(self, seg: MappedFile, pos: int, parts: Sequence[bytes | bytearray]) -> int:
+        """Write ``parts`` back to back at ``pos``: a ``pwritev`` per ``_IOV_MAX`` of them (the
+        parts are not joined first), a short write finished with plain ``pwrite``.  Returns
+        the bytes written."""
         assert seg.fd is not None
+        fd = seg.fd
         rel = pos - seg.start
-        total = sum(map(len, parts))
+        written = 0
         try:
-            written = os.pwritev(seg.fd, parts, rel) if len(parts) <= _IOV_MAX else 0
-            if written < total:  # short write or too many parts: finish with plain pwrite
-                data = memoryview(b"".join(parts))
-                while written < total:
-                    n = os.pwrite(seg.fd, data[written:], rel + written)
-                    if n <= 0:
-                        raise OSError(f"pwrite wrote {n} bytes")
-                    written += n
+            for i in range(0, len(parts), _IOV_MAX):
+                chunk = parts[i : i + _IOV_MAX] if len(parts) > _IOV_MAX else parts
+                want = sum(map(len, chunk))
+                done = os.pwritev(fd, chunk, rel + written)
+                if done < want:
+                    data = memoryview(b"".join(chunk))
+                    while done < want:
+                        n = os.pwrite(fd, data[done:], rel + written + done)
+                        if n <= 0:
+                            raise OSError(f"pwrite wrote {n} bytes")
+                        done += n
+                written += want
         except OSError as exc:
+            total = sum(map(len, parts))
             # Leave zeros, not half a record, where the next append will go.
             try:
-                os.pwrite(seg.fd, bytes(total), rel)
+                os.pwrite(fd, bytes(total), rel)
             except OSError:
                 pass
             log.error(
@@ -427,7 +436,7 @@ class CommitLog:
             raise StoreIOError(
                 f"writing {total} bytes to the commit log at offset {pos} failed: {exc}"
             ) from exc
-        return total
+        return written
 
     # -- replication (owner thread) ------------------------------------------------------------
 

@@ -94,6 +94,9 @@ class TxRecord:
     #: be durable before answering, exactly like the first one did.
     decision_end_offset: int = 0
     remark: str = ""
+    #: A decided record's snapshot row as :mod:`.snapshot` packed it last (with the number of
+    #: halves it covers): decided records never change again, so later snapshots reuse it.
+    snapshot_row: tuple[int, bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def newest_store_timestamp(self) -> int:

@@ -456,3 +456,29 @@ def test_batch_spanning_several_consume_queue_files(make_store: MakeStore, tmp_p
     store.close()
     store = make_store()
     assert [m.queue_offset for m in read_queue(store, "TopicA", 0)] == list(range(26))
+
+
+def test_an_append_of_many_parts_is_written_whole_through_short_writes(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append of more buffers than one pwritev takes is written a chunk at a time, and a
+    short write (the kernel may write less than asked) is finished, not lost."""
+    real = os.pwritev
+    chunks: list[int] = []
+
+    def short_pwritev(fd: int, bufs: list[bytes], offset: int) -> int:
+        chunks.append(len(bufs))
+        return real(fd, bufs[: len(bufs) // 2], offset)  # about half of what was asked
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    store = make_store(mapped_file_size_commit_log=1 << 20)
+    bodies = [f"m{i}-".encode() * (1 + i % 40) for i in range(700)]  # 4 buffers each
+    results = store.put_messages([make_msg(body=b) for b in bodies])
+    assert len(chunks) == 3 and max(chunks) <= 1024
+    assert store.max_phy_offset == results[-1].end_offset
+    assert [m.body for m in read_queue(store, "TopicA", 0)] == bodies
+    monkeypatch.setattr(os, "pwritev", real)
+    store.close()
+    # Recovery validates every record (framing and CRC).
+    reopened = make_store(mapped_file_size_commit_log=1 << 20)
+    assert [m.body for m in read_queue(reopened, "TopicA", 0)] == bodies
