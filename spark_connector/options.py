@@ -77,7 +77,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from txmq.protocol.acl import Credentials
 from txmq.protocol.topics import TOPIC_MAX_LENGTH, TOPIC_PATTERN
@@ -538,15 +538,16 @@ def _offset_map(
             )
         qmap: dict[str, int] = {}
         for qid, offset in queues.items():
-            if not str(qid).isdigit():
+            if not _QUEUE_KEY.fullmatch(str(qid)):
                 raise TxmqOptionError(
-                    f"option {name!r}: {qid!r} of topic {topic!r} is not a queue id"
+                    f"option {name!r}: {qid!r} of topic {topic!r} is not a queue id (a number, "
+                    "or '<broker group>:<number>' for a topic in several groups of a cluster)"
                 )
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < minimum:
                 raise TxmqOptionError(
                     f"option {name!r}: {offset!r} of {topic!r} queue {qid} must be {values}"
                 )
-            qmap[str(int(qid))] = offset
+            qmap[queue_key(*split_queue_key(str(qid)))] = offset
         out[topic] = qmap
     return out
 
@@ -722,14 +723,37 @@ def _optional_int(opts: dict[str, str], name: str) -> int | None:
 # --- offsets ----------------------------------------------------------------------------------
 
 
+#: A queue's key in offset maps: its id, or ``<broker group>:<id>`` for a topic that lives in
+#: several broker groups of a cluster (the same id exists once per group).
+_QUEUE_KEY = re.compile(r"(?:[^:]+:)?\d+")
+
+
+def queue_key(broker: str | None, queue_id: int) -> str:
+    """The offset-map key of a queue (see :data:`_QUEUE_KEY`)."""
+    return f"{broker}:{int(queue_id)}" if broker else str(int(queue_id))
+
+
+def split_queue_key(key: str) -> tuple[str | None, int]:
+    """``(broker group or None, queue id)`` of an offset-map key."""
+    broker, _, qid = str(key).rpartition(":")
+    return (broker or None, int(qid))
+
+
+def _queue_order(key: Any) -> tuple[str, int]:
+    broker, qid = split_queue_key(str(key))
+    return (broker or "", qid)
+
+
 def normalize_offsets(offsets: Mapping[str, Mapping[Any, int]]) -> OffsetMap:
-    """Offsets in one canonical order (topics by name, queues by number).
+    """Offsets in one canonical order (topics by name, queues by group and number).
 
     Spark compares offsets by their JSON text, so the same positions must always serialise the
     same way.
     """
     return {
-        topic: {str(q): int(o) for q, o in sorted(queues.items(), key=lambda kv: int(kv[0]))}
+        topic: {
+            str(q): int(o) for q, o in sorted(queues.items(), key=lambda kv: _queue_order(kv[0]))
+        }
         for topic, queues in sorted(offsets.items())
     }
 
@@ -762,9 +786,12 @@ def share_budget(
     return grant
 
 
+Q = TypeVar("Q")
+
+
 def split_ranges(
-    ranges: list[tuple[str, int, int, int]], min_partitions: int | None
-) -> list[tuple[str, int, int, int]]:
+    ranges: list[tuple[str, Q, int, int]], min_partitions: int | None
+) -> list[tuple[str, Q, int, int]]:
     """Split ``(topic, queue, start, end)`` ranges until there are at least ``min_partitions``
     (``minPartitions``), always halving the largest range; ranges of one message stay whole.
 

@@ -1,7 +1,7 @@
 """The source: ``spark.readStream.format("txmq")`` and ``spark.read.format("txmq")``.
 
 Offsets are a JSON object ``{"topic": {"queueId": offset}}`` (the next offset to read per
-queue) and live in Spark's checkpoint, so a restarted query goes on exactly where its last
+queue; in a cluster the key is ``"<group>:<queueId>"``) and live in Spark's checkpoint, so a restarted query goes on exactly where its last
 committed batch ended.  A micro-batch reads, per queue, the messages from its start offset up to
 (not including) its end offset, one Spark partition per queue with work.
 
@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 
 from txmq.client.bridge import LoopThread
-from txmq.client.pull_consumer import PullStatus, search_offset
+from txmq.client.pull_consumer import PullStatus
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageExt
@@ -57,6 +57,7 @@ from .options import (
     normalize_offsets,
     rows_for_bytes,
     share_budget,
+    split_queue_key,
     split_ranges,
 )
 from .session import BrokerSession, run
@@ -90,22 +91,27 @@ SOURCE_SCHEMA = StructType(
         StructField("properties", MapType(StringType(), StringType()), False),
         StructField("born_timestamp", TimestampType(), False),
         StructField("store_timestamp", TimestampType(), False),
+        # The broker group that stored it (a cluster's ``brokerName``; the broker's name on a
+        # single broker): with queue_id and queue_offset, the message's position.
+        StructField("broker", StringType(), False),
     ]
 )
 
 
 class TxmqInputPartition(InputPartition):
-    """One queue's offset range ``[start, end)``."""
+    """One queue's offset range ``[start, end)``; ``queue`` is its offset-map key (an id, or
+    ``<group>:<id>``)."""
 
-    def __init__(self, topic: str, queue_id: int, start: int, end: int) -> None:
-        super().__init__((topic, queue_id, start, end))
+    def __init__(self, topic: str, queue: str | int, start: int, end: int) -> None:
+        super().__init__((topic, str(queue), start, end))
         self.topic = topic
-        self.queue_id = queue_id
+        self.queue = str(queue)
+        self.broker, self.queue_id = split_queue_key(self.queue)
         self.start = start
         self.end = end
 
     def __repr__(self) -> str:
-        return f"TxmqInputPartition({self.topic}/{self.queue_id} [{self.start}, {self.end}))"
+        return f"TxmqInputPartition({self.topic}/{self.queue} [{self.start}, {self.end}))"
 
 
 # --- offsets ----------------------------------------------------------------------------------
@@ -153,10 +159,31 @@ async def _by_timestamp(
     s: BrokerSession, earliest: OffsetMap, stamps: dict[tuple[str, str], int]
 ) -> dict[tuple[str, str], int]:
     keys = [k for k in stamps if k[1] in earliest.get(k[0], {})]
-    found = await asyncio.gather(
-        *(search_offset(s.connection, t, int(q), stamps[(t, q)]) for t, q in keys)
-    )
+    found = await asyncio.gather(*(s.search_offset(t, q, stamps[(t, q)]) for t, q in keys))
     return dict(zip(keys, (int(o) for o in found), strict=True))
+
+
+def _match_queues(
+    name: str, topic: str, given: dict[str, Any], known: dict[str, int]
+) -> dict[str, Any]:
+    """A user's per-queue map (option ``name``) keyed like the broker's queues: in a cluster a
+    plain queue id names the queue of the topic's only group.  A queue the topic does not have
+    is refused."""
+    out: dict[str, Any] = {}
+    for q, value in given.items():
+        key = q
+        if q not in known and known:
+            matches = [k for k in known if split_queue_key(k)[1] == int(split_queue_key(q)[1])]
+            plain = split_queue_key(q)[0] is None
+            if plain and len(matches) == 1:
+                key = matches[0]
+            else:
+                raise TxmqOptionError(
+                    f"option {name!r}: topic {topic!r} has no queue {q!r} (its queues: "
+                    f"{', '.join(known)})"
+                )
+        out[key] = value
+    return out
 
 
 def initial_offsets(options: SourceOptions) -> OffsetMap:
@@ -186,7 +213,9 @@ def initial_offsets(options: SourceOptions) -> OffsetMap:
                     stamps = {
                         (t, q): ms
                         for t, queues in options.starting_timestamps.items()
-                        for q, ms in queues.items()
+                        for q, ms in _match_queues(
+                            "startingOffsetsByTimestamp", t, queues, earliest.get(t, {})
+                        ).items()
                     }
                 found = await _by_timestamp(s, earliest, stamps)
                 out = {t: dict(earliest.get(t, {})) for t in topics}
@@ -200,7 +229,10 @@ def initial_offsets(options: SourceOptions) -> OffsetMap:
             out = {}
             for topic in topics:
                 queues = dict(earliest.get(topic, {}))
-                for q, offset in start.get(topic, {}).items():
+                given = _match_queues(
+                    "startingOffsets", topic, start.get(topic, {}), earliest.get(topic, {})
+                )
+                for q, offset in given.items():
                     if offset == EARLIEST_OFFSET:
                         queues[q] = earliest.get(topic, {}).get(q, 0)
                     elif offset == LATEST_OFFSET:
@@ -221,7 +253,8 @@ def ending_offsets(options: SourceOptions, latest: OffsetMap) -> OffsetMap:
         return latest
     out = {t: dict(queues) for t, queues in latest.items()}
     for topic, queues in end.items():
-        for q, offset in queues.items():
+        given = _match_queues("endingOffsets", topic, queues, latest.get(topic, {}))
+        for q, offset in given.items():
             if offset != LATEST_OFFSET:
                 out.setdefault(topic, {})[q] = min(offset, latest.get(topic, {}).get(q, 0))
     return normalize_offsets(out)
@@ -231,7 +264,7 @@ def sample_sizes(options: SourceOptions, start: OffsetMap, latest: OffsetMap) ->
     """Body sizes of up to :data:`SIZE_SAMPLE` next messages of every queue with a backlog
     (for ``maxBytesPerTrigger``)."""
     wanted = [
-        (t, int(q), s, min(SIZE_SAMPLE, latest[t][q] - s))
+        (t, q, s, min(SIZE_SAMPLE, latest[t][q] - s))
         for t, queues in latest.items()
         for q in queues
         for s in [start.get(t, {}).get(q, 0)]
@@ -288,7 +321,7 @@ def plan_partitions(
         for q, e in queues.items():
             s = start.get(topic, {}).get(q, 0)
             if e > s:
-                ranges.append((topic, int(q), s, e))
+                ranges.append((topic, q, s, e))
     return [TxmqInputPartition(*r) for r in split_ranges(ranges, min_partitions)]
 
 
@@ -299,7 +332,7 @@ def _ts(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
 
 
-def to_row(m: MessageExt) -> tuple[Any, ...]:
+def to_row(m: MessageExt, broker: str = "") -> tuple[Any, ...]:
     """A stored message as a row of :data:`SOURCE_SCHEMA`."""
     return (
         m.topic,
@@ -312,6 +345,7 @@ def to_row(m: MessageExt) -> tuple[Any, ...]:
         m.user_properties,
         _ts(m.born_timestamp),
         _ts(m.store_timestamp),
+        broker,
     )
 
 
@@ -328,23 +362,27 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
     runner = LoopThread(name="txmq-spark-read")
     try:
         runner.run(session.__aenter__())
+        broker = part.broker
+        if broker is None:  # a topic in one group (or a single broker): its route names it
+            route = runner.run(session.route(part.topic))
+            broker = route.groups[0] if route is not None and route.groups else ""
         offset = part.start
         while offset < part.end:
             want = min(options.pull_batch_size, part.end - offset)
-            result = runner.run(session.pull(part.topic, part.queue_id, offset, want))
+            result = runner.run(session.pull(part.topic, part.queue, offset, want))
             if result.status is PullStatus.FOUND:
                 for m in result.messages:
                     if m.queue_offset >= part.end:
                         break
                     if m.queue_offset >= offset:
-                        yield to_row(m)
+                        yield to_row(m, broker)
                 next_offset = result.next_begin_offset
             elif result.status is PullStatus.NO_MATCHED_MSG:
                 next_offset = result.next_begin_offset
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 if options.fail_on_data_loss or result.next_begin_offset <= offset:
                     raise TxmqError(
-                        f"{part.topic}/{part.queue_id}: offset {offset} is no longer stored "
+                        f"{part.topic}/{part.queue}: offset {offset} is no longer stored "
                         f"(oldest {result.min_offset}); messages were deleted by retention. Set "
                         "failOnDataLoss=false to skip them"
                     )
@@ -358,12 +396,12 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
                 next_offset = result.next_begin_offset
             else:
                 raise TxmqError(
-                    f"{part.topic}/{part.queue_id}: no message at offset {offset}, but the batch "
+                    f"{part.topic}/{part.queue}: no message at offset {offset}, but the batch "
                     f"reads up to {part.end} (queue max {result.max_offset})"
                 )
             if next_offset <= offset:
                 raise TxmqError(
-                    f"{part.topic}/{part.queue_id}: the broker did not move past offset {offset}"
+                    f"{part.topic}/{part.queue}: the broker did not move past offset {offset}"
                 )
             offset = next_offset
     finally:

@@ -28,14 +28,20 @@ from txmq.client import BrokerConnection, ClientConfig
 from txmq.client.admin import ROLLBACK
 from txmq.client.bridge import run_coroutine
 from txmq.client.config import tls_context
-from txmq.client.pull_consumer import PullResult, get_max_offset, get_min_offset, pull_messages
+from txmq.client.pull_consumer import (
+    PullResult,
+    get_max_offset,
+    get_min_offset,
+    pull_messages,
+    search_offset,
+)
 from txmq.client.route import TopicRoute, fetch_route
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import ConnectionClosedError, error_for_code
 from txmq.protocol.headers import DecideBatchRequestHeader, ForceDecideRequestHeader
 
-from .options import TlsOptions, TxmqOptionError
+from .options import TlsOptions, TxmqOptionError, queue_key, split_queue_key
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +107,7 @@ class BrokerSession:
         self.request_timeout = request_timeout
         self.tls = tls
         context = ssl_context(tls)
+        self._group_addrs: dict[str, tuple[str, ...]] = {}
         self.connection = BrokerConnection(
             broker,
             ClientConfig(
@@ -178,30 +185,58 @@ class BrokerSession:
 
     async def route(self, topic: str) -> TopicRoute | None:
         """The topic's route, or None when it does not exist yet."""
-        return await fetch_route(self.connection, topic)
+        route = await fetch_route(self.connection, topic)
+        if route is not None:
+            self._group_addrs.update(route.brokers)
+        return route
 
-    async def max_offset(self, topic: str, queue_id: int) -> int:
+    async def _queue(self, topic: str, queue: int | str) -> tuple[BrokerConnection, int]:
+        """The connection to a queue's broker group and its id there; ``queue`` is an id or an
+        offset-map key (``<group>:<id>`` for a topic in several groups of a cluster)."""
+        broker, qid = split_queue_key(str(queue))
+        if broker is None:
+            return self.connection, qid
+        if broker not in self._group_addrs:
+            await self.route(topic)
+        return await self.connection.for_group(broker, self._group_addrs.get(broker, ())), qid
+
+    async def max_offset(self, topic: str, queue: int | str) -> int:
         """The queue's next free offset."""
-        return int(await get_max_offset(self.connection, topic, queue_id))
+        conn, qid = await self._queue(topic, queue)
+        return int(await get_max_offset(conn, topic, qid))
 
-    async def min_offset(self, topic: str, queue_id: int) -> int:
+    async def min_offset(self, topic: str, queue: int | str) -> int:
         """The queue's oldest stored offset."""
-        return int(await get_min_offset(self.connection, topic, queue_id))
+        conn, qid = await self._queue(topic, queue)
+        return int(await get_min_offset(conn, topic, qid))
+
+    async def search_offset(self, topic: str, queue: int | str, ts_ms: int) -> int:
+        """The first offset stored at or after ``ts_ms``."""
+        conn, qid = await self._queue(topic, queue)
+        return int(await search_offset(conn, topic, qid, ts_ms))
 
     async def queue_offsets(self, topic: str, *, latest: bool) -> dict[str, int]:
-        """``{queueId: offset}`` of every readable queue of ``topic`` (max offsets if
-        ``latest``, else min offsets); empty when the topic does not exist yet."""
+        """``{queue: offset}`` of every readable queue of ``topic`` (max offsets if ``latest``,
+        else min offsets); empty when the topic does not exist yet.  Queues are keyed by id on a
+        single broker, by ``<group>:<id>`` in a cluster."""
         route = await self.route(topic)
-        if route is None:
+        if route is None or not route.readable:
             return {}
+        if self.connection.group_name is not None:
+            # A cluster: keyed by group even while the topic has one, so its keys stay the same
+            # when the topic is placed on another group.
+            keys = [queue_key(q.broker, q.queue_id) for q in route.read_queues]
+        else:
+            keys = [str(q) for q in route.read_queue_ids]
         get = self.max_offset if latest else self.min_offset
-        values = await asyncio.gather(*(get(topic, q) for q in route.read_queue_ids))
-        return {str(q): int(v) for q, v in zip(route.read_queue_ids, values, strict=True)}
+        values = await asyncio.gather(*(get(topic, q) for q in keys))
+        return {q: int(v) for q, v in zip(keys, values, strict=True)}
 
-    async def pull(self, topic: str, queue_id: int, offset: int, max_nums: int) -> PullResult:
+    async def pull(self, topic: str, queue: int | str, offset: int, max_nums: int) -> PullResult:
         """One PULL_MESSAGE (no long polling, no offset commit)."""
+        conn, queue_id = await self._queue(topic, queue)
         return await pull_messages(
-            self.connection,
+            conn,
             READER_GROUP,
             topic,
             queue_id,

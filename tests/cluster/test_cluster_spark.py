@@ -1,11 +1,13 @@
-"""The Spark sink over a cluster of two broker groups, given one group's address: a streaming
-query's rows spread over the queues of both groups, each row delivered exactly once, also when
-a batch is replayed after the driver "crashed" between the sink's decision and Spark's commit
-log.  Real etcd members, real broker processes, a real Spark ``local[2]`` session."""
+"""The Spark sink and source over a cluster of two broker groups, given one group's address: a
+streaming query's rows spread over the queues of both groups, each row delivered exactly once,
+also when a batch is replayed after the driver "crashed" between the sink's decision and Spark's
+commit log; batch and streaming reads cover every group's queues.  Real etcd members, real
+broker processes, a real Spark ``local[2]`` session."""
 
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,3 +80,33 @@ async def test_stream_sink_spreads_over_both_groups_exactly_once(
     assert bodies(got) == sorted(f"row-{i}" for i in range(600))
     per_group = collections.Counter(m.store_host for m in got)
     assert len(per_group) == 2, f"rows should be stored by both groups' leaders: {per_group}"
+
+    # The source reads both groups: a batch read, and a streaming read whose offsets name each
+    # queue by group.
+    df = spark.read.format("txmq").option("broker", g1).option("topic", TOPIC).load()
+    rows = df.select("body", "broker", "queue_id").collect()
+    assert sorted(bytes(r.body).decode() for r in rows) == sorted(f"row-{i}" for i in range(600))
+    assert {r.broker for r in rows} == {"g1", "g2"}
+
+    seen: list[str] = []
+
+    def collect(batch: Any, _batch_id: int) -> None:
+        seen.extend(bytes(r.body).decode() for r in batch.select("body").collect())
+
+    query = (
+        spark.readStream.format("txmq")
+        .option("broker", g1)
+        .option("topic", TOPIC)
+        .option("maxMessagesPerTrigger", "250")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "read-ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    assert sorted(seen) == sorted(f"row-{i}" for i in range(600))
+    end = query.lastProgress["sources"][0]["endOffset"]
+    end = json.loads(end) if isinstance(end, str) else end
+    assert sorted(end[TOPIC]) == ["g1:0", "g1:1", "g2:0", "g2:1"]
