@@ -19,7 +19,7 @@ import enum
 import itertools
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -707,7 +707,7 @@ class AsyncProducer(ConnectedClient):
         """
         if not route.writable:
             raise NoPermissionError(f"topic {route.topic!r} is not writable")
-        queues = list(route.write_queues) or [
+        queues: Sequence[MessageQueue] = route.write_queues or [
             MessageQueue(route.topic, "", i) for i in range(route.write_queue_nums)
         ]
         if broker is not None and route.write_queues:
