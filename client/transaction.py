@@ -365,6 +365,15 @@ class _PendingHalf:
     result: asyncio.Future[SendResult]
 
 
+def _fail_halves(halves: list[_PendingHalf], exc: BaseException) -> None:
+    """Halves that were not sent: their senders get ``exc`` (or are cancelled with the task)."""
+    for p in halves:
+        if isinstance(exc, asyncio.CancelledError):
+            p.result.cancel()
+        elif not p.result.done():
+            p.result.set_exception(exc)
+
+
 class AsyncTransaction:
     """A multi-message transaction; made by :meth:`AsyncTransactionProducer.transaction`.
 
@@ -450,14 +459,10 @@ class AsyncTransaction:
         first = group[0]
         try:
             broker = await self._pin(first)
-        except asyncio.CancelledError:
-            for p in group:
-                p.result.cancel()
-            raise
-        except Exception as exc:
-            for p in group:
-                if not p.result.done():
-                    p.result.set_exception(exc)
+        except (asyncio.CancelledError, Exception) as exc:
+            _fail_halves(group, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
         batch = [p for p in group if self._batchable(p.msg)]
         single = [p for p in group if not self._batchable(p.msg)]
@@ -510,14 +515,10 @@ class AsyncTransaction:
             for p in batch:
                 await self._send_one(p, extra, broker)
             return
-        except asyncio.CancelledError:
-            for p in batch:
-                p.result.cancel()
-            raise
-        except Exception as exc:
-            for p in batch:
-                if not p.result.done():
-                    p.result.set_exception(exc)
+        except (asyncio.CancelledError, Exception) as exc:
+            _fail_halves(batch, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
         offset_ids = result.offset_msg_ids
         for i, p in enumerate(batch):
