@@ -699,8 +699,12 @@ class MessageStore:
             return AppendResult([], int(self._clock() * 1000), pos, {}, 0)
         max_size = self.config.max_message_size
         per_dest: dict[tuple[str, int], int] = {}
-        counts: dict[tuple[str, int], int] = {}
+        counts: dict[tuple[str, int], int] = {}  # dispatchable records per consume queue
         total = 0
+        # Records come in runs to one destination: counted per run, checked once.
+        dest = ("", -1)
+        run = dispatched = 0
+        tx_mask = MessageSysFlag.TRANSACTION_MASK
         for (
             topic,
             queue_id,
@@ -716,24 +720,30 @@ class MessageStore:
             _prepared,
             _tags,
         ) in records:
-            dest = (topic, queue_id)
-            seen = per_dest.get(dest)
-            if seen is None:
-                if not _valid_destination(topic, queue_id):
+            if queue_id != dest[1] or topic != dest[0]:
+                if run:
+                    per_dest[dest] = per_dest.get(dest, 0) + run
+                    if dispatched:
+                        counts[dest] = counts.get(dest, 0) + dispatched
+                dest = (topic, queue_id)
+                run = dispatched = 0
+                if dest not in per_dest and not _valid_destination(topic, queue_id):
                     raise MessageIllegalError(
                         f"cannot store a message for topic {topic!r} queue {queue_id}: "
                         f"invalid topic name or queue id"
                     )
-                seen = 0
-            per_dest[dest] = seen + 1
+            run += 1
             n = FIXED_SIZE + len(body) + len(tail)
             if n > max_size:
                 raise MessageIllegalError(
                     f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
                 )
             total += RECORD_HEADER_SIZE + n
-            if sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
-                counts[dest] = counts.get(dest, 0) + 1
+            if sys_flag & tx_mask not in _TX_NO_DISPATCH:
+                dispatched += 1
+        per_dest[dest] = per_dest.get(dest, 0) + run
+        if dispatched:
+            counts[dest] = counts.get(dest, 0) + dispatched
         self._check_fits(total, len(records))
         placed, now_ms = self._append(records, total, counts)
         last, size, _qo = placed[-1]
@@ -795,6 +805,8 @@ class MessageStore:
                 packed: list[bytes] = []
                 queues[key] = [cq.max_offset, packed]
                 filled.append((cq, packed))
+            slot: list[Any] = []
+            slot_topic, slot_qid = "", -1
             for (
                 topic,
                 queue_id,
@@ -814,7 +826,9 @@ class MessageStore:
                 if sys_flag & tx_mask in no_dispatch:
                     qo = 0
                 else:
-                    slot = queues[(topic, queue_id)]
+                    if queue_id != slot_qid or topic != slot_topic:
+                        slot = queues[(topic, queue_id)]
+                        slot_topic, slot_qid = topic, queue_id
                     qo = slot[0]
                     slot[0] = qo + 1
                     slot[1].append(pack_entry(phy, n, tags))

@@ -25,7 +25,7 @@ import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -122,9 +122,10 @@ class _HalfTemplate:
     leading UNIQ_KEY (as the Spark sink's do): the properties after it, worked out once as
     the half and as its committed message store them, and what the transaction table needs.
 
-    A half's stored properties are ``UNIQ_KEY<01><id><02>`` then :attr:`half_rest`; its
-    committed message's are the same id then :attr:`committed_rest` -- the strings
-    ``properties_to_string`` gives for the whole dicts, UNIQ_KEY being their first key."""
+    The tail of a half's stored form (after the body) is :meth:`half_head` for the length of
+    its UNIQ_KEY, the UNIQ_KEY, then :attr:`half_tail_rest`; its committed message's is
+    built the same way -- the bytes ``encode_tail`` gives for the whole properties dicts, whose
+    first key is UNIQ_KEY."""
 
     txid: str
     group: str
@@ -137,10 +138,32 @@ class _HalfTemplate:
     tags_code: int
     half_magic: int
     half_topic_part: bytes
-    half_rest: bytes
+    #: ``<02>`` and the half's properties after its UNIQ_KEY
+    half_tail_rest: bytes
     committed_magic: int
     committed_topic_part: bytes
-    committed_rest: bytes
+    committed_tail_rest: bytes
+    half_heads: dict[int, bytes] = field(default_factory=dict)
+    committed_heads: dict[int, bytes] = field(default_factory=dict)
+
+    def half_head(self, uniq_len: int) -> bytes | None:
+        """Topic, properties length and ``UNIQ_KEY<01>`` of a half whose UNIQ_KEY takes
+        ``uniq_len`` bytes; None when its properties would be too long."""
+        return self._head(self.half_heads, self.half_topic_part, self.half_tail_rest, uniq_len)
+
+    def committed_head(self, uniq_len: int) -> bytes | None:
+        """:meth:`half_head` of the committed message."""
+        return self._head(
+            self.committed_heads, self.committed_topic_part, self.committed_tail_rest, uniq_len
+        )
+
+    @staticmethod
+    def _head(cache: dict[int, bytes], topic_part: bytes, rest: bytes, n: int) -> bytes | None:
+        plen = len(_UNIQ_PREFIX) + n + len(rest)
+        if plen > MAX_PROPERTIES_BYTES:
+            return None
+        head = cache[n] = topic_part + _I16.pack(plen) + _UNIQ_PREFIX
+        return head
 
 
 class TransactionalMessageService:
@@ -314,10 +337,20 @@ class TransactionalMessageService:
         startswith = body.startswith
         uniq_prefix = _UNIQ_PREFIX
         uniq_at = len(uniq_prefix)
+        crc32 = zlib.crc32
+        join = b"".join
+        host = pack_host(born_host)
+        born_ts = h.born_timestamp
+        reconsume = h.reconsume_times or 0
+        half_topic = self.half_topic
         templates: dict[bytes, _HalfTemplate] = {}
         first: _HalfTemplate | None = None
-        # per half: (template, UNIQ_KEY bytes, body, flag)
-        halves: list[tuple[_HalfTemplate, bytes, bytes, int]] = []
+        t: _HalfTemplate | None = None
+        last_rest = b""
+        records: list[EncodedMessage] = []
+        append = records.append
+        kept: list[_HalfTemplate] = []  # each half's template
+        uniqs: list[bytes] = []  # each half's UNIQ_KEY
         pos = 0
         try:
             while pos < size:
@@ -336,81 +369,79 @@ class TransactionalMessageService:
                 if sep < 0:
                     return None
                 rest = body[sep + 1 : end]
-                t = templates.get(rest)
-                if t is None:
-                    t = self._half_template(rest, h, queue_id)
-                    if t is None or (first is not None and t.txid != first.txid):
-                        return None
-                    templates[rest] = t
-                    if first is None:
-                        first = t
-                halves.append((t, body[p + uniq_at : sep], b, flag))
+                if t is None or rest != last_rest:
+                    t = templates.get(rest)
+                    if t is None:
+                        t = self._half_template(rest, h, queue_id)
+                        if t is None or (first is not None and t.txid != first.txid):
+                            return None
+                        templates[rest] = t
+                        if first is None:
+                            first = t
+                    last_rest = rest
+                u = body[p + uniq_at : sep]
+                head = t.half_heads.get(len(u)) or t.half_head(len(u))
+                if head is None:
+                    return None  # properties over the limit: the generic path refuses them
+                append(
+                    (
+                        half_topic,
+                        0,
+                        t.half_magic,
+                        crc32(b) & 0x7FFFFFFF,
+                        b,
+                        join((head, u, t.half_tail_rest)),
+                        flag,
+                        t.sys_flag,
+                        born_ts,
+                        host,
+                        reconsume,
+                        0,
+                        t.tags_code,
+                    )
+                )
+                kept.append(t)
+                uniqs.append(u)
                 pos += total
         except struct.error:
             return None
         if first is None:
             return None
-        # Each half's UNIQ_KEY: text (for the table) and free of separators.
+        # The UNIQ_KEYs (free of separators; \x02 ends each, so none holds one) as text.
+        joined = _SEP.join(uniqs)
+        if _KV in joined:
+            return None
         try:
-            uniqs = [u.decode("utf-8") for _t, u, _b, _f in halves]
+            texts = joined.decode("utf-8").split("\x02")
         except UnicodeDecodeError:
             return None
-        if any(_KV in u for _t, u, _b, _f in halves):
-            return None
-        crc32 = zlib.crc32
-        host = pack_host(born_host)
-        born_ts = h.born_timestamp
-        reconsume = h.reconsume_times or 0
-        half_topic = self.half_topic
-        records: list[EncodedMessage] = []
-        append = records.append
-        sep_len = uniq_at + 1
-        for t, u, b, flag in halves:
-            plen = sep_len + len(u) + len(t.half_rest)
-            if plen > MAX_PROPERTIES_BYTES:
-                return None
-            append(
-                (
-                    half_topic,
-                    0,
-                    t.half_magic,
-                    crc32(b) & 0x7FFFFFFF,
-                    b,
-                    b"".join(
-                        (t.half_topic_part, _I16.pack(plen), uniq_prefix, u, _SEP, t.half_rest)
-                    ),
-                    flag,
-                    t.sys_flag,
-                    born_ts,
-                    host,
-                    reconsume,
-                    0,
-                    t.tags_code,
-                )
-            )
 
         res = self.broker.put_encoded(records)
         # As on_halves_stored: the halves join their transaction, then are remembered.
+        placed = res.placed
         now = res.store_timestamp
         prefix = self.broker.store.msg_id_prefix
-        ids = [f"{prefix}{phy:016X}" for phy, _n, _qo in res.placed]
-        refs = [
-            HalfRef(phy, qo, t.real_topic, t.real_queue_id, now, uniq, mid, t.immunity_ms)
-            for (phy, _n, qo), mid, uniq, (t, _u, _b, _f) in zip(
-                res.placed, ids, uniqs, halves, strict=True
-            )
-        ]
-        self.machine.add_halves(first.txid, first.group, first.batch_key, refs)
+        ids = [f"{prefix}{phy:016X}" for phy, _n, _qo in placed]
+        self.machine.add_halves(
+            first.txid,
+            first.group,
+            first.batch_key,
+            [
+                HalfRef(phy, qo, t.real_topic, t.real_queue_id, now, text, mid, t.immunity_ms)
+                for (phy, _n, qo), mid, text, t in zip(placed, ids, texts, kept, strict=True)
+            ],
+        )
         limit = self._recent_max_bytes
         if limit > 0:
             recent = self._recent_halves
             added = 0
             too_big = limit // 64
-            for (phy, _n, _qo), r, (t, u, b, flag) in zip(res.placed, records, halves, strict=True):
+            for (phy, _n, _qo), r, t, u in zip(placed, records, kept, uniqs, strict=True):
+                b = r[4]
                 if len(b) > too_big:
                     continue
-                plen = sep_len + len(u) + len(t.committed_rest)
-                if plen > MAX_PROPERTIES_BYTES:
+                head = t.committed_heads.get(len(u)) or t.committed_head(len(u))
+                if head is None:
                     continue  # the commit reads it back and refuses it, as the generic path
                 recent[phy] = (
                     t.real_topic,
@@ -418,17 +449,8 @@ class TransactionalMessageService:
                     t.committed_magic,
                     r[3],
                     b,
-                    b"".join(
-                        (
-                            t.committed_topic_part,
-                            _I16.pack(plen),
-                            uniq_prefix,
-                            u,
-                            _SEP,
-                            t.committed_rest,
-                        )
-                    ),
-                    flag,
+                    join((head, u, t.committed_tail_rest)),
+                    r[6],
                     t.committed_sys_flag,
                     born_ts,
                     host,
@@ -440,7 +462,7 @@ class TransactionalMessageService:
             self._recent_bytes += added
             self._evict_recent()
         self.broker.metrics.tx_half.inc(len(records))
-        return first.txid, ids, res.placed[0][2], res.end_offset
+        return first.txid, ids, placed[0][2], res.end_offset
 
     def _half_template(
         self, rest: bytes, h: SendMessageRequestHeader, queue_id: int
@@ -501,10 +523,10 @@ class TransactionalMessageService:
             tags_code=tags_code_of(props.get(C.TAGS)),
             half_magic=half_magic,
             half_topic_part=half_topic_part,
-            half_rest=half_rest,
+            half_tail_rest=_SEP + half_rest,
             committed_magic=committed_magic,
             committed_topic_part=committed_topic_part,
-            committed_rest=committed_rest,
+            committed_tail_rest=_SEP + committed_rest,
         )
 
     # -- lookups --------------------------------------------------------------------------------
