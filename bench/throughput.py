@@ -82,6 +82,7 @@ async def run(
         "inflight_per_producer": args.inflight,
         "batch": args.batch,
         "auto_batch": args.auto_batch,
+        "loop": args.loop,
         "size_bytes": args.size,
         "sent": sent,
         "send_msgs_per_s": round(sent / send_s, 1),
@@ -114,8 +115,18 @@ def main() -> None:
         action="store_true",
         help="measure plain TCP, then TLS, against one broker in permissive mode",
     )
+    ap.add_argument(
+        "--loop",
+        default="uvloop",
+        choices=["uvloop", "asyncio"],
+        help="the client's event loop (uvloop, as the sync clients and the peer harness use)",
+    )
     args = ap.parse_args()
     quiet_logs()
+    if args.loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if not args.tls:
         with broker_process(flush=args.flush, address=args.broker) as address:
             emit(asyncio.run(run(args, address)))

@@ -39,11 +39,11 @@ from txmq.protocol.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     ZLIB_COMPRESSED,
+    BatchBody,
     Message,
     MessageConst,
     UniqIdGenerator,
     compress_body,
-    encode_batch,
     properties_to_string,
 )
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
@@ -124,6 +124,10 @@ class SendResult:
 # --- validation -------------------------------------------------------------------------------
 
 
+#: Topic names found valid (checked once each; bounded).
+_VALID_TOPICS: set[str] = set()
+
+
 def validate_topic(topic: str) -> None:
     """Check a topic name the way RocketMQ's ``Validators.checkTopic`` does.
 
@@ -131,6 +135,8 @@ def validate_topic(topic: str) -> None:
         InvalidMessageError: the name is empty, too long or has characters outside
             ``[%|a-zA-Z0-9_-]``.
     """
+    if topic in _VALID_TOPICS:
+        return
     if not isinstance(topic, str) or not topic:
         raise InvalidMessageError("the topic name is empty")
     if len(topic) > TOPIC_MAX_LENGTH:
@@ -142,6 +148,9 @@ def validate_topic(topic: str) -> None:
             f"the topic name {topic!r} contains characters other than letters, digits, "
             "'%', '|', '_' and '-'"
         )
+    if len(_VALID_TOPICS) >= 4096:
+        _VALID_TOPICS.clear()
+    _VALID_TOPICS.add(topic)
 
 
 def validate_message(msg: Message, max_size: int) -> None:
@@ -179,6 +188,25 @@ def validate_message(msg: Message, max_size: int) -> None:
                 )
     if msg.delay_level < 0:
         raise InvalidMessageError(f"delay_level must not be negative, got {msg.delay_level}")
+
+
+#: The properties every sent message carries after its UNIQ_KEY.
+_WAIT_TAIL = (
+    f"{PROPERTY_SEPARATOR}{MessageConst.WAIT_STORE_MSG_OK}{NAME_VALUE_SEPARATOR}true"
+    f"{PROPERTY_SEPARATOR}"
+)
+
+
+def _plain_properties(msg: Message, uniq: str) -> str:
+    """The wire properties of a message with no user properties (nor delay): its tags and keys,
+    UNIQ_KEY and WAIT_STORE_MSG_OK, as ``properties_to_string`` would write them."""
+    head = ""
+    for name, value in ((MessageConst.TAGS, msg.tags), (MessageConst.KEYS, msg.keys)):
+        if value:
+            if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
+                raise InvalidMessageError(f"message {name} contains a reserved control character")
+            head += f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+    return f"{head}{MessageConst.UNIQ_KEY}{NAME_VALUE_SEPARATOR}{uniq}{_WAIT_TAIL}"
 
 
 def _result(
@@ -378,6 +406,7 @@ class AsyncProducer(ConnectedClient):
                     sys_flag=0,
                     extra_properties=None,
                     allow_delay=False,
+                    validated=True,  # by send()
                 )
                 results = [
                     SendResult(
@@ -417,7 +446,7 @@ class AsyncProducer(ConnectedClient):
         route = await self._route_for(msg.topic)
         mq = self._select_queue(route, msg, queue_id, sharding_key, None, None, None)
         conn = await self._connection_for(route, mq)
-        props = self._wire_properties(msg, new_uniq_id(), None)
+        props = self._wire_string(msg, new_uniq_id(), None)
         cmd = self._send_command(msg, route, mq.queue_id, props, sys_flag=0)
         await conn.send_oneway(cmd)
 
@@ -471,7 +500,7 @@ class AsyncProducer(ConnectedClient):
         """
         validate_message(msg, self.config.max_message_size)
         uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or new_uniq_id()
-        props = self._wire_properties(msg, uniq, extra_properties)
+        props = self._wire_string(msg, uniq, extra_properties)
 
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
             return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
@@ -529,15 +558,17 @@ class AsyncProducer(ConnectedClient):
         extra_properties: dict[str, str] | None,
         allow_delay: bool,
         broker: str | None = None,
+        validated: bool = False,
     ) -> SendResult:
         if not msgs:
             raise InvalidMessageError("a batch needs at least one message")
         topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
-        entries = []
+        batch = BatchBody()
         uniq_ids = []
         for m in msgs:
-            validate_message(m, limit)
+            if not validated:
+                validate_message(m, limit)
             if m.topic != topic:
                 raise InvalidMessageError(
                     f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
@@ -546,8 +577,9 @@ class AsyncProducer(ConnectedClient):
                 raise InvalidMessageError("messages of a batch cannot have a delay level")
             uniq = new_uniq_id()
             uniq_ids.append(uniq)
-            entries.append((m.payload, m.flag, self._wire_properties(m, uniq, extra_properties)))
-        body = encode_batch(entries)
+            props = self._wire_string(m, uniq, extra_properties)
+            batch.add(m.payload, props.encode("utf-8"), m.flag)
+        body = batch.encode()
         if len(body) > limit:
             raise InvalidMessageError(
                 f"the batch is {len(body)} bytes, over the limit of {limit} bytes; send it in "
@@ -676,15 +708,21 @@ class AsyncProducer(ConnectedClient):
             batch=False,
         )
 
+    def _wire_string(self, msg: Message, uniq: str, extra: dict[str, str] | None) -> str:
+        """The message's properties on the wire, with ``uniq`` as its UNIQ_KEY."""
+        if msg.properties or extra or msg.delay_level:
+            return properties_to_string(self._wire_properties(msg, uniq, extra))
+        return _plain_properties(msg, uniq)
+
     def _send_command(
-        self, msg: Message, route: TopicRoute, qid: int, props: dict[str, str], *, sys_flag: int
+        self, msg: Message, route: TopicRoute, qid: int, props: str, *, sys_flag: int
     ) -> RemotingCommand:
         body = msg.payload
         over = self.config.compress_over
         if over and len(body) >= over:
             body = compress_body(body, self.config.compress_level)
             sys_flag |= ZLIB_COMPRESSED
-        header = self._header(msg, route, qid, properties_to_string(props), sys_flag)
+        header = self._header(msg, route, qid, props, sys_flag)
         return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body)
 
     def _select_queue(

@@ -14,8 +14,9 @@ import txmq.client as client
 from txmq.client import ClientConfig, ConsumeFrom, InvalidMessageError, Message
 from txmq.client.config import parse_address
 from txmq.client.consumer import ProcessQueue, allocate_averagely, parse_consume_from
-from txmq.client.producer import validate_message, validate_topic
-from txmq.protocol.message import MessageExt
+from txmq.client.producer import _plain_properties, validate_message, validate_topic
+from txmq.protocol.errors import ProtocolError
+from txmq.protocol.message import MessageConst, MessageExt, properties_to_string
 
 CLIENT_DIR = pathlib.Path(client.__file__).parent
 
@@ -202,3 +203,27 @@ def test_parse_address() -> None:
     for bad in ("localhost", ":10911", "host:port", "host:0", "host:70000"):
         with pytest.raises(ValueError):
             parse_address(bad)
+
+
+@given(
+    tags=st.one_of(st.none(), st.text(max_size=8)),
+    keys=st.one_of(st.none(), st.text(max_size=8)),
+)
+def test_plain_properties_match_the_general_encoding(tags: str | None, keys: str | None) -> None:
+    """The shortcut for messages without user properties writes exactly what
+    ``properties_to_string`` writes for them, and refuses the same separators."""
+    msg = Message("t", b"x", tags=tags, keys=keys)
+    props = msg.wire_properties()
+    props.update({MessageConst.UNIQ_KEY: "ID1", MessageConst.WAIT_STORE_MSG_OK: "true"})
+    try:
+        general: str | Exception = properties_to_string(props)
+    except ProtocolError as exc:
+        general = exc
+    try:
+        plain: str | Exception = _plain_properties(msg, "ID1")
+    except InvalidMessageError as exc:
+        plain = exc
+    if isinstance(general, Exception):
+        assert isinstance(plain, InvalidMessageError)
+    else:
+        assert plain == general
