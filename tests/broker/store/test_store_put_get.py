@@ -16,6 +16,7 @@ from txmq.broker.store import (
     StoreConfig,
     StoreIOError,
     StoreLockedError,
+    encode_for_store,
 )
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
 from txmq.protocol.errors import (
@@ -482,3 +483,36 @@ def test_an_append_of_many_parts_is_written_whole_through_short_writes(
     # Recovery validates every record (framing and CRC).
     reopened = make_store(mapped_file_size_commit_log=1 << 20)
     assert [m.body for m in read_queue(reopened, "TopicA", 0)] == bodies
+
+
+def test_put_encoded_stores_what_put_messages_stores(make_store: MakeStore, tmp_path: Path) -> None:
+    """The same messages through put_messages and, encoded, through put_encoded: the same
+    commit log and consume queues, byte for byte, and the same offsets."""
+    long_topic = "T" * 200  # a V2 record (two-byte topic length)
+
+    def batch() -> list[MessageExt]:
+        return [
+            make_msg(body=b"a", tags="x", KEYS="k"),
+            make_msg(body=b"b" * 300, queue_id=2),
+            make_msg(body=b"c", sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE),
+            make_msg(topic=long_topic, body=b"d", tags="y"),
+            make_msg(body=b"e", sys_flag=MessageSysFlag.TRANSACTION_COMMIT_TYPE, region="eu"),
+            make_msg(body=b"f", queue_id=2),
+        ]
+
+    a = make_store(tmp_path / "a", mapped_file_size_commit_log=1 << 16)
+    b = make_store(tmp_path / "b", mapped_file_size_commit_log=1 << 16)
+    for _ in range(3):
+        results = a.put_messages(batch())
+        res = b.put_encoded([encode_for_store(m) for m in batch()])
+        assert res.placed == [(r.commit_log_offset, r.size, r.queue_offset) for r in results]
+        assert res.end_offset == results[-1].end_offset
+        assert res.per_destination == {("TopicA", 0): 3, ("TopicA", 2): 2, (long_topic, 0): 1}
+    for q in (("TopicA", 0), ("TopicA", 2), (long_topic, 0)):
+        assert [encode_message(m) for m in read_queue(a, *q)] == [
+            encode_message(m) for m in read_queue(b, *q)
+        ]
+    a.close()
+    b.close()
+    log_a, log_b = commit_log_files(tmp_path / "a"), commit_log_files(tmp_path / "b")
+    assert [p.read_bytes() for p in log_a] == [p.read_bytes() for p in log_b]
