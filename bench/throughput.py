@@ -4,7 +4,8 @@ consumer drains the topic.
     python bench/throughput.py --producers 4 --seconds 10 --size 1024 [--flush SYNC_FLUSH]
     python bench/throughput.py --batch 64          # SEND_BATCH_MESSAGE, 64 messages a request
     python bench/throughput.py --tls               # plain TCP, then TLS, on one permissive broker
-    python bench/throughput.py --producers 1 --inflight 1000 --auto-batch   # pipelined, batched
+    python bench/throughput.py --producers 1 --inflight 1000   # pipelined (auto-batched)
+    python bench/throughput.py --producers 1 --inflight 1000 --no-auto-batch
 
 Prints messages/s and MB/s for sending and for pulling, send latency percentiles, and the SDK's
 CPU time per sent message (this process: producers and load loop, while sending).
@@ -106,8 +107,10 @@ def main() -> None:
     ap.add_argument("--topic", default="bench-plain")
     ap.add_argument(
         "--auto-batch",
-        action="store_true",
-        help="producers with auto_batch (concurrent sends leave as SEND_BATCH_MESSAGE)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="producers with auto_batch, the SDK's default (concurrent sends leave as "
+        "SEND_BATCH_MESSAGE); --no-auto-batch sends each message in a request of its own",
     )
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     ap.add_argument(

@@ -55,8 +55,11 @@ class ClientConfig:
         security_token: optional ``SecurityToken`` sent and signed with the request.
         auto_batch: gather plain sends of one topic made at the same moment (no queue, key or
             selector given, no delay level, not compressed) into SEND_BATCH_MESSAGE requests,
-            as RocketMQ 5.1's producer does with ``autoBatch``; each send still gets its own
-            :class:`SendResult` (the messages of one request share a queue).  Off by default.
+            as RocketMQ 5.1's producer does with ``autoBatch`` (and aiokafka always does); each
+            send still gets its own :class:`SendResult` (the messages of one request share a
+            queue).  On by default: it adds no waiting (a batch leaves when the event loop gets
+            to it) and a lone send is sent as it is; ``auto_batch=False`` sends each message in
+            a request of its own.
         batch_max_bytes: with ``auto_batch``, the largest request body a batch grows to.
         tls: connect with TLS: True checks the broker's certificate against the system's CA
             store (and its name or IP against the broker address); an :class:`ssl.SSLContext`
@@ -89,7 +92,7 @@ class ClientConfig:
     secret_key: str | None = field(default=None, repr=False)
     security_token: str | None = field(default=None, repr=False)
     tls: bool | ssl.SSLContext = False
-    auto_batch: bool = False
+    auto_batch: bool = True
     batch_max_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
