@@ -641,31 +641,22 @@ class AsyncProducer(ConnectedClient):
             except TxmqError as exc:
                 if not exc.retriable:
                     raise
-                last_error = exc
-                failed = mq.broker
-                log.info(
-                    "send_retried",
-                    topic=msg.topic,
-                    broker=mq.broker,
-                    queue_id=mq.queue_id,
-                    attempt=attempt + 1,
-                    error=str(exc),
-                )
                 if len(route.brokers) > 1:
                     self._routes.pop(msg.topic, None)  # a group may have a new leader
-                continue
-            status = _STATUS_BY_CODE.get(resp.code)
-            if status is not None:
-                if not route.exists:
-                    # The broker created the topic on this send: learn its real route next time.
-                    self._routes.pop(msg.topic, None)
-                return _result(
-                    resp, msg.topic, uniq_ids, status, mq.broker or conn.group_name or ""
-                )
-            err = error_for_code(resp.code, resp.remark)
-            if not err.retriable:
-                raise err
-            last_error = err
+                last_error = exc
+            else:
+                status = _STATUS_BY_CODE.get(resp.code)
+                if status is not None:
+                    if not route.exists:
+                        # The broker created the topic on this send: learn its real route next
+                        # time.
+                        self._routes.pop(msg.topic, None)
+                    return _result(
+                        resp, msg.topic, uniq_ids, status, mq.broker or conn.group_name or ""
+                    )
+                last_error = error_for_code(resp.code, resp.remark)
+                if not last_error.retriable:
+                    raise last_error
             failed = mq.broker
             log.info(
                 "send_retried",
@@ -673,7 +664,7 @@ class AsyncProducer(ConnectedClient):
                 broker=mq.broker,
                 queue_id=mq.queue_id,
                 attempt=attempt + 1,
-                error=str(err),
+                error=str(last_error),
             )
         assert last_error is not None
         raise last_error

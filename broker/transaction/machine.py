@@ -71,16 +71,7 @@ class TransactionStateMachine:
 
     def add_half(self, txid: str, group: str, batch_key: str | None, half: HalfRef) -> TxRecord:
         """A stored half joins its transaction (created PENDING on its first half)."""
-        rec = self.records.get(txid)
-        if rec is None:
-            rec = TxRecord(txid, group, batch_key=batch_key)
-            self.records[txid] = rec
-            self.pending[txid] = rec
-            if batch_key is not None:
-                self.batch_members.setdefault((group, batch_key), set()).add(txid)
-        rec.halves.append(half)
-        self.by_half_offset[half.commit_log_offset] = txid
-        return rec
+        return self.add_halves(txid, group, batch_key, [half])
 
     def add_halves(
         self, txid: str, group: str, batch_key: str | None, halves: list[HalfRef]
