@@ -237,15 +237,20 @@ class ConsumeQueue:
             reserve_blocks(seg.fd, begin, end - begin)
         self._reserved_end = seg.start + end
 
-    def append(self, commit_log_offset: int, size: int, tags_code: int) -> None:
-        """Write the entry for offset ``max_offset`` and advance it."""
-        pos = self.max_offset * CQ_ENTRY_SIZE
+    def _segment_to_write(self, pos: int) -> MappedFile:
+        """The segment holding byte ``pos`` (that of offset ``max_offset``), prepared."""
         seg = self._segments[-1] if self._segments else None
         if seg is None or pos >= seg.end or pos + CQ_ENTRY_SIZE > self._reserved_end:
             self.prepare(self.max_offset)
             seg = self._segments[-1]
         if pos < seg.start:  # a batch prepared later offsets into a newer segment
             seg = self._segments[bisect.bisect_right(self._starts, pos) - 1]
+        return seg
+
+    def append(self, commit_log_offset: int, size: int, tags_code: int) -> None:
+        """Write the entry for offset ``max_offset`` and advance it."""
+        pos = self.max_offset * CQ_ENTRY_SIZE
+        seg = self._segment_to_write(pos)
         assert seg.mm is not None
         CQ_ENTRY.pack_into(seg.mm, pos - seg.start, commit_log_offset, size, tags_code)
         self.max_offset += 1
@@ -274,12 +279,7 @@ class ConsumeQueue:
         done = 0
         while done < n:
             pos = self.max_offset * CQ_ENTRY_SIZE
-            seg = self._segments[-1] if self._segments else None
-            if seg is None or pos >= seg.end or pos + CQ_ENTRY_SIZE > self._reserved_end:
-                self.prepare(self.max_offset)
-                seg = self._segments[-1]
-            if pos < seg.start:  # a batch prepared later offsets into a newer segment
-                seg = self._segments[bisect.bisect_right(self._starts, pos) - 1]
+            seg = self._segment_to_write(pos)
             k = min(n - done, (seg.end - pos) // CQ_ENTRY_SIZE)
             stop = pos + k * CQ_ENTRY_SIZE
             if seg is self._segments[-1] and stop > self._reserved_end:
