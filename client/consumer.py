@@ -584,19 +584,13 @@ class AsyncPushConsumer(ConnectedClient):
                 if route is None and topic != self.retry_topic:
                     complete = False
                     self._born_later.add(topic)
-                if route is None or not route.readable:
-                    queues: list[MessageQueue] = []
-                else:
-                    queues = list(route.read_queues) or [
-                        MessageQueue(topic, "", q) for q in route.read_queue_ids
-                    ]
+                queues = list(route.read_queues) if route is not None and route.readable else []
                 # Every member heartbeats to every group of the topic, so each group knows the
                 # whole consumer group; the members are read from the topic's first group.
                 conns: dict[str, BrokerConnection] = {}
                 try:
                     for group in sorted({q.broker for q in queues}):
-                        brokers = route.brokers if route is not None else {}
-                        conns[group] = await conn.for_group(group, brokers.get(group, ()))
+                        conns[group] = await conn.for_group(group)
                     first = conns[min(conns)] if conns else conn
                     ids = ids_by_group.get(first.address)
                     if ids is None:

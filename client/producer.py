@@ -736,10 +736,8 @@ class AsyncProducer(ConnectedClient):
         """
         if not route.writable:
             raise NoPermissionError(f"topic {route.topic!r} is not writable")
-        queues: Sequence[MessageQueue] = route.write_queues or [
-            MessageQueue(route.topic, "", i) for i in range(route.write_queue_nums)
-        ]
-        if broker is not None and route.write_queues:
+        queues: Sequence[MessageQueue] = route.write_queues
+        if broker is not None and route.exists:
             queues = [q for q in queues if q.broker == broker]
             if not queues:
                 raise NoPermissionError(
@@ -783,7 +781,7 @@ class AsyncProducer(ConnectedClient):
 
     async def _connection_for(self, route: TopicRoute, mq: MessageQueue) -> BrokerConnection:
         """The connection to ``mq``'s broker group (its leader)."""
-        return await self.connection.for_group(mq.broker, route.brokers.get(mq.broker, ()))
+        return await self.connection.for_group(mq.broker)
 
     async def connection_for_group(self, group: str) -> BrokerConnection:
         """The connection to broker group ``group`` (for decisions on what was stored there).
@@ -791,13 +789,7 @@ class AsyncProducer(ConnectedClient):
         Raises:
             ConnectionClosedError: no route named the group, or it cannot be reached.
         """
-        conn = self.connection
-        if conn.group_name is None or not group or group == conn.group_name:
-            return conn
-        for route in self._routes.values():
-            if group in route.brokers:
-                return await conn.for_group(group, route.brokers[group])
-        return await conn.for_group(group)
+        return await self.connection.for_group(group)
 
     async def _route_for(self, topic: str) -> TopicRoute:
         route = self._routes.get(topic)
@@ -822,11 +814,13 @@ class AsyncProducer(ConnectedClient):
             raise
         if fetched is None:
             # Not created yet: the broker creates it on the first send (autoCreateTopicEnable).
+            n = self.config.default_topic_queue_nums
             fetched = TopicRoute(
                 topic,
-                write_queue_nums=self.config.default_topic_queue_nums,
-                read_queue_nums=self.config.default_topic_queue_nums,
+                write_queue_nums=n,
+                read_queue_nums=n,
                 exists=False,
+                write_queues=tuple(MessageQueue(topic, "", i) for i in range(n)),
             )
         self._routes[topic] = fetched
         return fetched

@@ -278,8 +278,6 @@ class AsyncPullConsumer(ConnectedClient):
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn: BrokerConnection | None = None
-        #: Replica addresses of the broker groups seen in routes (for ``broker=`` calls).
-        self._group_addrs: dict[str, tuple[str, ...]] = {}
 
     async def _start(self) -> None:
         """Connect to the broker.
@@ -319,10 +317,7 @@ class AsyncPullConsumer(ConnectedClient):
         route = await fetch_route(self.connection, topic)
         if route is None:
             raise TopicNotExistError(f"topic {topic!r} does not exist")
-        self._group_addrs.update(route.brokers)
-        if not route.readable:
-            return []
-        return list(route.read_queues) or [MessageQueue(topic, "", q) for q in route.read_queue_ids]
+        return list(route.read_queues) if route.readable else []
 
     async def _group(self, topic: str, broker: str | None) -> BrokerConnection:
         """The connection to the group holding the queue (``broker``, a route's group name;
@@ -330,9 +325,9 @@ class AsyncPullConsumer(ConnectedClient):
         conn = self.connection
         if broker is None or conn.group_name is None or broker == conn.group_name:
             return conn
-        if broker not in self._group_addrs:
+        if broker not in conn.group_addresses:
             await self.fetch_message_queues(topic)
-        return await conn.for_group(broker, self._group_addrs.get(broker, ()))
+        return await conn.for_group(broker)
 
     async def pull(
         self,

@@ -126,6 +126,9 @@ class BrokerConnection:
         #: Connections to the other groups of a cluster, made on first use by
         #: :meth:`for_group` (sharing this connection's registrations and client id).
         self._groups: dict[str, asyncio.Future[BrokerConnection]] = {}
+        #: Each broker group's replica addresses, as the last route naming it listed them
+        #: (:func:`~txmq.client.route.fetch_route` records them).
+        self.group_addresses: dict[str, tuple[str, ...]] = {}
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -183,12 +186,12 @@ class BrokerConnection:
 
     # -- the other broker groups of a cluster -------------------------------------------------
 
-    async def for_group(self, group: str, addresses: Sequence[str] = ()) -> BrokerConnection:
+    async def for_group(self, group: str) -> BrokerConnection:
         """The connection to use for broker group ``group`` (a route's ``brokerName``).
 
         A single broker, or the group this connection serves, is this connection.  Another
         group of a cluster gets a connection of its own, opened on first use to the group's
-        leader (found through ``addresses``, its replicas as the route lists them) with this
+        leader (found through its replicas as a route fetched here listed them) with this
         connection's client id, producer and consumer registrations and request handlers, so
         the broker sees one client; it heartbeats, reconnects and follows its group's leader
         by itself, and closes with this one.
@@ -202,6 +205,7 @@ class BrokerConnection:
         if pending is not None and pending.done() and pending.exception() is not None:
             pending = None  # the last attempt failed: try again
         if pending is None:
+            addresses = self.group_addresses.get(group)
             if not addresses:
                 raise ConnectionClosedError(f"no address known for broker group {group!r}")
             pending = asyncio.ensure_future(self._open_group(group, addresses))

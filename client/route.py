@@ -45,8 +45,7 @@ class TopicRoute:
         perm: PermName bits (4 read, 2 write), or-ed over the groups.
         exists: False for the provisional route used before a topic is auto-created.
         fetched_at: ``time.monotonic()`` of the answer.
-        write_queues: the writable queues, by group name then queue id.  Empty means
-            ``0..write_queue_nums-1`` of the connected broker (a provisional route).
+        write_queues: the writable queues, by group name then queue id.
         read_queues: the readable queues, ordered alike.
         brokers: each group's replica addresses, its leader first.
     """
@@ -147,4 +146,6 @@ async def fetch_route(
     )
     if resp.code == ResponseCode.TOPIC_NOT_EXIST:
         return None
-    return parse_route(topic, resp.body)
+    route = parse_route(topic, resp.body)
+    conn.group_addresses.update(route.brokers)
+    return route

@@ -447,7 +447,7 @@ class AsyncTransaction:
         if conn.group_name is None:
             return None  # a single broker
         route = await producer._route_for(first.msg.topic)
-        if not route.write_queues:
+        if not route.exists:
             return conn.group_name  # created on its first send, in the connected group
         mq = producer._select_queue(
             route, first.msg, first.queue_id, first.sharding_key, None, None, None

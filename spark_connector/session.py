@@ -107,7 +107,6 @@ class BrokerSession:
         self.request_timeout = request_timeout
         self.tls = tls
         context = ssl_context(tls)
-        self._group_addrs: dict[str, tuple[str, ...]] = {}
         self.connection = BrokerConnection(
             broker,
             ClientConfig(
@@ -185,10 +184,7 @@ class BrokerSession:
 
     async def route(self, topic: str) -> TopicRoute | None:
         """The topic's route, or None when it does not exist yet."""
-        route = await fetch_route(self.connection, topic)
-        if route is not None:
-            self._group_addrs.update(route.brokers)
-        return route
+        return await fetch_route(self.connection, topic)
 
     async def _queue(self, topic: str, queue: int | str) -> tuple[BrokerConnection, int]:
         """The connection to a queue's broker group and its id there; ``queue`` is an id or an
@@ -196,9 +192,9 @@ class BrokerSession:
         broker, qid = split_queue_key(str(queue))
         if broker is None:
             return self.connection, qid
-        if broker not in self._group_addrs:
+        if broker not in self.connection.group_addresses:
             await self.route(topic)
-        return await self.connection.for_group(broker, self._group_addrs.get(broker, ())), qid
+        return await self.connection.for_group(broker), qid
 
     async def max_offset(self, topic: str, queue: int | str) -> int:
         """The queue's next free offset."""

@@ -237,7 +237,6 @@ class HalfWriter:
         #: A topic's write queues over every broker group of a cluster (queue index -> group
         #: and queue id there); absent for a topic of one group or not created yet.
         self._queue_refs: dict[str, list[MessageQueue]] = {}
-        self._group_addrs: dict[str, tuple[str, ...]] = {}
         self._cursor: dict[str, int] = {}
         self._buffers: dict[tuple[str, int], BatchBody] = {}
         self._ready: list[tuple[str, int, BatchBody]] = []
@@ -257,7 +256,6 @@ class HalfWriter:
             if route is not None and len(route.brokers) > 1:
                 # A topic in several broker groups: its rows spread over all their queues.
                 self._queue_refs[topic] = list(route.write_queues)
-                self._group_addrs.update(route.brokers)
                 n = len(route.write_queues)
             if n < 1:
                 raise TxmqError(f"topic {topic!r} has no writable queue")
@@ -354,7 +352,7 @@ class HalfWriter:
         refs = self._queue_refs.get(topic)
         if refs is not None:
             mq = refs[qid]
-            conn = await conn.for_group(mq.broker, self._group_addrs.get(mq.broker, ()))
+            conn = await conn.for_group(mq.broker)
             qid = mq.queue_id
         header = SendMessageRequestHeader(
             producer_group=self.group,
