@@ -294,21 +294,48 @@ class FrameDecoder:
       consumed and the decoder can go on.
     """
 
+    #: A frame whose body still misses at least this many bytes once its header is in collects
+    #: the rest as the chunks that arrive and joins them once into the body (a large PULL answer
+    #: would otherwise be copied into the buffer, out of it, and grow it on the way).
+    LARGE_BODY = 64 * 1024
+
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._failed: FrameTooLargeError | None = None
+        # The large frame being collected: its serialize type, header, body chunks, and the
+        # body bytes still missing.
+        self._large: tuple[int, bytes, list[bytes]] | None = None
+        self._large_missing = 0
 
     @property
     def buffered(self) -> int:
+        if self._large is not None:
+            return len(self._buf) + sum(map(len, self._large[2]))
         return len(self._buf)
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        if self._large is None:
+            self._buf += data
+            return
+        missing = self._large_missing
+        if len(data) <= missing:
+            self._large[2].append(data)
+            self._large_missing = missing - len(data)
+        else:  # the body's end and what follows it
+            self._large[2].append(data[:missing])
+            self._large_missing = 0
+            self._buf += data[missing:]
 
     def next_command(self) -> RemotingCommand | None:
         if self._failed is not None:
             raise self._failed
+        if self._large is not None:
+            if self._large_missing:
+                return None
+            st_byte, header, parts = self._large
+            self._large = None
+            return decode_header(st_byte, header, b"".join(parts))
         buf = self._buf
         if len(buf) < 4:
             return None
@@ -326,6 +353,15 @@ class FrameDecoder:
             del buf[: 4 + length]
             raise MalformedFrameError(f"frame length {length} is shorter than its header field")
         if len(buf) < 4 + length:
+            if 4 + length - len(buf) < self.LARGE_BODY or len(buf) < 8:
+                return None
+            (mark,) = _U32.unpack_from(buf, 4)
+            st_byte, hlen = mark >> 24, mark & 0xFFFFFF
+            if 8 + hlen > 4 + length or len(buf) < 8 + hlen:
+                return None  # judged (or refused) once the whole frame is in
+            self._large = (st_byte, bytes(buf[8 : 8 + hlen]), [bytes(buf[8 + hlen :])])
+            self._large_missing = 4 + length - len(buf)
+            buf.clear()
             return None
         (mark,) = _U32.unpack_from(buf, 4)
         st_byte, hlen = mark >> 24, mark & 0xFFFFFF

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import itertools
 import os
 import struct
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProtocolError
@@ -255,7 +256,7 @@ class UniqIdGenerator:
         salt = int.from_bytes(os.urandom(4), "big")
         self._prefix = (ip_bytes + struct.pack(">HI", pid, salt)).hex().upper()
         self._lock = threading.Lock()
-        self._counter = 0
+        self._counter = itertools.count(1)
         self._month_start = 0.0
         self._next_month = 0.0
 
@@ -268,13 +269,13 @@ class UniqIdGenerator:
 
     def next_id(self) -> str:
         now = time.time()
-        with self._lock:
-            if now >= self._next_month:
-                self._roll_month(now)
-            self._counter = (self._counter + 1) & 0xFFFF
-            counter = self._counter
+        if now >= self._next_month:
+            with self._lock:
+                if now >= self._next_month:
+                    self._roll_month(now)
+        counter = next(self._counter) & 0xFFFF  # one C call: atomic under the GIL
         diff = int((now - self._month_start) * 1000) & 0xFFFFFFFF
-        return self._prefix + struct.pack(">IH", diff, counter).hex().upper()
+        return f"{self._prefix}{diff:08X}{counter:04X}"
 
 
 def java_string_hash(s: str) -> int:
@@ -354,26 +355,127 @@ class Message:
         return props
 
 
-@dataclass
 class MessageExt:
-    """A stored message, as consumers and check-back listeners see it."""
+    """A stored message, as consumers and check-back listeners see it.
 
-    topic: str
-    body: bytes
-    queue_id: int = 0
-    flag: int = 0
-    queue_offset: int = 0
-    commit_log_offset: int = 0
-    sys_flag: int = 0
-    born_timestamp: int = 0
-    born_host: tuple[str, int] = ("127.0.0.1", 0)
-    store_timestamp: int = 0
-    store_host: tuple[str, int] = ("127.0.0.1", 0)
-    reconsume_times: int = 0
-    prepared_transaction_offset: int = 0
-    properties: dict[str, str] = field(default_factory=dict)
-    body_crc: int = 0
-    store_size: int = 0
+    Built with the fields below (all but ``topic`` and ``body`` optional, in this order).  A
+    decoded message keeps its properties in wire form until ``properties`` is first read, so a
+    consumer that reads only bodies does not pay for parsing them; ``wire_properties`` (the
+    ``key\\x01value\\x02`` string) gives them that way, and is ignored when ``properties`` is
+    given.
+    """
+
+    __slots__ = (
+        "topic",
+        "body",
+        "queue_id",
+        "flag",
+        "queue_offset",
+        "commit_log_offset",
+        "sys_flag",
+        "born_timestamp",
+        "born_host",
+        "store_timestamp",
+        "store_host",
+        "reconsume_times",
+        "prepared_transaction_offset",
+        "_properties",
+        "body_crc",
+        "store_size",
+        "_wire_properties",
+    )
+
+    #: The fields, in constructor order (what ``==``, ``repr`` and :meth:`copy` go by).
+    FIELDS = (
+        "topic",
+        "body",
+        "queue_id",
+        "flag",
+        "queue_offset",
+        "commit_log_offset",
+        "sys_flag",
+        "born_timestamp",
+        "born_host",
+        "store_timestamp",
+        "store_host",
+        "reconsume_times",
+        "prepared_transaction_offset",
+        "properties",
+        "body_crc",
+        "store_size",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        queue_id: int = 0,
+        flag: int = 0,
+        queue_offset: int = 0,
+        commit_log_offset: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+        store_timestamp: int = 0,
+        store_host: tuple[str, int] = ("127.0.0.1", 0),
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        properties: dict[str, str] | None = None,
+        body_crc: int = 0,
+        store_size: int = 0,
+        wire_properties: str | None = None,
+    ) -> None:
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        self.flag = flag
+        self.queue_offset = queue_offset
+        self.commit_log_offset = commit_log_offset
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.born_host = born_host
+        self.store_timestamp = store_timestamp
+        self.store_host = store_host
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+        if properties is None and wire_properties is None:
+            properties = {}
+        self._properties = properties
+        self._wire_properties = wire_properties if properties is None else None
+        self.body_crc = body_crc
+        self.store_size = store_size
+
+    @property
+    def properties(self) -> dict[str, str]:
+        props = self._properties
+        if props is None:
+            props = self._properties = string_to_properties(self._wire_properties)
+            self._wire_properties = None
+        return props
+
+    @properties.setter
+    def properties(self, value: dict[str, str]) -> None:
+        self._properties = value
+        self._wire_properties = None
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name (``properties`` parsed), in constructor order."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, MessageExt)
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"MessageExt({fields})"
 
     @property
     def tags(self) -> str | None:
@@ -406,16 +508,19 @@ class MessageExt:
         return self.properties.get(key, default)
 
     def copy(self, **changes: Any) -> MessageExt:
-        c = replace(self, **changes)
-        if "properties" not in changes:
-            c.properties = dict(self.properties)
-        return c
+        """A copy with ``changes`` (field names as in the constructor); the properties are
+        copied too, unless given."""
+        values = self.to_dict()
+        values["properties"] = dict(self.properties)
+        values.update(changes)
+        return MessageExt(**values)
 
 
 _FIXED = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including the body length
 _U8 = struct.Struct(">B")
 _I16 = struct.Struct(">h")
 FIXED_SIZE = _FIXED.size  # 88
+_V6_HOSTS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 #: The fixed head of a stored message, TOTALSIZE to the body length, in field order.
 STORED_HEAD = _FIXED
 #: Byte positions the broker patches when it stores a message.
@@ -495,6 +600,28 @@ def encode_message(m: MessageExt) -> bytes:
 
 def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
     """Decode one stored message starting at ``pos``; raises ProtocolError if it is not one."""
+    return _decode_at(buf if isinstance(buf, bytes) else memoryview(buf), pos)
+
+
+def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
+    """Decode a PULL body: stored messages back to back."""
+    if not isinstance(buf, bytes):
+        buf = bytes(buf)  # one copy here rather than one per field
+    out: list[MessageExt] = []
+    append = out.append
+    decode = _decode_at
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        m = decode(buf, pos)
+        append(m)
+        pos += m.store_size
+    return out
+
+
+def _decode_at(buf: bytes | memoryview, pos: int) -> MessageExt:
+    # Hot on the consumer side (every pulled message): one unpack of the fixed head, slices of
+    # ``buf`` (bytes for bytes), positional construction, properties left in wire form.
     try:
         (
             total,
@@ -515,13 +642,13 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
         ) = _FIXED.unpack_from(buf, pos)
         if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
             raise ProtocolError(f"bad message magic code {magic}")
-        if sys_flag & (MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6):
+        if sys_flag & _V6_HOSTS:
             raise ProtocolError("IPv6 hosts are not supported")
-        if total < FIXED_SIZE or pos + total > len(buf) or body_len < 0:
+        end = pos + total
+        if total < FIXED_SIZE or end > len(buf) or body_len < 0:
             raise ProtocolError("message record is truncated")
-        p = pos + FIXED_SIZE
-        body = bytes(buf[p : p + body_len])
-        p += body_len
+        p = pos + FIXED_SIZE + body_len
+        body = bytes(buf[pos + FIXED_SIZE : p])
         if magic == MESSAGE_MAGIC_CODE:
             tlen = buf[p]
             p += 1
@@ -530,48 +657,36 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
             p += 2
             if tlen < 0:
                 raise ProtocolError("negative topic length")
-        topic = bytes(buf[p : p + tlen]).decode("utf-8")
+        topic = str(buf[p : p + tlen], "utf-8")
         p += tlen
         (plen,) = _I16.unpack_from(buf, p)
         p += 2
-        props = string_to_properties(bytes(buf[p : p + plen]).decode("utf-8"))
-        p += plen
-        if p - pos != total:
+        if p + plen != end or plen < 0:
             raise ProtocolError("message record size does not match its fields")
+        props = str(buf[p:end], "utf-8")
     except ProtocolError:
         raise
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"cannot decode stored message: {exc}") from None
     return MessageExt(
-        topic=topic,
-        body=body,
-        queue_id=queue_id,
-        flag=flag,
-        queue_offset=queue_offset,
-        commit_log_offset=phys,
-        sys_flag=sys_flag,
-        born_timestamp=born_ts,
-        born_host=_unpacked_host(born_host),
-        store_timestamp=store_ts,
-        store_host=_unpacked_host(store_host),
-        reconsume_times=reconsume,
-        prepared_transaction_offset=prepared,
-        properties=props,
-        body_crc=body_crc,
-        store_size=total,
+        topic,
+        body,
+        queue_id,
+        flag,
+        queue_offset,
+        phys,
+        sys_flag,
+        born_ts,
+        _unpacked_host(born_host),
+        store_ts,
+        _unpacked_host(store_host),
+        reconsume,
+        prepared,
+        None,
+        body_crc,
+        total,
+        props,
     )
-
-
-def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
-    """Decode a PULL body: stored messages back to back."""
-    out: list[MessageExt] = []
-    pos = 0
-    n = len(buf)
-    while pos < n:
-        m = decode_message(buf, pos)
-        out.append(m)
-        pos += m.store_size
-    return out
 
 
 # --- compression ------------------------------------------------------------------------------

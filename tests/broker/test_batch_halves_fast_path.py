@@ -115,7 +115,7 @@ def _header(sys_flag: int = MessageSysFlag.TRANSACTION_PREPARED_TYPE, qid: int =
 
 
 def _fields(m: MessageExt) -> dict[str, Any]:
-    d = {k: v for k, v in vars(m).items() if k not in _PER_BROKER}
+    d = {k: v for k, v in m.to_dict().items() if k not in _PER_BROKER}
     d["properties"] = list(m.properties.items())  # order included
     return d
 

@@ -29,7 +29,7 @@ async def broker(make_broker_config: Any) -> Any:
 
 
 def _comparable(m: MessageExt) -> dict[str, Any]:
-    return {k: v for k, v in vars(m).items() if k not in _STORE_FIELDS}
+    return {k: v for k, v in m.to_dict().items() if k not in _STORE_FIELDS}
 
 
 async def _commit_one(c: RawClient, body: bytes, forget: BrokerController | None) -> None:

@@ -177,6 +177,59 @@ def test_arbitrary_chunking_gives_back_the_same_commands(
     assert dec.buffered == 0
 
 
+@SETTINGS
+@given(
+    sizes=st.lists(
+        st.sampled_from([0, 7, 65_535, 65_536, 70_001, 300_000]), min_size=1, max_size=5
+    ),
+    data=st.data(),
+)
+def test_large_bodies_come_back_whole_whatever_the_chunking(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    # Bodies of 64 KiB and more are collected chunk by chunk once their header is in; a chunk
+    # may end a body and start the next frame.
+    cmds = [
+        RemotingCommand(code=11, opaque=i, ext_fields={"n": str(i)}, body=bytes([i % 251]) * n)
+        for i, n in enumerate(sizes)
+    ]
+    stream = b"".join(encode_frame(c) for c in cmds)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=40)))
+    dec = FrameDecoder()
+    got: list[RemotingCommand] = []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        dec.feed(stream[a:b])
+        assert dec.buffered <= len(stream)
+        got.extend(drain(dec))
+    assert got == [expected_after_round_trip(c) for c in cmds]
+    assert dec.buffered == 0
+
+
+def test_large_frame_with_a_bad_header_is_refused_and_the_stream_goes_on() -> None:
+    header = b"\xc1\xc1\xc1"
+    body = b"b" * 200_000
+    bad = struct.pack(">II", 4 + len(header) + len(body), (2 << 24) | len(header)) + header
+    good = RemotingCommand(code=10, opaque=3, body=b"g" * 100_000)
+    stream = bad + body + encode_frame(good)
+    dec = FrameDecoder()
+    got: list[RemotingCommand] = []
+    errors = 0
+    for i in range(0, len(stream), 65_536):
+        dec.feed(stream[i : i + 65_536])
+        while True:
+            try:
+                cmd = dec.next_command()
+            except MalformedFrameError:
+                errors += 1
+                continue
+            if cmd is None:
+                break
+            got.append(cmd)
+    assert errors == 1
+    assert got == [expected_after_round_trip(good)]
+    assert dec.buffered == 0
+
+
 def test_byte_at_a_time() -> None:
     cmds = [
         RemotingCommand(code=10, opaque=1, ext_fields={"topic": "T"}, body=b"x" * 50),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 import struct
 import zlib
@@ -216,6 +217,32 @@ def test_message_ext_views() -> None:
     assert m.copy(properties={**m.properties, "__transactionId__": "X"}).transaction_id == "X"
     m.copy().properties["x"] = "y"
     assert "x" not in m.properties
+
+
+def test_decoded_message_parses_its_properties_on_first_read() -> None:
+    m = MessageExt(
+        topic="T",
+        body=b"payload",
+        queue_offset=7,
+        properties={"UNIQ_KEY": "U" * 32, "region": "eu"},
+    )
+    raw = encode_message(m)
+    got = decode_message(raw)
+    assert got.store_size == len(raw)
+    assert got == m.copy(body_crc=zlib.crc32(m.body) & 0x7FFFFFFF, store_size=len(raw))
+    assert "region" in repr(got) and "payload" in repr(got)
+    assert got.properties == {"UNIQ_KEY": "U" * 32, "region": "eu"}
+    got.properties["added"] = "1"  # the parsed dict is kept: changes stay
+    assert got.get_property("added") == "1"
+    got.properties = {"TAGS": "t"}
+    assert (got.tags, got.user_properties) == ("t", {})
+    assert pickle.loads(pickle.dumps(got)) == got
+    lazy = MessageExt("T", b"", wire_properties="KEYS\x01k\x02")
+    assert lazy.keys == "k"
+    assert MessageExt(
+        "T", b"", properties={"a": "b"}, wire_properties="KEYS\x01k\x02"
+    ).properties == {"a": "b"}
+    assert m != got and m.copy() == m
 
 
 def test_message_wire_properties() -> None:
