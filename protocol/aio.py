@@ -25,7 +25,7 @@ from .errors import (
     RequestTimeoutError,
     TxmqError,
 )
-from .frame import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
+from .frame import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, encode_frame_head
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
 
@@ -56,6 +56,11 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
 def _expire(fut: asyncio.Future[Any], error: BaseException) -> None:
     if not fut.done():
         fut.set_exception(error)
+
+
+#: Bodies of at least this many bytes are handed to the transport as they are, after their
+#: frame's head, instead of being copied into one frame.
+LARGE_BODY = 64 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -224,9 +229,12 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
         buf = self._wbuf
-        buf.append(encode_frame(cmd))
-        if len(buf) == 1:
+        if not buf:
             asyncio.get_running_loop().call_soon(self._flush_writes)
+        if len(cmd.body) < LARGE_BODY:
+            buf.append(encode_frame(cmd))
+        else:  # a large body (a pull answer, a batch) goes out as it is, not copied after its head
+            buf += (encode_frame_head(cmd), cmd.body)
 
     def _flush_writes(self) -> None:
         buf = self._wbuf
@@ -236,7 +244,10 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return  # the peer left; nobody to tell
-        transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
+        if len(buf) == 1:
+            transport.write(buf[0])
+        else:
+            transport.writelines(buf)
 
     async def drain(self) -> None:
         """Wait until the transport takes writes again (returns at once when it does, or when

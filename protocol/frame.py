@@ -38,6 +38,7 @@ from .errors import FrameTooLargeError, MalformedFrameError, ProtocolError
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
 _U32 = struct.Struct(">I")
+_FRAME_PREFIX = struct.Struct(">II")
 
 
 def _stringify(value: Any) -> str:
@@ -122,18 +123,17 @@ def _encode_header(cmd: RemotingCommand) -> bytes:
 
 def encode_frame(cmd: RemotingCommand) -> bytes:
     """The bytes of one frame."""
+    return encode_frame_head(cmd) + cmd.body
+
+
+def encode_frame_head(cmd: RemotingCommand) -> bytes:
+    """The bytes of one frame up to its body (length, serialize type and header length,
+    header): a writer can send the body after it as it is, without joining the two."""
     header = encode_header(cmd)
     if len(header) > 0xFFFFFF:
         raise ProtocolError(f"header too large: {len(header)} bytes")
     length = 4 + len(header) + len(cmd.body)
-    return b"".join(
-        (
-            _U32.pack(length),
-            _U32.pack((int(cmd.serialize_type) << 24) | len(header)),
-            header,
-            cmd.body,
-        )
-    )
+    return _FRAME_PREFIX.pack(length, (int(cmd.serialize_type) << 24) | len(header)) + header
 
 
 def _int_field(doc: dict[Any, Any], key: str, default: int = 0) -> int:

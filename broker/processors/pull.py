@@ -96,7 +96,9 @@ class PullMessageProcessor:
         tag_codes = self._tag_codes(h)
         max_nums = max(1, min(h.max_msg_nums, 1024))
         store = self.broker.store
-        result = store.get_messages(h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes)
+        result = store.get_messages(
+            h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes, joined=True
+        )
         suspend = (
             h.sys_flag & FLAG_SUSPEND
             and self.broker.config.long_polling_enable
@@ -108,7 +110,9 @@ class PullMessageProcessor:
         ):
             timeout = min(h.suspend_timeout_millis, MAX_SUSPEND_MS) / 1000.0
             await self.hold.wait(h.topic, h.queue_id, timeout)
-            result = store.get_messages(h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes)
+            result = store.get_messages(
+                h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes, joined=True
+            )
         return self._response(cmd, h, result)
 
     def _response(
@@ -119,10 +123,8 @@ class PullMessageProcessor:
         )
         s = r.status
         if s is GetMessageStatus.FOUND:
-            self.broker.metrics.messages_pulled.inc(len(r.messages))
-            return cmd.response(
-                ResponseCode.SUCCESS, None, header.to_ext_fields(), b"".join(r.messages)
-            )
+            self.broker.metrics.messages_pulled.inc(r.count)
+            return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields(), r.joined)
         if s is GetMessageStatus.NO_MATCHED_MESSAGE or s is GetMessageStatus.OFFSET_FOUND_NULL:
             return cmd.response(
                 ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", header.to_ext_fields()

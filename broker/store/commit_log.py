@@ -535,6 +535,49 @@ class CommitLog:
             return None
         return payload
 
+    def read_payloads(self, entries: list[tuple[int, int]]) -> tuple[bytes, list[bool]]:
+        """The stored-message bytes of the records at ``entries`` (commit-log offset, size),
+        back to back in one buffer, and for each entry whether it was read (as
+        :meth:`read_payload` judges a record; the ones that were not are left out).
+
+        The records are checked through views of the mapping and copied once, into the result.
+        """
+        parts: list[memoryview] = []
+        read: list[bool] = []
+        views: dict[int, memoryview] = {}  # one view of each segment touched
+        try:
+            for offset, size in entries:
+                seg = self._segment_for(offset)
+                if seg is None or seg.mm is None:
+                    read.append(False)
+                    continue
+                rel = offset - seg.start
+                stop = rel + RECORD_HEADER_SIZE + size
+                if stop > seg.capacity or seg.start + stop > self.write_pos:
+                    read.append(False)
+                    continue
+                mm = seg.mm
+                magic, length, crc = RECORD_HEADER.unpack_from(mm, rel)
+                if magic != RECORD_MAGIC or length != size or size < FIXED_SIZE:
+                    read.append(False)
+                    continue
+                view = views.get(seg.start)
+                if view is None:
+                    view = views[seg.start] = memoryview(mm)
+                payload = view[rel + RECORD_HEADER_SIZE : stop]
+                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+                    payload.release()
+                    read.append(False)
+                    continue
+                parts.append(payload)
+                read.append(True)
+            return b"".join(parts), read
+        finally:  # no view of a mapping outlives the call (a segment is unmapped when deleted)
+            for part in parts:
+                part.release()
+            for view in views.values():
+                view.release()
+
     def read_store_timestamp(self, offset: int) -> int | None:
         """STORETIMESTAMP of the message at ``offset`` (framing checked, CRC not)."""
         seg = self._segment_for(offset)
