@@ -63,12 +63,21 @@ QueueSelector = Callable[[list[int], Message], int]
 _uniq_ids: UniqIdGenerator | None = None
 
 
-def new_uniq_id() -> str:
-    """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
+def _id_generator() -> UniqIdGenerator:
     global _uniq_ids
     if _uniq_ids is None:
         _uniq_ids = UniqIdGenerator(local_ip())
-    return _uniq_ids.next_id()
+    return _uniq_ids
+
+
+def new_uniq_id() -> str:
+    """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
+    return _id_generator().next_id()
+
+
+def new_uniq_ids(n: int) -> list[str]:
+    """``n`` new client-side message ids (a batch's)."""
+    return _id_generator().next_ids(n)
 
 
 class SendStatus(enum.Enum):
@@ -90,7 +99,7 @@ _STATUS_BY_CODE: dict[int, SendStatus] = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class SendResult:
     """The broker's answer to a send.
 
@@ -190,6 +199,8 @@ def validate_message(msg: Message, max_size: int) -> None:
         raise InvalidMessageError(f"delay_level must not be negative, got {msg.delay_level}")
 
 
+#: How the properties of a message with none of its own begin (its UNIQ_KEY follows).
+_UNIQ_HEAD = f"{MessageConst.UNIQ_KEY}{NAME_VALUE_SEPARATOR}"
 #: The properties every sent message carries after its UNIQ_KEY.
 _WAIT_TAIL = (
     f"{PROPERTY_SEPARATOR}{MessageConst.WAIT_STORE_MSG_OK}{NAME_VALUE_SEPARATOR}true"
@@ -206,7 +217,7 @@ def _plain_properties(msg: Message, uniq: str) -> str:
             if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
                 raise InvalidMessageError(f"message {name} contains a reserved control character")
             head += f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
-    return f"{head}{MessageConst.UNIQ_KEY}{NAME_VALUE_SEPARATOR}{uniq}{_WAIT_TAIL}"
+    return f"{head}{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
 
 
 def _result(
@@ -343,16 +354,37 @@ class AsyncProducer(ConnectedClient):
             InvalidMessageError: the message is not valid (nothing was sent).
             TxmqError: the send failed, after the retries for retriable errors.
         """
+        config = self.config
         if (
-            self.config.auto_batch
+            config.auto_batch
             and queue_id is None
             and sharding_key is None
             and selector is None
             and broker is None
             and not msg.delay_level
-            and not (self.config.compress_over and len(msg.payload) >= self.config.compress_over)
+            and not (config.compress_over and len(msg.payload) >= config.compress_over)
         ):
-            return await self._send_gathered(msg, timeout)
+            # Auto batching: queue ``msg`` with the other sends of its topic made in this turn
+            # of the event loop; they leave as one batch when the loop gets to it (or when
+            # ``batch_max_bytes`` is reached).  Inline, as it runs for every send.
+            validate_message(msg, config.max_message_size)
+            fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+            topic = msg.topic
+            pending = self._gathering.get(topic)
+            if pending is None:
+                pending = self._gathering[topic] = _Gathered()
+                fut.get_loop().call_soon(self._release_gathered, topic, pending)
+            pending.items.append((msg, fut))
+            pending.bytes += len(msg.body) + 64
+            if msg.properties:
+                pending.bytes += sum(len(k) + len(v) for k, v in msg.properties.items())
+            if timeout is not None:
+                pending.timeout = (
+                    timeout if pending.timeout is None else max(pending.timeout, timeout)
+                )
+            if pending.bytes >= config.batch_max_bytes:
+                self._release_gathered(topic, pending)
+            return await fut
         return await self.send_message(
             msg,
             queue_id=queue_id,
@@ -363,26 +395,6 @@ class AsyncProducer(ConnectedClient):
         )
 
     # -- auto batching (ClientConfig.auto_batch) ----------------------------------------------------
-
-    async def _send_gathered(self, msg: Message, timeout: float | None) -> SendResult:
-        """Queue ``msg`` with the other sends of its topic made in this turn of the event loop;
-        they leave as one batch when the loop gets to it (or when ``batch_max_bytes`` is
-        reached)."""
-        validate_message(msg, self.config.max_message_size)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[SendResult] = loop.create_future()
-        pending = self._gathering.get(msg.topic)
-        if pending is None:
-            pending = self._gathering[msg.topic] = _Gathered()
-            loop.call_soon(self._release_gathered, msg.topic, pending)
-        pending.items.append((msg, fut))
-        pending.bytes += (
-            len(msg.payload) + 64 + sum(len(k) + len(v) for k, v in msg.properties.items())
-        )
-        pending.timeout = timeout if pending.timeout is None else max(pending.timeout, timeout or 0)
-        if pending.bytes >= self.config.batch_max_bytes:
-            self._release_gathered(msg.topic, pending)
-        return await fut
 
     def _release_gathered(self, topic: str, pending: _Gathered) -> None:
         if self._gathering.get(topic) is not pending:
@@ -408,19 +420,30 @@ class AsyncProducer(ConnectedClient):
                     allow_delay=False,
                     validated=True,  # by send()
                 )
+                status, topic, qid, first, name = (
+                    r.status,
+                    r.topic,
+                    r.queue_id,
+                    r.queue_offset,
+                    r.broker_name,
+                )
+                offset_ids = r.offset_msg_ids
+                if len(offset_ids) != len(items):
+                    offset_ids = (offset_ids + [""] * len(items))[: len(items)]
                 results = [
                     SendResult(
-                        status=r.status,
-                        msg_id=r.msg_ids[i],
-                        offset_msg_id=r.offset_msg_ids[i] if i < len(r.offset_msg_ids) else "",
-                        topic=r.topic,
-                        queue_id=r.queue_id,
-                        queue_offset=r.queue_offset + i,
-                        msg_ids=[r.msg_ids[i]],
-                        offset_msg_ids=r.offset_msg_ids[i : i + 1],
-                        broker_name=r.broker_name,
+                        status,
+                        uniq,
+                        oid,
+                        topic,
+                        qid,
+                        first + i,
+                        None,
+                        [uniq],
+                        [oid] if oid else [],
+                        name,
                     )
-                    for i in range(len(items))
+                    for i, (uniq, oid) in enumerate(zip(r.msg_ids, offset_ids, strict=True))
                 ]
         except BaseException as exc:
             for _, fut in items:
@@ -565,8 +588,9 @@ class AsyncProducer(ConnectedClient):
         topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
         batch = BatchBody()
-        uniq_ids = []
-        for m in msgs:
+        add = batch.add
+        uniq_ids = new_uniq_ids(len(msgs))
+        for m, uniq in zip(msgs, uniq_ids, strict=True):
             if not validated:
                 validate_message(m, limit)
             if m.topic != topic:
@@ -575,10 +599,12 @@ class AsyncProducer(ConnectedClient):
                 )
             if not allow_delay and m.delay_level > 0:
                 raise InvalidMessageError("messages of a batch cannot have a delay level")
-            uniq = new_uniq_id()
-            uniq_ids.append(uniq)
-            props = self._wire_string(m, uniq, extra_properties)
-            batch.add(m.payload, props.encode("utf-8"), m.flag)
+            if extra_properties or m.properties or m.tags or m.keys or m.delay_level:
+                props = self._wire_string(m, uniq, extra_properties)
+            else:  # the common case: what _plain_properties writes for it
+                props = f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
+            body = m.body
+            add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
         body = batch.encode()
         if len(body) > limit:
             raise InvalidMessageError(

@@ -31,6 +31,7 @@ from txmq.protocol.message import (
 
 from ..store import PutMessageResult
 from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
+from .plain_batch import plain_batch_records
 
 if TYPE_CHECKING:
     from ..server import BrokerController
@@ -148,6 +149,10 @@ class SendMessageProcessor:
 
     # -- SEND_BATCH_MESSAGE ---------------------------------------------------------------------
 
+    #: Stores a batch of plain messages straight from the request body (None: the generic
+    #: path stores it).
+    plain_batch_records = staticmethod(plain_batch_records)
+
     async def send_batch(
         self, conn: Connection, cmd: RemotingCommand, h: SendMessageRequestHeader | None = None
     ) -> RemotingCommand:
@@ -166,6 +171,18 @@ class SendMessageProcessor:
                 transaction_id=stored[0],
             )
             return await self._batch_stored(cmd, header, stored[3])
+        records = self.plain_batch_records(
+            h, qid, cmd.body, conn.peer, self.broker.config.max_message_size
+        )
+        if records is not None:  # plain messages, stored without message objects
+            res = self.broker.put_encoded(records)
+            prefix = self.broker.store.msg_id_prefix
+            header = SendMessageResponseHeader(
+                msg_id=",".join([f"{prefix}{phy:016X}" for phy, _n, _qo in res.placed]),
+                queue_id=qid,
+                queue_offset=res.placed[0][2],
+            )
+            return await self._batch_stored(cmd, header, res.end_offset)
         msgs, txid = self.batch_messages(h, qid, cmd.body, conn.peer)
         results = self.broker.put_messages(msgs)
         if txid is not None:
