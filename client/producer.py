@@ -292,6 +292,8 @@ class AsyncProducer(ConnectedClient):
         #: on their way.
         self._gathering: dict[str, _Gathered] = {}
         self._gathered_tasks: set[asyncio.Task[None]] = set()
+        #: auto_batch: sends on their way alone (made when nothing else was).
+        self._direct = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -364,13 +366,22 @@ class AsyncProducer(ConnectedClient):
             and not msg.delay_level
             and not (config.compress_over and len(msg.payload) >= config.compress_over)
         ):
+            topic = msg.topic
+            pending = self._gathering.get(topic)
+            if pending is None and not self._gathered_tasks and not self._direct:
+                # Nothing of this producer on its way: sent at once, in a request of its own
+                # (no wait for the end of the loop's turn); sends made while it travels are
+                # batched.
+                self._direct += 1
+                try:
+                    return await self.send_message(msg, timeout=timeout)
+                finally:
+                    self._direct -= 1
             # Auto batching: queue ``msg`` with the other sends of its topic made in this turn
             # of the event loop; they leave as one batch when the loop gets to it (or when
             # ``batch_max_bytes`` is reached).  Inline, as it runs for every send.
             validate_message(msg, config.max_message_size)
             fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-            topic = msg.topic
-            pending = self._gathering.get(topic)
             if pending is None:
                 pending = self._gathering[topic] = _Gathered()
                 fut.get_loop().call_soon(self._release_gathered, topic, pending)

@@ -437,7 +437,11 @@ class AsyncTransaction:
     async def _pin(self, first: _PendingHalf) -> str | None:
         """The broker group of this transaction, chosen with its first half."""
         if self._pinning is None:
-            self._pinning = asyncio.ensure_future(self._choose_broker(first))
+            if self.producer.producer.connection.group_name is None:  # one broker: no choice
+                self._pinning = asyncio.get_running_loop().create_future()
+                self._pinning.set_result(None)
+            else:
+                self._pinning = asyncio.ensure_future(self._choose_broker(first))
         self.broker = await asyncio.shield(self._pinning)
         return self.broker
 

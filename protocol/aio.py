@@ -53,9 +53,13 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return event.is_set()
 
 
-def _expire(fut: asyncio.Future[Any], error: BaseException) -> None:
+def _expire(fut: asyncio.Future[Any], code: int, peer: tuple[str, int], timeout: float) -> None:
     if not fut.done():
-        fut.set_exception(error)
+        fut.set_exception(
+            RequestTimeoutError(
+                f"no answer to request code {code} from {peer[0]}:{peer[1]} within {timeout:.3f}s"
+            )
+        )
 
 
 #: Bodies of at least this many bytes are handed to the transport as they are, after their
@@ -268,15 +272,7 @@ class Connection(asyncio.Protocol):
         # A timer that fails the future, rather than asyncio.wait_for: no extra task per
         # request, and a cancellation of the caller is never lost when the answer arrives at
         # the same moment (Python 3.11's wait_for swallows it then).
-        timer = loop.call_later(
-            timeout,
-            _expire,
-            fut,
-            RequestTimeoutError(
-                f"no answer to request code {cmd.code} from {self.peer[0]}:{self.peer[1]} "
-                f"within {timeout:.3f}s"
-            ),
-        )
+        timer = loop.call_later(timeout, _expire, fut, cmd.code, self.peer, timeout)
         try:
             self.write(cmd)
             if self._write_paused:

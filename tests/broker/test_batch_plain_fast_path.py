@@ -49,8 +49,8 @@ class _Pair:
             self.used.append(out is not None)
             return out
 
-        fast.sender.plain_batch_records = spy  # type: ignore[method-assign]
-        generic.sender.plain_batch_records = lambda *args: None  # type: ignore[method-assign]
+        fast.sender.plain_batch_records = spy  # type: ignore[assignment]
+        generic.sender.plain_batch_records = lambda *args: None
         self.clients: list[RawClient] = []
 
     async def call(
