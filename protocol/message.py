@@ -376,26 +376,6 @@ class MessageExt:
     given.
     """
 
-    __slots__ = (
-        "topic",
-        "body",
-        "queue_id",
-        "flag",
-        "queue_offset",
-        "commit_log_offset",
-        "sys_flag",
-        "born_timestamp",
-        "born_host",
-        "store_timestamp",
-        "store_host",
-        "reconsume_times",
-        "prepared_transaction_offset",
-        "_properties",
-        "body_crc",
-        "store_size",
-        "_wire_properties",
-    )
-
     #: The fields, in constructor order (what ``==``, ``repr`` and :meth:`copy` go by).
     FIELDS = (
         "topic",
@@ -415,6 +395,8 @@ class MessageExt:
         "body_crc",
         "store_size",
     )
+    # ``properties`` is a property over ``_properties`` (parsed from ``_wire_properties``).
+    __slots__ = (*(f if f != "properties" else "_properties" for f in FIELDS), "_wire_properties")
 
     def __init__(
         self,
@@ -802,6 +784,26 @@ def encode_batch(messages: list[tuple[bytes, int, dict[str, str]]]) -> bytes:
     for body, flag, props in messages:
         add(body, properties_to_string(props).encode("utf-8"), flag)
     return batch.encode()
+
+
+def batch_entry_at(body: bytes, pos: int, max_body: int) -> tuple[int, int, bytes, int, int] | None:
+    """The SEND_BATCH_MESSAGE entry at ``pos`` as ``(size, flag, body, properties start,
+    properties end)``, or None when it is not well formed or its body is over ``max_body``
+    bytes (for fast paths that leave such batches to :func:`decode_batch`'s errors).
+
+    Raises:
+        struct.error: the entry's head is cut short.
+    """
+    total, _magic, _crc, flag, blen = _BATCH_ENTRY_HEAD.unpack_from(body, pos)
+    if blen < 0 or blen > max_body or total < BATCH_ENTRY_OVERHEAD or pos + total > len(body):
+        return None
+    p = pos + _BATCH_ENTRY_HEAD.size + blen
+    (plen,) = _BATCH_PROPS_LEN.unpack_from(body, p)
+    p += 2
+    end = p + plen
+    if plen < 0 or end - pos != total:
+        return None
+    return total, flag, body[p - 2 - blen : p - 2], p, end
 
 
 def decode_batch(buf: bytes) -> list[tuple[bytes, int, dict[str, str]]]:

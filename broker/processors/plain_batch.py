@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from txmq.protocol.errors import ProtocolError
 from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import (
-    BATCH_ENTRY_HEAD,
     MAX_PROPERTIES_BYTES,
     MessageConst,
+    batch_entry_at,
     pack_host,
     properties_to_string,
     stored_topic_part,
@@ -70,9 +70,7 @@ def plain_batch_records(
     except ProtocolError:
         return None
     size = len(body)
-    unpack_head = BATCH_ENTRY_HEAD.unpack_from
-    unpack_i16 = _I16.unpack_from
-    head_size = BATCH_ENTRY_HEAD.size
+    entry_at = batch_entry_at
     find = body.find
     startswith = body.startswith
     uniq_len = len(_UNIQ)
@@ -91,17 +89,10 @@ def plain_batch_records(
     pos = 0
     try:
         while pos < size:
-            total, _magic, _crc, flag, blen = unpack_head(body, pos)
-            if blen < 0 or blen > max_body or total < head_size + 2 or pos + total > size:
+            entry = entry_at(body, pos, max_body)
+            if entry is None:
                 return None
-            p = pos + head_size
-            b = body[p : p + blen]
-            p += blen
-            plen = unpack_i16(body, p)[0]
-            p += 2
-            end = p + plen
-            if plen < 0 or end - pos != total:
-                return None
+            total, flag, b, p, end = entry
             if startswith(_UNIQ, p, end):
                 at = p
             else:

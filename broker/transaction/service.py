@@ -39,11 +39,11 @@ from txmq.protocol.errors import (
     TxmqError,
 )
 from txmq.protocol.message import (
-    BATCH_ENTRY_HEAD,
     MAX_PROPERTIES_BYTES,
     MessageConst,
     MessageExt,
     MessageSysFlag,
+    batch_entry_at,
     decode_message,
     decode_offset_msg_id,
     encode_tail_of,
@@ -330,9 +330,7 @@ class TransactionalMessageService:
             return None
         max_body = self.broker.config.max_message_size
         size = len(body)
-        unpack_head = BATCH_ENTRY_HEAD.unpack_from
-        unpack_i16 = _I16.unpack_from
-        head_size = BATCH_ENTRY_HEAD.size
+        entry_at = batch_entry_at
         find = body.find
         startswith = body.startswith
         uniq_prefix = _UNIQ_PREFIX
@@ -354,16 +352,11 @@ class TransactionalMessageService:
         pos = 0
         try:
             while pos < size:
-                total, _magic, _crc, flag, blen = unpack_head(body, pos)
-                if blen < 0 or blen > max_body or total < head_size + 2 or pos + total > size:
+                entry = entry_at(body, pos, max_body)
+                if entry is None:
                     return None
-                p = pos + head_size
-                b = body[p : p + blen]
-                p += blen
-                plen = unpack_i16(body, p)[0]
-                p += 2
-                end = p + plen
-                if plen < 0 or end - pos != total or not startswith(uniq_prefix, p, end):
+                total, flag, b, p, end = entry
+                if not startswith(uniq_prefix, p, end):
                     return None
                 sep = find(_SEP, p, end)
                 if sep < 0:

@@ -8,20 +8,23 @@ byte with the generic commit of the same halves (each read back from the store).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.fastpath import (
+    BrokerPair,
+    batch_body,
+    batch_header,
+    broker_pair,
+    comparable,
+)
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
-from txmq.protocol.command import RemotingCommand
-from txmq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from txmq.protocol.headers import SendMessageResponseHeader
 from txmq.protocol.message import (
-    BatchBody,
     MessageConst,
     MessageExt,
     MessageSysFlag,
@@ -34,65 +37,18 @@ from txmq.protocol.message import (
 C = MessageConst
 GROUP = "sink-g"
 TOPIC = "sink-t"
-#: Fields that differ between two brokers (their ports and clocks) for the same requests.
-_PER_BROKER = ("born_host", "store_host", "store_timestamp")
-
-
-class _Pair:
-    """Two brokers fed the same requests: ``fast`` as shipped, ``generic`` without the
-    batch-halves fast path."""
-
-    def __init__(self, fast: BrokerController, generic: BrokerController) -> None:
-        self.fast, self.generic = fast, generic
-        self.used: list[bool] = []
-        inner = fast.transactions.put_batch_halves
-
-        def spy(*args: Any) -> Any:
-            out = inner(*args)
-            self.used.append(out is not None)
-            return out
-
-        fast.transactions.put_batch_halves = spy  # type: ignore[method-assign,assignment]
-        generic.transactions.put_batch_halves = lambda *args: None  # type: ignore[method-assign]
-        self.clients: list[RawClient] = []
-
-    async def connect(self) -> None:
-        self.clients = [
-            await RawClient.connect(self.fast.address),
-            await RawClient.connect(self.generic.address),
-        ]
-
-    async def call(
-        self, code: int, ext: dict[str, Any], body: bytes
-    ) -> tuple[RemotingCommand, RemotingCommand]:
-        a, b = self.clients
-        return await a.call(code, ext, body), await b.call(code, ext, body)
 
 
 @pytest.fixture
-async def pair(make_broker_config: Any) -> AsyncIterator[_Pair]:
-    brokers = []
-    for _ in range(2):
-        b = BrokerController(make_broker_config(transaction_check_interval=60_000))
-        await b.start()
-        brokers.append(b)
-    p = _Pair(*brokers)
-    await p.connect()
-    try:
+async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
+    """``fast`` as shipped, ``generic`` without the batch-halves fast path."""
+    async with broker_pair(
+        make_broker_config,
+        lambda b: b.transactions,
+        "put_batch_halves",
+        transaction_check_interval=60_000,
+    ) as p:
         yield p
-    finally:
-        for c in p.clients:
-            await c.close()
-        for b in brokers:
-            await b.shutdown()
-
-
-def _batch(rows: list[tuple[bytes, int, bytes]]) -> bytes:
-    """(body, flag, properties in wire form) per entry."""
-    buf = BatchBody()
-    for body, flag, props in rows:
-        buf.add(body, props, flag)
-    return buf.encode()
 
 
 def _props(uniq: str, rest: dict[str, str]) -> bytes:
@@ -100,24 +56,7 @@ def _props(uniq: str, rest: dict[str, str]) -> bytes:
 
 
 def _header(sys_flag: int = MessageSysFlag.TRANSACTION_PREPARED_TYPE, qid: int = 1) -> Any:
-    return SendMessageRequestHeader(
-        producer_group=GROUP,
-        topic=TOPIC,
-        default_topic_queue_nums=4,
-        queue_id=qid,
-        sys_flag=sys_flag,
-        born_timestamp=int(time.time() * 1000),
-        flag=0,
-        properties=properties_to_string({C.WAIT_STORE_MSG_OK: "true"}),
-        batch=True,
-        reconsume_times=0,
-    ).to_v2_ext_fields()
-
-
-def _fields(m: MessageExt) -> dict[str, Any]:
-    d = {k: v for k, v in m.to_dict().items() if k not in _PER_BROKER}
-    d["properties"] = list(m.properties.items())  # order included
-    return d
+    return batch_header(GROUP, TOPIC, qid, sys_flag)
 
 
 def _stored(b: BrokerController, offset: int) -> MessageExt:
@@ -155,7 +94,7 @@ VARIANTS: dict[str, Any] = {
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 async def test_fast_path_stores_and_commits_what_the_generic_path_does(
-    pair: _Pair, variant: str
+    pair: BrokerPair, variant: str
 ) -> None:
     key = f"batch-{variant.replace(' ', '-')}"
     txids = [f"{key}-0", f"{key}-1"]
@@ -173,7 +112,7 @@ async def test_fast_path_stores_and_commits_what_the_generic_path_does(
             ]
             sys_flag = MessageSysFlag.TRANSACTION_PREPARED_TYPE | (p * MessageSysFlag.MULTI_TAGS)
             a, b = await pair.call(
-                RequestCode.SEND_BATCH_MESSAGE, _header(sys_flag, qid=r % 4), _batch(rows)
+                RequestCode.SEND_BATCH_MESSAGE, _header(sys_flag, qid=r % 4), batch_body(rows)
             )
             assert (a.code, a.remark) == (b.code, b.remark) == (ResponseCode.SUCCESS, None)
             sent["fast"].append(SendMessageResponseHeader.from_ext_fields(a.ext_fields))
@@ -193,7 +132,7 @@ async def test_fast_path_stores_and_commits_what_the_generic_path_does(
         for ia, ib in zip(ids_a, ids_b, strict=True):
             (_, off_a), (_, off_b) = decode_offset_msg_id(ia), decode_offset_msg_id(ib)
             assert off_a == off_b
-            assert _fields(_stored(fast, off_a)) == _fields(_stored(generic, off_b))
+            assert comparable(_stored(fast, off_a)) == comparable(_stored(generic, off_b))
     for txid in txids:
         ra, rb = fast.transactions.records[txid], generic.transactions.records[txid]
         assert (ra.producer_group, ra.batch_key, ra.state) == (
@@ -222,7 +161,7 @@ async def test_fast_path_stores_and_commits_what_the_generic_path_does(
     got_a = await pair.clients[0].pull_all(TOPIC)
     got_b = await pair.clients[1].pull_all(TOPIC)
     assert len(got_a) == len(got_b) == 36
-    assert [_fields(m) for m in got_a] == [_fields(m) for m in got_b]
+    assert [comparable(m) for m in got_a] == [comparable(m) for m in got_b]
     for m in got_a:
         assert C.TRAN_MSG not in m.properties and C.TXMQ_BATCH_KEY not in m.properties
         assert (
@@ -272,9 +211,11 @@ def _refusals(txid: str) -> dict[str, list[tuple[bytes, int, bytes]]]:
 
 
 @pytest.mark.parametrize("case", list(_refusals("t")))
-async def test_batches_the_fast_path_leaves_are_answered_as_before(pair: _Pair, case: str) -> None:
+async def test_batches_the_fast_path_leaves_are_answered_as_before(
+    pair: BrokerPair, case: str
+) -> None:
     rows = _refusals(f"refused-{case.replace(' ', '-')}")[case]
-    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), _batch(rows))
+    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), batch_body(rows))
     assert (a.code, a.remark) == (b.code, b.remark)
     assert pair.used == [False]
     if a.code == ResponseCode.SUCCESS:  # taken by the generic path, the same way
@@ -282,18 +223,20 @@ async def test_batches_the_fast_path_leaves_are_answered_as_before(pair: _Pair, 
             a.ext_fields["msgId"].split(","), b.ext_fields["msgId"].split(","), strict=True
         ):
             (_, oa), (_, ob) = decode_offset_msg_id(ia), decode_offset_msg_id(ib)
-            assert _fields(_stored(pair.fast, oa)) == _fields(_stored(pair.generic, ob))
+            assert comparable(_stored(pair.fast, oa)) == comparable(_stored(pair.generic, ob))
 
 
-async def test_a_zombie_batch_into_a_decided_batch_is_refused_the_same_way(pair: _Pair) -> None:
+async def test_a_zombie_batch_into_a_decided_batch_is_refused_the_same_way(
+    pair: BrokerPair,
+) -> None:
     rest = _sink_rest("z-0", "z")
     rows = [(b"a", 0, _props("7F0000010000000000000001", rest))]
-    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), _batch(rows))
+    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), batch_body(rows))
     assert a.code == b.code == ResponseCode.SUCCESS
     hdr = {"producerGroup": GROUP, "batchKey": "z"}
     await pair.call(RequestCode.TXMQ_DECIDE_BATCH, hdr, json.dumps({"commit": ["z-0"]}).encode())
     late = [(b"b", 0, _props("7F0000010000000000000002", _sink_rest("z-1", "z")))]
-    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), _batch(late))
+    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), batch_body(late))
     assert (a.code, a.remark) == (b.code, b.remark)
     assert a.code == ResponseCode.ILLEGAL_OPERATION
     assert pair.used == [True, False]

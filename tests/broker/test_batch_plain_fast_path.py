@@ -7,21 +7,22 @@ before."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.fastpath import (
+    BrokerPair,
+    batch_body,
+    batch_header,
+    broker_pair,
+    comparable,
+)
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
-from txmq.protocol.command import RemotingCommand
-from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import (
-    BatchBody,
     MessageConst,
-    MessageExt,
     decode_message,
     decode_offset_msg_id,
     properties_to_string,
@@ -29,82 +30,20 @@ from txmq.protocol.message import (
 
 C = MessageConst
 TOPIC = "plain-t"
-#: Fields that differ between two brokers (their ports and clocks) for the same requests.
-_PER_BROKER = ("born_host", "store_host", "store_timestamp")
-#: Their bytes in a stored record (BORNHOST, STORETIMESTAMP, STOREHOST).
+#: The bytes of a stored record that differ between two brokers (BORNHOST, STORETIMESTAMP,
+#: STOREHOST).
 _PER_BROKER_BYTES = slice(48, 72)
 
 
-class _Pair:
-    """Two brokers fed the same requests: ``fast`` as shipped, ``generic`` without the
-    plain-batch fast path."""
-
-    def __init__(self, fast: BrokerController, generic: BrokerController) -> None:
-        self.fast, self.generic = fast, generic
-        self.used: list[bool] = []
-        inner = fast.sender.plain_batch_records
-
-        def spy(*args: Any) -> Any:
-            out = inner(*args)
-            self.used.append(out is not None)
-            return out
-
-        fast.sender.plain_batch_records = spy  # type: ignore[assignment]
-        generic.sender.plain_batch_records = lambda *args: None
-        self.clients: list[RawClient] = []
-
-    async def call(
-        self, code: int, ext: dict[str, Any], body: bytes
-    ) -> tuple[RemotingCommand, RemotingCommand]:
-        a, b = self.clients
-        return await a.call(code, ext, body), await b.call(code, ext, body)
-
-
 @pytest.fixture
-async def pair(make_broker_config: Any) -> AsyncIterator[_Pair]:
-    brokers = []
-    for _ in range(2):
-        b = BrokerController(make_broker_config())
-        await b.start()
-        brokers.append(b)
-    p = _Pair(*brokers)
-    p.clients = [await RawClient.connect(b.address) for b in brokers]
-    try:
+async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
+    """``fast`` as shipped, ``generic`` without the plain-batch fast path."""
+    async with broker_pair(make_broker_config, lambda b: b.sender, "plain_batch_records") as p:
         yield p
-    finally:
-        for c in p.clients:
-            await c.close()
-        for b in brokers:
-            await b.shutdown()
-
-
-def _batch(rows: list[tuple[bytes, int, bytes]]) -> bytes:
-    """(body, flag, properties in wire form) per entry."""
-    buf = BatchBody()
-    for body, flag, props in rows:
-        buf.add(body, props, flag)
-    return buf.encode()
 
 
 def _header(qid: int = 1, sys_flag: int = 0) -> Any:
-    return SendMessageRequestHeader(
-        producer_group="plain-g",
-        topic=TOPIC,
-        default_topic_queue_nums=4,
-        queue_id=qid,
-        sys_flag=sys_flag,
-        born_timestamp=int(time.time() * 1000),
-        flag=0,
-        properties=properties_to_string({C.WAIT_STORE_MSG_OK: "true"}),
-        batch=True,
-        reconsume_times=0,
-    ).to_v2_ext_fields()
-
-
-def _fields(m: MessageExt) -> dict[str, Any]:
-    d = {k: v for k, v in m.to_dict().items() if k not in _PER_BROKER}
-    d["properties"] = list(m.properties.items())  # order included
-    return d
+    return batch_header("plain-g", TOPIC, qid, sys_flag)
 
 
 def _raw(b: BrokerController, offset: int) -> bytes:
@@ -145,12 +84,12 @@ VARIANTS: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-async def test_fast_path_stores_what_the_generic_path_does(pair: _Pair, variant: str) -> None:
+async def test_fast_path_stores_what_the_generic_path_does(pair: BrokerPair, variant: str) -> None:
     make = VARIANTS[variant]
     answers = []
     for r in range(3):
         rows = [(f"{r}-{i}".encode().ljust(50 + i, b"x"), i % 3, make(i)) for i in range(7)]
-        a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(qid=r % 4), _batch(rows))
+        a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(qid=r % 4), batch_body(rows))
         assert (a.code, a.remark) == (b.code, b.remark) == (ResponseCode.SUCCESS, None)
         assert a.ext_fields.get("transactionId") is None
         answers.append((a, b))
@@ -168,14 +107,14 @@ async def test_fast_path_stores_what_the_generic_path_does(pair: _Pair, variant:
             assert off_a == off_b
             assert _raw(pair.fast, off_a) == _raw(pair.generic, off_b)
             ma = decode_message(pair.fast.store.read_message_bytes(off_a))
-            assert _fields(ma) == _fields(
+            assert comparable(ma) == comparable(
                 decode_message(pair.generic.store.read_message_bytes(off_b))
             )
 
     got_a = await pair.clients[0].pull_all(TOPIC)
     got_b = await pair.clients[1].pull_all(TOPIC)
     assert len(got_a) == len(got_b) == 21
-    assert [_fields(m) for m in got_a] == [_fields(m) for m in got_b]
+    assert [comparable(m) for m in got_a] == [comparable(m) for m in got_b]
     # The consume queues (tag codes included): what a tag filter sees.
     for qid in range(3):
         cq_a = pair.fast.store._cqs[(TOPIC, qid)]
@@ -203,9 +142,11 @@ def _left_to_the_generic_path() -> dict[str, list[tuple[bytes, int, bytes]]]:
 
 
 @pytest.mark.parametrize("case", list(_left_to_the_generic_path()))
-async def test_batches_the_fast_path_leaves_are_answered_as_before(pair: _Pair, case: str) -> None:
+async def test_batches_the_fast_path_leaves_are_answered_as_before(
+    pair: BrokerPair, case: str
+) -> None:
     rows = _left_to_the_generic_path()[case]
-    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), _batch(rows))
+    a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), batch_body(rows))
     assert (a.code, a.remark) == (b.code, b.remark)
     assert pair.used == [False]
     if a.code == ResponseCode.SUCCESS:  # taken by the generic path, the same way
@@ -216,8 +157,8 @@ async def test_batches_the_fast_path_leaves_are_answered_as_before(pair: _Pair, 
             assert _raw(pair.fast, oa) == _raw(pair.generic, ob)
 
 
-async def test_a_truncated_batch_is_refused_by_both(pair: _Pair) -> None:
-    body = _batch([(b"abc", 0, _wire((C.UNIQ_KEY, _uniq(1))))])
+async def test_a_truncated_batch_is_refused_by_both(pair: BrokerPair) -> None:
+    body = batch_body([(b"abc", 0, _wire((C.UNIQ_KEY, _uniq(1))))])
     a, b = await pair.call(RequestCode.SEND_BATCH_MESSAGE, _header(), body[:-3])
     assert (a.code, a.remark) == (b.code, b.remark)
     assert a.code != ResponseCode.SUCCESS and "batch" in (a.remark or "")
