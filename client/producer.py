@@ -211,6 +211,8 @@ _WAIT_TAIL = (
 def _plain_properties(msg: Message, uniq: str) -> str:
     """The wire properties of a message with no user properties (nor delay): its tags and keys,
     UNIQ_KEY and WAIT_STORE_MSG_OK, as ``properties_to_string`` would write them."""
+    if not msg.tags and not msg.keys:  # the common case
+        return f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
     head = ""
     for name, value in ((MessageConst.TAGS, msg.tags), (MessageConst.KEYS, msg.keys)):
         if value:
@@ -610,10 +612,7 @@ class AsyncProducer(ConnectedClient):
                 )
             if not allow_delay and m.delay_level > 0:
                 raise InvalidMessageError("messages of a batch cannot have a delay level")
-            if extra_properties or m.properties or m.tags or m.keys or m.delay_level:
-                props = self._wire_string(m, uniq, extra_properties)
-            else:  # the common case: what _plain_properties writes for it
-                props = f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
+            props = self._wire_string(m, uniq, extra_properties)
             body = m.body
             add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
         body = batch.encode()

@@ -25,7 +25,13 @@ from .errors import (
     RequestTimeoutError,
     TxmqError,
 )
-from .frame import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, encode_frame_head
+from .frame import (
+    DEFAULT_MAX_FRAME_SIZE,
+    LARGE_BODY,
+    FrameDecoder,
+    encode_frame,
+    encode_frame_head,
+)
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
 
@@ -60,11 +66,6 @@ def _expire(fut: asyncio.Future[Any], code: int, peer: tuple[str, int], timeout:
                 f"no answer to request code {code} from {peer[0]}:{peer[1]} within {timeout:.3f}s"
             )
         )
-
-
-#: Bodies of at least this many bytes are handed to the transport as they are, after their
-#: frame's head, instead of being copied into one frame.
-LARGE_BODY = 64 * 1024
 
 
 class Connection(asyncio.Protocol):

@@ -37,6 +37,12 @@ from .errors import FrameTooLargeError, MalformedFrameError, ProtocolError
 #: Default frame size limit (16 MiB).
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
+#: Bodies of this many bytes or more are not copied next to their frame's head: a writer hands
+#: head and body to the transport as they are, and a :class:`FrameDecoder` missing at least
+#: this much of a body once its header is in collects the chunks that arrive and joins them
+#: once (a large PULL answer would otherwise be copied into its buffer, out of it, and grow it).
+LARGE_BODY = 64 * 1024
+
 _U32 = struct.Struct(">I")
 _FRAME_PREFIX = struct.Struct(">II")
 
@@ -294,11 +300,6 @@ class FrameDecoder:
       consumed and the decoder can go on.
     """
 
-    #: A frame whose body still misses at least this many bytes once its header is in collects
-    #: the rest as the chunks that arrive and joins them once into the body (a large PULL answer
-    #: would otherwise be copied into the buffer, out of it, and grow it on the way).
-    LARGE_BODY = 64 * 1024
-
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
@@ -353,7 +354,7 @@ class FrameDecoder:
             del buf[: 4 + length]
             raise MalformedFrameError(f"frame length {length} is shorter than its header field")
         if len(buf) < 4 + length:
-            if 4 + length - len(buf) < self.LARGE_BODY or len(buf) < 8:
+            if 4 + length - len(buf) < LARGE_BODY or len(buf) < 8:
                 return None
             (mark,) = _U32.unpack_from(buf, 4)
             st_byte, hlen = mark >> 24, mark & 0xFFFFFF

@@ -518,6 +518,51 @@ class CommitLog:
     def read_payload(self, offset: int, size: int | None = None) -> bytes | None:
         """The stored-message bytes of the record at ``offset``, or None if there is no intact
         message record there (deleted, never written, not a record boundary, or corrupt)."""
+        found = self._locate(offset, size)
+        if found is None:
+            return None
+        seg, start, stop, crc, length = found
+        assert seg.mm is not None
+        payload = seg.mm[start:stop]
+        if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+            return None
+        return payload
+
+    def read_payloads(self, entries: list[tuple[int, int]]) -> bytes | None:
+        """The stored-message bytes of the records at ``entries`` (commit-log offset, size),
+        back to back in one buffer, or None when one of them is not an intact record (as
+        :meth:`read_payload` judges it).
+
+        The records are checked through views of the mappings and copied once, into the result.
+        """
+        parts: list[memoryview] = []
+        views: dict[int, memoryview] = {}  # one view of each segment touched
+        try:
+            for offset, size in entries:
+                found = self._locate(offset, size)
+                if found is None:
+                    return None
+                seg, start, stop, crc, length = found
+                view = views.get(seg.start)
+                if view is None:
+                    assert seg.mm is not None
+                    view = views[seg.start] = memoryview(seg.mm)
+                payload = view[start:stop]
+                parts.append(payload)
+                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+                    return None
+            return b"".join(parts)
+        finally:  # no view of a mapping outlives the call (a segment is unmapped when deleted)
+            for part in parts:
+                part.release()
+            for view in views.values():
+                view.release()
+
+    def _locate(
+        self, offset: int, size: int | None
+    ) -> tuple[MappedFile, int, int, int, int] | None:
+        """``(segment, payload start, payload stop, CRC, length)`` of the record framed at
+        ``offset`` (of ``size`` bytes when given), or None when no record is framed there."""
         seg = self._segment_for(offset)
         if seg is None or seg.mm is None:
             return None
@@ -530,53 +575,7 @@ class CommitLog:
         stop = rel + RECORD_HEADER_SIZE + length
         if stop > seg.capacity or seg.start + stop > self.write_pos:
             return None
-        payload = seg.mm[rel + RECORD_HEADER_SIZE : stop]
-        if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
-            return None
-        return payload
-
-    def read_payloads(self, entries: list[tuple[int, int]]) -> tuple[bytes, list[bool]]:
-        """The stored-message bytes of the records at ``entries`` (commit-log offset, size),
-        back to back in one buffer, and for each entry whether it was read (as
-        :meth:`read_payload` judges a record; the ones that were not are left out).
-
-        The records are checked through views of the mapping and copied once, into the result.
-        """
-        parts: list[memoryview] = []
-        read: list[bool] = []
-        views: dict[int, memoryview] = {}  # one view of each segment touched
-        try:
-            for offset, size in entries:
-                seg = self._segment_for(offset)
-                if seg is None or seg.mm is None:
-                    read.append(False)
-                    continue
-                rel = offset - seg.start
-                stop = rel + RECORD_HEADER_SIZE + size
-                if stop > seg.capacity or seg.start + stop > self.write_pos:
-                    read.append(False)
-                    continue
-                mm = seg.mm
-                magic, length, crc = RECORD_HEADER.unpack_from(mm, rel)
-                if magic != RECORD_MAGIC or length != size or size < FIXED_SIZE:
-                    read.append(False)
-                    continue
-                view = views.get(seg.start)
-                if view is None:
-                    view = views[seg.start] = memoryview(mm)
-                payload = view[rel + RECORD_HEADER_SIZE : stop]
-                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
-                    payload.release()
-                    read.append(False)
-                    continue
-                parts.append(payload)
-                read.append(True)
-            return b"".join(parts), read
-        finally:  # no view of a mapping outlives the call (a segment is unmapped when deleted)
-            for part in parts:
-                part.release()
-            for view in views.values():
-                view.release()
+        return seg, rel + RECORD_HEADER_SIZE, stop, crc, length
 
     def read_store_timestamp(self, offset: int) -> int | None:
         """STORETIMESTAMP of the message at ``offset`` (framing checked, CRC not)."""

@@ -1127,15 +1127,15 @@ class MessageStore:
         body = b""
         count = len(messages)
         if wanted:
-            body, read = cl.read_payloads(wanted)
-            if not all(read):
+            read = cl.read_payloads(wanted)
+            if read is None:
                 # A record that cannot be read (damaged on disk) is left out and the read goes
                 # on past it: read one by one, as a separate read does (and logs).
                 separate = self._read_queue(cq, offset, max_msgs, tag_codes, max_bytes)
                 separate.joined = b"".join(separate.messages)
                 separate.messages = []
                 return separate
-            count = len(wanted)
+            body, count = read, len(wanted)
         if count:
             status = GetMessageStatus.FOUND
             self._get_found += 1
