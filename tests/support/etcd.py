@@ -8,6 +8,7 @@ SIGKILLed and restarted with their data.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,11 +114,32 @@ class EtcdCluster:
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
 
-    def start(self, timeout: float = 60.0) -> EtcdCluster:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> EtcdCluster:
+        """Start every member and wait until the cluster serves.  A port picked free can be
+        taken by another process before etcd binds it: then the whole cluster is started
+        again on fresh ports (up to ``attempts`` times)."""
+        for attempt in range(attempts):
+            for m in self.members:
+                self.start_member(m)
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except AssertionError:
+                if attempt + 1 == attempts or not self._port_was_taken():
+                    raise
+            self.stop()
+            for m in self.members:
+                shutil.rmtree(m.data_dir, ignore_errors=True)
+                m.client_port, m.peer_port, m.proc = free_port(), free_port(), None
+        raise AssertionError("unreachable")
+
+    def _port_was_taken(self) -> bool:
+        """Whether a member exited because one of its ports was in use."""
         for m in self.members:
-            self.start_member(m)
-        self.wait_healthy(timeout)
-        return self
+            if m.proc is not None and m.proc.poll() is not None and m.log_path.exists():
+                if "address already in use" in m.log_path.read_text(errors="replace"):
+                    return True
+        return False
 
     def wait_healthy(self, timeout: float = 60.0, members: list[EtcdMember] | None = None) -> None:
         """Until every (given) running member answers a linearizable read."""
