@@ -3,8 +3,6 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-# mypy sees the package as installed: txmq.protocol, txmq.broker, ... (see `typecheck`).
-TYPEVIEW := build/typecheck
 
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client grpc-gen etcd spark35
@@ -34,15 +32,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-## mypy over the package as it is installed: the source folders are laid out under txmq/ in
-## $(TYPEVIEW) with symlinks, so `txmq.protocol` is the protocol/ folder and not hidden by the
-## top-level txmq/ folder (which holds only the CLI).
+## mypy straight from the checkout: txmq/ links the source folders (txmq/broker -> ../broker,
+## ...), so the package is checked under the names it is installed as.
 typecheck: $(STAMP)
-	rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/txmq
-	for f in txmq/*.py; do ln -s ../../../$$f $(TYPEVIEW)/txmq/; done
-	for d in protocol broker client spark_connector; do ln -s ../../../$$d $(TYPEVIEW)/txmq/$$d; done
-	for d in bench examples tests; do ln -s ../../$$d $(TYPEVIEW)/$$d; done
-	cd $(TYPEVIEW) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml txmq bench examples tests
+	$(VENV)/bin/mypy txmq bench examples tests
 
 ## What the broker image is built from, made here since no registry may be reachable: Docker
 ## (Debian's docker.io, docker-compose, debootstrap; installed when missing, dockerd started

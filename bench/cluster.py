@@ -26,9 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The bench helpers beside this script, as the other benches import them, and tests.support from
+# the repository root.
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from bench._broker import CommitAll, quiet_logs, run_for, spawn_broker  # noqa: E402
+from _broker import CommitAll, quiet_logs, run_for, spawn_broker  # noqa: E402
+
 from tests.support.cluster import BrokerCluster  # noqa: E402
 from tests.support.etcd import EtcdCluster  # noqa: E402
 from txmq.client import AsyncProducer, AsyncTransactionProducer, Message  # noqa: E402

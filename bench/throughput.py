@@ -136,7 +136,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="txmq-bench-tls-") as tmp:
         cert, key = self_signed(tmp)
-        settings = {
+        settings: dict[str, object] = {
             "tls.server.mode": "permissive",
             "tls.server.certPath": cert,
             "tls.server.keyPath": key,

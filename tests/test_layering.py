@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Source folder -> installed package (pyproject's package-dir mapping).
+#: Source folder -> installed package (txmq/protocol links to protocol/, ...).
 PACKAGES = {
     "protocol": "txmq.protocol",
     "broker": "txmq.broker",
@@ -125,8 +125,10 @@ def source_files(folder: str) -> list[Path]:
 
 
 def test_every_package_folder_has_sources() -> None:
-    for folder in PACKAGES:
+    for folder, package in PACKAGES.items():
         assert (ROOT / folder / "__init__.py").is_file(), folder
+        link = ROOT.joinpath(*package.split("."))
+        assert link.resolve() == (ROOT / folder).resolve(), f"{link} is no link to {folder}/"
     assert len(source_files("protocol")) >= 8
 
 

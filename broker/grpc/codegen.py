@@ -1,6 +1,7 @@
 """Generate the Python modules of the RocketMQ 5 protobuf definitions (``protos/``).
 
-The generated modules are committed in ``v2/``; ``tests/compat/test_grpc_codegen.py``
+The generated modules are committed in ``v2/``, with type stubs (``.pyi``) of the message
+modules so that the code using them is type-checked; ``tests/compat/test_grpc_codegen.py``
 regenerates them into a temporary folder and compares, so they never drift from the ``.proto``
 files.  Run ``python -m txmq.broker.grpc.codegen`` (or ``make grpc-gen``) after editing a
 ``.proto`` file; it needs ``grpcio-tools`` (the ``dev`` extra pins the version, because the
@@ -23,7 +24,13 @@ from pathlib import Path
 PROTO_ROOT = Path(__file__).resolve().parent / "protos"
 PROTO_FILES = ("apache/rocketmq/v2/definition.proto", "apache/rocketmq/v2/service.proto")
 PACKAGE = "txmq.broker.grpc.v2"
-OUTPUTS = ("definition_pb2.py", "service_pb2.py", "service_pb2_grpc.py")
+OUTPUTS = (
+    "definition_pb2.py",
+    "definition_pb2.pyi",
+    "service_pb2.py",
+    "service_pb2.pyi",
+    "service_pb2_grpc.py",
+)
 
 
 def generate(out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -40,6 +47,7 @@ def generate(out_dir: str | os.PathLike[str]) -> list[Path]:
             f"-I{PROTO_ROOT}",
             f"-I{include}",
             f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
             f"--grpc_python_out={tmp}",
             *PROTO_FILES,
         ]

@@ -102,7 +102,7 @@ def res(name: str) -> Any:
     return pb.Resource(name=name)
 
 
-def message(topic: str, body: bytes = b"x", kind: int = pb.NORMAL) -> Any:
+def message(topic: str, body: bytes = b"x", kind: pb.MessageType = pb.NORMAL) -> Any:
     m = pb.Message(topic=res(topic), body=body)
     m.system_properties.message_id = f"id-{time.monotonic_ns()}"
     m.system_properties.message_type = kind
