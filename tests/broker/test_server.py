@@ -9,12 +9,13 @@ import struct
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
 from txmq.protocol.headers import SendMessageRequestHeader
-from txmq.protocol.message import MessageConst, encode_batch
+from txmq.protocol.message import MessageConst, MessageExt, encode_batch
 
 
 @pytest.fixture
@@ -144,16 +145,19 @@ async def test_oversized_frame_closes_only_that_connection(broker, client):
     assert (await client.send("after", b"x")).code == ResponseCode.SUCCESS
 
 
-async def test_long_poll_does_not_delay_a_send_on_the_same_connection(client: RawClient):
+async def test_long_poll_does_not_delay_a_send_on_the_same_connection(
+    broker: BrokerController, client: RawClient
+):
     await client.send("lp", b"first")
-    poll = asyncio.ensure_future(client.pull("lp", 0, 1, suspend_ms=3000))
-    await asyncio.sleep(0.1)
+    poll = asyncio.ensure_future(client.pull("lp", 0, 1, suspend_ms=30_000))
+    await wait_until(lambda: parked_pulls(broker, "lp", 0) == 1, 10, "the pull to be parked")
     assert not poll.done()
     t0 = asyncio.get_running_loop().time()
     resp = await client.send("lp", b"second")  # same connection as the parked pull
     assert resp.code == ResponseCode.SUCCESS
-    assert asyncio.get_running_loop().time() - t0 < 1.0
-    presp, msgs = await asyncio.wait_for(poll, 3)
+    # not held behind the 30 s poll (the bound leaves room for a loaded machine)
+    assert asyncio.get_running_loop().time() - t0 < 10.0
+    presp, msgs = await asyncio.wait_for(poll, 10)
     assert presp.code == ResponseCode.SUCCESS and [m.body for m in msgs] == [b"second"]
 
 
@@ -242,11 +246,11 @@ async def test_delayed_message_is_delivered_after_its_level(client: RawClient):
     await client.send("later", b"x", props={MessageConst.DELAY: "2"})  # 200 ms in tests
     _, msgs = await client.pull("later", 0, 0)
     assert msgs == []
-    for _ in range(50):
-        _, msgs = await client.pull("later", 0, 0)
-        if msgs:
-            break
-        await asyncio.sleep(0.05)
+
+    async def delivered() -> list[MessageExt]:
+        return (await client.pull("later", 0, 0))[1]
+
+    msgs = await wait_until(delivered, what="the delayed message to be delivered")
     assert [m.body for m in msgs] == [b"x"]
 
 
@@ -268,12 +272,11 @@ async def test_send_back_goes_to_retry_then_dlq(client: RawClient):
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         if attempt == 2:
             break
-        for _ in range(60):
-            _, retried = await client.pull("%RETRY%wg", 0, attempt)
-            if retried:
-                break
-            await asyncio.sleep(0.05)
-        [m] = retried
+
+        async def retried(offset: int = attempt) -> list[MessageExt]:
+            return (await client.pull("%RETRY%wg", 0, offset))[1]
+
+        [m] = await wait_until(retried, what=f"retry #{attempt + 1} in the retry topic")
         assert m.reconsume_times == attempt + 1
         assert m.properties[MessageConst.RETRY_TOPIC] == "work"
     _, dead = await client.pull("%DLQ%wg", 0, 0)
@@ -286,8 +289,8 @@ async def test_graceful_shutdown_answers_parked_pulls(make_broker_config):
     c = await RawClient.connect(ctl.address)
     await c.send("gs", b"x")
     poll = asyncio.ensure_future(c.pull("gs", 0, 1, suspend_ms=30_000))
-    await asyncio.sleep(0.1)
-    await asyncio.wait_for(ctl.shutdown(), 5)
+    await wait_until(lambda: parked_pulls(ctl, "gs", 0) == 1, 10, "the pull to be parked")
+    await asyncio.wait_for(ctl.shutdown(), 10)
     resp, _ = await poll
     assert resp.code == ResponseCode.PULL_NOT_FOUND
     await c.close()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import BrokerController
 
 _names = itertools.count()
 
@@ -19,3 +22,19 @@ def unique() -> Callable[[str], str]:
         return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
     return make
+
+
+@pytest.fixture
+async def shifted_broker(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> AsyncIterator[tuple[BrokerController, list[float]]]:
+    """A started broker and ``shift``: its clock (store timestamps) runs ``shift[0]`` seconds
+    ahead of the wall clock, so a test can place messages on either side of a timestamp
+    without waiting for the clock to move."""
+    shift = [0.0]
+    controller = BrokerController(make_broker_config(), clock=lambda: time.time() + shift[0])
+    await controller.start()
+    try:
+        yield controller, shift
+    finally:
+        await controller.shutdown()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.support.waiting import parked_pulls
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -196,7 +197,10 @@ async def test_broker_side_limit_surfaces_as_its_error(
 
 
 async def test_pull_consumer_offsets_filters_and_long_poll(
-    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+    broker: BrokerController,
+    producer: AsyncProducer,
+    puller: AsyncPullConsumer,
+    unique: Callable[[str], str],
 ) -> None:
     topic = unique("pull")
     await create_topic(producer.broker, topic, 2)
@@ -226,27 +230,33 @@ async def test_pull_consumer_offsets_filters_and_long_poll(
     assert await puller.committed_offset(topic, 0) == 7
 
     # Long poll: the pull waits at the end of the queue and returns when a message lands.
-    waiting = asyncio.ensure_future(puller.pull(topic, 1, 0, long_poll=5.0))
-    await asyncio.sleep(0.2)
+    waiting = asyncio.ensure_future(puller.pull(topic, 1, 0, long_poll=30.0))
+    await wait_until(lambda: parked_pulls(broker, topic, 1) == 1, 10, "the pull to be parked")
     assert not waiting.done()
     await producer.send(Message(topic, b"late"), queue_id=1)
-    late = await asyncio.wait_for(waiting, 5.0)
+    late = await asyncio.wait_for(waiting, 10.0)
     assert late.status is PullStatus.FOUND and [m.body for m in late.messages] == [b"late"]
 
 
 async def test_offset_for_timestamp(
-    producer: AsyncProducer, puller: AsyncPullConsumer, unique: Callable[[str], str]
+    shifted_broker: tuple[BrokerController, list[float]], unique: Callable[[str], str]
 ) -> None:
+    broker, shift = shifted_broker
     topic = unique("ts")
-    await create_topic(producer.broker, topic, 1)
-    for i in range(3):
-        await producer.send(Message(topic, f"old{i}".encode()))
-    await asyncio.sleep(0.05)
-    cut = int(time.time() * 1000)
-    await asyncio.sleep(0.05)
-    for i in range(2):
-        await producer.send(Message(topic, f"new{i}".encode()))
-    assert await puller.offset_for_timestamp(topic, 0, cut) == 3
+    await create_topic(broker.address, topic, 1)
+    async with (
+        AsyncProducer("test-producer", broker=broker.address, config=FAST_CLIENT) as producer,
+        AsyncPullConsumer("test-puller", broker=broker.address, config=FAST_CLIENT) as puller,
+    ):
+        for i in range(3):
+            await producer.send(Message(topic, f"old{i}".encode()))
+        # The broker's clock jumps a minute ahead: the cut lies 30 s after the "old" store
+        # times and 30 s before the "new" ones, however slow the machine.
+        shift[0] = 60.0
+        cut = int((time.time() + 30) * 1000)
+        for i in range(2):
+            await producer.send(Message(topic, f"new{i}".encode()))
+        assert await puller.offset_for_timestamp(topic, 0, cut) == 3
 
 
 async def test_lifecycle_errors(broker: BrokerController) -> None:

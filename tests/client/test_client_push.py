@@ -54,6 +54,24 @@ def consumer_for(broker: BrokerController, group: str, **kw: Any) -> AsyncPushCo
     return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)
 
 
+async def settled(broker: BrokerController, group: str, queues: dict[str, int]) -> None:
+    """Wait until ``group``'s committed offset is at the end of every queue of the topics in
+    ``queues`` (topic -> queue count): every message the group pulled was consumed and
+    acknowledged, so a duplicate (a message pulled again from an earlier offset, or a failed
+    delivery sent back) would already be in the inbox.  What "no duplicate shows up" waits
+    on, instead of a fixed time."""
+    async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
+
+        async def at_end() -> bool:
+            for topic, n in queues.items():
+                for q in range(n):
+                    if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
+                        return False
+            return True
+
+        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {queues}")
+
+
 async def test_round_trip_with_tags_keys_properties_and_ids(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
@@ -175,7 +193,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
         for i in range(40):
             await producer.send(Message(topic, f"two-{i}".encode()))
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
-        await asyncio.sleep(0.3)  # room for a duplicate to show up, if there were one
+        await settled(broker, group, {topic: 4})  # a duplicate would have shown by now
     finally:
         await a.shutdown()
         await b.shutdown()
@@ -209,7 +227,9 @@ async def test_a_failing_callback_gets_the_message_again(
             Message(topic, b"retry me", tags="t", keys="k", properties={"p": "v"})
         )
         await wait_until(lambda: len(deliveries) >= 2, what="the redelivery")
-        await asyncio.sleep(0.3)
+        # Both the original and the retry topic acknowledged: a third delivery would have
+        # been sent back (or pulled again) before the offsets reached their ends.
+        await settled(broker, group, {topic: 2, f"%RETRY%{group}": 1})
     finally:
         await consumer.shutdown()
     assert len(deliveries) == 2
@@ -272,44 +292,55 @@ async def test_restart_resumes_from_the_committed_offset(
     c2.subscribe(topic, "*", inbox2)
     async with c2:
         await wait_until(lambda: inbox2.count() >= 5, what="the next five")
-        await asyncio.sleep(0.3)
+        await settled(broker, group, {topic: 4})  # a repeat of "first-*" would be in by now
     assert sorted(inbox1.bodies) == sorted(f"first-{i}".encode() for i in range(12))
     assert sorted(inbox2.bodies) == sorted(f"second-{i}".encode() for i in range(5))
 
 
 @pytest.mark.parametrize("where", ["first", "last", "timestamp"])
 async def test_consume_from(
-    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str], where: str
+    shifted_broker: tuple[BrokerController, list[float]],
+    unique: Callable[[str], str],
+    where: str,
 ) -> None:
+    broker, shift = shifted_broker
     topic, group = unique("from"), unique("g")
     await create_topic(broker.address, topic, 2)
-    for i in range(4):
-        await producer.send(Message(topic, f"old-{i}".encode()))
-    await asyncio.sleep(0.05)
-    cut = int(time.time() * 1000)
-    await asyncio.sleep(0.05)
-    for i in range(3):
-        await producer.send(Message(topic, f"mid-{i}".encode()))
     inbox = Inbox()
-    consume_from: object = cut if where == "timestamp" else where
-    consumer = consumer_for(broker, group, consume_from=consume_from)
-    consumer.subscribe(topic, "*", inbox)
-    await consumer.start()
-    try:
-        await wait_until(
-            lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2, what="assignment"
-        )
-        for i in range(2):
-            await producer.send(Message(topic, f"new-{i}".encode()))
-        expected = {
-            "first": [f"old-{i}" for i in range(4)] + [f"mid-{i}" for i in range(3)],
-            "last": [],
-            "timestamp": [f"mid-{i}" for i in range(3)],
-        }[where] + [f"new-{i}" for i in range(2)]
-        await wait_until(lambda: inbox.count() >= len(expected), what=f"{len(expected)} messages")
-        await asyncio.sleep(0.3)
-    finally:
-        await consumer.shutdown()
+    async with AsyncProducer(
+        "push-test-producer", broker=broker.address, config=FAST_CLIENT
+    ) as producer:
+        for i in range(4):
+            await producer.send(Message(topic, f"old-{i}".encode()))
+        # The cut lies 30 s after the "old" store times and 30 s before the later ones: the
+        # broker's clock jumps a minute ahead, so no machine is too slow (or too fast) for it.
+        shift[0] = 60.0
+        cut = int((time.time() + 30) * 1000)
+        for i in range(3):
+            await producer.send(Message(topic, f"mid-{i}".encode()))
+        consume_from: object = cut if where == "timestamp" else where
+        consumer = consumer_for(broker, group, consume_from=consume_from)
+        consumer.subscribe(topic, "*", inbox)
+        await consumer.start()
+        try:
+            await wait_until(
+                lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2,
+                what="assignment",
+            )
+            for i in range(2):
+                await producer.send(Message(topic, f"new-{i}".encode()))
+            expected = {
+                "first": [f"old-{i}" for i in range(4)] + [f"mid-{i}" for i in range(3)],
+                "last": [],
+                "timestamp": [f"mid-{i}" for i in range(3)],
+            }[where] + [f"new-{i}" for i in range(2)]
+            await wait_until(
+                lambda: inbox.count() >= len(expected), what=f"{len(expected)} messages"
+            )
+            # every queue consumed to its end: anything before the start would be in by now
+            await settled(broker, group, {topic: 2})
+        finally:
+            await consumer.shutdown()
     assert sorted(b.decode() for b in inbox.bodies) == sorted(expected)
 
 

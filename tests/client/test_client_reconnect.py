@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -88,7 +89,9 @@ async def test_producer_and_consumer_survive_a_broker_restart(
 
 
 async def test_a_send_waits_for_the_reconnect_within_its_retries(
-    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
+    make_broker_config: Callable[..., BrokerConfig],
+    unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = make_broker_config()
     first = BrokerController(config)
@@ -101,9 +104,19 @@ async def test_a_send_waits_for_the_reconnect_within_its_retries(
         before = await producer.send(Message(topic, b"before"), queue_id=0)
         await first.shutdown()
         await wait_until(lambda: not producer.connection.connected, what="the disconnect")
+        # The probe: the send asks the connection for a live connection (and waits for one).
+        conn = producer.connection
+        asked = asyncio.Event()
+        wait_connected = conn.wait_connected
+
+        async def spy(timeout: float) -> Any:
+            asked.set()
+            return await wait_connected(timeout)
+
+        monkeypatch.setattr(conn, "wait_connected", spy)
         sending = asyncio.ensure_future(producer.send(Message(topic, b"during"), queue_id=0))
-        await asyncio.sleep(0.3)
-        assert not sending.done()
+        await asyncio.wait_for(asked.wait(), 10)
+        assert not sending.done(), "the send ended while no broker was up"
         second = BrokerController(config.replace(listen_port=first.port))
         await second.start()
         during = await sending

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.waiting import wait_until_sync
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
@@ -252,15 +253,22 @@ def test_check_budget_counts_only_checks_written_to_a_live_stream(
         half = message("t-half", b"h", "half-1", message_type=pb.TRANSACTION)
         r = s.SendMessage(spb.SendMessageRequest(messages=[half]), metadata=MD, timeout=10)
         assert r.status.code == pb.OK and r.entries[0].transaction_id == "half-1"
+        due_at = time.monotonic() + b.controller.config.transaction_time_out / 1000
 
         def rec() -> Any:
             assert b.controller is not None
             return b.controller.transactions.records["half-1"]
 
-        # no Telemetry stream: rounds pass (every 200 ms), nothing is counted
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        def rounds() -> int:
+            assert b.controller is not None
+            return b.controller.transactions.rounds
+
+        # No Telemetry stream: a check round that ran after the half was due has nothing to
+        # write the check on, and counts nothing.  Wait until the half is due, then for two
+        # more rounds (the second began after the half was due).
+        wait_until_sync(lambda: time.monotonic() >= due_at, 10, "the half to be due")
+        start = b.run(rounds)
+        wait_until_sync(lambda: b.run(rounds) >= start + 2, 30, f"two check rounds from {start}")
         assert b.run(rec).check_times == 0
         # open a stream that announces the topic: the next round writes the command on it
         settings = spb.TelemetryCommand(
@@ -292,10 +300,7 @@ def test_check_budget_counts_only_checks_written_to_a_live_stream(
             assert rc.transaction_id == "half-1" and rc.message.body == b"h"
             assert rc.message.topic.name == "t-half"
             # counted once the write completed (the client may see the command first)
-            deadline = time.monotonic() + 10
-            while b.run(rec).check_times < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert b.run(rec).check_times >= 1
+            wait_until_sync(lambda: b.run(rec).check_times >= 1, 10, "the check to be counted")
             end = s.EndTransaction(
                 spb.EndTransactionRequest(
                     topic=pb.Resource(name="t-half"),

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -283,17 +284,22 @@ async def test_bounded_check_queue_refuses_and_nothing_is_lost(fast_broker):
         for i in range(6):
             await p.send_message_in_transaction(Message("orders", f"{i}".encode()))
 
-    class Slow(Scripted):
+    release = threading.Event()
+
+    class Held(Scripted):
         def check_local_transaction(self, message):
-            time.sleep(0.2)
+            release.wait(30)  # the one check thread stays busy until a check was refused
             return super().check_local_transaction(message)
 
-    lst = Slow(U, checks=[C])
+    lst = Held(U, checks=[C])
     async with AsyncTransactionProducer(
         G, lst, fast_broker.address, check_threads=1, check_queue_size=2
     ) as q:
+        try:
+            await wait_until(lambda: q.checks_refused > 0, 15, "a check refused (queue full)")
+        finally:
+            release.set()
         await wait_until(lambda: not fast_broker.transactions.pending, 15)
-        assert q.checks_refused > 0
     assert len(await delivered(fast_broker.address, "orders")) == 6
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.support.waiting import wait_until
 from txmq.protocol.aio import Connection, Handler, open_connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
@@ -173,7 +174,8 @@ async def test_concurrent_requests_answered_out_of_order() -> None:
                 return resp
 
             slow = asyncio.create_task(call("slow"))
-            await asyncio.sleep(0.05)  # the slow request reaches the server first
+            # the slow request reaches the server first
+            await wait_until(lambda: len(srv.requests) == 1, WAIT, "the slow request to arrive")
             fast = asyncio.create_task(call("fast"))
             slow_resp, fast_resp = await asyncio.gather(slow, fast)
             assert [c.ext_fields["x"] for c in srv.requests] == ["slow", "fast"]
@@ -418,10 +420,7 @@ async def test_on_close_is_called_once_for_each_side() -> None:
         await client.request(RemotingCommand.request(10), timeout=WAIT)
         client.close()
         assert await client.wait_closed(WAIT), "the connection did not close"
-        for _ in range(100):
-            if srv.closed:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: srv.closed, WAIT, "the server side to see the close")
         assert closed == [client]
         assert srv.closed == srv.connections
 

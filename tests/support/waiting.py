@@ -1,42 +1,89 @@
 """Waiting on a condition with a bounded timeout and a clear failure message (never
-sleep-then-assert): the suite must hold on a loaded machine."""
+sleep-then-assert): the suite must hold on a loaded machine.
+
+A test that needs something to have happened waits on a probe of it: ``wait_until`` polls a
+predicate and fails naming what it waited for and the last value the probe returned.  A test
+that needs something *not* to happen waits on a positive marker instead of a fixed time (a
+message sent after the forbidden one arrives, a number of broker rounds passes, a queue's
+committed offset reaches its end), then asserts the forbidden thing is absent."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar, overload
 
 import pytest
 
+T = TypeVar("T")
 
+#: How often a probe is asked again.
+POLL_INTERVAL = 0.02
+
+
+def _describe(predicate: Callable[..., Any]) -> str:
+    """The predicate's source line (a lambda names its condition well enough), or its repr."""
+    try:
+        return inspect.getsource(predicate).strip()
+    except (OSError, TypeError):
+        return repr(predicate)
+
+
+def _timed_out(timeout: float, what: str, predicate: Callable[..., Any], last: object) -> NoReturn:
+    pytest.fail(
+        f"timed out after {timeout}s waiting for {what or _describe(predicate)} "
+        f"(last value seen: {last!r})"
+    )
+
+
+@overload
 async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0, what: str = ""
-) -> None:
-    """Poll ``predicate`` (sync or async) until it is true; fail the test after ``timeout``."""
+    predicate: Callable[[], Awaitable[T]], timeout: float = ..., what: str = ...
+) -> T: ...
+
+
+@overload
+async def wait_until(predicate: Callable[[], T], timeout: float = ..., what: str = ...) -> T: ...
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll ``predicate`` (sync or async) until it returns something true, and return that;
+    fail the test after ``timeout`` naming ``what`` and the last value seen."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
-        if not isinstance(value, bool):
+        if inspect.isawaitable(value):
             value = await value
         if value:
-            return
+            return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        await asyncio.sleep(0.02)
+            _timed_out(timeout, what, predicate, value)
+        await asyncio.sleep(POLL_INTERVAL)
 
 
-def wait_until_sync(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    """Blocking :func:`wait_until` for tests of the sync facade."""
+def wait_until_sync(predicate: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
+    """Blocking :func:`wait_until` for tests of the sync facade and of subprocesses."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(0.02)
+            _timed_out(timeout, what, predicate, value)
+        time.sleep(POLL_INTERVAL)
 
 
 async def rounds_pass(rounds: Callable[[], int], n: int, what: str = "check rounds") -> None:
     """Wait until a counter (e.g. the broker's completed check rounds) has advanced by ``n``:
     "nothing happened during n rounds" without guessing how long n rounds take."""
     start = rounds()
-    await wait_until(lambda: rounds() >= start + n, what=f"{n} more {what}")
+    await wait_until(lambda: rounds() >= start + n, what=f"{n} more {what} (from {start})")
+
+
+def parked_pulls(broker: Any, topic: str, queue_id: int) -> int:
+    """How many long-poll pulls the broker holds parked on a queue (they found nothing and
+    wait for a message or their timeout): the probe for "the pull is parked".  The broker
+    exposes no such count, so this reads its hold service's table of waiters."""
+    return len(broker.puller.hold._waiters.get((topic, queue_id), ()))
