@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 
 import pytest
 
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import TxmqError
@@ -54,7 +56,15 @@ async def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path, flush,
     acked: list[bytes] = []
     stop = asyncio.Event()
     workers = [asyncio.ensure_future(_load(address, acked, stop, w)) for w in range(4)]
-    await asyncio.sleep(rnd.uniform(0.5, 1.5))
+    # SIGKILL at a random moment of the load: after a random 0.5-1.5 s of sending, and not
+    # before more than 50 sends were acknowledged (however slow the machine), so the check
+    # below has something to find.
+    started, run_for = time.monotonic(), rnd.uniform(0.5, 1.5)
+    await wait_until(
+        lambda: len(acked) > 50 and time.monotonic() - started >= run_for,
+        60,
+        f"more than 50 acknowledged sends and {run_for:.2f}s of load",
+    )
     bp.kill()
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
@@ -154,12 +164,27 @@ async def test_sigkill_under_transactional_load(tmp_path, seed, snapshot_ms):
     outcome: dict[bytes, str] = {}
     stop = asyncio.Event()
     workers = [asyncio.ensure_future(_tx_load(address, outcome, stop, w, rnd)) for w in range(4)]
-    await asyncio.sleep(rnd.uniform(0.5, 1.5))
+    snap = tmp_path / "store" / "transaction" / "snapshot.msgpack"
+
+    def decided() -> int:
+        return sum(1 for v in outcome.values() if v != "pending")
+
+    # SIGKILL at a random moment of the load: after a random 0.5-1.5 s of transactions, once
+    # more than 20 were decided and (for the snapshot variant) a snapshot was written.
+    started, run_for = time.monotonic(), rnd.uniform(0.5, 1.5)
+    await wait_until(
+        lambda: (
+            decided() > 20
+            and (snapshot_ms >= 1000 or snap.exists())
+            and time.monotonic() - started >= run_for
+        ),
+        60,
+        f"more than 20 decided transactions, a snapshot if due, and {run_for:.2f}s of load",
+    )
     bp.kill()
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
-    assert sum(1 for v in outcome.values() if v != "pending") > 20
-    snap = tmp_path / "store" / "transaction" / "snapshot.msgpack"
+    assert decided() > 20
     if snapshot_ms < 1000:
         assert snap.exists(), "the restart starts from a snapshot plus the tail"
     address = bp.start()
@@ -167,13 +192,14 @@ async def test_sigkill_under_transactional_load(tmp_path, seed, snapshot_ms):
         d = Decider("txg")
         d.client = await RawClient.connect(address, d.handler)
         await d.client.heartbeat(producer_groups=["txg"])
+
         # pending halves get checked after the restart and resolved by the body's intent
-        for _ in range(200):
+        async def none_pending() -> bool:
+            assert d.client is not None
             pending = (await d.client.call(RequestCode.TXMQ_LIST_TRANSACTIONS, {})).body
-            if pending == b"[]":
-                break
-            await asyncio.sleep(0.05)
-        assert pending == b"[]"
+            return pending == b"[]"
+
+        await wait_until(none_pending, 60, "every pending half resolved by its check-back")
         got = [m.body for m in await d.client.pull_all("txload")]
         assert len(got) == len(set(got)), "a transaction was committed twice"
         for body, state in outcome.items():

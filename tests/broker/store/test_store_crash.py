@@ -16,6 +16,7 @@ import pytest
 from crash_child import TOPIC, message
 from store_helpers import read_queue
 
+from tests.support.waiting import wait_until_sync
 from txmq.broker.store import MessageStore, StoreConfig
 from txmq.protocol.message import MessageExt
 
@@ -25,7 +26,9 @@ SEEDS = (11, 22, 33)
 
 def run_and_kill(store_dir: Path, seed: int, mode: str, out: Path) -> list[str]:
     """Start the child, let it append for a random short time, SIGKILL it; its complete
-    stdout lines."""
+    stdout lines.  The kill waits, however slow the machine, until the child has reported
+    what the checks need: an acknowledged append (sync) or a flush (async)."""
+    progress = b"\nA " if mode == "sync" else b"\nF "
     with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
         child = subprocess.Popen(
             [sys.executable, str(CHILD), str(store_dir), str(seed), mode],
@@ -33,12 +36,19 @@ def run_and_kill(store_dir: Path, seed: int, mode: str, out: Path) -> list[str]:
             stderr=stderr,
         )
         try:
-            deadline = time.monotonic() + 30
-            while b"READY\n" not in out.read_bytes():
+
+            def reported(marker: bytes) -> bool:
                 assert child.poll() is None, out.with_suffix(".err").read_text()
-                assert time.monotonic() < deadline, "child did not start"
-                time.sleep(0.01)
-            time.sleep(random.Random(seed).uniform(0.3, 0.8))
+                return marker in out.read_bytes()
+
+            wait_until_sync(lambda: reported(b"READY\n"), 30, "the child to start")
+            started = time.monotonic()
+            run_for = random.Random(seed).uniform(0.3, 0.8)  # a random moment to kill at
+            wait_until_sync(
+                lambda: reported(progress) and time.monotonic() - started >= run_for,
+                30,
+                f"{progress.decode().strip()!r} lines from the child and {run_for:.2f}s of appends",
+            )
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
