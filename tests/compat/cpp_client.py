@@ -8,17 +8,22 @@ a failure is a non-zero exit with the error on stderr.
                   [--body-size S] [--prefix P] [--property K=V ...] [--interval S]
                   [--keep-going]
     cpp_client.py push ADDR TOPIC GROUP --expect N [--expr "A || B"] [--fail-first]
-                  [--timeout S] [--linger S]
+                  [--timeout S] [--stop-file PATH]
     cpp_client.py pull ADDR TOPIC GROUP --expect N [--timeout S]
 
 ``send`` and ``push`` take ``--access-key AK --secret-key SK`` to sign every request (the
 broker's ACL), through the client's ``set_session_credentials(ak, sk, "")``.
+
+``push --stop-file PATH`` keeps consuming after the expected messages until PATH exists: the
+test creates it once the group's offsets show every message consumed, so anything delivered
+twice is in the output (instead of lingering a fixed time and hoping).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -116,6 +121,8 @@ def cmd_push(args: argparse.Namespace) -> None:
             if len(got) >= args.expect:
                 done.set()
 
+    if args.expect <= 0:
+        done.set()
     c = PushConsumer(args.group)
     c.set_namesrv_addr(args.addr)
     if args.access_key:
@@ -124,13 +131,17 @@ def cmd_push(args: argparse.Namespace) -> None:
     c.subscribe(args.topic, on_message, args.expr)
     c.start()
     try:
-        if args.expect == 0:
-            time.sleep(args.linger)
-        elif not done.wait(args.timeout):
+        if not done.wait(args.timeout):
             print(f"received {len(got)} of {args.expect} within {args.timeout}s", file=sys.stderr)
             sys.exit(3)
-        if args.linger and args.expect:
-            time.sleep(args.linger)  # room for anything extra (a duplicate) to arrive
+        if args.stop_file:
+            # consume on (a duplicate would show) until the test has seen the group settle
+            deadline = time.monotonic() + args.timeout
+            while not os.path.exists(args.stop_file):
+                if time.monotonic() > deadline:
+                    print(f"no {args.stop_file} within {args.timeout}s", file=sys.stderr)
+                    sys.exit(3)
+                time.sleep(0.05)
     finally:
         c.shutdown()
     emit(event="done", count=len(got))
@@ -181,7 +192,7 @@ def main() -> None:
     p.add_argument("--expr", default="*")
     p.add_argument("--fail-first", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--linger", type=float, default=0.0)
+    p.add_argument("--stop-file", default="", help="after --expect, run until this file exists")
     q = sub.add_parser("pull")
     q.add_argument("addr")
     q.add_argument("topic")

@@ -4,16 +4,21 @@ compressed bodies, a half message and its check-back, and interop with the txmq 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from tests.compat.stock import StockClient, cpp_client, sdk_messages
+from tests.compat.stock import ClientRun, StockClient, cpp_client, sdk_messages
 from tests.conftest import BrokerThread
 from tests.support.raw import RawClient
-from txmq.client import Message, Producer
+from tests.support.waiting import wait_until_sync
+from txmq.client import Message, Producer, PullConsumer
 from txmq.protocol.codes import RequestCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 
@@ -35,6 +40,77 @@ def stock_broker(broker_thread_factory: Callable[..., BrokerThread]) -> Iterator
 
 def sdk_bodies(address: str, topic: str) -> list[bytes]:
     return [m.body for m in sdk_messages(address, topic)]
+
+
+def group_at_end(address: str, group: str, topics: list[str]) -> bool:
+    """Whether ``group``'s committed offset is at the end of every queue of ``topics`` (a
+    queue it never stored an offset for counts when it is empty)."""
+    with PullConsumer(group, broker=address) as c:
+        for topic in topics:
+            for q in c.fetch_queues(topic):
+                if (c.committed_offset(topic, q) or 0) != c.max_offset(topic, q):
+                    return False
+    return True
+
+
+def _collect(stream: IO[str] | None, into: list[str]) -> None:
+    if stream is not None:
+        into.extend(stream)
+
+
+def push_until_settled(
+    cpp: StockClient,
+    broker: BrokerThread,
+    topic: str,
+    group: str,
+    expect: int,
+    *args: object,
+    topics: list[str] | None = None,
+) -> ClientRun:
+    """Run the stock push consumer until it has received ``expect`` messages and ``group``'s
+    committed offsets are at the end of ``topics`` (default: the topic): every message it
+    pulled was consumed, so a duplicate would be in its output by then.  What "room for a
+    duplicate" waits on, instead of a fixed linger."""
+    stop = Path(cpp.env["HOME"]) / f"stop-{group}-{time.monotonic_ns()}"
+    stop.parent.mkdir(parents=True, exist_ok=True)
+    proc = cpp.start(
+        "push", broker.address, topic, group, "--expect", expect, "--stop-file", stop, *args
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=_collect, args=(f, into), daemon=True)
+        for f, into in ((proc.stdout, out), (proc.stderr, err))
+    ]
+    for r in readers:
+        r.start()
+
+    def received() -> int:
+        return sum('"event": "received"' in line for line in list(out))
+
+    try:
+        wait_until_sync(
+            lambda: received() >= expect or proc.poll() is not None,
+            90,
+            f"{expect} deliveries to {group}",
+        )
+        if proc.poll() is None:
+            wait_until_sync(
+                lambda: group_at_end(broker.address, group, topics or [topic]),
+                60,
+                f"{group}'s committed offsets at the end of {topics or [topic]}",
+            )
+    finally:
+        stop.touch()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        for r in readers:
+            r.join(10)
+    docs = [json.loads(line) for line in out if line.startswith("{")]
+    return ClientRun(proc.returncode, docs, "".join(err))
 
 
 def test_every_send_mode_reaches_a_push_consumer_filtering_on_tags(
@@ -59,19 +135,8 @@ def test_every_send_mode_reaches_a_push_consumer_filtering_on_tags(
     ).check()
     cpp.run("send", addr, topic, "--count", 2, "--tags", "TagC", "--prefix", "c").check()
 
-    run = cpp.run(
-        "push",
-        addr,
-        topic,
-        "cpp-push",
-        "--expect",
-        11,
-        "--expr",
-        "TagA || TagB",
-        "--linger",
-        1.5,
-        "--timeout",
-        60,
+    run = push_until_settled(
+        cpp, stock_broker, topic, "cpp-push", 11, "--expr", "TagA || TagB", "--timeout", 60
     ).check()
     got = run.events("received")
     bodies = sorted(str(d["body"]).rstrip(".") for d in got)
@@ -108,28 +173,26 @@ def test_a_group_resumes_where_it_stopped_without_repeats_or_gaps(
 ) -> None:
     addr, topic = stock_broker.address, "cpp-resume"
     cpp.run("send", addr, topic, "--count", 4, "--prefix", "first").check()
-    first = cpp.run("push", addr, topic, "cpp-resumer", "--expect", 4, "--linger", 1).check()
+    first = push_until_settled(cpp, stock_broker, topic, "cpp-resumer", 4).check()
     assert sorted(d["body"] for d in first.events("received")) == [f"first-{i}" for i in range(4)]
     cpp.run("send", addr, topic, "--count", 3, "--prefix", "second").check()
-    again = cpp.run("push", addr, topic, "cpp-resumer", "--expect", 3, "--linger", 1.5).check()
+    again = push_until_settled(cpp, stock_broker, topic, "cpp-resumer", 3).check()
     assert sorted(d["body"] for d in again.events("received")) == [f"second-{i}" for i in range(3)]
 
 
 def test_reconsume_later_is_delivered_again(stock_broker: BrokerThread, cpp: StockClient) -> None:
     addr, topic = stock_broker.address, "cpp-retry"
     cpp.run("send", addr, topic, "--count", 2, "--prefix", "r").check()
-    run = cpp.run(
-        "push",
-        addr,
+    run = push_until_settled(
+        cpp,
+        stock_broker,
         topic,
         "cpp-retrier",
-        "--expect",
         2,
         "--fail-first",
-        "--linger",
-        1,
         "--timeout",
         60,
+        topics=[topic, "%RETRY%cpp-retrier"],
     ).check()
     assert sorted(d["body"] for d in run.events("reconsume_later")) == ["r-0", "r-1"]
     again = run.events("received")
