@@ -98,6 +98,20 @@ class BrokerConfig:
     #: The default holds a 100,000-row Spark micro-batch of 1 KiB rows; 0 keeps none.
     transaction_recent_halves_bytes: int = 192 * 1024 * 1024
 
+    # -- idempotent sends ------------------------------------------------------------------
+    #: A resend of a message (same topic and UNIQ_KEY) stored within this many seconds is
+    #: answered with the first send's result instead of being stored again (0 = off).
+    duplicate_window_seconds: int = 120
+    #: At most this many send ids are remembered (about 400 bytes each); past it the oldest
+    #: are forgotten before the window ends, with a warning.
+    duplicate_window_max_entries: int = 200_000
+
+    # -- performance -------------------------------------------------------------------------
+    #: Store batches of plain messages and of one transaction's halves straight from the
+    #: request body when they qualify (the same bytes as the generic path, which takes the
+    #: rest); ``txmq_batch_path_total{path}`` counts which path each batch took.
+    batch_fast_path_enable: bool = True
+
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0

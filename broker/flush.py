@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import structlog
 
@@ -23,6 +23,7 @@ from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import FlushDiskTimeoutError
 
 from .metrics import BrokerMetrics
+from .ports import ReplicationPort
 from .store import MessageStore
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,7 @@ class FlushService:
         self._queues_flushed_at = -1
         #: Cluster mode: the leader's replication; a write is durable once the in-sync
         #: replicas have it too.
-        self.replication: Any = None
+        self.replication: ReplicationPort | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txmq-flush")
@@ -73,6 +74,12 @@ class FlushService:
 
     def notify_written(self) -> None:
         """Records were appended: an idle flusher goes back to its interval."""
+        if self._idle:
+            self._idle = False
+            self._wakeup.set()
+
+    def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
+        """The write path's subscriber (see :meth:`notify_written`)."""
         if self._idle:
             self._idle = False
             self._wakeup.set()

@@ -25,6 +25,24 @@ class BrokerMetrics:
         )
         self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
         self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
+        self.dedup_hits = Counter(
+            "txmq_dedup_hits",
+            "Resends answered with the first send's result instead of being stored again",
+            registry=r,
+        )
+        self.dedup_evicted_early = Counter(
+            "txmq_dedup_evicted_early",
+            "Send ids forgotten before the end of duplicateWindowSeconds "
+            "(duplicateWindowMaxEntries reached)",
+            registry=r,
+        )
+        self.batch_path = Counter(
+            "txmq_batch_path",
+            "SEND_BATCH_MESSAGE requests by the path that stored them (plain, halves: the fast "
+            "paths; generic: did not qualify; disabled: batchFastPathEnable is off)",
+            ["path"],
+            registry=r,
+        )
         # transactions
         self.tx_half = Counter("txmq_transaction_halves", "Half messages stored", registry=r)
         self.tx_commits = Counter("txmq_transaction_commits", "Transactions committed", registry=r)

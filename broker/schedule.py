@@ -10,18 +10,16 @@ resumes after a restart (at least once: a copy may be delivered twice after a cr
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 import structlog
 
 from txmq.protocol.aio import wait_event
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
-from .store import GetMessageStatus
+from .messaging.write import WritePath
+from .store import ConsumerOffsetManager, GetMessageStatus, MessageStore
 from .topics import SCHEDULE_TOPIC
-
-if TYPE_CHECKING:
-    from .server import BrokerController
 
 log = structlog.get_logger(__name__)
 
@@ -35,8 +33,18 @@ EMPTY_IDLE = 60.0
 
 
 class ScheduleMessageService:
-    def __init__(self, broker: BrokerController, levels_ms: list[int]) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        store: MessageStore,
+        offsets: ConsumerOffsetManager,
+        write: WritePath,
+        clock: Callable[[], float],
+        levels_ms: list[int],
+    ) -> None:
+        self.store = store
+        self.offsets = offsets
+        self.write = write
+        self.clock = clock
         self.levels_ms = levels_ms
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = [asyncio.Event() for _ in levels_ms]
@@ -52,6 +60,12 @@ class ScheduleMessageService:
         if 0 <= queue_id < len(self._wake):
             self._wake[queue_id].set()
 
+    def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
+        """The write path's subscriber: a level whose queue got a message looks at it."""
+        for topic, qid in destinations:
+            if topic == SCHEDULE_TOPIC:
+                self.notify(qid)
+
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
@@ -59,13 +73,13 @@ class ScheduleMessageService:
 
     async def _run(self, qid: int) -> None:
         delay = self.levels_ms[qid]
-        store, offsets = self.broker.store, self.broker.offsets
+        store, offsets = self.store, self.offsets
         while True:
             offset = max(offsets.query(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid), 0)
             r = store.get_messages(SCHEDULE_TOPIC, qid, offset, 64)
             sleep = EMPTY_IDLE
             if r.status is GetMessageStatus.FOUND:
-                now = int(self.broker.clock() * 1000)
+                now = int(self.clock() * 1000)
                 for raw in r.messages:
                     m = decode_message(raw)
                     due = m.store_timestamp + delay
@@ -96,7 +110,7 @@ class ScheduleMessageService:
         topic = props.pop(MessageConst.REAL_TOPIC)
         qid = int(props.pop(MessageConst.REAL_QID, "0"))
         props.pop(MessageConst.DELAY, None)
-        self.broker.put_message(
+        self.write.put_message(
             MessageExt(
                 topic=topic,
                 body=m.body,

@@ -34,8 +34,12 @@ from txmq.protocol.message import MessageExt
 from .acl import AclConfigError, AclManager
 from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, delay_levels
+from .context import BrokerContext, Lifecycle
 from .flush import FlushService
+from .messaging import MessagingCore, WritePath
+from .messaging.hold import PullRequestHoldService
 from .metrics import BrokerMetrics
+from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.send import SendMessageProcessor
@@ -51,7 +55,7 @@ from .store import (
     TopicConfigManager,
 )
 from .tls import ServerTls, TlsConfigError, TlsFiles, TlsServer
-from .topics import SCHEDULE_TOPIC, TopicManager
+from .topics import TopicManager
 from .transaction.service import CheckSender, TransactionalMessageService
 
 log = structlog.get_logger(__name__)
@@ -129,17 +133,20 @@ class BrokerController:
         *,
         clock: Callable[[], float] = time.time,
         check_sender: CheckSender | None = None,
-        cluster: Any = None,
+        cluster: ClusterPort | None = None,
     ) -> None:
         self.config = config
         #: Cluster mode: the node's hooks (routes from etcd, status); None for a single node.
         self.cluster = cluster
         #: Cluster mode: builds the leader's replication once the store is open, and what to
         #: do just before clients are served (record the new epoch).
-        self.make_replication: Callable[[], Any] | None = None
+        self.make_replication: (
+            Callable[[BrokerContext, TransactionalMessageService], ReplicationPort] | None
+        ) = None
         self.before_serving: Callable[[], None] | None = None
         #: The leader's replication (cluster mode), None otherwise.
-        self.replication: Any = None
+        self.replication: ReplicationPort | None = None
+        self.lifecycle = Lifecycle()
         self.clock = clock
         self.metrics = BrokerMetrics()
         self.delay_levels = delay_levels(config.message_delay_level)
@@ -152,7 +159,6 @@ class BrokerController:
         #: Blocking work that must not run on the event loop: state-file writes (offsets, topic
         #: configs, transaction check state) and retention.  One thread keeps them in order.
         self._meta_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-meta")
-        self._shutting_down = False
         self._stopped = asyncio.Event()
         self.port = config.listen_port
         self.started_monotonic = time.monotonic()
@@ -256,10 +262,6 @@ class BrokerController:
         self.clients = ClientManager(
             on_producer_registered=lambda group: self.transactions.on_producer_registered(group)
         )
-        self.transactions = TransactionalMessageService(self, self._check_sender)
-        if self.acl is not None:
-            self.acl.transactions = self.transactions
-            self.clients.producer_filter = self.acl.may_produce
         self.flush = FlushService(
             self.store,
             sync=cfg.sync_flush,
@@ -267,23 +269,51 @@ class BrokerController:
             sync_timeout_ms=cfg.sync_flush_timeout,
             metrics=self.metrics,
         )
-        self.sender = SendMessageProcessor(self)
-        self.puller = PullMessageProcessor(self)
-        self.admin = AdminProcessor(self)
-        self.tx_processor = TransactionProcessor(self.transactions, self.flush, self.metrics)
-        self.schedule = ScheduleMessageService(self, self.delay_levels)
+        self.write = WritePath(self.store, self.metrics)
+        # Everything the components get, in one piece, before any of them is built.
+        ctx = self.ctx = BrokerContext(
+            config=cfg,
+            clock=self.clock,
+            metrics=self.metrics,
+            store=self.store,
+            store_host=self.store_host,
+            offsets=self.offsets,
+            topics=self.topics,
+            clients=self.clients,
+            flush=self.flush,
+            write=self.write,
+            hold=PullRequestHoldService(),
+            delay_levels=self.delay_levels,
+            in_background=self.in_background,
+            lifecycle=self.lifecycle,
+            cluster=self.cluster,
+        )
+        self.transactions = TransactionalMessageService(ctx, self._check_sender)
+        if self.acl is not None:
+            self.acl.transactions = self.transactions
+            self.clients.producer_filter = self.acl.may_produce
+        self.core = MessagingCore(ctx, self.transactions)
+        self.schedule = ScheduleMessageService(
+            self.store, self.offsets, self.write, self.clock, self.delay_levels
+        )
+        # Told of every append, in this order: the flusher, replication (below), parked long
+        # polls, the delay levels.
+        self.write.subscribe(self.flush)
+        self.sender = SendMessageProcessor(self.core)
+        self.puller = PullMessageProcessor(ctx)
+        self.admin = AdminProcessor(ctx, self.transactions, self.advertised_address)
+        self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.recovery["transactions"] = self.transactions.load()
+        self.recovery["dedup_keys"] = self.core.recover()
         self._processors = self._build_processors()
         if self.make_replication is not None:
-            rep = self.replication = self.make_replication()
+            rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep
-            if self.cluster is not None:
-                self.cluster.replication = rep
-            R = RequestCode
-            self._processors[R.TXMQ_HA_HANDSHAKE] = rep.handshake
-            self._processors[R.TXMQ_HA_FETCH] = rep.fetch
-            self._processors[R.TXMQ_HA_META] = rep.meta
+            self.write.subscribe(rep)
+            self._processors.update(rep.processors())
             self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+        self.write.subscribe(ctx.hold)
+        self.write.subscribe(self.schedule)
         if self.before_serving is not None:
             self.before_serving()
         self.flush.start()
@@ -305,7 +335,7 @@ class BrokerController:
                 client_auth_required=https and cfg.tls_server_need_client_auth == "require",
             )
         if grpc_server is not None:
-            self.grpc = grpc_server(self)
+            self.grpc = grpc_server(self.core, self.acl, self.tls)
             self.grpc_port = await self.grpc.start()
         self.started_monotonic = time.monotonic()
         await self._server.start_serving()
@@ -357,16 +387,16 @@ class BrokerController:
     async def shutdown(self) -> None:
         """Graceful stop: no new connections, parked pulls answered, in-flight requests
         finished (up to ``shutdownTimeout`` s), services stopped, everything flushed."""
-        if self._shutting_down:
+        if self.lifecycle.shutting_down:
             await self._stopped.wait()
             return
-        self._shutting_down = True
+        self.lifecycle.shutting_down = True
         if self.replication is not None:
             self.replication.close("the broker is shutting down")
         log.info("broker_stopping", connections=len(self._connections))
         if self._server is not None:
             self._server.close()
-        self.puller.hold.wake_all()
+        self.ctx.hold.wake_all()
         if self.grpc is not None:
             await self.grpc.stop()
         inflight = [c.wait_handlers() for c in list(self._connections)]
@@ -416,7 +446,7 @@ class BrokerController:
     def _connection_closed(self, conn: Connection) -> None:
         self._connections.discard(conn)
         self.metrics.connections.set(len(self._connections))
-        if not self._shutting_down:
+        if not self.lifecycle.shutting_down:
             self.clients.connection_closed(conn)
 
     def _tls_rejected(self, peer: str, reason: str) -> None:
@@ -434,7 +464,7 @@ class BrokerController:
             return cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
             )
-        if self._shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
+        if self.lifecycle.shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "the broker is shutting down")
         try:
             if self.acl is not None:
@@ -455,48 +485,16 @@ class BrokerController:
             log.exception("request_crashed", code=cmd.code)
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    # -- the one write path ---------------------------------------------------------------------
+    # -- the write path (see :class:`~txmq.broker.messaging.WritePath`) -----------------------
 
     def put_message(self, msg: MessageExt) -> PutMessageResult:
-        return self.put_messages([msg])[0]
+        return self.write.put_message(msg)
 
     def put_messages(self, msgs: list[MessageExt]) -> list[PutMessageResult]:
-        """Append to the store and wake whoever waits for these queues.  Synchronous: the
-        appends of one call are contiguous and nothing else runs in between."""
-        results = self.store.put_messages(msgs)
-        self.flush.notify_written()
-        if self.replication is not None:
-            self.replication.notify_written()
-        # Count and wake once per (topic, queue), not once per message: a batch decision can
-        # append hundreds of thousands of messages in one call.
-        per_topic: dict[str, int] = {}
-        queues: set[tuple[str, int]] = set()
-        for msg in msgs:
-            per_topic[msg.topic] = per_topic.get(msg.topic, 0) + 1
-            queues.add((msg.topic, msg.queue_id))
-        self.metrics.record_put(per_topic, sum(r.size for r in results))
-        for topic, qid in queues:
-            self.puller.hold.notify(topic, qid)
-            if topic == SCHEDULE_TOPIC:
-                self.schedule.notify(qid)
-        return results
+        return self.write.put_messages(msgs)
 
     def put_encoded(self, records: list[EncodedMessage]) -> AppendResult:
-        """:meth:`put_messages` of messages already encoded for the store (see
-        :meth:`MessageStore.put_encoded`)."""
-        res = self.store.put_encoded(records)
-        self.flush.notify_written()
-        if self.replication is not None:
-            self.replication.notify_written()
-        per_topic: dict[str, int] = {}
-        for (topic, _qid), n in res.per_destination.items():
-            per_topic[topic] = per_topic.get(topic, 0) + n
-        self.metrics.record_put(per_topic, res.payload_bytes)
-        for topic, qid in res.per_destination:
-            self.puller.hold.notify(topic, qid)
-            if topic == SCHEDULE_TOPIC:
-                self.schedule.notify(qid)
-        return res
+        return self.write.put_encoded(records)
 
     # -- blocking work, off the loop ------------------------------------------------------------
 
@@ -506,10 +504,8 @@ class BrokerController:
         return await asyncio.get_running_loop().run_in_executor(self._meta_executor, fn)
 
     async def persist_topics(self) -> None:
-        """Write the topic table if a change is not written yet (a request that created a topic
-        waits for this before it is answered)."""
-        if self.topics.table.dirty:
-            await self.in_background(self.topics.table.persist)
+        """Write the topic table if a change is not written yet."""
+        await self.ctx.persist_topics()
 
     # -- housekeeping ---------------------------------------------------------------------------
 

@@ -28,9 +28,11 @@ import structlog
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
+    ConnectionClosedError,
     InvalidParameterError,
     NoPermissionError,
     ProtocolError,
+    RequestTimeoutError,
     TxmqError,
     error_for_code,
 )
@@ -660,6 +662,8 @@ class AsyncProducer(ConnectedClient):
         #: The group of the last failed attempt: a retry goes to another one when it can
         #: (RocketMQ's sendLatencyFaultEnable, in its simplest form).
         failed: str | None = None
+        #: The group a retry must go to: the one that may have stored the message already.
+        pinned = broker
         for attempt in range(attempts):
             try:
                 route = await self._route_for(msg.topic)
@@ -669,7 +673,7 @@ class AsyncProducer(ConnectedClient):
                 last_error = exc
                 log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
                 continue
-            mq = self._select_queue(route, msg, queue_id, sharding_key, selector, broker, failed)
+            mq = self._select_queue(route, msg, queue_id, sharding_key, selector, pinned, failed)
             cmd = build(route, mq.queue_id)
             try:
                 conn = await self._connection_for(route, mq)
@@ -680,6 +684,20 @@ class AsyncProducer(ConnectedClient):
                 if len(route.brokers) > 1:
                     self._routes.pop(msg.topic, None)  # a group may have a new leader
                 last_error = exc
+                if isinstance(exc, RequestTimeoutError | ConnectionClosedError):
+                    # The request may have been stored: resend to the same group, whose
+                    # duplicate window answers it with the first send's result.
+                    pinned = pinned or mq.broker
+                    log.info(
+                        "send_retried",
+                        topic=msg.topic,
+                        broker=mq.broker,
+                        queue_id=mq.queue_id,
+                        attempt=attempt + 1,
+                        error=str(last_error),
+                        outcome="unknown",
+                    )
+                    continue
             else:
                 status = _STATUS_BY_CODE.get(resp.code)
                 if status is not None:

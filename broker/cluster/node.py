@@ -31,9 +31,11 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
+from ..context import BrokerContext
 from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
 from ..store import MessageStore, TopicConfig
 from ..topics import SYSTEM_TOPICS
+from ..transaction.service import TransactionalMessageService
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
 from .view import ClusterView, Keys
@@ -502,16 +504,25 @@ class ClusterNode:
             self._restore_topics(broker)
 
         broker.before_serving = begin_epoch
-        broker.make_replication = lambda: LeaderReplication(
-            broker,
-            self.replica,
-            epoch,
-            members,
-            epochs,
-            self._update_isr,
-            self.lease_valid,
-            self._stale,
-        )
+        hooks = self.hooks
+
+        def make_replication(
+            ctx: BrokerContext, transactions: TransactionalMessageService
+        ) -> LeaderReplication:
+            rep = hooks.replication = LeaderReplication(
+                ctx,
+                transactions,
+                self.replica,
+                epoch,
+                members,
+                epochs,
+                self._update_isr,
+                self.lease_valid,
+                self._stale,
+            )
+            return rep
+
+        broker.make_replication = make_replication
         await broker.start()
         broker.metrics.elections.inc(self.elections)
         self.leader_broker = broker

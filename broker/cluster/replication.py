@@ -25,7 +25,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,8 @@ from txmq.protocol.errors import (
 from ..store import MessageStore, atomic_write
 
 if TYPE_CHECKING:
-    from ..server import BrokerController
+    from ..context import BrokerContext
+    from ..transaction.service import TransactionalMessageService
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +132,8 @@ class LeaderReplication:
 
     def __init__(
         self,
-        broker: BrokerController,
+        broker: BrokerContext,
+        transactions: TransactionalMessageService,
         replica: int,
         epoch: int,
         isr: tuple[int, ...],
@@ -141,6 +143,7 @@ class LeaderReplication:
         on_stale: Callable[[str], None],
     ) -> None:
         self.broker = broker
+        self.transactions = transactions
         self.store = broker.store
         cfg = broker.config
         self.replica = replica
@@ -229,6 +232,19 @@ class LeaderReplication:
     def notify_written(self) -> None:
         self._appended.set()
 
+    def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
+        """The write path's subscriber: the fetch loop has more to send."""
+        self._appended.set()
+
+    def processors(self) -> dict[int, Any]:
+        """The requests the followers send to this leader."""
+        R = RequestCode
+        return {
+            R.TXMQ_HA_HANDSHAKE: self.handshake,
+            R.TXMQ_HA_FETCH: self.fetch,
+            R.TXMQ_HA_META: self.meta,
+        }
+
     def close(self, reason: str) -> None:
         self._closed = reason
         self._fail_all(ServiceNotAvailableError(f"this broker no longer leads: {reason}"))
@@ -304,7 +320,7 @@ class LeaderReplication:
             return out
 
         await b.persist_topics()
-        await b.transactions.persist_check_state()
+        await self.transactions.persist_check_state()
         files = await b.in_background(read)
         return cmd.response(body=json.dumps(files).encode())
 

@@ -25,7 +25,8 @@ from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
-    from ..server import BrokerController
+    from ..acl import AclManager
+    from ..messaging import MessagingCore
     from ..tls import ServerTls, TlsMaterial
     from ..transaction.service import CheckSender
 
@@ -38,16 +39,19 @@ STOP_GRACE_S = 2.0
 class GrpcServer:
     """``apache.rocketmq.v2.MessagingService`` on ``grpcServerPort`` of ``bindAddress``."""
 
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.port = broker.config.grpc_server_port
+    def __init__(self, core: MessagingCore, acl: AclManager | None, tls: ServerTls | None) -> None:
+        self.core = core
+        self.ctx = core.ctx
+        self.acl = acl
+        self.tls = tls
+        self.port = core.ctx.config.grpc_server_port
         self._server: grpc.aio.Server | None = None
         self.service: MessagingService | None = None
         self._previous_sender: CheckSender | None = None
         self._previous_filter: Callable[[Any, str], bool] | None = None
 
     async def start(self) -> int:
-        cfg = self.broker.config
+        cfg = self.ctx.config
         # A request may carry a body of maxMessageSize plus its properties and framing; a
         # larger one is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is parsed.
         limit = cfg.max_message_size + 1024 * 1024
@@ -59,7 +63,7 @@ class GrpcServer:
             ]
         )
         address = f"{cfg.bind_address}:{self.port}"
-        tls = self.broker.tls
+        tls = self.tls
         if tls is not None and cfg.tls_server_mode == "enforcing":
             require = cfg.tls_server_need_client_auth == "require"
             port = server.add_secure_port(address, CertificateFetcher(tls, require).credentials())
@@ -74,15 +78,15 @@ class GrpcServer:
         if port == 0:
             raise OSError(f"cannot bind the gRPC port {cfg.bind_address}:{self.port}")
         self.port = port
-        self.service = MessagingService(self.broker, port)
+        self.service = MessagingService(self.core, self.acl, port)
         server.add_generic_rpc_handlers((handlers(self.service),))
         await server.start()
         self._server = server
-        tx = self.broker.transactions
+        tx = self.core.tx
         self._previous_sender = tx.check_sender
         tx.check_sender = GrpcCheckSender(self.service, tx.check_sender)
         if self.service.access is not None:
-            clients = self.broker.clients
+            clients = self.ctx.clients
             self._previous_filter = clients.producer_filter
             clients.producer_filter = self._producer_filter
         log.info(
@@ -110,9 +114,9 @@ class GrpcServer:
             await self.service.close_streams()
         await server.stop(grace)
         if self._previous_sender is not None:
-            self.broker.transactions.check_sender = self._previous_sender
+            self.core.tx.check_sender = self._previous_sender
         if self.service is not None and self.service.access is not None:
-            self.broker.clients.producer_filter = self._previous_filter
+            self.ctx.clients.producer_filter = self._previous_filter
         log.info("grpc_server_stopped")
 
 

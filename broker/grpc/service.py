@@ -25,7 +25,6 @@ import structlog
 
 from txmq.protocol.aio import Connection
 from txmq.protocol.errors import (
-    FlushDiskTimeoutError,
     ProtocolError,
     QueryNotFoundError,
     TxmqError,
@@ -42,8 +41,10 @@ from txmq.protocol.message import (
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
+from ..messaging import MessagingCore, SendOutcome
+from ..messaging.core import DeliveryTimeError
 from ..store import GetMessageStatus
-from ..topics import PERM_READ, PERM_WRITE, dlq_topic, retry_topic, validate_topic
+from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
 from ..transaction.service import CheckSender
 from ..transaction.state import Decision
 from . import convert
@@ -56,7 +57,7 @@ from .v2 import definition_pb2 as pb
 from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
-    from ..server import BrokerController
+    from ..acl import AclManager
 
 log = structlog.get_logger(__name__)
 
@@ -183,26 +184,26 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 class MessagingService:
     """The RPCs; :func:`txmq.broker.grpc.server.handlers` binds them by name."""
 
-    def __init__(self, broker: BrokerController, port: int) -> None:
-        self.broker = broker
+    def __init__(self, core: MessagingCore, acl: AclManager | None, port: int) -> None:
+        self.core = core
+        self.ctx = core.ctx
+        self.tx = core.tx
         self.port = port
         self.clients: dict[str, GrpcClient] = {}
         self.consumption = ConsumptionState(self._initial_offset, self._commit_offset)
         self.closing = False
         self._rr = 0
         #: The ACL check of every call (``aclEnable``); None when off.
-        self.access = (
-            GrpcAccess(broker.acl, broker.transactions) if broker.acl is not None else None
-        )
+        self.access = GrpcAccess(acl, core.tx) if acl is not None else None
 
     # -- helpers --------------------------------------------------------------------------------
 
     @property
     def cfg(self) -> Any:
-        return self.broker.config
+        return self.ctx.config
 
     def _count(self, method: str) -> None:
-        self.broker.metrics.record_request(f"grpc:{method}")
+        self.ctx.metrics.record_request(f"grpc:{method}")
 
     def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """The ACL check of one call (``request`` None: authenticate only): None when it may
@@ -245,18 +246,18 @@ class MessagingService:
         if c.peer.closed or not c.topics:
             return
         data = {"clientID": c.client_id, "producerDataSet": [{"groupName": t} for t in c.topics]}
-        self.broker.clients.heartbeat(cast(Connection, c.peer), data, c.language, 0)
+        self.ctx.clients.heartbeat(cast(Connection, c.peer), data, c.language, 0)
 
     def _forget(self, c: GrpcClient) -> None:
         self.clients.pop(c.client_id, None)
-        self.broker.clients.connection_closed(cast(Connection, c.peer))
+        self.ctx.clients.connection_closed(cast(Connection, c.peer))
 
     def _topic_config(self, topic: str, create: bool) -> Any:
         try:
             validate_topic(topic)
         except TxmqError as exc:
             raise GrpcStatusError(Code.ILLEGAL_TOPIC, str(exc)) from None
-        topics = self.broker.topics
+        topics = self.ctx.topics
         tc = topics.get(topic)
         if tc is None and create and self.cfg.auto_create_topic_enable:
             tc = topics.for_send(topic, self.cfg.default_topic_queue_nums)
@@ -283,10 +284,10 @@ class MessagingService:
         return q
 
     async def _durable(self, end_offset: int) -> None:
-        await self.broker.flush.wait_durable(end_offset)
+        await self.ctx.flush.wait_durable(end_offset)
 
     def _shutting_down(self) -> bool:
-        return self.closing or bool(getattr(self.broker, "_shutting_down", False))
+        return self.closing or self.ctx.lifecycle.shutting_down
 
     # -- route, heartbeat, settings ---------------------------------------------------------
 
@@ -296,12 +297,14 @@ class MessagingService:
             topic = convert.resource_name(request.topic)
             tc = self._topic_config(topic, create=True)
             eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
-            groups = [(None, tc.read_queue_nums, tc.write_queue_nums, tc.perm, eps)]
-            if self.broker.cluster is not None:
+            groups: list[tuple[str | None, int, int, int, Any]] = [
+                (None, tc.read_queue_nums, tc.write_queue_nums, tc.perm, eps)
+            ]
+            if self.ctx.cluster is not None:
                 # Cluster mode: every group that has the topic, each at its leader's endpoint.
                 groups = [
                     (group, int(c["read"]), int(c["write"]), int(c["perm"]), _endpoints_of(addr))
-                    for group, c, addr in self.broker.cluster.grpc_route(topic)
+                    for group, c, addr in self.ctx.cluster.grpc_route(topic)
                 ] or groups
             queues = []
             for group, nread, nwrite, tperm, geps in groups:
@@ -324,7 +327,7 @@ class MessagingService:
                 c.client_type = request.client_type
             if request.HasField("group") and request.group.name:
                 c.group = convert.resource_name(request.group)
-                self.broker.topics.ensure(retry_topic(c.group), 1)
+                self.ctx.topics.ensure(retry_topic(c.group), 1)
             elif c.client_type in (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER):
                 raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "a consumer needs a group")
             self._register_producer(c)
@@ -386,7 +389,7 @@ class MessagingService:
                 convert.set_duration(out.subscription.long_polling_timeout, DEFAULT_LONG_POLLING_S)
             bp = out.backoff_policy
             bp.max_attempts = self.cfg.max_reconsume_times + 1
-            for ms in self.broker.delay_levels:
+            for ms in self.ctx.delay_levels:
                 convert.set_duration(bp.customized_backoff.next.add(), ms / 1000.0)
         return out
 
@@ -442,7 +445,7 @@ class MessagingService:
             if stream in c.peer.streams:
                 c.peer.streams.remove(stream)
             if c.peer.closed and self.clients.get(c.client_id) is c:
-                self.broker.clients.connection_closed(cast(Connection, c.peer))
+                self.ctx.clients.connection_closed(cast(Connection, c.peer))
             log.info("grpc_telemetry_closed", client_id=c.client_id)
 
     async def close_streams(self) -> None:
@@ -479,12 +482,12 @@ class MessagingService:
         if not request.messages:
             raise GrpcStatusError(Code.BAD_REQUEST, "no message in the request")
         c = self._client(context)
-        broker = self.broker
-        tx = broker.transactions
+        core = self.core
+        ctx = self.ctx
         peer_host = c.peer.peer[0]
-        now = int(broker.clock() * 1000)
+        now = ctx.now_ms()
         # Check everything before anything is stored: a bad request changes nothing.
-        prepared: list[tuple[MessageExt, bool]] = []
+        prepared: list[MessageExt] = []
         for m in request.messages:
             convert.check_message(m, self.cfg.max_message_size)
             topic = convert.resource_name(m.topic)
@@ -492,57 +495,44 @@ class MessagingService:
                 validate_topic(topic)
             except TxmqError as exc:
                 raise GrpcStatusError(Code.ILLEGAL_TOPIC, str(exc)) from None
-            tc = broker.topics.get(topic)
+            tc = ctx.topics.get(topic)
             if tc is None and not self.cfg.auto_create_topic_enable:
                 raise GrpcStatusError(Code.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             msg = convert.to_message_ext(m, topic, peer_host, now)
             sp = m.system_properties
-            transactional = sp.message_type == pb.TRANSACTION
-            if sp.HasField("delivery_timestamp") and not transactional:
-                deliver = convert.timestamp_ms(sp.delivery_timestamp)
-                if deliver > now:
-                    level = convert.delay_level_for(deliver - now, broker.delay_levels)
-                    if level == 0:
-                        raise GrpcStatusError(
-                            Code.ILLEGAL_DELIVERY_TIME,
-                            f"delivery in {(deliver - now) / 1000:.0f}s is beyond the longest "
-                            f"delay level ({broker.delay_levels[-1] / 1000:.0f}s)",
-                        )
-                    msg.properties[MessageConst.DELAY] = str(level)
-                    msg.properties[convert.TIMER_DELIVER_MS] = str(deliver)
-            prepared.append((msg, transactional))
-        msgs: list[MessageExt] = []
-        for msg, transactional in prepared:
-            tc = broker.topics.for_send(msg.topic, self.cfg.default_topic_queue_nums)
+            if sp.message_type == pb.TRANSACTION:
+                # The 5.x producer has no group: its halves belong to the group named after
+                # the topic (RocketMQ's proxy does the same).
+                msg.properties[MessageConst.TRAN_MSG] = "true"
+                msg.properties.setdefault(MessageConst.PGROUP, topic)
+            elif sp.HasField("delivery_timestamp"):
+                try:
+                    core.deliver_at(msg, convert.timestamp_ms(sp.delivery_timestamp))
+                except DeliveryTimeError as exc:
+                    raise GrpcStatusError(Code.ILLEGAL_DELIVERY_TIME, str(exc)) from None
+            prepared.append(msg)
+        for msg in prepared:
+            tc = await core.topic_for_send(msg.topic, self.cfg.default_topic_queue_nums)
             group = msg.properties.get(convert.SHARDING_KEY)
             msg.queue_id = self._pick_queue(tc.write_queue_nums, group)
-            if transactional:
-                tx.prepare_half(msg, msg.topic)
-                if msg.topic and c.topics.isdisjoint({msg.properties[MessageConst.REAL_TOPIC]}):
-                    c.topics.add(msg.properties[MessageConst.REAL_TOPIC])
+            core.prepare(msg, msg.topic)
+            if msg.topic == self.tx.half_topic:
+                real = msg.properties[MessageConst.REAL_TOPIC]
+                if real not in c.topics:
+                    c.topics.add(real)
                     self._register_producer(c)
-            else:
-                broker.sender.delay_to_schedule(msg)
-            msgs.append(msg)
-        results = broker.put_messages(msgs)
-        entries = []
-        for (msg, transactional), r in zip(prepared, results, strict=True):
-            if transactional:
-                tx.on_half_stored(msg, r)
-            entries.append(
-                spb.SendResultEntry(
-                    status=status(),
-                    message_id=msg.properties[MessageConst.UNIQ_KEY],
-                    transaction_id=(tx.transaction_id_of(msg.properties) or "")
-                    if transactional
-                    else "",
-                    offset=r.queue_offset,
-                )
+        outcome = await core.durable(SendOutcome(core.store_prepared(prepared)))
+        entries = [
+            spb.SendResultEntry(
+                status=status(),
+                message_id=r.uniq_key,
+                transaction_id=r.transaction_id or "",
+                offset=r.queue_offset,
             )
-        try:
-            await self._durable(results[-1].end_offset)
-        except FlushDiskTimeoutError as exc:
-            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, str(exc))
+            for r in outcome.receipts
+        ]
+        if outcome.flush_error is not None:
+            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, str(outcome.flush_error))
             for e in entries:
                 e.status.CopyFrom(st)
             return spb.SendMessageResponse(status=st, entries=entries)
@@ -558,8 +548,7 @@ class MessagingService:
             return spb.EndTransactionResponse(status=self._failed("EndTransaction", exc))
 
     async def _end_transaction(self, request: Any) -> Any:
-        tx = self.broker.transactions
-        m = self.broker.metrics
+        tx = self.tx
         topic = convert.resource_name(request.topic)
         rec = tx.records.get(request.transaction_id) if request.transaction_id else None
         if rec is None:
@@ -578,28 +567,16 @@ class MessagingService:
                 f"message {request.message_id} is not a half message of transaction "
                 f"{rec.transaction_id}",
             )
-        from_check = request.source == pb.SOURCE_SERVER_CHECK
-        if from_check:
-            m.tx_checks_answered.inc()
-            if rec.state.decided:
-                m.tx_checks_unexpected.inc()
-            rec.check_in_flight = False
         if request.resolution == pb.COMMIT:
             decision = Decision.COMMIT
         elif request.resolution == pb.ROLLBACK:
             decision = Decision.ROLLBACK
         else:
-            log.info(
-                "transaction_unknown", transaction_id=rec.transaction_id, from_check=from_check
-            )
-            return status(message=f"transaction {rec.transaction_id} stays {rec.state.value}")
-        already = rec.state.decided
-        end = tx.decide(rec, decision, "check" if from_check else "producer", "grpc")
-        await self._durable(end)
-        return status(
-            message=f"transaction {rec.transaction_id} "
-            f"{'was already ' if already else ''}{rec.state.value}"
+            decision = Decision.UNKNOWN
+        text = await self.core.end_transaction(
+            rec, decision, from_check=request.source == pb.SOURCE_SERVER_CHECK, remark="grpc"
         )
+        return status(message=text)
 
     def may_check(self, peer: GrpcPeer, group: str) -> bool:
         """With the ACL on, whether check-backs of ``group`` (a 5.x half's group is its topic)
@@ -629,7 +606,7 @@ class MessagingService:
         stream = peer.stream(self._check_allowed(peer, (topic, group)))
         if stream is None:
             return False
-        proto = convert.to_proto(msg, self.broker.store_host)
+        proto = convert.to_proto(msg, self.ctx.store_host)
         proto.system_properties.message_type = pb.TRANSACTION
         cmd = spb.TelemetryCommand(
             recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
@@ -648,14 +625,14 @@ class MessagingService:
     # -- consumption ------------------------------------------------------------------------
 
     def _initial_offset(self, group: str, topic: str, qid: int) -> int:
-        off = self.broker.offsets.query(group, topic, qid)
-        store = self.broker.store
+        off = self.ctx.offsets.query(group, topic, qid)
+        store = self.ctx.store
         if off < 0:
             return store.get_min_offset_in_queue(topic, qid)
         return off
 
     def _commit_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
-        self.broker.offsets.commit(group, topic, qid, offset)
+        self.ctx.offsets.commit(group, topic, qid, offset)
 
     async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self._count("QueryAssignment")
@@ -669,10 +646,10 @@ class MessagingService:
             # topic to each ReceiveMessage (as RocketMQ's proxy does in pop mode).  In cluster
             # mode, one per group, at its leader.
             assigned = [self._queue(topic, -1, tc.perm, eps)]
-            if self.broker.cluster is not None:
+            if self.ctx.cluster is not None:
                 assigned = [
                     self._queue(topic, -1, int(c["perm"]), _endpoints_of(addr), group)
-                    for group, c, addr in self.broker.cluster.grpc_route(topic)
+                    for group, c, addr in self.ctx.cluster.grpc_route(topic)
                 ] or assigned
             return spb.QueryAssignmentResponse(
                 status=status(), assignments=[pb.Assignment(message_queue=q) for q in assigned]
@@ -763,7 +740,7 @@ class MessagingService:
             await self._wait_any(topic, qids, wait)
 
     async def _wait_any(self, topic: str, qids: list[int], timeout: float) -> None:
-        hold = self.broker.puller.hold
+        hold = self.ctx.hold
         waiters = [asyncio.ensure_future(hold.wait(topic, q, timeout)) for q in qids]
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -799,7 +776,7 @@ class MessagingService:
                     v.ack(x.offset)
                     continue
                 if x.attempts > self.cfg.max_reconsume_times:
-                    self._to_dlq(group, m, x.attempts)
+                    self.core.dead_letter_now(group, m, x.attempts)
                     if v.ack(x.offset):
                         self._commit_offset(group, topic, qid, v.committed)
                     continue
@@ -825,7 +802,7 @@ class MessagingService:
         now: float,
         out: list[Any],
     ) -> None:
-        store = self.broker.store
+        store = self.ctx.store
         committed_before = v.committed
         while len(out) < batch:
             r = store.get_messages(topic, qid, v.next, batch - len(out), tag_codes)
@@ -856,7 +833,7 @@ class MessagingService:
             self._commit_offset(group, topic, qid, v.committed)
 
     def _read_one(self, topic: str, qid: int, offset: int) -> MessageExt | None:
-        r = self.broker.store.get_messages(topic, qid, offset, 1)
+        r = self.ctx.store.get_messages(topic, qid, offset, 1)
         if r.status is not GetMessageStatus.FOUND:
             return None
         m = decode_message(r.messages[0])
@@ -865,35 +842,13 @@ class MessagingService:
     def _delivered(
         self, m: MessageExt, qid: int, attempts: int, invisible: float, handle: str
     ) -> Any:
-        self.broker.metrics.messages_pulled.inc()
-        p = convert.to_proto(m, self.broker.store_host)
+        self.ctx.metrics.messages_pulled.inc()
+        p = convert.to_proto(m, self.ctx.store_host)
         sp = p.system_properties
         sp.receipt_handle = handle
         sp.delivery_attempt = attempts
         convert.set_duration(sp.invisible_duration, invisible)
         return p
-
-    def _to_dlq(self, group: str, m: MessageExt, attempts: int) -> None:
-        topic = dlq_topic(group)
-        self.broker.topics.ensure(topic, 1)
-        props = dict(m.properties)
-        props.setdefault(MessageConst.RETRY_TOPIC, m.topic)
-        props.setdefault(MessageConst.ORIGIN_MESSAGE_ID, m.msg_id)
-        props.pop(MessageConst.DELAY, None)
-        self.broker.put_message(
-            MessageExt(
-                topic=topic,
-                body=m.body,
-                queue_id=0,
-                flag=m.flag,
-                sys_flag=m.sys_flag & ~0xC,
-                born_timestamp=m.born_timestamp,
-                born_host=m.born_host,
-                reconsume_times=attempts,
-                properties=props,
-            )
-        )
-        log.warning("message_dead_lettered", group=group, msg_id=m.msg_id, attempts=attempts)
 
     async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self._count("AckMessage")
@@ -957,7 +912,7 @@ class MessagingService:
             if m is None:
                 raise GrpcStatusError(Code.MESSAGE_NOT_FOUND, "the message is gone")
             self.consumption.ack(group, topic, request.receipt_handle)
-            self._to_dlq(group, m, request.delivery_attempt)
+            await self.core.dead_letter(group, m, request.delivery_attempt)
             return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
         except Exception as exc:
             return spb.ForwardMessageToDeadLetterQueueResponse(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from txmq import __version__
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -27,11 +28,10 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import encode_message
 
 from ..clients import parse_heartbeat
+from ..context import BrokerContext
 from ..store import TopicConfig
 from ..topics import RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
-
-if TYPE_CHECKING:
-    from ..server import BrokerController
+from ..transaction.service import TransactionalMessageService
 
 
 def json_body(doc: Any) -> bytes:
@@ -39,8 +39,16 @@ def json_body(doc: Any) -> bytes:
 
 
 class AdminProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        transactions: TransactionalMessageService,
+        advertised_address: str,
+    ) -> None:
+        self.ctx = ctx
+        self.transactions = transactions
+        self.advertised_address = advertised_address
+        self.started_monotonic = time.monotonic()
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -48,21 +56,21 @@ class AdminProcessor:
         data = parse_heartbeat(cmd.body)
         for c in data.get("consumerDataSet") or []:
             if isinstance(c, dict) and c.get("groupName"):
-                self.broker.topics.ensure(retry_topic(c["groupName"]), 1)
-        await self.broker.persist_topics()
-        self.broker.clients.heartbeat(conn, data, cmd.language, cmd.version)
+                self.ctx.topics.ensure(retry_topic(c["groupName"]), 1)
+        await self.ctx.persist_topics()
+        self.ctx.clients.heartbeat(conn, data, cmd.language, cmd.version)
         return cmd.response()
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = UnregisterClientRequestHeader.from_ext_fields(cmd.ext_fields)
-        self.broker.clients.unregister(conn, h.producer_group, h.consumer_group)
+        self.ctx.clients.unregister(conn, h.producer_group, h.consumer_group)
         return cmd.response()
 
     async def get_consumer_list_by_group(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = GetConsumerListByGroupRequestHeader.from_ext_fields(cmd.ext_fields)
-        ids = self.broker.clients.consumer_ids(h.consumer_group)
+        ids = self.ctx.clients.consumer_ids(h.consumer_group)
         if not ids:
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumer_group}"
@@ -75,12 +83,12 @@ class AdminProcessor:
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
-        off = self.broker.offsets.query(h.consumer_group, h.topic, h.queue_id)
+        off = self.ctx.offsets.query(h.consumer_group, h.topic, h.queue_id)
         if off < 0:
             # RocketMQ's answer for a group that has no offset yet: 0 while the queue still
             # holds its first message (a new group of a stock client then reads from the
             # start), unless the client asked not to be given a zero.
-            store = self.broker.store
+            store = self.ctx.store
             if (
                 h.set_zero_if_not_found is not False
                 and store.get_min_offset_in_queue(h.topic, h.queue_id) <= 0
@@ -100,29 +108,29 @@ class AdminProcessor:
         h = UpdateConsumerOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
         if h.commit_offset < 0:
             raise InvalidParameterError(f"commitOffset {h.commit_offset} is negative")
-        self.broker.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        self.ctx.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         return cmd.response()
 
     async def get_max_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = GetMaxOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
-        off = self.broker.store.get_max_offset_in_queue(h.topic, h.queue_id)
+        off = self.ctx.store.get_max_offset_in_queue(h.topic, h.queue_id)
         return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
 
     async def get_min_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = GetMinOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
-        off = self.broker.store.get_min_offset_in_queue(h.topic, h.queue_id)
+        off = self.ctx.store.get_min_offset_in_queue(h.topic, h.queue_id)
         return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
 
     async def search_offset_by_timestamp(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = SearchOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
-        off = self.broker.store.get_offset_by_time(h.topic, h.queue_id, h.timestamp)
+        off = self.ctx.store.get_offset_by_time(h.topic, h.queue_id, h.timestamp)
         return cmd.response(ext_fields=GetOffsetResponseHeader(off).to_ext_fields())
 
     async def view_message_by_id(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = ViewMessageRequestHeader.from_ext_fields(cmd.ext_fields)
-        msg = self.broker.store.lookup_message(h.offset)
+        msg = self.ctx.store.lookup_message(h.offset)
         return cmd.response(body=encode_message(msg))
 
     # -- topics and routes ----------------------------------------------------------------------
@@ -135,7 +143,7 @@ class AdminProcessor:
             raise InvalidParameterError(f"the topic[{h.topic}] is conflict with system topic")
         if not (1 <= h.read_queue_nums <= 1024 and 1 <= h.write_queue_nums <= 1024):
             raise InvalidParameterError("queue numbers must be between 1 and 1024")
-        self.broker.topics.create_or_update(
+        self.ctx.topics.create_or_update(
             TopicConfig(
                 h.topic,
                 read_queue_nums=h.read_queue_nums,
@@ -145,28 +153,28 @@ class AdminProcessor:
                 order=h.order,
             )
         )
-        await self.broker.persist_topics()
+        await self.ctx.persist_topics()
         return cmd.response()
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        table = {name: tc.to_json() for name, tc in self.broker.topics.all().items()}
+        table = {name: tc.to_json() for name, tc in self.ctx.topics.all().items()}
         return cmd.response(body=json_body({"topicConfigTable": table}))
 
     async def get_route_info_by_topic(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
-        if self.broker.cluster is not None:
-            cluster_route = self.broker.cluster.route(h.topic)
+        if self.ctx.cluster is not None:
+            cluster_route = self.ctx.cluster.route(h.topic)
             if cluster_route is None:
                 raise TopicNotExistError(
                     f"No topic route info in name server for the topic: {h.topic}"
                 )
             return cmd.response(body=json_body(cluster_route))
-        tc = self.broker.topics.route_config(h.topic)
+        tc = self.ctx.topics.route_config(h.topic)
         if tc is None:
             raise TopicNotExistError(f"No topic route info in name server for the topic: {h.topic}")
-        cfg = self.broker.config
+        cfg = self.ctx.config
         route: dict[str, Any] = {
             "orderTopicConf": None,
             "queueDatas": [
@@ -182,7 +190,7 @@ class AdminProcessor:
                 {
                     "cluster": cfg.broker_cluster_name,
                     "brokerName": cfg.broker_name,
-                    "brokerAddrs": {"0": self.broker.advertised_address},
+                    "brokerAddrs": {"0": self.advertised_address},
                 }
             ],
             "filterServerTable": {},
@@ -191,19 +199,19 @@ class AdminProcessor:
 
     async def cluster_status(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """``txmq cluster status``: the cluster as this broker sees it (cluster mode only)."""
-        if self.broker.cluster is None:
+        if self.ctx.cluster is None:
             return cmd.response(
                 ResponseCode.SERVICE_NOT_AVAILABLE,
                 "this broker runs as a single node (no etcdEndpoints): there is no cluster",
             )
-        return cmd.response(body=json_body(self.broker.cluster.status()))
+        return cmd.response(body=json_body(self.ctx.cluster.status()))
 
     async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
-        tc = self.broker.topics.get(h.topic)
+        tc = self.ctx.topics.get(h.topic)
         if tc is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist")
-        store = self.broker.store
+        store = self.ctx.store
         table = []
         for qid in range(tc.read_queue_nums):
             table.append(
@@ -214,8 +222,8 @@ class AdminProcessor:
                 }
             )
         groups = {}
-        for g in self.broker.offsets.groups():
-            offs = self.broker.offsets.offsets(g, h.topic)
+        for g in self.ctx.offsets.groups():
+            offs = self.ctx.offsets.offsets(g, h.topic)
             if offs:
                 groups[g] = {str(q): o for q, o in offs.items()}
         return cmd.response(
@@ -225,12 +233,12 @@ class AdminProcessor:
     async def get_broker_runtime_info(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        b = self.broker
+        b = self.ctx
         table: dict[str, Any] = {
             "brokerName": b.config.broker_name,
-            "brokerVersion": b.version,
-            "address": b.advertised_address,
-            "uptimeMs": int((time.monotonic() - b.started_monotonic) * 1000),
+            "brokerVersion": __version__,
+            "address": self.advertised_address,
+            "uptimeMs": int((time.monotonic() - self.started_monotonic) * 1000),
             "flushDiskType": b.config.flush_disk_type,
             "storePathRootDir": b.config.store_path_root_dir,
             "topics": len(
@@ -245,9 +253,9 @@ class AdminProcessor:
             "consumerGroups": b.clients.consumer_groups(),
         }
         table.update({f"store.{k}": v for k, v in b.store.stats().items()})
-        table.update({f"txn.{k}": v for k, v in b.transactions.summary().items()})
+        table.update({f"txn.{k}": v for k, v in self.transactions.summary().items()})
         return cmd.response(body=json_body({"table": table}))
 
     async def get_metrics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        self.broker.transactions.update_gauges()
-        return cmd.response(body=json_body(self.broker.metrics.snapshot()))
+        self.transactions.update_gauges()
+        return cmd.response(body=json_body(self.ctx.metrics.snapshot()))

@@ -22,9 +22,8 @@ from txmq.protocol.headers import (
     ResumeCheckHalfMessageRequestHeader,
 )
 
-from ..flush import FlushService
-from ..metrics import BrokerMetrics
-from ..transaction.service import TransactionalMessageService
+from ..messaging import MessagingCore
+from ..ports import ClusterPort
 from ..transaction.state import Decision, TxState
 
 log = structlog.get_logger(__name__)
@@ -38,22 +37,16 @@ def _decision(value: int, allowed: str) -> Decision:
 
 
 class TransactionProcessor:
-    def __init__(
-        self, tx: TransactionalMessageService, flush: FlushService, metrics: BrokerMetrics
-    ) -> None:
-        self.tx = tx
-        self.flush = flush
-        self.metrics = metrics
+    def __init__(self, core: MessagingCore, cluster: ClusterPort | None = None) -> None:
+        self.core = core
+        self.tx = core.tx
+        self.flush = core.ctx.flush
+        self.cluster = cluster
 
     async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = EndTransactionRequestHeader.from_ext_fields(cmd.ext_fields)
         decision = _decision(h.commit_or_rollback, "0, 8 or 12")
         rec = self.tx.find(h.transaction_id, h.commit_log_offset)
-        if h.from_transaction_check:
-            self.metrics.tx_checks_answered.inc()
-            if rec.state.decided:
-                self.metrics.tx_checks_unexpected.inc()
-            rec.check_in_flight = False
         half = next((x for x in rec.halves if x.commit_log_offset == h.commit_log_offset), None)
         if rec.producer_group != h.producer_group:
             raise BrokerSystemError(
@@ -70,22 +63,10 @@ class TransactionProcessor:
                 f"The transaction state table offset wrong: expected {half.queue_offset}, "
                 f"got {h.tran_state_table_offset}"
             )
-        if decision == Decision.UNKNOWN:
-            log.info(
-                "transaction_unknown",
-                transaction_id=rec.transaction_id,
-                from_check=h.from_transaction_check,
-                remark=cmd.remark,
-            )
-            return cmd.response(remark=f"transaction {rec.transaction_id} stays {rec.state.value}")
-        by = "check" if h.from_transaction_check else "producer"
-        already = rec.state.decided
-        end = self.tx.decide(rec, decision, by, cmd.remark or "")
-        await self.flush.wait_durable(end)
-        return cmd.response(
-            remark=f"transaction {rec.transaction_id} "
-            f"{'was already ' if already else ''}{rec.state.value}"
+        text = await self.core.end_transaction(
+            rec, decision, from_check=bool(h.from_transaction_check), remark=cmd.remark or ""
         )
+        return cmd.response(remark=text)
 
     async def decide_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = DecideBatchRequestHeader.from_ext_fields(cmd.ext_fields)
@@ -110,7 +91,7 @@ class TransactionProcessor:
                     }
                 ).encode()
             )
-        cluster = self.tx.broker.cluster
+        cluster = self.cluster
         if cluster is not None and key not in self.tx.batches:
             # The batch may span broker groups: its decision is one create-if-absent record in
             # etcd (the first decision wins everywhere); this group applies its part of it.
@@ -172,10 +153,5 @@ class TransactionProcessor:
         if decision == Decision.UNKNOWN:
             raise InvalidParameterError("an operator decision must be commit (8) or rollback (12)")
         rec = self.tx.find_by_any_id(h.transaction_id)
-        already = rec.state.decided
-        end = self.tx.decide(rec, decision, "operator", cmd.remark or "")
-        await self.flush.wait_durable(end)
-        return cmd.response(
-            remark=f"transaction {rec.transaction_id} "
-            f"{'was already ' if already else ''}{rec.state.value}"
-        )
+        text = await self.core.decide(rec, decision, "operator", cmd.remark or "")
+        return cmd.response(remark=text)

@@ -55,7 +55,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -145,19 +145,28 @@ class PutMessageResult:
     end_offset: int
 
 
-#: A message as the store appends it: every field of its stored form except those the store
-#: sets (queue offset, commit-log offset, store timestamp, store host), with the body's CRC and
-#: the tail (topic and properties, :func:`~txmq.protocol.message.encode_tail`) encoded::
-#:
-#:     (topic, queue_id, magic, body_crc, body, tail, flag, sys_flag, born_timestamp,
-#:      born_host, reconsume_times, prepared_transaction_offset, tags_code)
-#:
-#: ``born_host`` packed (:func:`~txmq.protocol.message.pack_host`), ``tags_code`` the
-#: consume-queue tag code of its TAGS.  A plain tuple: a batch decision makes 100,000s.
-EncodedMessage = tuple[str, int, int, int, bytes, bytes, int, int, int, bytes, int, int, int]
-#: Positions in an :data:`EncodedMessage`.
-ENC_BODY: Final = 4
-ENC_PREPARED_OFFSET: Final = 11
+class EncodedMessage(NamedTuple):
+    """A message as the store appends it: every field of its stored form except those the
+    store sets (queue offset, commit-log offset, store timestamp, store host), with the body's
+    CRC and the tail (topic and properties, :func:`~txmq.protocol.message.encode_tail`)
+    encoded.  A tuple: a batch decision makes 100,000s."""
+
+    topic: str
+    queue_id: int
+    magic: int
+    body_crc: int
+    body: bytes
+    #: topic and properties as stored
+    tail: bytes
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    #: :func:`~txmq.protocol.message.pack_host`
+    born_host: bytes
+    reconsume_times: int
+    prepared_transaction_offset: int
+    #: the consume-queue tag code of its TAGS
+    tags_code: int
 
 
 def encode_for_store(m: MessageExt) -> EncodedMessage:
@@ -171,7 +180,7 @@ def encode_for_store(m: MessageExt) -> EncodedMessage:
     except ProtocolError as exc:
         raise MessageIllegalError(f"cannot store message: {exc}") from None
     body = m.body if m.body.__class__ is bytes else bytes(m.body)
-    return (
+    return EncodedMessage(
         m.topic,
         m.queue_id,
         magic,
@@ -666,7 +675,7 @@ class MessageStore:
                     )
                 valid.add(dest)
             r = encode_for_store(m)
-            n = FIXED_SIZE + len(r[4]) + len(r[5])
+            n = FIXED_SIZE + len(r.body) + len(r.tail)
             if n > max_size:
                 raise MessageIllegalError(
                     f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
@@ -685,7 +694,7 @@ class MessageStore:
             m.commit_log_offset = phy
             m.queue_offset = qo
             m.store_size = n
-            m.body_crc = r[3]
+            m.body_crc = r.body_crc
             results.append(
                 _put_result(phy, n, qo, now_ms, f"{prefix}{phy:016X}", phy + RECORD_HEADER_SIZE + n)
             )

@@ -21,11 +21,9 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -36,31 +34,26 @@ from txmq.protocol.errors import (
     NoPermissionError,
     ProtocolError,
     QueryNotFoundError,
-    TxmqError,
 )
 from txmq.protocol.message import (
-    MAX_PROPERTIES_BYTES,
     MessageConst,
     MessageExt,
     MessageSysFlag,
-    batch_entry_at,
     decode_message,
     decode_offset_msg_id,
     encode_tail_of,
     pack_host,
-    properties_to_string,
-    stored_topic_part,
-    string_to_properties,
 )
 
+from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
 from ..store import (
+    AppendResult,
     EncodedMessage,
     GetMessageStatus,
     PutMessageResult,
     atomic_write,
     encode_for_store,
 )
-from ..store.message_store import ENC_BODY, ENC_PREPARED_OFFSET
 from ..store.tags import tags_code_of
 from ..topics import (
     RMQ_SYS_TRANS_HALF_TOPIC,
@@ -73,9 +66,7 @@ from .machine import TransactionStateMachine
 from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
 
 if TYPE_CHECKING:
-    from txmq.protocol.headers import SendMessageRequestHeader
-
-    from ..server import BrokerController
+    from ..context import BrokerContext
 
 log = structlog.get_logger(__name__)
 
@@ -86,93 +77,15 @@ CHECK_STATE_VERSION = 1
 RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
-_UNIQ_PREFIX = (MessageConst.UNIQ_KEY + "\x01").encode()
-_KV = b"\x01"
-_SEP = b"\x02"
-_I16 = struct.Struct(">h")
-#: Properties of a half that its committed message does not carry.
-_HALF_ONLY_PROPERTIES = (
-    MessageConst.REAL_TOPIC,
-    MessageConst.REAL_QID,
-    MessageConst.TRAN_MSG,
-    MessageConst.TRANSACTION_CHECK_TIMES,
-    MessageConst.TXMQ_BATCH_KEY,
-)
-
-
-def _committed_properties(props: dict[str, str]) -> dict[str, str]:
-    """A half's properties without the half-only ones (order kept): a copy, then a few
-    removals, cheaper than filtering every item."""
-    out = dict(props)
-    pop = out.pop
-    for key in _HALF_ONLY_PROPERTIES:
-        pop(key, None)
-    return out
-
-
-def _committed_sys_flag(sys_flag: int) -> int:
-    return MessageSysFlag.reset_transaction_value(
-        sys_flag & ~_HOST_V6_BITS, MessageSysFlag.TRANSACTION_COMMIT_TYPE
-    )
-
-
-@dataclass(slots=True)
-class _HalfTemplate:
-    """What the halves of a SEND_BATCH_MESSAGE share when their properties differ only in the
-    leading UNIQ_KEY (as the Spark sink's do): the properties after it, worked out once as
-    the half and as its committed message store them, and what the transaction table needs.
-
-    The tail of a half's stored form (after the body) is :meth:`half_head` for the length of
-    its UNIQ_KEY, the UNIQ_KEY, then :attr:`half_tail_rest`; its committed message's is
-    built the same way -- the bytes ``encode_tail`` gives for the whole properties dicts, whose
-    first key is UNIQ_KEY."""
-
-    txid: str
-    group: str
-    batch_key: str | None
-    real_topic: str
-    real_queue_id: int
-    immunity_ms: int | None
-    sys_flag: int
-    committed_sys_flag: int
-    tags_code: int
-    half_magic: int
-    half_topic_part: bytes
-    #: ``<02>`` and the half's properties after its UNIQ_KEY
-    half_tail_rest: bytes
-    committed_magic: int
-    committed_topic_part: bytes
-    committed_tail_rest: bytes
-    half_heads: dict[int, bytes] = field(default_factory=dict)
-    committed_heads: dict[int, bytes] = field(default_factory=dict)
-
-    def half_head(self, uniq_len: int) -> bytes | None:
-        """Topic, properties length and ``UNIQ_KEY<01>`` of a half whose UNIQ_KEY takes
-        ``uniq_len`` bytes; None when its properties would be too long."""
-        return self._head(self.half_heads, self.half_topic_part, self.half_tail_rest, uniq_len)
-
-    def committed_head(self, uniq_len: int) -> bytes | None:
-        """:meth:`half_head` of the committed message."""
-        return self._head(
-            self.committed_heads, self.committed_topic_part, self.committed_tail_rest, uniq_len
-        )
-
-    @staticmethod
-    def _head(cache: dict[int, bytes], topic_part: bytes, rest: bytes, n: int) -> bytes | None:
-        plen = len(_UNIQ_PREFIX) + n + len(rest)
-        if plen > MAX_PROPERTIES_BYTES:
-            return None
-        head = cache[n] = topic_part + _I16.pack(plen) + _UNIQ_PREFIX
-        return head
 
 
 class TransactionalMessageService:
     half_topic = RMQ_SYS_TRANS_HALF_TOPIC
     op_topic = RMQ_SYS_TRANS_OP_HALF_TOPIC
 
-    def __init__(self, broker: BrokerController, check_sender: CheckSender | None = None) -> None:
-        self.broker = broker
-        cfg = broker.config
+    def __init__(self, ctx: BrokerContext, check_sender: CheckSender | None = None) -> None:
+        self.ctx = ctx
+        cfg = ctx.config
         self.machine = TransactionStateMachine()
         self._check_state_path = os.path.join(
             cfg.store_path_root_dir, "transaction", "checkState.json"
@@ -191,13 +104,13 @@ class TransactionalMessageService:
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
-            lookup_message=broker.store.lookup_message,
-            producer_channels=broker.clients.producer_channels,
+            lookup_message=ctx.store.lookup_message,
+            producer_channels=ctx.clients.producer_channels,
             park=self.park,
             on_checked=self._mark_check_state_dirty,
             after_round=self._after_round,
             now_ms=self.now_ms,
-            metrics=broker.metrics,
+            metrics=ctx.metrics,
             interval_ms=cfg.transaction_check_interval,
             time_out_ms=cfg.transaction_time_out,
             check_max=cfg.transaction_check_max,
@@ -231,7 +144,7 @@ class TransactionalMessageService:
         return self.checks.rounds
 
     def now_ms(self) -> int:
-        return int(self.broker.clock() * 1000)
+        return int(self.ctx.clock() * 1000)
 
     # -- half messages --------------------------------------------------------------------------
 
@@ -241,7 +154,7 @@ class TransactionalMessageService:
 
     def prepare_half(self, msg: MessageExt, header_group: str) -> None:
         """Turn an incoming transactional send into a half message (before it is stored)."""
-        cfg = self.broker.config
+        cfg = self.ctx.config
         if cfg.reject_transaction_message:
             raise NoPermissionError(
                 f"the broker[{cfg.broker_name}] sending transaction message is forbidden "
@@ -280,7 +193,7 @@ class TransactionalMessageService:
             half = add_half(msg, result.offset_msg_id)
             if half is not None:
                 remember(msg, half)
-        self.broker.metrics.tx_half.inc(len(msgs))
+        self.ctx.metrics.tx_half.inc(len(msgs))
 
     def _add_half(self, msg: MessageExt, offset_msg_id: str) -> HalfRef | None:
         props = msg.properties
@@ -306,122 +219,34 @@ class TransactionalMessageService:
         self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
         return half
 
-    # -- the halves of a SEND_BATCH_MESSAGE, without message objects ----------------------------
+    # -- the halves of a SEND_BATCH_MESSAGE, stored by the fast path -------------------------
 
-    def put_batch_halves(
-        self,
-        h: SendMessageRequestHeader,
-        queue_id: int,
-        body: bytes,
-        born_host: tuple[str, int],
-    ) -> tuple[str, list[str], int, int] | None:
-        """Store a SEND_BATCH_MESSAGE of one transaction's halves whose properties differ
-        only in their leading UNIQ_KEY (the Spark sink's), straight from the request body:
-        the records, the transaction table and the committed copies to come are what the
-        generic path (:func:`~txmq.protocol.message.decode_batch`, :meth:`prepare_half`,
-        ``put_messages``, :meth:`on_halves_stored`) makes of the same batch, byte for byte,
-        without a dict, a message object or a properties string per half.
-
-        Returns ``(transaction id, offsetMsgIds, queue offset of the first, end offset)``, or
-        None when the batch does not qualify or anything in it is amiss: nothing is stored
-        then, and the generic path stores it or gives the error.
-        """
-        if body.__class__ is not bytes:
-            return None
-        max_body = self.broker.config.max_message_size
-        size = len(body)
-        entry_at = batch_entry_at
-        find = body.find
-        startswith = body.startswith
-        uniq_prefix = _UNIQ_PREFIX
-        uniq_at = len(uniq_prefix)
-        crc32 = zlib.crc32
-        join = b"".join
-        host = pack_host(born_host)
-        born_ts = h.born_timestamp
-        reconsume = h.reconsume_times or 0
-        half_topic = self.half_topic
-        templates: dict[bytes, _HalfTemplate] = {}
-        first: _HalfTemplate | None = None
-        t: _HalfTemplate | None = None
-        last_rest = b""
-        records: list[EncodedMessage] = []
-        append = records.append
-        kept: list[_HalfTemplate] = []  # each half's template
-        uniqs: list[bytes] = []  # each half's UNIQ_KEY
-        pos = 0
-        try:
-            while pos < size:
-                entry = entry_at(body, pos, max_body)
-                if entry is None:
-                    return None
-                total, flag, b, p, end = entry
-                if not startswith(uniq_prefix, p, end):
-                    return None
-                sep = find(_SEP, p, end)
-                if sep < 0:
-                    return None
-                rest = body[sep + 1 : end]
-                if t is None or rest != last_rest:
-                    t = templates.get(rest)
-                    if t is None:
-                        t = self._half_template(rest, h, queue_id)
-                        if t is None or (first is not None and t.txid != first.txid):
-                            return None
-                        templates[rest] = t
-                        if first is None:
-                            first = t
-                    last_rest = rest
-                u = body[p + uniq_at : sep]
-                head = t.half_heads.get(len(u)) or t.half_head(len(u))
-                if head is None:
-                    return None  # properties over the limit: the generic path refuses them
-                append(
-                    (
-                        half_topic,
-                        0,
-                        t.half_magic,
-                        crc32(b) & 0x7FFFFFFF,
-                        b,
-                        join((head, u, t.half_tail_rest)),
-                        flag,
-                        t.sys_flag,
-                        born_ts,
-                        host,
-                        reconsume,
-                        0,
-                        t.tags_code,
-                    )
-                )
-                kept.append(t)
-                uniqs.append(u)
-                pos += total
-        except struct.error:
-            return None
-        if first is None:
-            return None
-        # The UNIQ_KEYs (free of separators; \x02 ends each, so none holds one) as text.
-        joined = _SEP.join(uniqs)
-        if _KV in joined:
-            return None
-        try:
-            texts = joined.decode("utf-8").split("\x02")
-        except UnicodeDecodeError:
-            return None
-
-        res = self.broker.put_encoded(records)
-        # As on_halves_stored: the halves join their transaction, then are remembered.
+    def on_fast_halves_stored(self, batch: FastBatch, res: AppendResult) -> None:
+        """Halves the batch fast path (:mod:`txmq.broker.messaging.fastpath`) just stored join
+        their transaction and their committed messages are remembered: what
+        :meth:`on_halves_stored` does for the same halves as message objects."""
+        halves = batch.halves
+        assert halves is not None and batch.raw_uniqs is not None
+        first = halves[0]
         placed = res.placed
         now = res.store_timestamp
-        prefix = self.broker.store.msg_id_prefix
-        ids = [f"{prefix}{phy:016X}" for phy, _n, _qo in placed]
+        prefix = self.ctx.store.msg_id_prefix
         self.machine.add_halves(
             first.txid,
             first.group,
             first.batch_key,
             [
-                HalfRef(phy, qo, t.real_topic, t.real_queue_id, now, text, mid, t.immunity_ms)
-                for (phy, _n, qo), mid, text, t in zip(placed, ids, texts, kept, strict=True)
+                HalfRef(
+                    phy,
+                    qo,
+                    t.real_topic,
+                    t.real_queue_id,
+                    now,
+                    text,
+                    f"{prefix}{phy:016X}",
+                    t.immunity_ms,
+                )
+                for (phy, _n, qo), text, t in zip(placed, batch.uniq_keys, halves, strict=True)
             ],
         )
         limit = self._recent_max_bytes
@@ -429,98 +254,31 @@ class TransactionalMessageService:
             recent = self._recent_halves
             added = 0
             too_big = limit // 64
-            for (phy, _n, _qo), r, t, u in zip(placed, records, kept, uniqs, strict=True):
-                b = r[4]
+            for (phy, _n, _qo), r, t, u in zip(
+                placed, batch.records, halves, batch.raw_uniqs, strict=True
+            ):
+                b = r.body
                 if len(b) > too_big:
                     continue
-                head = t.committed_heads.get(len(u)) or t.committed_head(len(u))
+                form = t.committed
+                head = form.head(len(u))
                 if head is None:
                     continue  # the commit reads it back and refuses it, as the generic path
-                recent[phy] = (
-                    t.real_topic,
-                    t.real_queue_id,
-                    t.committed_magic,
-                    r[3],
+                recent[phy] = form.record(
+                    r.body_crc,
                     b,
-                    join((head, u, t.committed_tail_rest)),
-                    r[6],
-                    t.committed_sys_flag,
-                    born_ts,
-                    host,
-                    reconsume,
+                    head,
+                    u,
+                    r.flag,
+                    r.born_timestamp,
+                    r.born_host,
+                    r.reconsume_times,
                     phy,
-                    t.tags_code,
                 )
                 added += len(b)
             self._recent_bytes += added
             self._evict_recent()
-        self.broker.metrics.tx_half.inc(len(records))
-        return first.txid, ids, placed[0][2], res.end_offset
-
-    def _half_template(
-        self, rest: bytes, h: SendMessageRequestHeader, queue_id: int
-    ) -> _HalfTemplate | None:
-        """The :class:`_HalfTemplate` of halves whose properties after their UNIQ_KEY are
-        ``rest``: parsed and prepared (:meth:`prepare_half`) as the generic path does each
-        half; None when they do not qualify (not transactional, the transaction id not in a
-        property of its own, a UNIQ_KEY further on, anything refused)."""
-        try:
-            rest_props = string_to_properties(rest.decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
-        C = MessageConst
-        if (
-            C.UNIQ_KEY in rest_props
-            or rest_props.get(C.TRAN_MSG, "").lower() != "true"
-            or not rest_props.get(C.TRANSACTION_ID)
-        ):
-            return None
-        props = {C.UNIQ_KEY: "", **rest_props}  # the order of the wire
-        msg = MessageExt(
-            topic=h.topic, body=b"", queue_id=queue_id, sys_flag=h.sys_flag & ~0xC, properties=props
-        )
-        try:
-            self.prepare_half(msg, h.producer_group)
-        except TxmqError:
-            return None  # the generic path raises it for the first such half
-        committed = _committed_properties(props)
-        if next(iter(props)) != C.UNIQ_KEY or next(iter(committed)) != C.UNIQ_KEY:
-            return None
-        del props[C.UNIQ_KEY], committed[C.UNIQ_KEY]
-        txid = self.transaction_id_of(props)
-        immunity = props.get(C.CHECK_IMMUNITY_TIME_IN_SECONDS)
-        try:
-            immunity_ms = int(float(immunity) * 1000) if immunity else None
-        except ValueError:
-            immunity_ms = None
-        real_topic = props.get(C.REAL_TOPIC, "")
-        try:
-            real_queue_id = int(props.get(C.REAL_QID, "0") or 0)
-            half_magic, half_topic_part = stored_topic_part(msg.topic)
-            committed_magic, committed_topic_part = stored_topic_part(real_topic)
-            half_rest = properties_to_string(props).encode("utf-8")
-            committed_rest = properties_to_string(committed).encode("utf-8")
-        except (ProtocolError, ValueError):
-            return None
-        if not txid or txid != props.get(C.TRANSACTION_ID):
-            return None
-        return _HalfTemplate(
-            txid=txid,
-            group=props.get(C.PGROUP, ""),
-            batch_key=props.get(C.TXMQ_BATCH_KEY),
-            real_topic=real_topic,
-            real_queue_id=real_queue_id,
-            immunity_ms=immunity_ms,
-            sys_flag=msg.sys_flag,
-            committed_sys_flag=_committed_sys_flag(msg.sys_flag),
-            tags_code=tags_code_of(props.get(C.TAGS)),
-            half_magic=half_magic,
-            half_topic_part=half_topic_part,
-            half_tail_rest=_SEP + half_rest,
-            committed_magic=committed_magic,
-            committed_topic_part=committed_topic_part,
-            committed_tail_rest=_SEP + committed_rest,
-        )
+        self.ctx.metrics.tx_half.inc(len(batch.records))
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -540,7 +298,7 @@ class TransactionalMessageService:
                 return r
         try:
             _, offset = decode_offset_msg_id(any_id)
-            msg = self.broker.store.lookup_message(offset)
+            msg = self.ctx.store.lookup_message(offset)
         except (ProtocolError, QueryNotFoundError, KeyError):
             raise QueryNotFoundError(f"no transaction or half message with id {any_id}") from None
         txid = self.transaction_id_of(msg.properties)
@@ -558,12 +316,12 @@ class TransactionalMessageService:
         limit = self._recent_max_bytes
         if limit <= 0 or len(body) > limit // 64:
             return
-        props = _committed_properties(msg.properties)
+        props = committed_properties(msg.properties)
         try:
             magic, tail = encode_tail_of(half.real_topic, props)
         except ProtocolError:
             return  # the commit reads it back and refuses it
-        self._recent_halves[msg.commit_log_offset] = (
+        self._recent_halves[msg.commit_log_offset] = EncodedMessage(
             half.real_topic,
             half.real_queue_id,
             magic,
@@ -571,7 +329,7 @@ class TransactionalMessageService:
             body,
             tail,
             msg.flag,
-            _committed_sys_flag(msg.sys_flag),
+            committed_sys_flag(msg.sys_flag),
             msg.born_timestamp,
             pack_host(msg.born_host),
             msg.reconsume_times,
@@ -585,13 +343,13 @@ class TransactionalMessageService:
         recent = self._recent_halves
         while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > self._recent_max_bytes:
             _, oldest = recent.popitem(last=False)
-            self._recent_bytes -= len(oldest[ENC_BODY])
+            self._recent_bytes -= len(oldest.body)
 
     def _forget_halves(self, rec: TxRecord) -> None:
         for h in rec.halves:
             m = self._recent_halves.pop(h.commit_log_offset, None)
             if m is not None:
-                self._recent_bytes -= len(m[ENC_BODY])
+                self._recent_bytes -= len(m.body)
 
     def _real_message(self, half: HalfRef) -> MessageExt:
         """The message a commit delivers, read from the store: the half with its real topic
@@ -600,7 +358,7 @@ class TransactionalMessageService:
         Raises:
             QueryNotFoundError: the half is no longer stored.
         """
-        h = self.broker.store.lookup_message(half.commit_log_offset)
+        h = self.ctx.store.lookup_message(half.commit_log_offset)
         return MessageExt(
             topic=half.real_topic,
             body=h.body,
@@ -613,7 +371,7 @@ class TransactionalMessageService:
             born_host=h.born_host,
             reconsume_times=h.reconsume_times,
             prepared_transaction_offset=half.commit_log_offset,
-            properties=_committed_properties(h.properties),
+            properties=committed_properties(h.properties),
         )
 
     def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:
@@ -621,7 +379,7 @@ class TransactionalMessageService:
         each half while there is one and the commit log still holds that offset, else
         :meth:`_real_message` (read back from the store)."""
         pop = self._recent_halves.pop
-        min_phy = self.broker.store.min_phy_offset
+        min_phy = self.ctx.store.min_phy_offset
         out: list[EncodedMessage] = []
         append = out.append
         freed = 0
@@ -629,8 +387,8 @@ class TransactionalMessageService:
             for h in halves:
                 r = pop(h.commit_log_offset, None)
                 if r is not None:
-                    freed += len(r[ENC_BODY])
-                    if r[ENC_PREPARED_OFFSET] >= min_phy:
+                    freed += len(r.body)
+                    if r.prepared_transaction_offset >= min_phy:
                         append(r)
                         continue
                 append(encode_for_store(self._real_message(h)))
@@ -646,17 +404,17 @@ class TransactionalMessageService:
             body=op.encode(),
             queue_id=0,
             born_timestamp=self.now_ms(),
-            born_host=self.broker.store_host,
+            born_host=self.ctx.store_host,
             properties={MessageConst.TAGS: OP_TAG},
         )
-        end = self.broker.put_encoded([encode_for_store(record), *(extra or [])]).end_offset
+        end = self.ctx.write.put_encoded([encode_for_store(record), *(extra or [])]).end_offset
         for rec in self.machine.apply(op, end):
             self._count(rec)
         self._check_state_dirty = True
         return end
 
     def _count(self, rec: TxRecord) -> None:
-        m = self.broker.metrics
+        m = self.ctx.metrics
         if rec.state is TxState.COMMITTED:
             m.tx_commits.inc()
         elif rec.state is TxState.ROLLED_BACK:
@@ -724,7 +482,7 @@ class TransactionalMessageService:
         copies = []
         for h in rec.halves:
             try:
-                m = self.broker.store.lookup_message(h.commit_log_offset)
+                m = self.ctx.store.lookup_message(h.commit_log_offset)
             except (QueryNotFoundError, KeyError):
                 continue
             m.topic = TRANS_CHECK_MAX_TIME_TOPIC
@@ -764,22 +522,19 @@ class TransactionalMessageService:
         self.prune()
         self.update_gauges()
         await self.persist_check_state()
-        if (
-            self.now_ms() - self._last_snapshot_ms
-            >= self.broker.config.transaction_snapshot_interval
-        ):
+        if self.now_ms() - self._last_snapshot_ms >= self.ctx.config.transaction_snapshot_interval:
             await self.write_snapshot()
 
     def prune(self) -> int:
         """Forget decisions whose idempotency window is over (``transactionDecidedRetention``,
         ``transactionBatchRetention``), so memory stays bounded however many transactions were
         decided."""
-        cfg, now = self.broker.config, self.now_ms()
+        cfg, now = self.ctx.config, self.now_ms()
         n = self.machine.prune(
             now - cfg.transaction_decided_retention, now - cfg.transaction_batch_retention
         )
         if n:
-            self.broker.metrics.tx_pruned.inc(n)
+            self.ctx.metrics.tx_pruned.inc(n)
             log.debug("transactions_pruned", count=n, remembered=len(self.records))
         return n
 
@@ -799,7 +554,7 @@ class TransactionalMessageService:
             atomic_write(path, data)
 
         try:
-            await self.broker.in_background(write)
+            await self.ctx.in_background(write)
         except BaseException:
             self._check_state_dirty = True
             raise
@@ -821,7 +576,7 @@ class TransactionalMessageService:
     async def write_snapshot(self) -> None:
         """Snapshot the table (see :mod:`.snapshot`): taken here, written on the metadata
         thread once the commit log is flushed past what it covers."""
-        store = self.broker.store
+        store = self.ctx.store
         clog = store.max_phy_offset
         snap = snapshot.take(
             self.machine,
@@ -830,7 +585,7 @@ class TransactionalMessageService:
             store.get_max_offset_in_queue(self.op_topic, 0),
         )
         self._last_snapshot_ms = self.now_ms()
-        if await self.broker.flush.flush_now() < clog:
+        if await self.ctx.flush.flush_now() < clog:
             log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
             return
         path = self._snapshot_path
@@ -839,7 +594,7 @@ class TransactionalMessageService:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             atomic_write(path, snapshot.encode(snap))
 
-        await self.broker.in_background(write)
+        await self.ctx.in_background(write)
         log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
 
     def _load_snapshot(self) -> tuple[int | None, int | None]:
@@ -852,12 +607,12 @@ class TransactionalMessageService:
         except (OSError, snapshot.SnapshotError) as exc:
             log.warning("transaction_snapshot_ignored", path=self._snapshot_path, error=str(exc))
             return None, None
-        if snap.clog_offset > self.broker.store.max_phy_offset:
+        if snap.clog_offset > self.ctx.store.max_phy_offset:
             log.warning(
                 "transaction_snapshot_ignored",
                 reason="it covers more than the recovered commit log",
                 snapshot_offset=snap.clog_offset,
-                commit_log_offset=self.broker.store.max_phy_offset,
+                commit_log_offset=self.ctx.store.max_phy_offset,
             )
             return None, None
         snapshot.restore(self.machine, snap)
@@ -866,7 +621,7 @@ class TransactionalMessageService:
     # -- recovery -------------------------------------------------------------------------------
 
     def _read_queue(self, topic: str, start: int | None = None) -> Iterator[MessageExt]:
-        store = self.broker.store
+        store = self.ctx.store
         offset = store.get_min_offset_in_queue(topic, 0)
         if start is not None:
             offset = max(offset, start)
@@ -935,7 +690,7 @@ class TransactionalMessageService:
         """The last commit's messages were appended right after its op record; a crash can
         have cut that append short.  Write whatever is missing."""
         op_offset, half_offsets = last
-        store = self.broker.store
+        store = self.ctx.store
         wanted: dict[int, HalfRef] = {}
         for off in half_offsets:
             half = self.machine.half_at(off)
@@ -956,7 +711,7 @@ class TransactionalMessageService:
                 qoff -= 1
         missing = [h for off, h in sorted(wanted.items()) if off not in found]
         if missing:
-            self.broker.put_messages([self._real_message(h) for h in missing])
+            self.ctx.write.put_messages([self._real_message(h) for h in missing])
             log.warning(
                 "transaction_commit_completed_after_crash",
                 op_offset=op_offset,
@@ -974,7 +729,7 @@ class TransactionalMessageService:
                 groups.setdefault((h.real_topic, rec.producer_group), []).append(
                     now - rec.oldest_store_timestamp
                 )
-        g = self.broker.metrics
+        g = self.ctx.metrics
         g.tx_pending.clear()
         g.tx_pending_oldest.clear()
         for (topic, group), ages in groups.items():

@@ -42,12 +42,7 @@ TOPIC = "sink-t"
 @pytest.fixture
 async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
     """``fast`` as shipped, ``generic`` without the batch-halves fast path."""
-    async with broker_pair(
-        make_broker_config,
-        lambda b: b.transactions,
-        "put_batch_halves",
-        transaction_check_interval=60_000,
-    ) as p:
+    async with broker_pair(make_broker_config, transaction_check_interval=60_000) as p:
         yield p
 
 

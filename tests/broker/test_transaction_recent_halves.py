@@ -9,7 +9,6 @@ import pytest
 
 from tests.support.raw import RawClient
 from txmq.broker.server import BrokerController
-from txmq.broker.store.message_store import ENC_BODY
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.message import MessageExt
 
@@ -82,4 +81,4 @@ async def test_recent_halves_stay_bounded(
         await c.close()
     tx = broker.transactions
     assert len(tx._recent_halves) == 3
-    assert tx._recent_bytes == sum(len(m[ENC_BODY]) for m in tx._recent_halves.values())
+    assert tx._recent_bytes == sum(len(m.body) for m in tx._recent_halves.values())

@@ -5,68 +5,59 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from tests.support.raw import RawClient
 from txmq.broker.server import BrokerController
+from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import BatchBody, MessageConst, MessageExt, properties_to_string
 
+#: The ``path`` labels of the fast paths in ``txmq_batch_path_total``.
+FAST_PATHS = ("plain", "halves")
 #: Fields that differ between two brokers (their ports and clocks) for the same requests.
 PER_BROKER = ("born_host", "store_host", "store_timestamp")
 
 
 class BrokerPair:
-    """``fast`` as shipped, ``generic`` with the fast path ``owner(broker).<name>`` returning
-    None (its way of leaving a request to the generic path); ``used`` records, per call on
-    ``fast``, whether the fast path took the request."""
+    """``fast`` as shipped, ``generic`` with ``batchFastPathEnable`` off; ``used`` records, per
+    call on ``fast``, whether a fast path took the request (from ``txmq_batch_path_total``)."""
 
-    def __init__(
-        self,
-        fast: BrokerController,
-        generic: BrokerController,
-        owner: Callable[[BrokerController], Any],
-        name: str,
-    ) -> None:
+    def __init__(self, fast: BrokerController, generic: BrokerController) -> None:
         self.fast, self.generic = fast, generic
         self.used: list[bool] = []
-        inner = getattr(owner(fast), name)
-
-        def spy(*args: Any) -> Any:
-            out = inner(*args)
-            self.used.append(out is not None)
-            return out
-
-        setattr(owner(fast), name, spy)
-        setattr(owner(generic), name, lambda *args: None)
         self.clients: list[RawClient] = []
+
+    def fast_batches(self) -> float:
+        """Batches the fast broker stored through a fast path so far."""
+        snap = self.fast.metrics.snapshot()
+        return float(sum(snap.get(f"txmq_batch_path_total{{path={p}}}", 0.0) for p in FAST_PATHS))
 
     async def call(
         self, code: int, ext: dict[str, Any], body: bytes
     ) -> tuple[RemotingCommand, RemotingCommand]:
         a, b = self.clients
-        return await a.call(code, ext, body), await b.call(code, ext, body)
+        before = self.fast_batches()
+        ra = await a.call(code, ext, body)
+        if code == RequestCode.SEND_BATCH_MESSAGE:
+            self.used.append(self.fast_batches() > before)
+        return ra, await b.call(code, ext, body)
 
 
 @contextlib.asynccontextmanager
-async def broker_pair(
-    make_broker_config: Any,
-    owner: Callable[[BrokerController], Any],
-    name: str,
-    **config: Any,
-) -> AsyncIterator[BrokerPair]:
+async def broker_pair(make_broker_config: Any, **config: Any) -> AsyncIterator[BrokerPair]:
     """A started :class:`BrokerPair` with a raw client on each broker; both stopped at the
     end."""
     brokers: list[BrokerController] = []
     clients: list[RawClient] = []
     try:
-        for _ in range(2):
-            b = BrokerController(make_broker_config(**config))
+        for fast in (True, False):
+            b = BrokerController(make_broker_config(batch_fast_path_enable=fast, **config))
             await b.start()
             brokers.append(b)
-        pair = BrokerPair(brokers[0], brokers[1], owner, name)
+        pair = BrokerPair(brokers[0], brokers[1])
         for b in brokers:
             clients.append(await RawClient.connect(b.address))
         pair.clients = clients

@@ -1,0 +1,499 @@
+""":class:`MessagingCore`: what a send, a batch, a transaction decision, a delay, a consumer's
+send-back and a dead letter do, written once for both front ends.
+
+The front ends (remoting processors, the gRPC service) parse their request, build the
+:class:`~txmq.protocol.message.MessageExt` of each message, call the core and translate what it
+returns or raises (a :class:`~txmq.protocol.errors.TxmqError`) into their answer.  Nothing here
+knows a wire format; everything here is testable without a socket.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import structlog
+
+from txmq.protocol.errors import FlushDiskTimeoutError, MessageIllegalError, ProtocolError
+from txmq.protocol.headers import SendMessageRequestHeader
+from txmq.protocol.message import (
+    MessageConst,
+    MessageExt,
+    MessageSysFlag,
+    decode_batch,
+)
+
+from ..context import BrokerContext
+from ..store import PutMessageResult, TopicConfig
+from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
+from ..transaction.service import TransactionalMessageService
+from ..transaction.state import Decision, TxRecord
+from .dedup import DedupIndex, Key, Stored, keys_of
+from .fastpath import FastPaths
+
+log = structlog.get_logger(__name__)
+
+#: Properties that ask for delivery at a time rather than at a delay level: RocketMQ 5's timer
+#: (absolute ms, relative s, relative ms) and ONS's start-deliver time (absolute ms).
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS = "TIMER_DELAY_MS"
+START_DELIVER_TIME = "__STARTDELIVERTIME"
+
+
+class DeliveryTimeError(MessageIllegalError):
+    """A delivery time the broker cannot honour (malformed, or later than it can wait)."""
+
+
+@dataclass(slots=True)
+class SendReceipt:
+    """Where one message was stored, as every front end reports it."""
+
+    #: RocketMQ's offsetMsgId (store host + commit-log offset).
+    offset_msg_id: str
+    #: The producer's message id (UNIQ_KEY); RocketMQ 5's ``message_id``.
+    uniq_key: str
+    #: The queue the message is read from (a half's or delayed message's real queue).
+    queue_id: int
+    queue_offset: int
+    #: The transaction id of a half, None for other messages.
+    transaction_id: str | None
+    #: The commit-log offset that must be durable before the send is acknowledged.
+    end_offset: int
+    #: Where the message's record starts in the commit log.
+    commit_log_offset: int
+
+
+@dataclass(slots=True)
+class SendOutcome:
+    """The receipts of one send request, in request order.  ``flush_error``: the messages are
+    stored but were not durable in time (the front end answers FLUSH_DISK_TIMEOUT or its
+    equivalent with these receipts)."""
+
+    receipts: list[SendReceipt]
+    flush_error: FlushDiskTimeoutError | None = None
+
+
+def is_transactional(props: dict[str, str]) -> bool:
+    return props.get(MessageConst.TRAN_MSG, "").lower() == "true"
+
+
+class MessagingCore:
+    """The broker's use cases over its components (see :mod:`txmq.broker.messaging`)."""
+
+    def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
+        self.ctx = ctx
+        self.tx = transactions
+        self.fast = FastPaths(ctx, transactions)
+        cfg = ctx.config
+        self.dedup = DedupIndex(
+            cfg.duplicate_window_seconds * 1000, cfg.duplicate_window_max_entries, ctx.metrics
+        )
+
+    def recover(self) -> int:
+        """After the store is open: rebuild what is derived from the commit log (the
+        idempotent-send window)."""
+        return self.dedup.rebuild(self.ctx.store, self.ctx.now_ms())
+
+    # -- validation and routing ----------------------------------------------------------------
+
+    def check_body(self, body: bytes) -> None:
+        limit = self.ctx.config.max_message_size
+        if len(body) > limit:
+            raise MessageIllegalError(
+                f"message body size {len(body)} exceeds the limit of {limit} bytes (maxMessageSize)"
+            )
+
+    async def topic_for_send(self, topic: str, queue_nums: int) -> TopicConfig:
+        """The topic's config, created if the broker auto-creates topics; a creation is durable
+        before this returns (the send that created it is answered after)."""
+        tc = self.ctx.topics.for_send(topic, queue_nums)
+        if self.ctx.topics.table.dirty:
+            await self.ctx.persist_topics()
+        return tc
+
+    @staticmethod
+    def queue_id(requested: int, write_queues: int, topic: str) -> int:
+        """The queue a send goes to: the requested one (checked), any when none is asked."""
+        if requested < 0:
+            return random.randrange(write_queues)
+        if requested >= write_queues:
+            raise MessageIllegalError(
+                f"request queueId[{requested}] is illegal, topic {topic} has {write_queues} "
+                "write queues"
+            )
+        return requested
+
+    def prepare(self, msg: MessageExt, producer_group: str) -> None:
+        """Turn an incoming message into what is stored: a half message of a transaction
+        (``TRAN_MSG``), or a plain one routed through the delay levels when it asks for a
+        delay or a delivery time.
+
+        Raises:
+            MessageIllegalError: the sys flag contradicts the properties, or a delay is bad.
+            NoPermissionError: transactional messages are refused on this broker.
+        """
+        if is_transactional(msg.properties):
+            self.tx.prepare_half(msg, producer_group)
+            return
+        if MessageSysFlag.transaction_value(msg.sys_flag) != MessageSysFlag.TRANSACTION_NOT_TYPE:
+            raise MessageIllegalError("sysFlag marks a transaction but TRAN_MSG is not set")
+        self.route_delay(msg)
+
+    def deliver_at(self, msg: MessageExt, deliver_ms: int) -> None:
+        """Ask for ``msg`` to be delivered at ``deliver_ms`` (epoch ms): it goes through the
+        first delay level that waits at least that long.
+
+        Raises:
+            DeliveryTimeError: no delay level waits that long.
+        """
+        now = self.ctx.now_ms()
+        if deliver_ms <= now:
+            return
+        levels = self.ctx.delay_levels
+        wait = deliver_ms - now
+        level = next((i + 1 for i, ms in enumerate(levels) if ms >= wait), 0)
+        if level == 0:
+            raise DeliveryTimeError(
+                f"delivery in {wait / 1000:.0f}s is beyond the longest delay level "
+                f"({levels[-1] / 1000:.0f}s)"
+            )
+        msg.properties[MessageConst.DELAY] = str(level)
+        msg.properties[TIMER_DELIVER_MS] = str(deliver_ms)
+
+    def _timer_deliver_ms(self, props: dict[str, str]) -> int | None:
+        """The delivery time a message's timer properties ask for (epoch ms), or None."""
+        for key, scale, relative in (
+            (TIMER_DELIVER_MS, 1, False),
+            (START_DELIVER_TIME, 1, False),
+            (TIMER_DELAY_SEC, 1000, True),
+            (TIMER_DELAY_MS, 1, True),
+        ):
+            value = props.get(key)
+            if value is None:
+                continue
+            try:
+                n = int(value)
+            except ValueError:
+                raise DeliveryTimeError(f"{key} property {value!r} is not a number") from None
+            return self.ctx.now_ms() + n * scale if relative else n
+        return None
+
+    def route_delay(self, msg: MessageExt) -> None:
+        """Route a message with a ``DELAY`` level or a delivery time to the schedule topic
+        (RocketMQ's scheme: queue ``level - 1``, the real topic and queue in properties)."""
+        props = msg.properties
+        if MessageConst.DELAY not in props:
+            deliver = self._timer_deliver_ms(props)
+            if deliver is None:
+                return
+            self.deliver_at(msg, deliver)
+            if MessageConst.DELAY not in props:
+                return  # due already
+        level_s = props[MessageConst.DELAY]
+        try:
+            level = int(level_s)
+        except ValueError:
+            raise MessageIllegalError(f"DELAY property {level_s!r} is not a level number") from None
+        if level <= 0:
+            props.pop(MessageConst.DELAY, None)
+            return
+        level = min(level, len(self.ctx.delay_levels))
+        props[MessageConst.DELAY] = str(level)
+        props[MessageConst.REAL_TOPIC] = msg.topic
+        props[MessageConst.REAL_QID] = str(msg.queue_id)
+        msg.topic = SCHEDULE_TOPIC
+        msg.queue_id = level - 1
+
+    # -- sends ---------------------------------------------------------------------------------
+
+    def _receipt(self, msg: MessageExt, r: PutMessageResult) -> SendReceipt:
+        props = msg.properties
+        half = msg.topic == self.tx.half_topic
+        return SendReceipt(
+            offset_msg_id=r.offset_msg_id,
+            uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
+            queue_id=int(props.get(MessageConst.REAL_QID, msg.queue_id))
+            if half or msg.topic == SCHEDULE_TOPIC
+            else msg.queue_id,
+            queue_offset=r.queue_offset,
+            transaction_id=self.tx.transaction_id_of(props) if half else None,
+            end_offset=r.end_offset,
+            commit_log_offset=r.commit_log_offset,
+        )
+
+    async def durable(self, outcome: SendOutcome) -> SendOutcome:
+        """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
+        flush mode in force; a timeout is reported in the outcome, not raised."""
+        if outcome.receipts:
+            try:
+                await self.ctx.flush.wait_durable(max(r.end_offset for r in outcome.receipts))
+            except FlushDiskTimeoutError as exc:
+                outcome.flush_error = exc
+        return outcome
+
+    def store_prepared(self, msgs: list[MessageExt]) -> list[SendReceipt]:
+        """Store prepared messages (:meth:`prepare`) in one append; halves join their
+        transactions.  Not yet durable: see :meth:`durable`."""
+        results = self.ctx.write.put_messages(msgs)
+        half_topic = self.tx.half_topic
+        halves = [(m, r) for m, r in zip(msgs, results, strict=True) if m.topic == half_topic]
+        if halves:
+            self.tx.on_halves_stored([m for m, _ in halves], [r for _, r in halves])
+        return [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
+
+    def _remember(self, keys: list[Key | None], receipts: list[SendReceipt], now: int) -> None:
+        add = self.dedup.add
+        for key, r in zip(keys, receipts, strict=True):
+            if key is not None:
+                add(
+                    key,
+                    Stored(
+                        r.commit_log_offset,
+                        r.queue_id,
+                        r.queue_offset,
+                        r.transaction_id,
+                        r.end_offset,
+                        now,
+                    ),
+                )
+
+    def _first_sends(self, keys: list[Key | None]) -> list[SendReceipt | None]:
+        """The receipts of the messages of ``keys`` stored before within the window."""
+        now = self.ctx.now_ms()
+        get = self.dedup.get
+        prefix = self.ctx.store.msg_id_prefix
+        out: list[SendReceipt | None] = []
+        for key in keys:
+            s = get(key, now)
+            out.append(
+                None
+                if s is None or key is None
+                else SendReceipt(
+                    f"{prefix}{s.commit_log_offset:016X}",
+                    key[1],
+                    s.queue_id,
+                    s.queue_offset,
+                    s.transaction_id,
+                    s.end_offset,
+                    s.commit_log_offset,
+                )
+            )
+        return out
+
+    async def send(self, msgs: list[MessageExt], producer_group: str) -> SendOutcome:
+        """Prepare, store and make durable the messages of one request (all or none is
+        stored: every message is prepared before the first is stored).  A message stored
+        before within the duplicate window (a resend) is not stored again: its receipt is the
+        first send's (:mod:`.dedup`)."""
+        keys = [self.dedup.key(m.topic, m.properties) for m in msgs]
+        first = self._first_sends(keys) if any(keys) else [None] * len(msgs)
+        new = [m for m, f in zip(msgs, first, strict=True) if f is None]
+        for m in new:
+            self.prepare(m, producer_group)
+        stored = self.store_prepared(new) if new else []
+        if stored:
+            self._remember(
+                [k for k, f in zip(keys, first, strict=True) if f is None],
+                stored,
+                self.ctx.now_ms(),
+            )
+        it = iter(stored)
+        receipts = [f if f is not None else next(it) for f in first]
+        return await self.durable(SendOutcome(receipts))
+
+    async def send_batch(
+        self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
+    ) -> SendOutcome:
+        """A SEND_BATCH_MESSAGE body: plain messages, or the halves of one transaction.
+
+        The batch fast paths store it straight from the body when they can (the same bytes as
+        the generic path); otherwise each entry becomes a message here.  A resend of a batch
+        stored within the duplicate window is answered with the first send's receipts.
+
+        Raises:
+            MessageIllegalError: the body is malformed, empty, mixes plain messages and halves
+                (or halves of several transactions), a body is too large, or a plain message
+                has a delay.
+        """
+        batch = self.fast.parse(h, queue_id, body, born_host)
+        if batch is None:
+            msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
+            return await self.send(msgs, h.producer_group)
+        keys = keys_of(h.topic, batch.uniq_keys, self.dedup)
+        if any(keys):
+            first = self._first_sends(keys)
+            if any(f is not None for f in first):
+                # A resend (or partly one): the generic path stores what is new.
+                msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
+                return await self.send(msgs, h.producer_group)
+        res = self.fast.store(batch)
+        prefix = self.ctx.store.msg_id_prefix
+        txid = batch.txid
+        end = res.end_offset
+        receipts = [
+            SendReceipt(f"{prefix}{phy:016X}", uniq, queue_id, qo, txid, end, phy)
+            for (phy, _n, qo), uniq in zip(res.placed, batch.uniq_keys, strict=True)
+        ]
+        if any(keys):
+            self._remember(keys, receipts, res.store_timestamp)
+        return await self.durable(SendOutcome(receipts))
+
+    def batch_messages(
+        self,
+        h: SendMessageRequestHeader,
+        qid: int,
+        data: bytes,
+        born_host: tuple[str, int],
+        *,
+        prepare: bool = True,
+    ) -> list[MessageExt]:
+        """The messages of a SEND_BATCH_MESSAGE body, checked (halves prepared unless
+        ``prepare`` is False: :meth:`send` prepares them)."""
+        tx = self.tx
+        try:
+            entries = decode_batch(data)
+        except ProtocolError as exc:
+            raise MessageIllegalError(f"bad batch body: {exc}") from None
+        if not entries:
+            raise MessageIllegalError("the batch is empty")
+        transactional = is_transactional(entries[0][2])
+        txid = tx.transaction_id_of(entries[0][2]) if transactional else None
+        msgs = []
+        for body, flag, props in entries:
+            self.check_body(body)
+            if is_transactional(props) != transactional or (
+                transactional and tx.transaction_id_of(props) != txid
+            ):
+                raise MessageIllegalError(
+                    "a batch is either plain or the half messages of one transaction (same "
+                    "transaction id); this one mixes them"
+                )
+            if props.get(MessageConst.DELAY) and not transactional:
+                raise MessageIllegalError("delayed messages cannot be sent as a batch")
+            msg = MessageExt(
+                topic=h.topic,
+                body=body,
+                queue_id=qid,
+                flag=flag,
+                sys_flag=h.sys_flag & ~0xC,
+                born_timestamp=h.born_timestamp,
+                born_host=born_host,
+                reconsume_times=h.reconsume_times or 0,
+                properties=props,
+            )
+            if transactional and prepare:
+                tx.prepare_half(msg, h.producer_group)
+            msgs.append(msg)
+        return msgs
+
+    # -- transactions --------------------------------------------------------------------------
+
+    async def end_transaction(
+        self, rec: TxRecord, decision: Decision, *, from_check: bool, remark: str = ""
+    ) -> str:
+        """A producer's (or a check answer's) decision on ``rec``, durable before this
+        returns; the text tells what happened.  UNKNOWN leaves the transaction as it is.
+
+        Raises:
+            IllegalOperationError: ``rec`` already has the other outcome.
+            FlushDiskTimeoutError: the decision was not durable in time.
+        """
+        m = self.ctx.metrics
+        if from_check:
+            m.tx_checks_answered.inc()
+            if rec.state.decided:
+                m.tx_checks_unexpected.inc()
+            rec.check_in_flight = False
+        if decision == Decision.UNKNOWN:
+            log.info(
+                "transaction_unknown",
+                transaction_id=rec.transaction_id,
+                from_check=from_check,
+                remark=remark,
+            )
+            return f"transaction {rec.transaction_id} stays {rec.state.value}"
+        return await self.decide(rec, decision, "check" if from_check else "producer", remark)
+
+    async def decide(self, rec: TxRecord, decision: Decision, by: str, remark: str = "") -> str:
+        """Commit or roll back ``rec`` (first decision wins) and wait until it is durable."""
+        already = rec.state.decided
+        end = self.tx.decide(rec, decision, by, remark)
+        await self.ctx.flush.wait_durable(end)
+        return (
+            f"transaction {rec.transaction_id} {'was already ' if already else ''}{rec.state.value}"
+        )
+
+    # -- redelivery ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _copy_for(topic: str, orig: MessageExt, reconsume_times: int) -> MessageExt:
+        """A copy of ``orig`` for ``topic`` (retry or dead-letter), its origin recorded."""
+        props = dict(orig.properties)
+        props.setdefault(MessageConst.RETRY_TOPIC, orig.topic)
+        props.setdefault(MessageConst.ORIGIN_MESSAGE_ID, orig.msg_id)
+        props.pop(MessageConst.DELAY, None)
+        return MessageExt(
+            topic=topic,
+            body=orig.body,
+            queue_id=0,
+            flag=orig.flag,
+            sys_flag=orig.sys_flag & ~0xC,
+            born_timestamp=orig.born_timestamp,
+            born_host=orig.born_host,
+            reconsume_times=reconsume_times,
+            properties=props,
+        )
+
+    def dead_letter_now(self, group: str, orig: MessageExt, attempts: int) -> SendReceipt:
+        """Store a copy of ``orig`` in ``%DLQ%<group>`` (not yet durable, the topic's creation
+        written by the next housekeeping: for callers that cannot wait)."""
+        topic = dlq_topic(group)
+        self.ctx.topics.ensure(topic, 1)
+        log.warning(
+            "message_dead_lettered", group=group, msg_id=orig.msg_id, reconsume_times=attempts
+        )
+        return self.store_prepared([self._copy_for(topic, orig, attempts)])[0]
+
+    async def dead_letter(self, group: str, orig: MessageExt, attempts: int) -> SendReceipt:
+        """Park ``orig`` in ``%DLQ%<group>`` (durable before this returns)."""
+        receipt = self.dead_letter_now(group, orig, attempts)
+        await self.ctx.persist_topics()
+        outcome = await self.durable(SendOutcome([receipt]))
+        if outcome.flush_error is not None:
+            raise outcome.flush_error
+        return outcome.receipts[0]
+
+    async def send_back(
+        self,
+        group: str,
+        orig: MessageExt,
+        *,
+        delay_level: int,
+        max_reconsume_times: int | None,
+        origin_msg_id: str | None = None,
+    ) -> SendReceipt:
+        """A consumer could not process ``orig``: deliver it again later through
+        ``%RETRY%<group>`` with growing delays, or park it in ``%DLQ%<group>`` once it has
+        been tried ``max_reconsume_times`` times (or ``delay_level`` < 0)."""
+        max_times = (
+            max_reconsume_times
+            if max_reconsume_times is not None
+            else self.ctx.config.max_reconsume_times
+        )
+        if origin_msg_id:
+            orig.properties.setdefault(MessageConst.ORIGIN_MESSAGE_ID, origin_msg_id)
+        times = orig.reconsume_times + 1
+        if times > max_times or delay_level < 0:
+            return await self.dead_letter(group, orig, times)
+        topic = retry_topic(group)
+        self.ctx.topics.ensure(topic, 1)
+        await self.ctx.persist_topics()
+        msg = self._copy_for(topic, orig, times)
+        level = delay_level if delay_level > 0 else 3 + orig.reconsume_times
+        msg.properties[MessageConst.DELAY] = str(level)
+        self.route_delay(msg)
+        outcome = await self.durable(SendOutcome(self.store_prepared([msg])))
+        if outcome.flush_error is not None:
+            raise outcome.flush_error
+        return outcome.receipts[0]

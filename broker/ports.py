@@ -1,0 +1,49 @@
+"""Ports: what the broker's core asks of the layers above it, as typed protocols.
+
+The cluster layer (:mod:`txmq.broker.cluster`) implements them; a single broker has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from txmq.protocol.aio import Connection
+from txmq.protocol.command import RemotingCommand
+
+
+class ClusterPort(Protocol):
+    """What a leading broker asks its cluster node."""
+
+    def route(self, topic: str) -> dict[str, Any] | None:
+        """The topic's route over every broker group (RocketMQ's TopicRouteData), or None."""
+
+    def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
+        """``(group, queue config, leader's gRPC host:port)`` of every group that has
+        ``topic`` and a leader serving gRPC."""
+
+    def status(self) -> dict[str, Any]:
+        """The cluster as this node sees it (``txmq cluster status``)."""
+
+    async def batch_decision(
+        self, producer_group: str, batch_key: str, commit: list[str]
+    ) -> list[str]:
+        """The decision of a batch that may span broker groups: the first one recorded."""
+
+
+class ReplicationPort(Protocol):
+    """A leader's replication: told of every append, waited on for durability, and serving
+    the followers' requests."""
+
+    def on_append(self, destinations: Iterable[tuple[str, int]]) -> None: ...
+
+    async def wait_replicated(self, end_offset: int) -> None: ...
+
+    def close(self, why: str) -> None: ...
+
+    async def run(self) -> None: ...
+
+    def processors(
+        self,
+    ) -> dict[int, Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]]:
+        """The request codes the followers send, and their handlers."""
