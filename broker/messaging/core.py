@@ -243,10 +243,9 @@ class MessagingCore:
         return [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
 
     def _remember(self, keys: list[Key | None], receipts: list[SendReceipt], now: int) -> None:
-        add = self.dedup.add
-        for key, r in zip(keys, receipts, strict=True):
-            if key is not None:
-                add(
+        self.dedup.add_many(
+            [
+                (
                     key,
                     Stored(
                         r.commit_log_offset,
@@ -257,6 +256,11 @@ class MessagingCore:
                         now,
                     ),
                 )
+                for key, r in zip(keys, receipts, strict=True)
+                if key is not None
+            ],
+            now,
+        )
 
     def _first_sends(self, keys: list[Key | None]) -> list[SendReceipt | None]:
         """The receipts of the messages of ``keys`` stored before within the window."""

@@ -108,12 +108,18 @@ class DedupIndex:
         return found
 
     def add(self, key: Key | None, stored: Stored) -> None:
-        if key is None:
-            return
+        if key is not None:
+            self.add_many(((key, stored),), stored.store_timestamp)
+
+    def add_many(self, items: Iterable[tuple[Key, Stored]], now_ms: int) -> None:
+        """Remember first sends (in the order they were stored), then forget what is past
+        the window or over the bound."""
         entries = self._entries
-        entries[key] = stored
-        entries.move_to_end(key)
-        self._expire(stored.store_timestamp)
+        for key, stored in items:
+            if key in entries:  # stored again after its window: it is the newest now
+                del entries[key]
+            entries[key] = stored
+        self._expire(now_ms)
 
     def _expire(self, now_ms: int) -> None:
         entries = self._entries
