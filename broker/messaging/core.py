@@ -274,7 +274,7 @@ class MessagingCore:
                 None
                 if s is None or key is None
                 else SendReceipt(
-                    f"{prefix}{s.commit_log_offset:016X}",
+                    s.msg_id or f"{prefix}{s.commit_log_offset:016X}",
                     key[1],
                     s.queue_id,
                     s.queue_offset,

@@ -60,6 +60,10 @@ class Stored(NamedTuple):
     end_offset: int
     #: the store's clock when it was stored (ms): the window is measured on it
     store_timestamp: int
+    #: the offsetMsgId it was answered with, when another broker stored it (a recovered
+    #: record names the store host that wrote it: the old leader after a failover); None:
+    #: this broker's
+    msg_id: str | None = None
 
 
 Key = tuple[str, str]
@@ -210,7 +214,13 @@ def _entry_of(m: MessageExt) -> tuple[Key, Stored] | None:
     if not topic or not dedup_topic(topic):
         return None
     return (topic, uniq), Stored(
-        m.commit_log_offset, queue_id, m.queue_offset, txid, m.commit_log_offset, m.store_timestamp
+        m.commit_log_offset,
+        queue_id,
+        m.queue_offset,
+        txid,
+        m.commit_log_offset,
+        m.store_timestamp,
+        m.offset_msg_id,
     )
 
 
