@@ -13,17 +13,15 @@ How it improves on RocketMQ (see the design notes in ``docs/transactions.md``):
 * several halves may share one transaction id; one decision covers all of them atomically.
 
 This module joins the machine to the store: it appends op records (and, for a commit, the real
-messages right after them, in the same append) and then applies them.
+messages right after them, in the same append) and then applies them.  The table's own files
+(check state, snapshots) are in :mod:`.persistence`, rebuilding the table at start is in
+:mod:`.recovery`.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
-import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -39,7 +37,6 @@ from txmq.protocol.message import (
     MessageConst,
     MessageExt,
     MessageSysFlag,
-    decode_message,
     decode_offset_msg_id,
     encode_tail_of,
     pack_host,
@@ -49,9 +46,7 @@ from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_
 from ..store import (
     AppendResult,
     EncodedMessage,
-    GetMessageStatus,
     PutMessageResult,
-    atomic_write,
     encode_for_store,
 )
 from ..store.tags import tags_code_of
@@ -60,17 +55,17 @@ from ..topics import (
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
 )
-from . import snapshot
 from .check import CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
-from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
+from .persistence import TransactionPersistence
+from .recovery import TransactionRecovery
+from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, TxRecord, TxState
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
 
 log = structlog.get_logger(__name__)
 
-CHECK_STATE_VERSION = 1
 #: Most in-memory copies of recently stored halves (see
 #: :meth:`TransactionalMessageService._remember_half`); their body bytes are bounded by
 #: ``transactionRecentHalvesBytes``.
@@ -87,14 +82,14 @@ class TransactionalMessageService:
         self.ctx = ctx
         cfg = ctx.config
         self.machine = TransactionStateMachine()
-        self._check_state_path = os.path.join(
-            cfg.store_path_root_dir, "transaction", "checkState.json"
+        self.persistence = TransactionPersistence(
+            self.machine,
+            store_root=cfg.store_path_root_dir,
+            store=ctx.store,
+            flush_now=ctx.flush.flush_now,
+            in_background=ctx.in_background,
+            now_ms=self.now_ms,
         )
-        self._check_state_dirty = False
-        self._snapshot_path = os.path.join(
-            cfg.store_path_root_dir, "transaction", "snapshot.msgpack"
-        )
-        self._last_snapshot_ms = 0
         #: commit-log offset -> the half's committed message encoded for the store, for the
         #: halves stored lately (oldest first): a commit that follows soon appends these
         #: instead of reading, decoding and encoding the halves again.
@@ -107,7 +102,7 @@ class TransactionalMessageService:
             lookup_message=ctx.store.lookup_message,
             producer_channels=ctx.clients.producer_channels,
             park=self.park,
-            on_checked=self._mark_check_state_dirty,
+            on_checked=self.persistence.mark_check_state_dirty,
             after_round=self._after_round,
             now_ms=self.now_ms,
             metrics=ctx.metrics,
@@ -410,7 +405,7 @@ class TransactionalMessageService:
         end = self.ctx.write.put_encoded([encode_for_store(record), *(extra or [])]).end_offset
         for rec in self.machine.apply(op, end):
             self._count(rec)
-        self._check_state_dirty = True
+        self.persistence.mark_check_state_dirty()
         return end
 
     def _count(self, rec: TxRecord) -> None:
@@ -515,14 +510,11 @@ class TransactionalMessageService:
     async def check_round(self) -> dict[str, int]:
         return await self.checks.check_round()
 
-    def _mark_check_state_dirty(self) -> None:
-        self._check_state_dirty = True
-
     async def _after_round(self) -> None:
         self.prune()
         self.update_gauges()
         await self.persist_check_state()
-        if self.now_ms() - self._last_snapshot_ms >= self.ctx.config.transaction_snapshot_interval:
+        if self.persistence.snapshot_due(self.ctx.config.transaction_snapshot_interval):
             await self.write_snapshot()
 
     def prune(self) -> int:
@@ -538,186 +530,41 @@ class TransactionalMessageService:
             log.debug("transactions_pruned", count=n, remembered=len(self.records))
         return n
 
-    # -- persistence of check state -------------------------------------------------------------
+    # -- persistence (check state, snapshots: :mod:`.persistence`) ------------------------------
 
     async def persist_check_state(self) -> None:
-        """Write the check-state index if it changed: the snapshot is taken here, the write runs
-        on the broker's metadata thread."""
-        if not self._check_state_dirty:
-            return
-        self._check_state_dirty = False
-        doc = {"version": CHECK_STATE_VERSION, "checks": self.machine.check_counts()}
-        path, data = self._check_state_path, json.dumps(doc).encode()
-
-        def write() -> None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, data)
-
-        try:
-            await self.ctx.in_background(write)
-        except BaseException:
-            self._check_state_dirty = True
-            raise
-
-    def _load_check_state(self) -> None:
-        try:
-            with open(self._check_state_path, "rb") as fh:
-                doc = json.loads(fh.read())
-        except FileNotFoundError:
-            return
-        except (OSError, json.JSONDecodeError) as exc:
-            log.warning("check_state_unreadable", path=self._check_state_path, error=repr(exc))
-            return
-        for txid, (times, last) in (doc.get("checks") or {}).items():
-            self.machine.restore_check(txid, int(times), int(last))
-
-    # -- snapshots ------------------------------------------------------------------------------
+        """Write the check-state index if it changed."""
+        await self.persistence.persist_check_state()
 
     async def write_snapshot(self) -> None:
-        """Snapshot the table (see :mod:`.snapshot`): taken here, written on the metadata
-        thread once the commit log is flushed past what it covers."""
-        store = self.ctx.store
-        clog = store.max_phy_offset
-        snap = snapshot.take(
-            self.machine,
-            clog,
-            store.get_max_offset_in_queue(self.half_topic, 0),
-            store.get_max_offset_in_queue(self.op_topic, 0),
-        )
-        self._last_snapshot_ms = self.now_ms()
-        if await self.ctx.flush.flush_now() < clog:
-            log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
-            return
-        path = self._snapshot_path
+        """Snapshot the table (see :mod:`.snapshot`)."""
+        await self.persistence.write_snapshot()
 
-        def write() -> None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, snapshot.encode(snap))
-
-        await self.ctx.in_background(write)
-        log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
-
-    def _load_snapshot(self) -> tuple[int | None, int | None]:
-        """Restore the last snapshot if it is usable; the queue offsets to replay from."""
-        try:
-            with open(self._snapshot_path, "rb") as fh:
-                snap = snapshot.decode(fh.read())
-        except FileNotFoundError:
-            return None, None
-        except (OSError, snapshot.SnapshotError) as exc:
-            log.warning("transaction_snapshot_ignored", path=self._snapshot_path, error=str(exc))
-            return None, None
-        if snap.clog_offset > self.ctx.store.max_phy_offset:
-            log.warning(
-                "transaction_snapshot_ignored",
-                reason="it covers more than the recovered commit log",
-                snapshot_offset=snap.clog_offset,
-                commit_log_offset=self.ctx.store.max_phy_offset,
-            )
-            return None, None
-        snapshot.restore(self.machine, snap)
-        return snap.half_from, snap.op_from
-
-    # -- recovery -------------------------------------------------------------------------------
-
-    def _read_queue(self, topic: str, start: int | None = None) -> Iterator[MessageExt]:
-        store = self.ctx.store
-        offset = store.get_min_offset_in_queue(topic, 0)
-        if start is not None:
-            offset = max(offset, start)
-        while True:
-            r = store.get_messages(topic, 0, offset, 256)
-            if r.status is GetMessageStatus.FOUND:
-                for raw in r.messages:
-                    yield decode_message(raw)
-                offset = r.next_begin_offset
-            elif r.next_begin_offset > offset:
-                offset = r.next_begin_offset
-            else:
-                return
+    # -- recovery (:mod:`.recovery`) ------------------------------------------------------------
 
     def load(self) -> dict[str, int]:
-        """Rebuild the table: the last snapshot, then the half and op queues after it (all of
-        them without one), merged in commit-log order and applied through the state machine;
-        load the check-state index; finish a commit that a crash interrupted."""
-        half_from, op_from = self._load_snapshot()
-        halves = ((m.commit_log_offset, 0, m) for m in self._read_queue(self.half_topic, half_from))
-        ops = ((m.commit_log_offset, 1, m) for m in self._read_queue(self.op_topic, op_from))
-        n_half = n_op = 0
-        last_commit: tuple[int, tuple[int, ...]] | None = None
-        for offset, kind, m in heapq.merge(halves, ops, key=lambda x: (x[0], x[1])):
-            if kind == 0:
-                self._add_half(m, m.offset_msg_id)
-                n_half += 1
-                continue
-            n_op += 1
-            try:
-                op = OpRecord.decode(m.body)
-            except OpRecordError as exc:
-                log.warning("op_record_unreadable", offset=offset, error=str(exc))
-                continue
-            self.machine.apply(op, m.commit_log_offset)
-            if op.kind in (OpKind.COMMIT, OpKind.BATCH) and op.halves:
-                last_commit = (m.commit_log_offset, op.halves)
-        if last_commit is None and half_from is not None:
-            last_commit = self._last_commit_in_snapshot()
-        self._load_check_state()
-        repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
+        """Rebuild the table (the last snapshot, the half and op queues after it, the check
+        state; a commit a crash interrupted is finished), then forget what is past retention."""
+        found = TransactionRecovery(
+            self.machine,
+            self.persistence,
+            store=self.ctx.store,
+            write=self.ctx.write,
+            add_half=self._add_half,
+            real_message=self._real_message,
+        ).run()
         pruned = self.prune()
         self.update_gauges()
         stats = {
-            "snapshot": int(half_from is not None),
-            "halves": n_half,
-            "ops": n_op,
+            "snapshot": int(found.snapshot),
+            "halves": found.halves,
+            "ops": found.ops,
             "pending": len(self.pending),
-            "repaired": repaired,
+            "repaired": found.repaired,
             "pruned": pruned,
         }
         log.info("transactions_recovered", **stats)
         return stats
-
-    def _last_commit_in_snapshot(self) -> tuple[int, tuple[int, ...]] | None:
-        """The newest commit the snapshot holds, as the tail's last commit would be given: its
-        messages lie after its halves, so scanning back to the newest half is enough."""
-        committed = [r for r in self.records.values() if r.state is TxState.COMMITTED and r.halves]
-        if not committed:
-            return None
-        rec = max(committed, key=lambda r: r.decision_end_offset)
-        offsets = tuple(h.commit_log_offset for h in rec.halves)
-        return max(offsets), offsets
-
-    def _complete_interrupted_commit(self, last: tuple[int, tuple[int, ...]]) -> int:
-        """The last commit's messages were appended right after its op record; a crash can
-        have cut that append short.  Write whatever is missing."""
-        op_offset, half_offsets = last
-        store = self.ctx.store
-        wanted: dict[int, HalfRef] = {}
-        for off in half_offsets:
-            half = self.machine.half_at(off)
-            if half is not None:
-                wanted[off] = half
-        found: set[int] = set()
-        for q in {(h.real_topic, h.real_queue_id) for h in wanted.values()}:
-            qoff = store.get_max_offset_in_queue(*q) - 1
-            floor = store.get_min_offset_in_queue(*q)
-            while qoff >= floor:
-                r = store.get_messages(q[0], q[1], qoff, 1)
-                if r.status is not GetMessageStatus.FOUND:
-                    break
-                m = decode_message(r.messages[0])
-                if m.commit_log_offset < op_offset:
-                    break
-                found.add(m.prepared_transaction_offset)
-                qoff -= 1
-        missing = [h for off, h in sorted(wanted.items()) if off not in found]
-        if missing:
-            self.ctx.write.put_messages([self._real_message(h) for h in missing])
-            log.warning(
-                "transaction_commit_completed_after_crash",
-                op_offset=op_offset,
-                written=len(missing),
-            )
-        return len(missing)
 
     # -- metrics --------------------------------------------------------------------------------
 

@@ -90,8 +90,9 @@ class TxRecord:
     check_in_flight: bool = False
     decided_ms: int = 0
     decided_by: str = ""
-    #: commit-log end offset of the decision's op record: a repeated decision waits for it to
-    #: be durable before answering, exactly like the first one did.
+    #: commit-log offset where the decision's append ends (its op record and, for a commit,
+    #: the committed messages right after it), the same live and after a restart: a repeated
+    #: decision waits for it to be durable before answering, exactly like the first one did.
     decision_end_offset: int = 0
     remark: str = ""
     #: A decided record's snapshot row as :mod:`.snapshot` packed it last (with the number of

@@ -1,0 +1,151 @@
+"""The transaction table's own files, next to the store: the check-state index and the
+snapshot.  Both are written from the event loop's copy of the table, on the broker's metadata
+thread, with an atomic replace; both are only ever an optimisation of what the half and op
+queues in the commit log say, so an unreadable file is logged and ignored.
+
+Files, under ``<store>/transaction/``:
+
+* ``checkState.json``: ``{"version": 1, "checks": {txid: [checkTimes, lastCheckMs], ...}}``,
+  the check counts of pending and parked transactions (halves are never rewritten to count
+  checks, as RocketMQ does);
+* ``snapshot.msgpack``: the whole table and the queue positions it covers (:mod:`.snapshot`).
+
+The persistence gets only what it uses: the state machine, the store (to know what a snapshot
+covers), a flush of the commit log, the metadata thread and the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ..store import atomic_write
+from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
+from . import snapshot
+from .machine import TransactionStateMachine
+
+if TYPE_CHECKING:
+    from ..context import Background
+    from ..store import MessageStore
+
+log = structlog.get_logger(__name__)
+
+CHECK_STATE_VERSION = 1
+
+
+class TransactionPersistence:
+    """Writes and reads the check-state index and the snapshot of one broker's table."""
+
+    def __init__(
+        self,
+        machine: TransactionStateMachine,
+        *,
+        store_root: str,
+        store: MessageStore,
+        flush_now: Callable[[], Awaitable[int]],
+        in_background: Background,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.machine = machine
+        self.store = store
+        self._flush_now = flush_now
+        self._in_background = in_background
+        self._now_ms = now_ms
+        self.check_state_path = os.path.join(store_root, "transaction", "checkState.json")
+        self.snapshot_path = os.path.join(store_root, "transaction", "snapshot.msgpack")
+        #: the check counts changed since the index was last written
+        self.check_state_dirty = False
+        #: broker time of the last snapshot taken (0: none yet)
+        self.last_snapshot_ms = 0
+
+    def mark_check_state_dirty(self) -> None:
+        self.check_state_dirty = True
+
+    # -- check state --------------------------------------------------------------------------
+
+    async def persist_check_state(self) -> None:
+        """Write the check-state index if it changed: the snapshot is taken here, the write runs
+        on the broker's metadata thread."""
+        if not self.check_state_dirty:
+            return
+        self.check_state_dirty = False
+        doc = {"version": CHECK_STATE_VERSION, "checks": self.machine.check_counts()}
+        path, data = self.check_state_path, json.dumps(doc).encode()
+
+        def write() -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data)
+
+        try:
+            await self._in_background(write)
+        except BaseException:
+            self.check_state_dirty = True
+            raise
+
+    def load_check_state(self) -> None:
+        """Give the machine's transactions the check counts the index holds (at start)."""
+        try:
+            with open(self.check_state_path, "rb") as fh:
+                doc = json.loads(fh.read())
+        except FileNotFoundError:
+            return
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("check_state_unreadable", path=self.check_state_path, error=repr(exc))
+            return
+        for txid, (times, last) in (doc.get("checks") or {}).items():
+            self.machine.restore_check(txid, int(times), int(last))
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot_due(self, interval_ms: int) -> bool:
+        return self._now_ms() - self.last_snapshot_ms >= interval_ms
+
+    async def write_snapshot(self) -> None:
+        """Snapshot the table (see :mod:`.snapshot`): taken here, written on the metadata
+        thread once the commit log is flushed past what it covers."""
+        store = self.store
+        clog = store.max_phy_offset
+        snap = snapshot.take(
+            self.machine,
+            clog,
+            store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0),
+            store.get_max_offset_in_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, 0),
+        )
+        self.last_snapshot_ms = self._now_ms()
+        if await self._flush_now() < clog:
+            log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
+            return
+        path = self.snapshot_path
+
+        def write() -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, snapshot.encode(snap))
+
+        await self._in_background(write)
+        log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
+
+    def load_snapshot(self) -> tuple[int | None, int | None]:
+        """Restore the last snapshot into the (empty) machine if it is usable; the half and op
+        queue offsets to replay from, (None, None) without one."""
+        try:
+            with open(self.snapshot_path, "rb") as fh:
+                snap = snapshot.decode(fh.read())
+        except FileNotFoundError:
+            return None, None
+        except (OSError, snapshot.SnapshotError) as exc:
+            log.warning("transaction_snapshot_ignored", path=self.snapshot_path, error=str(exc))
+            return None, None
+        if snap.clog_offset > self.store.max_phy_offset:
+            log.warning(
+                "transaction_snapshot_ignored",
+                reason="it covers more than the recovered commit log",
+                snapshot_offset=snap.clog_offset,
+                commit_log_offset=self.store.max_phy_offset,
+            )
+            return None, None
+        snapshot.restore(self.machine, snap)
+        return snap.half_from, snap.op_from

@@ -1,0 +1,212 @@
+"""Rebuilding the transaction table when the broker starts.
+
+The table is what the half queue and the op queue say, applied in commit-log order through the
+same state machine the live broker uses: the last snapshot (:mod:`.persistence`) stands in for
+the part of both queues it covers, the check-state index adds the check counts, and a commit
+that a crash cut short is finished.
+
+Every field a replayed decision sets is what the live decision set, in particular
+``decision_end_offset``: live, the end of the decision's whole append (the op record and, for a
+commit, the committed messages right after it, see
+:meth:`~.service.TransactionalMessageService.decide`); on replay, the end of the op record and
+of the committed messages found right after it.  A repeated decision waits for that offset to
+be durable, before a restart as after one.
+
+Recovery gets only what it uses: the store (to read the queues and the committed messages), the
+write path (to finish an interrupted commit), the state machine, the persistence, and the
+service's ways to add a stored half and to rebuild a half's committed message.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from txmq.protocol.errors import QueryNotFoundError
+from txmq.protocol.message import MessageExt, decode_message
+
+from ..store import GetMessageStatus
+from ..store.commit_log import RECORD_HEADER_SIZE
+from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
+from .machine import TransactionStateMachine
+from .persistence import TransactionPersistence
+from .state import HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
+
+if TYPE_CHECKING:
+    from ..messaging.write import WritePath
+    from ..store import MessageStore
+
+log = structlog.get_logger(__name__)
+
+#: PREPARED_TRANSACTION_OFFSET in a stored message (see :mod:`txmq.protocol.message`): a
+#: committed message's half.
+_PREPARED_OFFSET = struct.Struct(">q")
+_POS_PREPARED_OFFSET = 76
+#: Op records followed by committed messages in the same append.
+_COMMITTING = (OpKind.COMMIT, OpKind.BATCH)
+
+#: The last commit replayed: (commit-log offset to scan back to, offsets of its halves).
+LastCommit = tuple[int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Recovered:
+    #: a snapshot was restored
+    snapshot: bool
+    #: halves and op records replayed after it
+    halves: int
+    ops: int
+    #: committed messages written to finish a commit a crash interrupted
+    repaired: int
+
+
+class TransactionRecovery:
+    def __init__(
+        self,
+        machine: TransactionStateMachine,
+        persistence: TransactionPersistence,
+        *,
+        store: MessageStore,
+        write: WritePath,
+        add_half: Callable[[MessageExt, str], HalfRef | None],
+        real_message: Callable[[HalfRef], MessageExt],
+    ) -> None:
+        self.machine = machine
+        self.persistence = persistence
+        self.store = store
+        self.write = write
+        self._add_half = add_half
+        self._real_message = real_message
+
+    def run(self) -> Recovered:
+        """Rebuild the table: the last snapshot, then the half and op queues after it (all of
+        them without one), merged in commit-log order and applied through the state machine;
+        load the check-state index; finish a commit that a crash interrupted."""
+        half_from, op_from = self.persistence.load_snapshot()
+        halves = (
+            (m.commit_log_offset, 0, m)
+            for m in self._read_queue(RMQ_SYS_TRANS_HALF_TOPIC, half_from)
+        )
+        ops = (
+            (m.commit_log_offset, 1, m)
+            for m in self._read_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, op_from)
+        )
+        n_half = n_op = 0
+        last_commit: LastCommit | None = None
+        for offset, kind, m in heapq.merge(halves, ops, key=lambda x: (x[0], x[1])):
+            if kind == 0:
+                self._add_half(m, m.offset_msg_id)
+                n_half += 1
+                continue
+            n_op += 1
+            try:
+                op = OpRecord.decode(m.body)
+            except OpRecordError as exc:
+                log.warning("op_record_unreadable", offset=offset, error=str(exc))
+                continue
+            self.machine.apply(op, self._append_end(m, op))
+            if op.kind in _COMMITTING and op.halves:
+                last_commit = (m.commit_log_offset, op.halves)
+        if last_commit is None and half_from is not None:
+            last_commit = self._last_commit_in_snapshot()
+        self.persistence.load_check_state()
+        repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
+        return Recovered(half_from is not None, n_half, n_op, repaired)
+
+    def _read_queue(self, topic: str, start: int | None = None) -> Iterator[MessageExt]:
+        store = self.store
+        offset = store.get_min_offset_in_queue(topic, 0)
+        if start is not None:
+            offset = max(offset, start)
+        while True:
+            r = store.get_messages(topic, 0, offset, 256)
+            if r.status is GetMessageStatus.FOUND:
+                for raw in r.messages:
+                    yield decode_message(raw)
+                offset = r.next_begin_offset
+            elif r.next_begin_offset > offset:
+                offset = r.next_begin_offset
+            else:
+                return
+
+    def _append_end(self, m: MessageExt, op: OpRecord) -> int:
+        """Where the append of op record ``m`` ended, as the live decision returned it: after
+        the record and, for a commit, after the committed messages of ``op``'s halves that
+        follow it back to back (all of them unless a crash cut the append short, see
+        :meth:`_complete_interrupted_commit`)."""
+        end = m.commit_log_offset + RECORD_HEADER_SIZE + m.store_size
+        if op.kind not in _COMMITTING or not op.halves:
+            return end
+        read = self.store.read_message_bytes
+        unpack = _PREPARED_OFFSET.unpack_from
+        expected = set(op.halves)
+        while expected:
+            try:
+                payload = read(end)
+            except QueryNotFoundError:
+                break  # the end of the log
+            half = unpack(payload, _POS_PREPARED_OFFSET)[0]
+            if half not in expected:
+                break  # not this commit's: its append ended before
+            expected.discard(half)
+            end += RECORD_HEADER_SIZE + len(payload)
+        return end
+
+    def _last_commit_in_snapshot(self) -> LastCommit | None:
+        """The newest commit the snapshot holds, as the tail's last commit would be given: its
+        messages lie after its halves, so scanning back to the newest half is enough."""
+        committed = [
+            r for r in self.machine.records.values() if r.state is TxState.COMMITTED and r.halves
+        ]
+        if not committed:
+            return None
+        rec = max(committed, key=lambda r: r.decision_end_offset)
+        offsets = tuple(h.commit_log_offset for h in rec.halves)
+        return max(offsets), offsets
+
+    def _complete_interrupted_commit(self, last: LastCommit) -> int:
+        """The last commit's messages were appended right after its op record; a crash can
+        have cut that append short.  Write whatever is missing; a repeat of that decision then
+        waits for this append too."""
+        op_offset, half_offsets = last
+        store = self.store
+        wanted: dict[int, HalfRef] = {}
+        for off in half_offsets:
+            half = self.machine.half_at(off)
+            if half is not None:
+                wanted[off] = half
+        found: set[int] = set()
+        for q in {(h.real_topic, h.real_queue_id) for h in wanted.values()}:
+            qoff = store.get_max_offset_in_queue(*q) - 1
+            floor = store.get_min_offset_in_queue(*q)
+            while qoff >= floor:
+                r = store.get_messages(q[0], q[1], qoff, 1)
+                if r.status is not GetMessageStatus.FOUND:
+                    break
+                m = decode_message(r.messages[0])
+                if m.commit_log_offset < op_offset:
+                    break
+                found.add(m.prepared_transaction_offset)
+                qoff -= 1
+        missing = [h for off, h in sorted(wanted.items()) if off not in found]
+        if missing:
+            results = self.write.put_messages([self._real_message(h) for h in missing])
+            end = results[-1].end_offset
+            decided: dict[str, TxRecord] = {}
+            for h in wanted.values():
+                rec = self.machine.find(None, h.commit_log_offset)
+                if rec is not None and rec.state is TxState.COMMITTED:
+                    decided[rec.transaction_id] = rec
+            for rec in decided.values():
+                rec.decision_end_offset = max(rec.decision_end_offset, end)
+            log.warning(
+                "transaction_commit_completed_after_crash",
+                op_offset=op_offset,
+                written=len(missing),
+            )
+        return len(missing)
