@@ -164,6 +164,10 @@ def validate_topic(topic: str) -> None:
     _VALID_TOPICS.add(topic)
 
 
+#: Longest message id (``Message.msg_id``) a producer sends.
+MAX_MSG_ID_LENGTH = 128
+
+
 def validate_message(msg: Message, max_size: int) -> None:
     """Check one message before it is sent.
 
@@ -184,9 +188,18 @@ def validate_message(msg: Message, max_size: int) -> None:
         raise InvalidMessageError(
             f"the message body is {size} bytes, over the limit of {max_size} bytes"
         )
-    for name, value in (("tags", msg.tags), ("keys", msg.keys)):
+    for name, value in (("tags", msg.tags), ("keys", msg.keys), ("msg_id", msg.msg_id)):
         if value is not None and not isinstance(value, str):
             raise InvalidMessageError(f"message {name} must be a string, got {value!r}")
+    if msg.msg_id is not None and (
+        not 0 < len(msg.msg_id) <= MAX_MSG_ID_LENGTH
+        or NAME_VALUE_SEPARATOR in msg.msg_id
+        or PROPERTY_SEPARATOR in msg.msg_id
+    ):
+        raise InvalidMessageError(
+            f"a message id must have 1 to {MAX_MSG_ID_LENGTH} characters and no control "
+            f"separators, got {msg.msg_id!r}"
+        )
     for k, v in msg.properties.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidMessageError(f"message property {k!r}: keys and values must be strings")
@@ -484,7 +497,7 @@ class AsyncProducer(ConnectedClient):
         route = await self._route_for(msg.topic)
         mq = self._select_queue(route, msg, queue_id, sharding_key, None, None, None)
         conn = await self._connection_for(route, mq)
-        props = self._wire_string(msg, new_uniq_id(), None)
+        props = self._wire_string(msg, msg.msg_id or new_uniq_id(), None)
         cmd = self._send_command(msg, route, mq.queue_id, props, sys_flag=0)
         await conn.send_oneway(cmd)
 
@@ -537,7 +550,7 @@ class AsyncProducer(ConnectedClient):
         the message in that broker group (the halves of one transaction stay together).
         """
         validate_message(msg, self.config.max_message_size)
-        uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or new_uniq_id()
+        uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or msg.msg_id or new_uniq_id()
         props = self._wire_string(msg, uniq, extra_properties)
 
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
@@ -604,7 +617,10 @@ class AsyncProducer(ConnectedClient):
         limit = self.config.max_message_size
         batch = BatchBody()
         add = batch.add
-        uniq_ids = new_uniq_ids(len(msgs))
+        uniq_ids = [
+            getattr(m, "msg_id", None) or u
+            for m, u in zip(msgs, new_uniq_ids(len(msgs)), strict=True)
+        ]
         for m, uniq in zip(msgs, uniq_ids, strict=True):
             if not validated:
                 validate_message(m, limit)

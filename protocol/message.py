@@ -335,6 +335,10 @@ class Message:
         properties: user properties (string to string).
         flag: a user flag carried as is.
         delay_level: deliver later (RocketMQ's delay levels); ignored for transactional sends.
+        msg_id: the message's id (RocketMQ's UNIQ_KEY); None: the producer makes a new one for
+            each send.  Set it to make a resend of your own idempotent (after a restart of the
+            producer, say): the broker answers a message id it stored within its duplicate
+            window (``duplicateWindowSeconds``) with the first send's result.
     """
 
     topic: str
@@ -344,6 +348,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     flag: int = 0
     delay_level: int = 0
+    msg_id: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.body, str):

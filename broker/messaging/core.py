@@ -291,20 +291,33 @@ class MessagingCore:
         before within the duplicate window (a resend) is not stored again: its receipt is the
         first send's (:mod:`.dedup`)."""
         keys = [self.dedup.key(m.topic, m.properties) for m in msgs]
-        first = self._first_sends(keys) if any(keys) else [None] * len(msgs)
-        new = [m for m, f in zip(msgs, first, strict=True) if f is None]
-        for m in new:
-            self.prepare(m, producer_group)
-        stored = self.store_prepared(new) if new else []
+        if not any(keys):
+            for m in msgs:
+                self.prepare(m, producer_group)
+            return await self.durable(SendOutcome(self.store_prepared(msgs)))
+        first = self._first_sends(keys)
+        # A message repeated inside the request is stored once too: later copies take the
+        # receipt of the first (``again``: its index in the request).
+        at: dict[Key, int] = {}
+        again: dict[int, int] = {}
+        for i, (k, f) in enumerate(zip(keys, first, strict=True)):
+            if f is None and k is not None:
+                if k in at:
+                    again[i] = at[k]
+                else:
+                    at[k] = i
+        new = [i for i, f in enumerate(first) if f is None and i not in again]
+        for i in new:
+            self.prepare(msgs[i], producer_group)
+        stored = self.store_prepared([msgs[i] for i in new]) if new else []
         if stored:
-            self._remember(
-                [k for k, f in zip(keys, first, strict=True) if f is None],
-                stored,
-                self.ctx.now_ms(),
-            )
-        it = iter(stored)
-        receipts = [f if f is not None else next(it) for f in first]
-        return await self.durable(SendOutcome(receipts))
+            self._remember([keys[i] for i in new], stored, self.ctx.now_ms())
+        receipts: list[SendReceipt | None] = list(first)
+        for i, r in zip(new, stored, strict=True):
+            receipts[i] = r
+        for i, j in again.items():
+            receipts[i] = receipts[j]
+        return await self.durable(SendOutcome([r for r in receipts if r is not None]))
 
     async def send_batch(
         self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
@@ -327,8 +340,9 @@ class MessagingCore:
         keys = keys_of(h.topic, batch.uniq_keys, self.dedup)
         if any(keys):
             first = self._first_sends(keys)
-            if any(f is not None for f in first):
-                # A resend (or partly one): the generic path stores what is new.
+            if any(f is not None for f in first) or len(set(keys)) < len(keys):
+                # A resend (or partly one, or a message twice): the generic path stores what
+                # is new, once.
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
                 return await self.send(msgs, h.producer_group)
         res = self.fast.store(batch)

@@ -222,3 +222,26 @@ async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerC
         assert await _bodies(c, "%DLQ%cg") == [b"t", b"t"]
     finally:
         await c.close()
+
+
+async def test_a_message_twice_in_one_batch_is_stored_once(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    for fast in (True, False):
+        b = BrokerController(make_broker_config(batch_fast_path_enable=fast))
+        await b.start()
+        c = await RawClient.connect(b.address)
+        try:
+            row = (b"twice", 0, properties_to_string({C.UNIQ_KEY: "W1"}).encode())
+            other = (b"other", 0, properties_to_string({C.UNIQ_KEY: "W2"}).encode())
+            resp = await c.call(
+                RequestCode.SEND_BATCH_MESSAGE,
+                batch_header("g", "bw", 0, 0),
+                batch_body([row, other, row]),
+            )
+            ids = _answer(resp)[0].split(",")
+            assert len(ids) == 3 and ids[0] == ids[2] != ids[1], f"fast path {fast}: {ids}"
+            assert sorted(await _bodies(c, "bw")) == [b"other", b"twice"], f"fast path {fast}"
+        finally:
+            await c.close()
+            await b.shutdown()
