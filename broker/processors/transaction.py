@@ -98,9 +98,23 @@ class TransactionProcessor:
             decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
             commit = self.tx.local_batch_part(h.producer_group, decided_commit)
         end = self.tx.decide_batch(h.producer_group, h.batch_key, commit)
-        if end is not None:
-            await self.flush.wait_durable(end)
         decided = self.tx.batches[key]
+        durable = end
+        if durable is None:
+            # A repeat is answered once the first decision is durable, as the first was (its
+            # transactions' records say where it ended while they are remembered; older ones
+            # are long on disk).
+            records = self.tx.records
+            durable = max(
+                (
+                    records[t].decision_end_offset
+                    for t in (*decided["committed"], *decided["rolledBack"])
+                    if t in records
+                ),
+                default=None,
+            )
+        if durable is not None:
+            await self.flush.wait_durable(durable)
         body = json.dumps(
             {
                 "batchKey": h.batch_key,
