@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.headers import SendMessageRequestHeader
@@ -49,7 +49,18 @@ from ..store.tags import tags_code_of
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
-    from ..transaction.service import TransactionalMessageService
+
+
+class HalfBook(Protocol):
+    """What the halves fast path needs of the transaction service."""
+
+    def prepare_half(self, msg: MessageExt, header_group: str) -> None: ...
+
+    @staticmethod
+    def transaction_id_of(props: dict[str, str]) -> str | None: ...
+
+    def on_fast_halves_stored(self, batch: FastBatch, res: AppendResult) -> None: ...
+
 
 _I16 = struct.Struct(">h")
 _KV = b"\x01"
@@ -198,7 +209,7 @@ class FastPaths:
     """The entry point: :meth:`parse` says whether a fast path can store a batch (else the
     caller takes the generic path), :meth:`store` stores it; behind ``batchFastPathEnable``."""
 
-    def __init__(self, ctx: BrokerContext, tx: TransactionalMessageService) -> None:
+    def __init__(self, ctx: BrokerContext, tx: HalfBook) -> None:
         self.ctx = ctx
         self.tx = tx
         self.enabled = ctx.config.batch_fast_path_enable
