@@ -7,6 +7,7 @@ An ``ast`` walk over every module's imports (including imports inside functions 
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,3 +233,67 @@ def test_checker_does_not_confuse_prefixes() -> None:
     assert violations(RULES[1], found) == []
     store_rule = next(r for r in RULES if r.folder == "broker/store")
     assert violations(store_rule, found) == []
+
+
+# --- no import cycles in the broker -------------------------------------------------------------
+
+
+def import_cycles(folder: str) -> list[list[str]]:
+    """The import cycles among the modules of ``folder`` (strongly connected components of
+    more than one module; imports inside functions and TYPE_CHECKING blocks count)."""
+    modules = {module_name(p): p for p in source_files(folder) if "/v2/" not in str(p)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = imported_modules(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+        graph[name] = {m for m in found if m in modules and m != name}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_broker_has_no_import_cycles() -> None:
+    cycles = import_cycles("broker")
+    assert not cycles, "modules of the broker import each other: " + "; ".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "broker"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\n"
+    )
+    (pkg / "c.py").write_text("from . import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_cycles("broker") == [["txmq.broker.a", "txmq.broker.b"]]
