@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
@@ -45,7 +45,11 @@ CALLER: ContextVar[str | None] = ContextVar("txmq_grpc_caller", default=None)
 Needs = tuple[bool, list[Need]]
 
 
-def metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+#: The servicer context of a call (its request and response types vary by RPC).
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+def metadata(context: Context, key: str) -> str:
     """The first value of one metadata key ("" when absent)."""
     for k, v in context.invocation_metadata() or ():
         if k == key:
@@ -53,7 +57,7 @@ def metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     return ""
 
 
-def peer_address(context: grpc.aio.ServicerContext) -> tuple[str, int]:
+def peer_address(context: Context) -> tuple[str, int]:
     """``ipv4:1.2.3.4:5678`` / ``ipv6:[::1]:5678`` -> (host, port)."""
     p = context.peer() or ""
     _, _, rest = p.partition(":")
@@ -177,7 +181,7 @@ class GrpcAccess:
         self.acl = acl
         self.transactions = transactions
 
-    def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> str:
+    def admit(self, method: str, request: Any, context: Context) -> str:
         """Authenticate the caller and authorize ``request`` (None: authenticate only); the
         caller's access key ("" for a trusted peer).
 
@@ -201,7 +205,7 @@ class GrpcAccess:
         return account.access_key
 
     def _authenticate(
-        self, host: str, context: grpc.aio.ServicerContext, what: str, where: dict[str, Any]
+        self, host: str, context: Context, what: str, where: dict[str, Any]
     ) -> Account | None:
         raw = metadata(context, GRPC_AUTHORIZATION)
         if not raw:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import zlib
-from typing import Any
+from typing import Any, cast
 
 from txmq.protocol.errors import (
     FlushDiskTimeoutError,
@@ -67,7 +67,8 @@ class GrpcStatusError(Exception):
 
 
 def status(code: int = Code.OK, message: str = "OK") -> pb.Status:
-    return pb.Status(code=code, message=message)
+    # ``code`` is a ``Code`` value (the codes travel as plain ints in GrpcStatusError)
+    return pb.Status(code=cast("pb.Code", code), message=message)
 
 
 def status_of(exc: BaseException) -> pb.Status:
@@ -240,19 +241,19 @@ def delay_level_for(delay_ms: int, levels: list[int]) -> int:
 # -- stored -> protobuf -------------------------------------------------------------------------
 
 
-def message_type_of(m: MessageExt) -> int:
+def message_type_of(m: MessageExt) -> pb.MessageType:
     props = m.properties
     if SHARDING_KEY in props:
-        return int(pb.FIFO)
+        return pb.FIFO
     if (
         MessageSysFlag.transaction_value(m.sys_flag) != MessageSysFlag.TRANSACTION_NOT_TYPE
         or m.prepared_transaction_offset
         or props.get(MessageConst.TRAN_MSG, "").lower() == "true"
     ):
-        return int(pb.TRANSACTION)
+        return pb.TRANSACTION
     if TIMER_DELIVER_MS in props or MessageConst.DELAY in props:
-        return int(pb.DELAY)
-    return int(pb.NORMAL)
+        return pb.DELAY
+    return pb.NORMAL
 
 
 def to_proto(m: MessageExt, store_host: tuple[str, int]) -> Any:

@@ -21,6 +21,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from .auth import Context
 from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 
@@ -183,7 +184,7 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
     method = getattr(service, name)
 
     @functools.wraps(method)
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def call(request: Any, context: Context) -> Any:
         if service.access is not None:
             refused = service.admit(name, request, context)
             if refused is not None:
@@ -199,7 +200,7 @@ def _server_streaming(service: MessagingService, name: str, response: Any) -> Ca
     method = getattr(service, name)
 
     @functools.wraps(method)
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def call(request: Any, context: Context) -> AsyncIterator[Any]:
         if service.access is not None:
             refused = service.admit(name, request, context)
             if refused is not None:
@@ -216,7 +217,7 @@ def _server_streaming(service: MessagingService, name: str, response: Any) -> Ca
 def handlers(service: MessagingService) -> grpc.GenericRpcHandler:
     """The method handlers of every RPC declared in service.proto, bound to ``service``."""
     desc = spb.DESCRIPTOR.services_by_name["MessagingService"]
-    table: dict[str, grpc.RpcMethodHandler] = {}
+    table: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for m in desc.methods:
         req = _deserializer(getattr(spb, m.input_type.name))
         response = getattr(spb, m.output_type.name)

@@ -48,7 +48,7 @@ from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
 from ..transaction.service import CheckSender
 from ..transaction.state import Decision
 from . import convert
-from .auth import CALLER, GrpcAccess
+from .auth import CALLER, Context, GrpcAccess
 from .auth import metadata as _metadata
 from .auth import peer_address as _peer_address
 from .consumption import ConsumptionState, QueueView, make_handle, parse_handle
@@ -87,7 +87,7 @@ class TelemetryStream:
     """One open Telemetry call; writes are serialised and bounded.  ``access_key``: the
     account it was authenticated as ("" trusted peer, None ACL off)."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, access_key: str | None = None) -> None:
+    def __init__(self, context: Context, access_key: str | None = None) -> None:
         self.context = context
         self.access_key = access_key
         self.live = True
@@ -178,7 +178,7 @@ class GrpcCheckSender:
 
 # -- the service --------------------------------------------------------------------------------
 
-Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Handler = Callable[[Any, Context], Awaitable[Any]]
 
 
 class MessagingService:
@@ -205,7 +205,7 @@ class MessagingService:
     def _count(self, method: str) -> None:
         self.ctx.metrics.record_request(f"grpc:{method}")
 
-    def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def admit(self, method: str, request: Any, context: Context) -> Any:
         """The ACL check of one call (``request`` None: authenticate only): None when it may
         go on (its caller is then in :data:`.auth.CALLER`), else the refusal's ``Status``."""
         assert self.access is not None
@@ -223,7 +223,7 @@ class MessagingService:
                 f"ACL: x-mq-client-id {c.client_id} is registered by another AccessKey",
             )
 
-    def _client(self, context: grpc.aio.ServicerContext, create: bool = True) -> GrpcClient:
+    def _client(self, context: Context, create: bool = True) -> GrpcClient:
         cid = _metadata(context, "x-mq-client-id")
         if not cid:
             raise GrpcStatusError(Code.CLIENT_ID_REQUIRED, "x-mq-client-id metadata is required")
@@ -291,7 +291,7 @@ class MessagingService:
 
     # -- route, heartbeat, settings ---------------------------------------------------------
 
-    async def QueryRoute(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def QueryRoute(self, request: Any, context: Context) -> Any:
         self._count("QueryRoute")
         try:
             topic = convert.resource_name(request.topic)
@@ -319,7 +319,7 @@ class MessagingService:
         except Exception as exc:
             return spb.QueryRouteResponse(status=self._failed("QueryRoute", exc))
 
-    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Heartbeat(self, request: Any, context: Context) -> Any:
         self._count("Heartbeat")
         try:
             c = self._client(context)
@@ -335,7 +335,7 @@ class MessagingService:
         except Exception as exc:
             return spb.HeartbeatResponse(status=self._failed("Heartbeat", exc))
 
-    async def NotifyClientTermination(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def NotifyClientTermination(self, request: Any, context: Context) -> Any:
         self._count("NotifyClientTermination")
         cid = _metadata(context, "x-mq-client-id")
         c = self.clients.get(cid)
@@ -393,9 +393,7 @@ class MessagingService:
                 convert.set_duration(bp.customized_backoff.next.add(), ms / 1000.0)
         return out
 
-    async def Telemetry(
-        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
-    ) -> None:
+    async def Telemetry(self, request_iterator: AsyncIterator[Any], context: Context) -> None:
         self._count("Telemetry")
         if self.access is not None:
             refused = self.admit("Telemetry", None, context)
@@ -463,7 +461,7 @@ class MessagingService:
 
     # -- send -------------------------------------------------------------------------------
 
-    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def SendMessage(self, request: Any, context: Context) -> Any:
         self._count("SendMessage")
         try:
             return await self._send(request, context)
@@ -478,7 +476,7 @@ class MessagingService:
         self._rr += 1
         return (self._rr + random.randrange(write_queues)) % write_queues
 
-    async def _send(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _send(self, request: Any, context: Context) -> Any:
         if not request.messages:
             raise GrpcStatusError(Code.BAD_REQUEST, "no message in the request")
         c = self._client(context)
@@ -540,7 +538,7 @@ class MessagingService:
 
     # -- transactions -----------------------------------------------------------------------
 
-    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def EndTransaction(self, request: Any, context: Context) -> Any:
         self._count("EndTransaction")
         try:
             return spb.EndTransactionResponse(status=await self._end_transaction(request))
@@ -634,7 +632,7 @@ class MessagingService:
     def _commit_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
         self.ctx.offsets.commit(group, topic, qid, offset)
 
-    async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def QueryAssignment(self, request: Any, context: Context) -> Any:
         self._count("QueryAssignment")
         try:
             topic = convert.resource_name(request.topic)
@@ -657,9 +655,7 @@ class MessagingService:
         except Exception as exc:
             return spb.QueryAssignmentResponse(status=self._failed("QueryAssignment", exc))
 
-    async def ReceiveMessage(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    async def ReceiveMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
         self._count("ReceiveMessage")
         try:
             found = await self._receive(request, context)
@@ -687,7 +683,7 @@ class MessagingService:
         expr = fe.expression if request.HasField("filter_expression") else "*"
         return parse_subscription(expr or "*")
 
-    async def _receive(self, request: Any, context: grpc.aio.ServicerContext) -> list[Any]:
+    async def _receive(self, request: Any, context: Context) -> list[Any]:
         c = self._client(context)
         group = convert.resource_name(request.group)
         if not group:
@@ -850,7 +846,7 @@ class MessagingService:
         convert.set_duration(sp.invisible_duration, invisible)
         return p
 
-    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def AckMessage(self, request: Any, context: Context) -> Any:
         self._count("AckMessage")
         try:
             group = convert.resource_name(request.group)
@@ -879,7 +875,7 @@ class MessagingService:
         except Exception as exc:
             return spb.AckMessageResponse(status=self._failed("AckMessage", exc))
 
-    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ChangeInvisibleDuration(self, request: Any, context: Context) -> Any:
         self._count("ChangeInvisibleDuration")
         try:
             secs = convert.duration_s(request.invisible_duration)
@@ -900,9 +896,7 @@ class MessagingService:
                 status=self._failed("ChangeInvisibleDuration", exc)
             )
 
-    async def ForwardMessageToDeadLetterQueue(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Context) -> Any:
         self._count("ForwardMessageToDeadLetterQueue")
         try:
             group = convert.resource_name(request.group)
@@ -925,24 +919,22 @@ class MessagingService:
         self._count(method)
         return status(Code.NOT_IMPLEMENTED, f"{method} is not implemented by txmq")
 
-    async def PullMessage(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    async def PullMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
         yield spb.PullMessageResponse(status=self._not_implemented("PullMessage"))
 
-    async def UpdateOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def UpdateOffset(self, request: Any, context: Context) -> Any:
         return spb.UpdateOffsetResponse(status=self._not_implemented("UpdateOffset"))
 
-    async def GetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def GetOffset(self, request: Any, context: Context) -> Any:
         return spb.GetOffsetResponse(status=self._not_implemented("GetOffset"))
 
-    async def QueryOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def QueryOffset(self, request: Any, context: Context) -> Any:
         return spb.QueryOffsetResponse(status=self._not_implemented("QueryOffset"))
 
-    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def RecallMessage(self, request: Any, context: Context) -> Any:
         return spb.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
 
-    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
         return spb.SyncLiteSubscriptionResponse(
             status=self._not_implemented("SyncLiteSubscription")
         )
