@@ -16,8 +16,10 @@ metrics.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import structlog
@@ -90,8 +92,127 @@ class RemotingCheckSender:
         return True
 
 
+class CheckSchedule:
+    """When each pending transaction is next due for a check: a heap of (due ms, transaction
+    id) with lazy deletion, so a round looks only at what is due, however many are pending.
+
+    * A transaction is scheduled when it becomes pending (a new half, a resume, replay at
+      start, a restored snapshot: it watches the state machine's pending table), at the store
+      timestamp of its newest half plus ``transactionTimeOut`` (or the longest
+      ``CHECK_IMMUNITY_TIME_IN_SECONDS`` of its halves), and not before one interval after
+      its last delivered check.
+    * A half joining later, or a check delivered since, only moves the due time later: an
+      entry popped early is pushed again at the right time.
+    * An entry counts only while it is the transaction's current one (:attr:`_due`); a
+      transaction that leaves the pending table (decided, parked) loses it, and its stale entry
+      is dropped when popped (the heap is rebuilt when stale entries outnumber live ones).
+    * A due transaction whose group has no live producer waits in a set per group until one
+      registers (and stays in the heap only for ``fileReservedTime`` parking).
+    """
+
+    def __init__(self, time_out_ms: int, interval_ms: int) -> None:
+        self.time_out_ms = time_out_ms
+        self.interval_ms = max(1, interval_ms)
+        self._heap: list[tuple[int, str]] = []
+        #: transaction id -> due time of its current heap entry
+        self._due: dict[str, int] = {}
+        #: producer group -> transactions due but without a live producer to ask
+        self.waiting: dict[str, set[str]] = {}
+
+    # -- due times ------------------------------------------------------------------------------
+
+    def first_due(self, rec: TxRecord) -> int:
+        """When ``rec`` is first due: its newest half's age reaches the threshold."""
+        threshold = self.time_out_ms
+        newest = 0
+        immunity: int | None = None
+        for h in rec.halves:
+            if h.store_timestamp > newest:
+                newest = h.store_timestamp
+            if h.immunity_ms is not None and (immunity is None or h.immunity_ms > immunity):
+                immunity = h.immunity_ms
+        if immunity is not None:
+            threshold = immunity
+        return newest + threshold
+
+    def next_due(self, rec: TxRecord) -> int:
+        """When ``rec`` is due now: first due, and one interval after its last check."""
+        due = self.first_due(rec)
+        if rec.last_check_ms:
+            due = max(due, rec.last_check_ms + self.interval_ms)
+        return due
+
+    # -- the pending table's watcher ------------------------------------------------------------
+
+    def entered(self, rec: TxRecord) -> None:
+        self.push(rec.transaction_id, self.next_due(rec))
+
+    def joined(self, rec: TxRecord) -> None:
+        pass  # the due time only moves later: the entry is pushed again when popped early
+
+    def left(self, rec: TxRecord) -> None:
+        self._due.pop(rec.transaction_id, None)
+        self.unwait(rec)
+
+    # -- the heap -------------------------------------------------------------------------------
+
+    def push(self, txid: str, due: int) -> None:
+        self._due[txid] = due
+        heapq.heappush(self._heap, (due, txid))
+        if len(self._heap) > 2 * len(self._due) + 1024:
+            self._heap = [(d, t) for t, d in self._due.items()]
+            heapq.heapify(self._heap)
+
+    def next_time(self) -> int | None:
+        """The earliest due time in the heap (possibly of a stale entry), None when empty."""
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: int) -> Iterator[str]:
+        """The transactions whose entry is due at ``now``, earliest first; each leaves the
+        schedule (the caller pushes it again or drops it)."""
+        heap, current = self._heap, self._due
+        while heap and heap[0][0] <= now:
+            due, txid = heapq.heappop(heap)
+            if current.get(txid) != due:
+                continue  # stale: decided, parked or moved since
+            del current[txid]
+            yield txid
+
+    def scheduled(self, txid: str) -> int | None:
+        """The due time of ``txid``'s current entry (None: not in the heap)."""
+        return self._due.get(txid)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    # -- no producer ----------------------------------------------------------------------------
+
+    def wait(self, rec: TxRecord, park_at: int) -> None:
+        """``rec`` is due but its group has no live producer: it waits for one, and is looked at
+        again at ``park_at`` (``fileReservedTime``) if none comes."""
+        self.waiting.setdefault(rec.producer_group, set()).add(rec.transaction_id)
+        self.push(rec.transaction_id, park_at)
+
+    def unwait(self, rec: TxRecord) -> None:
+        group = self.waiting.get(rec.producer_group)
+        if group is not None:
+            group.discard(rec.transaction_id)
+            if not group:
+                del self.waiting[rec.producer_group]
+
+    def take_waiting(self, group: str) -> list[str]:
+        """The transactions of ``group`` waiting for a producer (they leave the set)."""
+        txids = self.waiting.pop(group, set())
+        for t in txids:
+            self._due.pop(t, None)  # their fileReservedTime entry: pushed again when checked
+        return sorted(txids)
+
+
 class CheckService:
     """The check loop over the pending transactions of a :class:`TransactionStateMachine`.
+
+    A round looks only at what is due (:class:`CheckSchedule`): its cost follows the number of
+    transactions due, not the number pending.
 
     Args:
         machine: the state machine (read, and told of delivered checks).
@@ -138,6 +259,8 @@ class CheckService:
         self.check_max = check_max
         self.reserved_ms = reserved_ms
         self.rounds = 0
+        self.schedule = CheckSchedule(time_out_ms, interval_ms)
+        machine.watch(self.schedule)
         self._task: asyncio.Task[None] | None = None
         self._round_lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -156,10 +279,8 @@ class CheckService:
         self._wake.set()
 
     def on_producer_registered(self, group: str) -> None:
-        """A producer (re)connected: if it has halves waiting for a check, check soon."""
-        now = self._now_ms()
-        pending = self.machine.pending.values()
-        if any(r.producer_group == group and self.due(r, now) for r in pending):
+        """A producer (re)connected: if halves of its group wait for one, check them now."""
+        if group in self.schedule.waiting:
             self._wake.set()
 
     async def _run(self) -> None:
@@ -174,42 +295,80 @@ class CheckService:
     # -- rounds ---------------------------------------------------------------------------------
 
     def due(self, rec: TxRecord, now: int) -> bool:
-        threshold = self.time_out_ms
-        immunities = [h.immunity_ms for h in rec.halves if h.immunity_ms is not None]
-        if immunities:
-            threshold = max(immunities)
-        return now - rec.newest_store_timestamp >= threshold
+        """``rec`` is old enough to be checked (its first check; later ones also wait an
+        interval after the last)."""
+        return now >= self.schedule.first_due(rec)
+
+    def _candidates(self, now: int) -> Iterator[str]:
+        """Transactions to look at in a round: those waiting for a producer of a group that has
+        one now, then those the heap says are due."""
+        sched = self.schedule
+        if sched.waiting:
+            for group in list(sched.waiting):
+                if self._channels(group):
+                    yield from sched.take_waiting(group)
+        yield from sched.pop_due(now)
+
+    def _checks_due(
+        self, now: int, stats: dict[str, int]
+    ) -> Iterator[tuple[TxRecord, ClientChannel]]:
+        """The checks to send in a round started at ``now``, one per due transaction; parks
+        the ones out of budget and sets aside the ones without a producer on the way."""
+        sched = self.schedule
+        pending = self.machine.pending
+        for txid in self._candidates(now):
+            rec = pending.get(txid)
+            if rec is None or not rec.halves:
+                continue  # decided or parked: dropped
+            sched.unwait(rec)
+            due = sched.next_due(rec)
+            if due > now:
+                sched.push(txid, due)  # a later half or a recent check moved it
+                continue
+            too_old = now - rec.oldest_store_timestamp > self.reserved_ms
+            if rec.check_times >= self.check_max or too_old:
+                self._park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
+                stats["discarded"] += 1
+                continue
+            stats["due"] += 1
+            channels = self._channels(rec.producer_group)
+            if not channels:
+                stats["no_producer"] += 1
+                sched.wait(rec, rec.oldest_store_timestamp + self.reserved_ms + 1)
+                continue
+            yield rec, random.choice(channels)
+
+    def _reschedule(self, rec: TxRecord) -> None:
+        """After a check (delivered or not): due again one interval later."""
+        if self.machine.pending.get(rec.transaction_id) is rec:
+            self.schedule.push(
+                rec.transaction_id,
+                max(self.schedule.next_due(rec), self._now_ms() + self.schedule.interval_ms),
+            )
 
     async def check_round(self) -> dict[str, int]:
-        """One pass over the pending transactions."""
+        """One round: the due transactions are checked, CHECK_CONCURRENCY at a time."""
         async with self._round_lock:
             now = self._now_ms()
             stats = {"due": 0, "sent": 0, "no_producer": 0, "discarded": 0, "not_delivered": 0}
-            due: list[tuple[TxRecord, ClientChannel]] = []
-            for rec in list(self.machine.pending.values()):
-                if not rec.halves or not self.due(rec, now):
-                    continue
-                too_old = now - rec.oldest_store_timestamp > self.reserved_ms
-                if rec.check_times >= self.check_max or too_old:
-                    self._park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
-                    stats["discarded"] += 1
-                    continue
-                stats["due"] += 1
-                channels = self._channels(rec.producer_group)
-                if not channels:
-                    stats["no_producer"] += 1
-                    continue
-                due.append((rec, random.choice(channels)))
-            sem = asyncio.Semaphore(CHECK_CONCURRENCY)
+            checks = self._checks_due(now, stats)
+            first = next(checks, None)
+            if first is not None:
+                # The workers share one iterator: each takes the next due check when it is free,
+                # so a round holds CHECK_CONCURRENCY checks at a time, not all that are due.
+                shared = itertools.chain((first,), checks)
 
-            async def one(rec: TxRecord, ch: ClientChannel) -> None:
-                async with sem:
-                    if await self._send_check(rec, ch):
-                        stats["sent"] += 1
-                    else:
-                        stats["not_delivered"] += 1
+                async def worker() -> None:
+                    for rec, ch in shared:
+                        try:
+                            if await self._send_check(rec, ch):
+                                stats["sent"] += 1
+                            else:
+                                stats["not_delivered"] += 1
+                        finally:
+                            self._reschedule(rec)
 
-            await asyncio.gather(*(one(r, c) for r, c in due))
+                await asyncio.gather(*(worker() for _ in range(CHECK_CONCURRENCY)))
             self.rounds += 1
             await self._after_round()
             if any(stats.values()):
@@ -262,4 +421,10 @@ class CheckService:
         return delivered
 
 
-__all__ = ["CHECK_CONCURRENCY", "CheckSender", "CheckService", "RemotingCheckSender"]
+__all__ = [
+    "CHECK_CONCURRENCY",
+    "CheckSchedule",
+    "CheckSender",
+    "CheckService",
+    "RemotingCheckSender",
+]

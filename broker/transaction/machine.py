@@ -20,8 +20,10 @@ the first decision wins.
 from __future__ import annotations
 
 import sys
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from txmq.protocol.errors import IllegalOperationError, InvalidParameterError
 
@@ -35,11 +37,118 @@ class BatchPlan:
     to_commit: list[HalfRef]
 
 
-class TransactionStateMachine:
+class PendingWatcher(Protocol):
+    """Told of every transaction entering or leaving :attr:`TransactionStateMachine.pending`
+    (the check schedule, the gauges): whatever the path (a new half, a resume, replay at start,
+    a restored snapshot), so they never need to scan the table."""
+
+    def entered(self, rec: TxRecord) -> None:
+        """``rec`` became pending (with its halves so far)."""
+
+    def joined(self, rec: TxRecord) -> None:
+        """More halves joined ``rec``, which was already pending."""
+
+    def left(self, rec: TxRecord) -> None:
+        """``rec`` is no longer pending (decided or parked)."""
+
+
+class PendingTable(dict[str, TxRecord]):
+    """The pending transactions by id (a dict) that tells the machine's watchers of every
+    record put in or taken out, by whichever path (:mod:`.snapshot` restores into it too)."""
+
+    __slots__ = ("_watchers",)
+
+    def __init__(self, watchers: list[PendingWatcher]) -> None:
+        super().__init__()
+        self._watchers = watchers
+
+    def __setitem__(self, txid: str, rec: TxRecord) -> None:
+        old = dict.get(self, txid)
+        if old is rec:
+            return
+        if old is not None:
+            self._left(old)
+        dict.__setitem__(self, txid, rec)
+        for w in self._watchers:
+            w.entered(rec)
+
+    def __delitem__(self, txid: str) -> None:
+        rec = dict.pop(self, txid)
+        self._left(rec)
+
+    def pop(self, txid: str, *default: TxRecord | None) -> TxRecord | None:  # type: ignore[override]
+        rec = dict.pop(self, txid, None)
+        if rec is None:
+            if default:
+                return default[0]
+            raise KeyError(txid)
+        self._left(rec)
+        return rec
+
+    def _left(self, rec: TxRecord) -> None:
+        for w in self._watchers:
+            w.left(rec)
+
+    def _refused(self, *_: object, **__: object) -> None:
+        raise TypeError("PendingTable changes one record at a time")
+
+    update = setdefault = popitem = clear = _refused  # type: ignore[assignment]
+
+
+class PendingGauges:
+    """The pending transactions per (real topic of the first half, producer group), each in
+    the order it became pending: the count is the size, the oldest is the first one.  Kept up
+    to date on every change, so reading the gauges costs nothing per pending transaction."""
+
     def __init__(self) -> None:
+        self.by_key: dict[tuple[str, str], OrderedDict[str, TxRecord]] = {}
+
+    @staticmethod
+    def key(rec: TxRecord) -> tuple[str, str]:
+        return (rec.halves[0].real_topic if rec.halves else "", rec.producer_group)
+
+    def entered(self, rec: TxRecord) -> None:
+        members = self.by_key.get(key := self.key(rec))
+        if members is None:
+            members = self.by_key[key] = OrderedDict()
+        members[rec.transaction_id] = rec
+        # A resumed transaction is older than the ones that became pending after it: put it
+        # first if it is the oldest, so the first one stays the oldest.
+        if len(members) > 1:
+            first = members[next(iter(members))]
+            if rec.oldest_store_timestamp < first.oldest_store_timestamp:
+                members.move_to_end(rec.transaction_id, last=False)
+
+    def joined(self, rec: TxRecord) -> None:
+        pass  # the first half (and so the key and the oldest timestamp) does not change
+
+    def left(self, rec: TxRecord) -> None:
+        key = self.key(rec)
+        members = self.by_key.get(key)
+        if members is not None and members.pop(rec.transaction_id, None) is not None:
+            if not members:
+                del self.by_key[key]
+
+    def __iter__(self) -> Iterator[tuple[tuple[str, str], int, int]]:
+        """(topic, group), pending count, store timestamp of the oldest pending half."""
+        for key, members in self.by_key.items():
+            first = members[next(iter(members))]
+            yield key, len(members), first.oldest_store_timestamp
+
+
+class TransactionStateMachine:
+    def __init__(self, watchers: Iterable[PendingWatcher] = ()) -> None:
         self.records: dict[str, TxRecord] = {}
-        #: transactions that may still be checked (state PENDING)
-        self.pending: dict[str, TxRecord] = {}
+        #: per (topic, group): how many are pending and the oldest (kept up to date)
+        self.gauges = PendingGauges()
+        self._watchers: list[PendingWatcher] = [self.gauges, *watchers]
+        #: transactions that may still be checked (state PENDING); tells the watchers
+        self.pending: dict[str, TxRecord] = PendingTable(self._watchers)
+        #: pending and parked transactions that have been checked (what the check-state
+        #: index persists), so writing it does not scan the table; completed from the table
+        #: once (a restored snapshot brings counts of its own)
+        self._checked: set[str] = set()
+        self._checked_complete = False
         self.by_half_offset: dict[int, str] = {}
         #: (group, batch key) -> {"committed": [...], "rolledBack": [...]}
         self.batches: dict[tuple[str, str], dict[str, list[str]]] = {}
@@ -47,6 +156,13 @@ class TransactionStateMachine:
         #: decided transactions and batches in decision order, for :meth:`prune`
         self._decided: deque[tuple[int, str]] = deque()
         self._decided_batches: deque[tuple[int, tuple[str, str]]] = deque()
+
+    def watch(self, watcher: PendingWatcher) -> None:
+        """Tell ``watcher`` of every transaction entering or leaving :attr:`pending` from now
+        on, starting with those already pending."""
+        self._watchers.append(watcher)
+        for rec in self.pending.values():
+            watcher.entered(rec)
 
     # -- halves ---------------------------------------------------------------------------------
 
@@ -78,16 +194,21 @@ class TransactionStateMachine:
     ) -> TxRecord:
         """:meth:`add_half` of several halves of one transaction, in order."""
         rec = self.records.get(txid)
-        if rec is None:
-            rec = TxRecord(txid, group, batch_key=batch_key)
-            self.records[txid] = rec
-            self.pending[txid] = rec
-            if batch_key is not None:
-                self.batch_members.setdefault((group, batch_key), set()).add(txid)
-        rec.halves += halves
         by_offset = self.by_half_offset
         for h in halves:
             by_offset[h.commit_log_offset] = txid
+        if rec is None:
+            rec = TxRecord(txid, group, batch_key=batch_key)
+            rec.halves += halves
+            self.records[txid] = rec
+            self.pending[txid] = rec  # with its halves: the watchers schedule it
+            if batch_key is not None:
+                self.batch_members.setdefault((group, batch_key), set()).add(txid)
+            return rec
+        rec.halves += halves
+        if rec.state is TxState.PENDING and txid in self.pending:
+            for w in self._watchers:
+                w.joined(rec)
         return rec
 
     # -- lookups --------------------------------------------------------------------------------
@@ -228,6 +349,7 @@ class TransactionStateMachine:
             rec.check_in_flight = False
             rec.decision_end_offset = end_offset
             self.pending.pop(txid, None)
+            self._checked.discard(txid)
             self._decided.append((op.ts, txid))
             changed.append(rec)
 
@@ -266,7 +388,12 @@ class TransactionStateMachine:
                     rec.check_times = 0
                     rec.last_check_ms = 0
                     rec.check_in_flight = False
-                    self.pending[t] = rec
+                    self._checked.discard(t)
+                    if t in self.pending:  # resumed while pending: a fresh budget, no more
+                        for w in self._watchers:
+                            w.joined(rec)
+                    else:
+                        self.pending[t] = rec
                     changed.append(rec)
         return changed
 
@@ -314,6 +441,7 @@ class TransactionStateMachine:
             return False
         rec.check_times += 1
         rec.last_check_ms = now_ms
+        self._checked.add(rec.transaction_id)
         return True
 
     def restore_check(self, txid: str, times: int, last_ms: int) -> None:
@@ -322,14 +450,23 @@ class TransactionStateMachine:
         if rec is not None and not rec.state.decided:
             rec.check_times = max(rec.check_times, times)
             rec.last_check_ms = last_ms
+            if rec.check_times:
+                self._checked.add(txid)
 
     def check_counts(self) -> dict[str, list[int]]:
         """What the check-state index persists."""
-        return {
-            r.transaction_id: [r.check_times, r.last_check_ms]
-            for r in self.records.values()
-            if r.state in (TxState.PENDING, TxState.DISCARDED) and r.check_times
-        }
+        out: dict[str, list[int]] = {}
+        records = self.records
+        if not self._checked_complete:
+            self._checked.update(t for t, r in records.items() if r.check_times)
+            self._checked_complete = True
+        for txid in list(self._checked):
+            r = records.get(txid)
+            if r is not None and r.state in (TxState.PENDING, TxState.DISCARDED) and r.check_times:
+                out[txid] = [r.check_times, r.last_check_ms]
+            else:
+                self._checked.discard(txid)
+        return out
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in TxState}

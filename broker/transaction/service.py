@@ -96,6 +96,8 @@ class TransactionalMessageService:
         self._recent_halves: OrderedDict[int, EncodedMessage] = OrderedDict()
         self._recent_bytes = 0
         self._recent_max_bytes = cfg.transaction_recent_halves_bytes
+        #: the half and op queue ends the last periodic snapshot covered
+        self._snapshot_covers: tuple[int, int] | None = None
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -515,7 +517,20 @@ class TransactionalMessageService:
         self.update_gauges()
         await self.persist_check_state()
         if self.persistence.snapshot_due(self.ctx.config.transaction_snapshot_interval):
-            await self.write_snapshot()
+            # Only when the half or op queue grew since the last one: the table is what they
+            # say (check counts are in the check-state index), so an idle broker does not
+            # rewrite an unchanged table, however many transactions are pending.
+            covers = self._queue_ends()
+            if covers != self._snapshot_covers:
+                await self.write_snapshot()
+                self._snapshot_covers = covers
+
+    def _queue_ends(self) -> tuple[int, int]:
+        store = self.ctx.store
+        return (
+            store.get_max_offset_in_queue(self.half_topic, 0),
+            store.get_max_offset_in_queue(self.op_topic, 0),
+        )
 
     def prune(self) -> int:
         """Forget decisions whose idempotency window is over (``transactionDecidedRetention``,
@@ -555,6 +570,8 @@ class TransactionalMessageService:
         ).run()
         pruned = self.prune()
         self.update_gauges()
+        if found.snapshot and not found.halves and not found.ops:
+            self._snapshot_covers = self._queue_ends()  # the snapshot on disk is up to date
         stats = {
             "snapshot": int(found.snapshot),
             "halves": found.halves,
@@ -569,19 +586,15 @@ class TransactionalMessageService:
     # -- metrics --------------------------------------------------------------------------------
 
     def update_gauges(self) -> None:
+        """Set the pending gauges from the machine's per-(topic, group) index: as many steps as
+        there are (topic, group) pairs, however many transactions are pending."""
         now = self.now_ms()
-        groups: dict[tuple[str, str], list[int]] = {}
-        for rec in self.pending.values():
-            for h in rec.halves[:1]:
-                groups.setdefault((h.real_topic, rec.producer_group), []).append(
-                    now - rec.oldest_store_timestamp
-                )
         g = self.ctx.metrics
         g.tx_pending.clear()
         g.tx_pending_oldest.clear()
-        for (topic, group), ages in groups.items():
-            g.tx_pending.labels(topic, group).set(len(ages))
-            g.tx_pending_oldest.labels(topic, group).set(max(ages) / 1000.0)
+        for (topic, group), count, oldest_ts in self.machine.gauges:
+            g.tx_pending.labels(topic, group).set(count)
+            g.tx_pending_oldest.labels(topic, group).set((now - oldest_ts) / 1000.0)
 
     def summary(self) -> dict[str, int]:
         counts = self.machine.counts()
