@@ -23,6 +23,8 @@ GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
 
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+#: ``diskFullPolicy`` values (see :class:`~txmq.broker.store.StoreConfig`).
+DISK_FULL_POLICIES = ("refuse_writes", "delete_oldest")
 
 
 class ConfigError(ValueError):
@@ -59,8 +61,17 @@ class BrokerConfig:
     mapped_file_size_consume_queue: int = 300_000 * 20
     #: Commit-log segments older than this are deleted (hours).
     file_reserved_time: float = 72.0
-    #: Delete the oldest segments when the disk is fuller than this (percent).
+    #: The disk is short of space past this (percent): what retention then does is
+    #: ``diskFullPolicy``'s choice.
     disk_max_used_space_ratio: int = 75
+    #: Past ``diskMaxUsedSpaceRatio``: ``refuse_writes`` (default) deletes no segment before
+    #: its time -- unread messages are kept, and writes are refused past
+    #: ``diskRefuseWritesRatio`` -- while ``delete_oldest`` (RocketMQ's forced clean-up) deletes
+    #: the oldest segments, read or not, until the disk is below the ratio again.
+    disk_full_policy: str = "refuse_writes"
+    #: Writes (sends, decisions) are refused with a clear error past this (percent) until
+    #: space is freed; reads, heartbeats and offset commits go on.
+    disk_refuse_writes_ratio: int = 90
     #: How often retention runs (ms).
     clean_resource_interval: int = 10_000
     max_message_size: int = 4 * MiB
@@ -167,6 +178,15 @@ class BrokerConfig:
             )
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError(f"listenPort must be 0..65535, got {self.listen_port}")
+        if self.disk_full_policy not in DISK_FULL_POLICIES:
+            raise ConfigError(
+                f"diskFullPolicy must be one of {', '.join(DISK_FULL_POLICIES)}, "
+                f"got {self.disk_full_policy!r}"
+            )
+        if not 0 < self.disk_refuse_writes_ratio <= 100:
+            raise ConfigError(
+                f"diskRefuseWritesRatio must be 1..100, got {self.disk_refuse_writes_ratio}"
+            )
         if self.etcd_endpoints:
             if self.listen_port == 0:
                 raise ConfigError("cluster mode (etcdEndpoints) needs a fixed listenPort")

@@ -25,6 +25,11 @@ class BrokerMetrics:
         )
         self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
         self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
+        self.writes_refused = Gauge(
+            "txmq_writes_refused",
+            "1 while writes are refused because the disk is full (diskRefuseWritesRatio)",
+            registry=r,
+        )
         self.dedup_hits = Counter(
             "txmq_dedup_hits",
             "Resends answered with the first send's result instead of being stored again",

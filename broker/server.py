@@ -87,6 +87,8 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
         mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
         file_reserved_time=cfg.file_reserved_time,
         disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+        disk_full_policy=cfg.disk_full_policy,
+        disk_refuse_writes_ratio=cfg.disk_refuse_writes_ratio,
         max_message_size=cfg.max_message_size + 64 * 1024,
     )
 
@@ -516,6 +518,8 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
+                refused = self.store.check_space()
+                self.metrics.writes_refused.set(0 if refused is None else 1)
                 await self.flush.flush_queues(force=False)
                 if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
                     await self.in_background(self.offsets.persist)

@@ -656,6 +656,15 @@ class CommitLog:
         log.info("segment_deleted", path=seg.path, reason=reason)
         return seg
 
+    def close_retired(self) -> None:
+        """Close the descriptors of deleted segments now: their space is freed only once they
+        are closed (waits for a flush in progress, which may still be using one)."""
+        with self._flush_lock:
+            with self._lock:
+                retired, self._retired = self._retired, []
+            for seg in retired:
+                seg.close_fd()
+
     def close(self) -> None:
         with self._flush_lock, self._lock:
             for seg in self._segments + self._retired:

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from .consume_queue import CQ_ENTRY_SIZE
 
+#: What retention may do when the disk is short of space (see :class:`StoreConfig`).
+DISK_FULL_POLICIES = ("refuse_writes", "delete_oldest")
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -18,8 +21,15 @@ class StoreConfig:
         mapped_file_size_consume_queue: size of one consume-queue segment file in bytes; a
             multiple of the 20-byte entry.
         file_reserved_time: hours a commit-log segment is kept after its last write.
-        disk_max_used_space_ratio: percent of the disk that may be used before the oldest
-            segments are deleted regardless of age.
+        disk_max_used_space_ratio: percent of the disk past which it is short of space: the
+            oldest segments are deleted regardless of age if ``disk_full_policy`` allows it.
+        disk_full_policy: what retention does past ``disk_max_used_space_ratio``:
+            ``refuse_writes`` (default) deletes nothing before its time -- writes are refused
+            once the disk reaches ``disk_refuse_writes_ratio`` -- and ``delete_oldest``
+            (RocketMQ's forced clean-up) deletes the oldest segments, read or not, until the
+            disk is below the ratio again.
+        disk_refuse_writes_ratio: percent of the disk past which writes are refused, with a
+            clear error, until space is freed (reads go on).
         max_message_size: largest encoded stored message accepted, in bytes.
     """
 
@@ -28,6 +38,8 @@ class StoreConfig:
     mapped_file_size_consume_queue: int = 300_000 * CQ_ENTRY_SIZE
     file_reserved_time: float = 72.0
     disk_max_used_space_ratio: int = 75
+    disk_full_policy: str = "refuse_writes"
+    disk_refuse_writes_ratio: int = 90
     max_message_size: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -53,4 +65,13 @@ class StoreConfig:
         if not 0 <= self.disk_max_used_space_ratio <= 100:
             raise ValueError(
                 f"disk_max_used_space_ratio must be 0..100, got {self.disk_max_used_space_ratio}"
+            )
+        if not 0 < self.disk_refuse_writes_ratio <= 100:
+            raise ValueError(
+                f"disk_refuse_writes_ratio must be 1..100, got {self.disk_refuse_writes_ratio}"
+            )
+        if self.disk_full_policy not in DISK_FULL_POLICIES:
+            raise ValueError(
+                f"disk_full_policy must be one of {', '.join(DISK_FULL_POLICIES)}, "
+                f"got {self.disk_full_policy!r}"
             )

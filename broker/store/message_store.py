@@ -104,6 +104,20 @@ MAX_TOPIC_BYTES = 255
 MAX_FILTER_SCAN = 800
 #: Segments retention deletes per call at most (RocketMQ's deleteCommitLogFilesBatchMax).
 DELETE_FILES_BATCH_MAX = 10
+
+
+def _used_percent(used: int, total: int) -> float:
+    return used * 100.0 / total if total else 0.0
+
+
+def _allocated(seg: Any) -> int:
+    """Bytes a segment's file takes on disk (what deleting it frees)."""
+    try:
+        return int(os.stat(seg.path).st_blocks) * 512
+    except OSError:
+        return 0
+
+
 _I64 = struct.Struct(">q")
 _TX_NO_DISPATCH = (
     MessageSysFlag.TRANSACTION_PREPARED_TYPE,
@@ -417,6 +431,9 @@ class MessageStore:
         self._msg_id_prefix = self._host_bytes.hex().upper()
         self._lock_fd: int | None = None
         self._open = False
+        #: Why writes are refused now (the disk is full), None while they are accepted.
+        self.writes_refused: str | None = None
+        self._short_of_space_warned = False
         self._last_checkpoint: tuple[int, dict[tuple[str, int], int]] | None = None
         self._put_count = 0
         self._put_bytes = 0
@@ -452,6 +469,7 @@ class MessageStore:
             self._release_lock()
             raise
         self._open = True
+        self.check_space()
         return report
 
     def _acquire_lock(self) -> None:
@@ -625,6 +643,12 @@ class MessageStore:
         if not self._open:
             raise ServiceNotAvailableError("the message store is not open")
 
+    def _check_writable(self) -> None:
+        if not self._open:
+            raise ServiceNotAvailableError("the message store is not open")
+        if self.writes_refused is not None:
+            raise ServiceNotAvailableError(self.writes_refused)
+
     def _new_cq(self, key: tuple[str, int]) -> ConsumeQueue:
         cq = ConsumeQueue(
             self._cq_dir, key[0], key[1], self.config.mapped_file_size_consume_queue, self._tracker
@@ -653,9 +677,10 @@ class MessageStore:
                 topic or queue id, or the batch does not fit in one commit-log segment; nothing
                 is written.
             StoreIOError: the write failed; nothing is visible.
-            ServiceNotAvailableError: the store is not open.
+            ServiceNotAvailableError: the store is not open, or writes are refused (the disk is
+                full: see :meth:`check_space`).
         """
-        self._check_open()
+        self._check_writable()
         if not msgs:
             return []
         max_size = self.config.max_message_size
@@ -708,7 +733,7 @@ class MessageStore:
         Raises:
             MessageIllegalError, StoreIOError, ServiceNotAvailableError: as :meth:`put_messages`.
         """
-        self._check_open()
+        self._check_writable()
         if not records:
             pos = self._commit_log.write_pos
             return AppendResult([], int(self._clock() * 1000), pos, {}, 0)
@@ -1237,9 +1262,13 @@ class MessageStore:
 
         A segment is deleted (oldest first, never the active last one, at most
         ``DELETE_FILES_BATCH_MAX`` per call) when its file was last modified more than
-        ``file_reserved_time`` hours before ``now``, or while the disk holding the store is
-        fuller than ``disk_max_used_space_ratio`` percent.  Each consume queue's minimum offset
-        then moves to its first message still stored.
+        ``file_reserved_time`` hours before ``now``.  While the disk holding the store is fuller
+        than ``disk_max_used_space_ratio`` percent, ``disk_full_policy`` decides:
+        ``refuse_writes`` deletes nothing before its time (writes are refused past
+        ``disk_refuse_writes_ratio``, see :meth:`check_space`); ``delete_oldest`` deletes the
+        oldest segments, read or not, until the disk would be below the ratio -- counting the
+        space each deletion frees, so it deletes no more than needed -- with a warning.  Each
+        consume queue's minimum offset then moves to its first message still stored.
 
         Args:
             now: seconds since the epoch to age files against (default: the wall clock, which
@@ -1251,34 +1280,96 @@ class MessageStore:
         self._check_open()
         now = time.time() if now is None else now
         reserved = self.config.file_reserved_time * 3600.0
+        ratio = self.config.disk_max_used_space_ratio
         cl = self._commit_log
-        deleted = 0
+        deleted = for_space = 0
+        freed = 0
+        lost_from = cl.min_offset
         with self._lock:
+            usage = shutil.disk_usage(self._root)
             while deleted < DELETE_FILES_BATCH_MAX and len(cl.segments) > 1:
                 first = cl.segments[0]
                 if first.mtime() + reserved < now:
                     reason = "expired"
-                elif self._disk_used_ratio() > self.config.disk_max_used_space_ratio:
+                elif _used_percent(usage.used - freed, usage.total) > ratio:
+                    if self.config.disk_full_policy != "delete_oldest":
+                        self._warn_short_of_space(usage.used - freed, usage.total)
+                        break
                     reason = "disk_full"
+                    for_space += 1
                 else:
                     break
+                size = _allocated(first)
                 cl.delete_first_segment(reason)
+                freed += size
                 deleted += 1
             if deleted:
                 cl_min = cl.min_offset
                 cq_deleted = sum(cq.delete_expired(cl_min) for cq in self._cqs.values())
-                log.info(
-                    "retention_applied",
-                    segments_deleted=deleted,
-                    consume_queue_segments_deleted=cq_deleted,
-                    min_phy_offset=cl_min,
-                )
+                fields = {
+                    "segments_deleted": deleted,
+                    "consume_queue_segments_deleted": cq_deleted,
+                    "min_phy_offset": cl_min,
+                    "bytes_freed": freed,
+                }
+                if for_space:
+                    # Messages go that consumers may not have read: say so loudly.
+                    log.warning(
+                        "retention_deleted_for_space",
+                        policy="delete_oldest",
+                        deleted_segments_for_space=for_space,
+                        deleted_offsets=f"{lost_from}..{cl_min}",
+                        **fields,
+                    )
+                else:
+                    log.info("retention_applied", **fields)
+        if deleted:
+            cl.close_retired()  # so the space is free now, not at the next flush
+        self.check_space()
         return deleted
+
+    def _warn_short_of_space(self, used: int, total: int) -> None:
+        if not self._short_of_space_warned:
+            self._short_of_space_warned = True
+            log.warning(
+                "disk_short_of_space",
+                used_percent=round(_used_percent(used, total), 1),
+                disk_max_used_space_ratio=self.config.disk_max_used_space_ratio,
+                policy=self.config.disk_full_policy,
+                refuse_writes_at=self.config.disk_refuse_writes_ratio,
+                hint="unread messages are kept: free space, add disk, or set "
+                "diskFullPolicy=delete_oldest to let retention delete the oldest",
+            )
+
+    def check_space(self, freed: int = 0) -> str | None:
+        """Look at the disk: past ``disk_refuse_writes_ratio`` percent, writes are refused
+        (:attr:`writes_refused` says why) until it is below again.  Cheap enough to call every
+        second; ``freed``: bytes just deleted whose files may still be open."""
+        if not self._open:
+            return self.writes_refused
+        usage = shutil.disk_usage(self._root)
+        used = _used_percent(usage.used - freed, usage.total)
+        limit = self.config.disk_refuse_writes_ratio
+        was = self.writes_refused
+        if used >= limit:
+            self.writes_refused = (
+                f"the disk holding the store is {used:.0f}% full (diskRefuseWritesRatio {limit}%): "
+                "writes are refused until space is freed"
+            )
+            if was is None:
+                log.warning("writes_refused", used_percent=round(used, 1), limit=limit)
+        else:
+            self.writes_refused = None
+            if was is not None:
+                log.info("writes_accepted_again", used_percent=round(used, 1), limit=limit)
+            if used <= self.config.disk_max_used_space_ratio:
+                self._short_of_space_warned = False
+        return self.writes_refused
 
     def _disk_used_ratio(self) -> float:
         # RocketMQ's measure: space in use over total (blocks reserved for root count as free).
         usage = shutil.disk_usage(self._root)
-        return usage.used * 100.0 / usage.total if usage.total else 0.0
+        return _used_percent(usage.used, usage.total)
 
     # -- observability --------------------------------------------------------------------------
 

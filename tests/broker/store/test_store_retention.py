@@ -92,10 +92,20 @@ def test_reserved_time_is_configurable(make_store: MakeStore, tmp_path: Path) ->
     assert commit_log_files(tmp_path / "store") == files[1:]
 
 
-def test_a_full_disk_deletes_the_oldest_segments_whatever_their_age(
+def test_by_default_a_full_disk_deletes_no_unexpired_segment(
     make_store: MakeStore, tmp_path: Path
 ) -> None:
     store = make_store(disk_max_used_space_ratio=0)
+    fill(store, 40)
+    files = commit_log_files(tmp_path / "store")
+    assert store.delete_expired_files() == 0
+    assert commit_log_files(tmp_path / "store") == files
+
+
+def test_with_delete_oldest_a_full_disk_deletes_the_oldest_segments_whatever_their_age(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    store = make_store(disk_max_used_space_ratio=0, disk_full_policy="delete_oldest")
     fill(store, 40)
     files = commit_log_files(tmp_path / "store")
     assert 2 <= len(files) <= 10
@@ -105,7 +115,7 @@ def test_a_full_disk_deletes_the_oldest_segments_whatever_their_age(
 
 
 def test_deletion_is_batched(make_store: MakeStore, tmp_path: Path) -> None:
-    store = make_store(disk_max_used_space_ratio=0)
+    store = make_store(disk_max_used_space_ratio=0, disk_full_policy="delete_oldest")
     for i in range(14):
         store.put_message(make_msg(body=bytes(3000 + i)))  # one segment each
     assert len(commit_log_files(tmp_path / "store")) == 14
