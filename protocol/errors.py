@@ -49,121 +49,122 @@ class RequestTimeoutError(TxmqError, TimeoutError):
 
 
 class BrokerResponseError(TxmqError):
-    """Base of the errors that mirror a response code."""
+    """Base of the errors that mirror a response code.
+
+    A subclass names its code, and whether a retry may succeed, in its class statement
+    (``class SystemBusyError(BrokerResponseError, code=..., retriable=True)``); that also enters
+    it in the table :func:`error_for_code` reads.  Subclasses that name no code (narrower errors
+    of the broker's own) keep their parent's code and stay out of the table.
+    """
+
+    def __init_subclass__(cls, code: int | None = None, retriable: bool = False) -> None:
+        super().__init_subclass__()
+        if code is None:
+            return
+        if code in _BY_CODE:
+            raise TypeError(f"response code {code} has two error classes")
+        cls.code = code
+        cls.retriable = retriable
+        _BY_CODE[code] = cls
 
 
-class BrokerSystemError(BrokerResponseError):
-    code = ResponseCode.SYSTEM_ERROR
+_BY_CODE: dict[int, type[BrokerResponseError]] = {}
 
 
-class SystemBusyError(BrokerResponseError):
-    code = ResponseCode.SYSTEM_BUSY
-    retriable = True
+class BrokerSystemError(BrokerResponseError, code=ResponseCode.SYSTEM_ERROR):
+    """The broker failed to handle the request (also the class of unknown codes)."""
 
 
-class RequestCodeNotSupportedError(BrokerResponseError):
-    code = ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+class SystemBusyError(BrokerResponseError, code=ResponseCode.SYSTEM_BUSY, retriable=True):
+    """The broker is overloaded; the request may succeed later."""
 
 
-class TransactionFailedError(BrokerResponseError):
-    code = ResponseCode.TRANSACTION_FAILED
+class RequestCodeNotSupportedError(
+    BrokerResponseError, code=ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+):
+    """The broker does not know the request code."""
 
 
-class FlushDiskTimeoutError(BrokerResponseError):
-    code = ResponseCode.FLUSH_DISK_TIMEOUT
-    retriable = True
+class TransactionFailedError(BrokerResponseError, code=ResponseCode.TRANSACTION_FAILED):
+    """The transaction could not be ended as asked."""
 
 
-class SlaveNotAvailableError(BrokerResponseError):
-    code = ResponseCode.SLAVE_NOT_AVAILABLE
-    retriable = True
+class FlushDiskTimeoutError(
+    BrokerResponseError, code=ResponseCode.FLUSH_DISK_TIMEOUT, retriable=True
+):
+    """The message is stored but was not flushed to disk in time."""
 
 
-class FlushSlaveTimeoutError(BrokerResponseError):
-    code = ResponseCode.FLUSH_SLAVE_TIMEOUT
-    retriable = True
+class SlaveNotAvailableError(
+    BrokerResponseError, code=ResponseCode.SLAVE_NOT_AVAILABLE, retriable=True
+):
+    """The message is stored but no replica is there to copy it."""
 
 
-class MessageIllegalError(BrokerResponseError):
-    code = ResponseCode.MESSAGE_ILLEGAL
+class FlushSlaveTimeoutError(
+    BrokerResponseError, code=ResponseCode.FLUSH_SLAVE_TIMEOUT, retriable=True
+):
+    """The message is stored but was not replicated in time."""
 
 
-class ServiceNotAvailableError(BrokerResponseError):
-    code = ResponseCode.SERVICE_NOT_AVAILABLE
-    retriable = True
+class MessageIllegalError(BrokerResponseError, code=ResponseCode.MESSAGE_ILLEGAL):
+    """The message breaks a rule of the broker (size, topic, properties)."""
 
 
-class NoPermissionError(BrokerResponseError):
-    code = ResponseCode.NO_PERMISSION
+class ServiceNotAvailableError(
+    BrokerResponseError, code=ResponseCode.SERVICE_NOT_AVAILABLE, retriable=True
+):
+    """The broker does not take this request now (starting, stopping, a replica)."""
 
 
-class TopicNotExistError(BrokerResponseError):
-    code = ResponseCode.TOPIC_NOT_EXIST
+class NoPermissionError(BrokerResponseError, code=ResponseCode.NO_PERMISSION):
+    """The account or the topic's permissions do not allow the request."""
 
 
-class PullNotFoundError(BrokerResponseError):
-    code = ResponseCode.PULL_NOT_FOUND
+class TopicNotExistError(BrokerResponseError, code=ResponseCode.TOPIC_NOT_EXIST):
+    """The topic does not exist and is not created automatically."""
 
 
-class PullRetryImmediatelyError(BrokerResponseError):
-    code = ResponseCode.PULL_RETRY_IMMEDIATELY
-    retriable = True
+class PullNotFoundError(BrokerResponseError, code=ResponseCode.PULL_NOT_FOUND):
+    """No message at the asked offset yet."""
 
 
-class PullOffsetMovedError(BrokerResponseError):
-    code = ResponseCode.PULL_OFFSET_MOVED
+class PullRetryImmediatelyError(
+    BrokerResponseError, code=ResponseCode.PULL_RETRY_IMMEDIATELY, retriable=True
+):
+    """Nothing matched the filter; pull again at once."""
 
 
-class QueryNotFoundError(BrokerResponseError):
-    code = ResponseCode.QUERY_NOT_FOUND
+class PullOffsetMovedError(BrokerResponseError, code=ResponseCode.PULL_OFFSET_MOVED):
+    """The asked offset is outside what the queue holds."""
 
 
-class SubscriptionNotExistError(BrokerResponseError):
-    code = ResponseCode.SUBSCRIPTION_NOT_EXIST
+class QueryNotFoundError(BrokerResponseError, code=ResponseCode.QUERY_NOT_FOUND):
+    """No message matched the query."""
 
 
-class SubscriptionNotLatestError(BrokerResponseError):
-    code = ResponseCode.SUBSCRIPTION_NOT_LATEST
-    retriable = True
+class SubscriptionNotExistError(BrokerResponseError, code=ResponseCode.SUBSCRIPTION_NOT_EXIST):
+    """The group has no subscription to the topic."""
 
 
-class SubscriptionGroupNotExistError(BrokerResponseError):
-    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+class SubscriptionNotLatestError(
+    BrokerResponseError, code=ResponseCode.SUBSCRIPTION_NOT_LATEST, retriable=True
+):
+    """The subscription sent is older than the broker's."""
 
 
-class InvalidParameterError(BrokerResponseError):
-    code = ResponseCode.INVALID_PARAMETER
+class SubscriptionGroupNotExistError(
+    BrokerResponseError, code=ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+):
+    """The consumer group does not exist."""
 
 
-class IllegalOperationError(BrokerResponseError):
-    code = ResponseCode.ILLEGAL_OPERATION
+class InvalidParameterError(BrokerResponseError, code=ResponseCode.INVALID_PARAMETER):
+    """A header field has an invalid value."""
 
 
-_BY_CODE: dict[int, type[BrokerResponseError]] = {
-    cls.code: cls
-    for cls in (
-        BrokerSystemError,
-        SystemBusyError,
-        RequestCodeNotSupportedError,
-        TransactionFailedError,
-        FlushDiskTimeoutError,
-        SlaveNotAvailableError,
-        FlushSlaveTimeoutError,
-        MessageIllegalError,
-        ServiceNotAvailableError,
-        NoPermissionError,
-        TopicNotExistError,
-        PullNotFoundError,
-        PullRetryImmediatelyError,
-        PullOffsetMovedError,
-        QueryNotFoundError,
-        SubscriptionNotExistError,
-        SubscriptionNotLatestError,
-        SubscriptionGroupNotExistError,
-        InvalidParameterError,
-        IllegalOperationError,
-    )
-}
+class IllegalOperationError(BrokerResponseError, code=ResponseCode.ILLEGAL_OPERATION):
+    """The request is not allowed in the current state."""
 
 
 def error_for_code(code: int, remark: str | None = None) -> BrokerResponseError:
