@@ -69,6 +69,8 @@ log = structlog.get_logger(__name__)
 FORMAT_VERSION = 1
 
 RECORD_MAGIC = 0x54584D51  # "TXMQ"
+#: How a record header starts on disk (what a scan past damage looks for).
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
 BLANK_MAGIC = 0x54584D42  # "TXMB"
 RECORD_HEADER = struct.Struct(">III")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
@@ -294,11 +296,26 @@ class CommitLog:
             seg = self._segments[idx]
             stop, pos = self._scan_segment(seg, pos, on_record)
             if stop is _Stop.INVALID:
-                if pos >= durable_end:
-                    return pos, damaged  # the torn tail starts here
-                # Framing is lost up to the end of this segment (records never span two).
-                resume = min(durable_end, seg.end)
-                log.error("commit_log_damaged", offset=pos, skipped_to=resume, path=seg.path)
+                # A damaged record, or the torn tail a crash left?  Damage has intact records
+                # after it (each names its own offset, so a match is no accident): those are
+                # kept, with their offsets, whether or not a checkpoint vouches for them.
+                resume = self._next_record(seg, pos)
+                if resume is None and idx + 1 < len(self._segments):
+                    following = self._segments[idx + 1]
+                    if self._record_at(following, following.start) is not None:
+                        resume = following.start  # records never span two segments
+                if resume is None:
+                    if pos >= durable_end:
+                        return pos, damaged  # the torn tail starts here
+                    # Below the checkpoint with nothing readable after it in this segment.
+                    resume = min(durable_end, seg.end)
+                log.error(
+                    "commit_log_damaged",
+                    offset=pos,
+                    skipped_to=resume,
+                    bytes=resume - pos,
+                    path=seg.path,
+                )
                 damaged += 1
                 pos = resume
             elif idx + 1 < len(self._segments):
@@ -308,6 +325,41 @@ class CommitLog:
                 # segment end (as it did when the blank was written); in a tail too short
                 # for a header it ends where the last record ended.
                 return (seg.end if stop is _Stop.BLANK else pos), damaged
+
+    def _record_at(self, seg: MappedFile, pos: int) -> int | None:
+        """The payload length of the intact message record at ``pos`` of ``seg``, or None."""
+        assert seg.mm is not None
+        rel = pos - seg.start
+        cap = seg.capacity
+        if rel < 0 or cap - rel < RECORD_HEADER_SIZE:
+            return None
+        magic, length, crc = RECORD_HEADER.unpack_from(seg.mm, rel)
+        if magic != RECORD_MAGIC or not FIXED_SIZE <= length <= cap - rel - RECORD_HEADER_SIZE:
+            return None
+        with memoryview(seg.mm) as mv:
+            payload = mv[rel + RECORD_HEADER_SIZE : rel + RECORD_HEADER_SIZE + length]
+            try:
+                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, pos):
+                    return None
+                parse_dispatch_info(payload)
+            except ValueError:
+                return None
+            finally:
+                payload.release()
+        return int(length)
+
+    def _next_record(self, seg: MappedFile, pos: int) -> int | None:
+        """The offset of the first intact record of ``seg`` after ``pos``, or None."""
+        assert seg.mm is not None
+        mm = seg.mm
+        rel = pos - seg.start + 1
+        while True:
+            rel = mm.find(_MAGIC_BYTES, rel)
+            if rel < 0:
+                return None
+            if self._record_at(seg, seg.start + rel) is not None:
+                return seg.start + rel
+            rel += 1
 
     def _scan_segment(
         self, seg: MappedFile, pos: int, on_record: Callable[[int, int, DispatchInfo], None]

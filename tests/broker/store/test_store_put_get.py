@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_helpers import FakeClock, commit_log_files, make_msg, read_queue
@@ -409,12 +410,15 @@ def test_closed_store_refuses_writes(make_store: MakeStore) -> None:
 
 
 def test_config_is_validated(tmp_path: Path) -> None:
-    for bad in (
+    bads: list[dict[str, Any]] = [
         {"mapped_file_size_commit_log": 1000},
         {"mapped_file_size_consume_queue": 210},
         {"max_message_size": 0},
         {"disk_max_used_space_ratio": 101},
-    ):
+        {"disk_refuse_writes_ratio": 0},
+        {"disk_full_policy": "delete_everything"},
+    ]
+    for bad in bads:
         with pytest.raises(ValueError):
             StoreConfig(str(tmp_path), **bad)
 
