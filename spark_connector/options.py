@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,6 +112,17 @@ OffsetMap = dict[str, dict[str, int]]
 #: Default of ``maxTriggerDelay`` (Kafka's): 15 minutes.
 DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
 
+#: The options besides ``broker`` that say how to reach the broker (sink and source).
+_CONNECTION_OPTION_NAMES = (
+    "requestTimeout",
+    "accessKey",
+    "secretKey",
+    "tls",
+    "tlsCaPath",
+    "tlsCertPath",
+    "tlsKeyPath",
+)
+
 #: Every option the source understands (lower case: Spark's option keys are case-insensitive).
 SOURCE_OPTION_NAMES = (
     "broker",
@@ -128,13 +139,7 @@ SOURCE_OPTION_NAMES = (
     "maxTriggerDelay",
     "pullBatchSize",
     "failOnDataLoss",
-    "requestTimeout",
-    "accessKey",
-    "secretKey",
-    "tls",
-    "tlsCaPath",
-    "tlsCertPath",
-    "tlsKeyPath",
+    *_CONNECTION_OPTION_NAMES,
 )
 
 #: Every option the sink understands (Spark's own :data:`SPARK_SINK_OPTION_NAMES` aside).
@@ -146,13 +151,7 @@ SINK_OPTION_NAMES = (
     "batchSize",
     "maxRequestBytes",
     "maxInFlight",
-    "requestTimeout",
-    "accessKey",
-    "secretKey",
-    "tls",
-    "tlsCaPath",
-    "tlsCertPath",
-    "tlsKeyPath",
+    *_CONNECTION_OPTION_NAMES,
 )
 
 #: What Spark itself puts into a sink's options: ``writeStream.option("checkpointLocation")``,
@@ -180,54 +179,61 @@ def _get(opts: dict[str, str], name: str) -> str | None:
     return value or None
 
 
+T = TypeVar("T")
+
+
+def _parsed(opts: dict[str, str], name: str, parse: Callable[[str], T], expected: str) -> T | None:
+    """The option ``name`` turned into a value by ``parse``, or None when it is not given.
+
+    Raises:
+        TxmqOptionError: ``parse`` raised ValueError (the message says ``expected``).
+    """
+    raw = _get(opts, name)
+    if raw is None:
+        return None
+    try:
+        return parse(raw)
+    except ValueError:
+        raise TxmqOptionError(f"option {name!r} must be {expected}, got {raw!r}") from None
+
+
 def _int(
     opts: dict[str, str], name: str, default: int, *, minimum: int = 1, maximum: int | None = None
 ) -> int:
-    raw = _get(opts, name)
-    if raw is None:
+    value = _parsed(opts, name, int, "an integer")
+    if value is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise TxmqOptionError(f"option {name!r} must be an integer, got {raw!r}") from None
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise TxmqOptionError(f"option {name!r} must be {bounds}, got {value}")
     return value
 
 
-def _float(opts: dict[str, str], name: str, default: float) -> float:
-    raw = _get(opts, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise TxmqOptionError(f"option {name!r} must be a number of seconds, got {raw!r}") from None
+def _positive_float(raw: str) -> float:
+    value = float(raw)
     if not value > 0:
-        raise TxmqOptionError(f"option {name!r} must be positive, got {raw!r}")
+        raise ValueError(raw)
     return value
 
 
+def _float(opts: dict[str, str], name: str, default: float) -> float:
+    value = _parsed(opts, name, _positive_float, "a positive number of seconds")
+    return default if value is None else value
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _boolean(raw: str) -> bool:
+    try:
+        return _BOOLEANS[raw.lower()]
+    except KeyError:
+        raise ValueError(raw) from None
+
+
 def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
-    raw = _get(opts, name)
-    if raw is None:
-        return default
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise TxmqOptionError(f"option {name!r} must be true or false, got {raw!r}")
-
-
-def _credential_options(opts: dict[str, str]) -> dict[str, str | None]:
-    """``accessKey`` / ``secretKey``: both or neither."""
-    access_key, secret_key = _get(opts, "accessKey"), _get(opts, "secretKey")
-    if bool(access_key) != bool(secret_key):
-        raise TxmqOptionError(
-            "options accessKey and secretKey go together: give both (an ACL account) or neither"
-        )
-    return {"access_key": access_key or None, "secret_key": secret_key or None}
+    value = _parsed(opts, name, _boolean, "true or false")
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -267,10 +273,46 @@ def _tls_options(opts: dict[str, str]) -> TlsOptions | None:
     return TlsOptions(ca, cert, key) if enabled else None
 
 
-def _credentials(access_key: str | None, secret_key: str | None) -> Credentials | None:
-    if not access_key or not secret_key:
-        return None
-    return Credentials(access_key, secret_key)
+@dataclass(frozen=True)
+class _ConnectionOptions:
+    """The options of the sink and the source that say how to reach the broker.
+
+    Attributes:
+        broker: ``host:port``.
+        request_timeout: seconds to wait for each answer.
+        access_key: the ACL account requests are signed with, or None.
+        secret_key: its secret (never in ``repr``).
+        tls: TLS to the broker, or None for plain TCP.
+    """
+
+    broker: str
+    request_timeout: float = field(default=DEFAULT_REQUEST_TIMEOUT, kw_only=True)
+    access_key: str | None = field(default=None, kw_only=True)
+    secret_key: str | None = field(default=None, repr=False, kw_only=True)
+    tls: TlsOptions | None = field(default=None, kw_only=True)
+
+    @property
+    def credentials(self) -> Credentials | None:
+        if not self.access_key or not self.secret_key:
+            return None
+        return Credentials(self.access_key, self.secret_key)
+
+
+def _connection_options(opts: dict[str, str]) -> dict[str, Any]:
+    """The keyword arguments of :class:`_ConnectionOptions`: ``broker``, ``requestTimeout``,
+    ``accessKey`` / ``secretKey`` (both or neither) and the TLS options."""
+    access_key, secret_key = _get(opts, "accessKey"), _get(opts, "secretKey")
+    if bool(access_key) != bool(secret_key):
+        raise TxmqOptionError(
+            "options accessKey and secretKey go together: give both (an ACL account) or neither"
+        )
+    return {
+        "broker": parse_broker(_get(opts, "broker")),
+        "request_timeout": _float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
+        "access_key": access_key or None,
+        "secret_key": secret_key or None,
+        "tls": _tls_options(opts),
+    }
 
 
 def parse_broker(raw: str | None) -> str:
@@ -331,38 +373,24 @@ def stream_producer_group(query_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class SinkOptions:
-    """Validated options of the sink.
+class SinkOptions(_ConnectionOptions):
+    """Validated options of the sink (and those of :class:`_ConnectionOptions`).
 
     Attributes:
-        broker: ``host:port``.
         topic: the default topic, or None when each row names its topic.
         producer_group: the configured producer group, or None to derive it.
         queue_column: the column whose value picks the queue, or None to spread rows.
         batch_size: most messages per request.
         max_request_bytes: most body bytes per request.
         max_in_flight: requests one task keeps in flight.
-        request_timeout: seconds to wait for each answer.
-        access_key: the ACL account requests are signed with, or None.
-        secret_key: its secret (never in ``repr``).
-        tls: TLS to the broker, or None for plain TCP.
     """
 
-    broker: str
     topic: str | None = None
     producer_group: str | None = None
     queue_column: str | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    access_key: str | None = None
-    secret_key: str | None = field(default=None, repr=False)
-    tls: TlsOptions | None = None
-
-    @property
-    def credentials(self) -> Credentials | None:
-        return _credentials(self.access_key, self.secret_key)
 
 
 def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
@@ -376,7 +404,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     topic = _get(opts, "topic")
     group = _get(opts, "producerGroup")
     return SinkOptions(
-        broker=parse_broker(_get(opts, "broker")),
+        **_connection_options(opts),
         topic=validate_topic(topic) if topic is not None else None,
         producer_group=validate_group(group) if group is not None else None,
         queue_column=_get(opts, "queueColumn"),
@@ -389,9 +417,6 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
             maximum=4 * 1024 * 1024,
         ),
         max_in_flight=_int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, maximum=64),
-        request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
-        **_credential_options(opts),
-        tls=_tls_options(opts),
     )
 
 
@@ -437,11 +462,10 @@ def check_sink_schema(columns: Mapping[str, str], options: SinkOptions) -> None:
 
 
 @dataclass(frozen=True)
-class SourceOptions:
-    """Validated options of the source.
+class SourceOptions(_ConnectionOptions):
+    """Validated options of the source (and those of :class:`_ConnectionOptions`).
 
     Attributes:
-        broker: ``host:port``.
         topics: the topics to read, in the order given.
         starting_offsets: ``"earliest"``, ``"latest"``, or a per-queue map (values may be
             :data:`EARLIEST_OFFSET` / :data:`LATEST_OFFSET`).
@@ -456,13 +480,8 @@ class SourceOptions:
         max_trigger_delay: ... but at most this many seconds after the last batch.
         pull_batch_size: messages per pull request.
         fail_on_data_loss: raise when messages in range were deleted by retention.
-        request_timeout: seconds to wait for each answer.
-        access_key: the ACL account requests are signed with, or None.
-        secret_key: its secret (never in ``repr``).
-        tls: TLS to the broker, or None for plain TCP.
     """
 
-    broker: str
     topics: tuple[str, ...]
     starting_offsets: str | OffsetMap = EARLIEST
     topic_pattern: str | None = None
@@ -476,14 +495,6 @@ class SourceOptions:
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
     fail_on_data_loss: bool = True
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    access_key: str | None = None
-    secret_key: str | None = field(default=None, repr=False)
-    tls: TlsOptions | None = None
-
-    @property
-    def credentials(self) -> Credentials | None:
-        return _credentials(self.access_key, self.secret_key)
 
     def wants(self, topic: str) -> bool:
         """Whether ``topic`` is read: named in ``topic`` or matched by ``subscribePattern``."""
@@ -679,7 +690,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     min_offsets = _get(opts, "minOffsetsPerTrigger")
     delay = _get(opts, "maxTriggerDelay")
     return SourceOptions(
-        broker=parse_broker(_get(opts, "broker")),
+        **_connection_options(opts),
         topics=topics,
         topic_pattern=pattern,
         starting_offsets=parse_starting_offsets(_get(opts, "startingOffsets"), topics, pattern),
@@ -710,9 +721,6 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
             opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE, maximum=MAX_PULL_BATCH_SIZE
         ),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
-        request_timeout=_float(opts, "requestTimeout", DEFAULT_REQUEST_TIMEOUT),
-        **_credential_options(opts),
-        tls=_tls_options(opts),
     )
 
 

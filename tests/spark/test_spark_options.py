@@ -75,7 +75,7 @@ def test_sink_defaults_and_case_insensitive_keys() -> None:
         ({**BROKER, "batchSize": "many"}, "'batchSize' must be an integer"),
         ({**BROKER, "batchSize": "0"}, "'batchSize' must be between 1 and"),
         ({**BROKER, "maxRequestBytes": "100"}, "'maxRequestBytes' must be between"),
-        ({**BROKER, "requestTimeout": "-1"}, "'requestTimeout' must be positive"),
+        ({**BROKER, "requestTimeout": "-1"}, "'requestTimeout' must be a positive number"),
         ({**BROKER, "producerGroup": "a group"}, "not a valid group name"),
     ],
 )
