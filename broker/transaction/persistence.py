@@ -136,8 +136,11 @@ class TransactionPersistence:
                 snap = snapshot.decode(fh.read())
         except FileNotFoundError:
             return None, None
-        except (OSError, snapshot.SnapshotError) as exc:
+        except OSError as exc:
             log.warning("transaction_snapshot_ignored", path=self.snapshot_path, error=str(exc))
+            return None, None
+        except snapshot.SnapshotError as exc:
+            self._set_aside(exc)
             return None, None
         if snap.clog_offset > self.store.max_phy_offset:
             log.warning(
@@ -147,5 +150,25 @@ class TransactionPersistence:
                 commit_log_offset=self.store.max_phy_offset,
             )
             return None, None
-        snapshot.restore(self.machine, snap)
+        try:
+            snapshot.restore(self.machine, snap)
+        except snapshot.SnapshotError as exc:
+            self._set_aside(exc)
+            return None, None
         return snap.half_from, snap.op_from
+
+    def _set_aside(self, exc: Exception) -> None:
+        """A damaged snapshot is renamed (kept for an operator, never read again) and the
+        table rebuilt from the half and op queues in full."""
+        aside = f"{self.snapshot_path}.damaged"
+        try:
+            os.replace(self.snapshot_path, aside)
+        except OSError as err:
+            aside = f"(could not be renamed: {err})"
+        log.warning(
+            "transaction_snapshot_damaged",
+            path=self.snapshot_path,
+            set_aside_as=aside,
+            error=str(exc),
+            action="rebuilding the transaction table from the half and op queues",
+        )

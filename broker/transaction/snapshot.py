@@ -140,34 +140,21 @@ def decode(data: bytes) -> Snapshot:
 
 
 def restore(m: TransactionStateMachine, s: Snapshot) -> None:
-    """Load a snapshot into an empty machine (decisions keep their order for pruning)."""
-    decided: list[tuple[int, str]] = []
-    for row in s.records:
-        (txid, group, state, bk, times, last, dms, dby, dend, remark, halves) = row
-        rec = TxRecord(
-            str(txid),
-            str(group),
-            state=TxState(state),
-            batch_key=bk,
-            check_times=int(times),
-            last_check_ms=int(last),
-            decided_ms=int(dms),
-            decided_by=str(dby),
-            decision_end_offset=int(dend),
-            remark=str(remark),
+    """Load a snapshot into an empty machine (decisions keep their order for pruning).
+
+    Every row is converted before the machine is touched, so a damaged snapshot raises
+    :class:`SnapshotError` and leaves the machine empty (recovery then replays the queues)."""
+    try:
+        rows = [_restored(row) for row in s.records]
+        batches = sorted(
+            ((str(g), str(bk), int(ts), list(c), list(rb)) for g, bk, ts, c, rb in s.batches),
+            key=lambda b: b[2],
         )
-        for h in halves:
-            half = HalfRef(
-                int(h[0]),
-                int(h[1]),
-                str(h[2]),
-                int(h[3]),
-                int(h[4]),
-                str(h[5]),
-                str(h[6]),
-                None if h[7] is None else int(h[7]),
-            )
-            rec.halves.append(half)
+    except Exception as exc:  # a row of the wrong shape, a state name that is not one, ...
+        raise SnapshotError(f"unreadable transaction snapshot record: {exc!r}") from None
+    decided: list[tuple[int, str]] = []
+    for rec, bk in rows:
+        for half in rec.halves:
             m.by_half_offset[half.commit_log_offset] = rec.transaction_id
         m.records[rec.transaction_id] = rec
         if rec.state is TxState.PENDING:
@@ -178,7 +165,38 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
             m.batch_members.setdefault((rec.producer_group, str(bk)), set()).add(rec.transaction_id)
     decided.sort()
     m._decided.extend(decided)
-    for g, bk, ts, committed, rolled_back in sorted(s.batches, key=lambda b: int(b[2])):
-        key = (str(g), str(bk))
-        m.batches[key] = {"committed": list(committed), "rolledBack": list(rolled_back)}
-        m._decided_batches.append((int(ts), key))
+    for g, bk, ts, committed, rolled_back in batches:
+        key = (g, bk)
+        m.batches[key] = {"committed": committed, "rolledBack": rolled_back}
+        m._decided_batches.append((ts, key))
+
+
+def _restored(row: Any) -> tuple[TxRecord, Any]:
+    """A snapshot row as a record (and its batch key); raises on anything malformed."""
+    (txid, group, state, bk, times, last, dms, dby, dend, remark, halves) = row
+    rec = TxRecord(
+        str(txid),
+        str(group),
+        state=TxState(state),
+        batch_key=bk,
+        check_times=int(times),
+        last_check_ms=int(last),
+        decided_ms=int(dms),
+        decided_by=str(dby),
+        decision_end_offset=int(dend),
+        remark=str(remark),
+    )
+    for h in halves:
+        rec.halves.append(
+            HalfRef(
+                int(h[0]),
+                int(h[1]),
+                str(h[2]),
+                int(h[3]),
+                int(h[4]),
+                str(h[5]),
+                str(h[6]),
+                None if h[7] is None else int(h[7]),
+            )
+        )
+    return rec, bk
