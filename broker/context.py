@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .store.errors import StoreIOError
+
 if TYPE_CHECKING:
     from .clients import ClientManager
     from .config import BrokerConfig
@@ -64,6 +66,17 @@ class BrokerContext:
 
     async def persist_topics(self) -> None:
         """Write the topic table if a change is not written yet (a request that created a topic
-        waits for this before it is answered)."""
-        if self.topics.table.dirty:
-            await self.in_background(self.topics.table.persist)
+        waits for this before it is answered).
+
+        Raises:
+            StoreIOError: the table could not be written (a full disk); it stays dirty and is
+                written by a later call.
+        """
+        table = self.topics.table
+        if table.dirty:
+            try:
+                await self.in_background(table.persist)
+            except OSError as exc:
+                if isinstance(exc, StoreIOError):
+                    raise
+                raise StoreIOError(f"cannot write the topic table {table.path}: {exc}") from exc

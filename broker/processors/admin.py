@@ -6,6 +6,8 @@ import json
 import time
 from typing import Any
 
+import structlog
+
 from txmq import __version__
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
@@ -30,8 +32,11 @@ from txmq.protocol.message import encode_message
 from ..clients import parse_heartbeat
 from ..context import BrokerContext
 from ..store import TopicConfig
+from ..store.errors import StoreIOError
 from ..topics import RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
 from ..transaction.service import TransactionalMessageService
+
+log = structlog.get_logger(__name__)
 
 
 def json_body(doc: Any) -> bytes:
@@ -57,7 +62,12 @@ class AdminProcessor:
         for c in data.get("consumerDataSet") or []:
             if isinstance(c, dict) and c.get("groupName"):
                 self.ctx.topics.ensure(retry_topic(c["groupName"]), 1)
-        await self.ctx.persist_topics()
+        try:
+            await self.ctx.persist_topics()
+        except StoreIOError as exc:
+            # A full disk must not keep clients out: the group's retry topic exists now and
+            # the table is written once there is room (housekeeping tries every second).
+            log.warning("topic_table_not_written", error=str(exc), request="HEART_BEAT")
         self.ctx.clients.heartbeat(conn, data, cmd.language, cmd.version)
         return cmd.response()
 

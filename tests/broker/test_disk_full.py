@@ -145,3 +145,41 @@ async def test_delete_oldest_frees_only_what_is_needed(
     finally:
         await c.close()
         await b.shutdown()
+
+
+async def test_a_disk_with_no_byte_left_still_takes_heartbeats(
+    small_disk: Path, disk_config: Callable[..., BrokerConfig]
+) -> None:
+    """Another process took the last byte: a new consumer group's heartbeat (which creates its
+    retry topic) is answered, so are the heartbeats after it, and the topic table is written
+    once there is room again."""
+    b = BrokerController(disk_config())
+    await b.start()
+    c = await RawClient.connect(b.address)
+    try:
+        code, _ = await _send(c, "nobyte", 0)
+        assert code == ResponseCode.SUCCESS
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * MiB)
+                    f.flush()
+            except OSError:
+                pass  # ENOSPC: the disk is full to the last block
+        await c.heartbeat(consumer_groups={"late-group": {"nobyte": "*"}})  # asserts SUCCESS
+        await c.heartbeat(consumer_groups={"late-group": {"nobyte": "*"}}, producer_groups=["p"])
+        assert b.topics.table.dirty, "the table cannot have been written"
+        code, remark = await _send(c, "nobyte", 1)
+        assert code != ResponseCode.SUCCESS and remark, "a write was acknowledged on a full disk"
+        assert len(await c.pull_all("nobyte")) == 1
+        filler.unlink()
+        await b.persist_topics()
+        assert not b.topics.table.dirty
+        assert (
+            "%RETRY%late-group"
+            in (Path(b.config.store_path_root_dir) / "config" / "topics.json").read_text()
+        )
+    finally:
+        await c.close()
+        await b.shutdown()
