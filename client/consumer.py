@@ -346,13 +346,8 @@ class AsyncPushConsumer(ConnectedClient):
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
-        if not group or not isinstance(group, str):
-            raise ValueError("a consumer needs a non-empty group name")
+        super().__init__(group, broker, config=config, **settings)
         validate_topic(retry_topic(group))
-        super().__init__()
-        self.group = group
-        self.broker = broker
-        self.config = (config or ClientConfig()).replace(**settings)
         self.consume_from, self._from_ts = parse_consume_from(consume_from)
         if max_reconsume_times < 0:
             raise ValueError("max_reconsume_times must not be negative")
@@ -362,7 +357,6 @@ class AsyncPushConsumer(ConnectedClient):
         self._subs: dict[str, _Subscription] = {}
         #: Subscribed topics that did not exist yet when this consumer looked for them.
         self._born_later: set[str] = set()
-        self._conn: BrokerConnection | None = None
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_tasks: list[asyncio.Task[None]] = []

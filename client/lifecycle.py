@@ -5,8 +5,9 @@ one."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 
 if TYPE_CHECKING:
@@ -72,9 +73,31 @@ class AsyncClient:
 
 class ConnectedClient(AsyncClient):
     """An async client with a broker connection of its own, made by :meth:`_start` and
-    dropped by :meth:`_shutdown`."""
+    dropped by :meth:`_shutdown`.
+
+    Args:
+        group: the client's group (producer or consumer group).
+        broker: ``"host:port"`` of the broker.
+        config: client settings; ``settings`` override single fields of it.
+    """
 
     _conn: BrokerConnection | None = None
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        if not group or not isinstance(group, str):
+            raise ValueError(f"a {self._kind} needs a non-empty group name")
+        super().__init__()
+        self.group = group
+        self.broker = broker
+        self.config = (config or ClientConfig()).replace(**settings)
+        self._conn = None
 
     @property
     def connection(self) -> BrokerConnection:

@@ -295,13 +295,7 @@ class AsyncProducer(ConnectedClient):
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
-        if not group or not isinstance(group, str):
-            raise ValueError("a producer needs a non-empty group name")
-        super().__init__()
-        self.group = group
-        self.broker = broker
-        self.config = (config or ClientConfig()).replace(**settings)
-        self._conn: BrokerConnection | None = None
+        super().__init__(group, broker, config=config, **settings)
         self._routes: dict[str, TopicRoute] = {}
         self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
         self._rr = itertools.count()

@@ -40,7 +40,6 @@ from txmq.protocol.message import (
     tags_code,
 )
 
-from .config import DEFAULT_BROKER, ClientConfig
 from .lifecycle import ConnectedClient
 from .producer import validate_topic
 from .remoting import BrokerConnection
@@ -262,22 +261,6 @@ class AsyncPullConsumer(ConnectedClient):
     """
 
     _kind = "pull consumer"
-
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        if not group or not isinstance(group, str):
-            raise ValueError("a consumer needs a non-empty group name")
-        super().__init__()
-        self.group = group
-        self.broker = broker
-        self.config = (config or ClientConfig()).replace(**settings)
-        self._conn: BrokerConnection | None = None
 
     async def _start(self) -> None:
         """Connect to the broker.

@@ -9,22 +9,21 @@ private loop.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+import functools
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
-
-from txmq.protocol.message import Message
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from .bridge import LoopThread
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
 from .lifecycle import AsyncClient
-from .producer import AsyncProducer, QueueSelector, SendResult
-from .pull_consumer import AsyncPullConsumer, PullResult
-from .route import MessageQueue
+from .producer import AsyncProducer
+from .pull_consumer import AsyncPullConsumer
 
 R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class _SyncClient:
@@ -55,6 +54,23 @@ class _SyncClient:
         self.shutdown()
 
 
+def blocking(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[_SyncClient, P], R]:
+    """The blocking form of an async client's coroutine method, for the facade of that client:
+    the same arguments, run on the shared loop with the facade's core as ``self``.
+
+    ``send = blocking(AsyncProducer.send)`` in :class:`Producer` is ``Producer.send``, with
+    :meth:`AsyncProducer.send`'s signature (for type checkers and ``help()``) and docstring.
+    """
+
+    def run(self: _SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(method(self._core, *args, **kwargs))
+
+    functools.update_wrapper(run, method, assigned=("__name__", "__doc__"))
+    return run
+
+
 class Producer(_SyncClient):
     """The blocking producer; see :class:`~txmq.client.AsyncProducer` for the arguments.
 
@@ -75,48 +91,9 @@ class Producer(_SyncClient):
         super().__init__()
         self._core = self.core = AsyncProducer(group, broker, config=config, **settings)
 
-    def send(
-        self,
-        msg: Message,
-        *,
-        queue_id: int | None = None,
-        sharding_key: str | None = None,
-        selector: QueueSelector | None = None,
-        timeout: float | None = None,
-        broker: str | None = None,
-    ) -> SendResult:
-        """Send one message and wait until it is stored; see :meth:`AsyncProducer.send`."""
-        return self._run(
-            self.core.send(
-                msg,
-                queue_id=queue_id,
-                sharding_key=sharding_key,
-                selector=selector,
-                timeout=timeout,
-                broker=broker,
-            )
-        )
-
-    def send_oneway(
-        self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
-    ) -> None:
-        """Send without an answer; see :meth:`AsyncProducer.send_oneway`."""
-        self._run(self.core.send_oneway(msg, queue_id=queue_id, sharding_key=sharding_key))
-
-    def send_batch(
-        self,
-        msgs: list[Message],
-        *,
-        queue_id: int | None = None,
-        sharding_key: str | None = None,
-        timeout: float | None = None,
-    ) -> SendResult:
-        """Send messages of one topic to one queue at once; see :meth:`AsyncProducer.send_batch`."""
-        return self._run(
-            self.core.send_batch(
-                msgs, queue_id=queue_id, sharding_key=sharding_key, timeout=timeout
-            )
-        )
+    send = blocking(AsyncProducer.send)
+    send_oneway = blocking(AsyncProducer.send_oneway)
+    send_batch = blocking(AsyncProducer.send_batch)
 
 
 class PushConsumer(_SyncClient):
@@ -203,68 +180,11 @@ class PullConsumer(_SyncClient):
         super().__init__()
         self._core = self.core = AsyncPullConsumer(group, broker, config=config, **settings)
 
-    def fetch_queues(self, topic: str) -> list[int]:
-        """The readable queue ids of ``topic``."""
-        return self._run(self.core.fetch_queues(topic))
-
-    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
-        """The readable queues of ``topic`` in every broker group that has it."""
-        return self._run(self.core.fetch_message_queues(topic))
-
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_nums: int = 32,
-        expression: str = "*",
-        timeout: float | None = None,
-        long_poll: float = 0.0,
-        *,
-        broker: str | None = None,
-    ) -> PullResult:
-        """Read up to ``max_nums`` messages from ``offset`` on; see
-        :meth:`AsyncPullConsumer.pull`."""
-        return self._run(
-            self.core.pull(
-                topic,
-                queue_id,
-                offset,
-                max_nums=max_nums,
-                expression=expression,
-                timeout=timeout,
-                long_poll=long_poll,
-                broker=broker,
-            )
-        )
-
-    def commit_offset(
-        self, topic: str, queue_id: int, offset: int, *, broker: str | None = None
-    ) -> None:
-        """Store the group's next offset to consume for a queue."""
-        self._run(self.core.commit_offset(topic, queue_id, offset, broker=broker))
-
-    def committed_offset(
-        self, topic: str, queue_id: int, *, broker: str | None = None
-    ) -> int | None:
-        """The group's stored offset for a queue, or None."""
-        return self._run(self.core.committed_offset(topic, queue_id, broker=broker))
-
-    def max_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
-        """The queue's next free offset."""
-        return self._run(self.core.max_offset(topic, queue_id, broker=broker))
-
-    def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
-        """The queue's smallest stored offset."""
-        return self._run(self.core.min_offset(topic, queue_id, broker=broker))
-
-    def offset_for_timestamp(
-        self,
-        topic: str,
-        queue_id: int,
-        ts_ms: int | float | datetime,
-        *,
-        broker: str | None = None,
-    ) -> int:
-        """The first offset stored at or after ``ts_ms``."""
-        return self._run(self.core.offset_for_timestamp(topic, queue_id, ts_ms, broker=broker))
+    fetch_queues = blocking(AsyncPullConsumer.fetch_queues)
+    fetch_message_queues = blocking(AsyncPullConsumer.fetch_message_queues)
+    pull = blocking(AsyncPullConsumer.pull)
+    commit_offset = blocking(AsyncPullConsumer.commit_offset)
+    committed_offset = blocking(AsyncPullConsumer.committed_offset)
+    max_offset = blocking(AsyncPullConsumer.max_offset)
+    min_offset = blocking(AsyncPullConsumer.min_offset)
+    offset_for_timestamp = blocking(AsyncPullConsumer.offset_for_timestamp)

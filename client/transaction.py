@@ -47,7 +47,7 @@ from .errors import InvalidMessageError
 from .lifecycle import AsyncClient
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
 from .remoting import BrokerConnection, current_connection
-from .sync import _SyncClient
+from .sync import _SyncClient, blocking
 
 log = structlog.get_logger(__name__)
 
@@ -594,10 +594,7 @@ class TransactionProducer(_SyncClient):
         super().__init__()
         self._core = self.core = AsyncTransactionProducer(group, listener, broker, **kwargs)
 
-    def send_message_in_transaction(
-        self, msg: Message, arg: Any = None, **kwargs: Any
-    ) -> TransactionSendResult:
-        return self._run(self.core.send_message_in_transaction(msg, arg, **kwargs))
+    send_message_in_transaction = blocking(AsyncTransactionProducer.send_message_in_transaction)
 
     @contextmanager
     def transaction(self, transaction_id: str | None = None) -> Iterator[Transaction]:
