@@ -60,7 +60,7 @@ from txmq.protocol.message import (
 
 from .errors import StoreIOError
 from .fileio import fsync_dir, nonzero_end, zero_tail
-from .mapped_file import MappedFile, parse_segment_name, segment_name
+from .mapped_file import MappedFile, segment_files, segment_name
 from .tags import tags_code_of
 
 log = structlog.get_logger(__name__)
@@ -216,14 +216,7 @@ class CommitLog:
         (renamed ``<name>.orphaned``).
         """
         os.makedirs(self.directory, exist_ok=True)
-        found: list[tuple[int, str]] = []
-        for name in os.listdir(self.directory):
-            start = parse_segment_name(name)
-            if start is None:
-                log.warning("unknown_file_ignored", path=os.path.join(self.directory, name))
-                continue
-            found.append((start, os.path.join(self.directory, name)))
-        found.sort()
+        found = segment_files(self.directory)
         expected: int | None = None
         for start, path in found:
             if expected is not None and start != expected:

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import structlog
 
 from .fileio import nonzero_end, reserve_blocks, zero_tail
-from .mapped_file import MappedFile, parse_segment_name
+from .mapped_file import MappedFile, segment_files
 
 log = structlog.get_logger(__name__)
 
@@ -142,14 +142,7 @@ class ConsumeQueue:
         Entries under the checkpoint were fsynced before it was written, so they form an intact
         prefix; what follows may be torn and is rebuilt by the recovery scan.
         """
-        found: list[tuple[int, str]] = []
-        for name in os.listdir(self.directory):
-            start = parse_segment_name(name)
-            if start is None:
-                log.warning("unknown_file_ignored", path=os.path.join(self.directory, name))
-                continue
-            found.append((start, os.path.join(self.directory, name)))
-        found.sort()
+        found = segment_files(self.directory)
         segs: list[MappedFile] = []
         for start, path in found:
             if start % CQ_ENTRY_SIZE or (segs and start != segs[-1].end):

@@ -14,13 +14,9 @@ messages again, which at-least-once delivery allows.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-import time
 
-from .errors import StoreCorruptError
-from .fileio import atomic_write, remove_stale_temp_files
+from .fileio import read_versioned_json, write_versioned_json
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -51,23 +47,18 @@ class ConsumerOffsetManager:
         Raises:
             StoreCorruptError: the file exists but cannot be read as an offset table.
         """
-        remove_stale_temp_files(self.path)
-        try:
-            with open(self.path, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
-            return
-        try:
-            doc = json.loads(raw)
-            table = {
+        loaded = read_versioned_json(
+            self.path,
+            "consumer offsets",
+            "offsetTable",
+            lambda doc: {
                 str(key): {int(qid): int(off) for qid, off in queues.items()}
-                for key, queues in doc.get("offsetTable", {}).items()
-            }
-            counter = int(doc.get("dataVersion", {}).get("counter", 0))
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise StoreCorruptError(
-                f"cannot read consumer offsets from {self.path}: {exc}"
-            ) from None
+                for key, queues in doc.items()
+            },
+        )
+        if loaded is None:
+            return
+        table, counter = loaded
         with self._lock:
             self._table = table
             self._counter = counter
@@ -134,13 +125,8 @@ class ConsumerOffsetManager:
                     for key, queues in sorted(self._table.items())
                 }
                 counter = self._counter
-            doc = {
-                "offsetTable": snapshot,
-                "dataVersion": {"timestamp": int(time.time() * 1000), "counter": counter},
-            }
             try:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                atomic_write(self.path, json.dumps(doc, indent=1).encode())
+                write_versioned_json(self.path, "offsetTable", snapshot, counter)
             except BaseException:
                 with self._lock:
                     self._dirty = True

@@ -12,9 +12,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import StoreCorruptError
 
 
 def fdatasync(fd: int) -> None:
@@ -161,3 +166,49 @@ def nonzero_end(fd: int, start: int, end: int) -> int:
             p += len(chunk)
         pos = max(data_end, pos + 1)
     return last
+
+
+T = TypeVar("T")
+
+
+def read_versioned_json(
+    path: str, what: str, table_key: str, convert: Callable[[Any], T]
+) -> tuple[T, int] | None:
+    """Read a table written by :func:`write_versioned_json` (RocketMQ's config file shape,
+    ``{table_key: {...}, "dataVersion": {"timestamp": ..., "counter": ...}}``), after removing
+    what an interrupted write left next to it.
+
+    Returns:
+        ``(convert(table), counter)``, or None when there is no file.
+
+    Raises:
+        StoreCorruptError: the file cannot be read as such a table (``what`` names it), or
+            ``convert`` fails on it.
+    """
+    remove_stale_temp_files(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(raw)
+        table = convert(doc.get(table_key, {}))
+        counter = int(doc.get("dataVersion", {}).get("counter", 0))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise StoreCorruptError(f"cannot read {what} from {path}: {exc}") from None
+    return table, counter
+
+
+def write_versioned_json(path: str, table_key: str, table: Any, counter: int) -> None:
+    """Write ``table`` with its version atomically, creating the folder if needed.
+
+    Raises:
+        OSError: the write failed; the file keeps its previous content.
+    """
+    doc = {
+        table_key: table,
+        "dataVersion": {"timestamp": int(time.time() * 1000), "counter": counter},
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, json.dumps(doc, indent=1).encode())

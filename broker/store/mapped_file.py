@@ -18,7 +18,11 @@ import mmap
 import os
 import re
 
+import structlog
+
 from .fileio import fdatasync, preallocate
+
+log = structlog.get_logger(__name__)
 
 SEGMENT_NAME_DIGITS = 20
 _NAME = re.compile(r"^\d{20}$")
@@ -33,6 +37,20 @@ def segment_name(start: int) -> str:
 def parse_segment_name(name: str) -> int | None:
     """The start offset a segment file name stands for, or None for any other file."""
     return int(name) if _NAME.match(name) else None
+
+
+def segment_files(directory: str) -> list[tuple[int, str]]:
+    """The segment files in ``directory`` as ``(start offset, path)``, in offset order; other
+    files are logged and left alone."""
+    found: list[tuple[int, str]] = []
+    for name in os.listdir(directory):
+        start = parse_segment_name(name)
+        if start is None:
+            log.warning("unknown_file_ignored", path=os.path.join(directory, name))
+            continue
+        found.append((start, os.path.join(directory, name)))
+    found.sort()
+    return found
 
 
 class MappedFile:

@@ -13,15 +13,12 @@ atomically on every change (changes are rare: topic creation, perm or queue-coun
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreCorruptError
-from .fileio import atomic_write, remove_stale_temp_files
+from .fileio import read_versioned_json, write_versioned_json
 
 PERM_INHERIT = 1
 PERM_WRITE = 2
@@ -118,23 +115,16 @@ class TopicConfigManager:
         Raises:
             StoreCorruptError: the file exists but cannot be read as a topic table.
         """
-        remove_stale_temp_files(self.path)
-        try:
-            with open(self.path, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
+        loaded = read_versioned_json(
+            self.path,
+            "topic configs",
+            "topicConfigTable",
+            lambda doc: {name: TopicConfig.from_json(tc) for name, tc in doc.items()},
+        )
+        if loaded is None:
             self._table = {}
             return
-        try:
-            doc = json.loads(raw)
-            table = {
-                name: TopicConfig.from_json(tc)
-                for name, tc in doc.get("topicConfigTable", {}).items()
-            }
-            self._counter = int(doc.get("dataVersion", {}).get("counter", 0))
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise StoreCorruptError(f"cannot read topic configs from {self.path}: {exc}") from None
-        self._table = table
+        self._table, self._counter = loaded
 
     def get(self, name: str) -> TopicConfig | None:
         return self._table.get(name)
@@ -183,15 +173,10 @@ class TopicConfigManager:
                 if not self._dirty:
                     return False
                 self._dirty = False
-                doc = {
-                    "topicConfigTable": {
-                        name: tc.to_json() for name, tc in sorted(self._table.items())
-                    },
-                    "dataVersion": {"timestamp": int(time.time() * 1000), "counter": self._counter},
-                }
+                table = {name: tc.to_json() for name, tc in sorted(self._table.items())}
+                counter = self._counter
             try:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                atomic_write(self.path, json.dumps(doc, indent=1).encode())
+                write_versioned_json(self.path, "topicConfigTable", table, counter)
             except BaseException:
                 self._dirty = True
                 raise
