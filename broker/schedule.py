@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -32,22 +33,18 @@ MAX_IDLE = 1.0
 EMPTY_IDLE = 60.0
 
 
+@dataclass(eq=False)
 class ScheduleMessageService:
-    def __init__(
-        self,
-        store: MessageStore,
-        offsets: ConsumerOffsetManager,
-        write: WritePath,
-        clock: Callable[[], float],
-        levels_ms: list[int],
-    ) -> None:
-        self.store = store
-        self.offsets = offsets
-        self.write = write
-        self.clock = clock
-        self.levels_ms = levels_ms
-        self._tasks: list[asyncio.Task[None]] = []
-        self._wake = [asyncio.Event() for _ in levels_ms]
+    store: MessageStore
+    offsets: ConsumerOffsetManager
+    write: WritePath
+    clock: Callable[[], float]
+    levels_ms: list[int]
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+    _wake: list[asyncio.Event] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._wake = [asyncio.Event() for _ in self.levels_ms]
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -33,7 +33,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -195,6 +195,7 @@ def queue_for_key(value: Any, queue_nums: int) -> int:
     return zlib.crc32(raw) % queue_nums
 
 
+@dataclass(eq=False)
 class HalfWriter:
     """Writes one task attempt's rows as half messages of one transaction.
 
@@ -207,41 +208,36 @@ class HalfWriter:
         partition_id: spreads partitions over different first queues.
     """
 
-    def __init__(
-        self,
-        session: BrokerSession,
-        options: SinkOptions,
-        group: str,
-        transaction_id: str,
-        batch_key: str,
-        partition_id: int = 0,
-    ) -> None:
-        self.session = session
-        self.options = options
-        self.group = group
-        self.transaction_id = transaction_id
-        self.batch_key = batch_key
-        self.partition_id = partition_id
-        self.rows = 0
-        self.requests = 0
+    session: BrokerSession
+    options: SinkOptions
+    group: str
+    transaction_id: str
+    batch_key: str
+    partition_id: int = 0
+    rows: int = field(default=0, init=False)
+    requests: int = field(default=0, init=False)
+    _const: bytes = field(init=False)
+    _ids: UniqIdGenerator = field(init=False)
+    _queue_nums: dict[str, int] = field(default_factory=dict, init=False)
+    #: A topic's write queues over every broker group of a cluster (queue index -> group
+    #: and queue id there); absent for a topic of one group or not created yet.
+    _queue_refs: dict[str, list[MessageQueue]] = field(default_factory=dict, init=False)
+    _cursor: dict[str, int] = field(default_factory=dict, init=False)
+    _buffers: dict[tuple[str, int], BatchBody] = field(default_factory=dict, init=False)
+    _ready: list[tuple[str, int, BatchBody]] = field(default_factory=list, init=False)
+    _in_flight: set[asyncio.Future[None]] = field(default_factory=set, init=False)
+    _checked_topics: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
         self._const = properties_to_string(
             {
                 MessageConst.TRAN_MSG: "true",
-                MessageConst.PGROUP: group,
-                MessageConst.TRANSACTION_ID: transaction_id,
-                MessageConst.TXMQ_BATCH_KEY: batch_key,
+                MessageConst.PGROUP: self.group,
+                MessageConst.TRANSACTION_ID: self.transaction_id,
+                MessageConst.TXMQ_BATCH_KEY: self.batch_key,
             }
         ).encode("utf-8")
         self._ids = _id_generator()
-        self._queue_nums: dict[str, int] = {}
-        #: A topic's write queues over every broker group of a cluster (queue index -> group
-        #: and queue id there); absent for a topic of one group or not created yet.
-        self._queue_refs: dict[str, list[MessageQueue]] = {}
-        self._cursor: dict[str, int] = {}
-        self._buffers: dict[tuple[str, int], BatchBody] = {}
-        self._ready: list[tuple[str, int, BatchBody]] = []
-        self._in_flight: set[asyncio.Future[None]] = set()
-        self._checked_topics: set[str] = set()
 
     async def _queues(self, topic: str) -> int:
         n = self._queue_nums.get(topic)
