@@ -49,6 +49,12 @@ class BrokerConfig:
     max_frame_size: int = 16 * MiB
     #: A connection with no HEART_BEAT for this long is closed (ms).
     channel_expired_timeout: int = 120_000
+    #: A client that leaves more than this many bytes of answers unread is dropped (reading
+    #: its requests pauses long before, so what the broker holds for it stays bounded).
+    max_connection_write_buffer: int = 64 * MiB
+    #: A frame must arrive whole within this many ms of its first byte; a client holding a
+    #: partial frame longer (a slow-loris) is dropped (0: no limit).
+    frame_read_timeout: int = 30_000
 
     # -- store -------------------------------------------------------------------------------
     store_path_root_dir: str = "./data"

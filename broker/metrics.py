@@ -24,6 +24,11 @@ class BrokerMetrics:
             "txmq_protocol_errors", "Malformed or oversized frames", registry=r
         )
         self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
+        self.connections_dropped = Counter(
+            "txmq_connections_dropped",
+            "Client connections dropped for holding too much (unread answers, a partial frame)",
+            registry=r,
+        )
         self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
         self.writes_refused = Gauge(
             "txmq_writes_refused",

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from txmq import __version__
-from txmq.protocol.aio import Connection
+from txmq.protocol.aio import Connection, ConnectionLimits
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
@@ -149,6 +149,12 @@ class BrokerController:
         #: The leader's replication (cluster mode), None otherwise.
         self.replication: ReplicationPort | None = None
         self.lifecycle = Lifecycle()
+        #: What one client connection may hold of the broker.
+        self._limits = ConnectionLimits(
+            max_write_buffer=config.max_connection_write_buffer,
+            frame_timeout=config.frame_read_timeout / 1000.0,
+            on_dropped=self._connection_dropped,
+        )
         self.clock = clock
         self.metrics = BrokerMetrics()
         self.delay_levels = delay_levels(config.message_delay_level)
@@ -440,10 +446,15 @@ class BrokerController:
             max_frame_size=self.config.max_frame_size,
             on_close=self._connection_closed,
             on_protocol_error=self._protocol_error,
+            limits=self._limits,
         )
         self._connections.add(conn)
         self.metrics.connections.set(len(self._connections))
         return conn
+
+    def _connection_dropped(self, conn: Connection, reason: str) -> None:
+        self.metrics.connections_dropped.inc()
+        log.warning("connection_dropped", peer=f"{conn.peer[0]}:{conn.peer[1]}", reason=reason)
 
     def _connection_closed(self, conn: Connection) -> None:
         self._connections.discard(conn)

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import ssl as _ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .codes import ResponseCode, SerializeType
@@ -68,6 +69,23 @@ def _expire(fut: asyncio.Future[Any], code: int, peer: tuple[str, int], timeout:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """A server's bounds on one connection.
+
+    Attributes:
+        max_write_buffer: bytes of answers the peer has not read yet past which it is dropped
+            (0: no bound).  Reading its requests pauses long before, at the transport's high
+            water mark, so a peer that stops reading stops being served.
+        frame_timeout: seconds a frame may take from its first byte to its last (0: no bound).
+        on_dropped: told of every connection dropped, and why.
+    """
+
+    max_write_buffer: int = 0
+    frame_timeout: float = 0.0
+    on_dropped: Callable[[Connection, str], None] | None = None
+
+
 class Connection(asyncio.Protocol):
     """One TCP connection speaking remoting frames.
 
@@ -77,6 +95,7 @@ class Connection(asyncio.Protocol):
             the error's code and message; anything else becomes SYSTEM_ERROR.
         max_frame_size: frames announcing more are refused and the connection closed.
         on_close: called once with this connection when it closes.
+        limits: a server's bounds on one connection (None: unbounded, as a client's are).
     """
 
     def __init__(
@@ -86,8 +105,11 @@ class Connection(asyncio.Protocol):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         on_close: Callable[[Connection], None] | None = None,
         on_protocol_error: Callable[[Connection, ProtocolError], None] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.handler = handler
+        self.limits = limits
+        self._frame_timer: asyncio.TimerHandle | None = None
         #: Applied to every request this side sends, just before it is written (a client's
         #: ACL credentials, :meth:`txmq.protocol.acl.Credentials.sign`).
         self.signer: Callable[[RemotingCommand], None] | None = None
@@ -125,6 +147,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
+        decoded = 0
         while True:
             try:
                 cmd = self._decoder.next_command()
@@ -138,11 +161,44 @@ class Connection(asyncio.Protocol):
                 self._write_error(0, f"malformed frame: {exc}", SerializeType.MSGPACK)
                 continue
             if cmd is None:
-                return
+                break
+            decoded += 1
             self._dispatch(cmd)
+        limits = self.limits
+        if limits is not None and limits.frame_timeout > 0:
+            self._watch_partial_frame(limits.frame_timeout, decoded)
+
+    def _watch_partial_frame(self, timeout: float, decoded: int) -> None:
+        """A frame must arrive whole within ``timeout`` of its first byte: a peer that holds a
+        partial frame longer (a slow-loris) is dropped."""
+        timer = self._frame_timer
+        if not self._decoder.buffered:
+            if timer is not None:
+                timer.cancel()
+                self._frame_timer = None
+        elif timer is None or decoded:  # a new frame began
+            if timer is not None:
+                timer.cancel()
+            self._frame_timer = asyncio.get_running_loop().call_later(
+                timeout, self.drop, f"no whole frame within {timeout:g}s of its first byte"
+            )
+
+    def drop(self, reason: str) -> None:
+        """Close at once, discarding what is not written yet (a server protecting itself)."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        limits = self.limits
+        if limits is not None and limits.on_dropped is not None:
+            limits.on_dropped(self, reason)
+        self._wbuf.clear()
+        transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         self._wbuf.clear()
         err = ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} closed")
         for fut in self._pending.values():
@@ -160,9 +216,15 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self.limits is not None and self._transport is not None:
+            # A peer that does not read its answers gets no more of its requests read: what
+            # the server holds for it stays bounded.
+            self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self.limits is not None and self._transport is not None:
+            self._transport.resume_reading()
         for w in self._drain_waiters:
             if not w.done():
                 w.set_result(None)
@@ -253,6 +315,14 @@ class Connection(asyncio.Protocol):
             transport.write(buf[0])
         else:
             transport.writelines(buf)
+        limits = self.limits
+        if limits is not None and limits.max_write_buffer:
+            pending = transport.get_write_buffer_size()
+            if pending > limits.max_write_buffer:
+                self.drop(
+                    f"{pending} bytes of answers not read by the peer "
+                    f"(the limit is {limits.max_write_buffer})"
+                )
 
     async def drain(self) -> None:
         """Wait until the transport takes writes again (returns at once when it does, or when
