@@ -32,7 +32,7 @@ import structlog
 
 from .commit_log import FORMAT_VERSION
 from .errors import StoreCorruptError
-from .fileio import atomic_write, remove_stale_temp_files
+from .fileio import atomic_write, read_after_interrupted_writes
 
 log = structlog.get_logger(__name__)
 
@@ -77,12 +77,8 @@ class StoreCheckpoint:
         Raises:
             StoreCorruptError: the file is from a different store format version.
         """
-        for stale in remove_stale_temp_files(path):
-            log.info("temp_file_removed", path=stale)
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
+        raw = read_after_interrupted_writes(path)
+        if raw is None:
             return None
         try:
             doc: Any = json.loads(raw)

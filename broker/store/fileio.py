@@ -19,7 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import structlog
+
 from .errors import StoreCorruptError
+
+log = structlog.get_logger(__name__)
 
 
 def fdatasync(fd: int) -> None:
@@ -168,6 +172,18 @@ def nonzero_end(fd: int, start: int, end: int) -> int:
     return last
 
 
+def read_after_interrupted_writes(path: str) -> bytes | None:
+    """The content of the file at ``path``, or None when there is none, after removing (and
+    logging) the temporary files an interrupted :func:`atomic_write` left next to it."""
+    for stale in remove_stale_temp_files(path):
+        log.info("temp_file_removed", path=stale)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
 T = TypeVar("T")
 
 
@@ -185,11 +201,8 @@ def read_versioned_json(
         StoreCorruptError: the file cannot be read as such a table (``what`` names it), or
             ``convert`` fails on it.
     """
-    remove_stale_temp_files(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
+    raw = read_after_interrupted_writes(path)
+    if raw is None:
         return None
     try:
         doc = json.loads(raw)
