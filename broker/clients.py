@@ -26,6 +26,9 @@ class Subscription:
     topic: str
     expression: str
     tags: frozenset[str] | None  # None = all
+    #: RocketMQ's expressionType: TAG, or SQL92 (which txmq does not serve: pulls by such a
+    #: subscription are refused, never answered as if it were a tag expression)
+    expression_type: str = "TAG"
 
 
 @dataclass
@@ -98,7 +101,9 @@ class ClientManager:
             for s in c.get("subscriptionDataSet") or []:
                 if isinstance(s, dict) and s.get("topic"):
                     expr = s.get("subString") or "*"
-                    subs[s["topic"]] = Subscription(s["topic"], expr, parse_subscription(expr))
+                    kind = str(s.get("expressionType") or "TAG").upper()
+                    tags = parse_subscription(expr) if kind == "TAG" else frozenset()
+                    subs[s["topic"]] = Subscription(s["topic"], expr, tags, kind)
             if g not in ch.consumer_groups:
                 changed.add(g)
             ch.consumer_groups[g] = subs

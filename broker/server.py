@@ -371,6 +371,7 @@ class BrokerController:
             R.HEART_BEAT: a.heart_beat,
             R.UNREGISTER_CLIENT: a.unregister_client,
             R.GET_CONSUMER_LIST_BY_GROUP: a.get_consumer_list_by_group,
+            R.CHECK_CLIENT_CONFIG: a.check_client_config,
             R.QUERY_CONSUMER_OFFSET: a.query_consumer_offset,
             R.UPDATE_CONSUMER_OFFSET: a.update_consumer_offset,
             R.GET_MAX_OFFSET: a.get_max_offset,

@@ -12,7 +12,7 @@ from txmq import __version__
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import InvalidParameterError, TopicNotExistError
+from txmq.protocol.errors import BrokerSystemError, InvalidParameterError, TopicNotExistError
 from txmq.protocol.headers import (
     CreateTopicRequestHeader,
     GetConsumerListByGroupRequestHeader,
@@ -69,6 +69,22 @@ class AdminProcessor:
             # the table is written once there is room (housekeeping tries every second).
             log.warning("topic_table_not_written", error=str(exc), request="HEART_BEAT")
         self.ctx.clients.heartbeat(conn, data, cmd.language, cmd.version)
+        return cmd.response()
+
+    async def check_client_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG, which a stock consumer sends at start for a subscription that is
+        not a tag expression: a property filter (SQL92) is refused here, so the consumer fails
+        to start with RocketMQ's message instead of silently receiving nothing."""
+        try:
+            doc = json.loads(cmd.body or b"{}")
+        except ValueError as exc:
+            raise InvalidParameterError(f"CHECK_CLIENT_CONFIG body is not JSON: {exc}") from None
+        sub = doc.get("subscriptionData") if isinstance(doc, dict) else None
+        kind = str((sub or {}).get("expressionType") or "TAG").upper()
+        if kind != "TAG":
+            raise BrokerSystemError(
+                f"The broker does not support consumer to filter message by {kind}"
+            )
         return cmd.response()
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import MessageIllegalError, NoPermissionError, TopicNotExistError
+from txmq.protocol.errors import (
+    BrokerSystemError,
+    MessageIllegalError,
+    NoPermissionError,
+    TopicNotExistError,
+)
 from txmq.protocol.headers import PullMessageRequestHeader, PullMessageResponseHeader
 from txmq.protocol.message import parse_subscription, tags_code
 
@@ -31,9 +36,18 @@ class PullMessageProcessor:
 
     def _tag_codes(self, h: PullMessageRequestHeader) -> frozenset[int] | None:
         expr = h.subscription if h.sys_flag & FLAG_SUBSCRIPTION or h.subscription else None
+        kind = (h.expression_type or "TAG").upper() if expr is not None else "TAG"
         if expr is None:
             sub = self.ctx.clients.subscription(h.consumer_group, h.topic)
             expr = sub.expression if sub else "*"
+            kind = sub.expression_type if sub else "TAG"
+        if kind != "TAG":
+            # Never answer a property filter as if it were a tag expression (the consumer
+            # would silently receive nothing): RocketMQ's answer with property filtering off.
+            raise BrokerSystemError(
+                f"The broker does not support consumer to filter message by {kind} "
+                f"(group {h.consumer_group}, topic {h.topic}); subscribe by tag"
+            )
         tags = parse_subscription(expr)
         return None if tags is None else frozenset(tags_code(t) for t in tags)
 

@@ -8,6 +8,7 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ class Server:
 
 
 @asynccontextmanager
-async def serve(handler: Handler | None, **kwargs: int) -> AsyncIterator[Server]:
+async def serve(handler: Handler | None, **kwargs: Any) -> AsyncIterator[Server]:
     loop = asyncio.get_running_loop()
     state = Server(port=0)
 
