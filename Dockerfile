@@ -39,16 +39,19 @@ RUN mkdir -p /var/lib/txmq && chown txmq:txmq /var/lib/txmq
 VOLUME ["/var/lib/txmq"]
 WORKDIR /var/lib/txmq
 
-# Listen on every interface inside the container (the default is loopback only).
-ENV TXMQ_BIND_ADDRESS=0.0.0.0
+# Listen on every interface inside the container (the default is loopback only), and serve the
+# operations port (/metrics, /healthz, /readyz) on 9876.
+ENV TXMQ_BIND_ADDRESS=0.0.0.0 TXMQ_METRICS_PORT=9876
 
 USER txmq
-EXPOSE 10911 8081
+EXPOSE 10911 8081 9876
 
-# `txmq status` pings the broker and exits non-zero when it does not answer.  The start period
-# leaves time for recovery after an unclean stop.
+# `txmq probe ready` asks the operations port's /readyz: ready when this broker takes traffic
+# (a single broker or leader that serves and accepts writes, an in-sync follower), with the
+# reason when not; no credentials needed, whatever the ACL (set TXMQ_PROBE_HTTPS=1 when TLS is
+# enforcing).  The start period leaves time for recovery after an unclean stop.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["txmq", "status", "--broker", "127.0.0.1:10911"]
+    CMD ["txmq", "probe", "ready"]
 
 # SIGTERM: stop accepting, finish in-flight requests, flush, close.
 STOPSIGNAL SIGTERM

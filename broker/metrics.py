@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class BrokerMetrics:
@@ -130,35 +130,6 @@ class BrokerMetrics:
                 child = children[topic] = self.messages_put.labels(topic)
             child.inc(n)
         self.bytes_put.inc(nbytes)
-
-    def serve_http(
-        self,
-        port: int,
-        addr: str,
-        *,
-        certfile: str | None = None,
-        keyfile: str | None = None,
-        client_cafile: str | None = None,
-        client_auth_required: bool = False,
-    ) -> None:
-        """Serve ``/metrics`` in Prometheus' text format on ``addr:port``; over HTTPS when
-        ``certfile`` and ``keyfile`` are given (client certificates checked against
-        ``client_cafile``, required when ``client_auth_required``)."""
-        self._http = start_http_server(
-            port,
-            addr=addr,
-            registry=self.registry,
-            certfile=certfile or None,
-            keyfile=keyfile or None,
-            client_cafile=client_cafile or None,
-            client_auth_required=client_auth_required,
-        )
-
-    def stop_http(self) -> None:
-        http = getattr(self, "_http", None)
-        if isinstance(http, tuple):  # prometheus-client >= 0.20 returns (server, thread)
-            http[0].shutdown()
-            http[0].server_close()
 
     def snapshot(self) -> dict[str, Any]:
         """All samples as ``{"name{label=value}": value}``."""

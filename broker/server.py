@@ -39,6 +39,7 @@ from .flush import FlushService
 from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
 from .metrics import BrokerMetrics
+from .ops import OpsServer, start_ops_server
 from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
 from .processors.pull import PullMessageProcessor
@@ -149,6 +150,9 @@ class BrokerController:
         #: The leader's replication (cluster mode), None otherwise.
         self.replication: ReplicationPort | None = None
         self.lifecycle = Lifecycle()
+        #: The operations port (``metricsPort``): /metrics, /healthz, /readyz.
+        self.ops: OpsServer | None = None
+        self._serving = False
         #: What one client connection may hold of the broker.
         self._limits = ConnectionLimits(
             max_write_buffer=config.max_connection_write_buffer,
@@ -328,25 +332,14 @@ class BrokerController:
         self.schedule.start()
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
-        if cfg.metrics_port:
-            # With TLS enforced on the remoting port, the metrics endpoint is HTTPS with the
-            # same certificate (and the same client-certificate rule); permissive keeps it plain.
-            https = cfg.tls_server_mode == "enforcing"
-            self.metrics.serve_http(
-                cfg.metrics_port,
-                cfg.bind_address,
-                certfile=cfg.tls_server_cert_path if https else None,
-                keyfile=cfg.tls_server_key_path if https else None,
-                client_cafile=cfg.tls_server_trust_cert_path
-                if https and cfg.tls_server_need_client_auth != "none"
-                else None,
-                client_auth_required=https and cfg.tls_server_need_client_auth == "require",
-            )
+        if self.cluster is None:  # a replica's node serves the port for all its roles
+            self.ops = start_ops_server(cfg, lambda: self.metrics.registry, self.readiness)
         if grpc_server is not None:
             self.grpc = grpc_server(self.core, self.acl, self.tls)
             self.grpc_port = await self.grpc.start()
         self.started_monotonic = time.monotonic()
         await self._server.start_serving()
+        self._serving = True
         log.info(
             "broker_started",
             address=self.address,
@@ -428,7 +421,8 @@ class BrokerController:
         await self.persist_topics()
         await self.in_background(self.store.close)  # its final flush fsyncs
         self._meta_executor.shutdown(wait=True)
-        self.metrics.stop_http()
+        if self.ops is not None:
+            self.ops.stop()
         for c in list(self._connections):
             c.close()
         if self._server is not None:
@@ -438,6 +432,18 @@ class BrokerController:
                 log.warning("shutdown_connections_still_open")
         log.info("broker_stopped")
         self._stopped.set()
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: serving and taking writes (called from the operations port's thread:
+        it only reads fields)."""
+        if not self._serving:
+            return False, "starting (recovering the store)"
+        if self.lifecycle.shutting_down:
+            return False, "shutting down"
+        refused = self.store.writes_refused
+        if refused is not None:
+            return False, refused
+        return True, "serving"
 
     # -- connections ----------------------------------------------------------------------------
 

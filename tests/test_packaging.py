@@ -233,12 +233,13 @@ def test_dockerfile_installs_the_wheels_alone(dockerfile: dict[str, list[str]]) 
 
 
 def test_dockerfile_image(dockerfile: dict[str, list[str]]) -> None:
-    assert dockerfile["EXPOSE"] == ["10911 8081"]
+    assert dockerfile["EXPOSE"] == ["10911 8081 9876"]
     assert _json_array(dockerfile["VOLUME"][0]) == [DATA_DIR]
     (user,) = dockerfile["USER"]
     assert user not in ("root", "0") and not user.startswith("0:")
     assert f"config/broker.toml {CONTAINER_CONFIG}" in dockerfile["COPY"]
     assert "TXMQ_BIND_ADDRESS=0.0.0.0" in " ".join(dockerfile["ENV"])
+    assert "TXMQ_METRICS_PORT=9876" in " ".join(dockerfile["ENV"])
     assert dockerfile.get("STOPSIGNAL", ["SIGTERM"]) == ["SIGTERM"]
 
 
@@ -251,7 +252,7 @@ def _healthcheck(dockerfile: dict[str, list[str]]) -> tuple[dict[str, str], list
 
 def test_dockerfile_healthcheck(dockerfile: dict[str, list[str]]) -> None:
     _, command = _healthcheck(dockerfile)
-    assert command == ["txmq", "status", "--broker", "127.0.0.1:10911"]
+    assert command == ["txmq", "probe", "ready"]
 
 
 def test_compose_healthcheck_is_the_dockerfiles(

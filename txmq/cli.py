@@ -320,6 +320,53 @@ def status(broker: str, as_json: bool) -> None:
             click.echo(f"  {k:28} {info[k]}")
 
 
+# --- probe ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("what", type=click.Choice(["ready", "health"]), default="ready")
+@click.option(
+    "--port",
+    type=int,
+    envvar="TXMQ_METRICS_PORT",
+    default=9876,
+    show_default=True,
+    help="The broker's operations port (metricsPort; also TXMQ_METRICS_PORT).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--https",
+    is_flag=True,
+    envvar="TXMQ_PROBE_HTTPS",
+    help="The port speaks HTTPS (tls.server.mode enforcing); the certificate is not verified.",
+)
+@click.option("--timeout", type=float, default=3.0, show_default=True)
+def probe(what: str, port: int, host: str, https: bool, timeout: float) -> None:
+    """Ask the operations port whether the broker is ready (/readyz: it takes traffic) or
+    healthy (/healthz: the process serves); exit status 0 if so, 1 with the reason if not.
+    What container health checks run."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    path = "/readyz" if what == "ready" else "/healthz"
+    url = f"{'https' if https else 'http'}://{host}:{port}{path}"
+    ctx = None
+    if https:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+            click.echo(r.read().decode(errors="replace").strip())
+    except urllib.error.HTTPError as exc:
+        click.echo(exc.read().decode(errors="replace").strip() or str(exc), err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"no answer from {url}: {exc}", err=True)
+        sys.exit(1)
+
+
 # --- cluster ----------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from txmq.protocol.aio import Connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -32,6 +33,7 @@ from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
+from ..ops import OpsServer, start_ops_server
 from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
 from ..store import MessageStore, TopicConfig
 from ..topics import SYSTEM_TOPICS
@@ -286,6 +288,10 @@ class ClusterNode:
         self._no_campaign_until = 0.0
         self.stepped_down = asyncio.Event()
         self.became_leader = asyncio.Event()
+        #: The operations port (metricsPort), served for every role of this replica.
+        self.ops: OpsServer | None = None
+        #: What /metrics serves while this replica does not lead.
+        self._follower_metrics = CollectorRegistry()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -304,6 +310,7 @@ class ClusterNode:
         if not await wait_event(self.view.loaded, 30.0):
             raise EtcdError(f"could not read the cluster state from etcd at {self.etcd.endpoints}")
         self._tasks.append(loop.create_task(self._roles(), name="txmq-cluster-roles"))
+        self.ops = start_ops_server(self.config, self._registry, self.readiness)
         log.info(
             "cluster_node_started",
             cluster=self.config.broker_cluster_name,
@@ -329,6 +336,8 @@ class ClusterNode:
         except Exception as exc:
             log.info("etcd_lease_not_revoked", error=str(exc))
         await self.etcd.close()
+        if self.ops is not None:
+            self.ops.stop()
         log.info("cluster_node_stopped", group=self.group, replica=self.replica)
 
     # -- the lease --------------------------------------------------------------------------
@@ -725,6 +734,27 @@ class ClusterNode:
             self.follower = None
 
     # -- status -----------------------------------------------------------------------------
+
+    def _registry(self) -> CollectorRegistry:
+        broker = self.leader_broker
+        return broker.metrics.registry if broker is not None else self._follower_metrics
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz`` of a replica: a leader that serves and takes writes, or a follower in
+        the group's in-sync set (called from the operations port's thread: it reads fields)."""
+        role = self.role
+        if role == "leader":
+            broker = self.leader_broker
+            if broker is None:
+                return False, "leader, not serving yet"
+            ok, why = broker.readiness()
+            return ok, f"leader of {self.group}: {why}"
+        if role == "follower":
+            isr = self.view.isr(self.group)
+            if isr is not None and self.replica in isr.members:
+                return True, f"in-sync follower of {self.group}"
+            return False, f"follower of {self.group}, not in the in-sync set yet"
+        return False, f"{role}: neither leading nor following"
 
     def status(self) -> dict[str, Any]:
         st = self.view.status()

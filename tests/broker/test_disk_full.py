@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.test_ops_port import get
+from tests.support.etcd import free_port
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -81,7 +83,8 @@ def disk_config(
 async def test_a_full_disk_refuses_writes_keeps_every_message_and_recovers(
     small_disk: Path, disk_config: Callable[..., BrokerConfig]
 ) -> None:
-    b = BrokerController(disk_config())
+    ops = free_port()
+    b = BrokerController(disk_config(metrics_port=ops))
     await b.start()
     c = await RawClient.connect(b.address)
     try:
@@ -96,6 +99,8 @@ async def test_a_full_disk_refuses_writes_keeps_every_message_and_recovers(
         code, remark = await _send(c, "full", 999)
         assert code == ResponseCode.SERVICE_NOT_AVAILABLE
         assert remark is not None and "disk" in remark and "full" in remark, remark
+        status, why = get(ops, "/readyz")  # the operations port says why
+        assert status == 503 and "full" in why, (status, why)
 
         # Past diskMaxUsedSpaceRatio, the default policy deletes nothing unread.
         assert b.store.delete_expired_files() == 0
@@ -115,6 +120,7 @@ async def test_a_full_disk_refuses_writes_keeps_every_message_and_recovers(
         # Space comes back: writes are accepted again, without a restart.
         filler.unlink()
         assert b.store.check_space() is None
+        assert get(ops, "/readyz")[0] == 200
         code, remark = await _send(c, "full", 1000)
         assert code == ResponseCode.SUCCESS, remark
         assert len(await c.pull_all("full")) == acked + 1

@@ -53,6 +53,8 @@ class Replica:
     proc: subprocess.Popen[bytes] | None = None
     #: The RocketMQ 5 gRPC port when the cluster serves it (``grpc=True``), else 0.
     grpc_port: int = 0
+    #: The operations port (/metrics, /healthz, /readyz).
+    ops_port: int = 0
 
     @property
     def addr(self) -> str:
@@ -96,6 +98,7 @@ class BrokerCluster:
                     d / "store",
                     d / "replica.log",
                     grpc_port=free_port() if grpc else 0,
+                    ops_port=free_port(),
                 )
 
     def seeds(self, group: str | None = None) -> str:
@@ -127,6 +130,8 @@ class BrokerCluster:
             cmd += ["--set", f"{k}={v}"]
         if r.grpc_port:
             cmd += ["--set", "grpcServerEnable=true", "--set", f"grpcServerPort={r.grpc_port}"]
+        if r.ops_port:
+            cmd += ["--set", f"metricsPort={r.ops_port}"]
         return cmd
 
     def start(self, group: str, rid: int) -> Replica:

@@ -1,0 +1,111 @@
+"""The operations port (``metricsPort``): ``/metrics`` in Prometheus' text format, ``/healthz``
+(the process serves) and ``/readyz`` (this broker takes traffic: a leader or single broker that
+serves and accepts writes, or an in-sync follower), each a plain-text answer, 200 or 503 with the
+reason.  No authentication; HTTPS with the broker's certificate while TLS is enforcing.
+
+Served by a small threaded WSGI server (the standard library's, as prometheus-client's own
+``start_http_server``), because that one serves nothing but ``/metrics``."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+#: ``(ready, why)``: what ``/readyz`` answers.
+Probe = Callable[[], tuple[bool, str]]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        """Probes every few seconds would flood the log."""
+
+
+class OpsServer:
+    """Serves the operations port from a daemon thread until :meth:`stop`.
+
+    Args:
+        registry: the metrics to serve (a callable: the registry of whoever serves now).
+        ready: ``/readyz``'s probe, called on the server's thread (keep it to reading fields).
+    """
+
+    def __init__(
+        self,
+        port: int,
+        addr: str,
+        registry: Callable[[], CollectorRegistry],
+        ready: Probe,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        client_cafile: str | None = None,
+        client_auth_required: bool = False,
+    ) -> None:
+        self._registry = registry
+        self._ready = ready
+        self._last: tuple[CollectorRegistry, Any] | None = None
+        self._httpd = make_server(addr, port, self._app, _Server, handler_class=_Quiet)
+        if certfile and keyfile:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(certfile, keyfile)
+            if client_cafile:
+                ctx.load_verify_locations(client_cafile)
+                ctx.verify_mode = ssl.CERT_REQUIRED if client_auth_required else ssl.CERT_OPTIONAL
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="txmq-ops", daemon=True
+        )
+        self._thread.start()
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path in ("/healthz", "/readyz"):
+            ok, why = (True, "serving") if path == "/healthz" else self._ready()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [f"{'ok' if ok else 'not ready'}: {why}\n".encode()]
+        registry = self._registry()
+        last = self._last
+        if last is None or last[0] is not registry:
+            last = self._last = (registry, make_wsgi_app(registry))
+        return last[1](environ, start_response)  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+
+def start_ops_server(
+    cfg: Any, registry: Callable[[], CollectorRegistry], ready: Probe
+) -> OpsServer | None:
+    """The operations port of a broker configuration (``metricsPort``; None when 0).  With TLS
+    enforced on the remoting port it is HTTPS with the same certificate (and the same
+    client-certificate rule); permissive keeps it plain."""
+    if not cfg.metrics_port:
+        return None
+    https = cfg.tls_server_mode == "enforcing"
+    return OpsServer(
+        cfg.metrics_port,
+        cfg.bind_address,
+        registry,
+        ready,
+        certfile=cfg.tls_server_cert_path if https else None,
+        keyfile=cfg.tls_server_key_path if https else None,
+        client_cafile=cfg.tls_server_trust_cert_path
+        if https and cfg.tls_server_need_client_auth != "none"
+        else None,
+        client_auth_required=https and cfg.tls_server_need_client_auth == "require",
+    )
