@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 
 #: Seconds a cross-group batch decision stays in etcd: every group applies it long before.
 BATCH_RECORD_TTL = 3600
+#: Longest wait between two attempts to reach etcd at start.
+ETCD_RETRY_MAX_S = 5.0
 
 
 class ClusterHooks:
@@ -298,8 +300,7 @@ class ClusterNode:
     async def start(self) -> None:
         if self.config.listen_port == 0:
             raise ValueError("cluster mode needs a fixed listenPort: routes name it")
-        await self.etcd.connect()
-        await self._new_lease()
+        await self._reach_etcd()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._keepalive(), name="txmq-etcd-keepalive"))
         self._tasks.append(
@@ -318,6 +319,31 @@ class ClusterNode:
             replica=self.replica,
             etcd=self.etcd.endpoints,
         )
+
+    async def _reach_etcd(self) -> None:
+        """Connect to etcd and take a lease, retrying while etcd is not there yet (brokers are
+        often started with, or before, their etcd members): a log line per attempt, waits
+        doubling from 0.5 s to 5 s.  SIGTERM still stops the broker meanwhile."""
+        wait = 0.5
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.etcd.connect()
+                await self._new_lease()
+                if attempt > 1:
+                    log.info("etcd_reached", endpoints=self.etcd.endpoints, attempts=attempt)
+                return
+            except EtcdError as exc:
+                log.warning(
+                    "etcd_unreachable",
+                    endpoints=self.etcd.endpoints,
+                    attempt=attempt,
+                    retry_in=wait,
+                    error=str(exc),
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, ETCD_RETRY_MAX_S)
 
     def _on_view(self, table: dict[str, Any]) -> None:
         self.view.update(table)

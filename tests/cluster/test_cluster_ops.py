@@ -9,6 +9,7 @@ import pytest
 
 from tests.broker.test_ops_port import get
 from tests.support.cluster import BrokerCluster, Replica
+from tests.support.etcd import EtcdCluster
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +47,28 @@ async def test_every_role_answers_readyz_and_a_new_leader_turns_ready(make_clust
     await bc.wait(new_ready, 30, "the new leader ready")
     status, text = get(new.ops_port, "/metrics")
     assert status == 200 and "txmq_connections" in text  # the leader's own metrics
+
+
+async def test_a_replica_started_before_etcd_waits_for_it(make_cluster: Any, tmp_path: Any) -> None:
+    """Brokers are often started with, or before, their etcd members: a replica keeps trying
+    to reach etcd (a log line per attempt, bounded waits) and leads once etcd is there."""
+    late = EtcdCluster(tmp_path / "late-etcd", 1)  # ports chosen, not started yet
+    bc: BrokerCluster = make_cluster(groups={"g1": 1}, etcd_endpoints=late.endpoints)
+    r = bc.start("g1", 0)
+    try:
+        await bc.wait(
+            lambda: _async(len(bc.events("g1", 0, "etcd_unreachable")) >= 2),
+            30,
+            "two attempts to reach etcd logged",
+        )
+        assert r.running, "the replica exited instead of waiting for etcd"
+        late.start()
+        await bc.wait_leader("g1", timeout=60)
+        assert bc.events("g1", 0, "etcd_reached")
+    finally:
+        bc.stop_all()
+        late.stop()
+
+
+async def _async(value: bool) -> bool:
+    return value
