@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 
@@ -29,21 +30,21 @@ from .store import MessageStore
 log = structlog.get_logger(__name__)
 
 
+@dataclass(eq=False)
 class FlushService:
-    def __init__(
-        self,
-        store: MessageStore,
-        *,
-        sync: bool,
-        interval_ms: int,
-        sync_timeout_ms: int,
-        metrics: BrokerMetrics,
-    ) -> None:
-        self.store = store
-        self.sync = sync
-        self.interval = interval_ms / 1000.0
-        self.sync_timeout = sync_timeout_ms / 1000.0
-        self.metrics = metrics
+    store: MessageStore
+    _: KW_ONLY
+    sync: bool
+    interval_ms: int
+    sync_timeout_ms: int
+    metrics: BrokerMetrics
+    #: Cluster mode: the leader's replication; a write is durable once the in-sync
+    #: replicas have it too.
+    replication: ReplicationPort | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.interval = self.interval_ms / 1000.0
+        self.sync_timeout = self.sync_timeout_ms / 1000.0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-flush")
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
@@ -54,9 +55,6 @@ class FlushService:
         self._idle = False
         #: The commit-log end when the consume queues were last flushed (``flush_queues``).
         self._queues_flushed_at = -1
-        #: Cluster mode: the leader's replication; a write is durable once the in-sync
-        #: replicas have it too.
-        self.replication: ReplicationPort | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txmq-flush")

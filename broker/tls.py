@@ -34,7 +34,7 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 
@@ -201,6 +201,7 @@ class ServerTls:
         log.info("tls_certificate_reloaded", cert=self.files.cert_path)
 
 
+@dataclass(eq=False)
 class TlsServer:
     """Accepts connections on one listening socket and admits each as TLS or plain.
 
@@ -217,27 +218,19 @@ class TlsServer:
         on_rejected: called with the peer and the reason when a connection is refused.
     """
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        protocol_factory: Callable[[], asyncio.Protocol],
-        tls: ServerTls,
-        *,
-        mode: str,
-        handshake_timeout: float = 10.0,
-        first_byte_timeout: float = 120.0,
-        on_rejected: Callable[[str, str], None] | None = None,
-    ) -> None:
-        self._sock = sock
-        self._factory = protocol_factory
-        self._tls = tls
-        self._mode = mode
-        self._handshake_timeout = handshake_timeout
-        self._first_byte_timeout = first_byte_timeout
-        self._on_rejected = on_rejected
-        self._accept_task: asyncio.Task[None] | None = None
-        self._admitting: set[asyncio.Task[None]] = set()
-        self.sockets = [sock]
+    sock: socket.socket
+    protocol_factory: Callable[[], asyncio.Protocol]
+    tls: ServerTls
+    _: KW_ONLY
+    mode: str
+    handshake_timeout: float = 10.0
+    first_byte_timeout: float = 120.0
+    on_rejected: Callable[[str, str], None] | None = None
+    _accept_task: asyncio.Task[None] | None = field(default=None, init=False)
+    _admitting: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        self.sockets = [self.sock]
 
     @classmethod
     async def bind(
@@ -281,8 +274,8 @@ class TlsServer:
             self._accept_task.cancel()
         for t in list(self._admitting):
             t.cancel()
-        if self._sock.fileno() != -1:
-            self._sock.close()
+        if self.sock.fileno() != -1:
+            self.sock.close()
 
     async def wait_closed(self) -> None:
         pending = [t for t in [self._accept_task, *self._admitting] if t is not None]
@@ -295,7 +288,7 @@ class TlsServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(self._sock)
+                conn, _ = await loop.sock_accept(self.sock)
             except asyncio.CancelledError:
                 raise
             except OSError as exc:
@@ -317,19 +310,19 @@ class TlsServer:
             pass
         try:
             use_tls = True
-            if self._mode == "permissive":
-                first = await _peek_first_byte(sock, self._first_byte_timeout)
+            if self.mode == "permissive":
+                first = await _peek_first_byte(sock, self.first_byte_timeout)
                 if first is None:
                     sock.close()
                     return
                 use_tls = first == TLS_HANDSHAKE
             if not use_tls:
-                await loop.connect_accepted_socket(self._factory, sock)
+                await loop.connect_accepted_socket(self.protocol_factory, sock)
                 return
-            ctx = self._tls.context
+            ctx = self.tls.context
             assert ctx is not None
             await loop.connect_accepted_socket(
-                self._factory, sock, ssl=ctx, ssl_handshake_timeout=self._handshake_timeout
+                self.protocol_factory, sock, ssl=ctx, ssl_handshake_timeout=self.handshake_timeout
             )
         except asyncio.CancelledError:
             sock.close()
@@ -343,8 +336,8 @@ class TlsServer:
 
     def _rejected(self, peer: str, reason: str) -> None:
         log.warning("tls_connection_refused", peer=peer, reason=reason)
-        if self._on_rejected is not None:
-            self._on_rejected(peer, reason)
+        if self.on_rejected is not None:
+            self.on_rejected(peer, reason)
 
 
 def _peer(sock: socket.socket) -> str:

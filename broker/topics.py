@@ -3,6 +3,8 @@ in :mod:`txmq.protocol.topics`)."""
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, InitVar, dataclass
+
 import structlog
 
 from txmq.protocol.errors import (
@@ -47,20 +49,18 @@ def validate_topic(topic: str) -> None:
         )
 
 
+@dataclass(eq=False)
 class TopicManager:
     """Topic configs with RocketMQ's auto-creation rules, over the persisted table."""
 
-    def __init__(
-        self,
-        table: TopicConfigManager,
-        *,
-        auto_create: bool,
-        default_queue_nums: int,
-        delay_levels: int,
-    ) -> None:
-        self.table = table
-        self.auto_create = auto_create
-        self.default_queue_nums = default_queue_nums
+    table: TopicConfigManager
+    _: KW_ONLY
+    auto_create: bool
+    default_queue_nums: int
+    delay_levels: InitVar[int]
+
+    def __post_init__(self, delay_levels: int) -> None:
+        table = self.table
         for name, queues in (
             (RMQ_SYS_TRANS_HALF_TOPIC, 1),
             (RMQ_SYS_TRANS_OP_HALF_TOPIC, 1),

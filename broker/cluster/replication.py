@@ -26,7 +26,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -404,6 +404,7 @@ class LeaderReplication:
         }
 
 
+@dataclass(eq=False)
 class ReplicaFetcher:
     """The follower side: handshake (cut back to the divergence point), then fetch forever.
 
@@ -416,45 +417,29 @@ class ReplicaFetcher:
         ssl: the client TLS context when the leader's port enforces TLS.
     """
 
-    def __init__(
-        self,
-        store: MessageStore,
-        epochs: EpochHistory,
-        leader_addr: str,
-        group: str,
-        replica: int,
-        epoch: int,
-        *,
-        segment_size: int,
-        sync: bool,
-        run_blocking: Callable[[Callable[[], Any]], Any],
-        ssl: Any = None,
-        signer: Callable[[RemotingCommand], None] | None = None,
-    ) -> None:
-        self.store = store
-        self.epochs = epochs
-        self.leader_addr = leader_addr
-        self.group = group
-        self.replica = replica
-        self.epoch = epoch
-        self.segment_size = segment_size
-        self.sync = sync
-        self._run_blocking = run_blocking
-        self._ssl = ssl
-        self._signer = signer
-        self.leader_end = 0
-        self.caught_up = asyncio.Event()
-        self.fetches = 0
-        self._leader_epochs: list[tuple[int, int]] = []
+    store: MessageStore
+    epochs: EpochHistory
+    leader_addr: str
+    group: str
+    replica: int
+    epoch: int
+    _: KW_ONLY
+    segment_size: int
+    sync: bool
+    run_blocking: Callable[[Callable[[], Any]], Any]
+    ssl: Any = None
+    signer: Callable[[RemotingCommand], None] | None = None
+    leader_end: int = field(default=0, init=False)
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    fetches: int = field(default=0, init=False)
+    _leader_epochs: list[tuple[int, int]] = field(default_factory=list, init=False)
 
     def _fields(self, **more: Any) -> dict[str, Any]:
         return {"brokerName": self.group, "replicaId": self.replica, "epoch": self.epoch, **more}
 
     async def run(self) -> None:
         host, _, port = self.leader_addr.rpartition(":")
-        conn = await open_connection(
-            host, int(port), timeout=3.0, ssl=self._ssl, signer=self._signer
-        )
+        conn = await open_connection(host, int(port), timeout=3.0, ssl=self.ssl, signer=self.signer)
         try:
             await self._handshake(conn)
             last_meta = 0.0
@@ -493,12 +478,12 @@ class ReplicaFetcher:
                 end=end,
                 reason="records past the point where this log diverged from the leader's",
             )
-            await self._run_blocking(lambda: self.store.truncate(cut))
+            await self.run_blocking(lambda: self.store.truncate(cut))
             end = self.store.max_phy_offset
         elif end > int(info["end"]):
             log.warning("replica_truncating", offset=int(info["end"]), end=end, reason="ahead")
             leader_end = int(info["end"])
-            await self._run_blocking(lambda: self.store.truncate(leader_end))
+            await self.run_blocking(lambda: self.store.truncate(leader_end))
             end = self.store.max_phy_offset
         self._leader_epochs = leader_epochs
         self.epochs.adopt(leader_epochs, end)
@@ -526,7 +511,7 @@ class ReplicaFetcher:
         if resp.body or nxt != start:
             end = self.store.append_replicated(start, resp.body, nxt)
             if self.sync:
-                await self._run_blocking(self.store.flush)
+                await self.run_blocking(self.store.flush)
             self.epochs.adopt(self._leader_epochs, end)
         if self.store.max_phy_offset >= self.leader_end:
             self.caught_up.set()
@@ -550,4 +535,4 @@ class ReplicaFetcher:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 atomic_write(path, text.encode())
 
-        await self._run_blocking(write)
+        await self.run_blocking(write)

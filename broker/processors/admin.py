@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -43,17 +44,12 @@ def json_body(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
+@dataclass(eq=False)
 class AdminProcessor:
-    def __init__(
-        self,
-        ctx: BrokerContext,
-        transactions: TransactionalMessageService,
-        advertised_address: str,
-    ) -> None:
-        self.ctx = ctx
-        self.transactions = transactions
-        self.advertised_address = advertised_address
-        self.started_monotonic = time.monotonic()
+    ctx: BrokerContext
+    transactions: TransactionalMessageService
+    advertised_address: str
+    started_monotonic: float = field(init=False, default_factory=time.monotonic)
 
     # -- clients --------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -37,30 +38,25 @@ log = structlog.get_logger(__name__)
 CHECK_STATE_VERSION = 1
 
 
+@dataclass(eq=False)
 class TransactionPersistence:
     """Writes and reads the check-state index and the snapshot of one broker's table."""
 
-    def __init__(
-        self,
-        machine: TransactionStateMachine,
-        *,
-        store_root: str,
-        store: MessageStore,
-        flush_now: Callable[[], Awaitable[int]],
-        in_background: Background,
-        now_ms: Callable[[], int],
-    ) -> None:
-        self.machine = machine
-        self.store = store
-        self._flush_now = flush_now
-        self._in_background = in_background
-        self._now_ms = now_ms
+    machine: TransactionStateMachine
+    _: KW_ONLY
+    store_root: InitVar[str]
+    store: MessageStore
+    flush_now: Callable[[], Awaitable[int]]
+    in_background: Background
+    now_ms: Callable[[], int]
+    #: the check counts changed since the index was last written
+    check_state_dirty: bool = field(default=False, init=False)
+    #: broker time of the last snapshot taken (0: none yet)
+    last_snapshot_ms: int = field(default=0, init=False)
+
+    def __post_init__(self, store_root: str) -> None:
         self.check_state_path = os.path.join(store_root, "transaction", "checkState.json")
         self.snapshot_path = os.path.join(store_root, "transaction", "snapshot.msgpack")
-        #: the check counts changed since the index was last written
-        self.check_state_dirty = False
-        #: broker time of the last snapshot taken (0: none yet)
-        self.last_snapshot_ms = 0
 
     def mark_check_state_dirty(self) -> None:
         self.check_state_dirty = True
@@ -81,7 +77,7 @@ class TransactionPersistence:
             atomic_write(path, data)
 
         try:
-            await self._in_background(write)
+            await self.in_background(write)
         except BaseException:
             self.check_state_dirty = True
             raise
@@ -102,7 +98,7 @@ class TransactionPersistence:
     # -- snapshots ----------------------------------------------------------------------------
 
     def snapshot_due(self, interval_ms: int) -> bool:
-        return self._now_ms() - self.last_snapshot_ms >= interval_ms
+        return self.now_ms() - self.last_snapshot_ms >= interval_ms
 
     async def write_snapshot(self) -> None:
         """Snapshot the table (see :mod:`.snapshot`): taken here, written on the metadata
@@ -115,8 +111,8 @@ class TransactionPersistence:
             store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0),
             store.get_max_offset_in_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, 0),
         )
-        self.last_snapshot_ms = self._now_ms()
-        if await self._flush_now() < clog:
+        self.last_snapshot_ms = self.now_ms()
+        if await self.flush_now() < clog:
             log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
             return
         path = self.snapshot_path
@@ -125,7 +121,7 @@ class TransactionPersistence:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             atomic_write(path, snapshot.encode(snap))
 
-        await self._in_background(write)
+        await self.in_background(write)
         log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
 
     def load_snapshot(self) -> tuple[int | None, int | None]:

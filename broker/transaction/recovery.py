@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -65,23 +65,15 @@ class Recovered:
     repaired: int
 
 
+@dataclass(eq=False)
 class TransactionRecovery:
-    def __init__(
-        self,
-        machine: TransactionStateMachine,
-        persistence: TransactionPersistence,
-        *,
-        store: MessageStore,
-        write: WritePath,
-        add_half: Callable[[MessageExt, str], HalfRef | None],
-        real_message: Callable[[HalfRef], MessageExt],
-    ) -> None:
-        self.machine = machine
-        self.persistence = persistence
-        self.store = store
-        self.write = write
-        self._add_half = add_half
-        self._real_message = real_message
+    machine: TransactionStateMachine
+    persistence: TransactionPersistence
+    _: KW_ONLY
+    store: MessageStore
+    write: WritePath
+    add_half: Callable[[MessageExt, str], HalfRef | None]
+    real_message: Callable[[HalfRef], MessageExt]
 
     def run(self) -> Recovered:
         """Rebuild the table: the last snapshot, then the half and op queues after it (all of
@@ -100,7 +92,7 @@ class TransactionRecovery:
         last_commit: LastCommit | None = None
         for offset, kind, m in heapq.merge(halves, ops, key=lambda x: (x[0], x[1])):
             if kind == 0:
-                self._add_half(m, m.offset_msg_id)
+                self.add_half(m, m.offset_msg_id)
                 n_half += 1
                 continue
             n_op += 1
@@ -195,7 +187,7 @@ class TransactionRecovery:
                 qoff -= 1
         missing = [h for off, h in sorted(wanted.items()) if off not in found]
         if missing:
-            results = self.write.put_messages([self._real_message(h) for h in missing])
+            results = self.write.put_messages([self.real_message(h) for h in missing])
             end = results[-1].end_offset
             decided: dict[str, TxRecord] = {}
             for h in wanted.values():
