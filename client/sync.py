@@ -13,17 +13,18 @@ import functools
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from .bridge import LoopThread
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
-from .lifecycle import AsyncClient
+from .lifecycle import AsyncClient, ConnectedClient
 from .producer import AsyncProducer
 from .pull_consumer import AsyncPullConsumer
 
 R = TypeVar("R")
 P = ParamSpec("P")
+C = TypeVar("C", bound=ConnectedClient)
 
 
 class _SyncClient:
@@ -54,6 +55,25 @@ class _SyncClient:
         self.shutdown()
 
 
+class _GroupClient(_SyncClient, Generic[C]):
+    """A facade whose async client takes the group, the broker and the settings alone."""
+
+    #: The async client class this facade builds.
+    _core_type: type[C]
+    core: C
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        self._core = self.core = self._core_type(group, broker, config=config, **settings)
+
+
 def blocking(
     method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
 ) -> Callable[Concatenate[_SyncClient, P], R]:
@@ -71,7 +91,7 @@ def blocking(
     return run
 
 
-class Producer(_SyncClient):
+class Producer(_GroupClient[AsyncProducer]):
     """The blocking producer; see :class:`~txmq.client.AsyncProducer` for the arguments.
 
     Example::
@@ -80,16 +100,7 @@ class Producer(_SyncClient):
             result = producer.send(Message("orders", b"...", tags="created"))
     """
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__()
-        self._core = self.core = AsyncProducer(group, broker, config=config, **settings)
+    _core_type = AsyncProducer
 
     send = blocking(AsyncProducer.send)
     send_oneway = blocking(AsyncProducer.send_oneway)
@@ -159,7 +170,7 @@ class PushConsumer(_SyncClient):
         return self.core.client_id
 
 
-class PullConsumer(_SyncClient):
+class PullConsumer(_GroupClient[AsyncPullConsumer]):
     """The blocking pull consumer; see :class:`~txmq.client.AsyncPullConsumer`.
 
     Example::
@@ -169,16 +180,7 @@ class PullConsumer(_SyncClient):
                 result = consumer.pull("orders", queue_id, 0)
     """
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__()
-        self._core = self.core = AsyncPullConsumer(group, broker, config=config, **settings)
+    _core_type = AsyncPullConsumer
 
     fetch_queues = blocking(AsyncPullConsumer.fetch_queues)
     fetch_message_queues = blocking(AsyncPullConsumer.fetch_message_queues)
