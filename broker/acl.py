@@ -437,6 +437,10 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
     if code in (R.UNREGISTER_CLIENT, R.GET_CONSUMER_LIST_BY_GROUP):
         group = _field(ext, "consumerGroup")
         return False, [Need(group, True, SUB)] if group else []
+    if code == R.CHECK_CLIENT_CONFIG:
+        # A consumer asks whether its subscription's kind is served; the answer says nothing
+        # about anyone's data, so any account may ask.
+        return False, []
     if code in (R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP):
         topic = _field(ext, "topic")
         return False, [topic_or_group(topic, SUB)] if topic else []

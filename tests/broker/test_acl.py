@@ -218,6 +218,12 @@ async def cases(broker: BrokerController) -> list[Case]:
         ),
         Case(R.GET_ALL_TOPIC_CONFIG, {}, b"", ADMIN_ONLY),
         Case(R.TXMQ_CLUSTER_STATUS, {}, b"", EVERYONE),
+        Case(
+            R.CHECK_CLIENT_CONFIG,
+            {},
+            b'{"group": "cgroup", "subscriptionData": {"topic": "orders", "subString": "*"}}',
+            EVERYONE,
+        ),
         Case(R.GET_BROKER_RUNTIME_INFO, {}, b"", ADMIN_ONLY),
         Case(R.TXMQ_GET_METRICS, {}, b"", ADMIN_ONLY),
         Case(R.RESUME_CHECK_HALF_MESSAGE, {"msgId": "nothing-like-it"}, b"", ADMIN_ONLY),
