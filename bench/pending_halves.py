@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -201,6 +202,14 @@ def main() -> None:
     args = ap.parse_args()
     quiet_logs()
     root = args.store or tempfile.mkdtemp(prefix="txmq-pending-")
+    try:
+        run(args, root)
+    finally:
+        if not args.store:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, root: str) -> None:
     settings: dict[str, object] = {
         "transactionTimeOut": NEVER_MS,
         "transactionCheckInterval": args.interval,
