@@ -342,17 +342,21 @@ class CommitLog:
         return int(length)
 
     def _next_record(self, seg: MappedFile, pos: int) -> int | None:
-        """The offset of the first intact record of ``seg`` after ``pos``, or None."""
-        assert seg.mm is not None
+        """The offset of the first intact record of ``seg`` after ``pos``, or None.  Only the
+        bytes up to the segment's last non-zero one are searched: the zeros a preallocated
+        segment ends with (what follows the end of the log at every start) cost no read."""
+        assert seg.mm is not None and seg.fd is not None
         mm = seg.mm
         rel = pos - seg.start + 1
-        while True:
-            rel = mm.find(_MAGIC_BYTES, rel)
+        end = nonzero_end(seg.fd, rel, seg.capacity)
+        while rel < end:
+            rel = mm.find(_MAGIC_BYTES, rel, end)
             if rel < 0:
                 return None
             if self._record_at(seg, seg.start + rel) is not None:
                 return seg.start + rel
             rel += 1
+        return None
 
     def _scan_segment(
         self, seg: MappedFile, pos: int, on_record: Callable[[int, int, DispatchInfo], None]
