@@ -28,10 +28,12 @@ from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
-from .dedup import DedupIndex, Key, Stored, keys_of
+from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths
 
 log = structlog.get_logger(__name__)
+
+_new_tuple = tuple.__new__
 
 #: Properties that ask for delivery at a time rather than at a delay level: RocketMQ 5's timer
 #: (absolute ms, relative s, relative ms) and ONS's start-deliver time (absolute ms).
@@ -337,10 +339,13 @@ class MessagingCore:
         if batch is None:
             msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
             return await self.send(msgs, h.producer_group)
-        keys = keys_of(h.topic, batch.uniq_keys, self.dedup)
-        if any(keys):
-            first = self._first_sends(keys)
-            if any(f is not None for f in first) or len(set(keys)) < len(keys):
+        dedup = self.dedup
+        keys: list[Key] | None = None
+        uniqs = batch.uniq_keys
+        if dedup.enabled and dedup_topic(h.topic) and "" not in uniqs:
+            topic = h.topic
+            keys = [(topic, u) for u in uniqs]
+            if dedup.any_known(keys) or len(set(uniqs)) < len(uniqs):
                 # A resend (or partly one, or a message twice): the generic path stores what
                 # is new, once.
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
@@ -349,12 +354,19 @@ class MessagingCore:
         prefix = self.ctx.store.msg_id_prefix
         txid = batch.txid
         end = res.end_offset
+        placed = res.placed
         receipts = [
             SendReceipt(f"{prefix}{phy:016X}", uniq, queue_id, qo, txid, end, phy)
-            for (phy, _n, qo), uniq in zip(res.placed, batch.uniq_keys, strict=True)
+            for (phy, _n, qo), uniq in zip(placed, uniqs, strict=True)
         ]
-        if any(keys):
-            self._remember(keys, receipts, res.store_timestamp)
+        if keys is not None:
+            ts = res.store_timestamp
+            new = _new_tuple
+            dedup.add_new(
+                keys,
+                [new(Stored, (phy, queue_id, qo, txid, end, ts, None)) for phy, _n, qo in placed],
+                ts,
+            )
         return await self.durable(SendOutcome(receipts))
 
     def batch_messages(

@@ -111,6 +111,16 @@ class DedupIndex:
         self.metrics.dedup_hits.inc()
         return found
 
+    def any_known(self, keys: list[Key]) -> bool:
+        """Whether any of ``keys`` is remembered (perhaps past its window): one pass in C,
+        what a batch of new messages costs."""
+        return not self._entries.keys().isdisjoint(keys)
+
+    def add_new(self, keys: list[Key], stored: list[Stored], now_ms: int) -> None:
+        """Remember first sends whose keys :meth:`any_known` found unknown (in C)."""
+        self._entries.update(zip(keys, stored, strict=True))
+        self._expire(now_ms)
+
     def add(self, key: Key | None, stored: Stored) -> None:
         if key is not None:
             self.add_many(((key, stored),), stored.store_timestamp)
@@ -126,24 +136,33 @@ class DedupIndex:
         self._expire(now_ms)
 
     def _expire(self, now_ms: int) -> None:
+        """Forget the ids past the window, then the oldest while over the bound (counted,
+        with one warning: the window is cut short)."""
         entries = self._entries
         horizon = now_ms - self.window_ms
-        while entries:
-            key, oldest = next(iter(entries.items()))
-            if oldest.store_timestamp >= horizon and len(entries) <= self.max_entries:
-                return
-            del entries[key]
-            if oldest.store_timestamp >= horizon:
-                self.metrics.dedup_evicted_early.inc()
-                if not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "dedup_window_cut_short",
-                        max_entries=self.max_entries,
-                        window_seconds=self.window_ms / 1000,
-                        kept_seconds=round((now_ms - oldest.store_timestamp) / 1000, 1),
-                        hint="raise duplicateWindowMaxEntries to keep the whole window",
-                    )
+        popitem = entries.popitem
+        over = len(entries) - self.max_entries
+        early = 0
+        kept_ms = 0
+        while over > 0:
+            _key, oldest = popitem(last=False)
+            over -= 1
+            if oldest[5] >= horizon:  # store_timestamp
+                early += 1
+                kept_ms = now_ms - oldest[5]
+        while entries and next(iter(entries.values()))[5] < horizon:
+            popitem(last=False)
+        if early:
+            self.metrics.dedup_evicted_early.inc(early)
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "dedup_window_cut_short",
+                    max_entries=self.max_entries,
+                    window_seconds=self.window_ms / 1000,
+                    kept_seconds=round(kept_ms / 1000, 1),
+                    hint="raise duplicateWindowMaxEntries to keep the whole window",
+                )
 
     # -- the view of the commit log ---------------------------------------------------------------
 
@@ -222,9 +241,3 @@ def _entry_of(m: MessageExt) -> tuple[Key, Stored] | None:
         m.store_timestamp,
         m.offset_msg_id,
     )
-
-
-def keys_of(topic: str, uniqs: Iterable[str], index: DedupIndex) -> list[Key | None]:
-    if not index.enabled or not dedup_topic(topic):
-        return [None for _ in uniqs]
-    return [(topic, u) if u else None for u in uniqs]

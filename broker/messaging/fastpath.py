@@ -63,6 +63,7 @@ class HalfBook(Protocol):
 
 
 _I16 = struct.Struct(">h")
+_new_tuple = tuple.__new__
 _KV = b"\x01"
 _SEP = b"\x02"
 _UNIQ = f"{MessageConst.UNIQ_KEY}\x01".encode()
@@ -142,21 +143,25 @@ class StoredForm:
         reconsume_times: int,
         prepared_offset: int = 0,
     ) -> EncodedMessage:
-        """The record of one entry: the one place a fast path builds one."""
-        return EncodedMessage(
-            self.topic,
-            self.queue_id,
-            self.magic,
-            crc,
-            body,
-            b"".join((head, uniq, self.tail)),
-            flag,
-            self.sys_flag,
-            born_timestamp,
-            born_host,
-            reconsume_times,
-            prepared_offset,
-            self.tags_code,
+        """The record of one entry: the one place a fast path builds one (a tuple made in C:
+        a NamedTuple's own constructor is a Python call, a cost per message here)."""
+        return _new_tuple(
+            EncodedMessage,
+            (
+                self.topic,
+                self.queue_id,
+                self.magic,
+                crc,
+                body,
+                b"".join((head, uniq, self.tail)),
+                flag,
+                self.sys_flag,
+                born_timestamp,
+                born_host,
+                reconsume_times,
+                prepared_offset,
+                self.tags_code,
+            ),
         )
 
 
