@@ -227,9 +227,15 @@ class MessagingCore:
     async def durable(self, outcome: SendOutcome) -> SendOutcome:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
-        if outcome.receipts:
+        receipts = outcome.receipts
+        if receipts:
+            end = (
+                receipts[0].end_offset
+                if len(receipts) == 1
+                else max([r.end_offset for r in receipts])
+            )
             try:
-                await self.ctx.flush.wait_durable(max(r.end_offset for r in outcome.receipts))
+                await self.ctx.flush.wait_durable(end)
             except FlushDiskTimeoutError as exc:
                 outcome.flush_error = exc
         return outcome
@@ -292,7 +298,36 @@ class MessagingCore:
         stored: every message is prepared before the first is stored).  A message stored
         before within the duplicate window (a resend) is not stored again: its receipt is the
         first send's (:mod:`.dedup`)."""
-        keys = [self.dedup.key(m.topic, m.properties) for m in msgs]
+        dedup = self.dedup
+        if len(msgs) == 1:  # the common case, without the lists a request of several needs
+            m = msgs[0]
+            key = dedup.key(m.topic, m.properties)
+            if key is not None:
+                found = self._first_sends([key])[0]
+                if found is not None:
+                    return await self.durable(SendOutcome([found]))
+            self.prepare(m, producer_group)
+            stored_one = self.store_prepared(msgs)
+            if key is not None:
+                r = stored_one[0]
+                now = self.ctx.now_ms()
+                dedup.add(
+                    key,
+                    _new_tuple(
+                        Stored,
+                        (
+                            r.commit_log_offset,
+                            r.queue_id,
+                            r.queue_offset,
+                            r.transaction_id,
+                            r.end_offset,
+                            now,
+                            None,
+                        ),
+                    ),
+                )
+            return await self.durable(SendOutcome(stored_one))
+        keys = [dedup.key(m.topic, m.properties) for m in msgs]
         if not any(keys):
             for m in msgs:
                 self.prepare(m, producer_group)

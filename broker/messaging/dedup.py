@@ -122,8 +122,16 @@ class DedupIndex:
         self._expire(now_ms)
 
     def add(self, key: Key | None, stored: Stored) -> None:
-        if key is not None:
-            self.add_many(((key, stored),), stored.store_timestamp)
+        if key is None:
+            return
+        entries = self._entries
+        if key in entries:  # stored again after its window: it is the newest now
+            del entries[key]
+        entries[key] = stored
+        if len(entries) > self.max_entries or next(iter(entries.values()))[5] < (
+            stored[5] - self.window_ms
+        ):
+            self._expire(stored[5])
 
     def add_many(self, items: Iterable[tuple[Key, Stored]], now_ms: int) -> None:
         """Remember first sends (in the order they were stored), then forget what is past
