@@ -28,12 +28,11 @@ from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
-from .dedup import DedupIndex, Key, Stored, dedup_topic
+from .dedup import DedupIndex, Key, dedup_topic
 from .fastpath import FastPaths
 
 log = structlog.get_logger(__name__)
 
-_new_tuple = tuple.__new__
 
 #: Properties that ask for delivery at a time rather than at a delay level: RocketMQ 5's timer
 #: (absolute ms, relative s, relative ms) and ONS's start-deliver time (absolute ms).
@@ -89,7 +88,10 @@ class MessagingCore:
         self.fast = FastPaths(ctx, transactions)
         cfg = ctx.config
         self.dedup = DedupIndex(
-            cfg.duplicate_window_seconds * 1000, cfg.duplicate_window_max_entries, ctx.metrics
+            cfg.duplicate_window_seconds * 1000,
+            cfg.duplicate_window_max_entries,
+            ctx.metrics,
+            ctx.store.lookup_message,
         )
 
     def recover(self) -> int:
@@ -251,24 +253,9 @@ class MessagingCore:
         return [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
 
     def _remember(self, keys: list[Key | None], receipts: list[SendReceipt], now: int) -> None:
-        self.dedup.add_many(
-            [
-                (
-                    key,
-                    Stored(
-                        r.commit_log_offset,
-                        r.queue_id,
-                        r.queue_offset,
-                        r.transaction_id,
-                        r.end_offset,
-                        now,
-                    ),
-                )
-                for key, r in zip(keys, receipts, strict=True)
-                if key is not None
-            ],
-            now,
-        )
+        add = self.dedup.add
+        for key, r in zip(keys, receipts, strict=True):
+            add(key, r.commit_log_offset, now)
 
     def _first_sends(self, keys: list[Key | None]) -> list[SendReceipt | None]:
         """The receipts of the messages of ``keys`` stored before within the window."""
@@ -309,23 +296,7 @@ class MessagingCore:
             self.prepare(m, producer_group)
             stored_one = self.store_prepared(msgs)
             if key is not None:
-                r = stored_one[0]
-                now = self.ctx.now_ms()
-                dedup.add(
-                    key,
-                    _new_tuple(
-                        Stored,
-                        (
-                            r.commit_log_offset,
-                            r.queue_id,
-                            r.queue_offset,
-                            r.transaction_id,
-                            r.end_offset,
-                            now,
-                            None,
-                        ),
-                    ),
-                )
+                dedup.add(key, stored_one[0].commit_log_offset, self.ctx.now_ms())
             return await self.durable(SendOutcome(stored_one))
         keys = [dedup.key(m.topic, m.properties) for m in msgs]
         if not any(keys):
@@ -375,12 +346,12 @@ class MessagingCore:
             msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
             return await self.send(msgs, h.producer_group)
         dedup = self.dedup
-        keys: list[Key] | None = None
+        remember = False
         uniqs = batch.uniq_keys
-        if dedup.enabled and dedup_topic(h.topic) and "" not in uniqs:
-            topic = h.topic
-            keys = [(topic, u) for u in uniqs]
-            if dedup.any_known(keys) or len(set(uniqs)) < len(uniqs):
+        topic = h.topic
+        if dedup.enabled and dedup_topic(topic) and "" not in uniqs:
+            remember = True
+            if dedup.any_known(topic, uniqs) or len(set(uniqs)) < len(uniqs):
                 # A resend (or partly one, or a message twice): the generic path stores what
                 # is new, once.
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
@@ -394,14 +365,8 @@ class MessagingCore:
             SendReceipt(f"{prefix}{phy:016X}", uniq, queue_id, qo, txid, end, phy)
             for (phy, _n, qo), uniq in zip(placed, uniqs, strict=True)
         ]
-        if keys is not None:
-            ts = res.store_timestamp
-            new = _new_tuple
-            dedup.add_new(
-                keys,
-                [new(Stored, (phy, queue_id, qo, txid, end, ts, None)) for phy, _n, qo in placed],
-                ts,
-            )
+        if remember:
+            dedup.add_many(topic, uniqs, [phy for phy, _n, _qo in placed], res.store_timestamp)
         return await self.durable(SendOutcome(receipts))
 
     def batch_messages(

@@ -15,7 +15,9 @@ the original's UNIQ_KEY on purpose.
 
 **The window** is ``duplicateWindowSeconds`` (default 120 s, NATS JetStream's default), bounded
 by ``duplicateWindowMaxEntries`` (the oldest are forgotten first; when that cuts the window
-short a warning and ``txmq_dedup_evicted_early_total`` say so).  0 seconds turns it off.
+short a warning and ``txmq_dedup_evicted_early_total`` say so).  0 seconds turns it off.  Per
+message it keeps the UNIQ_KEY string and the commit-log offset (about 150 bytes, no object the
+garbage collector tracks); a resend -- rare -- reads its first copy back for the answer.
 
 **Durable and replicated without a file of its own**: the index is a view of the commit log.
 After a restart -- or on a follower that becomes leader, whose log is the leader's byte for
@@ -24,16 +26,18 @@ byte -- it is rebuilt from the messages stored within the window (:meth:`DedupIn
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import structlog
 
+from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag, decode_message
 
 from ..metrics import BrokerMetrics
 from ..store import GetMessageStatus, MessageStore
+from ..store.commit_log import RECORD_HEADER_SIZE
 from ..topics import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -80,11 +84,26 @@ def dedup_topic(topic: str) -> bool:
 
 
 class DedupIndex:
-    def __init__(self, window_ms: int, max_entries: int, metrics: BrokerMetrics) -> None:
+    """Per topic, the UNIQ_KEYs stored within the window and where (their commit-log offset):
+    an int a message, no object the garbage collector has to look at.  A hit -- a resend, rare
+    -- reads the first copy back from the store for its answer."""
+
+    def __init__(
+        self,
+        window_ms: int,
+        max_entries: int,
+        metrics: BrokerMetrics,
+        lookup: Callable[[int], MessageExt] | None = None,
+    ) -> None:
         self.window_ms = window_ms
         self.max_entries = max_entries
         self.metrics = metrics
-        self._entries: OrderedDict[Key, Stored] = OrderedDict()
+        #: Reads a stored message by commit-log offset (the store's ``lookup_message``).
+        self.lookup = lookup
+        self._topics: dict[str, OrderedDict[str, int]] = {}
+        #: ``[store timestamp, topic, ids]`` of each append, oldest first: what expires when.
+        self._marks: deque[list[Any]] = deque()
+        self._size = 0
         self._warned = False
 
     @property
@@ -92,7 +111,7 @@ class DedupIndex:
         return self.window_ms > 0 and self.max_entries > 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
 
     def key(self, topic: str, props: dict[str, str]) -> Key | None:
         """The key of a producer's send to ``topic``, or None when it is not de-duplicated."""
@@ -102,64 +121,75 @@ class DedupIndex:
         return (topic, uniq)
 
     def get(self, key: Key | None, now_ms: int) -> Stored | None:
-        """The first send of ``key`` if it was stored within the window."""
+        """The first send of ``key`` if it was stored within the window (read back)."""
         if key is None:
             return None
-        found = self._entries.get(key)
-        if found is None or found.store_timestamp < now_ms - self.window_ms:
+        ids = self._topics.get(key[0])
+        phy = ids.get(key[1]) if ids is not None else None
+        if phy is None or self.lookup is None:
+            return None
+        try:
+            m = self.lookup(phy)
+        except (TxmqError, KeyError, ValueError):
+            return None  # gone with retention, or unreadable: a new message then
+        entry = _entry_of(m)
+        if entry is None or entry[0] != key or entry[1].store_timestamp < now_ms - self.window_ms:
             return None
         self.metrics.dedup_hits.inc()
-        return found
+        return entry[1]._replace(end_offset=phy + RECORD_HEADER_SIZE + m.store_size)
 
-    def any_known(self, keys: list[Key]) -> bool:
-        """Whether any of ``keys`` is remembered (perhaps past its window): one pass in C,
-        what a batch of new messages costs."""
-        return not self._entries.keys().isdisjoint(keys)
+    def any_known(self, topic: str, uniqs: list[str]) -> bool:
+        """Whether any of ``uniqs`` is remembered for ``topic`` (perhaps past its window): one
+        pass in C, what a batch of new messages costs."""
+        ids = self._topics.get(topic)
+        return ids is not None and not ids.keys().isdisjoint(uniqs)
 
-    def add_new(self, keys: list[Key], stored: list[Stored], now_ms: int) -> None:
-        """Remember first sends whose keys :meth:`any_known` found unknown (in C)."""
-        self._entries.update(zip(keys, stored, strict=True))
+    def add_many(self, topic: str, uniqs: list[str], offsets: list[int], now_ms: int) -> None:
+        """Remember first sends (in the order they were stored)."""
+        ids = self._topics.get(topic)
+        if ids is None:
+            ids = self._topics[topic] = OrderedDict()
+        before = len(ids)
+        ids.update(zip(uniqs, offsets, strict=True))
+        added = len(ids) - before  # an id stored again after its window keeps its old place
+        if added:
+            self._size += added
+            self._marks.append([now_ms, topic, added])
         self._expire(now_ms)
 
-    def add(self, key: Key | None, stored: Stored) -> None:
-        if key is None:
-            return
-        entries = self._entries
-        if key in entries:  # stored again after its window: it is the newest now
-            del entries[key]
-        entries[key] = stored
-        if len(entries) > self.max_entries or next(iter(entries.values()))[5] < (
-            stored[5] - self.window_ms
-        ):
-            self._expire(stored[5])
-
-    def add_many(self, items: Iterable[tuple[Key, Stored]], now_ms: int) -> None:
-        """Remember first sends (in the order they were stored), then forget what is past
-        the window or over the bound."""
-        entries = self._entries
-        for key, stored in items:
-            if key in entries:  # stored again after its window: it is the newest now
-                del entries[key]
-            entries[key] = stored
-        self._expire(now_ms)
+    def add(self, key: Key | None, offset: int, now_ms: int) -> None:
+        if key is not None:
+            self.add_many(key[0], [key[1]], [offset], now_ms)
 
     def _expire(self, now_ms: int) -> None:
         """Forget the ids past the window, then the oldest while over the bound (counted,
         with one warning: the window is cut short)."""
-        entries = self._entries
+        marks = self._marks
         horizon = now_ms - self.window_ms
-        popitem = entries.popitem
-        over = len(entries) - self.max_entries
         early = 0
         kept_ms = 0
-        while over > 0:
-            _key, oldest = popitem(last=False)
-            over -= 1
-            if oldest[5] >= horizon:  # store_timestamp
-                early += 1
-                kept_ms = now_ms - oldest[5]
-        while entries and next(iter(entries.values()))[5] < horizon:
-            popitem(last=False)
+        while marks:
+            mark = marks[0]
+            ts, topic, n = mark
+            over = self._size - self.max_entries
+            if ts >= horizon and over <= 0:
+                break
+            drop = n if ts < horizon else min(n, over)
+            if ts >= horizon:
+                early += drop
+                kept_ms = now_ms - ts
+            ids = self._topics.get(topic)
+            if ids is not None:
+                popitem = ids.popitem
+                for _ in range(min(drop, len(ids))):
+                    popitem(last=False)
+                if not ids:
+                    del self._topics[topic]
+            self._size -= drop
+            if drop == n:
+                marks.popleft()
+            else:
+                mark[2] = n - drop
         if early:
             self.metrics.dedup_evicted_early.inc(early)
             if not self._warned:
@@ -177,11 +207,13 @@ class DedupIndex:
     def rebuild(self, store: MessageStore, now_ms: int) -> int:
         """Rebuild the index from the messages a producer sent within the window (the first
         stored copy of each key wins); returns how many keys it holds."""
-        self._entries.clear()
+        self._topics.clear()
+        self._marks.clear()
+        self._size = 0
         if not self.enabled:
             return 0
         since = now_ms - self.window_ms
-        found: list[tuple[int, Key, Stored]] = []
+        found: list[tuple[int, int, Key]] = []
         for topic in store.topics():
             if not (dedup_topic(topic) or topic in (RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC)):
                 continue
@@ -189,18 +221,21 @@ class DedupIndex:
                 for m in _stored_since(store, topic, qid, since):
                     entry = _entry_of(m)
                     if entry is not None:
-                        found.append((m.commit_log_offset, *entry))
-        found.sort(key=lambda x: x[0])
-        for _phy, key, stored in found[-self.max_entries :] if found else ():
-            if key not in self._entries:
-                self._entries[key] = stored
+                        found.append((m.commit_log_offset, m.store_timestamp, entry[0]))
+        found.sort()
+        seen: set[Key] = set()
+        for phy, ts, key in found[-self.max_entries :] if found else ():
+            if key not in seen:  # the first stored copy answers
+                seen.add(key)
+                self.add_many(key[0], [key[1]], [phy], ts)
+        self._expire(now_ms)
         log.info(
             "dedup_index_rebuilt",
-            keys=len(self._entries),
+            keys=self._size,
             window_seconds=self.window_ms / 1000,
             scanned=len(found),
         )
-        return len(self._entries)
+        return self._size
 
 
 def _stored_since(store: MessageStore, topic: str, qid: int, since_ms: int) -> Iterator[MessageExt]:
