@@ -119,7 +119,7 @@ class BrokerConfig:
     #: A resend of a message (same topic and UNIQ_KEY) stored within this many seconds is
     #: answered with the first send's result instead of being stored again (0 = off).
     duplicate_window_seconds: int = 120
-    #: At most this many send ids are remembered (about 400 bytes each); past it the oldest
+    #: At most this many send ids are remembered (about 150 bytes each); past it the oldest
     #: are forgotten before the window ends, with a warning.
     duplicate_window_max_entries: int = 200_000
 
