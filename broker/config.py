@@ -19,12 +19,12 @@ from typing import Any
 
 from txmq.protocol.headers import camel
 
+from .store.config import DISK_FULL_POLICIES
+
 GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
 
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
-#: ``diskFullPolicy`` values (see :class:`~txmq.broker.store.StoreConfig`).
-DISK_FULL_POLICIES = ("refuse_writes", "delete_oldest")
 
 
 class ConfigError(ValueError):

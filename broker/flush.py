@@ -51,7 +51,7 @@ class FlushService:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         #: True while the flusher sleeps without a timer because nothing is unflushed;
-        #: :meth:`notify_written` ends that.
+        #: :meth:`on_append` ends that.
         self._idle = False
         #: The commit-log end when the consume queues were last flushed (``flush_queues``).
         self._queues_flushed_at = -1
@@ -70,14 +70,9 @@ class FlushService:
             log.warning("flush_slow", seconds=round(elapsed, 3), flushed_offset=flushed)
         return flushed
 
-    def notify_written(self) -> None:
-        """Records were appended: an idle flusher goes back to its interval."""
-        if self._idle:
-            self._idle = False
-            self._wakeup.set()
-
     def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
-        """The write path's subscriber (see :meth:`notify_written`)."""
+        """The write path's subscriber: records were appended, so an idle flusher goes back to
+        its interval."""
         if self._idle:
             self._idle = False
             self._wakeup.set()

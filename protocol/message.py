@@ -525,6 +525,8 @@ STORED_HEAD = _FIXED
 POS_QUEUE_OFFSET = 20
 POS_PHYSICAL_OFFSET = 28
 POS_STORE_TIMESTAMP = 56
+#: Where a committed message names its half (PREPAREDTRANSACTIONOFFSET).
+POS_PREPARED_TRANSACTION_OFFSET = 76
 #: Most bytes a stored message's properties string takes (its length is a signed 16-bit field).
 MAX_PROPERTIES_BYTES = 32767
 

@@ -229,9 +229,6 @@ class LeaderReplication:
                 fut.set_exception(exc)
         self._waiters = []
 
-    def notify_written(self) -> None:
-        self._appended.set()
-
     def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
         """The write path's subscriber: the fetch loop has more to send."""
         self._appended.set()

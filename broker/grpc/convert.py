@@ -34,12 +34,12 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag
 
+from ..messaging.core import TIMER_DELIVER_MS
 from .v2 import definition_pb2 as pb
 
 #: RocketMQ's property for the message group of a FIFO message.
 SHARDING_KEY = "__SHARDINGKEY"
 #: RocketMQ's property for the delivery time of a timer message (ms).
-TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 #: Properties a stored message may carry that are not user properties on the 5.x side.
 INTERNAL_KEYS = MessageConst.SYSTEM_KEYS | {
     SHARDING_KEY,
@@ -230,14 +230,6 @@ def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int) -> MessageEx
     )
 
 
-def delay_level_for(delay_ms: int, levels: list[int]) -> int:
-    """The first delay level (1-based) that waits at least ``delay_ms``; 0 if none does."""
-    for i, level_ms in enumerate(levels):
-        if level_ms >= delay_ms:
-            return i + 1
-    return 0
-
-
 # -- stored -> protobuf -------------------------------------------------------------------------
 
 
@@ -299,7 +291,6 @@ __all__ = [
     "Code",
     "GrpcStatusError",
     "check_message",
-    "delay_level_for",
     "status",
     "status_of",
     "to_message_ext",

@@ -261,7 +261,6 @@ class MessagingCore:
         """The receipts of the messages of ``keys`` stored before within the window."""
         now = self.ctx.now_ms()
         get = self.dedup.get
-        prefix = self.ctx.store.msg_id_prefix
         out: list[SendReceipt | None] = []
         for key in keys:
             s = get(key, now)
@@ -269,7 +268,7 @@ class MessagingCore:
                 None
                 if s is None or key is None
                 else SendReceipt(
-                    s.msg_id or f"{prefix}{s.commit_log_offset:016X}",
+                    s.msg_id,
                     key[1],
                     s.queue_id,
                     s.queue_offset,
@@ -286,18 +285,6 @@ class MessagingCore:
         before within the duplicate window (a resend) is not stored again: its receipt is the
         first send's (:mod:`.dedup`)."""
         dedup = self.dedup
-        if len(msgs) == 1:  # the common case, without the lists a request of several needs
-            m = msgs[0]
-            key = dedup.key(m.topic, m.properties)
-            if key is not None:
-                found = self._first_sends([key])[0]
-                if found is not None:
-                    return await self.durable(SendOutcome([found]))
-            self.prepare(m, producer_group)
-            stored_one = self.store_prepared(msgs)
-            if key is not None:
-                dedup.add(key, stored_one[0].commit_log_offset, self.ctx.now_ms())
-            return await self.durable(SendOutcome(stored_one))
         keys = [dedup.key(m.topic, m.properties) for m in msgs]
         if not any(keys):
             for m in msgs:

@@ -53,8 +53,7 @@ _REBUILD_CHUNK = 256
 
 
 class Stored(NamedTuple):
-    """What a first send was answered with (the message id is the store's prefix and
-    ``commit_log_offset``)."""
+    """What a first send was answered with, as its stored record tells."""
 
     commit_log_offset: int
     queue_id: int
@@ -64,10 +63,9 @@ class Stored(NamedTuple):
     end_offset: int
     #: the store's clock when it was stored (ms): the window is measured on it
     store_timestamp: int
-    #: the offsetMsgId it was answered with, when another broker stored it (a recovered
-    #: record names the store host that wrote it: the old leader after a failover); None:
-    #: this broker's
-    msg_id: str | None = None
+    #: the offsetMsgId it was answered with (the record's store host: the old leader's after a
+    #: failover)
+    msg_id: str
 
 
 Key = tuple[str, str]
@@ -136,7 +134,7 @@ class DedupIndex:
         if entry is None or entry[0] != key or entry[1].store_timestamp < now_ms - self.window_ms:
             return None
         self.metrics.dedup_hits.inc()
-        return entry[1]._replace(end_offset=phy + RECORD_HEADER_SIZE + m.store_size)
+        return entry[1]
 
     def any_known(self, topic: str, uniqs: list[str]) -> bool:
         """Whether any of ``uniqs`` is remembered for ``topic`` (perhaps past its window): one
@@ -280,7 +278,7 @@ def _entry_of(m: MessageExt) -> tuple[Key, Stored] | None:
         queue_id,
         m.queue_offset,
         txid,
-        m.commit_log_offset,
+        m.commit_log_offset + RECORD_HEADER_SIZE + m.store_size,
         m.store_timestamp,
         m.offset_msg_id,
     )

@@ -56,7 +56,6 @@ class PullRequestHoldService:
             if (topic, qid) in waiters:
                 self.notify(topic, qid)
 
-    @property
-    def parked(self) -> int:
-        """How many pulls are parked now."""
-        return sum(len(ws) for ws in self._waiters.values())
+    def parked(self, topic: str, queue_id: int) -> int:
+        """How many pulls are parked on a queue now."""
+        return len(self._waiters.get((topic, queue_id), ()))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from txmq.protocol.errors import QueryNotFoundError
-from txmq.protocol.message import MessageExt, decode_message
+from txmq.protocol.message import POS_PREPARED_TRANSACTION_OFFSET, MessageExt, decode_message
 
 from ..store import GetMessageStatus
 from ..store.commit_log import RECORD_HEADER_SIZE
@@ -43,10 +43,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: PREPARED_TRANSACTION_OFFSET in a stored message (see :mod:`txmq.protocol.message`): a
-#: committed message's half.
+#: PREPARED_TRANSACTION_OFFSET in a stored message: a committed message's half.
 _PREPARED_OFFSET = struct.Struct(">q")
-_POS_PREPARED_OFFSET = 76
 #: Op records followed by committed messages in the same append.
 _COMMITTING = (OpKind.COMMIT, OpKind.BATCH)
 
@@ -142,7 +140,7 @@ class TransactionRecovery:
                 payload = read(end)
             except QueryNotFoundError:
                 break  # the end of the log
-            half = unpack(payload, _POS_PREPARED_OFFSET)[0]
+            half = unpack(payload, POS_PREPARED_TRANSACTION_OFFSET)[0]
             if half not in expected:
                 break  # not this commit's: its append ended before
             expected.discard(half)

@@ -71,7 +71,6 @@ log = structlog.get_logger(__name__)
 #: ``transactionRecentHalvesBytes``.
 RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
-_HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 
 
 class TransactionalMessageService:

@@ -84,6 +84,5 @@ async def rounds_pass(rounds: Callable[[], int], n: int, what: str = "check roun
 
 def parked_pulls(broker: Any, topic: str, queue_id: int) -> int:
     """How many long-poll pulls the broker holds parked on a queue (they found nothing and
-    wait for a message or their timeout): the probe for "the pull is parked".  The broker
-    exposes no such count, so this reads its hold service's table of waiters."""
-    return len(broker.puller.hold._waiters.get((topic, queue_id), ()))
+    wait for a message or their timeout): the probe for "the pull is parked"."""
+    return int(broker.ctx.hold.parked(topic, queue_id))
