@@ -210,7 +210,8 @@ class BrokerController:
                 from .grpc.server import GrpcServer
             except ImportError as exc:
                 raise RuntimeError(
-                    f"grpcServerEnable needs the grpc extra (pip install 'txmq[grpc]'): {exc}"
+                    "grpcServerEnable needs the grpc extra (pip install -e '.[grpc]' in the "
+                    f"checkout, or the wheel with [grpc]): {exc}"
                 ) from exc
             grpc_server = GrpcServer
         if cfg.acl_enable:

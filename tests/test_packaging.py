@@ -284,7 +284,7 @@ def test_the_wheel_has_every_module(tmp_path: Path) -> None:
         shutil.copytree(
             ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
         )
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE"):
         shutil.copyfile(ROOT / name, src / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp_path, src],
@@ -292,7 +292,12 @@ def test_the_wheel_has_every_module(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("txmq-*.whl")
     with zipfile.ZipFile(wheel) as whl:
-        shipped = {n for n in whl.namelist() if n.endswith(".py")}
+        names = whl.namelist()
+    shipped = {n for n in names if n.endswith(".py")}
+    # PEP 561 marker, and the licence with the notice for the RocketMQ-derived .proto files
+    assert "txmq/py.typed" in names, "py.typed missing: type checkers would ignore txmq's types"
+    for name in ("LICENSE", "NOTICE"):
+        assert any(n.endswith(f".dist-info/licenses/{name}") for n in names), f"{name} not shipped"
     expected = {f"txmq/{p.name}" for p in (ROOT / "txmq").glob("*.py")}
     for folder in SOURCE_FOLDERS:
         expected.update(

@@ -265,7 +265,8 @@ def broker(
             except ImportError as exc:
                 raise click.ClickException(
                     f"cluster mode (etcdEndpoints) needs the cluster extra: "
-                    f"pip install 'txmq[cluster]' ({exc})"
+                    "pip install -e '.[cluster]' in the checkout, or the wheel with [cluster] "
+                    f"({exc})"
                 ) from None
 
             try:

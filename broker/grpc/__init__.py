@@ -2,8 +2,9 @@
 process on its own port (``grpcServerPort``, on with ``grpcServerEnable``), over the same store,
 topics, consumer offsets and transaction service as the remoting protocol.
 
-It needs the optional ``grpc`` extra (``pip install 'txmq[grpc]'``: grpcio and protobuf); the
-modules of this package import ``grpc`` and are only imported when the front end is enabled.
+It needs the optional ``grpc`` extra (grpcio and protobuf: ``pip install -e '.[grpc]'`` in the
+checkout, or the wheel with ``[grpc]``); the modules of this package import ``grpc`` and are
+only imported when the front end is enabled.
 
 The server is ``grpc.aio`` on the broker's own event loop, so every RPC runs on the same thread
 as the remoting processors and the store (which is not thread-safe) with no locking.  The broker
