@@ -547,7 +547,12 @@ def send(
 @main.command()
 @BROKER_OPTION
 @click.argument("topic_name", metavar="TOPIC")
-@click.option("--group", "-g", default="txmq-cli-consumer", show_default=True)
+@click.option(
+    "--group",
+    "-g",
+    help="Consume as this consumer group: join it, take a share of its queues and commit its "
+    "offsets. Without it, peek: read the topic's queues, join no group, commit nothing.",
+)
 @click.option(
     "--expression", "-e", default="*", show_default=True, help="Tag filter: * or 'a || b'."
 )
@@ -557,69 +562,136 @@ def send(
     type=click.Choice(["first", "last"]),
     default="first",
     show_default=True,
-    help="Where a new group starts.",
+    help="Where a new group (or a peek) starts: the oldest stored message or only new ones.",
 )
 @click.option("--count", "-n", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
 def consume(
     broker: str,
     topic_name: str,
-    group: str,
+    group: str | None,
     expression: str,
     consume_from: str,
     count: int | None,
     timeout: float | None,
 ) -> None:
-    """Consume TOPIC as group GROUP and print one JSON line per message."""
-    from txmq.client import AsyncPushConsumer
-
+    """Print TOPIC's messages, one JSON line each: as consumer group GROUP (--group), or a peek
+    that moves no group's offsets."""
     config = _client_config()  # here: the click context is not visible inside the loop
-
-    async def go() -> None:
-        seen = 0
-        done = asyncio.Event()
-        last = time.monotonic()
-
-        def on_message(msg: Any) -> None:
-            nonlocal seen, last
-            click.echo(
-                json.dumps(
-                    {
-                        "topic": msg.topic,
-                        "queueId": msg.queue_id,
-                        "queueOffset": msg.queue_offset,
-                        "msgId": msg.msg_id,
-                        "tags": msg.tags,
-                        "keys": msg.keys,
-                        "properties": msg.user_properties,
-                        "body": msg.body.decode("utf-8", "replace"),
-                    }
-                ),
-                nl=True,
-            )
-            seen += 1
-            last = time.monotonic()
-            if count is not None and seen >= count:
-                done.set()
-
-        consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from, config=config)
-        consumer.subscribe(topic_name, expression, on_message)
-        await consumer.start()
-        try:
-            while not done.is_set():
-                try:
-                    await asyncio.wait_for(done.wait(), 0.5)
-                except TimeoutError:
-                    pass
-                if timeout is not None and time.monotonic() - last > timeout:
-                    break
-        finally:
-            await consumer.shutdown()
-
+    printer = _MessagePrinter(count)
+    if group is None:
+        work = _peek(broker, config, topic_name, expression, consume_from, printer, timeout)
+    else:
+        work = _consume_as_group(
+            broker, config, group, topic_name, expression, consume_from, printer, timeout
+        )
     try:
-        _run(go())
+        _run(work)
     except KeyboardInterrupt:
         pass
+
+
+class _MessagePrinter:
+    """Prints messages as JSON lines and tells when ``count`` were printed."""
+
+    def __init__(self, count: int | None) -> None:
+        self.count = count
+        self.seen = 0
+        self.last = time.monotonic()
+        self.done = asyncio.Event()
+
+    def __call__(self, msg: Any) -> None:
+        doc = {
+            "topic": msg.topic,
+            "queueId": msg.queue_id,
+            "queueOffset": msg.queue_offset,
+            "msgId": msg.msg_id,
+            "tags": msg.tags,
+            "keys": msg.keys,
+            "properties": msg.user_properties,
+            "body": msg.body.decode("utf-8", "replace"),
+        }
+        click.echo(json.dumps(doc))
+        self.seen += 1
+        self.last = time.monotonic()
+        if self.count is not None and self.seen >= self.count:
+            self.done.set()
+
+    def idle_for(self, timeout: float | None) -> bool:
+        return timeout is not None and time.monotonic() - self.last > timeout
+
+
+async def _consume_as_group(
+    broker: str,
+    config: Any,
+    group: str,
+    topic_name: str,
+    expression: str,
+    consume_from: str,
+    printer: _MessagePrinter,
+    timeout: float | None,
+) -> None:
+    from txmq.client import AsyncPushConsumer
+
+    consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from, config=config)
+    consumer.subscribe(topic_name, expression, printer)
+    await consumer.start()
+    try:
+        while not printer.done.is_set() and not printer.idle_for(timeout):
+            try:
+                await asyncio.wait_for(printer.done.wait(), 0.5)
+            except TimeoutError:
+                pass
+    finally:
+        await consumer.shutdown()
+
+
+#: The group name a peek's pulls carry: pulls without the commit flag store nothing for it, and
+#: a pull consumer announces no group in its heartbeats.
+PEEK_GROUP = "txmq-cli-peek"
+#: How long a peek waits between rounds over the queues when none had a message.
+PEEK_IDLE_PAUSE = 0.2
+
+
+async def _peek(
+    broker: str,
+    config: Any,
+    topic_name: str,
+    expression: str,
+    consume_from: str,
+    printer: _MessagePrinter,
+    timeout: float | None,
+) -> None:
+    from txmq.client import AsyncPullConsumer, PullStatus
+
+    consumer = AsyncPullConsumer(PEEK_GROUP, broker=broker, config=config)
+    await consumer.start()
+    try:
+        queues = await consumer.fetch_message_queues(topic_name)
+        start = consumer.min_offset if consume_from == "first" else consumer.max_offset
+        offsets = {q: await start(topic_name, q.queue_id, broker=q.broker) for q in queues}
+        while not printer.done.is_set():
+            found = False
+            for q in queues:
+                left = 32 if printer.count is None else printer.count - printer.seen
+                res = await consumer.pull(
+                    topic_name, q.queue_id, offsets[q], min(32, left), expression, broker=q.broker
+                )
+                if res.status is PullStatus.OFFSET_ILLEGAL:  # retention moved past it
+                    offsets[q] = res.min_offset
+                    continue
+                offsets[q] = res.next_begin_offset
+                for msg in res.messages:
+                    found = True
+                    printer(msg)
+                    if printer.done.is_set():
+                        return
+            if not found:
+                if printer.idle_for(timeout):
+                    return
+                await asyncio.sleep(PEEK_IDLE_PAUSE)
+    finally:
+        await consumer.shutdown()
 
 
 # --- transactions -----------------------------------------------------------------------------

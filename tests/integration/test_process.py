@@ -99,6 +99,29 @@ def test_cli_send_consume_topics_status_and_txn(broker_thread):
     assert bad.exit_code != 0 and "no transaction" in bad.output
 
 
+def test_cli_consume_without_a_group_peeks_and_moves_no_offsets(broker_thread):
+    """`txmq consume` without --group reads every queue and commits nothing: a second peek
+    sees the same messages, and a real group still gets all of them afterwards."""
+    addr = broker_thread.address
+    r = CliRunner()
+
+    def bodies(*args: str) -> list[str]:
+        res = r.invoke(main, [*args, "-b", addr], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        return sorted(json.loads(x)["body"] for x in res.output.splitlines() if x.startswith("{"))
+
+    r.invoke(main, ["topic", "create", "peeked", "-q", "3", "-b", addr], catch_exceptions=False)
+    for i in range(6):
+        r.invoke(main, ["send", "peeked", f"m{i}", "-b", addr], catch_exceptions=False)
+    everything = [f"m{i}" for i in range(6)]
+    assert bodies("consume", "peeked", "--timeout", "2") == everything
+    assert bodies("consume", "peeked", "-n", "6", "--timeout", "10") == everything
+    assert broker_thread.offsets.offsets("txmq-cli-peek", "peeked") == {}, "a peek committed"
+    # --from last: only what arrives after the peek started (nothing here)
+    assert bodies("consume", "peeked", "--from", "last", "--timeout", "1") == []
+    assert bodies("consume", "peeked", "--group", "g1", "-n", "6", "--timeout", "10") == everything
+
+
 def test_cli_status_fails_clearly_without_a_broker():
     res = CliRunner().invoke(main, ["status", "-b", "127.0.0.1:1"])
     assert res.exit_code == 1 and "cannot connect" in res.output
