@@ -18,7 +18,11 @@ itself as a member of its group, watches the cluster's keys and acts on them:
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -288,6 +292,9 @@ class ClusterNode:
         self.elections = 0
         #: After a won election this replica could not serve: no campaign before this time.
         self._no_campaign_until = 0.0
+        #: Why this replica cannot serve (its port taken, its store locked by another
+        #: process): while set it neither campaigns nor follows; None when it can.
+        self.obstacle: str | None = None
         self.stepped_down = asyncio.Event()
         self.became_leader = asyncio.Event()
         #: The operations port (metricsPort), served for every role of this replica.
@@ -427,6 +434,8 @@ class ClusterNode:
                 await asyncio.sleep(0.5)
 
     async def _decide(self) -> None:
+        if self.role in ("starting", "none") and not self._check_can_serve():
+            return
         leader = self.view.leader(self.group)
         if leader is not None and leader.replica == self.replica and leader.lease == self.lease:
             if self.role != "leader":
@@ -446,6 +455,19 @@ class ClusterNode:
                 await self._become_follower(None)
             return
         await self._become_follower(leader)
+
+    def _check_can_serve(self) -> bool:
+        """Before taking any role: can this replica bind its port and open its store?  One
+        that cannot must not campaign (it would win and leave the group leaderless) nor pose
+        as a follower; it says why once, at ERROR, and looks again on the next turn."""
+        why = serving_obstacle(self.config.bind_address, self.port, self.config.store_path_root_dir)
+        if why != self.obstacle:
+            if why is not None:
+                log.error("replica_cannot_serve", group=self.group, replica=self.replica, why=why)
+            else:
+                log.info("replica_can_serve", group=self.group, replica=self.replica)
+            self.obstacle = why
+        return why is None
 
     def _eligible(self) -> bool:
         isr = self.view.isr(self.group)
@@ -780,6 +802,8 @@ class ClusterNode:
             if isr is not None and self.replica in isr.members:
                 return True, f"in-sync follower of {self.group}"
             return False, f"follower of {self.group}, not in the in-sync set yet"
+        if self.obstacle is not None:
+            return False, f"cannot serve, not campaigning: {self.obstacle}"
         return False, f"{role}: neither leading nor following"
 
     def status(self) -> dict[str, Any]:
@@ -826,6 +850,36 @@ class ClusterNode:
         if cfg.tls_server_cert_path and cfg.tls_server_key_path:
             ctx.load_cert_chain(cfg.tls_server_cert_path, cfg.tls_server_key_path)
         return ctx
+
+
+def serving_obstacle(host: str, port: int, store_root: str) -> str | None:
+    """What keeps a broker from serving on ``host:port`` from ``store_root``, or None: the port
+    is bound by another socket, or the store's lock is held by another process (probed and
+    released at once)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        probe.bind((host or "0.0.0.0", port))
+    except OSError as exc:
+        taken = exc.errno == errno.EADDRINUSE
+        return f"port {port} on {host or '*'} " + ("is taken" if taken else f"fails: {exc}")
+    finally:
+        probe.close()
+    lock_path = os.path.join(store_root, "lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        return None  # a store never opened: nobody holds it
+    except OSError as exc:
+        return f"store lock {lock_path}: {exc}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return f"store {store_root} is locked by another process"
+    finally:
+        os.close(fd)
+    return None
 
 
 def serve_cluster(config: BrokerConfig) -> int:

@@ -492,47 +492,76 @@ async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> No
         await p.shutdown()
 
 
-async def test_a_winner_that_cannot_serve_gives_the_leadership_up(make_cluster: Any) -> None:
-    """Replica 0 wins the group's first election but its store cannot be opened (another
-    process holds the store's lock): it gives the leadership up (lease revoked, so the leader
-    key does not stay on a replica that serves nothing) instead of holding it, and campaigns
-    again later; once the store can be opened, it leads and serves."""
+def _log_events(log: Path) -> list[str]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line).get("event", ""))
+        except ValueError:
+            continue
+    return out
+
+
+async def _leader_key(bc: BrokerCluster, group: str) -> str:
+    ctl = Path(etcd_binary()).with_name("etcdctl")
+    r = await asyncio.to_thread(
+        subprocess.run,
+        [str(ctl), "--endpoints", bc.etcd, "get", f"/txmq/{bc.name}/leader/{group}"]
+        + ["--print-value-only"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "ETCDCTL_API": "3"},
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("obstacle", ["store locked", "port taken"])
+async def test_a_replica_that_cannot_serve_never_campaigns(
+    make_cluster: Any, obstacle: str
+) -> None:
+    """Replica 0, alone in its group, cannot serve: another process holds its store's lock, or
+    another socket its port.  It says so and never campaigns (it would win and leave the group
+    leaderless); once the obstacle is gone it leads and serves."""
     import fcntl
+    import socket
 
     bc: BrokerCluster = make_cluster(groups={"g1": 1}, settings={"minInSyncReplicas": 1})
     broken = bc.replicas[("g1", 0)]
     broken.store.mkdir(parents=True)
     fd = os.open(broken.store / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if obstacle == "store locked":
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", broken.port))
+        squatter.listen()
     try:
         bc.start("g1", 0)
 
-        async def refused() -> bool:
-            return bool(bc.events("g1", 0, "leadership_refused"))
+        async def said_why() -> bool:
+            return bool(bc.events("g1", 0, "replica_cannot_serve"))
 
-        await bc.wait(refused, 30, "replica 0 gives up a leadership it cannot serve")
-        ctl = Path(etcd_binary()).with_name("etcdctl")
-        key = f"/txmq/{bc.name}/leader/g1"
-
-        async def key_released() -> bool:
-            r = await asyncio.to_thread(
-                subprocess.run,
-                [str(ctl), "--endpoints", bc.etcd, "get", key, "--print-value-only"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                env={**os.environ, "ETCDCTL_API": "3"},
-            )
-            return r.returncode == 0 and not r.stdout.strip()
-
-        await bc.wait(key_released, 10, "the leader key of a replica that cannot serve goes")
+        await bc.wait(said_why, 30, "replica 0 says why it cannot serve")
+        (event,) = bc.events("g1", 0, "replica_cannot_serve")
+        expected = "is locked by another process" if obstacle == "store locked" else "is taken"
+        assert expected in event["why"], event
+        assert await _leader_key(bc, "g1") == "", "a replica that cannot serve holds the lead"
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the flock
+        squatter.close()
     leader = await bc.wait_leader("g1", timeout=60)
-    p = AsyncProducer("after-refusal", bc.seeds("g1"), request_timeout=8.0)
+    assert leader.replica == 0
+    # its log, in order: no election won before it could serve (over the whole obstacle)
+    watched = ("replica_cannot_serve", "replica_can_serve", "leader_elected")
+    events = [e for e in _log_events(bc.replicas[("g1", 0)].log) if e in watched]
+    assert events[:2] == ["replica_cannot_serve", "replica_can_serve"], events
+    assert "leader_elected" in events, events
+    p = AsyncProducer("after-obstacle", bc.seeds("g1"), request_timeout=8.0)
     await p.start()
     try:
         await send_range(p, "served", range(3))
     finally:
         await p.shutdown()
-    assert leader.replica == 0
