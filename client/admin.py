@@ -138,6 +138,20 @@ class AsyncAdminClient:
             )
         )
 
+    async def route(self, topic: str) -> dict[str, Any] | None:
+        """The broker's route answer for ``topic`` (RocketMQ's TopicRouteData: ``queueDatas``,
+        ``brokerDatas``), or None when it knows no such topic."""
+        assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
+        cmd = RemotingCommand.request(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic).to_ext_fields()
+        )
+        resp = await self._conn.request(cmd, self.timeout)
+        if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
+        return dict(json.loads(resp.body))
+
     # -- transactions ---------------------------------------------------------------------------
 
     async def list_transactions(

@@ -412,10 +412,20 @@ def cluster_status(broker: str, as_json: bool) -> None:
     help="Stop new writes to the group's queues of the topic (consumers drain them): the "
     "step that moves a topic's traffic off a group.",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait until every broker of the cluster routes the topic as placed "
+    "(0: return once the group's leader has it).",
+)
 def cluster_place(
-    broker: str, topic_name: str, group_name: str, queues: int, read_only: bool
+    broker: str, topic_name: str, group_name: str, queues: int, read_only: bool, wait_s: float
 ) -> None:
-    """Give TOPIC_NAME queues in broker group GROUP (create or update them on its leader)."""
+    """Give TOPIC_NAME queues in broker group GROUP (create or update them on its leader), and
+    return once every broker's route answer shows it."""
     doc = _admin(broker, lambda admin: admin.cluster_status())
     g = doc["groups"].get(group_name)
     if g is None or not g.get("leader"):
@@ -424,10 +434,47 @@ def cluster_place(
         )
     perm = 4 if read_only else 6
     _admin(g["leader"]["addr"], lambda admin: admin.create_topic(topic_name, queues, perm=perm))
+    if wait_s > 0:
+        brokers = sorted(
+            {broker} | {addr for grp in doc["groups"].values() for addr in grp["members"].values()}
+        )
+        _wait_placed(brokers, topic_name, group_name, queues, perm, wait_s)
     click.echo(
         f"topic {topic_name}: {queues} queues in group {group_name}"
         + (" (read-only)" if read_only else "")
     )
+
+
+def _wait_placed(
+    brokers: list[str], topic: str, group: str, queues: int, perm: int, wait_s: float
+) -> None:
+    """Poll each broker's route of ``topic`` until it lists ``group`` with ``queues`` queues
+    and ``perm``: the placement travels from the leader through etcd to every broker."""
+
+    def placed(route: dict[str, Any] | None) -> bool:
+        for q in (route or {}).get("queueDatas", []):
+            if q["brokerName"] == group:
+                return bool(q["readQueueNums"] == queues and q["perm"] == perm)
+        return False
+
+    deadline = time.monotonic() + wait_s
+    pending = list(brokers)
+    click.echo(f"waiting for {len(pending)} brokers to route {topic} as placed", err=True)
+    while pending:
+        addr = pending[0]
+        try:
+            ok = placed(_admin(addr, lambda admin: admin.route(topic)))
+        except click.ClickException:  # a broker down right now: not routing it, say so below
+            ok = False
+        if ok:
+            pending.pop(0)
+            continue
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"placed on group {group}'s leader, but after {wait_s:.0f}s these brokers do "
+                f"not route {topic} as placed yet: {', '.join(pending)}"
+            )
+        time.sleep(0.2)
 
 
 # --- topics -----------------------------------------------------------------------------------
