@@ -26,7 +26,7 @@ import sys
 from typing import TextIO
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
 
 #: Name of the handler this module installs on the root logger (replaced on reconfiguration).
 HANDLER_NAME = "txmq"
@@ -51,6 +51,15 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed or not a real file
         return False
+
+
+def _sdk_event(_logger: object, _name: str, event_dict: EventDict) -> EventDict:
+    """A record of the SDK's stdlib loggers (:mod:`txmq.client.logs`) carries its event and
+    values in the ``txmq`` extra: render them as fields, like the broker's own events."""
+    fields = getattr(event_dict.get("_record"), "txmq", None)
+    if isinstance(fields, dict):
+        event_dict.update(fields)
+    return event_dict
 
 
 def configure_logging(
@@ -102,7 +111,7 @@ def configure_logging(
     )
 
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
+        foreign_pre_chain=[*shared, _sdk_event],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             *final,

@@ -27,11 +27,10 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
-import structlog
-
 from .errors import ClientStateError
+from .logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 R = TypeVar("R")
 

@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-import structlog
-
 from txmq.protocol.aio import wait_event
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
@@ -56,6 +54,7 @@ from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .lifecycle import ConnectedClient
+from .logs import get_logger
 from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
@@ -72,7 +71,7 @@ from .pull_consumer import (
 from .remoting import BrokerConnection
 from .route import MessageQueue, fetch_route
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
@@ -53,10 +51,11 @@ from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
+from .logs import get_logger
 from .remoting import BrokerConnection, local_ip
 from .route import MessageQueue, TopicRoute, fetch_route
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 #: ``f(queue_ids, message) -> queue_id``: picks the queue for one message.

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import InvalidParameterError, TopicNotExistError, error_for_code
@@ -41,11 +39,12 @@ from txmq.protocol.message import (
 )
 
 from .lifecycle import ConnectedClient
+from .logs import get_logger
 from .producer import validate_topic
 from .remoting import BrokerConnection
 from .route import MessageQueue, fetch_route
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FLAG_COMMIT_OFFSET = 0x1
 FLAG_SUSPEND = 0x2

@@ -29,8 +29,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import structlog
-
 from txmq.protocol.aio import Connection, open_connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -43,8 +41,9 @@ from txmq.protocol.errors import (
 from txmq.protocol.headers import Header, UnregisterClientRequestHeader
 
 from .config import ClientConfig, parse_address
+from .logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Handles one request the broker sent to this client; returns the response (ignored for
 #: oneway requests) or None.

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import structlog
-
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TransactionFailedError, TxmqError, error_for_code
@@ -45,11 +43,12 @@ from txmq.protocol.message import (
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import AsyncClient
+from .logs import get_logger
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
 from .remoting import BrokerConnection, current_connection
 from .sync import _SyncClient, blocking
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Default bound on concurrent ``check_local_transaction`` calls.
 DEFAULT_CHECK_THREADS = 4

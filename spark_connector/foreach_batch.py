@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import structlog
+from txmq.client.logs import get_logger
 
 from .options import parse_sink_options, stream_producer_group
 from .session import BrokerSession, run, ssl_context
@@ -35,7 +35,7 @@ from .sink import (
     write_partition,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 

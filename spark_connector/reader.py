@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import structlog
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
@@ -39,6 +38,7 @@ from pyspark.sql.types import (
 )
 
 from txmq.client.bridge import LoopThread
+from txmq.client.logs import get_logger
 from txmq.client.pull_consumer import PullStatus
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import TxmqError
@@ -76,7 +76,7 @@ except ImportError:  # pragma: no cover - pyspark 4.0 / 4.1
         """Stand-in so the reader class can be declared the same way on older pyspark."""
 
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The source's columns.  Timestamps are Spark TIMESTAMPs (from the broker's milliseconds).
 SOURCE_SCHEMA = StructType(

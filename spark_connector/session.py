@@ -22,12 +22,11 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-import structlog
-
 from txmq.client import BrokerConnection, ClientConfig
 from txmq.client.admin import ROLLBACK
 from txmq.client.bridge import run_coroutine
 from txmq.client.config import tls_context
+from txmq.client.logs import get_logger
 from txmq.client.pull_consumer import (
     PullResult,
     get_max_offset,
@@ -43,7 +42,7 @@ from txmq.protocol.headers import DecideBatchRequestHeader, ForceDecideRequestHe
 
 from .options import TlsOptions, TxmqOptionError, queue_key, split_queue_key
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -36,8 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
+from txmq.client.logs import get_logger
 from txmq.client.remoting import local_ip
 from txmq.client.route import MessageQueue
 from txmq.protocol.acl import Credentials
@@ -59,7 +58,7 @@ from txmq.protocol.message import (
 from .options import SinkOptions, TlsOptions, TxmqOptionError, validate_topic
 from .session import BrokerSession, check_success, run
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Queues assumed for a topic that does not exist yet; the first send creates it with as many.
 DEFAULT_TOPIC_QUEUE_NUMS = 4

@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import structlog
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     WriterCommitMessage,
 )
+
+from txmq.client.logs import get_logger
 
 from .options import DEFAULT_BATCH_PRODUCER_GROUP, SinkOptions, stream_producer_group
 from .sink import (
@@ -52,7 +53,7 @@ try:
 except ImportError:  # pragma: no cover - pyspark 4.0
     _BatchWriterBase = DataSourceWriter  # type: ignore[misc,assignment]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Test seam of the crash tests, never set in production: ``<point>:<batchId>`` makes the
 #: streaming commit of that batch SIGKILL the process group of its session's leader at
