@@ -30,6 +30,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.message import MessageExt
+from txmq.protocol.rocketmq_codes import not_supported_remark
 
 from .acl import AclConfigError, AclManager
 from .clients import ClientManager
@@ -353,6 +354,11 @@ class BrokerController:
             pending_transactions=len(self.transactions.pending),
         )
 
+    def served_request_codes(self) -> frozenset[int]:
+        """The remoting request codes this broker serves (every other one is answered
+        REQUEST_CODE_NOT_SUPPORTED, naming it)."""
+        return frozenset(self._processors)
+
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
         R = RequestCode
@@ -483,7 +489,7 @@ class BrokerController:
         self.metrics.record_request(cmd.code)
         if proc is None:
             return cmd.response(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code)
             )
         if self.lifecycle.shutting_down and cmd.code not in _SHUTDOWN_ALLOWED:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "the broker is shutting down")

@@ -1,0 +1,57 @@
+"""Nothing silently mis-served: every RocketMQ 5.3 request code the broker does not serve is
+refused with REQUEST_CODE_NOT_SUPPORTED naming it, every gRPC RPC it does not serve answers
+NOT_IMPLEMENTED naming it, and docs/compatibility.md's audit tables say exactly what the broker
+does (regenerate them with ``python -m tests.support.compat_audit``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import BrokerThread
+from tests.support.compat_audit import DOC, replace_section, tables
+from tests.support.raw import RawClient
+from txmq.broker.server import BrokerController
+from txmq.protocol.codes import ResponseCode
+from txmq.protocol.rocketmq_codes import ROCKETMQ_REQUEST_CODES
+
+pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+
+
+async def test_every_unserved_rocketmq_request_is_refused_by_name(
+    broker: BrokerController,
+) -> None:
+    served = broker.served_request_codes()
+    c = await RawClient.connect(broker.address)
+    try:
+        refused = 0
+        for code, name in sorted(ROCKETMQ_REQUEST_CODES.items()):
+            if code in served:
+                continue
+            resp = await c.call(code, {})
+            assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED, (code, resp.remark)
+            assert name in (resp.remark or ""), (code, resp.remark)
+            refused += 1
+        # the broker kept serving through all of it
+        assert (await c.send("audit", b"still served")).code == ResponseCode.SUCCESS
+        resp = await c.call(9999, {})
+        assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert "9999" in (resp.remark or "")
+    finally:
+        await c.close()
+    assert refused > 100  # RocketMQ has ~160 codes; a handful are served
+
+
+def test_the_compatibility_tables_are_what_the_broker_does(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    bt = broker_thread_factory(grpc_server_enable=True, grpc_server_port=0)
+    assert bt.controller is not None
+    made = tables(bt.controller.served_request_codes(), bt.controller.grpc_port)
+    doc = DOC.read_text(encoding="utf-8")
+    for name, table in made.items():
+        assert replace_section(doc, name, table) == doc, (
+            f"docs/compatibility.md's {name} table is not what the broker does: rewrite it "
+            "with `.venv/bin/python -m tests.support.compat_audit`"
+        )
