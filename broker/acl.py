@@ -354,6 +354,12 @@ ADMIN_CODES = frozenset(
         RequestCode.TXMQ_LIST_TRANSACTIONS,
         RequestCode.TXMQ_GET_TRANSACTION,
         RequestCode.TXMQ_FORCE_DECIDE,
+        RequestCode.GET_BROKER_CONFIG,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        RequestCode.GET_CONSUME_STATS,
+        RequestCode.GET_CONSUMER_CONNECTION_LIST,
+        RequestCode.GET_PRODUCER_CONNECTION_LIST,
+        RequestCode.DELETE_SUBSCRIPTIONGROUP,
     }
 )
 

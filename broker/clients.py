@@ -43,6 +43,13 @@ class ClientChannel:
     producer_groups: set[str] = field(default_factory=set)
     consumer_groups: dict[str, dict[str, Subscription]] = field(default_factory=dict)
     consume_from_where: dict[str, str] = field(default_factory=dict)
+    #: Per consumer group: what the heartbeat said of it (consumeType, messageModel,
+    #: consumeFromWhere), for the operator's views.
+    consumer_meta: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+#: What a heartbeat's consumerData says of its group that the operator's views show.
+CONSUMER_META = ("consumeType", "messageModel", "consumeFromWhere")
 
 
 def parse_heartbeat(body: bytes) -> dict[str, Any]:
@@ -109,6 +116,7 @@ class ClientManager:
             ch.consumer_groups[g] = subs
             if c.get("consumeFromWhere"):
                 ch.consume_from_where[g] = str(c["consumeFromWhere"])
+            ch.consumer_meta[g] = {k: str(c[k]) for k in CONSUMER_META if c.get(k)}
         for g in new_producers:
             log.info("producer_registered", group=g, client_id=client_id)
             if self._on_producer_registered:

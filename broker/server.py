@@ -43,6 +43,7 @@ from .metrics import BrokerMetrics
 from .ops import OpsServer, start_ops_server
 from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
+from .processors.groups import GroupViewProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
@@ -361,6 +362,7 @@ class BrokerController:
 
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
+        g = GroupViewProcessor(self.ctx)
         R = RequestCode
         return {
             R.SEND_MESSAGE: s.send_message,
@@ -391,6 +393,12 @@ class BrokerController:
             R.TXMQ_FORCE_DECIDE: t.force_decide,
             R.TXMQ_DECIDE_BATCH: t.decide_batch,
             R.TXMQ_CLUSTER_STATUS: a.cluster_status,
+            R.GET_CONSUME_STATS: g.get_consume_stats,
+            R.GET_CONSUMER_CONNECTION_LIST: g.get_consumer_connection_list,
+            R.GET_PRODUCER_CONNECTION_LIST: g.get_producer_connection_list,
+            R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: g.get_all_subscription_group_config,
+            R.DELETE_SUBSCRIPTIONGROUP: g.delete_subscription_group,
+            R.GET_BROKER_CONFIG: g.get_broker_config,
         }
 
     async def shutdown(self) -> None:

@@ -7,14 +7,19 @@ import json
 import ssl
 from typing import Any
 
+from txmq.protocol import fastjson
 from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import error_for_code
+from txmq.protocol.errors import BrokerSystemError, error_for_code
 from txmq.protocol.headers import (
     CreateTopicRequestHeader,
+    DeleteSubscriptionGroupRequestHeader,
     ForceDecideRequestHeader,
+    GetConsumerConnectionListRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetProducerConnectionListRequestHeader,
     GetRouteInfoRequestHeader,
     GetTransactionRequestHeader,
     ListTransactionsRequestHeader,
@@ -151,6 +156,65 @@ class AsyncAdminClient:
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
         return dict(json.loads(resp.body))
+
+    # -- consumer groups and clients -----------------------------------------------------------
+
+    async def consumer_groups(self) -> list[str]:
+        """Every consumer group the broker knows (committed offsets or live consumers)."""
+        resp = await self._call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        return sorted(fastjson.loads(resp.body)["subscriptionGroupTable"])
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        """The group's progress per queue (of ``topic``, or of every topic it consumed):
+        ``topic``, ``queueId``, ``brokerOffset`` (the queue's end), ``consumerOffset``
+        (committed), ``lag`` (messages not consumed yet) and ``lastTimestamp`` (store time in
+        ms of the last consumed message, 0 when none)."""
+        header = GetConsumeStatsRequestHeader(group, topic)
+        resp = await self._call(RequestCode.GET_CONSUME_STATS, header.to_ext_fields())
+        rows = []
+        for mq, w in fastjson.loads(resp.body)["offsetTable"] or []:
+            lag = max(0, w["brokerOffset"] - w["consumerOffset"])
+            rows.append({"topic": mq["topic"], "queueId": mq["queueId"], **w, "lag": lag})
+        return sorted(rows, key=lambda r: (r["topic"], r["queueId"]))
+
+    async def consumer_connections(self, group: str) -> dict[str, Any]:
+        """The group's live consumers (``connectionSet``: clientId, clientAddr, language,
+        version), its subscriptions and consume settings.
+
+        Raises:
+            BrokerResponseError: code 206 when no consumer of the group is online.
+        """
+        header = GetConsumerConnectionListRequestHeader(group)
+        resp = await self._call(RequestCode.GET_CONSUMER_CONNECTION_LIST, header.to_ext_fields())
+        return dict(fastjson.loads(resp.body))
+
+    async def producer_connections(self, group: str) -> list[dict[str, Any]]:
+        """The producer group's live connections (an empty list when none is online)."""
+        header = GetProducerConnectionListRequestHeader(group)
+        try:
+            resp = await self._call(
+                RequestCode.GET_PRODUCER_CONNECTION_LIST, header.to_ext_fields()
+            )
+        except BrokerSystemError as exc:
+            if "not exist" in str(exc):  # RocketMQ's answer for a group with no connection
+                return []
+            raise
+        return list(fastjson.loads(resp.body)["connectionSet"])
+
+    async def delete_consumer_group(self, group: str) -> None:
+        """Forget a consumer group's committed offsets (refused while it has live consumers)."""
+        header = DeleteSubscriptionGroupRequestHeader(group, clean_offset=True)
+        await self._call(RequestCode.DELETE_SUBSCRIPTIONGROUP, header.to_ext_fields())
+
+    async def broker_config(self) -> dict[str, str]:
+        """Every setting of the broker, by RocketMQ's key names, as strings."""
+        resp = await self._call(RequestCode.GET_BROKER_CONFIG)
+        out = {}
+        for line in resp.body.decode("utf-8").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key] = value
+        return out
 
     # -- transactions ---------------------------------------------------------------------------
 

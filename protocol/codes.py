@@ -35,6 +35,12 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     RESUME_CHECK_HALF_MESSAGE = 323
+    GET_BROKER_CONFIG = 26
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
+    GET_CONSUMER_CONNECTION_LIST = 203
+    GET_PRODUCER_CONNECTION_LIST = 204
+    DELETE_SUBSCRIPTIONGROUP = 207
+    GET_CONSUME_STATS = 208
 
     # --- txmq extensions (10000+) -------------------------------------------------------
     #: List transactions (pending, parked after the check budget, or decided).  Header:

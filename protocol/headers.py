@@ -425,3 +425,39 @@ class DecideBatchRequestHeader(Header):
     batch_key: str
     #: Only report whether (and how) the batch was decided; decide nothing.
     query_only: bool = False
+
+
+# --- operator views (mqadmin's consumerProgress, consumerConnection, producerConnection) ------
+
+
+@dataclass
+class GetConsumeStatsRequestHeader(Header):
+    consumer_group: str
+    #: One topic, or None: every topic the group has offsets for.
+    topic: str | None = None
+    #: RocketMQ 5: several topics, separated by ``;`` (wins over ``topic``).
+    topic_list: str | None = None
+
+
+@dataclass
+class GetConsumerConnectionListRequestHeader(Header):
+    consumer_group: str
+
+
+@dataclass
+class GetProducerConnectionListRequestHeader(Header):
+    producer_group: str
+
+
+@dataclass
+class DeleteSubscriptionGroupRequestHeader(Header):
+    group_name: str
+    #: RocketMQ 5: also delete the group's committed offsets.  txmq keeps no subscription
+    #: group table apart from the offsets, so deleting a group always removes its offsets.
+    clean_offset: bool | None = None
+
+
+@dataclass
+class GetBrokerConfigResponseHeader(Header):
+    #: RocketMQ's DataVersion JSON of the configuration.
+    version: str

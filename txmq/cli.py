@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -739,6 +740,182 @@ async def _peek(
                 await asyncio.sleep(PEEK_IDLE_PAUSE)
     finally:
         await consumer.shutdown()
+
+
+# --- consumer groups, clients, broker settings ------------------------------------------------
+
+OUTPUT_OPTION = click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+
+
+def _emit(rows: list[dict[str, Any]], output: str, columns: list[tuple[str, str, int]]) -> None:
+    """``rows`` as JSON, or as a table of ``columns`` (key, title, width; a negative width
+    aligns right)."""
+    if output == "json":
+        _echo_json(rows)
+        return
+
+    def cell(value: Any, width: int) -> str:
+        return f"{value!s:>{-width}}" if width < 0 else f"{value!s:<{width}}"
+
+    click.echo(" ".join(cell(title, w) for _, title, w in columns).rstrip())
+    for r in rows:
+        click.echo(" ".join(cell(r.get(key, ""), w) for key, _, w in columns).rstrip())
+
+
+@main.group()
+def group() -> None:
+    """Consumer groups: list them, show their progress and lag, delete one."""
+
+
+@group.command("list")
+@BROKER_OPTION
+@OUTPUT_OPTION
+def group_list(broker: str, output: str) -> None:
+    """Every consumer group the broker knows, with its live consumers and total lag."""
+
+    async def collect(admin: Any) -> list[dict[str, Any]]:
+        from txmq.protocol.errors import BrokerResponseError
+
+        rows = []
+        for g in await admin.consumer_groups():
+            stats = await admin.consume_stats(g)
+            try:
+                members = len((await admin.consumer_connections(g))["connectionSet"])
+            except BrokerResponseError:  # 206: no consumer online
+                members = 0
+            topics = sorted({s["topic"] for s in stats})
+            lag = sum(s["lag"] for s in stats)
+            rows.append({"group": g, "consumers": members, "topics": topics, "lag": lag})
+        return rows
+
+    rows = _admin(broker, collect)
+    if output == "table":
+        rows = [{**r, "topics": ",".join(r["topics"])} for r in rows]
+    _emit(
+        rows,
+        output,
+        [("group", "group", 32), ("consumers", "consumers", -9), ("lag", "lag", -10)]
+        + [("topics", "topics", 0)],
+    )
+
+
+@group.command("show")
+@BROKER_OPTION
+@OUTPUT_OPTION
+@click.argument("group_name", metavar="GROUP")
+@click.option("--topic", "-t", help="Only this topic (default: every topic the group consumed).")
+def group_show(broker: str, output: str, group_name: str, topic: str | None) -> None:
+    """GROUP's progress per queue: the queue's end, the committed offset, the lag, and when
+    the last consumed message was stored; then its live consumers."""
+
+    async def collect(admin: Any) -> dict[str, Any]:
+        from txmq.protocol.errors import BrokerResponseError
+
+        stats = await admin.consume_stats(group_name, topic)
+        try:
+            conns = await admin.consumer_connections(group_name)
+        except BrokerResponseError:
+            conns = {"connectionSet": []}
+        return {"group": group_name, "queues": stats, "consumers": conns["connectionSet"]}
+
+    doc = _admin(broker, collect)
+    if output == "json":
+        _echo_json(doc)
+        return
+    for q in doc["queues"]:
+        ts = q["lastTimestamp"]
+        q["last"] = (
+            datetime.fromtimestamp(ts / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "-"
+        )
+    _emit(
+        doc["queues"],
+        "table",
+        [("topic", "topic", 24), ("queueId", "queue", -5), ("brokerOffset", "end", -10)]
+        + [("consumerOffset", "committed", -10), ("lag", "lag", -8), ("last", "last consumed", 0)],
+    )
+    click.echo(f"total lag: {sum(q['lag'] for q in doc['queues'])}")
+    click.echo(f"consumers online: {len(doc['consumers'])}")
+    for c in doc["consumers"]:
+        click.echo(f"  {c['clientId']}  {c['clientAddr']}  {c['language']}")
+
+
+@group.command("delete")
+@BROKER_OPTION
+@click.argument("group_name", metavar="GROUP")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def group_delete(broker: str, group_name: str, yes: bool) -> None:
+    """Forget GROUP's committed offsets (refused while it has live consumers): a group of the
+    same name starts afresh, from where its consume-from setting says."""
+    if not yes:
+        click.confirm(f"delete the committed offsets of consumer group {group_name}?", abort=True)
+    _admin(broker, lambda admin: admin.delete_consumer_group(group_name))
+    click.echo(f"consumer group {group_name} deleted")
+
+
+@main.command()
+@BROKER_OPTION
+@OUTPUT_OPTION
+@click.option("--producer-group", "-p", multiple=True, help="A producer group (repeatable).")
+@click.option("--consumer-group", "-c", multiple=True, help="A consumer group (repeatable).")
+def connections(
+    broker: str, output: str, producer_group: tuple[str, ...], consumer_group: tuple[str, ...]
+) -> None:
+    """The live client connections of producer and consumer groups (default: every group
+    the broker knows of)."""
+
+    async def collect(admin: Any) -> list[dict[str, Any]]:
+        from txmq.protocol.errors import BrokerResponseError
+
+        consumers = list(consumer_group)
+        producers = list(producer_group)
+        if not consumers and not producers:
+            consumers = await admin.consumer_groups()
+            info = await admin.runtime_info()
+            producers = sorted(info["table"].get("producerGroups", {}))
+        rows = []
+        for g in producers:
+            for c in await admin.producer_connections(g):
+                rows.append({"role": "producer", "group": g, **c})
+        for g in consumers:
+            try:
+                conns = (await admin.consumer_connections(g))["connectionSet"]
+            except BrokerResponseError:
+                conns = []
+            rows.extend({"role": "consumer", "group": g, **c} for c in conns)
+        return rows
+
+    _emit(
+        _admin(broker, collect),
+        output,
+        [("role", "role", 8), ("group", "group", 28), ("clientId", "client id", 36)]
+        + [("clientAddr", "address", 22), ("language", "language", 0)],
+    )
+
+
+@main.group()
+def config() -> None:
+    """The broker's settings as it runs (RocketMQ's key names)."""
+
+
+@config.command("get")
+@BROKER_OPTION
+@OUTPUT_OPTION
+@click.argument("keys", nargs=-1)
+def config_get(broker: str, output: str, keys: tuple[str, ...]) -> None:
+    """Print the broker's settings (or only KEYS)."""
+    settings = _admin(broker, lambda admin: admin.broker_config())
+    unknown = [k for k in keys if k not in settings]
+    if unknown:
+        raise click.ClickException(f"no such setting: {', '.join(unknown)}")
+    rows = [{"key": k, "value": v} for k, v in sorted(settings.items()) if not keys or k in keys]
+    _emit(rows, output, [("key", "key", 36), ("value", "value", 0)])
 
 
 # --- transactions -----------------------------------------------------------------------------

@@ -1246,6 +1246,13 @@ class MessageStore:
                 f"no message at commit-log offset {commit_log_offset}"
             ) from None
 
+    def store_time_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The store timestamp (ms) of the message at ``offset`` of a queue, or None when the
+        queue holds no such offset."""
+        cq = self._cqs.get((topic, queue_id))
+        e = cq.entry(offset) if cq is not None else None
+        return self._commit_log.read_store_timestamp(e[0]) if e is not None else None
+
     def queue_ids(self, topic: str) -> list[int]:
         """Ids of the topic's consume queues, sorted."""
         return sorted(self._topics.get(topic, {}))

@@ -1,0 +1,210 @@
+"""The operator's views of groups and clients, in RocketMQ's encodings so its tools read them:
+GET_CONSUME_STATS (mqadmin consumerProgress), GET_CONSUMER_CONNECTION_LIST and
+GET_PRODUCER_CONNECTION_LIST (consumerConnection, producerConnection), DELETE_SUBSCRIPTIONGROUP
+(deleteSubGroup) and GET_BROKER_CONFIG (getBrokerConfig).
+
+Bodies are RocketMQ's ``ConsumeStats``, ``ConsumerConnection``, ``ProducerConnection`` as
+fastjson writes them (object-keyed maps included, see :mod:`txmq.protocol.fastjson`); the broker
+configuration is ``key=value`` lines, as ``MixAll.properties2String`` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from txmq.protocol.aio import Connection
+from txmq.protocol.codes import LanguageCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.fastjson import ObjectKeyMap, dumps
+from txmq.protocol.headers import (
+    DeleteSubscriptionGroupRequestHeader,
+    GetBrokerConfigResponseHeader,
+    GetConsumerConnectionListRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetProducerConnectionListRequestHeader,
+)
+
+from ..clients import ClientChannel
+from ..context import BrokerContext
+
+log = structlog.get_logger(__name__)
+
+#: RocketMQ's ResponseCode.CONSUMER_NOT_ONLINE.
+CONSUMER_NOT_ONLINE = 206
+
+
+def _language(code: int) -> str:
+    try:
+        return LanguageCode(code).name
+    except ValueError:
+        return "OTHER"
+
+
+def _connection(ch: ClientChannel) -> dict[str, Any]:
+    """RocketMQ's ``Connection`` of one client channel."""
+    return {
+        "clientId": ch.client_id,
+        "clientAddr": f"{ch.conn.peer[0]}:{ch.conn.peer[1]}",
+        "language": _language(ch.language),
+        "version": ch.version,
+    }
+
+
+@dataclass
+class GroupViewProcessor:
+    ctx: BrokerContext
+
+    async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """The group's progress per queue: the queue's end (``brokerOffset``), the group's
+        committed offset, and the store time of the last consumed message."""
+        h = GetConsumeStatsRequestHeader.from_ext_fields(cmd.ext_fields)
+        if h.topic_list:
+            topics = [t for t in h.topic_list.split(";") if t]
+        elif h.topic:
+            topics = [h.topic]
+        else:
+            topics = self.ctx.offsets.topics_of(h.consumer_group)
+        store, offsets = self.ctx.store, self.ctx.offsets
+        table = ObjectKeyMap()
+        for topic in topics:
+            tc = self.ctx.topics.get(topic)
+            if tc is None:
+                continue
+            for qid in range(tc.read_queue_nums):
+                broker_offset = max(0, store.get_max_offset_in_queue(topic, qid))
+                consumer_offset = max(0, offsets.query(h.consumer_group, topic, qid))
+                last = (
+                    store.store_time_at(topic, qid, consumer_offset - 1)
+                    if consumer_offset > 0
+                    else None
+                )
+                mq = {"topic": topic, "brokerName": self.ctx.config.broker_name, "queueId": qid}
+                table.append(
+                    (
+                        mq,
+                        {
+                            "brokerOffset": broker_offset,
+                            "consumerOffset": consumer_offset,
+                            "pullOffset": consumer_offset,
+                            "lastTimestamp": last or 0,
+                        },
+                    )
+                )
+        body = {"offsetTable": table, "consumeTps": 0.0}
+        return cmd.response(body=dumps(body).encode())
+
+    async def get_consumer_connection_list(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        h = GetConsumerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
+        channels = self.ctx.clients.consumer_channels(h.consumer_group)
+        if not channels:
+            return cmd.response(
+                CONSUMER_NOT_ONLINE, f"the consumer group[{h.consumer_group}] not online"
+            )
+        meta: dict[str, str] = {}
+        subscriptions: dict[str, Any] = {}
+        for ch in channels:
+            meta.update(ch.consumer_meta.get(h.consumer_group, {}))
+            for topic, sub in ch.consumer_groups[h.consumer_group].items():
+                subscriptions[topic] = {
+                    "topic": topic,
+                    "subString": sub.expression,
+                    "expressionType": sub.expression_type,
+                    "tagsSet": sorted(sub.tags or ()),
+                    "classFilterMode": False,
+                    "subVersion": 0,
+                }
+        body = {
+            "connectionSet": [_connection(ch) for ch in channels],
+            "subscriptionTable": subscriptions,
+            "consumeType": meta.get("consumeType", "CONSUME_PASSIVELY"),
+            "messageModel": meta.get("messageModel", "CLUSTERING"),
+            "consumeFromWhere": meta.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"),
+        }
+        return cmd.response(body=dumps(body).encode())
+
+    async def get_producer_connection_list(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        h = GetProducerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
+        channels = self.ctx.clients.producer_channels(h.producer_group)
+        if not channels:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"the producer group[{h.producer_group}] not exist"
+            )
+        body = {"connectionSet": [_connection(ch) for ch in channels]}
+        return cmd.response(body=dumps(body).encode())
+
+    async def get_all_subscription_group_config(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        """Every consumer group the broker knows: those with committed offsets and those with
+        live consumers (txmq keeps no separate table of group settings: these are RocketMQ's
+        defaults, which txmq applies to every group)."""
+        groups = set(self.ctx.offsets.groups()) | set(self.ctx.clients.consumer_groups())
+        table = {
+            g: {
+                "groupName": g,
+                "consumeEnable": True,
+                "consumeFromMinEnable": True,
+                "consumeBroadcastEnable": True,
+                "retryQueueNums": 1,
+                "retryMaxTimes": 16,
+                "brokerId": 0,
+                "whichBrokerWhenConsumeSlowly": 1,
+                "notifyConsumerIdsChangedEnable": True,
+            }
+            for g in sorted(groups)
+        }
+        version = {"counter": 0, "timestamp": 0}
+        return cmd.response(
+            body=dumps({"subscriptionGroupTable": table, "dataVersion": version}).encode()
+        )
+
+    async def delete_subscription_group(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        """Forget a consumer group's committed offsets (its retry topic stays, as in RocketMQ,
+        where ``deleteSubGroup`` leaves topics alone).  Refused while the group has live
+        consumers: they would commit offsets again at once."""
+        h = DeleteSubscriptionGroupRequestHeader.from_ext_fields(cmd.ext_fields)
+        group = h.group_name
+        online = self.ctx.clients.consumer_ids(group)
+        if online:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"consumer group {group!r} has {len(online)} live consumers "
+                f"({', '.join(online)}): stop them before deleting the group",
+            )
+        removed = self.ctx.offsets.remove_group(group)
+        if not removed:
+            return cmd.response(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{group}] does not exist",
+            )
+        await self.ctx.in_background(self.ctx.offsets.persist)
+        log.warning("consumer_group_deleted", group=group, peer=f"{conn.peer[0]}:{conn.peer[1]}")
+        return cmd.response()
+
+    async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Every setting as ``key=value`` lines (RocketMQ's names), sorted."""
+        settings = self.ctx.config.as_rocketmq_dict()
+        body = "".join(f"{k}={_config_value(v)}\n" for k, v in sorted(settings.items()))
+        version = json.dumps({"counter": 0, "timestamp": 0})
+        return cmd.response(
+            ext_fields=GetBrokerConfigResponseHeader(version).to_ext_fields(),
+            body=body.encode(),
+        )
+
+
+def _config_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list | tuple):
+        return ";".join(str(x) for x in v)
+    return str(v)
