@@ -18,8 +18,7 @@ from txmq.broker.server import BrokerController
 from txmq.cli import main
 from txmq.client import AsyncProducer, AsyncPushConsumer, Message
 from txmq.client.admin import AsyncAdminClient
-from txmq.protocol.codes import RequestCode, ResponseCode
-from txmq.protocol.command import SerializeType
+from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.fastjson import ObjectKeyMap, loads
 
 #: A Java client's consumer heartbeat, as RocketMQ's HeartbeatData is written.
