@@ -7,10 +7,12 @@ or a queue) gets them handled in the order sent, by one member at a time:
 * **Locks.** Before consuming a queue it was assigned, the member locks it on the broker
   (LOCK_BATCH_MQ); a queue whose lock is refused (another member still holds it) is not taken,
   and is asked for again at the next rebalance (1 s, doubling up to ``rebalance_interval``).
-  Every ``lock_interval`` (20 s, as RocketMQ) the member renews the locks of all its queues; a
-  queue whose renewal is refused, or not renewed for :data:`LOCK_LOCAL_LIVE_S`, stops being
-  consumed until it is locked again.  The broker lets a lock lapse after 60 s without renewal,
-  and at once when the member's connection closes.
+  Every ``lock_interval`` (20 s, as RocketMQ) the member renews the locks of all its queues.  A
+  queue whose renewal is refused (another member holds it now) is given up at once: no more
+  callbacks, no more commits, and it is taken again, from the group's committed offset, once the
+  broker grants its lock.  A queue not renewed for :data:`LOCK_LOCAL_LIVE_S` (the broker did not
+  answer) pauses until it is locked again.  The broker lets a lock lapse after 60 s without
+  renewal, and at once when the member's connection closes.
 * **Order.** Each queue has one consuming task: it hands the queue's smallest pending message
   to the callback, waits for it to return, then goes on with the next.  Sync callbacks run in a
   pool of ``consume_thread_max`` threads (so queues are consumed in parallel), async ones on the
@@ -171,11 +173,17 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                 if pq.key in granted:
                     state.locked, state.locked_at = True, now
                     state.wake.set()
-                elif state.locked:
-                    state.locked = False
-                    log.warning(
-                        "queue_lock_lost", group=self.group, topic=pq.topic, queue_id=pq.queue_id
-                    )
+                else:
+                    self._lock_lost(pq, state)
+
+    def _lock_lost(self, pq: ProcessQueue, state: _QueueState) -> None:
+        """Another member holds ``pq`` now: stop consuming it, commit nothing more (its offset
+        is the holder's to move) and take it again once the broker grants its lock."""
+        state.locked = False
+        log.warning("queue_lock_lost", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+        if self._pqs.get(pq.key) is pq:
+            self._drop(pq)
+        self._request_rebalance()
 
     async def _lock_loop(self) -> None:
         while not await self._sleep(self.lock_interval):
@@ -345,6 +353,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             return
         if pq.key in granted:
             state.locked, state.locked_at = True, time.monotonic()
+        elif not pq.dropped:
+            self._lock_lost(pq, state)
 
     async def _dead_letter(self, pq: ProcessQueue, msg: MessageExt) -> bool:
         """Park ``msg`` in ``%DLQ%<group>``; False if the broker could not be told."""

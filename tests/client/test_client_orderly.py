@@ -17,6 +17,7 @@ import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until, wait_until_sync
 from tests.support.raw import RawClient
+from txmq.broker.messaging.locks import LOCK_MAX_LIVE_S
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncOrderlyPushConsumer,
@@ -235,6 +236,51 @@ async def test_a_queue_locked_by_another_client_is_not_consumed_until_it_is_free
         assert resp.code == ResponseCode.SUCCESS
         await wait_until(lambda: "q0" in got, what="queue 0's message once its lock was free")
         assert (topic, 0) in consumer.assignment()
+    finally:
+        await consumer.shutdown()
+        await other.close()
+
+
+async def test_a_lock_lost_to_another_client_stops_the_queue_until_it_is_granted_again(
+    shifted_broker: tuple[BrokerController, list[float]], unique: Callable[[str], str]
+) -> None:
+    broker, shift = shifted_broker
+    topic, group = unique("ledger"), unique("orderly")
+    await create_topic(broker.address, topic, queues=2)
+    name = broker.config.broker_name
+    got: list[str] = []
+    consumer = orderly(broker, group, lock_interval=2.0)
+    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
+    other = await RawClient.connect(broker.address)
+    req = LockBatchRequest(group, "someone-else", frozenset({(topic, name, 0)}))
+    try:
+        async with AsyncProducer("orderly-producer", broker=broker.address) as producer:
+            await consumer.start()
+            assert [q for q in consumer.assignment() if q[0] == topic] == [(topic, 0), (topic, 1)]
+            # The broker's clock jumps past the locks' lifetime (the member renews every 2 s):
+            # another client takes queue 0.
+            shift[0] = LOCK_MAX_LIVE_S + 1
+            resp = await other.call(
+                RequestCode.LOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
+            )
+            assert decode_lock_response(resp.body) == {(topic, name, 0)}
+            # The member's next renewal is refused for queue 0 (granted again for queue 1):
+            # it gives queue 0 up.
+            await wait_until(
+                lambda: (topic, 0) not in consumer.assignment(),
+                what="queue 0 given up once its renewal was refused",
+            )
+            assert (topic, 1) in consumer.assignment()
+            await producer.send(Message(topic, b"x", keys="q0"), queue_id=0)
+            await producer.send(Message(topic, b"x", keys="q1"), queue_id=1)
+            await wait_until(lambda: "q1" in got, what="queue 1's message")
+            assert got == ["q1"]
+            resp = await other.call(
+                RequestCode.UNLOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
+            )
+            assert resp.code == ResponseCode.SUCCESS
+            await wait_until(lambda: "q0" in got, what="queue 0's message once granted again")
+            assert broker.locks.holder(group, (topic, name, 0)) == consumer.client_id
     finally:
         await consumer.shutdown()
         await other.close()
