@@ -12,7 +12,10 @@ or a queue) gets them handled in the order sent, by one member at a time:
   callbacks, no more commits, and it is taken again, from the group's committed offset, once the
   broker grants its lock.  A queue not renewed for :data:`LOCK_LOCAL_LIVE_S` (the broker did not
   answer) pauses until it is locked again.  The broker lets a lock lapse after 60 s without
-  renewal, and at once when the member's connection closes.
+  renewal, and at once when the member's connection closes: a queue locked before a reconnect
+  therefore pauses until it is locked again on the new connection (a callback running when the
+  connection dropped may still overlap the first message of a member that took the queue
+  meanwhile).
 * **Order.** Each queue has one consuming task: it hands the queue's smallest pending message
   to the callback, waits for it to return, then goes on with the next.  Sync callbacks run in a
   pool of ``consume_thread_max`` threads (so queues are consumed in parallel), async ones on the
@@ -67,16 +70,30 @@ class QueueLockedError(TxmqError):
 class _QueueState:
     """What the orderly consumer keeps per queue besides its :class:`ProcessQueue`."""
 
-    locked: bool
+    #: The connection to the queue's broker group.
+    conn: BrokerConnection
+    locked: bool = False
     #: ``time.monotonic()`` of the last grant or renewal.
-    locked_at: float
+    locked_at: float = 0.0
+    #: ``conn.reconnects`` when the lock was granted: the broker frees a lock with the
+    #: connection it was taken on, so a lock granted before a reconnect is gone.
+    generation: int = -1
     #: Set when there is something for the consuming task to look at (messages, a drop).
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     #: Failed deliveries so far, by queue offset.
     failures: dict[int, int] = field(default_factory=dict)
 
+    def granted(self) -> None:
+        self.locked, self.locked_at = True, time.monotonic()
+        self.generation = self.conn.reconnects
+
     def lock_valid(self) -> bool:
-        return self.locked and time.monotonic() - self.locked_at < LOCK_LOCAL_LIVE_S
+        return (
+            self.locked
+            and self.conn.connected
+            and self.conn.reconnects == self.generation
+            and time.monotonic() - self.locked_at < LOCK_LOCAL_LIVE_S
+        )
 
 
 class AsyncOrderlyPushConsumer(AsyncPushConsumer):
@@ -165,13 +182,12 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             except TxmqError as exc:
                 log.warning("queue_lock_renewal_failed", group=self.group, error=str(exc))
                 continue
-            now = time.monotonic()
             for pq in pqs:
                 state = self._states.get(pq)
                 if state is None or pq.dropped:
                     continue
                 if pq.key in granted:
-                    state.locked, state.locked_at = True, now
+                    state.granted()
                     state.wake.set()
                 else:
                     self._lock_lost(pq, state)
@@ -205,7 +221,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             self._spawn(self._unlock(conn, mq))
             raise
         pq = self._pqs[mq]
-        state = self._states[pq] = _QueueState(locked=True, locked_at=time.monotonic())
+        state = self._states[pq] = _QueueState(conn)
+        state.granted()
         self._spawn(self._consume_loop(pq, state))
 
     def _release(self, pq: ProcessQueue) -> None:
@@ -347,12 +364,12 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
 
     async def _relock(self, pq: ProcessQueue, state: _QueueState) -> None:
         try:
-            granted = await self._lock(pq.conn or self.connection, [pq.key])
+            granted = await self._lock(state.conn, [pq.key])
         except TxmqError as exc:
             log.warning("queue_lock_failed", group=self.group, queue=pq.key, error=str(exc))
             return
         if pq.key in granted:
-            state.locked, state.locked_at = True, time.monotonic()
+            state.granted()
         elif not pq.dropped:
             self._lock_lost(pq, state)
 

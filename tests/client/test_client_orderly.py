@@ -286,6 +286,50 @@ async def test_a_lock_lost_to_another_client_stops_the_queue_until_it_is_granted
         await other.close()
 
 
+async def test_after_a_reconnect_a_queue_is_consumed_only_once_locked_again(
+    broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
+) -> None:
+    topic, group = unique("ledger"), unique("orderly")
+    await create_topic(broker.address, topic, queues=2)
+    name = broker.config.broker_name
+    got: list[str] = []
+    consumer = orderly(broker, group, lock_interval=5.0)
+    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
+    other = await RawClient.connect(broker.address)
+    req = LockBatchRequest(group, "someone-else", frozenset({(topic, name, 0)}))
+    try:
+        await consumer.start()
+        assert broker.locks.holder(group, (topic, name, 0)) == consumer.client_id
+        # The broker drops the member's connection: its locks end with it, and another client
+        # takes queue 0 before the member is back.
+        for conn in list(broker._connections):
+            if conn.context.get("client_id") == consumer.client_id:
+                conn.close()
+        await wait_until(
+            lambda: broker.locks.holder(group, (topic, name, 0)) is None,
+            what="the member's locks freed with its connection",
+        )
+        resp = await other.call(RequestCode.LOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON)
+        assert decode_lock_response(resp.body) == {(topic, name, 0)}
+        await wait_until(lambda: consumer.connection.reconnects >= 1, what="the member back")
+        # Its locks from before the reconnect are void: queue 0 is not consumed (its lock is
+        # someone else's), queue 1 once locked again.
+        await producer.send(Message(topic, b"x", keys="q0"), queue_id=0)
+        await producer.send(Message(topic, b"x", keys="q1"), queue_id=1)
+        await wait_until(lambda: "q1" in got, what="queue 1's message")
+        await wait_until(lambda: (topic, 0) not in consumer.assignment(), what="queue 0 given up")
+        assert got == ["q1"]
+        assert broker.locks.holder(group, (topic, name, 1)) == consumer.client_id
+        resp = await other.call(
+            RequestCode.UNLOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
+        )
+        assert resp.code == ResponseCode.SUCCESS
+        await wait_until(lambda: "q0" in got, what="queue 0's message once granted again")
+    finally:
+        await consumer.shutdown()
+        await other.close()
+
+
 async def test_two_members_hand_queues_over_mid_stream_without_breaking_order(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
