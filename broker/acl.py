@@ -36,7 +36,7 @@ import yaml
 from txmq.protocol.acl import ACCESS_KEY, verify_signature
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import NoPermissionError
+from txmq.protocol.errors import InvalidParameterError, NoPermissionError
 from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     DecideBatchRequestHeader,
@@ -44,6 +44,7 @@ from txmq.protocol.headers import (
     ForceDecideRequestHeader,
     SendMessageRequestHeader,
 )
+from txmq.protocol.locks import LockBatchRequest
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -440,6 +441,15 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         return False, needs
     if code == R.HEART_BEAT:
         return False, _heartbeat_needs(cmd.body)
+    if code in (R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ):
+        try:  # an orderly consumer's queue locks need what its pulls need
+            lock = LockBatchRequest.decode(cmd.body)
+        except InvalidParameterError:
+            return False, []  # the processor answers what is wrong with the body
+        topics = sorted({mq[0] for mq in lock.mq_set})
+        return False, [Need(lock.consumer_group, True, SUB)] + [
+            topic_or_group(t, SUB) for t in topics
+        ]
     if code in (R.UNREGISTER_CLIENT, R.GET_CONSUMER_LIST_BY_GROUP):
         group = _field(ext, "consumerGroup")
         return False, [Need(group, True, SUB)] if group else []

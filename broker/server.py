@@ -39,11 +39,13 @@ from .context import BrokerContext, Lifecycle
 from .flush import FlushService
 from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
+from .messaging.locks import QueueLockTable
 from .metrics import BrokerMetrics
 from .ops import OpsServer, start_ops_server
 from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
 from .processors.groups import GroupViewProcessor
+from .processors.lock import LockProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
@@ -318,6 +320,8 @@ class BrokerController:
         self.puller = PullMessageProcessor(ctx)
         self.admin = AdminProcessor(ctx, self.transactions, self.advertised_address)
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
+        self.locks = QueueLockTable(ctx.clock)
+        self.locker = LockProcessor(self.locks)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
         self._processors = self._build_processors()
@@ -399,6 +403,8 @@ class BrokerController:
             R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: g.get_all_subscription_group_config,
             R.DELETE_SUBSCRIPTIONGROUP: g.delete_subscription_group,
             R.GET_BROKER_CONFIG: g.get_broker_config,
+            R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
+            R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,
         }
 
     async def shutdown(self) -> None:
@@ -483,6 +489,7 @@ class BrokerController:
         self.metrics.connections.set(len(self._connections))
         if not self.lifecycle.shutting_down:
             self.clients.connection_closed(conn)
+            self.locks.connection_closed(conn)
 
     def _tls_rejected(self, peer: str, reason: str) -> None:
         self.metrics.protocol_errors.inc()

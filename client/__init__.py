@@ -49,11 +49,12 @@ from txmq.protocol.message import Message, MessageExt
 from .config import ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
+from .orderly import AsyncOrderlyPushConsumer, QueueLockedError
 from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
 from .route import MessageQueue
-from .sync import Producer, PullConsumer, PushConsumer
+from .sync import OrderlyPushConsumer, Producer, PullConsumer, PushConsumer
 from .transaction import (
     AsyncTransaction,
     AsyncTransactionProducer,
@@ -73,6 +74,7 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "AsyncOrderlyPushConsumer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "BrokerConnection",
@@ -84,11 +86,13 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageQueue",
+    "OrderlyPushConsumer",
     "Producer",
     "PullConsumer",
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueLockedError",
     "RequestTimeoutError",
     "SendResult",
     "SendStatus",

@@ -505,8 +505,7 @@ class AsyncPushConsumer(ConnectedClient):
             await asyncio.wait(pending, timeout=self.config.shutdown_timeout)
         for task in list(self._tasks):
             task.cancel()
-        for pq in pqs:
-            await self._commit(pq)
+        await self._queues_released(pqs)
         conn = self._conn
         assert conn is not None
         await conn.unregister(consumer_group=self.group)
@@ -666,9 +665,15 @@ class AsyncPushConsumer(ConnectedClient):
 
         async def finish() -> None:
             await self._wait_idle([pq], self.config.shutdown_timeout)
-            await self._commit(pq)
+            await self._queues_released([pq])
 
         self._spawn(finish())
+
+    async def _queues_released(self, pqs: list[ProcessQueue]) -> None:
+        """The last step for queues this member stopped consuming (their callbacks ended or
+        the wait for them timed out): commit their offsets."""
+        for pq in pqs:
+            await self._commit(pq)
 
     @staticmethod
     async def _wait_idle(pqs: list[ProcessQueue], timeout: float) -> None:

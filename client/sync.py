@@ -19,6 +19,7 @@ from .bridge import LoopThread
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
 from .lifecycle import AsyncClient, ConnectedClient
+from .orderly import AsyncOrderlyPushConsumer
 from .producer import AsyncProducer
 from .pull_consumer import AsyncPullConsumer
 
@@ -168,6 +169,45 @@ class PushConsumer(_SyncClient):
     def client_id(self) -> str | None:
         """This member's id in the group (None before start)."""
         return self.core.client_id
+
+
+class OrderlyPushConsumer(PushConsumer):
+    """The blocking-lifecycle orderly push consumer; see
+    :class:`~txmq.client.AsyncOrderlyPushConsumer`: each queue's messages are handled one at
+    a time, in order, by the one member holding the queue's lock.
+
+    Example::
+
+        consumer = OrderlyPushConsumer("ledger", broker="127.0.0.1:10911")
+        consumer.subscribe("orders", "*", on_message)
+        consumer.start()
+        ...
+        consumer.shutdown()
+    """
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
+        max_reconsume_times: int = 16,
+        suspend_interval: float = 1.0,
+        lock_interval: float = 20.0,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        _SyncClient.__init__(self)
+        self._core = self.core = AsyncOrderlyPushConsumer(
+            group,
+            broker,
+            consume_from=consume_from,
+            max_reconsume_times=max_reconsume_times,
+            suspend_interval=suspend_interval,
+            lock_interval=lock_interval,
+            config=config,
+            **settings,
+        )
 
 
 class PullConsumer(_GroupClient[AsyncPullConsumer]):

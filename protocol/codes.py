@@ -27,6 +27,11 @@ class RequestCode(IntEnum):
     GET_CONSUMER_LIST_BY_GROUP = 38
     CHECK_TRANSACTION_STATE = 39
     NOTIFY_CONSUMER_IDS_CHANGED = 40
+    #: An orderly consumer locks the queues it consumes (JSON body: ``consumerGroup``,
+    #: ``clientId``, ``mqSet``); the answer's body lists those granted (``lockOKMQSet``).
+    LOCK_BATCH_MQ = 41
+    #: An orderly consumer gives up its locks on queues (same body as LOCK_BATCH_MQ).
+    UNLOCK_BATCH_MQ = 42
     CHECK_CLIENT_CONFIG = 46
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_ROUTEINFO_BY_TOPIC = 105

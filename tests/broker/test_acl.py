@@ -163,6 +163,7 @@ def _allow(*keys: str) -> frozenset[str]:
     return frozenset(keys)
 
 
+LOCK_BODY = b'{"clientId":"x","consumerGroup":"cgroup","mqSet":[{"queueId":0,"topic":"orders"}]}'
 PUBLISHERS = _allow("producerA", "producerB", "operator")
 SUBSCRIBER = _allow("consumerC", "operator")
 ADMIN_ONLY = _allow("operator")
@@ -197,6 +198,8 @@ async def cases(broker: BrokerController) -> list[Case]:
         Case(R.HEART_BEAT, {}, heartbeat_body("cgroup"), SUBSCRIBER),
         Case(R.UNREGISTER_CLIENT, {"clientID": "x", "consumerGroup": "cgroup"}, b"", SUBSCRIBER),
         Case(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cgroup"}, b"", SUBSCRIBER),
+        Case(R.LOCK_BATCH_MQ, {}, LOCK_BODY, SUBSCRIBER),
+        Case(R.UNLOCK_BATCH_MQ, {}, LOCK_BODY, SUBSCRIBER),
         Case(R.QUERY_CONSUMER_OFFSET, offset_fields, b"", SUBSCRIBER),
         Case(R.UPDATE_CONSUMER_OFFSET, {**offset_fields, "commitOffset": 0}, b"", SUBSCRIBER),
         Case(R.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0}, b"", SUBSCRIBER),

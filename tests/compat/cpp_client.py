@@ -6,9 +6,9 @@ a failure is a non-zero exit with the error on stderr.
 
     cpp_client.py send ADDR TOPIC --mode sync|oneway|orderly|batch --count N [--tags T]
                   [--body-size S] [--prefix P] [--property K=V ...] [--interval S]
-                  [--keep-going]
+                  [--keep-going] [--sharding-key K | --keys N]
     cpp_client.py push ADDR TOPIC GROUP --expect N [--expr "A || B"] [--fail-first]
-                  [--timeout S] [--stop-file PATH]
+                  [--timeout S] [--stop-file PATH] [--orderly] [--threads T]
     cpp_client.py pull ADDR TOPIC GROUP --expect N [--timeout S]
 
 ``send`` and ``push`` take ``--access-key AK --secret-key SK`` to sign every request (the
@@ -17,6 +17,11 @@ broker's ACL), through the client's ``set_session_credentials(ak, sk, "")``.
 ``push --stop-file PATH`` keeps consuming after the expected messages until PATH exists: the
 test creates it once the group's offsets show every message consumed, so anything delivered
 twice is in the output (instead of lingering a fixed time and hoping).
+
+``send --mode orderly --keys N`` sends message ``i`` with sharding key ``i % N`` (one queue per
+key); ``push --orderly`` consumes with the client's orderly consumer (it locks each queue on
+the broker before consuming it, one callback at a time per queue); each received event then
+carries the callback's ``start`` and ``end`` (monotonic seconds).
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ def cmd_send(args: argparse.Namespace) -> None:
                 p.send_oneway(m)
                 emit(i=i, sent=True)
             elif args.mode == "orderly":
-                r = p.send_orderly(m, args.sharding_key)
+                key = i % args.keys if args.keys else args.sharding_key
+                r = p.send_orderly(m, key)
                 emit(i=i, status=int(r.status), msg_id=r.msg_id, offset=r.offset)
         if args.linger:
             time.sleep(args.linger)  # stay connected (e.g. for a transaction check-back)
@@ -111,6 +117,10 @@ def cmd_push(args: argparse.Namespace) -> None:
 
     def on_message(msg: object) -> None:
         doc = recv_doc(msg)
+        start = time.monotonic()
+        if args.orderly:
+            time.sleep(0.002)  # room for a second callback of the queue to overlap, were it run
+            doc.update(start=start, end=time.monotonic())
         with lock:
             if args.fail_first and doc["body"] not in failed_once:
                 failed_once.add(str(doc["body"]))
@@ -123,11 +133,11 @@ def cmd_push(args: argparse.Namespace) -> None:
 
     if args.expect <= 0:
         done.set()
-    c = PushConsumer(args.group)
+    c = PushConsumer(args.group, orderly=args.orderly)
     c.set_namesrv_addr(args.addr)
     if args.access_key:
         c.set_session_credentials(args.access_key, args.secret_key, "")
-    c.set_thread_count(1)
+    c.set_thread_count(args.threads)
     c.subscribe(args.topic, on_message, args.expr)
     c.start()
     try:
@@ -180,6 +190,7 @@ def main() -> None:
     s.add_argument("--body-size", type=int, default=0)
     s.add_argument("--prefix", default="cpp")
     s.add_argument("--sharding-key", type=int, default=7)
+    s.add_argument("--keys", type=int, default=0, help="orderly: message i gets key i %% N")
     s.add_argument("--property", action="append")
     s.add_argument("--linger", type=float, default=0.0)
     s.add_argument("--interval", type=float, default=0.0, help="seconds between sends")
@@ -193,6 +204,8 @@ def main() -> None:
     p.add_argument("--fail-first", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--stop-file", default="", help="after --expect, run until this file exists")
+    p.add_argument("--orderly", action="store_true", help="the client's orderly consumer")
+    p.add_argument("--threads", type=int, default=1, help="consume threads")
     q = sub.add_parser("pull")
     q.add_argument("addr")
     q.add_argument("topic")

@@ -268,3 +268,46 @@ async def _end_oneway(raw: RawClient, group: str, check: dict[str, str], decisio
     raw.conn.send_oneway(
         RemotingCommand.request(RequestCode.END_TRANSACTION, ext, serialize_type=SerializeType.JSON)
     )
+
+
+def test_the_stock_orderly_consumer_locks_its_queues_and_keeps_each_key_in_order(
+    stock_broker: BrokerThread, cpp: StockClient
+) -> None:
+    addr, topic, group = stock_broker.address, "cpp-orderly", "cpp-orderly-group"
+    keys, per_key = 4, 15
+    total = keys * per_key
+    # Message i goes with sharding key i % keys: one queue per key, in the order sent.
+    cpp.run(
+        "send", addr, topic, "--mode", "orderly", "--count", total, "--keys", keys, "--prefix", "o"
+    ).check()
+    run = push_until_settled(
+        cpp, stock_broker, topic, group, total, "--orderly", "--threads", 4, "--timeout", 60
+    ).check()
+    got = run.events("received")
+    assert sorted(int(str(d["body"]).split("-")[1]) for d in got) == list(range(total))
+    by_key: dict[int, list[dict[str, object]]] = {}
+    for d in got:  # in the order the callbacks finished
+        i = int(str(d["body"]).split("-")[1])
+        by_key.setdefault(i % keys, []).append(d)
+    for key, docs in by_key.items():
+        seqs = [int(str(d["body"]).split("-")[1]) // keys for d in docs]
+        assert seqs == list(range(per_key)), f"key {key} handled out of order: {seqs}"
+        assert len({d["queue_id"] for d in docs}) == 1
+        spans = sorted((float(str(d["start"])), float(str(d["end"]))) for d in docs)
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert start >= end, f"key {key}: two callbacks of its queue ran at once"
+    assert len({d["queue_id"] for d in got}) == keys
+    # The client consumed only after the broker granted it each queue's lock (its log says
+    # so), and its locks ended with it.
+    logs = Path(cpp.env["HOME"]) / "logs" / "rocketmq-cpp"
+    text = "".join(f.read_text(errors="replace") for f in sorted(logs.glob("*.log*")))
+    assert f"lockBatchMQ success of mq:MessageQueue [topic={topic}" in text or (
+        f"lock success of mq:MessageQueue [topic={topic}" in text
+    ), "no granted lock in the client's log"
+    assert stock_broker.controller is not None
+    controller = stock_broker.controller
+    wait_until_sync(
+        lambda: stock_broker.run(lambda: controller.locks.held()) == 0,
+        30,
+        "the client's locks released once it stopped",
+    )

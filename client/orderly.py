@@ -1,0 +1,415 @@
+"""The orderly push consumer: one callback at a time per queue, in queue order, on queues this
+member has locked on the broker (RocketMQ's ``ConsumeMessageOrderlyService``).
+
+A producer that sends the messages of one sharding key to one queue (``send`` with a selector
+or a queue) gets them handled in the order sent, by one member at a time:
+
+* **Locks.** Before consuming a queue it was assigned, the member locks it on the broker
+  (LOCK_BATCH_MQ); a queue whose lock is refused (another member still holds it) is not taken,
+  and is asked for again at the next rebalance (1 s, doubling up to ``rebalance_interval``).
+  Every ``lock_interval`` (20 s, as RocketMQ) the member renews the locks of all its queues.  A
+  queue whose renewal is refused (another member holds it now) is given up at once: no more
+  callbacks, no more commits, and it is taken again, from the group's committed offset, once the
+  broker grants its lock.  A queue not renewed for :data:`LOCK_LOCAL_LIVE_S` (the broker did not
+  answer) pauses until it is locked again.  The broker lets a lock lapse after 60 s without
+  renewal, and at once when the member's connection closes: a queue locked before a reconnect
+  therefore pauses until it is locked again on the new connection (a callback running when the
+  connection dropped may still overlap the first message of a member that took the queue
+  meanwhile).
+* **Order.** Each queue has one consuming task: it hands the queue's smallest pending message
+  to the callback, waits for it to return, then goes on with the next.  Sync callbacks run in a
+  pool of ``consume_thread_max`` threads (so queues are consumed in parallel), async ones on the
+  event loop.
+* **Failures.** A callback that raises suspends its queue for ``suspend_interval`` and gets the
+  same message again, in place (nothing behind it is handled meanwhile), up to
+  ``max_reconsume_times`` times more; then the message goes to ``%DLQ%<group>`` through the
+  broker's send-back and the queue moves on.  RocketMQ's orderly default retries without end,
+  which stalls a queue behind one bad message for good: the default here is 16 (with the 1 s
+  pause, a queue waits about 16 s before the message is parked in the dead-letter queue).
+* **Offsets.** A message's offset is committed only once its callback returned (or it was
+  parked in the DLQ).  When a rebalance takes a queue away, the member stops handing out its
+  messages, waits for the running callback to end, commits, and only then unlocks the queue:
+  the next owner starts where it stopped and never runs beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from txmq.protocol.codes import RequestCode
+from txmq.protocol.errors import TxmqError
+from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
+from txmq.protocol.locks import LockBatchRequest, decode_lock_response
+from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
+
+from .config import DEFAULT_BROKER, ClientConfig
+from .consumer import AsyncPushConsumer, ConsumeFrom, ProcessQueue, _Subscription
+from .errors import ClientStateError
+from .logs import get_logger
+from .remoting import BrokerConnection
+from .route import MessageQueue
+
+log = get_logger(__name__)
+
+#: How long a granted lock is trusted without a renewal (RocketMQ's client-side
+#: ``rocketmq.client.rebalance.lockMaxLiveTime``); the broker keeps it 60 s.
+LOCK_LOCAL_LIVE_S = 30.0
+
+
+class QueueLockedError(TxmqError):
+    """The broker did not grant this member the lock on a queue (another member holds it)."""
+
+
+@dataclass(eq=False)
+class _QueueState:
+    """What the orderly consumer keeps per queue besides its :class:`ProcessQueue`."""
+
+    #: The connection to the queue's broker group.
+    conn: BrokerConnection
+    locked: bool = False
+    #: ``time.monotonic()`` of the last grant or renewal.
+    locked_at: float = 0.0
+    #: ``conn.reconnects`` when the lock was granted: the broker frees a lock with the
+    #: connection it was taken on, so a lock granted before a reconnect is gone.
+    generation: int = -1
+    #: Set when there is something for the consuming task to look at (messages, a drop).
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Failed deliveries so far, by queue offset.
+    failures: dict[int, int] = field(default_factory=dict)
+
+    def granted(self) -> None:
+        self.locked, self.locked_at = True, time.monotonic()
+        self.generation = self.conn.reconnects
+
+    def lock_valid(self) -> bool:
+        return (
+            self.locked
+            and self.conn.connected
+            and self.conn.reconnects == self.generation
+            and time.monotonic() - self.locked_at < LOCK_LOCAL_LIVE_S
+        )
+
+
+class AsyncOrderlyPushConsumer(AsyncPushConsumer):
+    """A clustering consumer that handles each queue's messages one at a time, in order, on
+    queues it holds the broker's lock of; the lifecycle methods are coroutines.
+
+    Args:
+        group: the consumer group; the group's queues are shared among its live members.
+        broker: ``"host:port"`` of the broker.
+        consume_from: where to start in a queue the group has no committed offset for.
+        max_reconsume_times: how many times a failing message is handed to the callback again
+            (in place, after ``suspend_interval``) before it goes to ``%DLQ%<group>``; the
+            callback runs at most ``1 + max_reconsume_times`` times per message.
+        suspend_interval: seconds a queue waits after a failed callback before the retry
+            (RocketMQ's ``suspendCurrentQueueTimeMillis``).
+        lock_interval: seconds between lock renewals (under :data:`LOCK_LOCAL_LIVE_S`).
+        config: client settings; ``**settings`` override single fields.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        broker: str = DEFAULT_BROKER,
+        *,
+        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
+        max_reconsume_times: int = 16,
+        suspend_interval: float = 1.0,
+        lock_interval: float = 20.0,
+        config: ClientConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__(
+            group,
+            broker,
+            consume_from=consume_from,
+            max_reconsume_times=max_reconsume_times,
+            config=config,
+            **settings,
+        )
+        if suspend_interval < 0:
+            raise ValueError("suspend_interval must not be negative")
+        if not 0 < lock_interval < LOCK_LOCAL_LIVE_S:
+            raise ValueError(f"lock_interval must be above 0 and below {LOCK_LOCAL_LIVE_S} s")
+        self.suspend_interval = suspend_interval
+        self.lock_interval = lock_interval
+        self._states: dict[ProcessQueue, _QueueState] = {}
+        #: Queues taken away whose callback has not ended or whose lock is not given up yet.
+        self._releasing: dict[MessageQueue, asyncio.Task[Any]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        #: Messages parked in the dead-letter queue after their last failed delivery.
+        self.dead_lettered_count = 0
+
+    # -- locks -----------------------------------------------------------------------------------
+
+    async def _lock(self, conn: BrokerConnection, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        """Lock (or renew) ``mqs`` on ``conn``'s broker; returns those granted.
+
+        Raises:
+            TxmqError: the request failed.
+        """
+        req = LockBatchRequest(self.group, self.connection.client_id, frozenset(mqs))
+        resp = await conn.invoke(RequestCode.LOCK_BATCH_MQ, body=req.encode())
+        return {MessageQueue(*mq) for mq in decode_lock_response(resp.body)}
+
+    async def _unlock(self, conn: BrokerConnection | None, mq: MessageQueue) -> None:
+        me = self._conn
+        if me is None:
+            return
+        req = LockBatchRequest(self.group, me.client_id, frozenset([mq]))
+        try:
+            await (conn or me).invoke(RequestCode.UNLOCK_BATCH_MQ, body=req.encode())
+        except TxmqError as exc:  # the lock lapses on the broker by itself
+            log.warning("queue_unlock_failed", group=self.group, queue=mq, error=str(exc))
+            return
+        log.info("queue_unlocked", group=self.group, topic=mq.topic, queue_id=mq.queue_id)
+
+    async def _renew_locks(self) -> None:
+        """Renew the locks of every queue consumed now, one request per broker group."""
+        by_conn: dict[int, tuple[BrokerConnection, list[ProcessQueue]]] = {}
+        for pq in list(self._pqs.values()):
+            conn = pq.conn or self.connection
+            by_conn.setdefault(id(conn), (conn, []))[1].append(pq)
+        for conn, pqs in by_conn.values():
+            try:
+                granted = await self._lock(conn, [pq.key for pq in pqs])
+            except TxmqError as exc:
+                log.warning("queue_lock_renewal_failed", group=self.group, error=str(exc))
+                continue
+            for pq in pqs:
+                state = self._states.get(pq)
+                if state is None or pq.dropped:
+                    continue
+                if pq.key in granted:
+                    state.granted()
+                    state.wake.set()
+                else:
+                    self._lock_lost(pq, state)
+
+    def _lock_lost(self, pq: ProcessQueue, state: _QueueState) -> None:
+        """Another member holds ``pq`` now: stop consuming it, commit nothing more (its offset
+        is the holder's to move) and take it again once the broker grants its lock."""
+        state.locked = False
+        log.warning("queue_lock_lost", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+        if self._pqs.get(pq.key) is pq:
+            self._drop(pq)
+        self._request_rebalance()
+
+    async def _lock_loop(self) -> None:
+        while not await self._sleep(self.lock_interval):
+            try:
+                await self._renew_locks()
+            except ClientStateError:  # shutting down
+                return
+
+    # -- taking and releasing queues -------------------------------------------------------------
+
+    async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
+        if mq in self._releasing:
+            raise QueueLockedError(f"{mq} is still being released by this member")
+        if mq not in await self._lock(conn, [mq]):
+            raise QueueLockedError(f"the broker did not grant the lock of {mq}")
+        try:
+            await super()._take(mq, conn)
+        except BaseException:
+            self._spawn(self._unlock(conn, mq))
+            raise
+        pq = self._pqs[mq]
+        state = self._states[pq] = _QueueState(conn)
+        state.granted()
+        self._spawn(self._consume_loop(pq, state))
+
+    def _release(self, pq: ProcessQueue) -> None:
+        super()._release(pq)
+        state = self._states.get(pq)
+        if state is not None:
+            state.wake.set()
+
+    def _drop(self, pq: ProcessQueue) -> None:
+        """Stop consuming ``pq``; once its running callback ended, commit and unlock it."""
+        self._pqs.pop(pq.key, None)
+        self._release(pq)
+        log.info("queue_released", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+
+        async def finish() -> None:
+            try:
+                await pq.idle.wait()
+                await self._queues_released([pq])
+            finally:
+                self._releasing.pop(pq.key, None)
+
+        self._releasing[pq.key] = self._spawn(finish())
+
+    async def _queues_released(self, pqs: list[ProcessQueue]) -> None:
+        """Commit, then unlock the queues whose callback ended (one still running at shutdown
+        keeps its lock until the connection closes)."""
+        await super()._queues_released(pqs)
+        for pq in pqs:
+            state = self._states.pop(pq, None)
+            if state is not None and state.locked and pq.idle.is_set():
+                await self._unlock(pq.conn, pq.key)
+
+    async def _commit(self, pq: ProcessQueue) -> None:
+        state = self._states.get(pq)
+        if state is not None and not state.locked:
+            return  # another member may own the queue now: its offset is not ours to move
+        await super()._commit(pq)
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def _ensure_workers(self) -> None:
+        if self._executor is None and any(not s.is_async for s in self._subs.values()):
+            self._executor = ThreadPoolExecutor(
+                self.config.consume_thread_max, thread_name_prefix=f"txmq-orderly-{self.group}"
+            )
+
+    def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if pq.topic == self.retry_topic:
+            for m in msgs:
+                original = m.properties.get(MessageConst.RETRY_TOPIC)
+                if original:
+                    m.topic = original
+        pq.add(msgs)
+        state = self._states.get(pq)
+        if state is not None:
+            state.wake.set()
+
+    def _wanted(self, pq: ProcessQueue, msg: MessageExt) -> _Subscription | None:
+        sub = self._subs.get(msg.topic)
+        if sub is None or sub.callback is None:
+            log.warning(
+                "message_without_subscription_skipped",
+                group=self.group,
+                topic=msg.topic,
+                msg_id=msg.msg_id,
+            )
+            return None
+        tags = parse_subscription(sub.expression)
+        if pq.topic == self.retry_topic and tags is not None and msg.tags not in tags:
+            return None
+        return sub
+
+    async def _consume_loop(self, pq: ProcessQueue, state: _QueueState) -> None:
+        threshold = self.config.pull_threshold_for_queue
+        while not pq.dropped:
+            if not pq.msgs:
+                state.wake.clear()
+                await state.wake.wait()
+                continue
+            if not state.lock_valid():
+                if await self._sleep(self.suspend_interval) or pq.dropped:
+                    return
+                await self._relock(pq, state)
+                continue
+            offset = pq.offset_to_commit()
+            msg = pq.msgs[offset]
+            sub = self._wanted(pq, msg)
+            if sub is None:
+                pq.remove(offset, threshold)
+                continue
+            if state.failures.get(offset, 0) > self.max_reconsume_times:
+                if await self._dead_letter(pq, msg):
+                    state.failures.pop(offset, None)
+                    pq.remove(offset, threshold)
+                    self.consumed_count += 1
+                    self.dead_lettered_count += 1
+                elif await self._sleep(self.suspend_interval):
+                    return
+                continue
+            pq.begin()
+            try:
+                error = await self._call(sub, msg)
+                if error is None:
+                    state.failures.pop(offset, None)
+                    pq.remove(offset, threshold)
+                    self.consumed_count += 1
+                    continue
+                failures = state.failures[offset] = state.failures.get(offset, 0) + 1
+                msg.reconsume_times += 1
+                log.info(
+                    "message_consume_failed",
+                    group=self.group,
+                    topic=msg.topic,
+                    queue_id=pq.queue_id,
+                    offset=offset,
+                    failures=failures,
+                    error=repr(error),
+                )
+            finally:
+                pq.end()
+            if failures <= self.max_reconsume_times and await self._sleep(self.suspend_interval):
+                return
+
+    async def _call(self, sub: _Subscription, msg: MessageExt) -> BaseException | None:
+        """Run the callback on ``msg``; the exception it raised, or None."""
+        assert sub.callback is not None
+        try:
+            if sub.is_async:
+                assert self._async_slots is not None
+                async with self._async_slots:
+                    await sub.callback(msg)
+            else:
+                self._ensure_workers()
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._executor, sub.callback, msg)
+        except Exception as exc:  # the callback asked for a retry
+            return exc
+        return None
+
+    async def _relock(self, pq: ProcessQueue, state: _QueueState) -> None:
+        try:
+            granted = await self._lock(state.conn, [pq.key])
+        except TxmqError as exc:
+            log.warning("queue_lock_failed", group=self.group, queue=pq.key, error=str(exc))
+            return
+        if pq.key in granted:
+            state.granted()
+        elif not pq.dropped:
+            self._lock_lost(pq, state)
+
+    async def _dead_letter(self, pq: ProcessQueue, msg: MessageExt) -> bool:
+        """Park ``msg`` in ``%DLQ%<group>``; False if the broker could not be told."""
+        header = ConsumerSendMsgBackRequestHeader(
+            offset=msg.commit_log_offset,
+            group=self.group,
+            delay_level=-1,  # straight to the dead-letter queue
+            origin_msg_id=msg.msg_id,
+            origin_topic=msg.topic,
+            unit_mode=False,
+            max_reconsume_times=self.max_reconsume_times,
+        )
+        try:
+            await (pq.conn or self.connection).invoke(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+        except TxmqError as exc:
+            log.warning("dead_letter_failed", group=self.group, msg_id=msg.msg_id, error=str(exc))
+            return False
+        log.warning(
+            "message_dead_lettered",
+            group=self.group,
+            topic=msg.topic,
+            queue_id=pq.queue_id,
+            offset=msg.queue_offset,
+            msg_id=msg.msg_id,
+            deliveries=self.max_reconsume_times + 1,
+        )
+        return True
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        await super()._start()
+        self._loop_tasks.append(asyncio.get_running_loop().create_task(self._lock_loop()))
+
+    async def _shutdown(self) -> None:
+        await super()._shutdown()
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False)  # running callbacks were waited for above
+
+
+__all__ = ["LOCK_LOCAL_LIVE_S", "AsyncOrderlyPushConsumer", "QueueLockedError"]
