@@ -49,6 +49,7 @@ from txmq.protocol.message import Message, MessageExt
 from .config import ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
+from .offset_store import OffsetStoreError
 from .orderly import AsyncOrderlyPushConsumer, QueueLockedError
 from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
@@ -83,6 +84,7 @@ __all__ = [
     "ConnectionClosedError",
     "ConsumeFrom",
     "InvalidMessageError",
+    "OffsetStoreError",
     "Message",
     "MessageExt",
     "MessageQueue",

@@ -32,6 +32,7 @@ import contextlib
 import enum
 import inspect
 import json
+import os
 import queue
 import threading
 import time
@@ -55,6 +56,7 @@ from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .lifecycle import ConnectedClient
 from .logs import get_logger
+from .offset_store import LocalOffsetStore, OffsetStoreError, default_offset_path
 from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
@@ -328,7 +330,13 @@ class AsyncPushConsumer(ConnectedClient):
         broker: ``"host:port"`` of the broker.
         consume_from: where to start in a queue the group has no committed offset for:
             ``"last"`` (default), ``"first"``, a timestamp in ms or a datetime.
-        max_reconsume_times: deliveries after which a failing message goes to ``%DLQ%<group>``.
+        max_reconsume_times: deliveries after which a failing message goes to ``%DLQ%<group>``
+            (broadcasting: local attempts after which it is logged at ERROR and skipped).
+        message_model: ``"CLUSTERING"`` (default): the group's members share its queues and
+            the broker keeps the group's offsets.  ``"BROADCASTING"``: every member receives
+            every message and keeps its own offsets in a local file.
+        offset_store_path: broadcasting only: that file (default
+            ``~/.txmq/offsets/<group>@<host>.json``; give each member on one host its own).
         config: client settings; ``**settings`` override single fields, e.g.
             ``consume_thread_max=4``, ``pull_batch_size=64``, ``long_poll_timeout=5``.
     """
@@ -342,11 +350,26 @@ class AsyncPushConsumer(ConnectedClient):
         *,
         consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
         max_reconsume_times: int = 16,
+        message_model: str = "CLUSTERING",
+        offset_store_path: str | os.PathLike[str] | None = None,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
         super().__init__(group, broker, config=config, **settings)
         validate_topic(retry_topic(group))
+        if message_model not in ("CLUSTERING", "BROADCASTING"):
+            raise ValueError(
+                f"message_model must be CLUSTERING or BROADCASTING, not {message_model!r}"
+            )
+        if offset_store_path is not None and message_model != "BROADCASTING":
+            raise ValueError("offset_store_path is for BROADCASTING consumers")
+        self.message_model = message_model
+        #: Broadcasting: this member's offsets, kept locally; None when clustering.
+        self.local_offsets = (
+            LocalOffsetStore(offset_store_path or default_offset_path(group), group)
+            if message_model == "BROADCASTING"
+            else None
+        )
         self.consume_from, self._from_ts = parse_consume_from(consume_from)
         if max_reconsume_times < 0:
             raise ValueError("max_reconsume_times must not be negative")
@@ -414,7 +437,8 @@ class AsyncPushConsumer(ConnectedClient):
 
     def _all_subscriptions(self) -> dict[str, _Subscription]:
         subs = dict(self._subs)
-        subs[self.retry_topic] = self._retry_sub
+        if self.local_offsets is None:  # broadcasting sends nothing back: no retry topic
+            subs[self.retry_topic] = self._retry_sub
         return subs
 
     def _subscription_of_queue(self, topic: str) -> _Subscription | None:
@@ -424,7 +448,7 @@ class AsyncPushConsumer(ConnectedClient):
         return {
             "groupName": self.group,
             "consumeType": "CONSUME_PASSIVELY",
-            "messageModel": "CLUSTERING",
+            "messageModel": self.message_model,
             "consumeFromWhere": _FROM_WHERE[self.consume_from],
             "subscriptionDataSet": [
                 subscription_data(s.topic, s.expression, s.sub_version)
@@ -459,6 +483,8 @@ class AsyncPushConsumer(ConnectedClient):
         """
         if not self._subs:
             raise ClientStateError(f"consumer {self.group!r} has no subscription; subscribe first")
+        if self.local_offsets is not None:
+            await asyncio.to_thread(self.local_offsets.load)
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._rebalance_wanted = asyncio.Event()
@@ -597,7 +623,10 @@ class AsyncPushConsumer(ConnectedClient):
                     )
                     complete = False
                     continue
-                mine = set(allocate_averagely(queues, ids, conn.client_id))
+                if self.local_offsets is not None:  # broadcasting: every queue
+                    mine = set(queues)
+                else:
+                    mine = set(allocate_averagely(queues, ids, conn.client_id))
                 for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
                     self._drop(self._pqs[key])
                 for mq in sorted(mine):
@@ -617,7 +646,10 @@ class AsyncPushConsumer(ConnectedClient):
             return complete
 
     async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
-        offset = await self._initial_offset(conn, mq.topic, mq.queue_id)
+        if self.local_offsets is not None:
+            offset = await self._local_initial_offset(conn, mq, self.local_offsets)
+        else:
+            offset = await self._initial_offset(conn, mq.topic, mq.queue_id)
         pq = ProcessQueue(mq.topic, mq.queue_id, offset, mq.broker, conn)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
@@ -634,6 +666,25 @@ class AsyncPushConsumer(ConnectedClient):
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
         if committed is not None:
             return committed
+        offset = await self._start_offset(conn, topic, queue_id)
+        # Pin the start, so a restart before the first commit does not move it (e.g. "last"
+        # would otherwise skip what was sent in between).
+        await update_committed_offset(conn, self.group, topic, queue_id, offset)
+        return offset
+
+    async def _local_initial_offset(
+        self, conn: BrokerConnection, mq: MessageQueue, store: LocalOffsetStore
+    ) -> int:
+        """Broadcasting: this member's own offset, or its start, pinned in its file."""
+        offset = store.read(mq)
+        if offset is None:
+            offset = await self._start_offset(conn, mq.topic, mq.queue_id)
+            store.update(mq, offset)
+            await asyncio.to_thread(store.persist)
+        return offset
+
+    async def _start_offset(self, conn: BrokerConnection, topic: str, queue_id: int) -> int:
+        """Where a queue without a committed offset starts (``consume_from``)."""
         if (
             topic == self.retry_topic
             or self.consume_from is ConsumeFrom.FIRST
@@ -647,9 +698,6 @@ class AsyncPushConsumer(ConnectedClient):
         else:
             assert self._from_ts is not None
             offset = await search_offset(conn, topic, queue_id, self._from_ts)
-        # Pin the start, so a restart before the first commit does not move it (e.g. "last"
-        # would otherwise skip what was sent in between).
-        await update_committed_offset(conn, self.group, topic, queue_id, offset)
         return offset
 
     def _release(self, pq: ProcessQueue) -> None:
@@ -697,6 +745,15 @@ class AsyncPushConsumer(ConnectedClient):
         offset = pq.offset_to_commit()
         conn = pq.conn or self._conn
         if offset == pq.committed or self._conn is None or conn is None:
+            return
+        if self.local_offsets is not None:
+            self.local_offsets.update(pq.key, offset)
+            try:
+                await asyncio.to_thread(self.local_offsets.persist)
+            except OffsetStoreError as exc:
+                log.warning("offset_commit_failed", group=self.group, error=str(exc))
+                return
+            pq.committed = offset
             return
         try:
             await update_committed_offset(conn, self.group, pq.topic, pq.queue_id, offset)
@@ -851,7 +908,12 @@ class AsyncPushConsumer(ConnectedClient):
             self._spawn(self._retry_later(pq, msg, outcome))
 
     async def _retry_later(self, pq: ProcessQueue, msg: MessageExt, error: BaseException) -> None:
-        """Return a failed message to the broker; consume it again locally if that fails."""
+        """Return a failed message to the broker; consume it again locally if that fails.
+        Broadcasting: consume it again locally, up to ``max_reconsume_times``, then skip it
+        with an ERROR line (a broadcast message has no retry topic of its own)."""
+        if self.local_offsets is not None:
+            await self._retry_locally(pq, msg, error)
+            return
         redispatch = False
         try:
             log.info(
@@ -876,6 +938,37 @@ class AsyncPushConsumer(ConnectedClient):
             if not any(k.topic == self.retry_topic for k in self._pqs):
                 # The retry topic may have just been created: look for its queues now.
                 self._request_rebalance()
+        finally:
+            pq.end()
+            if redispatch:
+                self._redispatch(pq, msg)
+
+    async def _retry_locally(self, pq: ProcessQueue, msg: MessageExt, error: BaseException) -> None:
+        redispatch = False
+        try:
+            if msg.reconsume_times >= self.max_reconsume_times:
+                log.error(
+                    "broadcast_message_skipped",
+                    group=self.group,
+                    topic=msg.topic,
+                    msg_id=msg.msg_id,
+                    attempts=msg.reconsume_times + 1,
+                    error=repr(error),
+                )
+                pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
+                return
+            log.info(
+                "message_consume_failed",
+                group=self.group,
+                topic=msg.topic,
+                msg_id=msg.msg_id,
+                reconsume_times=msg.reconsume_times,
+                error=repr(error),
+            )
+            if await self._sleep(self.config.send_back_retry_delay) or pq.dropped:
+                return
+            msg.reconsume_times += 1
+            redispatch = True
         finally:
             pq.end()
             if redispatch:

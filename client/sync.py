@@ -10,6 +10,7 @@ private loop.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import TracebackType
@@ -127,6 +128,8 @@ class PushConsumer(_SyncClient):
         *,
         consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
         max_reconsume_times: int = 16,
+        message_model: str = "CLUSTERING",
+        offset_store_path: str | os.PathLike[str] | None = None,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
@@ -136,6 +139,8 @@ class PushConsumer(_SyncClient):
             broker,
             consume_from=consume_from,
             max_reconsume_times=max_reconsume_times,
+            message_model=message_model,
+            offset_store_path=offset_store_path,
             config=config,
             **settings,
         )

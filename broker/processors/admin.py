@@ -56,7 +56,12 @@ class AdminProcessor:
     async def heart_beat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         data = parse_heartbeat(cmd.body)
         for c in data.get("consumerDataSet") or []:
-            if isinstance(c, dict) and c.get("groupName"):
+            # a broadcasting group sends nothing back: it has no retry topic
+            if (
+                isinstance(c, dict)
+                and c.get("groupName")
+                and c.get("messageModel") != "BROADCASTING"
+            ):
                 self.ctx.topics.ensure(retry_topic(c["groupName"]), 1)
         try:
             await self.ctx.persist_topics()

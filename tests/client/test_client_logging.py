@@ -85,10 +85,11 @@ def test_every_error_class_is_exported_and_documented() -> None:
 
     import txmq.client
     import txmq.client.errors
+    import txmq.client.offset_store
     import txmq.protocol.errors
 
     doc = (ROOT / "docs" / "sdk.md").read_text(encoding="utf-8")
-    for module in (txmq.protocol.errors, txmq.client.errors):
+    for module in (txmq.protocol.errors, txmq.client.errors, txmq.client.offset_store):
         for name, cls in vars(module).items():
             if inspect.isclass(cls) and issubclass(cls, Exception):
                 assert getattr(txmq.client, name, None) is cls, f"txmq.client lacks {name}"
