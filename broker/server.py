@@ -39,6 +39,7 @@ from .flush import FlushService
 from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
 from .metrics import BrokerMetrics
+from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
 from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
@@ -317,13 +318,14 @@ class BrokerController:
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
-        self._processors = self._build_processors()
+        self._processors = self.metrics.timed(self._build_processors())
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep
             self.write.subscribe(rep)
             self._processors.update(rep.processors())
             self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+        self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
         self.write.subscribe(ctx.hold)
         self.write.subscribe(self.schedule)
         if self.before_serving is not None:
