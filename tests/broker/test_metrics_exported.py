@@ -10,9 +10,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import yaml
+
 from tests.support.etcd import free_port
 from tests.support.raw import RawClient
-from tests.support.scrape import CLUSTER_ONLY, Samples, names, referenced, scrape, value
+from tests.support.scrape import ALERTS, CLUSTER_ONLY, Samples, names, referenced, scrape, value
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -185,3 +187,23 @@ async def test_a_scrape_while_the_loop_is_blocked_still_answers(
     finally:
         await c.close()
         await b.shutdown()
+
+
+def test_the_alert_rules_cover_what_an_operator_is_paged_for() -> None:
+    doc = yaml.safe_load(ALERTS.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    by_name = {r["alert"]: r for r in rules}
+    assert len(by_name) == len(rules), "alert names repeat"
+    for r in rules:
+        assert r["expr"].strip() and r["labels"]["severity"] in ("warning", "critical"), r
+        assert r["annotations"]["summary"], r
+    wanted = {
+        "TxmqBrokerDown": "up{",
+        "TxmqPendingHalfTooOld": "txmq_transaction_pending_oldest_seconds",
+        "TxmqConsumerLagMessages": "txmq_consumer_lag_messages",
+        "TxmqConsumerLagAge": "txmq_consumer_lag_seconds",
+        "TxmqInSyncReplicasBelowMinimum": "txmq_min_in_sync_replicas",
+        "TxmqDiskFreeLow": "txmq_disk_free_ratio",
+    }
+    for name, metric in wanted.items():
+        assert metric in by_name[name]["expr"], (name, by_name[name]["expr"])
