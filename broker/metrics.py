@@ -1,111 +1,156 @@
-"""Broker metrics on a private Prometheus registry (no globals), also readable as JSON."""
+"""Broker metrics on a private Prometheus registry (no globals), also readable as JSON.
+
+Two kinds: counters, gauges and a latency histogram the broker updates as it works (below), and
+figures computed when the metrics are read (:mod:`.metrics_scrape`: consumer lag, disk, parked
+transactions, replication lag in seconds), which cost nothing per message.  Every name is listed
+beside RocketMQ 5's in ``docs/operations.md``."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = structlog.get_logger(__name__)
+
+#: Request latency buckets (seconds): sub-millisecond sends to 60 s long polls.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+P = TypeVar("P", bound=Callable[..., Awaitable[Any]])
+
+
+class MetricsRegistry(CollectorRegistry):
+    """A registry whose scrape-time figures are brought up to date by :meth:`refresh` (run on
+    the event loop that owns what they read: the operations port asks the loop to run it)."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self.refreshers: list[Callable[[], None]] = []
+
+    def refresh(self) -> None:
+        for fn in list(self.refreshers):
+            try:
+                fn()
+            except Exception as exc:  # a scrape still answers with everything else
+                log.warning("metrics_refresh_failed", error=repr(exc))
 
 
 class BrokerMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.messages_put = Counter("txmq_messages_put", "Messages stored", ["topic"], registry=r)
-        self.bytes_put = Counter("txmq_bytes_put", "Message bytes stored", registry=r)
-        self.messages_pulled = Counter(
-            "txmq_messages_pulled", "Messages returned by pulls", registry=r
+        self.registry = MetricsRegistry()
+        c, g = self._counter, self._gauge
+        self.messages_put = c("txmq_messages_put", "Messages stored", ["topic"])
+        self.bytes_put = c("txmq_bytes_put", "Message bytes stored")
+        self.messages_pulled = c("txmq_messages_pulled", "Messages returned by pulls")
+        self.messages_out = c(
+            "txmq_messages_out",
+            "Messages returned to consumers (remoting pulls, gRPC receives)",
+            ["topic", "group"],
         )
-        self.requests = Counter("txmq_requests", "Requests handled", ["code"], registry=r)
-        self.request_errors = Counter(
-            "txmq_request_errors", "Error responses", ["code"], registry=r
+        self.requests = c("txmq_requests", "Requests handled", ["code"])
+        self.request_errors = c("txmq_request_errors", "Error responses", ["code"])
+        self.request_latency = Histogram(
+            "txmq_request_latency_seconds",
+            "Time from a request's dispatch to its answer, by request code (gRPC: grpc:Method); "
+            "long-polled pulls include the time they were held",
+            ["code"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
-        self.protocol_errors = Counter(
-            "txmq_protocol_errors", "Malformed or oversized frames", registry=r
-        )
-        self.connections = Gauge("txmq_connections", "Open client connections", registry=r)
-        self.connections_dropped = Counter(
+        self.protocol_errors = c("txmq_protocol_errors", "Malformed or oversized frames")
+        self.connections = g("txmq_connections", "Open client connections")
+        self.connections_dropped = c(
             "txmq_connections_dropped",
             "Client connections dropped for holding too much (unread answers, a partial frame)",
-            registry=r,
         )
-        self.flushes = Counter("txmq_flushes", "Commit-log fsyncs", registry=r)
-        self.writes_refused = Gauge(
+        self.flushes = c("txmq_flushes", "Commit-log fsyncs")
+        self.writes_refused = g(
             "txmq_writes_refused",
             "1 while writes are refused because the disk is full (diskRefuseWritesRatio)",
-            registry=r,
         )
-        self.dedup_hits = Counter(
+        self.dedup_hits = c(
             "txmq_dedup_hits",
             "Resends answered with the first send's result instead of being stored again",
-            registry=r,
         )
-        self.dedup_evicted_early = Counter(
+        self.dedup_evicted_early = c(
             "txmq_dedup_evicted_early",
             "Send ids forgotten before the end of duplicateWindowSeconds "
             "(duplicateWindowMaxEntries reached)",
-            registry=r,
         )
-        self.batch_path = Counter(
+        self.batch_path = c(
             "txmq_batch_path",
             "SEND_BATCH_MESSAGE requests by the path that stored them (plain, halves: the fast "
             "paths; generic: did not qualify; disabled: batchFastPathEnable is off)",
             ["path"],
-            registry=r,
         )
         # transactions
-        self.tx_half = Counter("txmq_transaction_halves", "Half messages stored", registry=r)
-        self.tx_commits = Counter("txmq_transaction_commits", "Transactions committed", registry=r)
-        self.tx_rollbacks = Counter(
-            "txmq_transaction_rollbacks", "Transactions rolled back", registry=r
+        self.tx_half = c("txmq_transaction_halves", "Half messages stored")
+        self.tx_commits = c("txmq_transaction_commits", "Transactions committed")
+        self.tx_rollbacks = c("txmq_transaction_rollbacks", "Transactions rolled back")
+        self.tx_discards = c(
+            "txmq_transaction_discards", "Transactions parked after the check budget"
         )
-        self.tx_discards = Counter(
-            "txmq_transaction_discards", "Transactions parked after the check budget", registry=r
-        )
-        self.tx_pruned = Counter(
+        self.tx_pruned = c(
             "txmq_transaction_pruned",
             "Decided transactions forgotten after their idempotency window",
-            registry=r,
         )
-        self.tx_checks_sent = Counter(
-            "txmq_transaction_checks_sent", "Checks delivered to a live producer", registry=r
+        self.tx_checks_sent = c(
+            "txmq_transaction_checks_sent", "Checks delivered to a live producer"
         )
-        self.tx_checks_answered = Counter(
-            "txmq_transaction_checks_answered", "END_TRANSACTION answers to checks", registry=r
+        self.tx_checks_answered = c(
+            "txmq_transaction_checks_answered", "END_TRANSACTION answers to checks"
         )
-        self.tx_checks_unexpected = Counter(
-            "txmq_transaction_checks_unexpected",
-            "Checks answered for transactions already decided",
-            registry=r,
+        self.tx_checks_unexpected = c(
+            "txmq_transaction_checks_unexpected", "Checks answered for transactions already decided"
         )
-        self.tx_pending = Gauge(
-            "txmq_transaction_pending", "Pending half messages", ["topic", "group"], registry=r
-        )
-        self.tx_pending_oldest = Gauge(
+        self.tx_pending = g("txmq_transaction_pending", "Pending half messages", ["topic", "group"])
+        self.tx_pending_oldest = g(
             "txmq_transaction_pending_oldest_seconds",
             "Age of the oldest pending half",
             ["topic", "group"],
-            registry=r,
         )
         # Cluster mode (docs/cluster.md), on a group's leader.
-        self.replication_lag = Gauge(
+        self.replication_lag = g(
             "txmq_replication_lag_bytes",
             "Commit-log bytes a follower is behind the leader",
             ["replica"],
-            registry=r,
         )
-        self.in_sync_replicas = Gauge(
-            "txmq_in_sync_replicas", "Replicas in the group's in-sync set", registry=r
-        )
-        self.elections = Counter(
-            "txmq_elections", "Elections this broker process has won", registry=r
-        )
+        self.in_sync_replicas = g("txmq_in_sync_replicas", "Replicas in the group's in-sync set")
+        self.elections = c("txmq_elections", "Elections this broker process has won")
 
         # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call,
         # and the send path counts one request and one put per message.
         self._request_counters: dict[int | str, Any] = {}
         self._error_counters: dict[int, Any] = {}
         self._put_counters: dict[str, Any] = {}
+        self._out_counters: dict[tuple[str, str], Any] = {}
+        self._latency: dict[int | str, Any] = {}
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
 
     def record_request(self, code: int | str) -> None:
         """Count one request of ``code`` (a request code, or a name such as ``grpc:Send``)."""
@@ -131,13 +176,63 @@ class BrokerMetrics:
             child.inc(n)
         self.bytes_put.inc(nbytes)
 
+    def record_out(self, topic: str, group: str, n: int) -> None:
+        """Count ``n`` messages returned to ``group`` from ``topic`` (one call per answer)."""
+        key = (topic, group)
+        child = self._out_counters.get(key)
+        if child is None:
+            child = self._out_counters[key] = self.messages_out.labels(topic, group)
+        child.inc(n)
+
+    def observe_latency(self, code: int | str, seconds: float) -> None:
+        """One request of ``code`` answered after ``seconds``."""
+        child = self._latency.get(code)
+        if child is None:
+            child = self._latency[code] = self.request_latency.labels(str(code))
+        child.observe(seconds)
+
+    def timed(self, processors: dict[int, P]) -> dict[int, P]:
+        """``processors`` (request code -> ``async (conn, cmd)``), each timed into
+        :attr:`request_latency` (whether it answers or raises)."""
+        return {code: self._timed(code, proc) for code, proc in processors.items()}
+
+    def _timed(self, code: int, proc: P) -> P:
+        observe = self.request_latency.labels(str(code)).observe
+        clock = time.perf_counter
+
+        async def timed(*args: Any) -> Any:
+            t0 = clock()
+            try:
+                return await proc(*args)
+            finally:
+                observe(clock() - t0)
+
+        return timed  # type: ignore[return-value]
+
+    def watch(self, figures: Any) -> None:
+        """Add scrape-time figures (:mod:`.metrics_scrape`: ``refresh()`` on the event loop,
+        ``collect()`` from any thread)."""
+        add_figures(self.registry, figures)
+
     def snapshot(self) -> dict[str, Any]:
-        """All samples as ``{"name{label=value}": value}``."""
-        out: dict[str, Any] = {}
-        for metric in self.registry.collect():
-            for s in metric.samples:
-                if s.name.endswith("_created"):
-                    continue
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+        """All samples as ``{"name{label=value}": value}`` (scrape-time figures refreshed
+        first: call it on the event loop)."""
+        self.registry.refresh()
+        return samples(self.registry.collect())
+
+
+def add_figures(registry: MetricsRegistry, figures: Any) -> None:
+    """Register a scrape-time collector (``refresh()`` on the loop, ``collect()`` anywhere)."""
+    registry.register(figures)
+    registry.refreshers.append(figures.refresh)
+
+
+def samples(metrics: Iterable[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric in metrics:
+        for s in metric.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

@@ -4,10 +4,15 @@ serves and accepts writes, or an in-sync follower), each a plain-text answer, 20
 reason.  No authentication; HTTPS with the broker's certificate while TLS is enforcing.
 
 Served by a small threaded WSGI server (the standard library's, as prometheus-client's own
-``start_http_server``), because that one serves nothing but ``/metrics``."""
+``start_http_server``), because that one serves nothing but ``/metrics``.  Before answering
+``/metrics`` it asks the broker's event loop to refresh the scrape-time figures (consumer lag,
+disk, ...: :mod:`.metrics_scrape`), so they are read while nothing changes them; when the loop
+has not started within :data:`LOOP_WAIT` seconds (busy, or blocked), the server's thread does it."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ssl
 import threading
 from collections.abc import Callable, Iterable
@@ -16,6 +21,12 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+#: How long a scrape waits for the event loop to start refreshing the scrape-time figures
+#: before it refreshes them itself (seconds).
+LOOP_WAIT = 0.5
+#: Longest a scrape waits for a refresh the loop has started.
+REFRESH_TIMEOUT = 5.0
 
 #: ``(ready, why)``: what ``/readyz`` answers.
 Probe = Callable[[], tuple[bool, str]]
@@ -36,6 +47,7 @@ class OpsServer:
     Args:
         registry: the metrics to serve (a callable: the registry of whoever serves now).
         ready: ``/readyz``'s probe, called on the server's thread (keep it to reading fields).
+        loop: where a registry's ``refresh()`` runs (default: the running loop, if any).
     """
 
     def __init__(
@@ -49,8 +61,15 @@ class OpsServer:
         keyfile: str | None = None,
         client_cafile: str | None = None,
         client_auth_required: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._registry = registry
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._loop = loop
         self._ready = ready
         self._last: tuple[CollectorRegistry, Any] | None = None
         self._httpd = make_server(addr, port, self._app, _Server, handler_class=_Quiet)
@@ -77,10 +96,43 @@ class OpsServer:
             )
             return [f"{'ok' if ok else 'not ready'}: {why}\n".encode()]
         registry = self._registry()
+        refresh = getattr(registry, "refresh", None)
+        if refresh is not None:
+            self._on_loop(refresh)
         last = self._last
         if last is None or last[0] is not registry:
             last = self._last = (registry, make_wsgi_app(registry))
         return last[1](environ, start_response)  # type: ignore[no-any-return]
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None:
+            fn()
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    fn()
+                    done.set_result(None)
+                except BaseException as exc:
+                    done.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop is closed: the broker is going away
+            return
+        try:
+            done.result(LOOP_WAIT)
+        except concurrent.futures.TimeoutError:
+            if done.cancel():
+                # The loop is busy or blocked and has not started it: refresh from here (the
+                # figures read the store and tables defensively, and a failure keeps the
+                # previous scrape's figures).
+                fn()
+            else:
+                done.result(REFRESH_TIMEOUT)
 
     def stop(self) -> None:
         self._httpd.shutdown()

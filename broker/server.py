@@ -41,6 +41,7 @@ from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
 from .messaging.locks import QueueLockTable
 from .metrics import BrokerMetrics
+from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
 from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
@@ -324,13 +325,14 @@ class BrokerController:
         self.locker = LockProcessor(self.locks)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
-        self._processors = self._build_processors()
+        self._processors = self.metrics.timed(self._build_processors())
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep
             self.write.subscribe(rep)
             self._processors.update(rep.processors())
             self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+        self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
         self.write.subscribe(ctx.hold)
         self.write.subscribe(self.schedule)
         if self.before_serving is not None:

@@ -37,6 +37,7 @@ from txmq.protocol.command import RemotingCommand
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
+from ..metrics_scrape import follower_registry
 from ..ops import OpsServer, start_ops_server
 from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
 from ..store import MessageStore, TopicConfig
@@ -300,7 +301,7 @@ class ClusterNode:
         #: The operations port (metricsPort), served for every role of this replica.
         self.ops: OpsServer | None = None
         #: What /metrics serves while this replica does not lead.
-        self._follower_metrics = CollectorRegistry()
+        self._follower_metrics = follower_registry(lambda: self.follower, clock)
 
     # -- lifecycle --------------------------------------------------------------------------
 

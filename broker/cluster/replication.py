@@ -429,6 +429,8 @@ class ReplicaFetcher:
     leader_end: int = field(default=0, init=False)
     caught_up: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     fetches: int = field(default=0, init=False)
+    #: When a fetch last reached the leader's end (``time.monotonic()``).
+    caught_up_at: float = field(default_factory=time.monotonic, init=False)
     _leader_epochs: list[tuple[int, int]] = field(default_factory=list, init=False)
 
     def _fields(self, **more: Any) -> dict[str, Any]:
@@ -511,6 +513,7 @@ class ReplicaFetcher:
                 await self.run_blocking(self.store.flush)
             self.epochs.adopt(self._leader_epochs, end)
         if self.store.max_phy_offset >= self.leader_end:
+            self.caught_up_at = time.monotonic()
             self.caught_up.set()
 
     async def _meta(self, conn: Connection) -> None:

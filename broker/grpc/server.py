@@ -14,6 +14,7 @@ docs/security.md).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +192,11 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 return _refusal(response, request, refused)
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
-        return await method(request, context)
+        t0 = time.perf_counter()
+        try:
+            return await method(request, context)
+        finally:
+            service.ctx.metrics.observe_latency(f"grpc:{name}", time.perf_counter() - t0)
 
     return call
 
@@ -208,8 +213,10 @@ def _server_streaming(service: MessagingService, name: str, response: Any) -> Ca
                 return
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
+        t0 = time.perf_counter()
         async for item in method(request, context):
             yield item
+        service.ctx.metrics.observe_latency(f"grpc:{name}", time.perf_counter() - t0)
 
     return call
 

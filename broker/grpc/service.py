@@ -668,6 +668,11 @@ class MessagingService:
             )
             return
         yield spb.ReceiveMessageResponse(status=status())
+        self.ctx.metrics.record_out(
+            convert.resource_name(request.message_queue.topic),
+            convert.resource_name(request.group),
+            len(found),
+        )
         for m in found:
             yield spb.ReceiveMessageResponse(message=m)
         ts = spb.ReceiveMessageResponse()

@@ -96,6 +96,7 @@ class PullMessageProcessor:
         s = r.status
         if s is GetMessageStatus.FOUND:
             self.ctx.metrics.messages_pulled.inc(r.count)
+            self.ctx.metrics.record_out(h.topic, h.consumer_group, r.count)
             return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields(), r.joined)
         if s is GetMessageStatus.NO_MATCHED_MESSAGE or s is GetMessageStatus.OFFSET_FOUND_NULL:
             return cmd.response(
