@@ -198,8 +198,7 @@ def overview(info: dict[str, Any], cluster: dict[str, Any] | None) -> str:
         ("role", role),
         ("uptime", duration(info.get("uptimeMs"))),
         ("flush", info.get("flushDiskType")),
-        ("disk used", f"{float(disk) * 100:.0f} %" if disk is not None else "-"),
-        ("store folder", info.get("storePathRootDir")),
+        ("disk used", f"{float(disk):.1f} %" if disk is not None else "-"),
         (
             "commit log",
             f"{info.get('store.commit_log_min_offset', 0)} .. "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,6 +169,17 @@ class Scene:
         self.transaction_id = result.transaction_id or result.msg_id
         self.offset_msg_id = result.offset_msg_id or ""
 
+    def send(self, body: str) -> None:
+        async def go() -> None:
+            producer = AsyncProducer("shop", self.address, config=self.config)
+            await producer.start()
+            try:
+                await producer.send_message(Message(TOPIC, body.encode()))
+            finally:
+                await producer.shutdown()
+
+        self.run(go())
+
     def transaction(self) -> dict[str, Any]:
         async def get() -> dict[str, Any]:
             async with self.admin() as admin:
@@ -291,7 +303,10 @@ def test_every_page_shows_the_broker_and_an_operator_commits_a_hanging_transacti
         assert kv_value(d, "broker", "broker name") == tx_broker.config.broker_name
         assert kv_value(d, "broker", "role") == "single node"
         assert kv_value(d, "broker", "address") == tx_broker.address
-        assert re.fullmatch(r"\d+ %", kv_value(d, "broker", "disk used"))
+        disk = kv_value(d, "broker", "disk used")
+        usage = shutil.disk_usage(tx_broker.config.store_path_root_dir)
+        assert disk.endswith(" %"), disk
+        assert abs(float(disk[:-2]) - usage.used / usage.total * 100) < 5, (disk, usage)
         assert kv_value(d, "txn-summary", "pending") == "1"
         assert "sign out" not in text  # no ACL, no sign-in
         shot(d, "overview")
@@ -389,6 +404,67 @@ def test_every_page_shows_the_broker_and_an_operator_commits_a_hanging_transacti
         )
         wait_until_sync(lambda: "CSRF" in d.page_source, PAGE_TIMEOUT, "the CSRF refusal")
         assert scene.transaction()["state"] == "COMMITTED"
+    finally:
+        console.stop()
+        scene.close()
+
+
+@pytest.fixture
+def parking_broker(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
+    # two unanswered checks and the transaction is parked
+    return broker_thread_factory(transaction_check_max=2)
+
+
+def test_a_parked_transaction_is_resumed_then_rolled_back_from_its_page(
+    parking_broker: BrokerThread, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    scene = Scene(parking_broker.address)
+    console = ConsoleProcess(parking_broker.address)
+    try:
+        scene.build()
+        wait_until_sync(
+            lambda: scene.transaction()["state"] == "DISCARDED",
+            PAGE_TIMEOUT,
+            "the broker to park the transaction after its checks",
+        )
+        base = console.start()
+        d = browser
+
+        open_page(d, base + "transactions", "transactions")
+        row = {r[0]: r for r in rows(d, "transactions")}[scene.transaction_id]
+        assert row[1] == "PARKED", row
+        assert rows(d, "by-group")[0][:4] == [TX_GROUP, TOPIC, "0", "1"]
+        open_page(d, base, "txn-summary")
+        assert kv_value(d, "txn-summary", "parked (checks exhausted)") == "1"
+
+        # resume: the broker asks the producer again
+        open_page(d, base + "transactions/" + quote(scene.transaction_id), "resume")
+        assert kv_value(d, "txn", "state") == "PARKED"
+        checks = scene.listener.checks
+        click_and_wait(d, "resume", "confirm")
+        click_and_wait(d, "confirm", "notice")
+        assert "resumed" in d.find_element(By.ID, "notice").text
+        wait_until_sync(
+            lambda: scene.listener.checks > checks,
+            PAGE_TIMEOUT,
+            "the producer to be asked again after the resume",
+        )
+
+        # roll back: the message is dropped, never delivered
+        open_page(d, base + "transactions/" + quote(scene.transaction_id), "rollback")
+        click_and_wait(d, "rollback", "confirm")
+        click_and_wait(d, "confirm", "notice")
+        assert "rolled back" in d.find_element(By.ID, "notice").text
+        assert scene.transaction()["state"] == "ROLLED_BACK"
+        open_page(d, base + "transactions?state=ROLLED_BACK", "transactions")
+        assert scene.transaction_id in {r[0] for r in rows(d, "transactions")}
+        scene.send("after the rollback")
+        wait_until_sync(
+            lambda: "after the rollback" in scene.bodies(), PAGE_TIMEOUT, "the marker message"
+        )
+        assert NASTY_BODY not in scene.bodies()
     finally:
         console.stop()
         scene.close()
