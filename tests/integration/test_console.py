@@ -8,6 +8,7 @@ Each page is saved as a screenshot in docs/console/ (docs/console.md shows them)
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -21,6 +22,8 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.support.browser import PAGE_TIMEOUT, ConsoleProcess, chromium, need_chromium
+from tests.support.cluster import BrokerCluster
+from tests.support.etcd import EtcdCluster, etcd_binary
 from tests.support.waiting import wait_until_sync
 from txmq.client import (
     AsyncProducer,
@@ -540,6 +543,37 @@ def test_with_the_acl_on_a_read_only_account_sees_the_pages_but_cannot_commit(
     finally:
         console.stop()
         scene.close()
+
+
+def test_in_cluster_mode_the_overview_shows_role_epoch_and_in_sync_replicas(
+    tmp_path: Path, browser: Any
+) -> None:
+    etcd_binary()  # or skip (fail under CI) saying how to get it
+    etcd = EtcdCluster(tmp_path / "etcd", 1).start()
+    bc = BrokerCluster(
+        tmp_path / "cluster", etcd.endpoints, name=f"console{os.getpid()}", groups={"g1": 2}
+    )
+    console: ConsoleProcess | None = None
+    try:
+        leader = asyncio.run(bc.start_group("g1"))
+        status = asyncio.run(bc.group_status("g1"))
+        assert status is not None
+        console = ConsoleProcess(leader.addr)
+        base = console.start()
+        d = browser
+        open_page(d, base, "cluster")
+        assert kv_value(d, "broker", "role") == f"leader (replica {leader.replica} of group g1)"
+        [row] = rows(d, "cluster")
+        assert row[0] == "g1"
+        assert row[1] == f"replica {leader.replica} at {leader.addr}"
+        assert row[2] == str(status["epoch"])
+        assert row[4] == "0, 1", row  # both replicas in sync
+        shot(d, "cluster")
+    finally:
+        if console is not None:
+            console.stop()
+        bc.stop_all()
+        etcd.stop()
 
 
 def test_screenshots_are_where_the_guide_shows_them() -> None:
