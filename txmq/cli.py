@@ -1017,13 +1017,17 @@ def console(broker: str, listen: str) -> None:
     transactions (commit, roll back, resume) and messages.  Pages are read with the account
     given to txmq (--access-key); with the broker's ACL on, operators sign in and their actions
     are signed with their own account.  Runs until interrupted."""
+    import signal
+
     from txmq.client.admin import split_address
     from txmq.client.console import Console
 
     try:
         host, port = split_address(listen)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    except ValueError:
+        raise click.BadParameter(
+            f"must be host:port, got {listen!r}", param_hint="--listen"
+        ) from None
     access_key, secret_key = _credentials()
     try:
         server = Console(
@@ -1031,8 +1035,10 @@ def console(broker: str, listen: str) -> None:
         )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from None
-    click.echo(f"txmq console for broker {broker} on {server.url}", err=False)
+    click.echo(f"txmq console for broker {broker} on {server.url}")
     sys.stdout.flush()
+    # SIGTERM (a service manager, docker stop) ends it like Ctrl-C: the port is closed cleanly
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -407,6 +407,9 @@ def test_every_page_shows_the_broker_and_an_operator_commits_a_hanging_transacti
         )
         wait_until_sync(lambda: "CSRF" in d.page_source, PAGE_TIMEOUT, "the CSRF refusal")
         assert scene.transaction()["state"] == "COMMITTED"
+
+        # SIGTERM ends the console cleanly
+        assert console.stop() == 0, console.output
     finally:
         console.stop()
         scene.close()

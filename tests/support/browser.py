@@ -3,7 +3,8 @@ through Debian's chromium-driver (the two come from the same source package, so 
 always match), and ``txmq console`` in a child process.
 
 Where the browser is missing (``make pytest`` installs it with tests/support/get_chromium.sh
-when it can), the tests skip saying why, and fail under CI (``CI=true``)."""
+when it can), the tests skip saying why, and fail under CI (``CI=true``).  ``TXMQ_CHROMIUM`` and
+``TXMQ_CHROMEDRIVER`` name other binaries."""
 
 from __future__ import annotations
 
@@ -31,11 +32,21 @@ def _find(*names: str) -> str | None:
     return None
 
 
+def _given(variable: str) -> str | None:
+    """The executable an environment variable names; "" (missing) when it names none."""
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return value if os.access(value, os.X_OK) else ""
+
+
 def need_chromium() -> tuple[str, str]:
     """The paths of chromium and chromedriver, or skip (fail under CI) saying what is
     missing."""
-    browser = os.environ.get("TXMQ_CHROMIUM") or _find("chromium", "chromium-browser")
-    driver = os.environ.get("TXMQ_CHROMEDRIVER") or _find("chromedriver")
+    browser = _given("TXMQ_CHROMIUM")
+    driver = _given("TXMQ_CHROMEDRIVER")
+    browser = _find("chromium", "chromium-browser") if browser is None else browser or None
+    driver = _find("chromedriver") if driver is None else driver or None
     try:
         import selenium  # noqa: F401
     except ImportError:
@@ -134,14 +145,17 @@ class ConsoleProcess:
         self.stop()
         pytest.fail(f"txmq console did not start within {timeout}s; it printed: {self.output}")
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (SIGKILL after ``timeout``); the exit status (None: never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        return self.proc.returncode
