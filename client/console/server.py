@@ -9,6 +9,7 @@ signed-in operator's account (an action, the sign-in check) opens one with that 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import secrets
 import ssl
 import threading
@@ -142,6 +143,13 @@ class ConsoleError(Exception):
         self.status = status
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def internal_topic(name: str) -> bool:
     return (
         name in SYSTEM_TOPICS
@@ -211,6 +219,21 @@ class Console:
             self._thread.join(timeout)
         self.httpd.server_close()
         self._loop.stop(timeout)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        """A console listening on loopback answers only requests addressed to a loopback
+        name; one listening elsewhere (behind a proxy, say) answers any."""
+        bound = str(self.httpd.server_address[0])
+        if not _loopback(bound):
+            return True
+        if not host_header:
+            return False
+        host = host_header.strip()
+        if host.startswith("["):  # [::1]:8088
+            host = host[1 : host.find("]")] if "]" in host else host
+        else:
+            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return host.lower() == "localhost" or _loopback(host)
 
     # -- broker calls -----------------------------------------------------------------------------
 
@@ -592,6 +615,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         console = self.server.console
+        if not console.host_allowed(self.headers.get("Host")):
+            # a page of another site reaching a console on loopback through a name of its own
+            # (DNS rebinding) is not served
+            self.send_error(HTTPStatus.MISDIRECTED_REQUEST, "unknown Host for this console")
+            return
         url = urlsplit(self.path)
         parts = [unquote(s) for s in url.path.split("/") if s]
         query = {k: v[0] for k, v in parse_qs(url.query).items()}

@@ -87,6 +87,28 @@ def test_every_answer_has_the_security_headers_and_an_http_only_cookie(console: 
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie, cookie
 
 
+def test_a_console_on_loopback_answers_only_requests_for_a_loopback_name(
+    console: Console,
+) -> None:
+    port = urlsplit(console.url).port
+    for host, served in (
+        (f"127.0.0.1:{port}", True),
+        (f"localhost:{port}", True),
+        (f"[::1]:{port}", True),
+        (f"attacker.example:{port}", False),  # DNS rebinding
+        ("attacker.example", False),
+    ):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.putrequest("GET", "/", skip_host=True)
+            conn.putheader("Host", host)
+            conn.endheaders()
+            status = conn.getresponse().status
+        finally:
+            conn.close()
+        assert (status == 200) is served and (status == 421) is not served, (host, status)
+
+
 def test_missing_things_are_404_and_bad_input_is_said_plainly(console: Console) -> None:
     client = Http(console.url)
     assert client.request("GET", "/nowhere")[0] == 404
