@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client grpc-gen etcd spark35
+	docker-image py5-client grpc-gen etcd spark35 chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
@@ -23,7 +23,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client etcd spark35
+pytest: $(STAMP) docker-setup py5-client etcd spark35 chromium
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -63,6 +63,12 @@ docker-image: docker-setup wheels etcd
 ## and etcd-client packages unpacked (no system install).
 etcd:
 	@sh tests/support/get_etcd.sh || [ $$? -eq 3 ]
+
+## Debian's chromium and chromium-driver for the web console's browser tests
+## (tests/integration/test_console.py), installed with apt when missing.  Status 3 of the
+## script: this machine cannot (not root, no apt); the tests then say why.
+chromium:
+	@sh tests/support/get_chromium.sh || [ $$? -eq 3 ]
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

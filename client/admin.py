@@ -24,7 +24,9 @@ from txmq.protocol.headers import (
     GetTransactionRequestHeader,
     ListTransactionsRequestHeader,
     ResumeCheckHalfMessageRequestHeader,
+    ViewMessageRequestHeader,
 )
+from txmq.protocol.message import MessageExt, decode_message, decode_offset_msg_id, inflate_body
 
 COMMIT = 0x8
 ROLLBACK = 0xC
@@ -156,6 +158,22 @@ class AsyncAdminClient:
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
         return dict(json.loads(resp.body))
+
+    async def view_message(self, offset_msg_id: str) -> MessageExt:
+        """The stored message an offsetMsgId names (VIEW_MESSAGE_BY_ID), its body inflated
+        when the producer compressed it with zlib.
+
+        Raises:
+            ProtocolError: ``offset_msg_id`` is not an offsetMsgId (32 hex digits).
+            QueryNotFoundError: no message starts at that commit-log offset.
+        """
+        _, offset = decode_offset_msg_id(offset_msg_id)
+        resp = await self._call(
+            RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(offset).to_ext_fields()
+        )
+        msg = decode_message(resp.body)
+        inflate_body(msg)
+        return msg
 
     # -- consumer groups and clients -----------------------------------------------------------
 

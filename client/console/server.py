@@ -1,0 +1,665 @@
+"""The console's HTTP side: routing, sessions, sign-in, CSRF tokens and the broker calls.
+
+The standard library's :class:`~http.server.ThreadingHTTPServer` serves it (a page is a
+handful of admin requests; no framework is needed).  Each page opens one admin connection on
+the console's event-loop thread, makes its requests and closes it; a request that needs the
+signed-in operator's account (an action, the sign-in check) opens one with that account.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from txmq.protocol.errors import (
+    BrokerResponseError,
+    NoPermissionError,
+    ProtocolError,
+    ServiceNotAvailableError,
+    TxmqError,
+)
+from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS
+
+from ..admin import AsyncAdminClient
+from ..bridge import LoopThread
+from ..logs import get_logger
+from . import pages
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+COOKIE = "txmq_console"
+#: Seconds a session lives without a request.
+SESSION_IDLE = 1800.0
+#: Sessions kept at most (the oldest go first): a flood of cookie-less requests cannot grow
+#: the table without bound.
+MAX_SESSIONS = 10_000
+#: Largest form body read.
+MAX_FORM = 64 * 1024
+#: Security headers of every answer: no script at all, nothing from elsewhere.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+#: What the broker answers for a key it knows whose account lacks a right: the sign-in check
+#: accepts these (the key and secret are right); anything else refused is a failed sign-in.
+_AUTHENTICATED_REFUSALS = ("needs an admin account", "missing permission")
+
+
+@dataclass
+class Session:
+    token: str
+    csrf: str
+    last_seen: float
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    admin: bool = False
+
+
+class Sessions:
+    """Browser sessions in memory: a random token in an HttpOnly cookie, a CSRF token, and
+    after sign-in the account (its secret stays here, never in a page or a cookie)."""
+
+    def __init__(
+        self,
+        idle: float = SESSION_IDLE,
+        limit: int = MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.idle = idle
+        self.limit = limit
+        self.clock = clock
+        self._by_token: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str | None) -> Session | None:
+        if not token:
+            return None
+        now = self.clock()
+        with self._lock:
+            s = self._by_token.get(token)
+            if s is None:
+                return None
+            if now - s.last_seen > self.idle:
+                del self._by_token[token]
+                return None
+            s.last_seen = now
+            return s
+
+    def new(self, access_key: str | None = None, secret_key: str | None = None) -> Session:
+        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), self.clock())
+        s.access_key, s.secret_key = access_key, secret_key
+        with self._lock:
+            now = self.clock()
+            for token in [t for t, x in self._by_token.items() if now - x.last_seen > self.idle]:
+                del self._by_token[token]
+            while len(self._by_token) >= self.limit:
+                del self._by_token[next(iter(self._by_token))]
+            self._by_token[s.token] = s
+        return s
+
+    def drop(self, token: str) -> None:
+        with self._lock:
+            self._by_token.pop(token, None)
+
+
+@dataclass
+class Request:
+    method: str
+    parts: list[str]
+    query: dict[str, str]
+    form: dict[str, str]
+    session: Session
+    target: str
+
+
+@dataclass
+class Response:
+    status: int
+    body: str = ""
+    location: str | None = None
+    session: Session | None = None  # a new session to set the cookie of
+
+
+class ConsoleError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def internal_topic(name: str) -> bool:
+    return (
+        name in SYSTEM_TOPICS
+        or name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
+        or name == "TBW102"
+    )
+
+
+class Console:
+    """The web console of one broker.
+
+    Args:
+        broker: the broker's ``host:port``.
+        access_key, secret_key: the account pages are read with (an admin account when the
+            broker's ACL is on).
+        tls: as for :class:`~txmq.client.admin.AsyncAdminClient`.
+        host, port: where to listen (port 0: any free port; see :attr:`url`).
+        timeout: seconds for each broker request.
+    """
+
+    def __init__(
+        self,
+        broker: str,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: bool | ssl.SSLContext = False,
+        host: str = "127.0.0.1",
+        port: int = 8088,
+        timeout: float = 5.0,
+        sessions: Sessions | None = None,
+    ) -> None:
+        self.broker = broker
+        self.credentials = (access_key, secret_key)
+        self.tls = tls
+        self.timeout = timeout
+        self.sessions = sessions or Sessions()
+        self._acl: bool | None = None
+        self._loop = LoopThread("txmq-console-loop")
+        try:
+            self.httpd = _Server((host, port), _Handler)
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.httpd.console = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://{host}:{port}/"
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> None:
+        """Serve from a background thread (:meth:`close` stops it)."""
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="txmq-console-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join(timeout)
+        self.httpd.server_close()
+        self._loop.stop(timeout)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        """A console listening on loopback answers only requests addressed to a loopback
+        name; one listening elsewhere (behind a proxy, say) answers any."""
+        bound = str(self.httpd.server_address[0])
+        if not _loopback(bound):
+            return True
+        if not host_header:
+            return False
+        host = host_header.strip()
+        if host.startswith("["):  # [::1]:8088
+            host = host[1 : host.find("]")] if "]" in host else host
+        else:
+            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return host.lower() == "localhost" or _loopback(host)
+
+    # -- broker calls -----------------------------------------------------------------------------
+
+    def call(
+        self,
+        fn: Callable[[AsyncAdminClient], Awaitable[T]],
+        credentials: tuple[str | None, str | None] | None = None,
+    ) -> T:
+        access_key, secret_key = credentials or self.credentials
+
+        async def go() -> T:
+            async with AsyncAdminClient(
+                self.broker,
+                self.timeout,
+                access_key=access_key,
+                secret_key=secret_key,
+                tls=self.tls,
+            ) as admin:
+                return await fn(admin)
+
+        return self._loop.run(go(), timeout=self.timeout * 6)
+
+    def acl_enabled(self) -> bool:
+        """Whether the broker checks an ACL (asked once, then remembered)."""
+        if self._acl is None:
+            try:
+                settings = self.call(lambda a: a.broker_config())
+                self._acl = settings.get("aclEnable", "false").lower() == "true"
+            except NoPermissionError:  # only a broker with its ACL on refuses anything
+                self._acl = True
+        return self._acl
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def handle(self, req: Request) -> Response:
+        try:
+            return self._route(req)
+        except ConsoleError as exc:
+            return self._page(req, exc.status, "Error", pages.error(str(exc)))
+        except NoPermissionError as exc:
+            return self._page(
+                req,
+                HTTPStatus.FORBIDDEN,
+                "Refused",
+                pages.error(f"The broker refused the console's request: {exc}"),
+            )
+        except (ProtocolError, BrokerResponseError) as exc:
+            return self._page(req, HTTPStatus.BAD_REQUEST, "Error", pages.error(str(exc)))
+        except (TxmqError, OSError) as exc:
+            return self._page(
+                req,
+                HTTPStatus.BAD_GATEWAY,
+                "Broker unreachable",
+                pages.error(f"The broker at {self.broker} does not answer: {exc}"),
+            )
+
+    def _page(
+        self, req: Request, status: int, title: str, content: str, active: str = ""
+    ) -> Response:
+        user = req.session.access_key if self._acl else None
+        body = pages.layout(
+            title,
+            content,
+            active=active,
+            broker=self.broker,
+            user=user,
+            csrf=req.session.csrf,
+        )
+        return Response(status, body)
+
+    def _route(self, req: Request) -> Response:
+        p, m = req.parts, req.method
+        if m == "POST" and not hmac.compare_digest(
+            req.form.get("csrf", "").encode(), req.session.csrf.encode()
+        ):
+            raise ConsoleError(
+                HTTPStatus.FORBIDDEN,
+                "This form is out of date or did not come from this console (CSRF token "
+                "missing or wrong). Open the page again and retry.",
+            )
+        if p == ["login"]:
+            return self._login(req)
+        if p == ["logout"] and m == "POST":
+            self.sessions.drop(req.session.token)
+            return Response(HTTPStatus.SEE_OTHER, location="/", session=self.sessions.new())
+        if self.acl_enabled() and req.session.access_key is None:
+            return Response(HTTPStatus.SEE_OTHER, location=pages.path("login", next=req.target))
+        if m == "GET":
+            if p == []:
+                return self._overview(req)
+            if p == ["topics"]:
+                return self._topics(req)
+            if len(p) == 2 and p[0] == "topics":
+                return self._topic(req, p[1])
+            if p == ["groups"]:
+                return self._groups(req)
+            if len(p) == 2 and p[0] == "groups":
+                return self._group(req, p[1])
+            if p == ["transactions"]:
+                return self._transactions(req)
+            if len(p) == 2 and p[0] == "transactions":
+                t = self._transaction_or_404(p[1])
+                return self._page(
+                    req,
+                    HTTPStatus.OK,
+                    f"Transaction {p[1]}",
+                    pages.transaction(t),
+                    "transactions",
+                )
+            if len(p) == 3 and p[0] == "transactions" and p[2] == "confirm":
+                return self._confirm(req, p[1], req.query.get("action", ""))
+            if p == ["messages"]:
+                return self._message(req)
+        if m == "POST" and len(p) == 3 and p[0] == "transactions":
+            return self._act(req, p[1], p[2])
+        raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such page: {req.target}")
+
+    # -- sign-in -----------------------------------------------------------------------------
+
+    def _login(self, req: Request) -> Response:
+        next_url = req.form.get("next") or req.query.get("next") or "/"
+        if not next_url.startswith("/") or next_url.startswith("//"):
+            next_url = "/"
+        if not self.acl_enabled():
+            return Response(HTTPStatus.SEE_OTHER, location=next_url)
+        if req.method == "GET":
+            return self._page(
+                req, HTTPStatus.OK, "Sign in", pages.login(next_url, req.session.csrf, None)
+            )
+        ak = req.form.get("access_key", "").strip()
+        sk = req.form.get("secret_key", "")
+        problem = None
+        admin = False
+        if not ak or not sk:
+            problem = "Give both the AccessKey and the SecretKey."
+        else:
+
+            async def probe(a: AsyncAdminClient) -> None:
+                await a.runtime_info()
+
+            try:
+                self.call(probe, (ak, sk))
+                admin = True
+            except NoPermissionError as exc:
+                if not any(s in str(exc) for s in _AUTHENTICATED_REFUSALS):
+                    problem = f"The broker refused these credentials: {exc}"
+        if problem is not None:
+            log.info("console_sign_in_refused", access_key=ak)
+            return self._page(
+                req,
+                HTTPStatus.UNAUTHORIZED,
+                "Sign in",
+                pages.login(next_url, req.session.csrf, problem),
+            )
+        log.info("console_signed_in", access_key=ak, admin=admin)
+        # a new token at sign-in: a token seen before it (a fixed session) is worth nothing
+        self.sessions.drop(req.session.token)
+        s = self.sessions.new(ak, sk)
+        s.admin = admin
+        return Response(HTTPStatus.SEE_OTHER, location=next_url, session=s)
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def _overview(self, req: Request) -> Response:
+        async def collect(a: AsyncAdminClient) -> tuple[dict[str, Any], dict[str, Any] | None]:
+            info = await a.runtime_info()
+            try:
+                cluster: dict[str, Any] | None = await a.cluster_status()
+            except ServiceNotAvailableError:  # a single node
+                cluster = None
+            return info, cluster
+
+        info, cluster = self.call(collect)
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            f"Broker {info.get('brokerName')}",
+            pages.overview(info, cluster),
+            "overview",
+        )
+
+    def _topics(self, req: Request) -> Response:
+        show_all = req.query.get("all") == "1"
+
+        async def collect(a: AsyncAdminClient) -> list[dict[str, Any]]:
+            table = await a.list_topics()
+            rows = []
+            for name in sorted(table):
+                if not show_all and internal_topic(name):
+                    continue
+                stats = await a.topic_stats(name)
+                queues = stats.get("offsetTable") or []
+                rows.append(
+                    {
+                        **table[name],
+                        "name": name,
+                        "messages": sum(q["maxOffset"] - q["minOffset"] for q in queues),
+                        "groups": sorted(stats.get("consumerOffsets") or {}),
+                    }
+                )
+            return rows
+
+        return self._page(
+            req, HTTPStatus.OK, "Topics", pages.topics(self.call(collect), show_all), "topics"
+        )
+
+    def _topic(self, req: Request, name: str) -> Response:
+        async def collect(a: AsyncAdminClient) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+            config = (await a.list_topics()).get(name)
+            if config is None:
+                raise ConsoleError(HTTPStatus.NOT_FOUND, f"The broker has no topic {name!r}.")
+            return config, await a.topic_stats(name)
+
+        config, stats = self.call(collect)
+        return self._page(
+            req, HTTPStatus.OK, f"Topic {name}", pages.topic(name, config, stats), "topics"
+        )
+
+    async def _members(self, a: AsyncAdminClient, group: str) -> dict[str, Any]:
+        try:
+            return await a.consumer_connections(group)
+        except NoPermissionError:
+            raise
+        except BrokerResponseError:  # 206: no consumer of the group is online
+            return {"connectionSet": []}
+
+    def _groups(self, req: Request) -> Response:
+        async def collect(a: AsyncAdminClient) -> list[dict[str, Any]]:
+            rows = []
+            for g in await a.consumer_groups():
+                stats = await a.consume_stats(g)
+                conns = await self._members(a, g)
+                rows.append(
+                    {
+                        "group": g,
+                        "members": len(conns.get("connectionSet") or []),
+                        "topics": sorted({s["topic"] for s in stats}),
+                        "lag": sum(s["lag"] for s in stats),
+                    }
+                )
+            return rows
+
+        return self._page(
+            req, HTTPStatus.OK, "Consumer groups", pages.groups(self.call(collect)), "groups"
+        )
+
+    def _group(self, req: Request, name: str) -> Response:
+        async def collect(a: AsyncAdminClient) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            if name not in await a.consumer_groups():
+                raise ConsoleError(
+                    HTTPStatus.NOT_FOUND, f"The broker knows no consumer group {name!r}."
+                )
+            return await a.consume_stats(name), await self._members(a, name)
+
+        stats, conns = self.call(collect)
+        return self._page(
+            req, HTTPStatus.OK, f"Consumer group {name}", pages.group(name, stats, conns), "groups"
+        )
+
+    def _transactions(self, req: Request) -> Response:
+        group = req.query.get("group") or None
+        topic = req.query.get("topic") or None
+        state = req.query.get("state") or "PENDING,DISCARDED"
+        txns = self.call(
+            lambda a: a.list_transactions(group=group, topic=topic, state=state, limit=1000)
+        )
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            "Transactions",
+            pages.transactions(txns, group, topic, state),
+            "transactions",
+        )
+
+    def _transaction_or_404(self, transaction_id: str) -> dict[str, Any]:
+        try:
+            return self.call(lambda a: a.get_transaction(transaction_id))
+        except NoPermissionError:
+            raise
+        except BrokerResponseError as exc:
+            raise ConsoleError(
+                HTTPStatus.NOT_FOUND, f"No transaction {transaction_id!r}: {exc}"
+            ) from None
+
+    def _confirm(self, req: Request, transaction_id: str, action: str) -> Response:
+        if action not in pages.ACTIONS:
+            raise ConsoleError(HTTPStatus.BAD_REQUEST, f"No such action: {action!r}")
+        t = self._transaction_or_404(transaction_id)
+        user = req.session.access_key if self._acl else None
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            f"{pages.ACTIONS[action][0]} transaction?",
+            pages.confirm(t, action, req.session.csrf, user),
+            "transactions",
+        )
+
+    def _act(self, req: Request, transaction_id: str, action: str) -> Response:
+        if action not in pages.ACTIONS:
+            raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such action: {action!r}")
+        if self.acl_enabled():
+            credentials = (req.session.access_key, req.session.secret_key)
+            who = req.session.access_key
+        else:
+            credentials = self.credentials
+            who = None
+        reason = req.form.get("reason", "").strip()[:200] or (
+            f"txmq console ({who})" if who else "txmq console"
+        )
+
+        async def act(a: AsyncAdminClient) -> str:
+            if action == "resume":
+                return await a.resume_transaction(transaction_id)
+            return await a.force_decide(transaction_id, action == "commit", reason)
+
+        label = pages.ACTIONS[action][0]
+        try:
+            text = self.call(act, credentials)
+        except NoPermissionError as exc:
+            log.info("console_action_refused", action=action, transaction=transaction_id, by=who)
+            content = pages.action_result(
+                transaction_id,
+                False,
+                f"Refused: the broker's ACL did not let {who or 'the console'} "
+                f"{label.lower()} this transaction. Nothing was changed. ({exc})",
+            )
+            return self._page(
+                req, HTTPStatus.FORBIDDEN, f"{label}: refused", content, "transactions"
+            )
+        except BrokerResponseError as exc:
+            content = pages.action_result(
+                transaction_id, False, f"The broker did not {label.lower()} it: {exc}"
+            )
+            return self._page(req, HTTPStatus.CONFLICT, f"{label}: failed", content, "transactions")
+        log.info("console_action", action=action, transaction=transaction_id, by=who)
+        done = {"commit": "committed", "rollback": "rolled back", "resume": "resumed"}[action]
+        content = pages.action_result(
+            transaction_id, True, f"Transaction {transaction_id} {done}. {text}".strip()
+        )
+        return self._page(req, HTTPStatus.OK, f"{label}: done", content, "transactions")
+
+    def _message(self, req: Request) -> Response:
+        msg_id = req.query.get("id", "").strip()
+        if not msg_id:
+            return self._page(req, HTTPStatus.OK, "Message", pages.message_form(""), "messages")
+        try:
+            msg = self.call(lambda a: a.view_message(msg_id))
+        except ProtocolError:
+            raise ConsoleError(
+                HTTPStatus.BAD_REQUEST,
+                f"{msg_id!r} is not an offset message id (32 hex digits).",
+            ) from None
+        except NoPermissionError:
+            raise
+        except BrokerResponseError as exc:
+            raise ConsoleError(HTTPStatus.NOT_FOUND, f"No message {msg_id!r}: {exc}") from None
+        return self._page(req, HTTPStatus.OK, "Message", pages.message(msg, msg_id), "messages")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    console: Console
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "txmq-console"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("console_http", client=self.client_address[0], line=format % args)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        console = self.server.console
+        if not console.host_allowed(self.headers.get("Host")):
+            # a page of another site reaching a console on loopback through a name of its own
+            # (DNS rebinding) is not served
+            self.send_error(HTTPStatus.MISDIRECTED_REQUEST, "unknown Host for this console")
+            return
+        url = urlsplit(self.path)
+        parts = [unquote(s) for s in url.path.split("/") if s]
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        form: dict[str, str] = {}
+        if method == "POST":
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_FORM:
+                self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+                return
+            raw = self.rfile.read(length).decode("utf-8", errors="replace")
+            form = {k: v[0] for k, v in parse_qs(raw).items()}
+        token = None
+        try:
+            cookie = SimpleCookie(self.headers.get("Cookie") or "")
+            if COOKIE in cookie:
+                token = cookie[COOKIE].value
+        except CookieError:
+            pass
+        session = console.sessions.get(token)
+        fresh = session is None
+        if session is None:
+            session = console.sessions.new()
+        req = Request(
+            method, parts, query, form, session, url.path + (f"?{url.query}" if url.query else "")
+        )
+        resp = console.handle(req)
+        if resp.session is not None:
+            session, fresh = resp.session, True
+        body = resp.body.encode("utf-8")
+        self.send_response(resp.status)
+        for k, v in HEADERS.items():
+            self.send_header(k, v)
+        if resp.location is not None:
+            self.send_header("Location", resp.location)
+        if fresh:
+            self.send_header(
+                "Set-Cookie", f"{COOKIE}={session.token}; Path=/; HttpOnly; SameSite=Strict"
+            )
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
