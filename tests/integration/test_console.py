@@ -4,7 +4,8 @@ UNKNOWN to every check.  Every page loads and shows that data; an operator commi
 transaction from its page and the consumer then receives the message; with the broker's ACL
 on, a read-only account sees the pages but its commit is refused and nothing is committed.
 
-Each page is saved as a screenshot in docs/console/ (docs/console.md shows them)."""
+Each page is saved as a screenshot (in docs/console/, which docs/console.md shows, when
+TXMQ_UPDATE_SCREENSHOTS=1)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import os
 import re
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +46,14 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "console"
+#: Where this run's screenshots go: docs/console/ with TXMQ_UPDATE_SCREENSHOTS=1 (to refresh the
+#: guide's pictures; ports, ids and times differ every run), else a scratch folder, so a test
+#: run leaves the checkout as it was.
+SHOTS_OUT = (
+    SHOTS
+    if os.environ.get("TXMQ_UPDATE_SCREENSHOTS") == "1"
+    else Path(tempfile.mkdtemp(prefix="txmq-console-shots-"))
+)
 
 TOPIC = "orders"
 TX_GROUP = "shop-tx"
@@ -236,13 +246,13 @@ def browser() -> Iterator[Any]:
 
 
 def shot(driver: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    SHOTS_OUT.mkdir(parents=True, exist_ok=True)
     # the whole page: a window as tall as its content (plus what the window itself takes)
     height, frame = driver.execute_script(
         "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
     )
     driver.set_window_size(1280, max(600, min(int(height) + int(frame) + 16, 2400)))
-    assert driver.save_screenshot(str(SHOTS / f"{name}.png")), f"no screenshot of {name}"
+    assert driver.save_screenshot(str(SHOTS_OUT / f"{name}.png")), f"no screenshot of {name}"
     driver.set_window_size(1280, 900)
 
 
