@@ -799,13 +799,19 @@ class AsyncPushConsumer(ConnectedClient):
                 # The subscription changed since the first delivery: no longer wanted.
                 pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
                 continue
-            pq.begin()
-            if sub.is_async:
-                self._spawn(self._consume_async(pq, m, sub.callback))
-            else:
-                self._ensure_workers()
-                assert self._workers is not None
-                self._workers.submit(pq, m, sub.callback)
+            self._hand_over(pq, m, sub.callback, sub.is_async)
+
+    def _hand_over(
+        self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback, is_async: bool
+    ) -> None:
+        """Hand one message to its callback: a task for a coroutine, a worker thread else."""
+        pq.begin()
+        if is_async:
+            self._spawn(self._consume_async(pq, msg, callback))
+        else:
+            self._ensure_workers()
+            assert self._workers is not None
+            self._workers.submit(pq, msg, callback)
 
     def _ensure_workers(self) -> None:
         if self._workers is None and any(not s.is_async for s in self._subs.values()):
@@ -881,13 +887,7 @@ class AsyncPushConsumer(ConnectedClient):
         sub = self._subs.get(msg.topic)
         if sub is None or sub.callback is None or pq.dropped:
             return
-        pq.begin()
-        if sub.is_async:
-            self._spawn(self._consume_async(pq, msg, sub.callback))
-        else:
-            self._ensure_workers()
-            assert self._workers is not None
-            self._workers.submit(pq, msg, sub.callback)
+        self._hand_over(pq, msg, sub.callback, sub.is_async)
 
     async def _send_back(self, pq: ProcessQueue, msg: MessageExt) -> None:
         header = ConsumerSendMsgBackRequestHeader(

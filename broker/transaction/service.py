@@ -148,6 +148,16 @@ class TransactionalMessageService:
     def transaction_id_of(props: dict[str, str]) -> str | None:
         return props.get(MessageConst.TRANSACTION_ID) or props.get(MessageConst.UNIQ_KEY)
 
+    @staticmethod
+    def immunity_ms_of(props: dict[str, str]) -> int | None:
+        """The producer's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms; None when absent or not a
+        number (the broker's check timeout applies)."""
+        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
+        try:
+            return int(float(immunity) * 1000) if immunity else None
+        except ValueError:
+            return None
+
     def prepare_half(self, msg: MessageExt, header_group: str) -> None:
         """Turn an incoming transactional send into a half message (before it is stored)."""
         cfg = self.ctx.config
@@ -196,11 +206,6 @@ class TransactionalMessageService:
         txid = self.transaction_id_of(props)
         if not txid:
             return None
-        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
-        try:
-            immunity_ms = int(float(immunity) * 1000) if immunity else None
-        except ValueError:
-            immunity_ms = None
         half = HalfRef(
             commit_log_offset=msg.commit_log_offset,
             queue_offset=msg.queue_offset,
@@ -209,7 +214,7 @@ class TransactionalMessageService:
             store_timestamp=msg.store_timestamp,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
             offset_msg_id=offset_msg_id,
-            immunity_ms=immunity_ms,
+            immunity_ms=self.immunity_ms_of(props),
         )
         group = props.get(MessageConst.PGROUP, "")
         self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
