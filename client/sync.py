@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from .bridge import LoopThread
-from .config import DEFAULT_BROKER, ClientConfig
-from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
+from .consumer import AsyncPushConsumer, MessageCallback
 from .lifecycle import AsyncClient, ConnectedClient
 from .producer import AsyncProducer
 from .pull_consumer import AsyncPullConsumer
@@ -56,22 +54,16 @@ class _SyncClient:
 
 
 class _GroupClient(_SyncClient, Generic[C]):
-    """A facade whose async client takes the group, the broker and the settings alone."""
+    """A facade that builds its async client from the arguments it is given, as they are (the
+    async class documents them)."""
 
     #: The async client class this facade builds.
     _core_type: type[C]
     core: C
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        self._core = self.core = self._core_type(group, broker, config=config, **settings)
+        self._core = self.core = self._core_type(*args, **kwargs)
 
 
 def blocking(
@@ -107,7 +99,7 @@ class Producer(_GroupClient[AsyncProducer]):
     send_batch = blocking(AsyncProducer.send_batch)
 
 
-class PushConsumer(_SyncClient):
+class PushConsumer(_GroupClient[AsyncPushConsumer]):
     """The blocking-lifecycle push consumer; see :class:`~txmq.client.AsyncPushConsumer`.
 
     Example::
@@ -119,25 +111,7 @@ class PushConsumer(_SyncClient):
         consumer.shutdown()
     """
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
-        max_reconsume_times: int = 16,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__()
-        self._core = self.core = AsyncPushConsumer(
-            group,
-            broker,
-            consume_from=consume_from,
-            max_reconsume_times=max_reconsume_times,
-            config=config,
-            **settings,
-        )
+    _core_type = AsyncPushConsumer
 
     def subscribe(self, topic: str, expression: str | None, callback: MessageCallback) -> None:
         """Consume ``topic``'s messages matching ``expression`` (``"*"`` or ``"a || b"``) with
