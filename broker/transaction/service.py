@@ -41,6 +41,11 @@ from txmq.protocol.message import (
     encode_tail_of,
     pack_host,
 )
+from txmq.protocol.topics import (
+    RMQ_SYS_TRANS_HALF_TOPIC,
+    RMQ_SYS_TRANS_OP_HALF_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+)
 
 from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
 from ..store import (
@@ -50,11 +55,6 @@ from ..store import (
     encode_for_store,
 )
 from ..store.tags import tags_code_of
-from ..topics import (
-    RMQ_SYS_TRANS_HALF_TOPIC,
-    RMQ_SYS_TRANS_OP_HALF_TOPIC,
-    TRANS_CHECK_MAX_TIME_TOPIC,
-)
 from .check import CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
