@@ -20,7 +20,8 @@ import heapq
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -35,6 +36,9 @@ from ..clients import ClientChannel
 from ..metrics import BrokerMetrics
 from .machine import TransactionStateMachine
 from .state import TxRecord, TxState
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
 
 log = structlog.get_logger(__name__)
 
@@ -208,6 +212,29 @@ class CheckSchedule:
         return sorted(txids)
 
 
+@dataclass(frozen=True)
+class CheckLimits:
+    """When a transaction is checked and when it is given up, in ms (check counts aside)."""
+
+    #: ``transactionCheckInterval``: between rounds, and between two checks of a transaction.
+    interval_ms: int
+    #: ``transactionTimeOut``: the age at which a half is first checked.
+    time_out_ms: int
+    #: ``transactionCheckMax``: delivered checks before the transaction is parked.
+    check_max: int
+    #: ``fileReservedTime``: the age past which a transaction is parked.
+    reserved_ms: int
+
+    @classmethod
+    def of(cls, cfg: BrokerConfig) -> CheckLimits:
+        return cls(
+            interval_ms=cfg.transaction_check_interval,
+            time_out_ms=cfg.transaction_time_out,
+            check_max=cfg.transaction_check_max,
+            reserved_ms=int(cfg.file_reserved_time * 3_600_000),
+        )
+
+
 class CheckService:
     """The check loop over the pending transactions of a :class:`TransactionStateMachine`.
 
@@ -223,8 +250,7 @@ class CheckService:
             and the reason.
         on_checked: called after a check was counted (the check-state index is dirty).
         now_ms: the broker's clock.
-        interval_ms, time_out_ms, check_max, reserved_ms: ``transactionCheckInterval``,
-            ``transactionTimeOut``, ``transactionCheckMax``, ``fileReservedTime`` in ms.
+        limits: when to check and when to give up.
         after_round: called after every round (persist the check state, update gauges).
     """
 
@@ -240,10 +266,7 @@ class CheckService:
         after_round: Callable[[], Awaitable[None]],
         now_ms: Callable[[], int],
         metrics: BrokerMetrics,
-        interval_ms: int,
-        time_out_ms: int,
-        check_max: int,
-        reserved_ms: int,
+        limits: CheckLimits,
     ) -> None:
         self.machine = machine
         self.sender = sender
@@ -254,12 +277,9 @@ class CheckService:
         self._after_round = after_round
         self._now_ms = now_ms
         self._metrics = metrics
-        self.interval_ms = interval_ms
-        self.time_out_ms = time_out_ms
-        self.check_max = check_max
-        self.reserved_ms = reserved_ms
+        self.limits = limits
         self.rounds = 0
-        self.schedule = CheckSchedule(time_out_ms, interval_ms)
+        self.schedule = CheckSchedule(limits.time_out_ms, limits.interval_ms)
         machine.watch(self.schedule)
         self._task: asyncio.Task[None] | None = None
         self._round_lock = asyncio.Lock()
@@ -285,7 +305,7 @@ class CheckService:
 
     async def _run(self) -> None:
         while True:
-            await wait_event(self._wake, self.interval_ms / 1000.0)
+            await wait_event(self._wake, self.limits.interval_ms / 1000.0)
             self._wake.clear()
             try:
                 await self.check_round()
@@ -325,8 +345,8 @@ class CheckService:
             if due > now:
                 sched.push(txid, due)  # a later half or a recent check moved it
                 continue
-            too_old = now - rec.oldest_store_timestamp > self.reserved_ms
-            if rec.check_times >= self.check_max or too_old:
+            too_old = now - rec.oldest_store_timestamp > self.limits.reserved_ms
+            if rec.check_times >= self.limits.check_max or too_old:
                 self._park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
                 stats["discarded"] += 1
                 continue
@@ -334,7 +354,7 @@ class CheckService:
             channels = self._channels(rec.producer_group)
             if not channels:
                 stats["no_producer"] += 1
-                sched.wait(rec, rec.oldest_store_timestamp + self.reserved_ms + 1)
+                sched.wait(rec, rec.oldest_store_timestamp + self.limits.reserved_ms + 1)
                 continue
             yield rec, random.choice(channels)
 

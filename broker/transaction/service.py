@@ -55,7 +55,7 @@ from ..store import (
     encode_for_store,
 )
 from ..store.tags import tags_code_of
-from .check import CheckSender, CheckService, RemotingCheckSender
+from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
 from .recovery import TransactionRecovery
@@ -107,10 +107,7 @@ class TransactionalMessageService:
             after_round=self._after_round,
             now_ms=self.now_ms,
             metrics=ctx.metrics,
-            interval_ms=cfg.transaction_check_interval,
-            time_out_ms=cfg.transaction_time_out,
-            check_max=cfg.transaction_check_max,
-            reserved_ms=int(cfg.file_reserved_time * 3_600_000),
+            limits=CheckLimits.of(cfg),
         )
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
