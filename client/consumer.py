@@ -623,14 +623,11 @@ class AsyncPushConsumer(ConnectedClient):
         pq = ProcessQueue(mq.topic, mq.queue_id, offset, mq.broker, conn)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
-        log.info(
-            "queue_assigned",
-            group=self.group,
-            topic=mq.topic,
-            broker=mq.broker,
-            queue_id=mq.queue_id,
-            offset=offset,
-        )
+        self._queue_log(pq).info("queue_assigned", broker=mq.broker, offset=offset)
+
+    def _queue_log(self, pq: ProcessQueue) -> Any:
+        """The log with the group, topic and queue id of ``pq`` on every line."""
+        return log.bind(group=self.group, topic=pq.topic, queue_id=pq.queue_id)
 
     async def _initial_offset(self, conn: BrokerConnection, topic: str, queue_id: int) -> int:
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
@@ -697,14 +694,7 @@ class AsyncPushConsumer(ConnectedClient):
         try:
             await update_committed_offset(conn, self.group, pq.topic, pq.queue_id, offset)
         except TxmqError as exc:
-            log.warning(
-                "offset_commit_failed",
-                group=self.group,
-                topic=pq.topic,
-                queue_id=pq.queue_id,
-                offset=offset,
-                error=str(exc),
-            )
+            self._queue_log(pq).warning("offset_commit_failed", offset=offset, error=str(exc))
             return
         pq.committed = offset
 
@@ -738,25 +728,14 @@ class AsyncPushConsumer(ConnectedClient):
             except TxmqError as exc:
                 if pq.dropped:
                     return
-                log.info(
-                    "pull_failed",
-                    group=self.group,
-                    topic=pq.topic,
-                    queue_id=pq.queue_id,
-                    error=str(exc),
-                )
+                self._queue_log(pq).info("pull_failed", error=str(exc))
                 await self._sleep(cfg.pull_backoff_on_error)
                 continue
             if pq.dropped:
                 return
             if result.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "pull_offset_moved",
-                    group=self.group,
-                    topic=pq.topic,
-                    queue_id=pq.queue_id,
-                    offset=pq.next_offset,
-                    next_offset=result.next_begin_offset,
+                self._queue_log(pq).warning(
+                    "pull_offset_moved", offset=pq.next_offset, next_offset=result.next_begin_offset
                 )
                 pq.offset_moved(result.next_begin_offset)
                 continue
