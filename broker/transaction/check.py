@@ -20,7 +20,7 @@ import heapq
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -235,6 +235,7 @@ class CheckLimits:
         )
 
 
+@dataclass(eq=False, repr=False)
 class CheckService:
     """The check loop over the pending transactions of a :class:`TransactionStateMachine`.
 
@@ -254,36 +255,27 @@ class CheckService:
         after_round: called after every round (persist the check state, update gauges).
     """
 
-    def __init__(
-        self,
-        machine: TransactionStateMachine,
-        sender: CheckSender,
-        *,
-        lookup_message: Callable[[int], MessageExt],
-        producer_channels: Callable[[str], list[ClientChannel]],
-        park: Callable[[TxRecord, str], None],
-        on_checked: Callable[[], None],
-        after_round: Callable[[], Awaitable[None]],
-        now_ms: Callable[[], int],
-        metrics: BrokerMetrics,
-        limits: CheckLimits,
-    ) -> None:
-        self.machine = machine
-        self.sender = sender
-        self._lookup = lookup_message
-        self._channels = producer_channels
-        self._park = park
-        self._on_checked = on_checked
-        self._after_round = after_round
-        self._now_ms = now_ms
-        self._metrics = metrics
-        self.limits = limits
-        self.rounds = 0
-        self.schedule = CheckSchedule(limits.time_out_ms, limits.interval_ms)
-        machine.watch(self.schedule)
-        self._task: asyncio.Task[None] | None = None
-        self._round_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
+    machine: TransactionStateMachine
+    sender: CheckSender
+    _: KW_ONLY
+    lookup_message: Callable[[int], MessageExt]
+    producer_channels: Callable[[str], list[ClientChannel]]
+    park: Callable[[TxRecord, str], None]
+    on_checked: Callable[[], None]
+    after_round: Callable[[], Awaitable[None]]
+    now_ms: Callable[[], int]
+    metrics: BrokerMetrics
+    limits: CheckLimits
+    #: Rounds run so far.
+    rounds: int = field(default=0, init=False)
+    schedule: CheckSchedule = field(init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _round_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self.schedule = CheckSchedule(self.limits.time_out_ms, self.limits.interval_ms)
+        self.machine.watch(self.schedule)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -325,7 +317,7 @@ class CheckService:
         sched = self.schedule
         if sched.waiting:
             for group in list(sched.waiting):
-                if self._channels(group):
+                if self.producer_channels(group):
                     yield from sched.take_waiting(group)
         yield from sched.pop_due(now)
 
@@ -347,11 +339,11 @@ class CheckService:
                 continue
             too_old = now - rec.oldest_store_timestamp > self.limits.reserved_ms
             if rec.check_times >= self.limits.check_max or too_old:
-                self._park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
+                self.park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
                 stats["discarded"] += 1
                 continue
             stats["due"] += 1
-            channels = self._channels(rec.producer_group)
+            channels = self.producer_channels(rec.producer_group)
             if not channels:
                 stats["no_producer"] += 1
                 sched.wait(rec, rec.oldest_store_timestamp + self.limits.reserved_ms + 1)
@@ -363,13 +355,13 @@ class CheckService:
         if self.machine.pending.get(rec.transaction_id) is rec:
             self.schedule.push(
                 rec.transaction_id,
-                max(self.schedule.next_due(rec), self._now_ms() + self.schedule.interval_ms),
+                max(self.schedule.next_due(rec), self.now_ms() + self.schedule.interval_ms),
             )
 
     async def check_round(self) -> dict[str, int]:
         """One round: the due transactions are checked, CHECK_CONCURRENCY at a time."""
         async with self._round_lock:
-            now = self._now_ms()
+            now = self.now_ms()
             stats = {"due": 0, "sent": 0, "no_producer": 0, "discarded": 0, "not_delivered": 0}
             checks = self._checks_due(now, stats)
             first = next(checks, None)
@@ -390,7 +382,7 @@ class CheckService:
 
                 await asyncio.gather(*(worker() for _ in range(CHECK_CONCURRENCY)))
             self.rounds += 1
-            await self._after_round()
+            await self.after_round()
             if any(stats.values()):
                 log.info("check_round_finished", **stats)
             return stats
@@ -400,7 +392,7 @@ class CheckService:
             return False
         half = rec.halves[0]
         try:
-            stored = self._lookup(half.commit_log_offset)
+            stored = self.lookup_message(half.commit_log_offset)
         except (QueryNotFoundError, KeyError):
             log.warning(
                 "half_message_missing",
@@ -429,9 +421,9 @@ class CheckService:
             rec.check_in_flight = False
         if delivered:
             # counted even when the answer overtook the acknowledgement
-            self._metrics.tx_checks_sent.inc()
-        if delivered and self.machine.record_check(rec, self._now_ms()):
-            self._on_checked()
+            self.metrics.tx_checks_sent.inc()
+        if delivered and self.machine.record_check(rec, self.now_ms()):
+            self.on_checked()
             log.info(
                 "check_sent",
                 transaction_id=rec.transaction_id,
