@@ -48,6 +48,7 @@ from txmq.protocol.topics import (
 )
 
 from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
+from ..redelivery import redelivered
 from ..store import (
     AppendResult,
     EncodedMessage,
@@ -357,19 +358,15 @@ class TransactionalMessageService:
             QueryNotFoundError: the half is no longer stored.
         """
         h = self.ctx.store.lookup_message(half.commit_log_offset)
-        return MessageExt(
-            topic=half.real_topic,
-            body=h.body,
-            queue_id=half.real_queue_id,
-            flag=h.flag,
+        return redelivered(
+            h,
+            half.real_topic,
+            half.real_queue_id,
+            committed_properties(h.properties),
             sys_flag=MessageSysFlag.reset_transaction_value(
                 h.sys_flag, MessageSysFlag.TRANSACTION_COMMIT_TYPE
             ),
-            born_timestamp=h.born_timestamp,
-            born_host=h.born_host,
-            reconsume_times=h.reconsume_times,
             prepared_transaction_offset=half.commit_log_offset,
-            properties=committed_properties(h.properties),
         )
 
     def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:
