@@ -10,9 +10,10 @@ private loop.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from .bridge import LoopThread
 from .consumer import AsyncPushConsumer, MessageCallback
@@ -60,6 +61,12 @@ class _GroupClient(_SyncClient, Generic[C]):
     #: The async client class this facade builds.
     _core_type: type[C]
     core: C
+    #: What ``help()`` and ``inspect.signature`` show: the async class's parameters.
+    __signature__: ClassVar[inspect.Signature]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = inspect.signature(cls._core_type)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
