@@ -19,6 +19,7 @@ from txmq.protocol.aio import wait_event
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
 from .messaging.write import WritePath
+from .redelivery import redelivered
 from .store import ConsumerOffsetManager, GetMessageStatus, MessageStore
 from .topics import SCHEDULE_TOPIC
 
@@ -107,16 +108,4 @@ class ScheduleMessageService:
         topic = props.pop(MessageConst.REAL_TOPIC)
         qid = int(props.pop(MessageConst.REAL_QID, "0"))
         props.pop(MessageConst.DELAY, None)
-        self.write.put_message(
-            MessageExt(
-                topic=topic,
-                body=m.body,
-                queue_id=qid,
-                flag=m.flag,
-                sys_flag=m.sys_flag,
-                born_timestamp=m.born_timestamp,
-                born_host=m.born_host,
-                reconsume_times=m.reconsume_times,
-                properties=props,
-            )
-        )
+        self.write.put_message(redelivered(m, topic, qid, props))

@@ -10,6 +10,7 @@ stop accepting, answer parked pulls, finish in-flight requests, stop services, f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import functools
 import gc
@@ -85,18 +86,12 @@ def _ipv4_of(host: str) -> str:
 
 
 def store_config(cfg: BrokerConfig) -> StoreConfig:
-    """The store settings of a broker configuration (a stored message may be up to 64 KiB
-    larger than ``maxMessageSize``: the broker's own properties and headers)."""
-    return StoreConfig(
-        store_path_root_dir=cfg.store_path_root_dir,
-        mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
-        mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
-        file_reserved_time=cfg.file_reserved_time,
-        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
-        disk_full_policy=cfg.disk_full_policy,
-        disk_refuse_writes_ratio=cfg.disk_refuse_writes_ratio,
-        max_message_size=cfg.max_message_size + 64 * 1024,
-    )
+    """The store settings of a broker configuration: each one the broker setting of the same
+    name, but a stored message may be up to 64 KiB larger than ``maxMessageSize`` (the
+    broker's own properties and headers)."""
+    settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(StoreConfig)}
+    settings["max_message_size"] = cfg.max_message_size + 64 * 1024
+    return StoreConfig(**settings)
 
 
 def tls_files(cfg: BrokerConfig) -> TlsFiles:

@@ -148,9 +148,9 @@ class TopicManager:
         return tc
 
 
-# The topic names are defined in txmq.protocol.topics; they are re-exported for the broker.
+# The topic names are defined in txmq.protocol.topics; those some broker modules take from
+# here are re-exported.
 __all__ = [
-    "AUTO_CREATE_TOPIC_KEY_TOPIC",
     "DLQ_GROUP_TOPIC_PREFIX",
     "PERM_INHERIT",
     "PERM_PRIORITY",
@@ -158,11 +158,8 @@ __all__ = [
     "PERM_WRITE",
     "RETRY_GROUP_TOPIC_PREFIX",
     "RMQ_SYS_TRANS_HALF_TOPIC",
-    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPICS",
-    "TOPIC_MAX_LENGTH",
-    "TRANS_CHECK_MAX_TIME_TOPIC",
     "TopicManager",
     "dlq_topic",
     "retry_topic",

@@ -100,14 +100,9 @@ class AsyncAdminClient:
             raise error_for_code(resp.code, resp.remark)
         return resp
 
-    async def _json(
-        self,
-        code: int,
-        ext: dict[str, Any] | None = None,
-        body: bytes = b"",
-        remark: str | None = None,
-    ) -> Any:
-        resp = await self._call(code, ext, body, remark)
+    async def _json(self, code: int, ext: dict[str, Any] | None = None) -> Any:
+        """The JSON body of a successful answer (None for an empty one)."""
+        resp = await self._call(code, ext)
         return json.loads(resp.body) if resp.body else None
 
     # -- broker ---------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .lifecycle import ConnectedClient
-from .logs import get_logger
+from .logs import EventLogger, get_logger
 from .offset_store import LocalOffsetStore, OffsetStoreError, default_offset_path
 from .producer import validate_topic
 from .pull_consumer import (
@@ -653,14 +653,11 @@ class AsyncPushConsumer(ConnectedClient):
         pq = ProcessQueue(mq.topic, mq.queue_id, offset, mq.broker, conn)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
-        log.info(
-            "queue_assigned",
-            group=self.group,
-            topic=mq.topic,
-            broker=mq.broker,
-            queue_id=mq.queue_id,
-            offset=offset,
-        )
+        self._queue_log(pq).info("queue_assigned", broker=mq.broker, offset=offset)
+
+    def _queue_log(self, pq: ProcessQueue) -> EventLogger:
+        """The log with the group, topic and queue id of ``pq`` on every line."""
+        return log.bind(group=self.group, topic=pq.topic, queue_id=pq.queue_id)
 
     async def _initial_offset(self, conn: BrokerConnection, topic: str, queue_id: int) -> int:
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
@@ -758,14 +755,7 @@ class AsyncPushConsumer(ConnectedClient):
         try:
             await update_committed_offset(conn, self.group, pq.topic, pq.queue_id, offset)
         except TxmqError as exc:
-            log.warning(
-                "offset_commit_failed",
-                group=self.group,
-                topic=pq.topic,
-                queue_id=pq.queue_id,
-                offset=offset,
-                error=str(exc),
-            )
+            self._queue_log(pq).warning("offset_commit_failed", offset=offset, error=str(exc))
             return
         pq.committed = offset
 
@@ -799,25 +789,14 @@ class AsyncPushConsumer(ConnectedClient):
             except TxmqError as exc:
                 if pq.dropped:
                     return
-                log.info(
-                    "pull_failed",
-                    group=self.group,
-                    topic=pq.topic,
-                    queue_id=pq.queue_id,
-                    error=str(exc),
-                )
+                self._queue_log(pq).info("pull_failed", error=str(exc))
                 await self._sleep(cfg.pull_backoff_on_error)
                 continue
             if pq.dropped:
                 return
             if result.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "pull_offset_moved",
-                    group=self.group,
-                    topic=pq.topic,
-                    queue_id=pq.queue_id,
-                    offset=pq.next_offset,
-                    next_offset=result.next_begin_offset,
+                self._queue_log(pq).warning(
+                    "pull_offset_moved", offset=pq.next_offset, next_offset=result.next_begin_offset
                 )
                 pq.offset_moved(result.next_begin_offset)
                 continue
@@ -860,13 +839,19 @@ class AsyncPushConsumer(ConnectedClient):
                 # The subscription changed since the first delivery: no longer wanted.
                 pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
                 continue
-            pq.begin()
-            if sub.is_async:
-                self._spawn(self._consume_async(pq, m, sub.callback))
-            else:
-                self._ensure_workers()
-                assert self._workers is not None
-                self._workers.submit(pq, m, sub.callback)
+            self._hand_over(pq, m, sub.callback, sub.is_async)
+
+    def _hand_over(
+        self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback, is_async: bool
+    ) -> None:
+        """Hand one message to its callback: a task for a coroutine, a worker thread else."""
+        pq.begin()
+        if is_async:
+            self._spawn(self._consume_async(pq, msg, callback))
+        else:
+            self._ensure_workers()
+            assert self._workers is not None
+            self._workers.submit(pq, msg, callback)
 
     def _ensure_workers(self) -> None:
         if self._workers is None and any(not s.is_async for s in self._subs.values()):
@@ -978,13 +963,7 @@ class AsyncPushConsumer(ConnectedClient):
         sub = self._subs.get(msg.topic)
         if sub is None or sub.callback is None or pq.dropped:
             return
-        pq.begin()
-        if sub.is_async:
-            self._spawn(self._consume_async(pq, msg, sub.callback))
-        else:
-            self._ensure_workers()
-            assert self._workers is not None
-            self._workers.submit(pq, msg, sub.callback)
+        self._hand_over(pq, msg, sub.callback, sub.is_async)
 
     async def _send_back(self, pq: ProcessQueue, msg: MessageExt) -> None:
         header = ConsumerSendMsgBackRequestHeader(

@@ -22,14 +22,22 @@ logging.getLogger("txmq").addHandler(logging.NullHandler())
 class EventLogger:
     """A ``logging.Logger`` that takes an event name and keyword values."""
 
-    __slots__ = ("logger",)
+    __slots__ = ("logger", "bound")
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, bound: dict[str, Any] | None = None) -> None:
         self.logger = logger
+        #: Values every event of this logger carries (see :meth:`bind`).
+        self.bound = bound or {}
+
+    def bind(self, **fields: Any) -> EventLogger:
+        """A logger of the same name whose events also carry ``fields``."""
+        return EventLogger(self.logger, {**self.bound, **fields})
 
     def _log(self, level: int, event: str, fields: dict[str, Any], exc_info: bool = False) -> None:
         if not self.logger.isEnabledFor(level):
             return
+        if self.bound:
+            fields = {**self.bound, **fields}
         text = " ".join([event, *(f"{k}={v}" for k, v in fields.items())])
         self.logger.log(
             level,

@@ -10,15 +10,13 @@ private loop.
 from __future__ import annotations
 
 import functools
-import os
+import inspect
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from .bridge import LoopThread
-from .config import DEFAULT_BROKER, ClientConfig
-from .consumer import AsyncPushConsumer, ConsumeFrom, MessageCallback
+from .consumer import AsyncPushConsumer, MessageCallback
 from .lifecycle import AsyncClient, ConnectedClient
 from .orderly import AsyncOrderlyPushConsumer
 from .producer import AsyncProducer
@@ -58,22 +56,22 @@ class _SyncClient:
 
 
 class _GroupClient(_SyncClient, Generic[C]):
-    """A facade whose async client takes the group, the broker and the settings alone."""
+    """A facade that builds its async client from the arguments it is given, as they are (the
+    async class documents them)."""
 
     #: The async client class this facade builds.
     _core_type: type[C]
     core: C
+    #: What ``help()`` and ``inspect.signature`` show: the async class's parameters.
+    __signature__: ClassVar[inspect.Signature]
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = inspect.signature(cls._core_type)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        self._core = self.core = self._core_type(group, broker, config=config, **settings)
+        self._core = self.core = self._core_type(*args, **kwargs)
 
 
 def blocking(
@@ -109,7 +107,7 @@ class Producer(_GroupClient[AsyncProducer]):
     send_batch = blocking(AsyncProducer.send_batch)
 
 
-class PushConsumer(_SyncClient):
+class PushConsumer(_GroupClient[AsyncPushConsumer]):
     """The blocking-lifecycle push consumer; see :class:`~txmq.client.AsyncPushConsumer`.
 
     Example::
@@ -121,29 +119,7 @@ class PushConsumer(_SyncClient):
         consumer.shutdown()
     """
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
-        max_reconsume_times: int = 16,
-        message_model: str = "CLUSTERING",
-        offset_store_path: str | os.PathLike[str] | None = None,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__()
-        self._core = self.core = AsyncPushConsumer(
-            group,
-            broker,
-            consume_from=consume_from,
-            max_reconsume_times=max_reconsume_times,
-            message_model=message_model,
-            offset_store_path=offset_store_path,
-            config=config,
-            **settings,
-        )
+    _core_type = AsyncPushConsumer
 
     def subscribe(self, topic: str, expression: str | None, callback: MessageCallback) -> None:
         """Consume ``topic``'s messages matching ``expression`` (``"*"`` or ``"a || b"``) with
@@ -190,29 +166,7 @@ class OrderlyPushConsumer(PushConsumer):
         consumer.shutdown()
     """
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
-        max_reconsume_times: int = 16,
-        suspend_interval: float = 1.0,
-        lock_interval: float = 20.0,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        _SyncClient.__init__(self)
-        self._core = self.core = AsyncOrderlyPushConsumer(
-            group,
-            broker,
-            consume_from=consume_from,
-            max_reconsume_times=max_reconsume_times,
-            suspend_interval=suspend_interval,
-            lock_interval=lock_interval,
-            config=config,
-            **settings,
-        )
+    _core_type = AsyncOrderlyPushConsumer
 
 
 class PullConsumer(_GroupClient[AsyncPullConsumer]):

@@ -23,7 +23,7 @@ import enum
 import inspect
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -88,6 +88,15 @@ class TransactionSendResult(SendResult):
     """A :class:`SendResult` plus the local transaction's outcome."""
 
     local_transaction_state: LocalTransactionState = LocalTransactionState.UNKNOW
+
+    @classmethod
+    def of(
+        cls, half: SendResult, transaction_id: str, state: LocalTransactionState
+    ) -> TransactionSendResult:
+        """The half message's send result with the transaction id and the local outcome."""
+        sent = {f.name: getattr(half, f.name) for f in fields(SendResult)}
+        sent["transaction_id"] = transaction_id
+        return cls(**sent, local_transaction_state=state)
 
 
 async def _call(fn: Any, *args: Any) -> Any:
@@ -227,19 +236,7 @@ class AsyncTransactionProducer(AsyncClient):
             remark = f"executeLocalTransactionBranch exception: {type(exc).__name__}: {exc}"
             log.warning("local_transaction_failed", transaction_id=txid, error=repr(exc))
         await self.end_transaction(result, state, remark)
-        return TransactionSendResult(
-            status=result.status,
-            msg_id=result.msg_id,
-            offset_msg_id=result.offset_msg_id,
-            topic=result.topic,
-            queue_id=result.queue_id,
-            queue_offset=result.queue_offset,
-            transaction_id=txid,
-            msg_ids=result.msg_ids,
-            offset_msg_ids=result.offset_msg_ids,
-            broker_name=result.broker_name,
-            local_transaction_state=state,
-        )
+        return TransactionSendResult.of(result, txid, state)
 
     async def end_transaction(
         self,

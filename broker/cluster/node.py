@@ -266,6 +266,8 @@ class ClusterNode:
         self.clock = clock
         self.group = config.broker_name
         self.replica = config.broker_id
+        #: The log with this node's group and replica on every line.
+        self._log = log.bind(group=self.group, replica=self.replica)
         self.port = config.listen_port
         self.keys = Keys(config.broker_cluster_name)
         self.view = ClusterView(config.broker_cluster_name)
@@ -320,11 +322,9 @@ class ClusterNode:
             raise EtcdError(f"could not read the cluster state from etcd at {self.etcd.endpoints}")
         self._tasks.append(loop.create_task(self._roles(), name="txmq-cluster-roles"))
         self.ops = start_ops_server(self.config, self._registry, self.readiness)
-        log.info(
+        self._log.info(
             "cluster_node_started",
             cluster=self.config.broker_cluster_name,
-            group=self.group,
-            replica=self.replica,
             etcd=self.etcd.endpoints,
         )
 
@@ -372,7 +372,7 @@ class ClusterNode:
         await self.etcd.close()
         if self.ops is not None:
             self.ops.stop()
-        log.info("cluster_node_stopped", group=self.group, replica=self.replica)
+        self._log.info("cluster_node_stopped")
 
     # -- the lease --------------------------------------------------------------------------
 
@@ -479,12 +479,7 @@ class ClusterNode:
         is taken): let the group elect another one instead of holding the leader key.  The
         lease goes (with the leader key on it); a new one keeps this replica a member, and it
         does not campaign again for a while."""
-        log.error(
-            "leadership_refused",
-            group=self.group,
-            replica=self.replica,
-            error=f"{type(exc).__name__}: {exc}",
-        )
+        self._log.error("leadership_refused", error=f"{type(exc).__name__}: {exc}")
         self.leader_broker = None
         self.role = "none"
         self._no_campaign_until = time.monotonic() + 3 * self.config.etcd_lease_ttl
@@ -533,13 +528,7 @@ class ClusterNode:
         )
         if ok:
             self.elections += 1
-            log.warning(
-                "leader_elected",
-                group=self.group,
-                replica=self.replica,
-                epoch=new_epoch,
-                isr=sorted(members),
-            )
+            self._log.warning("leader_elected", epoch=new_epoch, isr=sorted(members))
         self._wake.set()
 
     async def _become_leader(self, epoch: int) -> None:
@@ -587,10 +576,8 @@ class ClusterNode:
         self.role = "leader"
         self.became_leader.set()
         self.stepped_down.clear()
-        log.warning(
+        self._log.warning(
             "leading",
-            group=self.group,
-            replica=self.replica,
             epoch=epoch,
             isr=list(members),
             took_ms=round((time.monotonic() - t0) * 1000),
@@ -755,7 +742,7 @@ class ClusterNode:
     async def _step_down_locked(self, why: str) -> None:
         if self.role != "leader":
             return
-        log.warning("stepping_down", group=self.group, replica=self.replica, reason=why)
+        self._log.warning("stepping_down", reason=why)
         if self.hooks is not None and self.hooks.replication is not None:
             self.hooks.replication.close(why)
         broker, self.leader_broker = self.leader_broker, None

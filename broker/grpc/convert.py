@@ -71,23 +71,24 @@ def status(code: int = Code.OK, message: str = "OK") -> pb.Status:
     return pb.Status(code=cast("pb.Code", code), message=message)
 
 
+#: The ``Code`` of a broker-side error, the first type that matches (most specific first).
+_ERROR_CODES: tuple[tuple[type[TxmqError], int], ...] = (
+    (TopicNotExistError, Code.TOPIC_NOT_FOUND),
+    (NoPermissionError, Code.FORBIDDEN),
+    (FlushDiskTimeoutError, Code.MASTER_PERSISTENCE_TIMEOUT),
+    (IllegalOperationError, Code.PRECONDITION_FAILED),
+    (MessageIllegalError, Code.BAD_REQUEST),
+    (TxmqError, Code.INTERNAL_SERVER_ERROR),
+)
+
+
 def status_of(exc: BaseException) -> pb.Status:
     """The ``Status`` RocketMQ's proxy answers for a broker-side failure."""
     if isinstance(exc, GrpcStatusError):
         return status(exc.code, exc.message)
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, TopicNotExistError):
-        return status(Code.TOPIC_NOT_FOUND, text)
-    if isinstance(exc, NoPermissionError):
-        return status(Code.FORBIDDEN, text)
-    if isinstance(exc, FlushDiskTimeoutError):
-        return status(Code.MASTER_PERSISTENCE_TIMEOUT, text)
-    if isinstance(exc, IllegalOperationError):
-        return status(Code.PRECONDITION_FAILED, text)
-    if isinstance(exc, MessageIllegalError):
-        return status(Code.BAD_REQUEST, text)
-    if isinstance(exc, TxmqError):
-        return status(Code.INTERNAL_SERVER_ERROR, text)
+    for error_type, code in _ERROR_CODES:
+        if isinstance(exc, error_type):
+            return status(code, str(exc) or type(exc).__name__)
     return status(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
 
 

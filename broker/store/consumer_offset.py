@@ -14,14 +14,14 @@ messages again, which at-least-once delivery allows.
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
-from .fileio import read_versioned_json, write_versioned_json
+from .versioned_table import VersionedJsonTable
 
 TOPIC_GROUP_SEPARATOR = "@"
 
 
-class ConsumerOffsetManager:
+class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
     """Offsets per (group, topic, queue).  Thread-safe: the loop thread commits and queries,
     :meth:`persist` may run on a worker thread.
 
@@ -29,40 +29,27 @@ class ConsumerOffsetManager:
         path: ``<root>/config/consumerOffset.json`` (its folder is created on first write).
     """
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._table: dict[str, dict[int, int]] = {}
-        self._lock = threading.Lock()
-        self._persist_lock = threading.Lock()
-        self._dirty = False
-        self._counter = 0
+    what = "consumer offsets"
+    table_key = "offsetTable"
 
     @staticmethod
     def _key(group: str, topic: str) -> str:
         return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
 
-    def load(self) -> None:
-        """Read the file if there is one.
+    @staticmethod
+    def _from_json(doc: Any) -> dict[str, dict[int, int]]:
+        return {
+            str(key): {int(qid): int(off) for qid, off in queues.items()}
+            for key, queues in doc.items()
+        }
 
-        Raises:
-            StoreCorruptError: the file exists but cannot be read as an offset table.
-        """
-        loaded = read_versioned_json(
-            self.path,
-            "consumer offsets",
-            "offsetTable",
-            lambda doc: {
-                str(key): {int(qid): int(off) for qid, off in queues.items()}
-                for key, queues in doc.items()
-            },
-        )
-        if loaded is None:
-            return
-        table, counter = loaded
-        with self._lock:
-            self._table = table
-            self._counter = counter
-            self._dirty = False
+    def _snapshot(self) -> tuple[Any, int]:
+        self._counter += 1  # every write is a new version
+        snapshot = {
+            key: {str(q): o for q, o in sorted(queues.items())}
+            for key, queues in sorted(self._table.items())
+        }
+        return snapshot, self._counter
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Record ``offset`` as the next offset ``group`` will consume from the queue."""
@@ -106,29 +93,3 @@ class ConsumerOffsetManager:
             if keys:
                 self._dirty = True
         return bool(keys)
-
-    def persist(self) -> bool:
-        """Write the table if it changed since the last write; True if it wrote.
-
-        Raises:
-            OSError: the write failed; the file keeps its previous content and the table stays
-                dirty, so the next call tries again.
-        """
-        with self._persist_lock:
-            with self._lock:
-                if not self._dirty:
-                    return False
-                self._dirty = False
-                self._counter += 1
-                snapshot = {
-                    key: {str(q): o for q, o in sorted(queues.items())}
-                    for key, queues in sorted(self._table.items())
-                }
-                counter = self._counter
-            try:
-                write_versioned_json(self.path, "offsetTable", snapshot, counter)
-            except BaseException:
-                with self._lock:
-                    self._dirty = True
-                raise
-            return True

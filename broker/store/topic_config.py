@@ -13,12 +13,11 @@ atomically on every change (changes are rare: topic creation, perm or queue-coun
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .fileio import read_versioned_json, write_versioned_json
+from .versioned_table import VersionedJsonTable
 
 PERM_INHERIT = 1
 PERM_WRITE = 2
@@ -87,7 +86,7 @@ class TopicConfig:
         )
 
 
-class TopicConfigManager:
+class TopicConfigManager(VersionedJsonTable[TopicConfig]):
     """The persisted table of topic configs, written atomically.
 
     By default every change is written at once.  With ``write_behind`` a change only marks the
@@ -100,31 +99,20 @@ class TopicConfigManager:
         write_behind: leave writing to :meth:`persist`.
     """
 
+    what = "topic configs"
+    table_key = "topicConfigTable"
+
     def __init__(self, path: str, *, write_behind: bool = False) -> None:
-        self.path = path
+        super().__init__(path)
         self.write_behind = write_behind
-        self._table: dict[str, TopicConfig] = {}
-        self._counter = 0
-        self._dirty = False
-        self._lock = threading.Lock()
-        self._persist_lock = threading.Lock()
 
-    def load(self) -> None:
-        """Read the file if there is one.
+    @staticmethod
+    def _from_json(doc: Any) -> dict[str, TopicConfig]:
+        return {name: TopicConfig.from_json(tc) for name, tc in doc.items()}
 
-        Raises:
-            StoreCorruptError: the file exists but cannot be read as a topic table.
-        """
-        loaded = read_versioned_json(
-            self.path,
-            "topic configs",
-            "topicConfigTable",
-            lambda doc: {name: TopicConfig.from_json(tc) for name, tc in doc.items()},
-        )
-        if loaded is None:
-            self._table = {}
-            return
-        self._table, self._counter = loaded
+    def _snapshot(self) -> tuple[Any, int]:
+        # the version counts changes (:meth:`_changed`), not writes
+        return {name: tc.to_json() for name, tc in sorted(self._table.items())}, self._counter
 
     def get(self, name: str) -> TopicConfig | None:
         return self._table.get(name)
@@ -159,25 +147,3 @@ class TopicConfigManager:
     def all(self) -> dict[str, TopicConfig]:
         """A copy of the table."""
         return dict(self._table)
-
-    def persist(self) -> bool:
-        """Write the table if it changed since the last write; True if it wrote.  Safe to call
-        from another thread than the one changing the table.
-
-        Raises:
-            OSError: the write failed; the file keeps its previous content and the table stays
-                dirty.
-        """
-        with self._persist_lock:
-            with self._lock:
-                if not self._dirty:
-                    return False
-                self._dirty = False
-                table = {name: tc.to_json() for name, tc in sorted(self._table.items())}
-                counter = self._counter
-            try:
-                write_versioned_json(self.path, "topicConfigTable", table, counter)
-            except BaseException:
-                self._dirty = True
-                raise
-            return True

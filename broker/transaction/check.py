@@ -20,7 +20,8 @@ import heapq
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -35,6 +36,9 @@ from ..clients import ClientChannel
 from ..metrics import BrokerMetrics
 from .machine import TransactionStateMachine
 from .state import TxRecord, TxState
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
 
 log = structlog.get_logger(__name__)
 
@@ -208,6 +212,30 @@ class CheckSchedule:
         return sorted(txids)
 
 
+@dataclass(frozen=True)
+class CheckLimits:
+    """When a transaction is checked and when it is given up, in ms (check counts aside)."""
+
+    #: ``transactionCheckInterval``: between rounds, and between two checks of a transaction.
+    interval_ms: int
+    #: ``transactionTimeOut``: the age at which a half is first checked.
+    time_out_ms: int
+    #: ``transactionCheckMax``: delivered checks before the transaction is parked.
+    check_max: int
+    #: ``fileReservedTime``: the age past which a transaction is parked.
+    reserved_ms: int
+
+    @classmethod
+    def of(cls, cfg: BrokerConfig) -> CheckLimits:
+        return cls(
+            interval_ms=cfg.transaction_check_interval,
+            time_out_ms=cfg.transaction_time_out,
+            check_max=cfg.transaction_check_max,
+            reserved_ms=int(cfg.file_reserved_time * 3_600_000),
+        )
+
+
+@dataclass(eq=False, repr=False)
 class CheckService:
     """The check loop over the pending transactions of a :class:`TransactionStateMachine`.
 
@@ -223,47 +251,31 @@ class CheckService:
             and the reason.
         on_checked: called after a check was counted (the check-state index is dirty).
         now_ms: the broker's clock.
-        interval_ms, time_out_ms, check_max, reserved_ms: ``transactionCheckInterval``,
-            ``transactionTimeOut``, ``transactionCheckMax``, ``fileReservedTime`` in ms.
+        limits: when to check and when to give up.
         after_round: called after every round (persist the check state, update gauges).
     """
 
-    def __init__(
-        self,
-        machine: TransactionStateMachine,
-        sender: CheckSender,
-        *,
-        lookup_message: Callable[[int], MessageExt],
-        producer_channels: Callable[[str], list[ClientChannel]],
-        park: Callable[[TxRecord, str], None],
-        on_checked: Callable[[], None],
-        after_round: Callable[[], Awaitable[None]],
-        now_ms: Callable[[], int],
-        metrics: BrokerMetrics,
-        interval_ms: int,
-        time_out_ms: int,
-        check_max: int,
-        reserved_ms: int,
-    ) -> None:
-        self.machine = machine
-        self.sender = sender
-        self._lookup = lookup_message
-        self._channels = producer_channels
-        self._park = park
-        self._on_checked = on_checked
-        self._after_round = after_round
-        self._now_ms = now_ms
-        self._metrics = metrics
-        self.interval_ms = interval_ms
-        self.time_out_ms = time_out_ms
-        self.check_max = check_max
-        self.reserved_ms = reserved_ms
-        self.rounds = 0
-        self.schedule = CheckSchedule(time_out_ms, interval_ms)
-        machine.watch(self.schedule)
-        self._task: asyncio.Task[None] | None = None
-        self._round_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
+    machine: TransactionStateMachine
+    sender: CheckSender
+    _: KW_ONLY
+    lookup_message: Callable[[int], MessageExt]
+    producer_channels: Callable[[str], list[ClientChannel]]
+    park: Callable[[TxRecord, str], None]
+    on_checked: Callable[[], None]
+    after_round: Callable[[], Awaitable[None]]
+    now_ms: Callable[[], int]
+    metrics: BrokerMetrics
+    limits: CheckLimits
+    #: Rounds run so far.
+    rounds: int = field(default=0, init=False)
+    schedule: CheckSchedule = field(init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _round_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self.schedule = CheckSchedule(self.limits.time_out_ms, self.limits.interval_ms)
+        self.machine.watch(self.schedule)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -285,7 +297,7 @@ class CheckService:
 
     async def _run(self) -> None:
         while True:
-            await wait_event(self._wake, self.interval_ms / 1000.0)
+            await wait_event(self._wake, self.limits.interval_ms / 1000.0)
             self._wake.clear()
             try:
                 await self.check_round()
@@ -305,7 +317,7 @@ class CheckService:
         sched = self.schedule
         if sched.waiting:
             for group in list(sched.waiting):
-                if self._channels(group):
+                if self.producer_channels(group):
                     yield from sched.take_waiting(group)
         yield from sched.pop_due(now)
 
@@ -325,16 +337,16 @@ class CheckService:
             if due > now:
                 sched.push(txid, due)  # a later half or a recent check moved it
                 continue
-            too_old = now - rec.oldest_store_timestamp > self.reserved_ms
-            if rec.check_times >= self.check_max or too_old:
-                self._park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
+            too_old = now - rec.oldest_store_timestamp > self.limits.reserved_ms
+            if rec.check_times >= self.limits.check_max or too_old:
+                self.park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
                 stats["discarded"] += 1
                 continue
             stats["due"] += 1
-            channels = self._channels(rec.producer_group)
+            channels = self.producer_channels(rec.producer_group)
             if not channels:
                 stats["no_producer"] += 1
-                sched.wait(rec, rec.oldest_store_timestamp + self.reserved_ms + 1)
+                sched.wait(rec, rec.oldest_store_timestamp + self.limits.reserved_ms + 1)
                 continue
             yield rec, random.choice(channels)
 
@@ -343,13 +355,13 @@ class CheckService:
         if self.machine.pending.get(rec.transaction_id) is rec:
             self.schedule.push(
                 rec.transaction_id,
-                max(self.schedule.next_due(rec), self._now_ms() + self.schedule.interval_ms),
+                max(self.schedule.next_due(rec), self.now_ms() + self.schedule.interval_ms),
             )
 
     async def check_round(self) -> dict[str, int]:
         """One round: the due transactions are checked, CHECK_CONCURRENCY at a time."""
         async with self._round_lock:
-            now = self._now_ms()
+            now = self.now_ms()
             stats = {"due": 0, "sent": 0, "no_producer": 0, "discarded": 0, "not_delivered": 0}
             checks = self._checks_due(now, stats)
             first = next(checks, None)
@@ -370,7 +382,7 @@ class CheckService:
 
                 await asyncio.gather(*(worker() for _ in range(CHECK_CONCURRENCY)))
             self.rounds += 1
-            await self._after_round()
+            await self.after_round()
             if any(stats.values()):
                 log.info("check_round_finished", **stats)
             return stats
@@ -380,7 +392,7 @@ class CheckService:
             return False
         half = rec.halves[0]
         try:
-            stored = self._lookup(half.commit_log_offset)
+            stored = self.lookup_message(half.commit_log_offset)
         except (QueryNotFoundError, KeyError):
             log.warning(
                 "half_message_missing",
@@ -409,9 +421,9 @@ class CheckService:
             rec.check_in_flight = False
         if delivered:
             # counted even when the answer overtook the acknowledgement
-            self._metrics.tx_checks_sent.inc()
-        if delivered and self.machine.record_check(rec, self._now_ms()):
-            self._on_checked()
+            self.metrics.tx_checks_sent.inc()
+        if delivered and self.machine.record_check(rec, self.now_ms()):
+            self.on_checked()
             log.info(
                 "check_sent",
                 transaction_id=rec.transaction_id,

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
+
 from ..store import atomic_write
-from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 from . import snapshot
 from .machine import TransactionStateMachine
 

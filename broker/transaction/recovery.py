@@ -29,10 +29,10 @@ import structlog
 
 from txmq.protocol.errors import QueryNotFoundError
 from txmq.protocol.message import POS_PREPARED_TRANSACTION_OFFSET, MessageExt, decode_message
+from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 
 from ..store import GetMessageStatus
 from ..store.commit_log import RECORD_HEADER_SIZE
-from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
 from .state import HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState

@@ -41,8 +41,14 @@ from txmq.protocol.message import (
     encode_tail_of,
     pack_host,
 )
+from txmq.protocol.topics import (
+    RMQ_SYS_TRANS_HALF_TOPIC,
+    RMQ_SYS_TRANS_OP_HALF_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+)
 
 from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
+from ..redelivery import redelivered
 from ..store import (
     AppendResult,
     EncodedMessage,
@@ -50,12 +56,7 @@ from ..store import (
     encode_for_store,
 )
 from ..store.tags import tags_code_of
-from ..topics import (
-    RMQ_SYS_TRANS_HALF_TOPIC,
-    RMQ_SYS_TRANS_OP_HALF_TOPIC,
-    TRANS_CHECK_MAX_TIME_TOPIC,
-)
-from .check import CheckSender, CheckService, RemotingCheckSender
+from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
 from .recovery import TransactionRecovery
@@ -107,10 +108,7 @@ class TransactionalMessageService:
             after_round=self._after_round,
             now_ms=self.now_ms,
             metrics=ctx.metrics,
-            interval_ms=cfg.transaction_check_interval,
-            time_out_ms=cfg.transaction_time_out,
-            check_max=cfg.transaction_check_max,
-            reserved_ms=int(cfg.file_reserved_time * 3_600_000),
+            limits=CheckLimits.of(cfg),
         )
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
@@ -147,6 +145,16 @@ class TransactionalMessageService:
     @staticmethod
     def transaction_id_of(props: dict[str, str]) -> str | None:
         return props.get(MessageConst.TRANSACTION_ID) or props.get(MessageConst.UNIQ_KEY)
+
+    @staticmethod
+    def immunity_ms_of(props: dict[str, str]) -> int | None:
+        """The producer's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms; None when absent or not a
+        number (the broker's check timeout applies)."""
+        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
+        try:
+            return int(float(immunity) * 1000) if immunity else None
+        except ValueError:
+            return None
 
     def prepare_half(self, msg: MessageExt, header_group: str) -> None:
         """Turn an incoming transactional send into a half message (before it is stored)."""
@@ -196,11 +204,6 @@ class TransactionalMessageService:
         txid = self.transaction_id_of(props)
         if not txid:
             return None
-        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
-        try:
-            immunity_ms = int(float(immunity) * 1000) if immunity else None
-        except ValueError:
-            immunity_ms = None
         half = HalfRef(
             commit_log_offset=msg.commit_log_offset,
             queue_offset=msg.queue_offset,
@@ -209,7 +212,7 @@ class TransactionalMessageService:
             store_timestamp=msg.store_timestamp,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
             offset_msg_id=offset_msg_id,
-            immunity_ms=immunity_ms,
+            immunity_ms=self.immunity_ms_of(props),
         )
         group = props.get(MessageConst.PGROUP, "")
         self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
@@ -355,19 +358,15 @@ class TransactionalMessageService:
             QueryNotFoundError: the half is no longer stored.
         """
         h = self.ctx.store.lookup_message(half.commit_log_offset)
-        return MessageExt(
-            topic=half.real_topic,
-            body=h.body,
-            queue_id=half.real_queue_id,
-            flag=h.flag,
+        return redelivered(
+            h,
+            half.real_topic,
+            half.real_queue_id,
+            committed_properties(h.properties),
             sys_flag=MessageSysFlag.reset_transaction_value(
                 h.sys_flag, MessageSysFlag.TRANSACTION_COMMIT_TYPE
             ),
-            born_timestamp=h.born_timestamp,
-            born_host=h.born_host,
-            reconsume_times=h.reconsume_times,
             prepared_transaction_offset=half.commit_log_offset,
-            properties=committed_properties(h.properties),
         )
 
     def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:

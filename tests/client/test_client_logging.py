@@ -55,6 +55,7 @@ def test_the_application_controls_level_handler_and_format() -> None:
         get_logger("txmq.client.consumer").info("queue_taken", group="g", queue_id=1)
         get_logger("txmq.client.producer").info("hidden_by_the_application")
         get_logger("txmq.client.producer").warning("send_retried", attempt=2)
+        get_logger("txmq.client.consumer").bind(group="g").warning("pull_failed", queue_id=3)
         """
     )
     lines = proc.stdout.splitlines()
@@ -62,6 +63,7 @@ def test_the_application_controls_level_handler_and_format() -> None:
     assert lines == [
         "txmq.client.consumer|INFO|queue_taken group=g queue_id=1|7",
         "txmq.client.producer|WARNING|send_retried attempt=2|9",
+        "txmq.client.consumer|WARNING|pull_failed group=g queue_id=3|10",
     ], lines
 
 
