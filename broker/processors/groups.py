@@ -100,17 +100,17 @@ class GroupViewProcessor:
     async def get_consumer_connection_list(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        h = GetConsumerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
-        channels = self.ctx.clients.consumer_channels(h.consumer_group)
+        group = GetConsumerConnectionListRequestHeader.from_ext_fields(
+            cmd.ext_fields
+        ).consumer_group
+        channels = self.ctx.clients.consumer_channels(group)
         if not channels:
-            return cmd.response(
-                CONSUMER_NOT_ONLINE, f"the consumer group[{h.consumer_group}] not online"
-            )
+            return cmd.response(CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
         meta: dict[str, str] = {}
         subscriptions: dict[str, Any] = {}
         for ch in channels:
-            meta.update(ch.consumer_meta.get(h.consumer_group, {}))
-            for topic, sub in ch.consumer_groups[h.consumer_group].items():
+            meta.update(ch.consumer_meta.get(group, {}))
+            for topic, sub in ch.consumer_groups[group].items():
                 subscriptions[topic] = {
                     "topic": topic,
                     "subString": sub.expression,
@@ -119,26 +119,25 @@ class GroupViewProcessor:
                     "classFilterMode": False,
                     "subVersion": 0,
                 }
-        body = {
-            "connectionSet": [_connection(ch) for ch in channels],
-            "subscriptionTable": subscriptions,
-            "consumeType": meta.get("consumeType", "CONSUME_PASSIVELY"),
-            "messageModel": meta.get("messageModel", "CLUSTERING"),
-            "consumeFromWhere": meta.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"),
-        }
-        return cmd.response(body=dumps(body).encode())
+        return _connections(
+            cmd,
+            channels,
+            subscriptionTable=subscriptions,
+            consumeType=meta.get("consumeType", "CONSUME_PASSIVELY"),
+            messageModel=meta.get("messageModel", "CLUSTERING"),
+            consumeFromWhere=meta.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"),
+        )
 
     async def get_producer_connection_list(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        h = GetProducerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
-        channels = self.ctx.clients.producer_channels(h.producer_group)
+        group = GetProducerConnectionListRequestHeader.from_ext_fields(
+            cmd.ext_fields
+        ).producer_group
+        channels = self.ctx.clients.producer_channels(group)
         if not channels:
-            return cmd.response(
-                ResponseCode.SYSTEM_ERROR, f"the producer group[{h.producer_group}] not exist"
-            )
-        body = {"connectionSet": [_connection(ch) for ch in channels]}
-        return cmd.response(body=dumps(body).encode())
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        return _connections(cmd, channels)
 
     async def get_all_subscription_group_config(
         self, conn: Connection, cmd: RemotingCommand
@@ -200,6 +199,15 @@ class GroupViewProcessor:
             ext_fields=GetBrokerConfigResponseHeader(version).to_ext_fields(),
             body=body.encode(),
         )
+
+
+def _connections(
+    cmd: RemotingCommand, channels: list[ClientChannel], **more: Any
+) -> RemotingCommand:
+    """RocketMQ's ConsumerConnection / ProducerConnection body: the channels as
+    ``connectionSet``, and ``more``."""
+    body = {"connectionSet": [_connection(ch) for ch in channels], **more}
+    return cmd.response(body=dumps(body).encode())
 
 
 def _config_value(v: Any) -> str:
