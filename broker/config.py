@@ -129,6 +129,13 @@ class BrokerConfig:
     #: rest); ``txmq_batch_path_total{path}`` counts which path each batch took.
     batch_fast_path_enable: bool = True
 
+    # -- message index (docs/operations.md) ----------------------------------------------------
+    #: Index every stored message's KEYS and UNIQ_KEY for QUERY_MESSAGE (``txmq message find``).
+    message_index_enable: bool = True
+    #: Hash slots and entries of one index file (a new file starts when one is full).
+    max_hash_slot_num: int = 1_000_000
+    max_index_num: int = 4_000_000
+
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0

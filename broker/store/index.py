@@ -1,0 +1,594 @@
+"""The message index: the ``KEYS`` and ``UNIQ_KEY`` of stored messages, per topic, to their
+commit-log offsets (RocketMQ's ``IndexFile`` / ``IndexService``, in our own layout).
+
+Files: ``<root>/index/<20-digit commit-log offset>``, named by the commit-log offset of the first
+record the file indexes.  Each file is one memory mapping of fixed size (sparse until written)::
+
+    HEADER   64 bytes, little-endian
+             magic "TXIX" u32, version u16, flags u16 (1 = CLEAN: the slots agree with ``count``),
+             base_ts i64 (ms; entry times are deltas from it), min_ts i64, max_ts i64 (the store
+             timestamps covered), begin_phy i64 (= the name), end_phy i64 (where indexing goes on:
+             the commit-log offset after the last record read), slot_num u32, max_entries u32,
+             count u32 (entries in use), crc32 u32 of the bytes before it
+    SLOTS    slot_num x u32: 1 + the newest entry whose hash falls in the slot, 0 = empty
+    ENTRIES  max_entries x 20 bytes: key hash u32, commit-log offset i64, store time - base_ts
+             i32 (ms), 1 + the previous entry of the same slot u32 (0 = none)
+
+A key is hashed as ``crc32(topic + "#" + key)``.  An entry's previous pointer always names an
+older entry, so a chain walk ends; hashes collide, so every candidate is checked against the
+stored message before it is returned.  A file is full at ``max_entries`` entries, or when a store
+time no longer fits its delta; the next entry starts a new file.
+
+Building: :class:`MessageIndex` follows the commit log from its own position (``end_phy`` of the
+newest file), reading records already stored through the store's read API, off the send path
+(a task woken by the write path's append hook or a short timer).  A message in a ROLLBACK record
+is not indexed (RocketMQ's rule); every other record is.
+
+Durability: the flusher (a worker thread) syncs a file's slots and entries, then writes its header
+with the ``count`` and ``end_phy`` of the moment it started, so the header never promises more
+than is on disk.  On load, a file that was not closed cleanly gets its slots repaired so that no
+chain starts past ``count`` (entries written after the last header are dropped) and indexing
+resumes at its ``end_phy``, re-reading the rest from the commit log.  A file whose header is
+unreadable (bad magic, version, checksum, size or counts) is renamed ``<name>.damaged`` and
+logged; it and every newer file are rebuilt from the commit log, starting at its name's offset.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import re
+import struct
+import sys
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import structlog
+
+from txmq.protocol.message import (
+    FIXED_SIZE,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    MessageConst,
+    MessageSysFlag,
+)
+
+from .commit_log import BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC
+from .fileio import fsync_dir
+
+log = structlog.get_logger(__name__)
+
+INDEX_MAGIC = 0x58495854  # "TXIX" little-endian
+INDEX_VERSION = 1
+FLAG_CLEAN = 1
+
+_HEADER = struct.Struct("<IHHqqqqqIII")
+_CRC = struct.Struct("<I")
+HEADER_SIZE = 64
+_SLOT = struct.Struct("<I")
+_ENTRY = struct.Struct("<IqiI")
+ENTRY_SIZE = _ENTRY.size  # 20
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+_POS_MAGIC = 4
+_POS_SYS_FLAG = 36
+_POS_STORE_TIMESTAMP = 56
+_POS_BODY_LEN = 84
+_TX_TYPE = 0xC
+_ROLLBACK = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+_NAME = re.compile(r"^\d{20}$")
+_KEYS = (MessageConst.KEYS + "\x01").encode()
+_UNIQ = (MessageConst.UNIQ_KEY + "\x01").encode()
+#: Chain steps one file walk takes at most (a bound on one query's work).
+MAX_CHAIN_STEPS = 200_000
+#: Most messages one query returns (RocketMQ's ``maxMsgsNumBatch``).
+MAX_QUERY_NUM = 64
+
+
+class IndexFileDamaged(Exception):
+    """An index file whose header cannot be trusted."""
+
+
+def key_hash(topic: bytes, key: bytes) -> int:
+    """The hash of ``topic#key`` an entry carries."""
+    return zlib.crc32(key, zlib.crc32(topic + b"#"))
+
+
+def _prop(props: bytes, name: bytes) -> bytes | None:
+    """The value of the property ``name`` (given with its ``\\x01``) in a wire property string."""
+    i = props.find(name)
+    while i > 0 and props[i - 1] != 2:
+        i = props.find(name, i + 1)
+    if i < 0:
+        return None
+    start = i + len(name)
+    j = props.find(b"\x02", start)
+    return props[start : j if j >= 0 else len(props)]
+
+
+def index_keys(props: bytes) -> list[bytes]:
+    """The keys a message is indexed under: each of its space-separated ``KEYS`` and its
+    ``UNIQ_KEY`` (each once)."""
+    out: list[bytes] = []
+    keys = _prop(props, _KEYS)
+    if keys:
+        for k in keys.split(b" "):
+            if k and k not in out:
+                out.append(k)
+    uniq = _prop(props, _UNIQ)
+    if uniq and uniq not in out:
+        out.append(uniq)
+    return out
+
+
+def parse_for_index(payload: bytes | memoryview) -> tuple[bytes, int, int, bytes] | None:
+    """``(topic, sys flag, store timestamp, properties)`` of a stored message, or None when it
+    is not one."""
+    try:
+        magic = _I32.unpack_from(payload, _POS_MAGIC)[0]
+        body_len = _I32.unpack_from(payload, _POS_BODY_LEN)[0]
+        p = FIXED_SIZE + body_len
+        if body_len < 0:
+            return None
+        if magic == MESSAGE_MAGIC_CODE:
+            tlen = payload[p]
+            p += 1
+        elif magic == MESSAGE_MAGIC_CODE_V2:
+            tlen = _I16.unpack_from(payload, p)[0]
+            p += 2
+        else:
+            return None
+        topic = bytes(payload[p : p + tlen])
+        p += tlen
+        plen = _I16.unpack_from(payload, p)[0]
+        p += 2
+        props = bytes(payload[p : p + plen])
+        return (
+            topic,
+            _I32.unpack_from(payload, _POS_SYS_FLAG)[0],
+            _I64.unpack_from(payload, _POS_STORE_TIMESTAMP)[0],
+            props,
+        )
+    except (struct.error, IndexError):
+        return None
+
+
+def file_name(begin_phy: int) -> str:
+    return f"{begin_phy:020d}"
+
+
+def file_size(slot_num: int, max_entries: int) -> int:
+    return HEADER_SIZE + slot_num * 4 + max_entries * ENTRY_SIZE
+
+
+class IndexFile:
+    """One index file, mapped.  Appends and lookups run on the owner thread; :meth:`sync`
+    (with a header snapshot) may run on a worker thread."""
+
+    def __init__(self, path: str, mm: mmap.mmap, fd: int, slot_num: int, max_entries: int) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self.mm = mm
+        self._fd = fd
+        self.slot_num = slot_num
+        self.max_entries = max_entries
+        self._entries_at = HEADER_SIZE + slot_num * 4
+        self.flags = 0
+        self.base_ts = 0
+        self.min_ts = 0
+        self.max_ts = 0
+        self.begin_phy = 0
+        self.end_phy = 0
+        self.count = 0
+        #: Written to since the last :meth:`sync`.
+        self.dirty = False
+
+    # -- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, begin_phy: int, slot_num: int, max_entries: int) -> IndexFile:
+        path = os.path.join(directory, file_name(begin_phy))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, file_size(slot_num, max_entries))
+            mm = mmap.mmap(fd, file_size(slot_num, max_entries))
+        except BaseException:
+            os.close(fd)
+            raise
+        f = cls(path, mm, fd, slot_num, max_entries)
+        f.begin_phy = f.end_phy = begin_phy
+        f.dirty = True
+        f.write_header(f.header_snapshot())
+        return f
+
+    @classmethod
+    def open(cls, path: str) -> IndexFile:
+        """Open an existing file.
+
+        Raises:
+            IndexFileDamaged: its header is unreadable or does not fit the file.
+        """
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise IndexFileDamaged(f"{size} bytes, shorter than a header")
+            head = os.pread(fd, HEADER_SIZE, 0)
+            fields = _HEADER.unpack_from(head, 0)
+            (magic, version, flags, base, lo, hi, begin, end, slots, max_entries, count) = fields
+            (crc,) = _CRC.unpack_from(head, _HEADER.size)
+            if magic != INDEX_MAGIC:
+                raise IndexFileDamaged(f"bad magic {magic:#x}")
+            if crc != zlib.crc32(head[: _HEADER.size]):
+                raise IndexFileDamaged("header checksum mismatch")
+            if version != INDEX_VERSION:
+                raise IndexFileDamaged(f"unknown version {version}")
+            name = os.path.basename(path)
+            if not slots or not max_entries or count > max_entries or end < begin:
+                raise IndexFileDamaged("header counts out of range")
+            if file_name(begin) != name:
+                raise IndexFileDamaged(f"header says it starts at {begin}")
+            if size != file_size(slots, max_entries):
+                raise IndexFileDamaged(f"size {size} does not match its header")
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        f = cls(path, mm, fd, slots, max_entries)
+        f.flags, f.base_ts, f.min_ts, f.max_ts = flags, base, lo, hi
+        f.begin_phy, f.end_phy, f.count = begin, end, count
+        return f
+
+    # -- header -------------------------------------------------------------------------------
+
+    def header_snapshot(self, clean: bool = False) -> bytes:
+        head = _HEADER.pack(
+            INDEX_MAGIC,
+            INDEX_VERSION,
+            FLAG_CLEAN if clean else 0,
+            self.base_ts,
+            self.min_ts,
+            self.max_ts,
+            self.begin_phy,
+            self.end_phy,
+            self.slot_num,
+            self.max_entries,
+            self.count,
+        )
+        return head + _CRC.pack(zlib.crc32(head))
+
+    def write_header(self, header: bytes) -> None:
+        self.mm[: len(header)] = header
+
+    def sync(self, header: bytes) -> None:
+        """Make the entries and slots durable, then ``header`` (taken before: it never names
+        more than what the first sync covered)."""
+        self.mm.flush()
+        self.write_header(header)
+        self.mm.flush(0, min(mmap.PAGESIZE, len(self.mm)))
+
+    # -- appending (owner thread) --------------------------------------------------------------
+
+    def full(self) -> bool:
+        return self.count >= self.max_entries
+
+    def fits_time(self, ts: int) -> bool:
+        return self.count == 0 or -(2**31) <= ts - self.base_ts < 2**31
+
+    def put(self, h: int, phy: int, ts: int) -> None:
+        """Add an entry; the caller checked :meth:`full` and :meth:`fits_time`."""
+        mm = self.mm
+        if self.count == 0:
+            self.base_ts = self.min_ts = self.max_ts = ts
+        elif ts < self.min_ts:
+            self.min_ts = ts
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        slot_at = HEADER_SIZE + (h % self.slot_num) * 4
+        (prev,) = _SLOT.unpack_from(mm, slot_at)
+        n = self.count
+        _ENTRY.pack_into(mm, self._entries_at + n * ENTRY_SIZE, h, phy, ts - self.base_ts, prev)
+        _SLOT.pack_into(mm, slot_at, n + 1)
+        self.count = n + 1
+        self.dirty = True
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def overlaps(self, begin: int, end: int) -> bool:
+        return self.count > 0 and self.min_ts <= end and self.max_ts >= begin
+
+    def lookup(self, h: int, begin: int, end: int) -> Iterator[int]:
+        """Commit-log offsets of the entries with hash ``h`` stored in ``[begin, end]`` (ms),
+        newest first."""
+        mm = self.mm
+        (cur,) = _SLOT.unpack_from(mm, HEADER_SIZE + (h % self.slot_num) * 4)
+        steps = 0
+        count = self.count
+        while 0 < cur <= count and steps < MAX_CHAIN_STEPS:
+            eh, phy, delta, prev = _ENTRY.unpack_from(mm, self._entries_at + (cur - 1) * ENTRY_SIZE)
+            if eh == h and begin <= self.base_ts + delta <= end:
+                yield phy
+            if prev >= cur:  # damaged: a chain only goes back
+                return
+            cur = prev
+            steps += 1
+
+    # -- repair -------------------------------------------------------------------------------
+
+    def repair_slots(self) -> str:
+        """After an unclean stop: make every chain start below ``count``.  Returns how (the
+        quick way follows chains that start past ``count`` back through the entries written
+        after the header; when those are not intact the slots are rebuilt from the entries)."""
+        count = self.count
+        slots = array.array("I")
+        slots.frombytes(self.mm[HEADER_SIZE : self._entries_at])
+        if sys.byteorder != "little":
+            slots.byteswap()
+        fixed: dict[int, int] = {}
+        for i, head in enumerate(slots):
+            if head <= count:
+                continue
+            cur = head
+            while cur > count:
+                if cur > self.max_entries:
+                    return self._rebuild_slots()
+                eh, _phy, _d, prev = _ENTRY.unpack_from(
+                    self.mm, self._entries_at + (cur - 1) * ENTRY_SIZE
+                )
+                if prev >= cur or eh % self.slot_num != i:
+                    return self._rebuild_slots()
+                cur = prev
+            fixed[i] = cur
+        for i, head in fixed.items():
+            _SLOT.pack_into(self.mm, HEADER_SIZE + i * 4, head)
+        return "chains" if fixed else "clean"
+
+    def _rebuild_slots(self) -> str:
+        mm = self.mm
+        mm[HEADER_SIZE : self._entries_at] = bytes(self._entries_at - HEADER_SIZE)
+        at = self._entries_at
+        for n in range(self.count):
+            pos = at + n * ENTRY_SIZE
+            eh, phy, delta, _prev = _ENTRY.unpack_from(mm, pos)
+            slot_at = HEADER_SIZE + (eh % self.slot_num) * 4
+            (prev,) = _SLOT.unpack_from(mm, slot_at)
+            _ENTRY.pack_into(mm, pos, eh, phy, delta, prev)
+            _SLOT.pack_into(mm, slot_at, n + 1)
+        return "rebuilt"
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        finally:
+            os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class IndexQueryResult:
+    """What a query found: the stored messages (their stored bytes, newest first) and how far
+    the index had got (RocketMQ's ``indexLastUpdateTimestamp`` / ``indexLastUpdatePhyoffset``)."""
+
+    messages: list[bytes]
+    last_update_timestamp: int
+    last_update_phy_offset: int
+
+
+class IndexFiles:
+    """The index files of one folder, and appending to them: the part of the index that knows
+    nothing of the commit log (what the unit tests and the bench drive directly).
+
+    Threads: :meth:`add`, :meth:`lookup` and :meth:`sync_snapshots` on the owner thread;
+    :meth:`sync` of what the snapshot returned on any one worker thread at a time."""
+
+    def __init__(self, directory: str, slot_num: int, max_entries: int) -> None:
+        self.directory = directory
+        self.slot_num = slot_num
+        self.max_entries = max_entries
+        self.files: list[IndexFile] = []
+        #: Commit-log offset indexing goes on from.
+        self.position = 0
+        #: Store timestamp of the newest message indexed.
+        self.last_timestamp = 0
+        #: Files left full (or out of time range) and not yet synced with their final header.
+        self._sealed: list[IndexFile] = []
+        self._retired: list[IndexFile] = []
+        self._dir_dirty = False
+        #: Held while a worker syncs (so a file is not closed under it).
+        self.sync_lock = threading.Lock()
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load(self, start_if_empty: int) -> None:
+        """Open the files; set damaged ones aside (see the module docstring) and set
+        :attr:`position`."""
+        os.makedirs(self.directory, exist_ok=True)
+        names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
+        resume: int | None = None
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            try:
+                f = IndexFile.open(path)
+            except (IndexFileDamaged, OSError, ValueError) as exc:
+                aside = path + ".damaged"
+                os.replace(path, aside)
+                log.error(
+                    "index_file_damaged",
+                    file=path,
+                    set_aside=aside,
+                    error=str(exc),
+                    rebuild_from=int(name),
+                )
+                for later in names[i + 1 :]:
+                    os.remove(os.path.join(self.directory, later))
+                    log.warning(
+                        "index_file_dropped", file=later, reason="rebuilt after a damaged one"
+                    )
+                resume = int(name)
+                self._dir_dirty = True
+                break
+            self.files.append(f)
+        # A file left before its final header was synced (the stop came just after the next
+        # file began) is where indexing goes on: the newer files are rebuilt.
+        for i, f in enumerate(self.files[:-1]):
+            if not f.flags & FLAG_CLEAN:
+                for newer in self.files[i + 1 :]:
+                    newer.close()
+                    os.remove(newer.path)
+                    log.warning(
+                        "index_file_dropped", file=newer.path, reason="an older file was not sealed"
+                    )
+                del self.files[i + 1 :]
+                self._dir_dirty = True
+                break
+        if self.files:
+            # The newest file may have been written after its header (nothing says how far
+            # when the broker stopped without closing it): no chain may start past its count.
+            last = self.files[-1]
+            how = last.repair_slots()
+            if how != "clean":
+                log.info("index_file_repaired", file=last.path, entries=last.count, how=how)
+            self.last_timestamp = last.max_ts
+            if resume is None:
+                resume = last.end_phy
+        self.position = start_if_empty if resume is None else resume
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def _active(self, ts: int, phy: int) -> IndexFile:
+        f = self.files[-1] if self.files else None
+        if f is not None and not f.full() and f.fits_time(ts):
+            return f
+        begin = self.position
+        if f is not None:
+            # Sealed: its entries point below ``phy + 1`` (a message's keys may straddle two
+            # files); the new file starts at the message, where a rebuild of it would start.
+            f.end_phy = max(f.end_phy, phy + 1)
+            self._sealed.append(f)
+            begin = max(phy, f.begin_phy + 1)
+        f = IndexFile.create(self.directory, begin, self.slot_num, self.max_entries)
+        self.files.append(f)
+        self._dir_dirty = True
+        return f
+
+    def add(self, h: int, phy: int, ts: int) -> None:
+        """Index hash ``h`` of the message at commit-log offset ``phy`` stored at ``ts``."""
+        self._active(ts, phy).put(h, phy, ts)
+        if ts > self.last_timestamp:
+            self.last_timestamp = ts
+
+    def advance(self, position: int) -> None:
+        """Everything below ``position`` is indexed."""
+        self.position = position
+        if self.files:
+            f = self.files[-1]
+            if f.end_phy != position:
+                f.end_phy = position
+                f.dirty = True
+
+    def drop_below(self, min_phy: int) -> None:
+        """Retire the files whose every entry points below ``min_phy`` (never the newest);
+        :meth:`sync` deletes them."""
+        while len(self.files) > 1 and self.files[0].end_phy <= min_phy:
+            f = self.files.pop(0)
+            if f in self._sealed:
+                self._sealed.remove(f)
+            self._retired.append(f)
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def lookup(self, h: int, begin: int, end: int) -> Iterator[int]:
+        """Candidate commit-log offsets for hash ``h`` in ``[begin, end]``, newest file first."""
+        for f in reversed(self.files):
+            if f.overlaps(begin, end):
+                yield from f.lookup(h, begin, end)
+
+    # -- durability -----------------------------------------------------------------------------
+
+    def sync_snapshots(self, clean: bool = False) -> list[tuple[IndexFile, bytes]]:
+        """What :meth:`sync` makes durable, taken on the owner thread: each file written since
+        the last sync with its header as of now (sealed files' final headers are clean)."""
+        out: list[tuple[IndexFile, bytes]] = []
+        for f in self._sealed:
+            out.append((f, f.header_snapshot(clean=True)))
+            f.dirty = False
+        self._sealed = []
+        if self.files:
+            f = self.files[-1]
+            if f.dirty or clean:
+                out.append((f, f.header_snapshot(clean=clean)))
+                f.dirty = False
+        return out
+
+    def sync(self, snapshots: list[tuple[IndexFile, bytes]]) -> None:
+        """Blocking: sync the snapshots' files, delete retired files."""
+        with self.sync_lock:
+            for f, header in snapshots:
+                f.sync(header)
+            retired, self._retired = self._retired, []
+            for f in retired:
+                f.close()
+                os.remove(f.path)
+                log.info("index_file_deleted", file=f.path, end_phy=f.end_phy)
+            if retired or self._dir_dirty:
+                self._dir_dirty = False
+                fsync_dir(self.directory)
+
+    def close(self) -> None:
+        """Sync everything with clean headers and unmap (blocking)."""
+        self.sync(self.sync_snapshots(clean=True))
+        with self.sync_lock:
+            for f in self.files:
+                f.close()
+            self.files = []
+
+    def discard_all(self) -> None:
+        """Forget every file (blocking): they are deleted, indexing starts over."""
+        with self.sync_lock:
+            for f in self.files + self._retired:
+                f.close()
+                os.remove(f.path)
+            self.files, self._sealed, self._retired = [], [], []
+            fsync_dir(self.directory)
+
+    @property
+    def entry_count(self) -> int:
+        return sum(f.count for f in self.files)
+
+
+def index_records(files: IndexFiles, data: bytes, pos: int) -> tuple[int, int]:
+    """Index the whole commit-log records in ``data`` (read at ``pos``).  Returns ``(records
+    read, entries added)``; stops at a blank record."""
+    mv = memoryview(data)
+    cur = 0
+    n = len(data)
+    records = entries = 0
+    unpack_header = RECORD_HEADER.unpack_from
+    add = files.add
+    try:
+        while cur + RECORD_HEADER_SIZE <= n:
+            magic, length, _crc = unpack_header(mv, cur)
+            if magic != RECORD_MAGIC:
+                if magic == BLANK_MAGIC:
+                    break
+                raise ValueError(f"no commit-log record at offset {pos + cur}")
+            start = cur + RECORD_HEADER_SIZE
+            parsed = parse_for_index(mv[start : start + length])
+            if parsed is not None:
+                topic, sys_flag, ts, props = parsed
+                if sys_flag & _TX_TYPE != _ROLLBACK:
+                    keys = index_keys(props)
+                    if keys:
+                        seed = zlib.crc32(topic + b"#")
+                        phy = pos + cur
+                        for k in keys:
+                            add(zlib.crc32(k, seed), phy, ts)
+                        entries += len(keys)
+            records += 1
+            cur = start + length
+    finally:
+        mv.release()
+    return records, entries
