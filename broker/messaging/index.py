@@ -156,15 +156,22 @@ class MessageIndexService:
     async def run(self) -> None:
         assert self._wake is not None
         last_sync = last_retention = time.monotonic()
+        busy = False
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), POLL_INTERVAL)
-            except TimeoutError:
-                pass
+            if not busy:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), POLL_INTERVAL)
+                except TimeoutError:
+                    pass
             self._wake.clear()
+            busy = False
             try:
+                until = time.monotonic() + SYNC_INTERVAL
                 while self.build_step():
                     await asyncio.sleep(0)  # one chunk at a time between requests
+                    if time.monotonic() >= until:  # under steady load: sync now and then
+                        busy = True
+                        break
             except IndexOutOfStepError as exc:
                 log.error("index_out_of_step", position=self.files.position, error=str(exc))
                 await self._in_background(self.files.discard_all)
