@@ -24,13 +24,15 @@ newest file), reading records already stored through the store's read API, off t
 (a task woken by the write path's append hook or a short timer).  A message in a ROLLBACK record
 is not indexed (RocketMQ's rule); every other record is.
 
-Durability: the flusher (a worker thread) syncs a file's slots and entries, then writes its header
-with the ``count`` and ``end_phy`` of the moment it started, so the header never promises more
-than is on disk.  On load, a file that was not closed cleanly gets its slots repaired so that no
-chain starts past ``count`` (entries written after the last header are dropped) and indexing
-resumes at its ``end_phy``, re-reading the rest from the commit log.  A file whose header is
-unreadable (bad magic, version, checksum, size or counts) is renamed ``<name>.damaged`` and
-logged; it and every newer file are rebuilt from the commit log, starting at its name's offset.
+Durability: the file being written keeps its slots in memory; entries go straight to the
+mapping.  The flusher (a worker thread, about once a second) copies a snapshot of the slots into
+the mapping, syncs it, then writes the header with the ``count`` and ``end_phy`` of the moment the
+snapshot was taken, so the header never promises more than is on disk.  On load, the newest file
+gets its slots checked so that no chain starts past ``count`` (entries written after the last
+header are dropped) and indexing resumes at its ``end_phy``, re-reading the rest from the commit
+log.  A file whose header is unreadable (bad magic, version, checksum, size or counts) is renamed
+``<name>.damaged`` and logged; it and every newer file are rebuilt from the commit log, starting at
+its name's offset.
 """
 
 from __future__ import annotations
@@ -98,63 +100,19 @@ def key_hash(topic: bytes, key: bytes) -> int:
     return zlib.crc32(key, zlib.crc32(topic + b"#"))
 
 
-def _prop(props: bytes, name: bytes) -> bytes | None:
-    """The value of the property ``name`` (given with its ``\\x01``) in a wire property string."""
-    i = props.find(name)
-    while i > 0 and props[i - 1] != 2:
-        i = props.find(name, i + 1)
-    if i < 0:
-        return None
-    start = i + len(name)
-    j = props.find(b"\x02", start)
-    return props[start : j if j >= 0 else len(props)]
-
-
 def index_keys(props: bytes) -> list[bytes]:
     """The keys a message is indexed under: each of its space-separated ``KEYS`` and its
-    ``UNIQ_KEY`` (each once)."""
+    ``UNIQ_KEY``, each once (what :func:`index_records` adds for one message)."""
     out: list[bytes] = []
-    keys = _prop(props, _KEYS)
+    keys = _find_prop(props, _KEYS, 0, len(props))
+    uniq = _find_prop(props, _UNIQ, 0, len(props))
     if keys:
         for k in keys.split(b" "):
-            if k and k not in out:
+            if k and k != uniq and k not in out:
                 out.append(k)
-    uniq = _prop(props, _UNIQ)
-    if uniq and uniq not in out:
+    if uniq:
         out.append(uniq)
     return out
-
-
-def parse_for_index(payload: bytes | memoryview) -> tuple[bytes, int, int, bytes] | None:
-    """``(topic, sys flag, store timestamp, properties)`` of a stored message, or None when it
-    is not one."""
-    try:
-        magic = _I32.unpack_from(payload, _POS_MAGIC)[0]
-        body_len = _I32.unpack_from(payload, _POS_BODY_LEN)[0]
-        p = FIXED_SIZE + body_len
-        if body_len < 0:
-            return None
-        if magic == MESSAGE_MAGIC_CODE:
-            tlen = payload[p]
-            p += 1
-        elif magic == MESSAGE_MAGIC_CODE_V2:
-            tlen = _I16.unpack_from(payload, p)[0]
-            p += 2
-        else:
-            return None
-        topic = bytes(payload[p : p + tlen])
-        p += tlen
-        plen = _I16.unpack_from(payload, p)[0]
-        p += 2
-        props = bytes(payload[p : p + plen])
-        return (
-            topic,
-            _I32.unpack_from(payload, _POS_SYS_FLAG)[0],
-            _I64.unpack_from(payload, _POS_STORE_TIMESTAMP)[0],
-            props,
-        )
-    except (struct.error, IndexError):
-        return None
 
 
 def file_name(begin_phy: int) -> str:
@@ -186,6 +144,27 @@ class IndexFile:
         self.count = 0
         #: Written to since the last :meth:`sync`.
         self.dirty = False
+        #: While the file is written: its slots, kept in memory and copied to the mapping by
+        #: :meth:`sync` (the mapping's slots always agree with the header synced last).  None
+        #: once the file is sealed and synced: lookups read the mapping.
+        self.slots: array.array[int] | None = None
+
+    def _load_slots(self) -> None:
+        slots = array.array("I")
+        slots.frombytes(self.mm[HEADER_SIZE : self._entries_at])
+        if sys.byteorder != "little":
+            slots.byteswap()
+        self.slots = slots
+
+    def slots_snapshot(self) -> bytes | None:
+        """The in-memory slots as the mapping stores them (owner thread)."""
+        if self.slots is None:
+            return None
+        if sys.byteorder == "little":
+            return self.slots.tobytes()
+        copy = array.array("I", self.slots)
+        copy.byteswap()
+        return copy.tobytes()
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -201,6 +180,7 @@ class IndexFile:
             raise
         f = cls(path, mm, fd, slot_num, max_entries)
         f.begin_phy = f.end_phy = begin_phy
+        f.slots = array.array("I", bytes(4 * slot_num))
         f.dirty = True
         f.write_header(f.header_snapshot())
         return f
@@ -264,9 +244,14 @@ class IndexFile:
     def write_header(self, header: bytes) -> None:
         self.mm[: len(header)] = header
 
-    def sync(self, header: bytes) -> None:
-        """Make the entries and slots durable, then ``header`` (taken before: it never names
-        more than what the first sync covered)."""
+    def sync(self, header: bytes, slots: bytes | None, seal: bool = False) -> None:
+        """Make the entries and ``slots`` durable, then ``header`` (both taken together before:
+        the header never names more than what the first sync covered).  ``seal``: the file is
+        written no more, its in-memory slots are dropped."""
+        if slots is not None:
+            self.mm[HEADER_SIZE : self._entries_at] = slots
+        if seal:
+            self.slots = None
         self.mm.flush()
         self.write_header(header)
         self.mm.flush(0, min(mmap.PAGESIZE, len(self.mm)))
@@ -279,22 +264,35 @@ class IndexFile:
     def fits_time(self, ts: int) -> bool:
         return self.count == 0 or -(2**31) <= ts - self.base_ts < 2**31
 
-    def put(self, h: int, phy: int, ts: int) -> None:
-        """Add an entry; the caller checked :meth:`full` and :meth:`fits_time`."""
-        mm = self.mm
-        if self.count == 0:
-            self.base_ts = self.min_ts = self.max_ts = ts
-        elif ts < self.min_ts:
-            self.min_ts = ts
-        elif ts > self.max_ts:
-            self.max_ts = ts
-        slot_at = HEADER_SIZE + (h % self.slot_num) * 4
-        (prev,) = _SLOT.unpack_from(mm, slot_at)
-        n = self.count
-        _ENTRY.pack_into(mm, self._entries_at + n * ENTRY_SIZE, h, phy, ts - self.base_ts, prev)
-        _SLOT.pack_into(mm, slot_at, n + 1)
-        self.count = n + 1
+    def put_many(self, items: list[tuple[int, int, int]], i: int) -> int:
+        """Add ``items[i:]`` (hash, commit-log offset, store time) while they fit; returns the
+        index of the first one not added."""
+        slots = self.slots
+        assert slots is not None, "a sealed index file is not written"
+        n = len(items)
+        count = self.count
+        if count == 0 and i < n:
+            self.base_ts = self.min_ts = self.max_ts = items[i][2]
+        base, lo, hi = self.base_ts, self.min_ts, self.max_ts
+        cap, sn, at, mm = self.max_entries, self.slot_num, self._entries_at, self.mm
+        pack = _ENTRY.pack_into
+        while i < n and count < cap:
+            h, phy, ts = items[i]
+            d = ts - base
+            if not -0x80000000 <= d < 0x80000000:
+                break
+            if ts < lo:
+                lo = ts
+            elif ts > hi:
+                hi = ts
+            s = h % sn
+            pack(mm, at + count * ENTRY_SIZE, h, phy, d, slots[s])
+            count += 1
+            slots[s] = count
+            i += 1
+        self.count, self.min_ts, self.max_ts = count, lo, hi
         self.dirty = True
+        return i
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -305,7 +303,11 @@ class IndexFile:
         """Commit-log offsets of the entries with hash ``h`` stored in ``[begin, end]`` (ms),
         newest first."""
         mm = self.mm
-        (cur,) = _SLOT.unpack_from(mm, HEADER_SIZE + (h % self.slot_num) * 4)
+        slots = self.slots
+        if slots is not None:
+            cur = slots[h % self.slot_num]
+        else:
+            (cur,) = _SLOT.unpack_from(mm, HEADER_SIZE + (h % self.slot_num) * 4)
         steps = 0
         count = self.count
         while 0 < cur <= count and steps < MAX_CHAIN_STEPS:
@@ -345,6 +347,7 @@ class IndexFile:
             fixed[i] = cur
         for i, head in fixed.items():
             _SLOT.pack_into(self.mm, HEADER_SIZE + i * 4, head)
+        self._load_slots()
         return "chains" if fixed else "clean"
 
     def _rebuild_slots(self) -> str:
@@ -358,6 +361,7 @@ class IndexFile:
             (prev,) = _SLOT.unpack_from(mm, slot_at)
             _ENTRY.pack_into(mm, pos, eh, phy, delta, prev)
             _SLOT.pack_into(mm, slot_at, n + 1)
+        self._load_slots()
         return "rebuilt"
 
     def close(self) -> None:
@@ -375,6 +379,10 @@ class IndexQueryResult:
     messages: list[bytes]
     last_update_timestamp: int
     last_update_phy_offset: int
+
+
+#: A file to sync: its header, its slots (None: the mapping has them) and whether it is sealed.
+Snapshot = tuple[IndexFile, bytes, bytes | None, bool]
 
 
 class IndexFiles:
@@ -460,7 +468,7 @@ class IndexFiles:
 
     def _active(self, ts: int, phy: int) -> IndexFile:
         f = self.files[-1] if self.files else None
-        if f is not None and not f.full() and f.fits_time(ts):
+        if f is not None and not f.full() and f.fits_time(ts) and f.slots is not None:
             return f
         begin = self.position
         if f is not None:
@@ -476,9 +484,19 @@ class IndexFiles:
 
     def add(self, h: int, phy: int, ts: int) -> None:
         """Index hash ``h`` of the message at commit-log offset ``phy`` stored at ``ts``."""
-        self._active(ts, phy).put(h, phy, ts)
-        if ts > self.last_timestamp:
-            self.last_timestamp = ts
+        self.add_many([(h, phy, ts)])
+
+    def add_many(self, items: list[tuple[int, int, int]]) -> None:
+        """:meth:`add` each ``(hash, commit-log offset, store time)``, in commit-log order."""
+        i = 0
+        n = len(items)
+        while i < n:
+            _h, phy, ts = items[i]
+            i = self._active(ts, phy).put_many(items, i)
+            if ts > self.last_timestamp:
+                self.last_timestamp = ts
+        if n and items[-1][2] > self.last_timestamp:
+            self.last_timestamp = items[-1][2]
 
     def advance(self, position: int) -> None:
         """Everything below ``position`` is indexed."""
@@ -508,26 +526,27 @@ class IndexFiles:
 
     # -- durability -----------------------------------------------------------------------------
 
-    def sync_snapshots(self, clean: bool = False) -> list[tuple[IndexFile, bytes]]:
+    def sync_snapshots(self, clean: bool = False) -> list[Snapshot]:
         """What :meth:`sync` makes durable, taken on the owner thread: each file written since
-        the last sync with its header as of now (sealed files' final headers are clean)."""
-        out: list[tuple[IndexFile, bytes]] = []
+        the last sync with its header and slots as of now (sealed files' final headers are
+        clean)."""
+        out: list[Snapshot] = []
         for f in self._sealed:
-            out.append((f, f.header_snapshot(clean=True)))
+            out.append((f, f.header_snapshot(clean=True), f.slots_snapshot(), True))
             f.dirty = False
         self._sealed = []
         if self.files:
             f = self.files[-1]
             if f.dirty or clean:
-                out.append((f, f.header_snapshot(clean=clean)))
+                out.append((f, f.header_snapshot(clean=clean), f.slots_snapshot(), False))
                 f.dirty = False
         return out
 
-    def sync(self, snapshots: list[tuple[IndexFile, bytes]]) -> None:
+    def sync(self, snapshots: list[Snapshot]) -> None:
         """Blocking: sync the snapshots' files, delete retired files."""
         with self.sync_lock:
-            for f, header in snapshots:
-                f.sync(header)
+            for f, header, slots, seal in snapshots:
+                f.sync(header, slots, seal)
             retired, self._retired = self._retired, []
             for f in retired:
                 f.close()
@@ -559,36 +578,78 @@ class IndexFiles:
         return sum(f.count for f in self.files)
 
 
+#: The fields of a stored message's fixed part the index reads: MAGICCODE, SYSFLAG,
+#: STORETIMESTAMP, BODYLENGTH (offsets 4, 36, 56, 84).
+_FIXED_FIELDS = struct.Struct(">4xi28xi16xq20xi")
+
+
+def _find_prop(data: bytes, name: bytes, start: int, end: int) -> bytes | None:
+    """The value of property ``name`` (with its ``\x01``) in ``data[start:end]``."""
+    i = data.find(name, start, end)
+    while i > start and data[i - 1] != 2:
+        i = data.find(name, i + 1, end)
+    if i < 0:
+        return None
+    v = i + len(name)
+    j = data.find(b"\x02", v, end)
+    return data[v : j if j >= 0 else end]
+
+
 def index_records(files: IndexFiles, data: bytes, pos: int) -> tuple[int, int]:
     """Index the whole commit-log records in ``data`` (read at ``pos``).  Returns ``(records
     read, entries added)``; stops at a blank record."""
-    mv = memoryview(data)
     cur = 0
     n = len(data)
-    records = entries = 0
+    records = 0
+    items: list[tuple[int, int, int]] = []
+    add = items.append
     unpack_header = RECORD_HEADER.unpack_from
-    add = files.add
-    try:
-        while cur + RECORD_HEADER_SIZE <= n:
-            magic, length, _crc = unpack_header(mv, cur)
-            if magic != RECORD_MAGIC:
-                if magic == BLANK_MAGIC:
-                    break
-                raise ValueError(f"no commit-log record at offset {pos + cur}")
-            start = cur + RECORD_HEADER_SIZE
-            parsed = parse_for_index(mv[start : start + length])
-            if parsed is not None:
-                topic, sys_flag, ts, props = parsed
-                if sys_flag & _TX_TYPE != _ROLLBACK:
-                    keys = index_keys(props)
-                    if keys:
-                        seed = zlib.crc32(topic + b"#")
-                        phy = pos + cur
-                        for k in keys:
-                            add(zlib.crc32(k, seed), phy, ts)
-                        entries += len(keys)
-            records += 1
-            cur = start + length
-    finally:
-        mv.release()
-    return records, entries
+    unpack_fixed = _FIXED_FIELDS.unpack_from
+    unpack_i16 = _I16.unpack_from
+    crc = zlib.crc32
+    seeds: dict[bytes, int] = {}
+    while cur + RECORD_HEADER_SIZE <= n:
+        magic, length, _crc = unpack_header(data, cur)
+        if magic != RECORD_MAGIC:
+            if magic == BLANK_MAGIC:
+                break
+            raise ValueError(f"no commit-log record at offset {pos + cur}")
+        start = cur + RECORD_HEADER_SIZE
+        end = start + length
+        records += 1
+        cur = end
+        try:
+            msg_magic, sys_flag, ts, body_len = unpack_fixed(data, start)
+            p = start + FIXED_SIZE + body_len
+            if msg_magic == MESSAGE_MAGIC_CODE:
+                tlen = data[p]
+                p += 1
+            elif msg_magic == MESSAGE_MAGIC_CODE_V2:
+                tlen = unpack_i16(data, p)[0]
+                p += 2
+            else:
+                continue
+            topic = data[p : p + tlen]
+            p += tlen
+            props_end = p + 2 + unpack_i16(data, p)[0]
+            p += 2
+        except (struct.error, IndexError):
+            continue
+        if sys_flag & _TX_TYPE == _ROLLBACK or props_end > end:
+            continue
+        seed = seeds.get(topic)
+        if seed is None:
+            seed = seeds[topic] = crc(topic + b"#")
+        phy = pos + cur - RECORD_HEADER_SIZE - length
+        keys = _find_prop(data, _KEYS, p, props_end)
+        uniq = _find_prop(data, _UNIQ, p, props_end)
+        if keys:
+            done: list[bytes] = []
+            for k in keys.split(b" "):
+                if k and k != uniq and k not in done:
+                    done.append(k)
+                    add((crc(k, seed), phy, ts))
+        if uniq:
+            add((crc(uniq, seed), phy, ts))
+    files.add_many(items)
+    return records, len(items)
