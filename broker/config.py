@@ -184,6 +184,8 @@ class BrokerConfig:
     ha_max_time_slave_not_catchup: int = 3000
 
     def __post_init__(self) -> None:
+        if not (1 <= self.max_hash_slot_num < 2**31 and 1 <= self.max_index_num < 2**31):
+            raise ConfigError("maxHashSlotNum and maxIndexNum must be between 1 and 2^31 - 1")
         self._check_tls()
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(

@@ -132,6 +132,10 @@ class MessageIndexService:
         passed (0: caught up)."""
         pos = self.files.position
         store = self.store
+        if pos > store.max_phy_offset:  # the log was cut back (a replica's truncation)
+            log.warning("index_ahead_of_commit_log", position=pos, max=store.max_phy_offset)
+            self.files.advance(store.max_phy_offset)
+            return 0
         if pos < store.min_phy_offset:
             log.warning("index_skipped_deleted", position=pos, min_phy_offset=store.min_phy_offset)
             self.files.advance(store.min_phy_offset)

@@ -607,6 +607,7 @@ def index_records(files: IndexFiles, data: bytes, pos: int) -> tuple[int, int]:
     unpack_fixed = _FIXED_FIELDS.unpack_from
     unpack_i16 = _I16.unpack_from
     crc = zlib.crc32
+    find = data.find
     seeds: dict[bytes, int] = {}
     while cur + RECORD_HEADER_SIZE <= n:
         magic, length, _crc = unpack_header(data, cur)
@@ -641,14 +642,33 @@ def index_records(files: IndexFiles, data: bytes, pos: int) -> tuple[int, int]:
         if seed is None:
             seed = seeds[topic] = crc(topic + b"#")
         phy = pos + cur - RECORD_HEADER_SIZE - length
-        keys = _find_prop(data, _KEYS, p, props_end)
-        uniq = _find_prop(data, _UNIQ, p, props_end)
+        # _find_prop inlined for the usual case (a name at the start or after a separator).
+        i = find(_UNIQ, p, props_end)
+        if i < 0:
+            uniq = None
+        elif i == p or data[i - 1] == 2:
+            j = find(b"\x02", i + 9, props_end)
+            uniq = data[i + 9 : j if j >= 0 else props_end]
+        else:
+            uniq = _find_prop(data, _UNIQ, p, props_end)
+        i = find(_KEYS, p, props_end)
+        if i < 0:
+            keys = None
+        elif i == p or data[i - 1] == 2:
+            j = find(b"\x02", i + 5, props_end)
+            keys = data[i + 5 : j if j >= 0 else props_end]
+        else:
+            keys = _find_prop(data, _KEYS, p, props_end)
         if keys:
-            done: list[bytes] = []
-            for k in keys.split(b" "):
-                if k and k != uniq and k not in done:
-                    done.append(k)
-                    add((crc(k, seed), phy, ts))
+            if b" " not in keys:
+                if keys != uniq:
+                    add((crc(keys, seed), phy, ts))
+            else:
+                done: list[bytes] = []
+                for k in keys.split(b" "):
+                    if k and k != uniq and k not in done:
+                        done.append(k)
+                        add((crc(k, seed), phy, ts))
         if uniq:
             add((crc(uniq, seed), phy, ts))
     files.add_many(items)
