@@ -12,6 +12,7 @@ about once a second and at shutdown.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -178,8 +179,9 @@ class MessageIndexService:
                         break
             except IndexOutOfStepError as exc:
                 log.error("index_out_of_step", position=self.files.position, error=str(exc))
-                await self._in_background(self.files.discard_all)
+                doomed = self.files.detach_all()
                 self.files.advance(self.store.min_phy_offset)
+                await self._in_background(functools.partial(self.files.delete, doomed))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

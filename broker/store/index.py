@@ -564,13 +564,18 @@ class IndexFiles:
                 f.close()
             self.files = []
 
-    def discard_all(self) -> None:
-        """Forget every file (blocking): they are deleted, indexing starts over."""
+    def detach_all(self) -> list[IndexFile]:
+        """Forget every file (owner thread): indexing starts over; :meth:`delete` them."""
+        doomed = self.files + self._retired
+        self.files, self._sealed, self._retired = [], [], []
+        return doomed
+
+    def delete(self, doomed: list[IndexFile]) -> None:
+        """Blocking: close and delete files :meth:`detach_all` returned."""
         with self.sync_lock:
-            for f in self.files + self._retired:
+            for f in doomed:
                 f.close()
                 os.remove(f.path)
-            self.files, self._sealed, self._retired = [], [], []
             fsync_dir(self.directory)
 
     @property

@@ -15,6 +15,7 @@ from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
+from txmq.broker.store.index import key_hash
 from txmq.cli import main
 from txmq.client import AsyncProducer, Message
 from txmq.client.admin import AsyncAdminClient
@@ -77,6 +78,22 @@ async def test_find_by_key_and_by_message_id_through_the_sdk(broker: BrokerContr
         )
         by_uniq = await admin.view_message(sent[9].msg_id, topic="orders")
         assert by_uniq.body == b"order 9"
+
+
+#: Two keys of topic "collide" with the same index hash (found by a birthday search).
+COLLIDING = ("25f4ea1b11cc", "7436c76af4e0")
+
+
+async def test_a_hash_collision_never_returns_the_other_message(broker: BrokerController) -> None:
+    k1, k2 = COLLIDING
+    assert key_hash(b"collide", k1.encode()) == key_hash(b"collide", k2.encode())
+    async with AsyncProducer("q-producer", broker=broker.address, config=FAST_CLIENT) as p:
+        await p.send(Message("collide", "one", keys=k1))
+        await p.send(Message("collide", "two", keys=k2))
+    await _indexed(broker)
+    async with AsyncAdminClient(broker.address) as admin:
+        assert [m.body for m in (await admin.query_messages("collide", k1)).messages] == [b"one"]
+        assert [m.body for m in (await admin.query_messages("collide", k2)).messages] == [b"two"]
 
 
 async def test_the_time_range_bounds_what_is_found(broker: BrokerController) -> None:

@@ -184,3 +184,23 @@ def test_a_damaged_file_is_set_aside_and_indexing_restarts_at_its_offset(tmp_pat
     assert not os.path.exists(os.path.join(files.directory, names[2])), "newer files are rebuilt"
     with pytest.raises(IndexFileDamaged, match="bad magic"):
         IndexFile.open(damaged + ".damaged")
+
+
+def test_files_whose_messages_are_all_gone_are_deleted_but_never_the_newest(
+    tmp_path: Path,
+) -> None:
+    files = _files(tmp_path, entries=2)
+    h = key_hash(b"T", b"k")
+    for i in range(6):
+        files.advance(i * 10)
+        files.add(h, i * 10, T0 + i)
+    files.advance(60)
+    paths = [f.path for f in files.files]
+    files.drop_below(25)  # the first file's entries point at 0 and 10, below 25
+    files.sync(files.sync_snapshots())
+    assert [os.path.exists(p) for p in paths] == [False, True, True]
+    assert list(files.lookup(h, 0, 2**62)) == [50, 40, 30, 20]
+    files.drop_below(10**9)
+    files.sync(files.sync_snapshots())
+    assert [f.path for f in files.files] == paths[2:], "the newest file stays"
+    assert list(files.lookup(h, 0, 2**62)) == [50, 40]
