@@ -3,6 +3,7 @@
     python bench/index_lookup.py                          # 200,000 messages through a broker
     python bench/index_lookup.py --messages 10000000      # the index component on its own
     python bench/index_lookup.py --skip-throughput        # lookups only
+    python bench/index_lookup.py --messages 1000 --batch 1 --producers 16   # single sends
 
 1. Through a broker (up to ``--broker-max`` messages): send ``--messages`` messages with a key
    (and their message id) in batches, wait until the index has caught up, then time
@@ -12,8 +13,9 @@
    the candidates from the commit log): N messages of two keys each are indexed with the
    broker's default file geometry (1 M slots, 4 M entries a file), then random keys are looked
    up.
-3. Send throughput with the index on and off: ``--producers`` producers send batches for
-   ``--seconds`` to a fresh broker with ``messageIndexEnable`` true, then false.
+3. Send throughput with the index on and off: ``--producers`` producers send batches of
+   ``--batch`` messages (1: one at a time) for ``--seconds`` to a fresh broker with
+   ``messageIndexEnable`` true, then false.
 
 Prints latency percentiles in ms, index build rates, and send rates.
 """
@@ -126,7 +128,9 @@ def direct_lookups(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-async def send_rate(args: argparse.Namespace, index_on: bool) -> float:
+async def send_rate(args: argparse.Namespace, index_on: bool) -> tuple[float, float]:
+    """Messages/s sent with the index on or off, and (index on) the seconds the index took
+    after the last send to have indexed everything."""
     settings: dict[str, object] = {"messageIndexEnable": str(index_on).lower()}
     body = b"x" * args.size
     with broker_process(settings) as address:
@@ -136,24 +140,35 @@ async def send_rate(args: argparse.Namespace, index_on: bool) -> float:
         # Warm up (routes, topic creation).
         await producers[0].send_batch([Message(TOPIC, body, keys="warm")])
         sent = 0
+        last_id = ""
         stop_at = time.monotonic() + args.seconds
 
         async def worker(p: AsyncProducer, w: int) -> None:
-            nonlocal sent
+            nonlocal sent, last_id
             i = 0
             while time.monotonic() < stop_at:
-                await p.send_batch(
-                    [Message(TOPIC, body, keys=f"k-{w}-{i + j}") for j in range(BATCH)]
-                )
-                sent += BATCH
-                i += BATCH
+                if args.batch == 1:
+                    res = await p.send(Message(TOPIC, body, keys=f"k-{w}-{i}"))
+                else:
+                    res = await p.send_batch(
+                        [Message(TOPIC, body, keys=f"k-{w}-{i + j}") for j in range(args.batch)]
+                    )
+                last_id = res.msg_ids[-1]
+                sent += args.batch
+                i += args.batch
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(p, w) for w, p in enumerate(producers)))
         elapsed = time.perf_counter() - t0
         for p in producers:
             await p.shutdown()
-    return sent / elapsed
+        lag = 0.0
+        if index_on:
+            async with AsyncAdminClient(address, timeout=30.0) as admin:
+                while not (await admin.query_messages(TOPIC, last_id, unique=True)).messages:
+                    await asyncio.sleep(0.01)
+            lag = time.perf_counter() - t0 - elapsed
+    return sent / elapsed, lag
 
 
 async def main() -> None:
@@ -169,6 +184,7 @@ async def main() -> None:
     )
     ap.add_argument("--seconds", type=float, default=10.0, help="per throughput run")
     ap.add_argument("--producers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=BATCH, help="messages a send (1: single sends)")
     ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
     quiet_logs()
@@ -177,11 +193,12 @@ async def main() -> None:
         doc.update(await broker_lookups(args))
     doc.update(direct_lookups(args))
     if not args.skip_throughput:
-        on = await send_rate(args, True)
-        off = await send_rate(args, False)
+        on, lag = await send_rate(args, True)
+        off, _ = await send_rate(args, False)
         doc["send_msgs_per_s.index_on"] = round(on)
         doc["send_msgs_per_s.index_off"] = round(off)
         doc["send_cost_of_index_pct"] = round((off - on) / off * 100, 1)
+        doc["index_caught_up_s_after_sends"] = round(lag, 2)
     emit(doc)
 
 

@@ -34,6 +34,9 @@ T = TypeVar("T")
 CHUNK_BYTES = 256 * 1024
 #: How often the index is looked at without a wake-up, and how often it is synced (s).
 POLL_INTERVAL = 0.2
+#: How long after an append the index looks (s): the appends of that time are indexed in one
+#: go, so a send pays for a flag, not for a wake-up of the task.
+WAKE_DELAY = 0.005
 SYNC_INTERVAL = 1.0
 RETENTION_INTERVAL = 10.0
 
@@ -51,6 +54,7 @@ class MessageIndexService:
         slot_num: hash slots per file (``maxHashSlotNum``).
         max_entries: entries per file (``maxIndexNum``).
         in_background: runs a blocking call off the event loop.
+        share: the most of the event loop's time indexing takes while sends arrive.
     """
 
     def __init__(
@@ -61,11 +65,18 @@ class MessageIndexService:
         slot_num: int,
         max_entries: int,
         in_background: Callable[[Callable[[], Any]], Awaitable[Any]] = _default_background,
+        share: float = 0.15,
     ) -> None:
         self.store = store
         self.files = IndexFiles(directory, slot_num, max_entries)
         self._in_background = in_background
         self._wake: asyncio.Event | None = None
+        self._wake_due = False
+        self._timers: list[asyncio.TimerHandle] = []
+        #: Appends seen (the write path's hook counts them).
+        self._appends = 0
+        #: At most this share of the event loop's time goes to indexing while sends arrive.
+        self.share = share
         self._task: asyncio.Task[None] | None = None
         self._sync_lock: asyncio.Lock | None = None
         self.records_indexed = 0
@@ -99,11 +110,27 @@ class MessageIndexService:
     def start(self) -> asyncio.Task[None]:
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="txmq-index")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self.run(), name="txmq-index")
+        self._timers = [loop.call_later(POLL_INTERVAL, self._poll)]
         return self._task
+
+    def _poll(self) -> None:
+        """The timer: appends that do not go through the write path (a replica's) are indexed
+        too, and the index is synced when due."""
+        assert self._wake is not None
+        self._wake.set()
+        self._timers = [asyncio.get_running_loop().call_later(POLL_INTERVAL, self._poll)]
+
+    def _wake_up(self) -> None:
+        self._wake_due = False
+        if self._wake is not None:
+            self._wake.set()
 
     async def close(self) -> None:
         """Stop building, sync everything with clean headers and unmap."""
+        for t in self._timers:
+            t.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=10.0)
@@ -113,8 +140,10 @@ class MessageIndexService:
     # -- the append hook ------------------------------------------------------------------------
 
     def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._appends += 1
+        if not self._wake_due and self._wake is not None:
+            self._wake_due = True
+            asyncio.get_running_loop().call_later(WAKE_DELAY, self._wake_up)
 
     # -- building -------------------------------------------------------------------------------
 
@@ -164,16 +193,23 @@ class MessageIndexService:
         busy = False
         while True:
             if not busy:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), POLL_INTERVAL)
-                except TimeoutError:
-                    pass
+                await self._wake.wait()
             self._wake.clear()
             busy = False
             try:
                 until = time.monotonic() + SYNC_INTERVAL
-                while self.build_step():
-                    await asyncio.sleep(0)  # one chunk at a time between requests
+                while True:
+                    appends = self._appends
+                    t0 = time.monotonic()
+                    if not self.build_step():
+                        break
+                    took = time.monotonic() - t0
+                    if self._appends != appends:
+                        # Sends go on: the index takes at most its share of the loop (it falls
+                        # behind under a load that needs more, and catches up once it eases).
+                        await asyncio.sleep(took * (1.0 - self.share) / self.share)
+                    else:
+                        await asyncio.sleep(0)  # one chunk at a time between requests
                     if time.monotonic() >= until:  # under steady load: sync now and then
                         busy = True
                         break
