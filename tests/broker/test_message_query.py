@@ -17,7 +17,13 @@ from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.broker.store.index import key_hash
 from txmq.cli import main
-from txmq.client import AsyncProducer, Message
+from txmq.client import (
+    AsyncProducer,
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+)
 from txmq.client.admin import AsyncAdminClient
 from txmq.client.sync import Producer
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
@@ -94,6 +100,36 @@ async def test_a_hash_collision_never_returns_the_other_message(broker: BrokerCo
     async with AsyncAdminClient(broker.address) as admin:
         assert [m.body for m in (await admin.query_messages("collide", k1)).messages] == [b"one"]
         assert [m.body for m in (await admin.query_messages("collide", k2)).messages] == [b"two"]
+
+
+class ByBody(TransactionListener):
+    """Commits a message whose body says commit, rolls back the rest."""
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        if message.payload == b"commit":
+            return LocalTransactionState.COMMIT_MESSAGE
+        return LocalTransactionState.ROLLBACK_MESSAGE
+
+    def check_local_transaction(self, message: object) -> LocalTransactionState:
+        return LocalTransactionState.ROLLBACK_MESSAGE
+
+
+async def test_a_transactional_message_is_found_in_its_topic_once_committed(
+    broker: BrokerController,
+) -> None:
+    async with AsyncTransactionProducer("q-tx", ByBody(), broker.address, config=FAST_CLIENT) as tx:
+        rolled = await tx.send_message_in_transaction(Message("tx-q", "rollback", keys="tx-r"))
+        committed = await tx.send_message_in_transaction(Message("tx-q", "commit", keys="tx-c"))
+    async with AsyncAdminClient(broker.address) as admin:
+
+        async def found() -> list[str]:
+            res = await admin.query_messages("tx-q", "tx-c")
+            return [m.msg_id for m in res.messages]
+
+        # The rollback was decided before the commit (one connection, in order).
+        assert await wait_until(found, what="the committed message indexed") == [committed.msg_id]
+        assert (await admin.query_messages("tx-q", "tx-r")).messages == []
+        assert (await admin.query_messages("tx-q", rolled.msg_id, unique=True)).messages == []
 
 
 async def test_the_time_range_bounds_what_is_found(broker: BrokerController) -> None:
