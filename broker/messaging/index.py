@@ -12,7 +12,6 @@ about once a second and at shutdown.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -162,18 +161,18 @@ class MessageIndexService:
         passed (0: caught up)."""
         pos = self.files.position
         store = self.store
-        if pos > store.max_phy_offset:  # the log was cut back (a replica's truncation)
-            log.warning("index_ahead_of_commit_log", position=pos, max=store.max_phy_offset)
-            self.files.advance(store.max_phy_offset)
-            return 0
+        if pos > store.max_phy_offset:
+            # The log was cut back under the index (a replica's truncation) and may have grown
+            # again since: where the cut was is not known here.
+            return self._start_over(f"the commit log ends at {store.max_phy_offset}")
         if pos < store.min_phy_offset:
             log.warning("index_skipped_deleted", position=pos, min_phy_offset=store.min_phy_offset)
             self.files.advance(store.min_phy_offset)
             return store.min_phy_offset - pos
         try:
             data, nxt = store.read_replica_chunk(pos, max_bytes)
-        except ValueError as exc:
-            raise IndexOutOfStepError(str(exc)) from None
+        except ValueError as exc:  # not a record boundary: the log was rewritten under it
+            return self._start_over(str(exc))
         if nxt == pos:
             return 0
         records, entries = index_records(self.files, data, pos)
@@ -181,6 +180,14 @@ class MessageIndexService:
         self.entries_added += entries
         self.files.advance(nxt)
         return nxt - pos
+
+    def _start_over(self, why: str) -> int:
+        """The index position is no longer a place in the commit log: index it all again.
+        Blocking (it deletes the files; it happens only when a replica's log is cut back)."""
+        log.error("index_out_of_step", position=self.files.position, error=why)
+        self.files.delete(self.files.detach_all())
+        self.files.advance(self.store.min_phy_offset)
+        return 1
 
     def catch_up(self) -> None:
         """Index everything stored (blocking; for tests and tools)."""
@@ -213,11 +220,6 @@ class MessageIndexService:
                     if time.monotonic() >= until:  # under steady load: sync now and then
                         busy = True
                         break
-            except IndexOutOfStepError as exc:
-                log.error("index_out_of_step", position=self.files.position, error=str(exc))
-                doomed = self.files.detach_all()
-                self.files.advance(self.store.min_phy_offset)
-                await self._in_background(functools.partial(self.files.delete, doomed))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -280,11 +282,6 @@ class MessageIndexService:
             if len(found) >= limit:
                 break
         return IndexQueryResult(found, self.files.last_timestamp, self.files.position)
-
-
-class IndexOutOfStepError(Exception):
-    """The index position is not a record boundary of the commit log (the log was rewritten
-    under it): the index starts over."""
 
 
 def index_directory(store_root: str) -> str:
