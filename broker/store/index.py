@@ -89,6 +89,8 @@ _UNIQ = (MessageConst.UNIQ_KEY + "\x01").encode()
 MAX_CHAIN_STEPS = 200_000
 #: Most messages one query returns (RocketMQ's ``maxMsgsNumBatch``).
 MAX_QUERY_NUM = 64
+#: How far ahead of the entries in use a file's disk space is allocated.
+ALLOCATE_STEP = 1 << 20
 
 
 class IndexFileDamaged(Exception):
@@ -148,6 +150,19 @@ class IndexFile:
         #: :meth:`sync` (the mapping's slots always agree with the header synced last).  None
         #: once the file is sealed and synced: lookups read the mapping.
         self.slots: array.array[int] | None = None
+        #: Bytes from the start known to be allocated on disk.
+        self._allocated = 0
+
+    def allocate(self, entries: int) -> None:
+        """Make sure the header, the slots and the first ``entries`` entries are allocated on
+        disk, a step ahead.  The file is sparse: a write through the mapping into a hole of a
+        full disk would kill the broker with SIGBUS; this raises ENOSPC instead."""
+        need = self._entries_at + entries * ENTRY_SIZE
+        if need <= self._allocated and self._allocated:
+            return
+        end = min(len(self.mm), need + ALLOCATE_STEP)
+        os.posix_fallocate(self._fd, 0, end)
+        self._allocated = end
 
     def _load_slots(self) -> None:
         slots = array.array("I")
@@ -172,13 +187,21 @@ class IndexFile:
     def create(cls, directory: str, begin_phy: int, slot_num: int, max_entries: int) -> IndexFile:
         path = os.path.join(directory, file_name(begin_phy))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        size = file_size(slot_num, max_entries)
         try:
-            os.ftruncate(fd, file_size(slot_num, max_entries))
-            mm = mmap.mmap(fd, file_size(slot_num, max_entries))
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
+            os.unlink(path)
             raise
         f = cls(path, mm, fd, slot_num, max_entries)
+        try:
+            f.allocate(0)
+        except BaseException:
+            f.close()
+            os.unlink(path)
+            raise
         f.begin_phy = f.end_phy = begin_phy
         f.slots = array.array("I", bytes(4 * slot_num))
         f.dirty = True
@@ -275,6 +298,7 @@ class IndexFile:
             self.base_ts = self.min_ts = self.max_ts = items[i][2]
         base, lo, hi = self.base_ts, self.min_ts, self.max_ts
         cap, sn, at, mm = self.max_entries, self.slot_num, self._entries_at, self.mm
+        self.allocate(min(cap, count + n - i))
         pack = _ENTRY.pack_into
         while i < n and count < cap:
             h, phy, ts = items[i]
