@@ -494,17 +494,17 @@ class IndexFiles:
         f = self.files[-1] if self.files else None
         if f is not None and not f.full() and f.fits_time(ts) and f.slots is not None:
             return f
-        begin = self.position
+        # The new file starts at the message, where a rebuild of it would start.
+        begin = self.position if f is None else max(phy, f.begin_phy + 1)
+        new = IndexFile.create(self.directory, begin, self.slot_num, self.max_entries)
         if f is not None:
             # Sealed: its entries point below ``phy + 1`` (a message's keys may straddle two
-            # files); the new file starts at the message, where a rebuild of it would start.
+            # files).
             f.end_phy = max(f.end_phy, phy + 1)
             self._sealed.append(f)
-            begin = max(phy, f.begin_phy + 1)
-        f = IndexFile.create(self.directory, begin, self.slot_num, self.max_entries)
-        self.files.append(f)
+        self.files.append(new)
         self._dir_dirty = True
-        return f
+        return new
 
     def add(self, h: int, phy: int, ts: int) -> None:
         """Index hash ``h`` of the message at commit-log offset ``phy`` stored at ``ts``."""
