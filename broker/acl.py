@@ -457,7 +457,7 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         # A consumer asks whether its subscription's kind is served; the answer says nothing
         # about anyone's data, so any account may ask.
         return False, []
-    if code in (R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP):
+    if code in (R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP, R.QUERY_MESSAGE):
         topic = _field(ext, "topic")
         return False, [topic_or_group(topic, SUB)] if topic else []
     if code == R.GET_ROUTEINFO_BY_TOPIC and _field(ext, "topic") == AUTO_CREATE_TOPIC_KEY_TOPIC:

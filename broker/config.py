@@ -129,6 +129,13 @@ class BrokerConfig:
     #: rest); ``txmq_batch_path_total{path}`` counts which path each batch took.
     batch_fast_path_enable: bool = True
 
+    # -- message index (docs/operations.md) ----------------------------------------------------
+    #: Index every stored message's KEYS and UNIQ_KEY for QUERY_MESSAGE (``txmq message find``).
+    message_index_enable: bool = True
+    #: Hash slots and entries of one index file (a new file starts when one is full).
+    max_hash_slot_num: int = 1_000_000
+    max_index_num: int = 4_000_000
+
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0
@@ -177,6 +184,8 @@ class BrokerConfig:
     ha_max_time_slave_not_catchup: int = 3000
 
     def __post_init__(self) -> None:
+        if not (1 <= self.max_hash_slot_num < 2**31 and 1 <= self.max_index_num < 2**31):
+            raise ConfigError("maxHashSlotNum and maxIndexNum must be between 1 and 2^31 - 1")
         self._check_tls()
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(

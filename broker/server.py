@@ -40,6 +40,7 @@ from .context import BrokerContext, Lifecycle
 from .flush import FlushService
 from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
+from .messaging.index import MessageIndexService, open_message_index
 from .messaging.locks import QueueLockTable
 from .metrics import BrokerMetrics
 from .metrics_scrape import BrokerFigures
@@ -49,6 +50,7 @@ from .processors.admin import AdminProcessor
 from .processors.groups import GroupViewProcessor
 from .processors.lock import LockProcessor
 from .processors.pull import PullMessageProcessor
+from .processors.query import QueryMessageProcessor
 from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
 from .schedule import ScheduleMessageService
@@ -180,6 +182,7 @@ class BrokerController:
         self.grpc_port = 0
         #: The ACL in force (``aclEnable``); None when off, so the dispatch pays one check.
         self.acl: AclManager | None = None
+        self.index: MessageIndexService | None = None
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -318,6 +321,7 @@ class BrokerController:
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.locks = QueueLockTable(ctx.clock)
         self.locker = LockProcessor(self.locks)
+        self.index = await open_message_index(cfg, self.store, self.in_background)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
         self._processors = self.metrics.timed(self._build_processors())
@@ -330,6 +334,9 @@ class BrokerController:
         self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
         self.write.subscribe(ctx.hold)
         self.write.subscribe(self.schedule)
+        if self.index is not None:
+            self.write.subscribe(self.index)
+            self.index.start()
         if self.before_serving is not None:
             self.before_serving()
         self.flush.start()
@@ -381,6 +388,7 @@ class BrokerController:
             R.GET_MIN_OFFSET: a.get_min_offset,
             R.SEARCH_OFFSET_BY_TIMESTAMP: a.search_offset_by_timestamp,
             R.VIEW_MESSAGE_BY_ID: a.view_message_by_id,
+            R.QUERY_MESSAGE: QueryMessageProcessor(self.ctx, self.index).query_message,
             R.UPDATE_AND_CREATE_TOPIC: a.update_and_create_topic,
             R.GET_ALL_TOPIC_CONFIG: a.get_all_topic_config,
             R.GET_ROUTEINFO_BY_TOPIC: a.get_route_info_by_topic,
@@ -437,6 +445,8 @@ class BrokerController:
         await self.flush.stop()
         await self.in_background(self.offsets.persist)
         await self.persist_topics()
+        if self.index is not None:
+            await self.index.close()
         await self.in_background(self.store.close)  # its final flush fsyncs
         self._meta_executor.shutdown(wait=True)
         if self.ops is not None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from txmq.protocol import fastjson
@@ -12,8 +15,14 @@ from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import BrokerSystemError, error_for_code
+from txmq.protocol.errors import (
+    BrokerSystemError,
+    ProtocolError,
+    QueryNotFoundError,
+    error_for_code,
+)
 from txmq.protocol.headers import (
+    UNIQUE_MSG_QUERY_FLAG,
     CreateTopicRequestHeader,
     DeleteSubscriptionGroupRequestHeader,
     ForceDecideRequestHeader,
@@ -23,13 +32,41 @@ from txmq.protocol.headers import (
     GetRouteInfoRequestHeader,
     GetTransactionRequestHeader,
     ListTransactionsRequestHeader,
+    QueryMessageRequestHeader,
+    QueryMessageResponseHeader,
     ResumeCheckHalfMessageRequestHeader,
     ViewMessageRequestHeader,
 )
-from txmq.protocol.message import MessageExt, decode_message, decode_offset_msg_id, inflate_body
+from txmq.protocol.message import (
+    MessageExt,
+    decode_messages,
+    decode_offset_msg_id,
+    inflate_body,
+)
 
 COMMIT = 0x8
 ROLLBACK = 0xC
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """What QUERY_MESSAGE found: the messages (newest first) and how far the broker's index had
+    got (the store timestamp of the newest message indexed and the commit-log offset it reached:
+    a message stored after that may not be found yet)."""
+
+    messages: list[MessageExt]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+
+
+def to_millis(value: int | float | datetime | None, default: int) -> int:
+    """A time bound for a query in ms since the epoch: ms as given, a datetime converted
+    (naive means local time), None the default."""
+    if value is None:
+        return default
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -154,22 +191,6 @@ class AsyncAdminClient:
             raise error_for_code(resp.code, resp.remark)
         return dict(json.loads(resp.body))
 
-    async def view_message(self, offset_msg_id: str) -> MessageExt:
-        """The stored message an offsetMsgId names (VIEW_MESSAGE_BY_ID), its body inflated
-        when the producer compressed it with zlib.
-
-        Raises:
-            ProtocolError: ``offset_msg_id`` is not an offsetMsgId (32 hex digits).
-            QueryNotFoundError: no message starts at that commit-log offset.
-        """
-        _, offset = decode_offset_msg_id(offset_msg_id)
-        resp = await self._call(
-            RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(offset).to_ext_fields()
-        )
-        msg = decode_message(resp.body)
-        inflate_body(msg)
-        return msg
-
     # -- consumer groups and clients -----------------------------------------------------------
 
     async def consumer_groups(self) -> list[str]:
@@ -265,3 +286,73 @@ class AsyncAdminClient:
             RequestCode.TXMQ_FORCE_DECIDE, h.to_ext_fields(), remark=reason or None
         )
         return resp.remark or ""
+
+    # -- messages -------------------------------------------------------------------------------
+
+    async def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
+        """One stored message by id: an offsetMsgId (VIEW_MESSAGE_BY_ID), or, with ``topic``, a
+        message id (UNIQ_KEY) looked up through the broker's index when the offsetMsgId way
+        finds nothing.
+
+        Raises:
+            QueryNotFoundError: no such message.
+        """
+        try:
+            _host, offset = decode_offset_msg_id(msg_id)
+        except ProtocolError:
+            offset = -1
+        if offset >= 0:
+            try:
+                resp = await self._call(
+                    RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(offset).to_ext_fields()
+                )
+                msgs = decode_messages(resp.body)
+                if msgs and (topic is None or msgs[0].topic == topic):
+                    inflate_body(msgs[0])  # a body the producer zlib-compressed
+                    return msgs[0]
+            except QueryNotFoundError:
+                if topic is None:
+                    raise
+        if topic is None:
+            raise QueryNotFoundError(f"{msg_id!r} is not an offsetMsgId (give the topic)")
+        found = await self.query_messages(topic, msg_id, unique=True, max_num=1)
+        if not found.messages:
+            raise QueryNotFoundError(f"no message {msg_id} in topic {topic}")
+        inflate_body(found.messages[0])
+        return found.messages[0]
+
+    async def query_messages(
+        self,
+        topic: str,
+        key: str,
+        *,
+        unique: bool = False,
+        begin: int | float | datetime | None = None,
+        end: int | float | datetime | None = None,
+        max_num: int = 32,
+    ) -> QueryResult:
+        """Messages of ``topic`` with ``key`` among their keys or as their message id (only the
+        message id with ``unique``), stored between ``begin`` and ``end`` (ms since the epoch or
+        datetimes; default: all time), newest first, at most ``max_num`` (the broker caps it at
+        64).  None found is an empty result, not an error."""
+        h = QueryMessageRequestHeader(
+            topic=topic,
+            key=key,
+            max_num=max_num,
+            begin_timestamp=to_millis(begin, 0),
+            end_timestamp=to_millis(end, int(time.time() * 1000) + 86_400_000),
+        )
+        ext = h.to_ext_fields()
+        if unique:
+            ext[UNIQUE_MSG_QUERY_FLAG] = "true"
+        assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
+        resp = await self._conn.request(
+            RemotingCommand.request(RequestCode.QUERY_MESSAGE, ext), self.timeout
+        )
+        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND):
+            raise error_for_code(resp.code, resp.remark)
+        rh = QueryMessageResponseHeader.from_ext_fields(resp.ext_fields)
+        msgs = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS else []
+        if unique:
+            msgs = [m for m in msgs if m.msg_id == key][:max_num]
+        return QueryResult(msgs, rh.index_last_update_timestamp, rh.index_last_update_phyoffset)

@@ -372,6 +372,29 @@ class ViewMessageRequestHeader(Header):
     offset: int
 
 
+#: The ext field that makes a QUERY_MESSAGE a query by unique key (RocketMQ's
+#: ``MixAll.UNIQUE_MSG_QUERY_FLAG``), ``"true"``.
+UNIQUE_MSG_QUERY_FLAG = "_UNIQUE_KEY_QUERY"
+
+
+@dataclass
+class QueryMessageRequestHeader(Header):
+    """QUERY_MESSAGE (12): messages of ``topic`` by key, stored in ``[beginTimestamp,
+    endTimestamp]`` (ms)."""
+
+    topic: str
+    key: str
+    max_num: int
+    begin_timestamp: int
+    end_timestamp: int
+
+
+@dataclass
+class QueryMessageResponseHeader(Header):
+    index_last_update_timestamp: int
+    index_last_update_phyoffset: int
+
+
 # --- transactions -----------------------------------------------------------------------------
 
 

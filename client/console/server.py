@@ -29,6 +29,7 @@ from txmq.protocol.errors import (
     ServiceNotAvailableError,
     TxmqError,
 )
+from txmq.protocol.message import decode_offset_msg_id
 from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS
 
 from ..admin import AsyncAdminClient
@@ -580,12 +581,14 @@ class Console:
         if not msg_id:
             return self._page(req, HTTPStatus.OK, "Message", pages.message_form(""), "messages")
         try:
-            msg = self.call(lambda a: a.view_message(msg_id))
+            decode_offset_msg_id(msg_id)
         except ProtocolError:
             raise ConsoleError(
                 HTTPStatus.BAD_REQUEST,
                 f"{msg_id!r} is not an offset message id (32 hex digits).",
             ) from None
+        try:
+            msg = self.call(lambda a: a.view_message(msg_id))
         except NoPermissionError:
             raise
         except BrokerResponseError as exc:

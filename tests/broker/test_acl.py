@@ -213,6 +213,7 @@ async def cases(broker: BrokerController) -> list[Case]:
         Case(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}, b"", PUBLISHERS | SUBSCRIBER),
         Case(R.GET_TOPIC_STATS_INFO, {"topic": "orders"}, b"", PUBLISHERS | SUBSCRIBER),
         Case(R.VIEW_MESSAGE_BY_ID, {"offset": 0}, b"", ADMIN_ONLY),
+        Case(R.QUERY_MESSAGE, {"topic": "orders", "key": "k", "maxNum": 1}, b"", SUBSCRIBER),
         Case(
             R.UPDATE_AND_CREATE_TOPIC,
             CreateTopicRequestHeader(topic="orders", read_queue_nums=4).to_ext_fields(),
