@@ -199,6 +199,7 @@ class OrderlyPushConsumer(PushConsumer):
         max_reconsume_times: int = 16,
         suspend_interval: float = 1.0,
         lock_interval: float = 20.0,
+        transactional_offsets: bool = False,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
@@ -210,6 +211,7 @@ class OrderlyPushConsumer(PushConsumer):
             max_reconsume_times=max_reconsume_times,
             suspend_interval=suspend_interval,
             lock_interval=lock_interval,
+            transactional_offsets=transactional_offsets,
             config=config,
             **settings,
         )
