@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import FencedError, TransactionFailedError, TxmqError, error_for_code
+from txmq.protocol.errors import TransactionFailedError, TxmqError, error_for_code
 from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
 from txmq.protocol.message import (
     Message,
@@ -413,6 +413,7 @@ class AsyncTransaction:
         #: Consumer offsets committed with this transaction (:meth:`send_offsets`).
         self._offsets_consumer: AsyncOrderlyPushConsumer | None = None
         self._offsets_generation = 0
+        self._offsets_client_id = ""
         #: per queue: its process queue, the committed offset it started from, the next offset
         self._offsets: dict[tuple[str, str, int], tuple[ProcessQueue, int, int]] = {}
 
@@ -436,6 +437,7 @@ class AsyncTransaction:
         if self._offsets_consumer is not None and self._offsets_consumer is not consumer:
             raise ValueError("one transaction commits the offsets of one consumer")
         pq, generation = consumer.transactional_position(msg)
+        self._offsets_client_id = consumer.client_id or ""
         if self._offsets_consumer is None:
             self._offsets_generation = generation
         else:
@@ -635,13 +637,10 @@ class AsyncTransaction:
     async def _send_offsets_half(self) -> None:
         consumer = self._offsets_consumer
         assert consumer is not None
-        client_id = consumer.client_id
-        if client_id is None:
-            raise FencedError("fenced: the consumer is not connected")
         doc = TxnOffsets(
             group=consumer.group,
             generation=self._offsets_generation,
-            client_id=client_id,
+            client_id=self._offsets_client_id,
             offsets=tuple(
                 QueueOffset(pq.topic, pq.broker, pq.queue_id, offset, start)
                 for pq, start, offset in self._offsets.values()

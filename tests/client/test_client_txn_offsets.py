@@ -22,6 +22,7 @@ from txmq.client import (
     AsyncTransaction,
     AsyncTransactionProducer,
     FencedError,
+    LocalTransactionState,
     Message,
     MessageExt,
     RollbackOnCheck,
@@ -295,3 +296,64 @@ async def test_send_offsets_needs_a_transactional_consumer(
     txn = AsyncTransaction(txp, "t")
     with pytest.raises(ClientStateError, match="transactional_offsets=True"):
         txn.send_offsets(c, MessageExt(topic="x", body=b""))
+
+
+class CommitOnCheck(RollbackOnCheck):
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+@pytest.mark.parametrize("member_left", [False, True])
+async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way(
+    make_broker_config: Callable[..., BrokerConfig],
+    unique: Callable[[str], str],
+    member_left: bool,
+) -> None:
+    """The producer never sends its decision; the broker's check gets COMMIT.  With the
+    consumer still the queue's owner the offsets move with the output; once it has left the
+    group the check's commit is fenced and the transaction rolled back."""
+    controller = BrokerController(make_broker_config())  # checks after 300 ms
+    await controller.start()
+    try:
+        a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
+        await create_topic(controller.address, a, 1)
+        await create_topic(controller.address, b, 1)
+        await fill(controller, a, 1)
+        seen: list[MessageExt] = []
+        c = consumer(controller, group)
+
+        async def hold(msg: MessageExt) -> None:
+            seen.append(msg)
+            raise RuntimeError("not now")  # retried in place: keeps the queue
+
+        c.subscribe(a, "*", hold)
+        async with AsyncTransactionProducer(
+            "eos-check", CommitOnCheck(), broker=controller.address, config=FAST_CLIENT
+        ) as p:
+            await c.start()
+            try:
+                await wait_until(lambda: seen, what="the input delivered")
+                txn = AsyncTransaction(p, unique("undecided"))
+                await txn.send(Message(b, b"out"), queue_id=0)
+                txn.send_offsets(c, seen[0])
+                if member_left:
+                    await c.shutdown()
+                await txn._send_offsets_half()  # stored, never decided by the producer
+                summary = controller.transactions.summary
+                await wait_until(
+                    lambda: summary()["committed"] + summary()["rolledBack"] == 1,
+                    what="the check-back decided the transaction",
+                )
+            finally:
+                await c.shutdown()
+        outs = await outputs(controller.address, b)
+        if member_left:
+            assert summary()["rolledBack"] == 1
+            assert outs == []
+            assert await committed(controller.address, group, a) == 0
+        else:
+            assert summary()["committed"] == 1
+            assert [m.body for m in outs] == [b"out"]
+            assert await committed(controller.address, group, a) == 1
+    finally:
+        await controller.shutdown()
