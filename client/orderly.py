@@ -408,17 +408,24 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                 if self.transactional_offsets and await self._resync(pq, offset):
                     state.failures.pop(offset, None)
                     continue
-                failures = state.failures[offset] = state.failures.get(offset, 0) + 1
-                msg.reconsume_times += 1
-                log.info(
-                    "message_consume_failed",
-                    group=self.group,
-                    topic=msg.topic,
-                    queue_id=pq.queue_id,
-                    offset=offset,
-                    failures=failures,
-                    error=repr(error),
-                )
+                if self.transactional_offsets and isinstance(error, FencedError):
+                    # not the message's fault: this member's view of the group is behind (or
+                    # it lost the queue); it rebalances, and the message does not near the DLQ
+                    log.info("message_commit_fenced", queue=pq.key, offset=offset, error=str(error))
+                    self._request_rebalance()
+                    failures = 0
+                else:
+                    failures = state.failures[offset] = state.failures.get(offset, 0) + 1
+                    msg.reconsume_times += 1
+                    log.info(
+                        "message_consume_failed",
+                        group=self.group,
+                        topic=msg.topic,
+                        queue_id=pq.queue_id,
+                        offset=offset,
+                        failures=failures,
+                        error=repr(error),
+                    )
             finally:
                 pq.end()
             if failures <= self.max_reconsume_times and await self._sleep(self.suspend_interval):

@@ -357,3 +357,56 @@ async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way
             assert await committed(controller.address, group, a) == 1
     finally:
         await controller.shutdown()
+
+
+async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
+    broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
+) -> None:
+    """With no retries allowed (``max_reconsume_times=0``), a commit fenced because a member
+    joined does not send the message to the dead-letter queue: the member rebalances (keeping
+    the queue: the joiner's id sorts after its own) and commits the message once."""
+    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
+    await create_topic(broker.address, a, 1)
+    await create_topic(broker.address, b, 1)
+    await fill(broker, a, 1)
+    c = consumer(broker, group, max_reconsume_times=0)
+    joiner = BrokerConnection(broker.address, FAST_CLIENT, client_id="~joiner-sorts-last")
+    joiner.register_consumer(
+        group,
+        lambda: {
+            "groupName": group,
+            "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "CLUSTERING",
+            "subscriptionDataSet": [{"topic": a, "subString": "*"}],
+        },
+    )
+    fenced: list[FencedError] = []
+
+    async def transform(msg: MessageExt) -> None:
+        try:
+            async with txp.transaction() as txn:
+                await txn.send(Message(b, b"fenced" if not fenced else b"ok"), queue_id=0)
+                txn.send_offsets(c, msg)
+                if not fenced:
+                    before = await generation(broker.address, group)
+                    await joiner.start()
+                    await joiner.send_heartbeat()  # a member joins mid-transaction
+                    await wait_until(
+                        lambda: _gt(generation(broker.address, group), before),
+                        what="the generation bumped",
+                    )
+        except FencedError as exc:
+            fenced.append(exc)
+            raise
+
+    c.subscribe(a, "*", transform)
+    try:
+        async with c:
+            await wait_until(
+                lambda: _eq(committed(broker.address, group, a), 1), what="offset 1 committed"
+            )
+    finally:
+        await joiner.close()
+    assert len(fenced) == 1
+    assert [m.body for m in await outputs(broker.address, b)] == [b"ok"]
+    assert c.dead_lettered_count == 0
