@@ -151,6 +151,9 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             raise ValueError(f"lock_interval must be above 0 and below {LOCK_LOCAL_LIVE_S} s")
         self.suspend_interval = suspend_interval
         self.transactional_offsets = transactional_offsets
+        #: The queue of each message handed to a callback now (by ``id(msg)``): a message from
+        #: the retry topic carries its original topic, not its queue's.
+        self._handling: dict[int, ProcessQueue] = {}
         self.lock_interval = lock_interval
         self._states: dict[ProcessQueue, _QueueState] = {}
         #: Queues taken away whose callback has not ended or whose lock is not given up yet.
@@ -295,13 +298,15 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             raise ClientStateError(
                 "send_offsets needs a consumer made with transactional_offsets=True"
             )
-        for pq in self._pqs.values():
-            if pq.topic == msg.topic and pq.queue_id == msg.queue_id:
-                break
-        else:
-            raise FencedError(
-                f"fenced: {msg.topic}:{msg.queue_id} is not held by this member (any more)"
-            )
+        pq = self._handling.get(id(msg))
+        if pq is None:
+            for pq in self._pqs.values():
+                if pq.topic == msg.topic and pq.queue_id == msg.queue_id:
+                    break
+            else:
+                raise FencedError(
+                    f"fenced: {msg.topic}:{msg.queue_id} is not held by this member (any more)"
+                )
         state = self._states.get(pq)
         if pq.dropped or state is None or not state.lock_valid():
             raise FencedError(f"fenced: the lock of {msg.topic}:{msg.queue_id} is not held")
@@ -398,6 +403,7 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                     return
                 continue
             pq.begin()
+            self._handling[id(msg)] = pq
             try:
                 error = await self._call(sub, msg)
                 if error is None:
@@ -427,6 +433,7 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                         error=repr(error),
                     )
             finally:
+                self._handling.pop(id(msg), None)
                 pq.end()
             if failures <= self.max_reconsume_times and await self._sleep(self.suspend_interval):
                 return
