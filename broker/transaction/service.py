@@ -100,7 +100,9 @@ class TransactionalMessageService:
         #: the half and op queue ends the last periodic snapshot covered
         self._snapshot_covers: tuple[int, int] | None = None
         #: consumer offsets committed inside transactions (fencing, applying, replay)
-        self.txn_offsets = TxnOffsetsLedger(ctx.store, ctx.offsets, ctx.clients)
+        self.txn_offsets = TxnOffsetsLedger(
+            ctx.store, ctx.offsets, ctx.clients, ctx.flush.wait_durable
+        )
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -449,7 +451,7 @@ class TransactionalMessageService:
             self._forget_halves(rec)
         end = self._append(op, extra)
         if with_offsets:
-            self.txn_offsets.catch_up()
+            self.txn_offsets.committed(rec, end)
         log.info(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
             transaction_id=rec.transaction_id,
@@ -533,6 +535,7 @@ class TransactionalMessageService:
 
     async def stop(self) -> None:
         await self.checks.stop()
+        await self.txn_offsets.stop()
         await self.persist_check_state()
         await self.write_snapshot()
 

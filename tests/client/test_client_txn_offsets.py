@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -410,3 +411,56 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
     assert len(fenced) == 1
     assert [m.body for m in await outputs(broker.address, b)] == [b"ok"]
     assert c.dead_lettered_count == 0
+
+
+async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
+    make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
+) -> None:
+    """An offset file that claims more applied records than the commit log holds (written
+    before a crash cut the log's tail) does not stop later commits from being applied."""
+    config = make_broker_config(transaction_time_out=10_000)
+    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
+
+    async def process(controller: BrokerController, upto: int) -> None:
+        async with AsyncTransactionProducer(
+            "eos-reset", RollbackOnCheck(), broker=controller.address, config=FAST_CLIENT
+        ) as p:
+            c = consumer(controller, group)
+
+            async def transform(msg: MessageExt) -> None:
+                async with p.transaction() as txn:
+                    await txn.send(Message(b, msg.body), queue_id=0)
+                    txn.send_offsets(c, msg)
+
+            c.subscribe(a, "*", transform)
+            async with c:
+                await wait_until(
+                    lambda: _eq(committed(controller.address, group, a), upto),
+                    what=f"offset {upto} committed",
+                )
+
+    first = BrokerController(config)
+    await first.start()
+    try:
+        await create_topic(first.address, a, 1)
+        await create_topic(first.address, b, 1)
+        await fill(first, a, 2)
+        await process(first, 2)
+    finally:
+        await first.shutdown()
+    path = os.path.join(config.store_path_root_dir, "config", "consumerOffset.json")
+    with open(path) as f:
+        doc = json.load(f)
+    key = "TXMQ_SYS_TXN_OFFSETS@TXMQ_SYS_TXN_OFFSETS_APPLIED"
+    assert doc["offsetTable"][key] == {"0": 2}
+    doc["offsetTable"][key] = {"0": 99}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    second = BrokerController(config)
+    await second.start()
+    try:
+        await fill(second, a, 1)
+        await process(second, 3)
+        assert [m.body for m in await outputs(second.address, b)] == [b"in-0", b"in-1", b"in-0"]
+    finally:
+        await second.shutdown()
