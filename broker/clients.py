@@ -79,7 +79,8 @@ class ClientManager:
         self.producer_filter: Callable[[Connection, str], bool] | None = None
         #: Per consumer group, bumped on every membership change (join, leave, connection
         #: closed, heartbeat expiry).  Every group starts at this broker's start time in ms, so
-        #: a generation seen before a restart is not handed out again after it.
+        #: a restarted broker hands out numbers above its previous run's (unless a group
+        #: changed more often than once a millisecond); commits also check committed offsets.
         self._generation_base = int(time.time() * 1000)
         self._generations: dict[str, int] = {}
 
