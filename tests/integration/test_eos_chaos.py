@@ -137,7 +137,7 @@ async def test_exactly_one_output_per_input_under_kills_and_stops(
         kills = stops = long_stops = 0
         resumes: list[asyncio.TimerHandle] = []
         loop = asyncio.get_running_loop()
-        chaos_until = time.monotonic() + 60.0
+        chaos_until = time.monotonic() + 50.0
         step = 0
         while time.monotonic() < chaos_until:
             await asyncio.sleep(rnd.uniform(0.3, 1.2))
@@ -175,7 +175,7 @@ async def test_exactly_one_output_per_input_under_kills_and_stops(
         assert kills > 0 and stops > 0 and long_stops > 0, (kills, stops, long_stops)
         await wait_until(
             lambda: all_committed(broker.address, group, a),
-            120,
+            90,
             "every input's offset committed by the processors",
         )
         outs = await read_all(broker.address, b)
@@ -190,15 +190,23 @@ async def test_exactly_one_output_per_input_under_kills_and_stops(
         events = [e for proc in procs for e in proc.events()]
         committed_attempts = {e["attempt"] for e in events if e["event"] == "committed"}
         failed_attempts = {e["attempt"] for e in events if e["event"] == "failed"}
-        # no output comes from an attempt its processor saw fail (rolled back or fenced)
-        assert not failed_attempts & {o["attempt"] for o in outs}
+        # no output comes from an attempt the broker answered as rolled back or fenced (a
+        # timed-out answer leaves the outcome unknown to the processor: not counted here)
+        refused = {
+            e["attempt"]
+            for e in events
+            if e["event"] == "failed"
+            and e["error"].startswith(("FencedError", "IllegalOperationError"))
+        }
+        assert not refused & {o["attempt"] for o in outs}
         assert committed_attempts <= {o["attempt"] for o in outs}
         fenced = sum(1 for e in events if e["event"] == "failed" and "Fenced" in e["error"])
+        errors = Counter(e["error"].split(":")[0] for e in events if e["event"] == "failed")
         summary = broker.transactions.summary()
         print(
             f"seed={seed} kills={kills} stops={stops} long_stops={long_stops} "
             f"processes={len(procs)} fenced={fenced} failed={len(failed_attempts)} "
-            f"committed={summary['committed']} rolled_back={summary['rolledBack']}"
+            f"committed={summary['committed']} rolled_back={summary['rolledBack']} errors={dict(errors)}"
         )
         assert summary["committed"] == INPUTS
     finally:
