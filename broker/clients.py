@@ -77,6 +77,12 @@ class ClientManager:
         #: When set (ACL on), only connections it accepts for a group get that group's
         #: check-backs.
         self.producer_filter: Callable[[Connection, str], bool] | None = None
+        #: Per consumer group, bumped on every membership change (join, leave, connection
+        #: closed, heartbeat expiry).  Every group starts at this broker's start time in ms, so
+        #: a restarted broker hands out numbers above its previous run's (unless a group
+        #: changed more often than once a millisecond); commits also check committed offsets.
+        self._generation_base = int(time.time() * 1000)
+        self._generations: dict[str, int] = {}
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -168,6 +174,7 @@ class ClientManager:
         return dead
 
     def _consumer_group_changed(self, group: str) -> None:
+        self._generations[group] = self.generation(group) + 1
         for ch in self.consumer_channels(group):
             try:
                 ch.conn.send_oneway(
@@ -208,6 +215,20 @@ class ClientManager:
 
     def consumer_ids(self, group: str) -> list[str]:
         return sorted({ch.client_id for ch in self.consumer_channels(group)})
+
+    def generation(self, group: str) -> int:
+        """The group's membership generation: it changes whenever a member joins or leaves."""
+        return self._generations.get(group, self._generation_base)
+
+    def fenced_reason(self, group: str, generation: int, client_id: str) -> str | None:
+        """Why a member that rebalanced under ``generation`` may no longer commit offsets
+        for ``group``; None when it still may (same generation, still a live member)."""
+        current = self.generation(group)
+        if generation != current:
+            return f"generation {generation} is stale, the group {group} is at {current}"
+        if client_id not in self.consumer_ids(group):
+            return f"{client_id} is not a live member of the group {group}"
+        return None
 
     def subscription(self, group: str, topic: str) -> Subscription | None:
         for ch in self.consumer_channels(group):

@@ -26,6 +26,7 @@ from txmq.protocol.topics import (
     dlq_topic,
     retry_topic,
 )
+from txmq.protocol.txn_offsets import TXN_OFFSETS_TOPIC
 
 from .store import TopicConfig, TopicConfigManager
 
@@ -66,6 +67,8 @@ class TopicManager:
             (RMQ_SYS_TRANS_OP_HALF_TOPIC, 1),
             (TRANS_CHECK_MAX_TIME_TOPIC, 1),
             (SCHEDULE_TOPIC, delay_levels),
+            # the committed copies of consumer offsets sent inside transactions
+            (TXN_OFFSETS_TOPIC, 1),
         ):
             tc = table.get(name)
             if tc is None or tc.read_queue_nums < queues:

@@ -192,6 +192,9 @@ class ProcessQueue:
         self.space.set()
         self.pull_task: asyncio.Task[None] | None = None
         self._ordered = True
+        #: The group generation of the last rebalance that kept this queue here (None until
+        #: the broker tells one).
+        self.generation: int | None = None
 
     @property
     def key(self) -> MessageQueue:
@@ -380,6 +383,8 @@ class AsyncPushConsumer(ConnectedClient):
         #: Subscribed topics that did not exist yet when this consumer looked for them.
         self._born_later: set[str] = set()
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
+        #: The group generation each broker (by address) gave with its member list.
+        self._generations: dict[str, int | None] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_tasks: list[asyncio.Task[None]] = []
         self._workers: _SyncWorkers | None = None
@@ -578,6 +583,8 @@ class AsyncPushConsumer(ConnectedClient):
             GetConsumerListByGroupRequestHeader(consumer_group=self.group),
         )
         doc = json.loads(resp.body.decode("utf-8")) if resp.body else {}
+        gen = doc.get("generation")
+        self._generations[conn.address] = gen if isinstance(gen, int) else None
         return sorted(str(i) for i in doc.get("consumerIdList") or [])
 
     async def _rebalance(self) -> bool:
@@ -643,6 +650,10 @@ class AsyncPushConsumer(ConnectedClient):
                             error=str(exc),
                         )
                         complete = False
+                gen = self._generations.get(first.address)
+                for mq in mine:
+                    if mq in self._pqs:
+                        self._pqs[mq].generation = gen
             return complete
 
     async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
@@ -651,6 +662,7 @@ class AsyncPushConsumer(ConnectedClient):
         else:
             offset = await self._initial_offset(conn, mq.topic, mq.queue_id)
         pq = ProcessQueue(mq.topic, mq.queue_id, offset, mq.broker, conn)
+        pq.generation = self._generations.get(conn.address)
         self._pqs[pq.key] = pq
         pq.pull_task = asyncio.get_running_loop().create_task(self._pull_loop(pq))
         self._queue_log(pq).info("queue_assigned", broker=mq.broker, offset=offset)
@@ -784,7 +796,7 @@ class AsyncPushConsumer(ConnectedClient):
                     expression=sub.expression,
                     sub_version=sub.sub_version,
                     suspend=cfg.long_poll_timeout,
-                    commit_offset=pq.offset_to_commit(),
+                    commit_offset=self._pull_commit_offset(pq),
                 )
             except TxmqError as exc:
                 if pq.dropped:
@@ -808,6 +820,10 @@ class AsyncPushConsumer(ConnectedClient):
             elif result.status is PullStatus.NO_NEW_MSG and time.monotonic() - started < 0.01:
                 # The broker answered at once instead of holding the pull: do not spin.
                 await self._sleep(0.05)
+
+    def _pull_commit_offset(self, pq: ProcessQueue) -> int | None:
+        """The offset a pull also commits for the group (None: none)."""
+        return pq.offset_to_commit()
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep; True if the consumer stopped meanwhile."""

@@ -30,6 +30,15 @@ or a queue) gets them handled in the order sent, by one member at a time:
   parked in the DLQ).  When a rebalance takes a queue away, the member stops handing out its
   messages, waits for the running callback to end, commits, and only then unlocks the queue:
   the next owner starts where it stopped and never runs beside it.
+* **Transactional offsets** (``transactional_offsets=True``, consume-transform-produce exactly
+  once): the member never commits offsets itself (no periodic commit, none with pulls or on
+  release; only the start of a queue the group never committed is pinned).  The callback
+  commits them inside its producer's transaction with
+  :meth:`AsyncTransaction.send_offsets <txmq.client.AsyncTransaction.send_offsets>`; the
+  broker moves them if and only if the transaction commits, and refuses (rolls back) a commit
+  from a member that is not the queue's owner any more (see ``docs/transactions.md``).  A
+  callback that raises is retried in place after the committed offset is read again, so a
+  message whose transaction did commit (its answer was lost) is not handled twice.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from datetime import datetime
 from typing import Any
 
 from txmq.protocol.codes import RequestCode
-from txmq.protocol.errors import TxmqError
+from txmq.protocol.errors import FencedError, TxmqError
 from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
 from txmq.protocol.locks import LockBatchRequest, decode_lock_response
 from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
@@ -51,6 +60,7 @@ from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, ProcessQueue, _Subscription
 from .errors import ClientStateError
 from .logs import get_logger
+from .pull_consumer import query_committed_offset, update_committed_offset
 from .remoting import BrokerConnection
 from .route import MessageQueue
 
@@ -109,6 +119,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         suspend_interval: seconds a queue waits after a failed callback before the retry
             (RocketMQ's ``suspendCurrentQueueTimeMillis``).
         lock_interval: seconds between lock renewals (under :data:`LOCK_LOCAL_LIVE_S`).
+        transactional_offsets: the callback commits offsets inside a producer transaction
+            (:meth:`AsyncTransaction.send_offsets`); the member commits none itself.
         config: client settings; ``**settings`` override single fields.
     """
 
@@ -121,6 +133,7 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         max_reconsume_times: int = 16,
         suspend_interval: float = 1.0,
         lock_interval: float = 20.0,
+        transactional_offsets: bool = False,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
@@ -137,6 +150,10 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         if not 0 < lock_interval < LOCK_LOCAL_LIVE_S:
             raise ValueError(f"lock_interval must be above 0 and below {LOCK_LOCAL_LIVE_S} s")
         self.suspend_interval = suspend_interval
+        self.transactional_offsets = transactional_offsets
+        #: The queue of each message handed to a callback now (by ``id(msg)``): a message from
+        #: the retry topic carries its original topic, not its queue's.
+        self._handling: dict[int, ProcessQueue] = {}
         self.lock_interval = lock_interval
         self._states: dict[ProcessQueue, _QueueState] = {}
         #: Queues taken away whose callback has not ended or whose lock is not given up yet.
@@ -255,10 +272,72 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                 await self._unlock(pq.conn, pq.key)
 
     async def _commit(self, pq: ProcessQueue) -> None:
+        if self.transactional_offsets:
+            return  # offsets move only with the transactions that send them
         state = self._states.get(pq)
         if state is not None and not state.locked:
             return  # another member may own the queue now: its offset is not ours to move
         await super()._commit(pq)
+
+    def _pull_commit_offset(self, pq: ProcessQueue) -> int | None:
+        if self.transactional_offsets:
+            return None
+        return super()._pull_commit_offset(pq)
+
+    # -- transactional offsets ----------------------------------------------------------------
+
+    def transactional_position(self, msg: MessageExt) -> tuple[ProcessQueue, int]:
+        """The queue ``msg`` came from and the group generation this member holds it under,
+        for :meth:`AsyncTransaction.send_offsets`.
+
+        Raises:
+            ClientStateError: this consumer was not made with ``transactional_offsets=True``.
+            FencedError: this member does not hold the queue (any more).
+        """
+        if not self.transactional_offsets:
+            raise ClientStateError(
+                "send_offsets needs a consumer made with transactional_offsets=True"
+            )
+        pq = self._handling.get(id(msg))
+        if pq is None:
+            for pq in self._pqs.values():
+                if pq.topic == msg.topic and pq.queue_id == msg.queue_id:
+                    break
+            else:
+                raise FencedError(
+                    f"fenced: {msg.topic}:{msg.queue_id} is not held by this member (any more)"
+                )
+        state = self._states.get(pq)
+        if pq.dropped or state is None or not state.lock_valid():
+            raise FencedError(f"fenced: the lock of {msg.topic}:{msg.queue_id} is not held")
+        if pq.generation is None:
+            raise FencedError(
+                f"fenced: no group generation known for {msg.topic}:{msg.queue_id} (the broker "
+                "does not tell one)"
+            )
+        return pq, pq.generation
+
+    async def _resync(self, pq: ProcessQueue, offset: int) -> bool:
+        """After a failed callback (transactional offsets): read the group's committed offset
+        again; when it is past ``offset`` (the message's transaction did commit, its answer
+        was lost), drop what is below it and return True."""
+        try:
+            committed = await query_committed_offset(
+                pq.conn or self.connection, self.group, pq.topic, pq.queue_id
+            )
+        except TxmqError as exc:
+            log.info("committed_offset_query_failed", queue=pq.key, error=str(exc))
+            return False
+        if committed is None or committed <= offset:
+            return False
+        threshold = self.config.pull_threshold_for_queue
+        for o in [o for o in pq.msgs if o < committed]:
+            pq.remove(o, threshold)
+        pq.committed = committed
+        if pq.next_offset < committed:
+            pq.offset_moved(committed)
+        log.info("queue_resynced", queue=pq.key, offset=committed)
+        return True
 
     # -- consuming -------------------------------------------------------------------------------
 
@@ -316,12 +395,15 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                 if await self._dead_letter(pq, msg):
                     state.failures.pop(offset, None)
                     pq.remove(offset, threshold)
+                    if self.transactional_offsets:
+                        await self._commit_dead_lettered(pq, offset + 1)
                     self.consumed_count += 1
                     self.dead_lettered_count += 1
                 elif await self._sleep(self.suspend_interval):
                     return
                 continue
             pq.begin()
+            self._handling[id(msg)] = pq
             try:
                 error = await self._call(sub, msg)
                 if error is None:
@@ -329,21 +411,44 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                     pq.remove(offset, threshold)
                     self.consumed_count += 1
                     continue
-                failures = state.failures[offset] = state.failures.get(offset, 0) + 1
-                msg.reconsume_times += 1
-                log.info(
-                    "message_consume_failed",
-                    group=self.group,
-                    topic=msg.topic,
-                    queue_id=pq.queue_id,
-                    offset=offset,
-                    failures=failures,
-                    error=repr(error),
-                )
+                if self.transactional_offsets and await self._resync(pq, offset):
+                    state.failures.pop(offset, None)
+                    continue
+                if self.transactional_offsets and isinstance(error, FencedError):
+                    # not the message's fault: this member's view of the group is behind (or
+                    # it lost the queue); it rebalances, and the message does not near the DLQ
+                    log.info("message_commit_fenced", queue=pq.key, offset=offset, error=str(error))
+                    self._request_rebalance()
+                    failures = 0
+                else:
+                    failures = state.failures[offset] = state.failures.get(offset, 0) + 1
+                    msg.reconsume_times += 1
+                    log.info(
+                        "message_consume_failed",
+                        group=self.group,
+                        topic=msg.topic,
+                        queue_id=pq.queue_id,
+                        offset=offset,
+                        failures=failures,
+                        error=repr(error),
+                    )
             finally:
+                self._handling.pop(id(msg), None)
                 pq.end()
             if failures <= self.max_reconsume_times and await self._sleep(self.suspend_interval):
                 return
+
+    async def _commit_dead_lettered(self, pq: ProcessQueue, offset: int) -> None:
+        """Transactional offsets: a message parked in the dead-letter queue produced nothing;
+        move the group past it (the next transaction expects this offset)."""
+        try:
+            await update_committed_offset(
+                pq.conn or self.connection, self.group, pq.topic, pq.queue_id, offset
+            )
+        except TxmqError as exc:
+            log.warning("offset_commit_failed", queue=pq.key, offset=offset, error=str(exc))
+            return
+        pq.committed = offset
 
     async def _call(self, sub: _Subscription, msg: MessageExt) -> BaseException | None:
         """Run the callback on ``msg``; the exception it raised, or None."""

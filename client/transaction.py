@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -39,6 +39,7 @@ from txmq.protocol.message import (
     decode_message,
     decode_offset_msg_id,
 )
+from txmq.protocol.txn_offsets import TXN_OFFSETS_TOPIC, QueueOffset, TxnOffsets
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
@@ -47,6 +48,10 @@ from .logs import get_logger
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
 from .remoting import BrokerConnection, current_connection
 from .sync import _SyncClient, blocking
+
+if TYPE_CHECKING:
+    from .consumer import ProcessQueue
+    from .orderly import AsyncOrderlyPushConsumer
 
 log = get_logger(__name__)
 
@@ -81,6 +86,18 @@ class TransactionListener:
 
     def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
         raise NotImplementedError
+
+
+class RollbackOnCheck(TransactionListener):
+    """The listener of a consume-transform-produce producer (only ``transaction()`` blocks,
+    no ``send_message_in_transaction``): a transaction the broker asks about was never
+    confirmed, so it is rolled back and its input is handled again by the queue's owner."""
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        return LocalTransactionState.ROLLBACK_MESSAGE
 
 
 @dataclass
@@ -390,6 +407,42 @@ class AsyncTransaction:
         #: plain send would; the others follow it, so one decision covers them all.
         self.broker: str | None = None
         self._pinning: asyncio.Future[str | None] | None = None
+        #: Consumer offsets committed with this transaction (:meth:`send_offsets`).
+        self._offsets_consumer: AsyncOrderlyPushConsumer | None = None
+        self._offsets_generation = 0
+        self._offsets_client_id = ""
+        #: per queue: its process queue, the committed offset it started from, the next offset
+        self._offsets: dict[tuple[str, str, int], tuple[ProcessQueue, int, int]] = {}
+
+    def send_offsets(self, consumer: AsyncOrderlyPushConsumer, msg: MessageExt) -> None:
+        """Commit ``consumer``'s offset past ``msg`` with this transaction (Kafka's
+        ``sendOffsetsToTransaction``): it moves if and only if the transaction commits.
+
+        ``consumer`` is an orderly push consumer made with ``transactional_offsets=True``.
+        At commit the broker refuses (and rolls back the whole transaction, raising
+        :class:`~txmq.client.FencedError`) when the group rebalanced since the consumer took
+        the queue, when the consumer left the group, or when the queue's committed offset is
+        no longer the one this step started from.
+
+        Raises:
+            FencedError: the consumer does not hold ``msg``'s queue (any more).
+        """
+        if self.state is not None:
+            raise TransactionFailedError(
+                f"transaction {self.transaction_id} is already {self.state.value}"
+            )
+        if self._offsets_consumer is not None and self._offsets_consumer is not consumer:
+            raise ValueError("one transaction commits the offsets of one consumer")
+        pq, generation = consumer.transactional_position(msg)
+        self._offsets_client_id = consumer.client_id or ""
+        if self._offsets_consumer is None:
+            self._offsets_generation = generation
+        else:
+            self._offsets_generation = min(self._offsets_generation, generation)
+        self._offsets_consumer = consumer
+        key = (pq.topic, pq.broker, pq.queue_id)
+        start = self._offsets[key][1] if key in self._offsets else pq.committed
+        self._offsets[key] = (pq, -1 if start is None else start, msg.queue_offset + 1)
 
     async def send(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
@@ -547,7 +600,7 @@ class AsyncTransaction:
     async def finish(self, exc: BaseException | None) -> None:
         """End of a ``transaction()`` block: commit after a clean exit; after an exception,
         roll back (a failed rollback is logged, the original exception wins)."""
-        if not self.halves or self.state is not None:
+        if self.state is not None or not (self.halves or self._offsets):
             return
         if exc is None:
             await self.commit()
@@ -563,6 +616,9 @@ class AsyncTransaction:
         await self._decide(LocalTransactionState.ROLLBACK_MESSAGE, remark)
 
     async def _decide(self, state: LocalTransactionState, remark: str | None) -> None:
+        committing = state is LocalTransactionState.COMMIT_MESSAGE
+        if committing and self._offsets:
+            await self._send_offsets_half()
         if not self.halves:
             self.state = state
             return
@@ -570,6 +626,29 @@ class AsyncTransaction:
             self.halves[0], state, remark, transaction_id=self.transaction_id
         )
         self.state = state
+        if committing:
+            for pq, start, offset in self._offsets.values():
+                if pq.committed == start or pq.committed is None:
+                    pq.committed = offset
+
+    async def _send_offsets_half(self) -> None:
+        consumer = self._offsets_consumer
+        assert consumer is not None
+        doc = TxnOffsets(
+            group=consumer.group,
+            generation=self._offsets_generation,
+            client_id=self._offsets_client_id,
+            offsets=tuple(
+                QueueOffset(pq.topic, pq.broker, pq.queue_id, offset, start)
+                for pq, start, offset in self._offsets.values()
+            ),
+        )
+        try:
+            await self.send(Message(TXN_OFFSETS_TOPIC, doc.encode()))
+        except BaseException as exc:
+            if self.halves:
+                await self.finish(exc)
+            raise
 
 
 # --- the sync facade --------------------------------------------------------------------------
@@ -616,3 +695,8 @@ class Transaction:
 
     def send(self, msg: Message, **kwargs: Any) -> SendResult:
         return self.producer._run(self.core.send(msg, **kwargs))
+
+    def send_offsets(self, consumer: Any, msg: MessageExt) -> None:
+        """:meth:`AsyncTransaction.send_offsets`; ``consumer`` is an
+        :class:`~txmq.client.OrderlyPushConsumer` (or its async core)."""
+        self.core.send_offsets(getattr(consumer, "core", consumer), msg)

@@ -89,6 +89,12 @@ class TransactionFailedError(BrokerResponseError, code=ResponseCode.TRANSACTION_
     """The transaction could not be ended as asked."""
 
 
+class FencedError(TransactionFailedError):
+    """A commit carrying consumer offsets was refused because the consumer is no longer the
+    owner it was (its group rebalanced since, or it left the group): the whole transaction was
+    rolled back.  Answered as TRANSACTION_FAILED with a remark starting ``fenced: ``."""
+
+
 class FlushDiskTimeoutError(
     BrokerResponseError, code=ResponseCode.FLUSH_DISK_TIMEOUT, retriable=True
 ):
@@ -171,6 +177,8 @@ def error_for_code(code: int, remark: str | None = None) -> BrokerResponseError:
     """The exception for a non-success response code (unknown codes map to SYSTEM_ERROR's class,
     with the number kept in the message)."""
     cls = _BY_CODE.get(code)
+    if code == ResponseCode.TRANSACTION_FAILED and (remark or "").startswith("fenced: "):
+        cls = FencedError
     if cls is None:
         err: BrokerResponseError = BrokerSystemError(
             f"response code {code}: {remark or ''}".strip()

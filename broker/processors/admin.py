@@ -102,7 +102,8 @@ class AdminProcessor:
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumer_group}"
             )
-        return cmd.response(body=json_body({"consumerIdList": ids}))
+        gen = self.ctx.clients.generation(h.consumer_group)
+        return cmd.response(body=json_body({"consumerIdList": ids, "generation": gen}))
 
     # -- offsets --------------------------------------------------------------------------------
 

@@ -19,6 +19,10 @@ from typing import Any
 from .versioned_table import VersionedJsonTable
 
 TOPIC_GROUP_SEPARATOR = "@"
+#: The entry recording how far the committed transactional offsets records (queue 0 of the
+#: topic named by the key) have been applied to this table; kept in the same file, so it is
+#: written together with the offsets it accounts for.
+TXN_APPLIED_GROUP = "TXMQ_SYS_TXN_OFFSETS_APPLIED"
 
 
 class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
@@ -75,6 +79,7 @@ class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
             keys = list(self._table)
         return sorted(
             {k.split(TOPIC_GROUP_SEPARATOR, 1)[1] for k in keys if TOPIC_GROUP_SEPARATOR in k}
+            - {TXN_APPLIED_GROUP}
         )
 
     def topics_of(self, group: str) -> list[str]:
@@ -93,3 +98,21 @@ class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
             if keys:
                 self._dirty = True
         return bool(keys)
+
+    def txn_applied(self, topic: str) -> int:
+        """The queue offset (queue 0 of ``topic``) up to which committed transactional offsets
+        records were applied; 0 when none was."""
+        return max(self.query(TXN_APPLIED_GROUP, topic, 0), 0)
+
+    def apply_txn(
+        self, group: str, offsets: list[tuple[str, int, int]], topic: str, upto: int
+    ) -> None:
+        """Apply the offsets of one committed transaction (``(topic, queue id, offset)``) and
+        record that the records of ``topic`` before queue offset ``upto`` are applied, in one
+        step: a concurrent :meth:`persist` writes both or neither."""
+        with self._lock:
+            for t, qid, off in offsets:
+                queues = self._table.setdefault(self._key(group, t), {})
+                queues[qid] = off
+            self._table.setdefault(self._key(TXN_APPLIED_GROUP, topic), {})[0] = upto
+            self._dirty = True

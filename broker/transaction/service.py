@@ -28,6 +28,7 @@ import structlog
 
 from txmq.protocol.errors import (
     BrokerSystemError,
+    FencedError,
     MessageIllegalError,
     NoPermissionError,
     ProtocolError,
@@ -58,6 +59,7 @@ from ..store import (
 from ..store.tags import tags_code_of
 from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
 from .machine import TransactionStateMachine
+from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
 from .recovery import TransactionRecovery
 from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, TxRecord, TxState
@@ -98,6 +100,10 @@ class TransactionalMessageService:
         self._recent_max_bytes = cfg.transaction_recent_halves_bytes
         #: the half and op queue ends the last periodic snapshot covered
         self._snapshot_covers: tuple[int, int] | None = None
+        #: consumer offsets committed inside transactions (fencing, applying, replay)
+        self.txn_offsets = TxnOffsetsLedger(
+            ctx.store, ctx.offsets, ctx.clients, ctx.flush.wait_durable
+        )
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -428,12 +434,23 @@ class TransactionalMessageService:
         op = self.machine.plan_decision(rec, decision, f"{by}: {remark}".strip(": "), self.now_ms())
         if op is None:
             return rec.decision_end_offset
+        with_offsets = op.kind is OpKind.COMMIT and self.txn_offsets.has_offsets(rec)
+        if with_offsets:
+            # checked and appended in one synchronous step: no membership change in between
+            fenced = self.txn_offsets.fenced_reason(rec)
+            if fenced is not None:
+                self._fence(rec, fenced, by)
+                raise FencedError(
+                    f"fenced: {fenced}; transaction {rec.transaction_id} was rolled back"
+                )
         if op.kind is OpKind.COMMIT:
             extra = self._committed_records(rec.halves)
         else:
             extra = []
             self._forget_halves(rec)
         end = self._append(op, extra)
+        if with_offsets:
+            self.txn_offsets.committed(rec, end)
         log.info(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
             transaction_id=rec.transaction_id,
@@ -442,6 +459,22 @@ class TransactionalMessageService:
             by=by,
         )
         return end
+
+    def _fence(self, rec: TxRecord, reason: str, by: str) -> None:
+        """Roll ``rec`` back: its consumer offsets may no longer be committed."""
+        op = self.machine.plan_decision(
+            rec, Decision.ROLLBACK, f"{by}: fenced: {reason}", self.now_ms()
+        )
+        if op is not None:
+            self._forget_halves(rec)
+            self._append(op)
+        log.warning(
+            "transaction_fenced",
+            transaction_id=rec.transaction_id,
+            group=rec.producer_group,
+            reason=reason,
+            by=by,
+        )
 
     def decide_batch(self, group: str, batch_key: str, commit: list[str]) -> int | None:
         """Commit ``commit`` and roll back the batch's other pending transactions, once per
@@ -501,6 +534,7 @@ class TransactionalMessageService:
 
     async def stop(self) -> None:
         await self.checks.stop()
+        await self.txn_offsets.stop()
         await self.persist_check_state()
         await self.write_snapshot()
 
@@ -566,6 +600,7 @@ class TransactionalMessageService:
             add_half=self._add_half,
             real_message=self._real_message,
         ).run()
+        replayed = self.txn_offsets.catch_up()
         pruned = self.prune()
         self.update_gauges()
         if found.snapshot and not found.halves and not found.ops:
@@ -577,6 +612,7 @@ class TransactionalMessageService:
             "pending": len(self.pending),
             "repaired": found.repaired,
             "pruned": pruned,
+            "offsetsReplayed": replayed,
         }
         log.info("transactions_recovered", **stats)
         return stats
