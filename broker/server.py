@@ -40,6 +40,7 @@ from .flush import FlushService
 from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
 from .messaging.locks import QueueLockTable
+from .messaging.timer import TimerService
 from .metrics import BrokerMetrics
 from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
@@ -325,6 +326,8 @@ class BrokerController:
         self.locker = LockProcessor(self.locks)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
+        self.timer = TimerService(ctx)
+        self.recovery["timers"] = self.timer.recover()
         self._processors = self.metrics.timed(self._build_processors())
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
@@ -335,10 +338,12 @@ class BrokerController:
         self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
         self.write.subscribe(ctx.hold)
         self.write.subscribe(self.schedule)
+        self.write.subscribe(self.timer)
         if self.before_serving is not None:
             self.before_serving()
         self.flush.start()
         self.schedule.start()
+        self.timer.start()
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
         if self.cluster is None:  # a replica's node serves the port for all its roles
@@ -439,6 +444,7 @@ class BrokerController:
                 log.warning("shutdown_tasks_did_not_stop", tasks=[t.get_name() for t in stuck])
         await self.transactions.stop()
         await self.schedule.stop()
+        await self.timer.stop()
         await self.flush.stop()
         await self.in_background(self.offsets.persist)
         await self.persist_topics()

@@ -31,6 +31,10 @@ from .store import TopicConfig, TopicConfigManager
 
 log = structlog.get_logger(__name__)
 
+#: Timer messages (RocketMQ 5's timer): queue 0 holds the messages waiting for their delivery
+#: time, queue 1 the record of which of them fired (see :mod:`txmq.broker.messaging.timer`).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
 PERM_WRITE = 0x2
@@ -66,6 +70,7 @@ class TopicManager:
             (RMQ_SYS_TRANS_OP_HALF_TOPIC, 1),
             (TRANS_CHECK_MAX_TIME_TOPIC, 1),
             (SCHEDULE_TOPIC, delay_levels),
+            (TIMER_TOPIC, 2),
         ):
             tc = table.get(name)
             if tc is None or tc.read_queue_nums < queues:
