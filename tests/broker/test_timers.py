@@ -277,3 +277,25 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
         assert not early, f"delivered early (ms): {early[:5]}"
     finally:
         bp.stop_quietly()
+
+
+async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) -> None:
+    """The duplicate window, rebuilt at start, knows timer messages by their real topic."""
+    cfg = make_broker_config()
+    props = {"TIMER_DELAY_SEC": "30", MessageConst.UNIQ_KEY: "C0A80001000018B4AAC2000000000001"}
+    b = BrokerController(cfg)
+    await b.start()
+    c = await RawClient.connect(b.address)
+    first = RawClient.send_header(await c.send(TOPIC, b"once", props=props))
+    await c.close()
+    await b.shutdown()
+    b = BrokerController(cfg)
+    await b.start()
+    try:
+        c = await RawClient.connect(b.address)
+        again = RawClient.send_header(await c.send(TOPIC, b"once", props=props))
+        await c.close()
+        assert again.msg_id == first.msg_id, "answered as a new message"
+        assert len(_stored(b, TIMER_TOPIC)) == 1 and b.timer.pending == 1
+    finally:
+        await b.shutdown()
