@@ -299,3 +299,29 @@ async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) 
         assert len(_stored(b, TIMER_TOPIC)) == 1 and b.timer.pending == 1
     finally:
         await b.shutdown()
+
+
+async def test_sdk_batches_of_timer_messages_wait_for_their_time(broker: BrokerController) -> None:
+    """A batch (send_batch, or sends the SDK gathers into one) is not stored as plain messages:
+    each waits for its time."""
+    from txmq.client import AsyncProducer, Message
+
+    deliver = now_ms() + 1200
+    async with AsyncProducer("timer-batch", broker.address) as p:
+        await p.send_batch(
+            [
+                Message(TOPIC, f"b{i}".encode(), properties={"TIMER_DELIVER_MS": str(deliver)})
+                for i in range(5)
+            ]
+        )
+        await asyncio.gather(
+            *(
+                p.send(
+                    Message(TOPIC, f"g{i}".encode(), properties={"TIMER_DELIVER_MS": str(deliver)})
+                )
+                for i in range(20)
+            )
+        )
+    assert _stored(broker, TOPIC) == [], "delivered before its time"
+    copies = await wait_until(lambda: _copies(broker, 25), 10, "the 25 timers delivered")
+    check_on_time(copies)
