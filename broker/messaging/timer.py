@@ -69,9 +69,10 @@ TIMER_PROPERTIES = (TIMER_DELIVER_MS, START_DELIVER_TIME, TIMER_DELAY_SEC, TIMER
 TIMER_QUEUE = 0
 FIRED_QUEUE = 1
 
-#: Timers read from the queue per look, fired per append.
+#: Timers read from the queue per look (and looks per step), fired per step (one append).
 READ_CHUNK = 512
-FIRE_CHUNK = 4096
+LOAD_CHUNKS = 8
+FIRE_CHUNK = 2048
 #: Longest sleep while timers are pending (s): the clock is a seam and may jump.
 MAX_IDLE = 0.2
 #: Longest sleep with nothing pending (s): an append to the timer queue wakes the service.
@@ -355,10 +356,11 @@ class TimerService:
     def pending(self) -> int:
         return len(self.index)
 
-    def _load(self, now_ms: int) -> None:
-        """Read the timers appended since the last look into the index."""
+    def _load(self, now_ms: int) -> bool:
+        """Read (some of) the timers appended since the last look into the index; whether it
+        read them all."""
         store = self.store
-        while True:
+        for _ in range(LOAD_CHUNKS):
             r = store.get_messages(TIMER_TOPIC, TIMER_QUEUE, self.scanned, READ_CHUNK)
             if r.status is GetMessageStatus.FOUND:
                 for raw in r.messages:
@@ -372,22 +374,20 @@ class TimerService:
             elif r.next_begin_offset > self.scanned:
                 self.scanned = r.next_begin_offset
             else:
-                return
+                return True
+        return False
 
-    def step(self) -> int:
-        """Read new timers and fire what is due (one append per chunk); how many fired."""
+    def step(self) -> bool:
+        """Read new timers and fire what is due, a bounded amount (the event loop runs between
+        steps); whether more is left to read or fire now."""
         now = self.ctx.now_ms()
-        self._load(now)
-        total = 0
-        while True:
-            phys, complete = self.index.take_due(now, FIRE_CHUNK)
-            if phys:
-                self._fire(phys)
-                total += len(phys)
-            if complete:
-                self.fired_ms = max(self.fired_ms, now)
-                break
-        return total
+        caught_up = self._load(now)
+        phys, complete = self.index.take_due(now, FIRE_CHUNK)
+        if phys:
+            self._fire(phys)
+        if complete:
+            self.fired_ms = max(self.fired_ms, now)
+        return not (caught_up and complete)
 
     def _fire(self, phys: list[int]) -> None:
         lookup = self.store.lookup_message
@@ -415,13 +415,13 @@ class TimerService:
     async def _run(self) -> None:
         while True:
             try:
-                self.step()
+                busy = self.step()
             except Exception as exc:  # a store error must not stop the timers for good
                 log.error("timer_step_failed", error=repr(exc))
                 await asyncio.sleep(MAX_IDLE)
                 continue
             wait = (self.index.next_due_ms() - self.ctx.now_ms()) / 1000.0
-            if wait <= 0:
+            if busy or wait <= 0:
                 await asyncio.sleep(0)
                 continue
             self._wake.clear()

@@ -325,3 +325,31 @@ async def test_sdk_batches_of_timer_messages_wait_for_their_time(broker: BrokerC
     assert _stored(broker, TOPIC) == [], "delivered before its time"
     copies = await wait_until(lambda: _copies(broker, 25), 10, "the 25 timers delivered")
     check_on_time(copies)
+
+
+async def test_timers_overdue_at_start_fire_once(make_broker_config) -> None:
+    """The broker was down when 2,000 timers fell due: they fire at start, each once, in
+    bounded steps (the broker answers while they do)."""
+    cfg = make_broker_config()
+    b = BrokerController(cfg)
+    await b.start()
+    c = await RawClient.connect(b.address)
+    due = now_ms() + 500
+    for i in range(2000):
+        resp = await c.send(TOPIC, b"o%d" % i, props={"TIMER_DELIVER_MS": str(due + i % 7)})
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    await c.close()
+    await b.shutdown()
+    await wait_until(lambda: now_ms() > due + 100, 10, "the timers' time passed")
+    b = BrokerController(cfg)
+    await b.start()
+    try:
+        c = await RawClient.connect(b.address)
+        resp = await c.send("other", b"meanwhile")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        await c.close()
+        await wait_until(lambda: b.timer.pending == 0, 30, "the overdue timers fired")
+        bodies = [m.body for m in _stored(b, TOPIC)]
+        assert len(bodies) == 2000 and len(set(bodies)) == 2000, f"{len(bodies)} copies"
+    finally:
+        await b.shutdown()
