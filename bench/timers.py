@@ -7,7 +7,9 @@ Starts a broker (a child process on a temporary store, ASYNC_FLUSH) and:
    growth per pending timer: anonymous memory (``RssAnon``, what the index and the process
    hold; the duplicate window is off, it would count the UNIQ_KEYs of the last 120 s) and all
    of RSS (which also counts the commit-log pages read through the mapping);
-2. with those still pending, stores ``--rate`` x ``--seconds`` timers due over ``--seconds``
+2. restarts the broker (SIGTERM, then a new one on the store) and prints how long it took to
+   answer again, the pending timers rebuilt;
+3. with those still pending, stores ``--rate`` x ``--seconds`` timers due over ``--seconds``
    seconds starting once they are all stored (``--rate`` timers a second fire), waits until
    they fired, and prints the lateness percentiles of the copies: each copy's store time minus
    its delivery time, in ms (never negative: a copy stored early would be a bug).
@@ -127,7 +129,7 @@ async def lateness(address: str, topic: str, want: int, timeout: float) -> list[
     return late
 
 
-async def run(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any]:
+async def fill(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any]:
     body = b"t" * args.body
     doc: dict[str, Any] = {"timers": args.timers}
     # Warm up (connections, topic creation) before the memory baseline.
@@ -150,13 +152,20 @@ async def run(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any
     doc["anon_bytes_per_timer"] = round(
         (after["RssAnon"] - before["RssAnon"]) * 2**20 / args.timers
     )
+    doc["_secs"] = secs
+    return doc
+
+
+async def fire(args: argparse.Namespace, address: str, pid: int, secs: float) -> dict[str, Any]:
+    body = b"t" * args.body
+    doc: dict[str, Any] = {}
     # Firing: rate x seconds timers, due once they are all stored (estimated from the rate
     # just measured, with a margin).
     n = args.rate * args.seconds
     lead_ms = int(n / (args.timers / secs) * 1500) + 3000
     start = int(time.time() * 1000) + lead_ms
-    fire = [start + i * 1000 // args.rate for i in range(n)]
-    secs2 = await store_timers(address, FIRE_TOPIC, fire, body, args.in_flight, args.connections)
+    due = [start + i * 1000 // args.rate for i in range(n)]
+    secs2 = await store_timers(address, FIRE_TOPIC, due, body, args.in_flight, args.connections)
     if (time.time() * 1000) > start:
         doc["warning"] = "the firing timers took longer to store than the lead: some fired late"
     late = await lateness(address, FIRE_TOPIC, n, args.seconds + lead_ms / 1000 + 120)
@@ -181,16 +190,19 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=2, help="sending connections")
     args = ap.parse_args()
     quiet_logs()
-    with (
-        tempfile.TemporaryDirectory(prefix="txmq-bench-timers-") as tmp,
-        # The duplicate window is off: it keeps every UNIQ_KEY sent in the last 120 s, which
-        # would be counted here as the timers' memory.
-        spawn_broker(tmp, {"mappedFileSizeCommitLog": 1 << 30, "duplicateWindowSeconds": 0}) as (
-            address,
-            pid,
-        ),
-    ):
-        emit(asyncio.run(run(args, address, pid)))
+    # The duplicate window is off: it keeps every UNIQ_KEY sent in the last 120 s, which would
+    # be counted here as the timers' memory.
+    settings: dict[str, object] = {"mappedFileSizeCommitLog": 1 << 30, "duplicateWindowSeconds": 0}
+    with tempfile.TemporaryDirectory(prefix="txmq-bench-timers-") as tmp:
+        with spawn_broker(tmp, settings) as (address, pid):
+            doc = asyncio.run(fill(args, address, pid))
+        # Restart (SIGTERM above): how long until the broker answers with every timer pending.
+        t0 = time.monotonic()
+        with spawn_broker(tmp, settings) as (address, pid):
+            doc["restart_s"] = round(time.monotonic() - t0, 1)
+            doc["rss_after_restart_mib"] = round(proc_mem_mib(pid)["VmRSS"], 1)
+            doc.update(asyncio.run(fire(args, address, pid, doc.pop("_secs"))))
+        emit(doc)
 
 
 if __name__ == "__main__":
