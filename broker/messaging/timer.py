@@ -40,7 +40,7 @@ import json
 import os
 from array import array
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -457,9 +457,6 @@ class TimerService:
                 await self._checkpoint()
             except Exception as exc:
                 log.warning("timer_checkpoint_failed", error=repr(exc))
-
-    def figures(self) -> dict[str, Any]:
-        return {"pending": len(self.index), "fired": self.fired_total, "scanned": self.scanned}
 
 
 def _deliver_ms(m: MessageExt) -> int | None:
