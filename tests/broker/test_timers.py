@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,12 @@ from tests.support.waiting import wait_until
 from txmq.broker.messaging.timer import TimerIndex
 from txmq.broker.server import BrokerController
 from txmq.broker.topics import TIMER_TOPIC
+from txmq.client import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+)
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 from txmq.protocol.topics import SCHEDULE_TOPIC
@@ -27,6 +34,11 @@ LATE_MS = 1000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def past(moment_ms: int) -> Callable[[], bool]:
+    """A probe: the wall clock has passed ``moment_ms``."""
+    return lambda: now_ms() >= moment_ms
 
 
 async def pulled(address: str, topic: str = TOPIC) -> list[MessageExt]:
@@ -229,19 +241,34 @@ async def test_pending_timers_survive_a_restart_and_fire_once(make_broker_config
 # -- SIGKILL ------------------------------------------------------------------------------------
 
 
+class CommitTx(TransactionListener):
+    """Commits ``tx…`` bodies, rolls back the others."""
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        body = message.body
+        if (body.encode() if isinstance(body, str) else body).startswith(b"tx"):
+            return LocalTransactionState.COMMIT_MESSAGE
+        return LocalTransactionState.ROLLBACK_MESSAGE
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        return self.execute_local_transaction(Message(TOPIC, message.body), None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
     tmp_path, seed
 ) -> None:
-    """300 timers spread over 4 s; the broker is SIGKILLed three times at random moments while
-    they fire (and once before any is due); every timer is delivered once, none early."""
+    """300 timers and 40 delayed transactional messages (30 committed, 10 rolled back) spread
+    over 4 s; the broker is SIGKILLed three times at random moments while they fire (and once
+    before any is due); every timer and committed message is delivered once, none early, no
+    rolled-back one."""
     rnd = random.Random(seed)
     bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
     address = bp.start()
     try:
         c = await RawClient.connect(address)
-        start = now_ms() + 1500
+        start = now_ms() + 3000
         want: dict[bytes, int] = {}
         for i in range(300):
             deliver = start + rnd.randrange(0, 4000)
@@ -250,12 +277,21 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
             resp = await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(deliver)})
             assert resp.code == ResponseCode.SUCCESS, resp.remark
         await c.close()
+        async with AsyncTransactionProducer("timer-tx", CommitTx(), address) as p:
+            for i in range(40):
+                deliver = start + rnd.randrange(0, 4000)
+                body = f"{'tx' if i % 4 else 'rb'}{i}".encode()
+                if i % 4:
+                    want[body] = deliver
+                await p.send_message_in_transaction(
+                    Message(TOPIC, body, properties={"TIMER_DELIVER_MS": str(deliver)})
+                )
+        assert now_ms() < start, "the sends took longer than the lead: raise it"
         kills = sorted(rnd.uniform(0, 4000) for _ in range(3))
         bp.kill()  # before any is due
         bp.start()
         for at in kills:
-            while now_ms() < start + at:
-                await asyncio.sleep(0.01)
+            await wait_until(past(start + int(at)), 30, f"{at:.0f} ms past start")
             bp.kill()
             bp.start()
         end = max(want.values())
@@ -268,7 +304,9 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
         bodies = [m.body for m in got]
         twice = {b for b in bodies if bodies.count(b) > 1}
         assert not twice, f"{len(twice)} timers delivered twice: {sorted(twice)[:5]}"
-        assert set(bodies) == set(want), f"missing {set(want) - set(bodies)}"
+        assert set(bodies) == set(want), (
+            f"missing {set(want) - set(bodies)}, not to be delivered {set(bodies) - set(want)}"
+        )
         early = [
             (m.body, want[m.body] - m.store_timestamp)
             for m in got
@@ -304,7 +342,7 @@ async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) 
 async def test_sdk_batches_of_timer_messages_wait_for_their_time(broker: BrokerController) -> None:
     """A batch (send_batch, or sends the SDK gathers into one) is not stored as plain messages:
     each waits for its time."""
-    from txmq.client import AsyncProducer, Message
+    from txmq.client import AsyncProducer
 
     deliver = now_ms() + 1200
     async with AsyncProducer("timer-batch", broker.address) as p:
