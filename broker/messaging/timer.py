@@ -78,6 +78,8 @@ MAX_IDLE = 0.2
 #: Longest sleep with nothing pending (s): an append to the timer queue wakes the service.
 EMPTY_IDLE = 60.0
 CHECKPOINT_INTERVAL = 1.0
+#: Sleep after a step failed (s): the timers taken are fired again then.
+FAILED_RETRY = 1.0
 
 _MS_SHIFT = 53
 _PHY_MASK = (1 << _MS_SHIFT) - 1
@@ -270,6 +272,8 @@ class TimerService:
         #: Every timer read, due at or before this, has fired.
         self.fired_ms = 0
         self.fired_total = 0
+        #: Steps failed in a row (a full disk refuses the copies).
+        self.failures = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_checkpoint: dict[str, int] | None = None
@@ -416,10 +420,15 @@ class TimerService:
         while True:
             try:
                 busy = self.step()
-            except Exception as exc:  # a store error must not stop the timers for good
-                log.error("timer_step_failed", error=repr(exc))
-                await asyncio.sleep(MAX_IDLE)
+            except Exception as exc:  # a store error (a full disk) must not stop the timers
+                self.failures += 1
+                if self.failures == 1 or self.failures % 60 == 0:
+                    log.error("timer_step_failed", error=repr(exc), failures=self.failures)
+                await asyncio.sleep(FAILED_RETRY)
                 continue
+            if self.failures:
+                log.info("timer_step_recovered", failures=self.failures)
+                self.failures = 0
             wait = (self.index.next_due_ms() - self.ctx.now_ms()) / 1000.0
             if busy or wait <= 0:
                 await asyncio.sleep(0)
