@@ -277,6 +277,16 @@ class TimerService:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_checkpoint: dict[str, int] | None = None
+        cfg = ctx.config
+        if cfg.file_reserved_time * 3600 < cfg.timer_max_delay_sec:
+            # Retention does not look at pending timers: a timer older than the commit log
+            # keeps is dropped (logged) when it falls due.
+            log.warning(
+                "timer_max_delay_beyond_retention",
+                timer_max_delay_sec=cfg.timer_max_delay_sec,
+                file_reserved_hours=cfg.file_reserved_time,
+                hint="keep fileReservedTime (h) x 3600 at or above timerMaxDelaySec",
+            )
 
     # -- recovery ----------------------------------------------------------------------------
 
