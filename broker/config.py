@@ -90,6 +90,9 @@ class BrokerConfig:
     #: Delay levels for delayed messages and consumer retries (RocketMQ's default scale).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16
+    #: The longest wait a timer message may ask for (s): a delivery time further ahead is refused
+    #: (RocketMQ 5's timer, default 3 days).
+    timer_max_delay_sec: int = 259_200
 
     # -- transactions ------------------------------------------------------------------------
     transaction_time_out: int = 6000
@@ -225,6 +228,10 @@ class BrokerConfig:
         if self.default_topic_queue_nums < 1:
             raise ConfigError("defaultTopicQueueNums must be at least 1")
         delay_levels(self.message_delay_level)
+        if self.timer_max_delay_sec < 1:
+            raise ConfigError(
+                f"timerMaxDelaySec must be at least 1, got {self.timer_max_delay_sec}"
+            )
 
     def _check_tls(self) -> None:
         from .tls import CLIENT_AUTH, MODES

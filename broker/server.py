@@ -42,6 +42,7 @@ from .messaging import MessagingCore, WritePath
 from .messaging.hold import PullRequestHoldService
 from .messaging.index import MessageIndexService, open_message_index
 from .messaging.locks import QueueLockTable
+from .messaging.timer import TimerService
 from .metrics import BrokerMetrics
 from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
@@ -324,6 +325,8 @@ class BrokerController:
         self.index = await open_message_index(cfg, self.store, self.in_background)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
+        self.timer = TimerService(ctx)
+        self.recovery["timers"] = self.timer.recover()
         self._processors = self.metrics.timed(self._build_processors())
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
@@ -337,10 +340,12 @@ class BrokerController:
         if self.index is not None:
             self.write.subscribe(self.index)
             self.index.start()
+        self.write.subscribe(self.timer)
         if self.before_serving is not None:
             self.before_serving()
         self.flush.start()
         self.schedule.start()
+        self.timer.start()
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
         if self.cluster is None:  # a replica's node serves the port for all its roles
@@ -442,6 +447,7 @@ class BrokerController:
                 log.warning("shutdown_tasks_did_not_stop", tasks=[t.get_name() for t in stuck])
         await self.transactions.stop()
         await self.schedule.stop()
+        await self.timer.stop()
         await self.flush.stop()
         await self.in_background(self.offsets.persist)
         await self.persist_topics()

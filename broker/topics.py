@@ -32,6 +32,10 @@ from .store import TopicConfig, TopicConfigManager
 
 log = structlog.get_logger(__name__)
 
+#: Timer messages (RocketMQ 5's timer): queue 0 holds the messages waiting for their delivery
+#: time, queue 1 the record of which of them fired (see :mod:`txmq.broker.messaging.timer`).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
 PERM_WRITE = 0x2
@@ -69,6 +73,7 @@ class TopicManager:
             (SCHEDULE_TOPIC, delay_levels),
             # the committed copies of consumer offsets sent inside transactions
             (TXN_OFFSETS_TOPIC, 1),
+            (TIMER_TOPIC, 2),
         ):
             tc = table.get(name)
             if tc is None or tc.read_queue_nums < queues:

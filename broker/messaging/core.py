@@ -25,25 +25,34 @@ from txmq.protocol.message import (
 
 from ..context import BrokerContext
 from ..store import PutMessageResult, TopicConfig
-from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
+from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
 from .dedup import DedupIndex, Key, dedup_topic
 from .fastpath import FastPaths
+from .timer import (
+    START_DELIVER_TIME,
+    TIMER_DELAY_MS,
+    TIMER_DELAY_SEC,
+    TIMER_DELIVER_MS,
+    DeliveryTimeError,
+    check_timer_delay,
+    route_to_timer,
+    timer_deliver_ms,
+)
+
+__all__ = [
+    "START_DELIVER_TIME",
+    "TIMER_DELAY_MS",
+    "TIMER_DELAY_SEC",
+    "TIMER_DELIVER_MS",
+    "DeliveryTimeError",
+    "MessagingCore",
+    "SendOutcome",
+    "SendReceipt",
+]
 
 log = structlog.get_logger(__name__)
-
-
-#: Properties that ask for delivery at a time rather than at a delay level: RocketMQ 5's timer
-#: (absolute ms, relative s, relative ms) and ONS's start-deliver time (absolute ms).
-TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
-TIMER_DELAY_MS = "TIMER_DELAY_MS"
-START_DELIVER_TIME = "__STARTDELIVERTIME"
-
-
-class DeliveryTimeError(MessageIllegalError):
-    """A delivery time the broker cannot honour (malformed, or later than it can wait)."""
 
 
 @dataclass(slots=True)
@@ -145,55 +154,35 @@ class MessagingCore:
         self.route_delay(msg)
 
     def deliver_at(self, msg: MessageExt, deliver_ms: int) -> None:
-        """Ask for ``msg`` to be delivered at ``deliver_ms`` (epoch ms): it goes through the
-        first delay level that waits at least that long.
+        """Ask for ``msg`` to be delivered at ``deliver_ms`` (epoch ms), exactly: the timer
+        (:mod:`.timer`) stores it in the real topic then.  A time not in the future asks for
+        nothing.
 
         Raises:
-            DeliveryTimeError: no delay level waits that long.
+            DeliveryTimeError: the time is further ahead than ``timerMaxDelaySec``.
         """
         now = self.ctx.now_ms()
         if deliver_ms <= now:
             return
-        levels = self.ctx.delay_levels
-        wait = deliver_ms - now
-        level = next((i + 1 for i, ms in enumerate(levels) if ms >= wait), 0)
-        if level == 0:
-            raise DeliveryTimeError(
-                f"delivery in {wait / 1000:.0f}s is beyond the longest delay level "
-                f"({levels[-1] / 1000:.0f}s)"
-            )
-        msg.properties[MessageConst.DELAY] = str(level)
+        check_timer_delay(deliver_ms, now, self.ctx.config.timer_max_delay_sec)
         msg.properties[TIMER_DELIVER_MS] = str(deliver_ms)
 
     def _timer_deliver_ms(self, props: dict[str, str]) -> int | None:
         """The delivery time a message's timer properties ask for (epoch ms), or None."""
-        for key, scale, relative in (
-            (TIMER_DELIVER_MS, 1, False),
-            (START_DELIVER_TIME, 1, False),
-            (TIMER_DELAY_SEC, 1000, True),
-            (TIMER_DELAY_MS, 1, True),
-        ):
-            value = props.get(key)
-            if value is None:
-                continue
-            try:
-                n = int(value)
-            except ValueError:
-                raise DeliveryTimeError(f"{key} property {value!r} is not a number") from None
-            return self.ctx.now_ms() + n * scale if relative else n
-        return None
+        return timer_deliver_ms(props, self.ctx.now_ms())
 
     def route_delay(self, msg: MessageExt) -> None:
-        """Route a message with a ``DELAY`` level or a delivery time to the schedule topic
-        (RocketMQ's scheme: queue ``level - 1``, the real topic and queue in properties)."""
+        """Route a message with a ``DELAY`` level to the schedule topic (RocketMQ's scheme:
+        queue ``level - 1``, the real topic and queue in properties), one with a delivery time
+        still ahead to the timer topic."""
         props = msg.properties
         if MessageConst.DELAY not in props:
             deliver = self._timer_deliver_ms(props)
-            if deliver is None:
-                return
+            if deliver is None or deliver <= self.ctx.now_ms():
+                return  # no time asked, or due already
             self.deliver_at(msg, deliver)
-            if MessageConst.DELAY not in props:
-                return  # due already
+            route_to_timer(msg, deliver)
+            return
         level_s = props[MessageConst.DELAY]
         try:
             level = int(level_s)
@@ -218,7 +207,7 @@ class MessagingCore:
             offset_msg_id=r.offset_msg_id,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
             queue_id=int(props.get(MessageConst.REAL_QID, msg.queue_id))
-            if half or msg.topic == SCHEDULE_TOPIC
+            if half or msg.topic in (SCHEDULE_TOPIC, TIMER_TOPIC)
             else msg.queue_id,
             queue_offset=r.queue_offset,
             transaction_id=self.tx.transaction_id_of(props) if half else None,

@@ -44,6 +44,7 @@ from ..topics import (
     RMQ_SYS_TRANS_HALF_TOPIC,
     SCHEDULE_TOPIC,
     SYSTEM_TOPICS,
+    TIMER_TOPIC,
 )
 
 log = structlog.get_logger(__name__)
@@ -213,7 +214,10 @@ class DedupIndex:
         since = now_ms - self.window_ms
         found: list[tuple[int, int, Key]] = []
         for topic in store.topics():
-            if not (dedup_topic(topic) or topic in (RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC)):
+            if not (
+                dedup_topic(topic)
+                or topic in (RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC)
+            ):
                 continue
             for qid in store.queue_ids(topic):
                 for m in _stored_since(store, topic, qid, since):
@@ -263,7 +267,7 @@ def _entry_of(m: MessageExt) -> tuple[Key, Stored] | None:
     txid = None
     queue_id = m.queue_id
     topic = m.topic
-    if topic in (RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC):
+    if topic in (RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC):
         topic = props.get(MessageConst.REAL_TOPIC, "")
         try:
             queue_id = int(props.get(MessageConst.REAL_QID, "0") or 0)

@@ -33,6 +33,7 @@ from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF
 
 from ..store import GetMessageStatus
 from ..store.commit_log import RECORD_HEADER_SIZE
+from ..topics import TIMER_TOPIC
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
 from .state import HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
@@ -171,7 +172,9 @@ class TransactionRecovery:
             if half is not None:
                 wanted[off] = half
         found: set[int] = set()
-        for q in {(h.real_topic, h.real_queue_id) for h in wanted.values()}:
+        # A delayed transaction's committed messages wait in the timer queue.
+        queues = {(h.real_topic, h.real_queue_id) for h in wanted.values()}
+        for q in queues | {(TIMER_TOPIC, 0)}:
             qoff = store.get_max_offset_in_queue(*q) - 1
             floor = store.get_min_offset_in_queue(*q)
             while qoff >= floor:

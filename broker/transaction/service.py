@@ -49,6 +49,7 @@ from txmq.protocol.topics import (
 )
 
 from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
+from ..messaging.timer import check_timer_delay, route_to_timer, timer_deliver_ms
 from ..redelivery import redelivered
 from ..store import (
     AppendResult,
@@ -178,6 +179,10 @@ class TransactionalMessageService:
         if not txid:
             raise MessageIllegalError("a transactional message needs a UNIQ_KEY or transaction id")
         self.machine.check_joinable(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY))
+        now = self.now_ms()
+        deliver = timer_deliver_ms(props, now)
+        if deliver is not None:  # delivered at its time once committed (checked now)
+            check_timer_delay(deliver, now, cfg.timer_max_delay_sec)
         props[MessageConst.PGROUP] = group
         props[MessageConst.REAL_TOPIC] = msg.topic
         props[MessageConst.REAL_QID] = str(msg.queue_id)
@@ -364,7 +369,7 @@ class TransactionalMessageService:
             QueryNotFoundError: the half is no longer stored.
         """
         h = self.ctx.store.lookup_message(half.commit_log_offset)
-        return redelivered(
+        msg = redelivered(
             h,
             half.real_topic,
             half.real_queue_id,
@@ -374,11 +379,18 @@ class TransactionalMessageService:
             ),
             prepared_transaction_offset=half.commit_log_offset,
         )
+        # A half with a delivery time: its committed message waits in the timer until then
+        # (relative times count from the half's store time).
+        deliver = timer_deliver_ms(msg.properties, h.store_timestamp)
+        if deliver is not None and deliver > self.now_ms():
+            route_to_timer(msg, deliver)
+        return msg
 
     def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:
         """The committed messages of ``halves``, encoded for the store: the in-memory copy of
         each half while there is one and the commit log still holds that offset, else
-        :meth:`_real_message` (read back from the store)."""
+        :meth:`_real_message` (read back from the store; always for a half with a delivery
+        time, which the timer holds until then)."""
         pop = self._recent_halves.pop
         min_phy = self.ctx.store.min_phy_offset
         out: list[EncodedMessage] = []
@@ -389,7 +401,7 @@ class TransactionalMessageService:
                 r = pop(h.commit_log_offset, None)
                 if r is not None:
                     freed += len(r.body)
-                    if r.prepared_transaction_offset >= min_phy:
+                    if r.prepared_transaction_offset >= min_phy and not _timed(r.tail):
                         append(r)
                         continue
                 append(encode_for_store(self._real_message(h)))
@@ -642,3 +654,8 @@ class TransactionalMessageService:
 
 
 __all__ = ["CheckSender", "RemotingCheckSender", "TransactionalMessageService"]
+
+
+def _timed(tail: bytes) -> bool:
+    """Whether an encoded message's properties may ask for a delivery time."""
+    return b"TIMER_" in tail or b"__STARTDELIVERTIME" in tail

@@ -33,6 +33,7 @@ from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
+from txmq.broker.topics import TIMER_TOPIC
 from txmq.broker.transaction.state import OpRecord
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -753,8 +754,10 @@ async def delay(fe: FrontEnd) -> Observed:
     m = Msg(b"later", uniq(41), tag="TagLater", keys=("d-1",))
     sent = await fe.send(TOPIC, [m], deliver_ms=deliver)
     assert sent == [Sent(True, m.uniq, 0, "")], f"{fe}: delayed send answered {sent}"
-    [rec] = fe.stored(SCHEDULE_TOPIC)
-    assert rec.queue_id == 1 and rec.properties[C.DELAY] == "2", (
+    # Exact: held by the timer, not rounded up to a delay level.
+    assert fe.stored(SCHEDULE_TOPIC) == [], f"{fe}: routed through the delay levels"
+    [rec] = fe.stored(TIMER_TOPIC)
+    assert rec.queue_id == 0 and C.DELAY not in rec.properties, (
         f"{fe}: stored in {rec.topic} queue {rec.queue_id}, {rec.properties}"
     )
     real = (
@@ -826,9 +829,9 @@ SCENARIOS: dict[str, Scenario] = {
     "half + rollback": Scenario(half_then("ROLLBACK")),
     "half + unknown": Scenario(half_then("UNKNOWN")),
     "check-back": Scenario(check_back, CHECKING),
-    # A remoting producer's own TIMER_DELIVER_MS keeps its place and the broker appends the
-    # DELAY level after it; the gRPC front end turns delivery_timestamp into DELAY then
-    # TIMER_DELIVER_MS (MessagingCore.deliver_at).
+    # A remoting producer's own TIMER_DELIVER_MS keeps its place; the gRPC front end turns
+    # delivery_timestamp into TIMER_DELIVER_MS after the user's properties
+    # (MessagingCore.deliver_at).
     "delay": Scenario(delay, unordered=frozenset({TIMER_DELIVER_MS})),
     # A remoting consumer names the origin id in CONSUMER_SEND_MSG_BACK (originMsgId), which the
     # core records on the message before its copy adds RETRY_TOPIC; ForwardMessageToDeadLetter-
