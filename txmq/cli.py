@@ -878,7 +878,7 @@ def connections(
         if not consumers and not producers:
             consumers = await admin.consumer_groups()
             info = await admin.runtime_info()
-            producers = sorted(info["table"].get("producerGroups", {}))
+            producers = sorted(info.get("producerGroups", {}))
         rows = []
         for g in producers:
             for c in await admin.producer_connections(g):

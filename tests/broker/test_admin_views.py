@@ -168,6 +168,11 @@ def test_group_commands_of_the_cli(broker_thread_factory: Callable[..., BrokerTh
             assert [(r["role"], r["group"]) for r in json.loads(out)] == [
                 ("producer", "views-producer")
             ]
+            # without a group: every group the broker knows of
+            out = await asyncio.to_thread(cli, "connections", "-o", "json")
+            assert ("producer", "views-producer") in {
+                (r["role"], r["group"]) for r in json.loads(out)
+            }
         finally:
             await consumer.shutdown()
             await producer.shutdown()
