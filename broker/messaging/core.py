@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from operator import itemgetter
 
 import structlog
 
@@ -65,14 +66,94 @@ class SendReceipt:
     commit_log_offset: int
 
 
+_first = itemgetter(0)
+
+
 @dataclass(slots=True)
+class StoredBatch:
+    """A batch the fast paths stored, as its answer needs it: where each record went, no
+    receipt object per message (those are made only when asked for)."""
+
+    msg_id_prefix: str
+    #: ``(commit-log offset, size, queue offset)`` of each record (the store's append result)
+    placed: list[tuple[int, int, int]]
+    uniq_keys: list[str]
+    queue_id: int
+    transaction_id: str | None
+    end_offset: int
+
+    def msg_ids(self) -> str:
+        """The offsetMsgIds of the batch joined by commas (formatted in C)."""
+        fmt = self.msg_id_prefix.replace("%", "%%") + "%016X"
+        return ",".join(map(fmt.__mod__, map(_first, self.placed)))
+
+    def receipts(self) -> list[SendReceipt]:
+        prefix, qid, txid, end = (
+            self.msg_id_prefix,
+            self.queue_id,
+            self.transaction_id,
+            self.end_offset,
+        )
+        return [
+            SendReceipt(f"{prefix}{phy:016X}", uniq, qid, qo, txid, end, phy)
+            for (phy, _n, qo), uniq in zip(self.placed, self.uniq_keys, strict=True)
+        ]
+
+
 class SendOutcome:
     """The receipts of one send request, in request order.  ``flush_error``: the messages are
     stored but were not durable in time (the front end answers FLUSH_DISK_TIMEOUT or its
-    equivalent with these receipts)."""
+    equivalent with these receipts).
 
-    receipts: list[SendReceipt]
-    flush_error: FlushDiskTimeoutError | None = None
+    A batch stored by the fast paths keeps its :class:`StoredBatch`: the remoting answer is
+    made from it (:meth:`answer`) and :attr:`receipts` only when a caller asks."""
+
+    __slots__ = ("_receipts", "batch", "flush_error")
+
+    def __init__(
+        self,
+        receipts: list[SendReceipt] | None = None,
+        flush_error: FlushDiskTimeoutError | None = None,
+        *,
+        batch: StoredBatch | None = None,
+    ) -> None:
+        self._receipts = receipts
+        self.batch = batch
+        self.flush_error = flush_error
+
+    @property
+    def receipts(self) -> list[SendReceipt]:
+        if self._receipts is None:
+            self._receipts = self.batch.receipts() if self.batch is not None else []
+        return self._receipts
+
+    @property
+    def end_offset(self) -> int | None:
+        """The commit-log offset that must be durable before the answer; None: nothing to
+        wait for."""
+        if self.batch is not None:
+            return self.batch.end_offset
+        receipts = self._receipts
+        if not receipts:
+            return None
+        if len(receipts) == 1:
+            return receipts[0].end_offset
+        return max([r.end_offset for r in receipts])
+
+    def answer(self) -> tuple[str, int, int, str | None]:
+        """What a remoting answer says: the message ids (a batch's joined by commas), and the
+        first message's queue id, queue offset and transaction id."""
+        b = self.batch
+        if b is not None:
+            return b.msg_ids(), b.queue_id, b.placed[0][2], b.transaction_id
+        receipts = self.receipts
+        first = receipts[0]
+        ids = (
+            first.offset_msg_id
+            if len(receipts) == 1
+            else ",".join([r.offset_msg_id for r in receipts])
+        )
+        return ids, first.queue_id, first.queue_offset, first.transaction_id
 
 
 def is_transactional(props: dict[str, str]) -> bool:
@@ -229,13 +310,8 @@ class MessagingCore:
     async def durable(self, outcome: SendOutcome) -> SendOutcome:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
-        receipts = outcome.receipts
-        if receipts:
-            end = (
-                receipts[0].end_offset
-                if len(receipts) == 1
-                else max([r.end_offset for r in receipts])
-            )
+        end = outcome.end_offset
+        if end is not None:
             try:
                 await self.ctx.flush.wait_durable(end)
             except FlushDiskTimeoutError as exc:
@@ -344,17 +420,13 @@ class MessagingCore:
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
                 return await self.send(msgs, h.producer_group)
         res = self.fast.store(batch)
-        prefix = self.ctx.store.msg_id_prefix
-        txid = batch.txid
-        end = res.end_offset
         placed = res.placed
-        receipts = [
-            SendReceipt(f"{prefix}{phy:016X}", uniq, queue_id, qo, txid, end, phy)
-            for (phy, _n, qo), uniq in zip(placed, uniqs, strict=True)
-        ]
         if remember:
-            dedup.add_many(topic, uniqs, [phy for phy, _n, _qo in placed], res.store_timestamp)
-        return await self.durable(SendOutcome(receipts))
+            dedup.add_many(topic, uniqs, list(map(_first, placed)), res.store_timestamp)
+        stored = StoredBatch(
+            self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
+        )
+        return await self.durable(SendOutcome(batch=stored))
 
     def batch_messages(
         self,

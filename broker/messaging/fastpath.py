@@ -143,8 +143,9 @@ class StoredForm:
         reconsume_times: int,
         prepared_offset: int = 0,
     ) -> EncodedMessage:
-        """The record of one entry: the one place a fast path builds one (a tuple made in C:
-        a NamedTuple's own constructor is a Python call, a cost per message here)."""
+        """The record of one entry (a half's committed copy; :func:`parse_batch` builds the
+        same tuple inline, in C: a NamedTuple's own constructor is a Python call, a cost per
+        message there)."""
         return _new_tuple(
             EncodedMessage,
             (
@@ -282,6 +283,7 @@ def parse_batch(
     startswith = body.startswith
     ulen = len(_UNIQ)
     crc32 = zlib.crc32
+    join = b"".join
     host = pack_host(born_host)
     born_ts = h.born_timestamp
     reconsume = h.reconsume_times or 0
@@ -293,6 +295,12 @@ def parse_batch(
     records: list[EncodedMessage] = []
     append = records.append
     uniqs: list[bytes] = []
+    add_uniq = uniqs.append
+    # The stored form of the current template, in locals: the loop below builds each record
+    # inline (a tuple made in C), no call per message but the CRC.
+    form: StoredForm | None = None
+    heads: dict[int, bytes] = {}
+    topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
     pos = 0
     try:
         while pos < size:
@@ -326,15 +334,39 @@ def parse_batch(
                         return None  # halves of two transactions
                     templates[key] = t
                 last_key = key
+                form = t.half if halves is not None else t  # type: ignore[union-attr,assignment]
+                heads = form.heads  # type: ignore[union-attr]
+                topic, qid, magic = form.topic, form.queue_id, form.magic  # type: ignore[union-attr]
+                tail, sys_flag, tags_code = form.tail, form.sys_flag, form.tags_code  # type: ignore[union-attr]
             u = body[at + ulen : sep]
-            form = t.half if halves is not None else t  # type: ignore[union-attr]
-            head = form.head(len(u))  # type: ignore[union-attr]
+            head = heads.get(len(u))
             if head is None:
-                return None
-            append(form.record(crc32(b) & 0x7FFFFFFF, b, head, u, flag, born_ts, host, reconsume))  # type: ignore[union-attr]
+                head = form.head(len(u))  # type: ignore[union-attr]
+                if head is None:
+                    return None
+            append(
+                _new_tuple(
+                    EncodedMessage,
+                    (
+                        topic,
+                        qid,
+                        magic,
+                        crc32(b) & 0x7FFFFFFF,
+                        b,
+                        join((head, u, tail)),
+                        flag,
+                        sys_flag,
+                        born_ts,
+                        host,
+                        reconsume,
+                        0,
+                        tags_code,
+                    ),
+                )
+            )
             if halves is not None:
                 halves.append(t)  # type: ignore[arg-type]
-            uniqs.append(u)
+            add_uniq(u)
             pos += total
     except struct.error:
         return None
