@@ -29,7 +29,7 @@ from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
-from .dedup import DedupIndex, Key, dedup_topic
+from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths
 
 log = structlog.get_logger(__name__)
@@ -154,6 +154,19 @@ class SendOutcome:
             else ",".join([r.offset_msg_id for r in receipts])
         )
         return ids, first.queue_id, first.queue_offset, first.transaction_id
+
+
+def _first_receipt(key: Key, s: Stored) -> SendReceipt:
+    """The receipt of a resend: its first send's."""
+    return SendReceipt(
+        s.msg_id,
+        key[1],
+        s.queue_id,
+        s.queue_offset,
+        s.transaction_id,
+        s.end_offset,
+        s.commit_log_offset,
+    )
 
 
 def is_transactional(props: dict[str, str]) -> bool:
@@ -340,19 +353,7 @@ class MessagingCore:
         out: list[SendReceipt | None] = []
         for key in keys:
             s = get(key, now)
-            out.append(
-                None
-                if s is None or key is None
-                else SendReceipt(
-                    s.msg_id,
-                    key[1],
-                    s.queue_id,
-                    s.queue_offset,
-                    s.transaction_id,
-                    s.end_offset,
-                    s.commit_log_offset,
-                )
-            )
+            out.append(None if s is None or key is None else _first_receipt(key, s))
         return out
 
     async def send(self, msgs: list[MessageExt], producer_group: str) -> SendOutcome:
@@ -361,6 +362,8 @@ class MessagingCore:
         before within the duplicate window (a resend) is not stored again: its receipt is the
         first send's (:mod:`.dedup`)."""
         dedup = self.dedup
+        if len(msgs) == 1:
+            return await self._send_one(msgs[0], producer_group)
         keys = [dedup.key(m.topic, m.properties) for m in msgs]
         if not any(keys):
             for m in msgs:
@@ -389,6 +392,20 @@ class MessagingCore:
         for i, j in again.items():
             receipts[i] = receipts[j]
         return await self.durable(SendOutcome([r for r in receipts if r is not None]))
+
+    async def _send_one(self, msg: MessageExt, producer_group: str) -> SendOutcome:
+        """:meth:`send` of one message: one key, one lookup, one insert."""
+        dedup = self.dedup
+        key = dedup.key(msg.topic, msg.properties)
+        if key is not None:
+            s = dedup.get(key, self.ctx.now_ms())
+            if s is not None:
+                return await self.durable(SendOutcome([_first_receipt(key, s)]))
+        self.prepare(msg, producer_group)
+        stored = self.store_prepared([msg])
+        if key is not None:
+            dedup.add(key, stored[0].commit_log_offset, self.ctx.now_ms())
+        return await self.durable(SendOutcome(stored))
 
     async def send_batch(
         self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
