@@ -336,6 +336,11 @@ class MessagingCore:
         transactions.  Not yet durable: see :meth:`durable`."""
         results = self.ctx.write.put_messages(msgs)
         half_topic = self.tx.half_topic
+        if len(msgs) == 1:
+            m, r = msgs[0], results[0]
+            if m.topic == half_topic:
+                self.tx.on_halves_stored(msgs, results)
+            return [self._receipt(m, r)]
         halves = [(m, r) for m, r in zip(msgs, results, strict=True) if m.topic == half_topic]
         if halves:
             self.tx.on_halves_stored([m for m, _ in halves], [r for _, r in halves])

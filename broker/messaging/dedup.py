@@ -151,13 +151,34 @@ class DedupIndex:
         ids.update(zip(uniqs, offsets, strict=True))
         added = len(ids) - before  # an id stored again after its window keeps its old place
         if added:
-            self._size += added
-            self._marks.append([now_ms, topic, added])
+            self._added(topic, added, now_ms)
         self._expire(now_ms)
 
     def add(self, key: Key | None, offset: int, now_ms: int) -> None:
-        if key is not None:
-            self.add_many(key[0], [key[1]], [offset], now_ms)
+        """:meth:`add_many` of one first send."""
+        if key is None:
+            return
+        topic, uniq = key
+        ids = self._topics.get(topic)
+        if ids is None:
+            ids = self._topics[topic] = OrderedDict()
+        known = uniq in ids
+        ids[uniq] = offset  # an id stored again after its window keeps its old place
+        if not known:
+            self._added(topic, 1, now_ms)
+        self._expire(now_ms)
+
+    def _added(self, topic: str, n: int, now_ms: int) -> None:
+        """Count ``n`` new ids of ``topic`` stored at ``now_ms``: one mark per topic and
+        millisecond (consecutive appends in the same one share it)."""
+        self._size += n
+        marks = self._marks
+        if marks:
+            last = marks[-1]
+            if last[0] == now_ms and last[1] == topic:
+                last[2] += n
+                return
+        marks.append([now_ms, topic, n])
 
     def _expire(self, now_ms: int) -> None:
         """Forget the ids past the window, then the oldest while over the bound (counted,
