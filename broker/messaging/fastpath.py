@@ -101,6 +101,15 @@ def committed_sys_flag(sys_flag: int) -> int:
     )
 
 
+def check_immunity_ms(props: dict[str, str]) -> int | None:
+    """A half's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms (None: absent or not a number)."""
+    immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
+    try:
+        return int(float(immunity) * 1000) if immunity else None
+    except ValueError:
+        return None
+
+
 @dataclass(slots=True)
 class StoredForm:
     """How the entries of one template are stored: every field of the record but the body,
@@ -446,11 +455,7 @@ def make_half_template(
     txid = transaction_id_of(props)
     if not txid or txid != props.get(C.TRANSACTION_ID):
         return None
-    immunity = props.get(C.CHECK_IMMUNITY_TIME_IN_SECONDS)
-    try:
-        immunity_ms = int(float(immunity) * 1000) if immunity else None
-    except ValueError:
-        immunity_ms = None
+    immunity_ms = check_immunity_ms(props)
     real_topic = props.get(C.REAL_TOPIC, "")
     tags = props.get(C.TAGS)
     try:
@@ -494,6 +499,7 @@ __all__ = [
     "PATH_HALVES",
     "PATH_PLAIN",
     "StoredForm",
+    "check_immunity_ms",
     "committed_properties",
     "committed_sys_flag",
     "make_half_template",

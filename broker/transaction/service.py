@@ -42,7 +42,12 @@ from txmq.protocol.message import (
     pack_host,
 )
 
-from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
+from ..messaging.fastpath import (
+    FastBatch,
+    check_immunity_ms,
+    committed_properties,
+    committed_sys_flag,
+)
 from ..store import (
     AppendResult,
     EncodedMessage,
@@ -196,11 +201,6 @@ class TransactionalMessageService:
         txid = self.transaction_id_of(props)
         if not txid:
             return None
-        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
-        try:
-            immunity_ms = int(float(immunity) * 1000) if immunity else None
-        except ValueError:
-            immunity_ms = None
         half = HalfRef(
             commit_log_offset=msg.commit_log_offset,
             queue_offset=msg.queue_offset,
@@ -209,7 +209,7 @@ class TransactionalMessageService:
             store_timestamp=msg.store_timestamp,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
             offset_msg_id=offset_msg_id,
-            immunity_ms=immunity_ms,
+            immunity_ms=check_immunity_ms(props),
         )
         group = props.get(MessageConst.PGROUP, "")
         self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
