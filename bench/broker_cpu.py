@@ -19,7 +19,9 @@ Modes (``throughput.py`` arguments, always one producer):
 * ``win``: ``--inflight 1000`` (pipelined; the SDK auto-batches)
 * ``batch64``: ``--inflight 4 --batch 64`` (SEND_BATCH_MESSAGE of 64)
 
-Linux only (/proc/PID/stat).  The load generator always runs from this checkout with this
+The CPU counted is the broker's (utime + stime) over the whole ``throughput.py`` run: the sends
+and the drain of the topic that follows them, divided by the messages sent; the broker's start
+is not counted.  Linux only (/proc/PID/stat).  The load generator always runs from this checkout with this
 interpreter; only the broker differs between targets.
 """
 
