@@ -41,6 +41,7 @@ TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 TIMER_DELAY_MS = "TIMER_DELAY_MS"
 START_DELIVER_TIME = "__STARTDELIVERTIME"
+_TIMER_KEYS = frozenset((TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, START_DELIVER_TIME))
 
 
 class DeliveryTimeError(MessageIllegalError):
@@ -282,6 +283,8 @@ class MessagingCore:
         (RocketMQ's scheme: queue ``level - 1``, the real topic and queue in properties)."""
         props = msg.properties
         if MessageConst.DELAY not in props:
+            if _TIMER_KEYS.isdisjoint(props):
+                return  # the usual message: no delay asked for
             deliver = self._timer_deliver_ms(props)
             if deliver is None:
                 return

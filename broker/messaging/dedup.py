@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import structlog
@@ -71,8 +72,10 @@ class Stored(NamedTuple):
 Key = tuple[str, str]
 
 
+@lru_cache(maxsize=4096)
 def dedup_topic(topic: str) -> bool:
-    """Whether sends to ``topic`` are de-duplicated."""
+    """Whether sends to ``topic`` are de-duplicated (remembered per topic name: asked on every
+    send)."""
     return not (
         topic in SYSTEM_TOPICS
         or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
@@ -95,6 +98,7 @@ class DedupIndex:
     ) -> None:
         self.window_ms = window_ms
         self.max_entries = max_entries
+        self.enabled = window_ms > 0 and max_entries > 0
         self.metrics = metrics
         #: Reads a stored message by commit-log offset (the store's ``lookup_message``).
         self.lookup = lookup
@@ -103,10 +107,6 @@ class DedupIndex:
         self._marks: deque[list[Any]] = deque()
         self._size = 0
         self._warned = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.window_ms > 0 and self.max_entries > 0
 
     def __len__(self) -> int:
         return self._size
