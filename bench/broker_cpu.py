@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=30, help="broker start/stop bound, seconds")
     ap.add_argument("--json", action="store_true", help="also print one JSON line of all runs")
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the brokers and load generators started here are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     targets: list[Target] = args.target or [Target("this", sys.executable, ROOT)]
     modes: list[str] = args.mode or list(MODES)
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
