@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.headers import SendMessageRequestHeader
@@ -209,6 +209,9 @@ class FastBatch:
     """A batch parsed by :func:`parse_batch`: its records, the UNIQ_KEY of each, and for the
     halves of a transaction, each half's template."""
 
+    #: What the store appends: for plain messages the fields of an :class:`EncodedMessage`
+    #: in a plain tuple (the store only unpacks them), for halves EncodedMessages (their
+    #: commit reads them by name).
     records: list[EncodedMessage]
     uniq_keys: list[str]
     halves: list[HalfTemplate] | None = None
@@ -298,10 +301,10 @@ def parse_batch(
     reconsume = h.reconsume_times or 0
     templates: dict[tuple[bytes, bytes], Template] = {}
     t: Template | None = None
-    last_key = (b"", b"")
+    last_before = last_after = b""
     halves: list[HalfTemplate] | None = None
     kind: type | None = None  # StoredForm or HalfTemplate: a batch is all of one
-    records: list[EncodedMessage] = []
+    records: list[Any] = []  # EncodedMessage, or for plain messages its fields in a tuple
     append = records.append
     uniqs: list[bytes] = []
     add_uniq = uniqs.append
@@ -326,11 +329,13 @@ def parse_batch(
             sep = find(_SEP, at + ulen, end)
             if sep < 0:
                 return None
-            key = (body[p:at], body[sep:end])
-            if t is None or key != last_key:
+            before = body[p:at]
+            after = body[sep:end]
+            if t is None or before != last_before or after != last_after:
+                key = (before, after)
                 t = templates.get(key)
                 if t is None:
-                    t = _template(key[0], key[1], h, queue_id, half_template)
+                    t = _template(before, after, h, queue_id, half_template)
                     if t is None:
                         return None
                     if kind is None:
@@ -342,7 +347,7 @@ def parse_batch(
                     elif halves and t.txid != halves[0].txid:  # type: ignore[union-attr]
                         return None  # halves of two transactions
                     templates[key] = t
-                last_key = key
+                last_before, last_after = before, after
                 form = t.half if halves is not None else t  # type: ignore[union-attr,assignment]
                 heads = form.heads  # type: ignore[union-attr]
                 topic, qid, magic = form.topic, form.queue_id, form.magic  # type: ignore[union-attr]
@@ -353,26 +358,24 @@ def parse_batch(
                 head = form.head(len(u))  # type: ignore[union-attr]
                 if head is None:
                     return None
-            append(
-                _new_tuple(
-                    EncodedMessage,
-                    (
-                        topic,
-                        qid,
-                        magic,
-                        crc32(b) & 0x7FFFFFFF,
-                        b,
-                        join((head, u, tail)),
-                        flag,
-                        sys_flag,
-                        born_ts,
-                        host,
-                        reconsume,
-                        0,
-                        tags_code,
-                    ),
-                )
+            rec = (
+                topic,
+                qid,
+                magic,
+                crc32(b) & 0x7FFFFFFF,
+                b,
+                join((head, u, tail)),
+                flag,
+                sys_flag,
+                born_ts,
+                host,
+                reconsume,
+                0,
+                tags_code,
             )
+            # A plain batch's records go to the store only, which unpacks them: plain tuples in
+            # the EncodedMessage's order; the halves' are read by name for their commit.
+            append(rec if halves is None else _new_tuple(EncodedMessage, rec))
             if halves is not None:
                 halves.append(t)  # type: ignore[arg-type]
             add_uniq(u)
