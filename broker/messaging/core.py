@@ -411,8 +411,8 @@ class MessagingCore:
                 return await self.durable(SendOutcome([_first_receipt(key, s)]))
         self.prepare(msg, producer_group)
         stored = self.store_prepared([msg])
-        if key is not None:
-            dedup.add(key, stored[0].commit_log_offset, self.ctx.now_ms())
+        if key is not None:  # remembered at its store timestamp, as a rebuild finds it
+            dedup.add(key, stored[0].commit_log_offset, msg.store_timestamp)
         return await self.durable(SendOutcome(stored))
 
     async def send_batch(

@@ -162,11 +162,14 @@ class DedupIndex:
         ids = self._topics.get(topic)
         if ids is None:
             ids = self._topics[topic] = OrderedDict()
-        known = uniq in ids
-        ids[uniq] = offset  # an id stored again after its window keeps its old place
-        if not known:
+        if uniq in ids:
+            ids[uniq] = offset  # an id stored again after its window keeps its old place
+        else:
+            ids[uniq] = offset
             self._added(topic, 1, now_ms)
-        self._expire(now_ms)
+        marks = self._marks
+        if marks and (self._size > self.max_entries or marks[0][0] < now_ms - self.window_ms):
+            self._expire(now_ms)
 
     def _added(self, topic: str, n: int, now_ms: int) -> None:
         """Count ``n`` new ids of ``topic`` stored at ``now_ms``: one mark per topic and
