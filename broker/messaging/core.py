@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from operator import itemgetter
 
 import structlog
 
@@ -28,13 +29,14 @@ from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
-from .dedup import DedupIndex, Key, dedup_topic
+from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths
 from .timer import (
     START_DELIVER_TIME,
     TIMER_DELAY_MS,
     TIMER_DELAY_SEC,
     TIMER_DELIVER_MS,
+    TIMER_PROPERTIES,
     DeliveryTimeError,
     check_timer_delay,
     route_to_timer,
@@ -53,6 +55,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+#: Any of these asks for a delivery time (a plain send has none: one set test skips the rest).
+_TIMER_KEYS = frozenset(TIMER_PROPERTIES)
 
 
 @dataclass(slots=True)
@@ -74,14 +79,107 @@ class SendReceipt:
     commit_log_offset: int
 
 
+_first = itemgetter(0)
+
+
 @dataclass(slots=True)
+class StoredBatch:
+    """A batch the fast paths stored, as its answer needs it: where each record went, no
+    receipt object per message (those are made only when asked for)."""
+
+    msg_id_prefix: str
+    #: ``(commit-log offset, size, queue offset)`` of each record (the store's append result)
+    placed: list[tuple[int, int, int]]
+    uniq_keys: list[str]
+    queue_id: int
+    transaction_id: str | None
+    end_offset: int
+
+    def msg_ids(self) -> str:
+        """The offsetMsgIds of the batch joined by commas (formatted in C)."""
+        fmt = self.msg_id_prefix.replace("%", "%%") + "%016X"
+        return ",".join(map(fmt.__mod__, map(_first, self.placed)))
+
+    def receipts(self) -> list[SendReceipt]:
+        prefix, qid, txid, end = (
+            self.msg_id_prefix,
+            self.queue_id,
+            self.transaction_id,
+            self.end_offset,
+        )
+        return [
+            SendReceipt(f"{prefix}{phy:016X}", uniq, qid, qo, txid, end, phy)
+            for (phy, _n, qo), uniq in zip(self.placed, self.uniq_keys, strict=True)
+        ]
+
+
 class SendOutcome:
     """The receipts of one send request, in request order.  ``flush_error``: the messages are
     stored but were not durable in time (the front end answers FLUSH_DISK_TIMEOUT or its
-    equivalent with these receipts)."""
+    equivalent with these receipts).
 
-    receipts: list[SendReceipt]
-    flush_error: FlushDiskTimeoutError | None = None
+    A batch stored by the fast paths keeps its :class:`StoredBatch`: the remoting answer is
+    made from it (:meth:`answer`) and :attr:`receipts` only when a caller asks."""
+
+    __slots__ = ("_receipts", "batch", "flush_error")
+
+    def __init__(
+        self,
+        receipts: list[SendReceipt] | None = None,
+        flush_error: FlushDiskTimeoutError | None = None,
+        *,
+        batch: StoredBatch | None = None,
+    ) -> None:
+        self._receipts = receipts
+        self.batch = batch
+        self.flush_error = flush_error
+
+    @property
+    def receipts(self) -> list[SendReceipt]:
+        if self._receipts is None:
+            self._receipts = self.batch.receipts() if self.batch is not None else []
+        return self._receipts
+
+    @property
+    def end_offset(self) -> int | None:
+        """The commit-log offset that must be durable before the answer; None: nothing to
+        wait for."""
+        if self.batch is not None:
+            return self.batch.end_offset
+        receipts = self._receipts
+        if not receipts:
+            return None
+        if len(receipts) == 1:
+            return receipts[0].end_offset
+        return max([r.end_offset for r in receipts])
+
+    def answer(self) -> tuple[str, int, int, str | None]:
+        """What a remoting answer says: the message ids (a batch's joined by commas), and the
+        first message's queue id, queue offset and transaction id."""
+        b = self.batch
+        if b is not None:
+            return b.msg_ids(), b.queue_id, b.placed[0][2], b.transaction_id
+        receipts = self.receipts
+        first = receipts[0]
+        ids = (
+            first.offset_msg_id
+            if len(receipts) == 1
+            else ",".join([r.offset_msg_id for r in receipts])
+        )
+        return ids, first.queue_id, first.queue_offset, first.transaction_id
+
+
+def _first_receipt(key: Key, s: Stored) -> SendReceipt:
+    """The receipt of a resend: its first send's."""
+    return SendReceipt(
+        s.msg_id,
+        key[1],
+        s.queue_id,
+        s.queue_offset,
+        s.transaction_id,
+        s.end_offset,
+        s.commit_log_offset,
+    )
 
 
 def is_transactional(props: dict[str, str]) -> bool:
@@ -177,6 +275,8 @@ class MessagingCore:
         still ahead to the timer topic."""
         props = msg.properties
         if MessageConst.DELAY not in props:
+            if _TIMER_KEYS.isdisjoint(props):
+                return  # the usual message: no delay asked for
             deliver = self._timer_deliver_ms(props)
             if deliver is None or deliver <= self.ctx.now_ms():
                 return  # no time asked, or due already
@@ -218,13 +318,8 @@ class MessagingCore:
     async def durable(self, outcome: SendOutcome) -> SendOutcome:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
-        receipts = outcome.receipts
-        if receipts:
-            end = (
-                receipts[0].end_offset
-                if len(receipts) == 1
-                else max([r.end_offset for r in receipts])
-            )
+        end = outcome.end_offset
+        if end is not None:
             try:
                 await self.ctx.flush.wait_durable(end)
             except FlushDiskTimeoutError as exc:
@@ -236,6 +331,11 @@ class MessagingCore:
         transactions.  Not yet durable: see :meth:`durable`."""
         results = self.ctx.write.put_messages(msgs)
         half_topic = self.tx.half_topic
+        if len(msgs) == 1:
+            m, r = msgs[0], results[0]
+            if m.topic == half_topic:
+                self.tx.on_halves_stored(msgs, results)
+            return [self._receipt(m, r)]
         halves = [(m, r) for m, r in zip(msgs, results, strict=True) if m.topic == half_topic]
         if halves:
             self.tx.on_halves_stored([m for m, _ in halves], [r for _, r in halves])
@@ -253,19 +353,7 @@ class MessagingCore:
         out: list[SendReceipt | None] = []
         for key in keys:
             s = get(key, now)
-            out.append(
-                None
-                if s is None or key is None
-                else SendReceipt(
-                    s.msg_id,
-                    key[1],
-                    s.queue_id,
-                    s.queue_offset,
-                    s.transaction_id,
-                    s.end_offset,
-                    s.commit_log_offset,
-                )
-            )
+            out.append(None if s is None or key is None else _first_receipt(key, s))
         return out
 
     async def send(self, msgs: list[MessageExt], producer_group: str) -> SendOutcome:
@@ -274,6 +362,8 @@ class MessagingCore:
         before within the duplicate window (a resend) is not stored again: its receipt is the
         first send's (:mod:`.dedup`)."""
         dedup = self.dedup
+        if len(msgs) == 1:
+            return await self._send_one(msgs[0], producer_group)
         keys = [dedup.key(m.topic, m.properties) for m in msgs]
         if not any(keys):
             for m in msgs:
@@ -302,6 +392,20 @@ class MessagingCore:
         for i, j in again.items():
             receipts[i] = receipts[j]
         return await self.durable(SendOutcome([r for r in receipts if r is not None]))
+
+    async def _send_one(self, msg: MessageExt, producer_group: str) -> SendOutcome:
+        """:meth:`send` of one message: one key, one lookup, one insert."""
+        dedup = self.dedup
+        key = dedup.key(msg.topic, msg.properties)
+        if key is not None:
+            s = dedup.get(key, self.ctx.now_ms())
+            if s is not None:
+                return await self.durable(SendOutcome([_first_receipt(key, s)]))
+        self.prepare(msg, producer_group)
+        stored = self.store_prepared([msg])
+        if key is not None:  # remembered at its store timestamp, as a rebuild finds it
+            dedup.add(key, stored[0].commit_log_offset, msg.store_timestamp)
+        return await self.durable(SendOutcome(stored))
 
     async def send_batch(
         self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
@@ -333,17 +437,13 @@ class MessagingCore:
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
                 return await self.send(msgs, h.producer_group)
         res = self.fast.store(batch)
-        prefix = self.ctx.store.msg_id_prefix
-        txid = batch.txid
-        end = res.end_offset
         placed = res.placed
-        receipts = [
-            SendReceipt(f"{prefix}{phy:016X}", uniq, queue_id, qo, txid, end, phy)
-            for (phy, _n, qo), uniq in zip(placed, uniqs, strict=True)
-        ]
         if remember:
-            dedup.add_many(topic, uniqs, [phy for phy, _n, _qo in placed], res.store_timestamp)
-        return await self.durable(SendOutcome(receipts))
+            dedup.add_many(topic, uniqs, list(map(_first, placed)), res.store_timestamp)
+        stored = StoredBatch(
+            self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
+        )
+        return await self.durable(SendOutcome(batch=stored))
 
     def batch_messages(
         self,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import structlog
@@ -72,8 +73,10 @@ class Stored(NamedTuple):
 Key = tuple[str, str]
 
 
+@lru_cache(maxsize=4096)
 def dedup_topic(topic: str) -> bool:
-    """Whether sends to ``topic`` are de-duplicated."""
+    """Whether sends to ``topic`` are de-duplicated (remembered per topic name: asked on every
+    send)."""
     return not (
         topic in SYSTEM_TOPICS
         or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
@@ -96,6 +99,7 @@ class DedupIndex:
     ) -> None:
         self.window_ms = window_ms
         self.max_entries = max_entries
+        self.enabled = window_ms > 0 and max_entries > 0
         self.metrics = metrics
         #: Reads a stored message by commit-log offset (the store's ``lookup_message``).
         self.lookup = lookup
@@ -104,10 +108,6 @@ class DedupIndex:
         self._marks: deque[list[Any]] = deque()
         self._size = 0
         self._warned = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.window_ms > 0 and self.max_entries > 0
 
     def __len__(self) -> int:
         return self._size
@@ -152,13 +152,37 @@ class DedupIndex:
         ids.update(zip(uniqs, offsets, strict=True))
         added = len(ids) - before  # an id stored again after its window keeps its old place
         if added:
-            self._size += added
-            self._marks.append([now_ms, topic, added])
+            self._added(topic, added, now_ms)
         self._expire(now_ms)
 
     def add(self, key: Key | None, offset: int, now_ms: int) -> None:
-        if key is not None:
-            self.add_many(key[0], [key[1]], [offset], now_ms)
+        """:meth:`add_many` of one first send."""
+        if key is None:
+            return
+        topic, uniq = key
+        ids = self._topics.get(topic)
+        if ids is None:
+            ids = self._topics[topic] = OrderedDict()
+        if uniq in ids:
+            ids[uniq] = offset  # an id stored again after its window keeps its old place
+        else:
+            ids[uniq] = offset
+            self._added(topic, 1, now_ms)
+        marks = self._marks
+        if marks and (self._size > self.max_entries or marks[0][0] < now_ms - self.window_ms):
+            self._expire(now_ms)
+
+    def _added(self, topic: str, n: int, now_ms: int) -> None:
+        """Count ``n`` new ids of ``topic`` stored at ``now_ms``: one mark per topic and
+        millisecond (consecutive appends in the same one share it)."""
+        self._size += n
+        marks = self._marks
+        if marks:
+            last = marks[-1]
+            if last[0] == now_ms and last[1] == topic:
+                last[2] += n
+                return
+        marks.append([now_ms, topic, n])
 
     def _expire(self, now_ms: int) -> None:
         """Forget the ids past the window, then the oldest while over the bound (counted,

@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.headers import SendMessageRequestHeader
@@ -102,6 +102,15 @@ def committed_sys_flag(sys_flag: int) -> int:
     )
 
 
+def check_immunity_ms(props: dict[str, str]) -> int | None:
+    """A half's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms (None: absent or not a number)."""
+    immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
+    try:
+        return int(float(immunity) * 1000) if immunity else None
+    except ValueError:
+        return None
+
+
 @dataclass(slots=True)
 class StoredForm:
     """How the entries of one template are stored: every field of the record but the body,
@@ -144,8 +153,9 @@ class StoredForm:
         reconsume_times: int,
         prepared_offset: int = 0,
     ) -> EncodedMessage:
-        """The record of one entry: the one place a fast path builds one (a tuple made in C:
-        a NamedTuple's own constructor is a Python call, a cost per message here)."""
+        """The record of one entry (a half's committed copy; :func:`parse_batch` builds the
+        same tuple inline, in C: a NamedTuple's own constructor is a Python call, a cost per
+        message there)."""
         return _new_tuple(
             EncodedMessage,
             (
@@ -200,6 +210,9 @@ class FastBatch:
     """A batch parsed by :func:`parse_batch`: its records, the UNIQ_KEY of each, and for the
     halves of a transaction, each half's template."""
 
+    #: What the store appends: for plain messages the fields of an :class:`EncodedMessage`
+    #: in a plain tuple (the store only unpacks them), for halves EncodedMessages (their
+    #: commit reads them by name).
     records: list[EncodedMessage]
     uniq_keys: list[str]
     halves: list[HalfTemplate] | None = None
@@ -283,17 +296,24 @@ def parse_batch(
     startswith = body.startswith
     ulen = len(_UNIQ)
     crc32 = zlib.crc32
+    join = b"".join
     host = pack_host(born_host)
     born_ts = h.born_timestamp
     reconsume = h.reconsume_times or 0
     templates: dict[tuple[bytes, bytes], Template] = {}
     t: Template | None = None
-    last_key = (b"", b"")
+    last_before = last_after = b""
     halves: list[HalfTemplate] | None = None
     kind: type | None = None  # StoredForm or HalfTemplate: a batch is all of one
-    records: list[EncodedMessage] = []
+    records: list[Any] = []  # EncodedMessage, or for plain messages its fields in a tuple
     append = records.append
     uniqs: list[bytes] = []
+    add_uniq = uniqs.append
+    # The stored form of the current template, in locals: the loop below builds each record
+    # inline (a tuple made in C), no call per message but the CRC.
+    form: StoredForm | None = None
+    heads: dict[int, bytes] = {}
+    topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
     pos = 0
     try:
         while pos < size:
@@ -310,11 +330,13 @@ def parse_batch(
             sep = find(_SEP, at + ulen, end)
             if sep < 0:
                 return None
-            key = (body[p:at], body[sep:end])
-            if t is None or key != last_key:
+            before = body[p:at]
+            after = body[sep:end]
+            if t is None or before != last_before or after != last_after:
+                key = (before, after)
                 t = templates.get(key)
                 if t is None:
-                    t = _template(key[0], key[1], h, queue_id, half_template)
+                    t = _template(before, after, h, queue_id, half_template)
                     if t is None:
                         return None
                     if kind is None:
@@ -326,16 +348,38 @@ def parse_batch(
                     elif halves and t.txid != halves[0].txid:  # type: ignore[union-attr]
                         return None  # halves of two transactions
                     templates[key] = t
-                last_key = key
+                last_before, last_after = before, after
+                form = t.half if halves is not None else t  # type: ignore[union-attr,assignment]
+                heads = form.heads  # type: ignore[union-attr]
+                topic, qid, magic = form.topic, form.queue_id, form.magic  # type: ignore[union-attr]
+                tail, sys_flag, tags_code = form.tail, form.sys_flag, form.tags_code  # type: ignore[union-attr]
             u = body[at + ulen : sep]
-            form = t.half if halves is not None else t  # type: ignore[union-attr]
-            head = form.head(len(u))  # type: ignore[union-attr]
+            head = heads.get(len(u))
             if head is None:
-                return None
-            append(form.record(crc32(b) & 0x7FFFFFFF, b, head, u, flag, born_ts, host, reconsume))  # type: ignore[union-attr]
+                head = form.head(len(u))  # type: ignore[union-attr]
+                if head is None:
+                    return None
+            rec = (
+                topic,
+                qid,
+                magic,
+                crc32(b) & 0x7FFFFFFF,
+                b,
+                join((head, u, tail)),
+                flag,
+                sys_flag,
+                born_ts,
+                host,
+                reconsume,
+                0,
+                tags_code,
+            )
+            # A plain batch's records go to the store only, which unpacks them: plain tuples in
+            # the EncodedMessage's order; the halves' are read by name for their commit.
+            append(rec if halves is None else _new_tuple(EncodedMessage, rec))
             if halves is not None:
                 halves.append(t)  # type: ignore[arg-type]
-            uniqs.append(u)
+            add_uniq(u)
             pos += total
     except struct.error:
         return None
@@ -415,11 +459,7 @@ def make_half_template(
     txid = transaction_id_of(props)
     if not txid or txid != props.get(C.TRANSACTION_ID):
         return None
-    immunity = props.get(C.CHECK_IMMUNITY_TIME_IN_SECONDS)
-    try:
-        immunity_ms = int(float(immunity) * 1000) if immunity else None
-    except ValueError:
-        immunity_ms = None
+    immunity_ms = check_immunity_ms(props)
     real_topic = props.get(C.REAL_TOPIC, "")
     tags = props.get(C.TAGS)
     try:
@@ -463,6 +503,7 @@ __all__ = [
     "PATH_HALVES",
     "PATH_PLAIN",
     "StoredForm",
+    "check_immunity_ms",
     "committed_properties",
     "committed_sys_flag",
     "make_half_template",

@@ -47,11 +47,15 @@ class WritePath:
         results = self.store.put_messages(msgs)
         # Counted once per (topic, queue), not per message: a batch decision can append
         # hundreds of thousands of messages in one call.
+        if len(msgs) == 1:
+            m = msgs[0]
+            self._appended({(m.topic, m.queue_id): 1}, results[0].size)
+            return results
         per_dest: dict[tuple[str, int], int] = {}
         for msg in msgs:
             key = (msg.topic, msg.queue_id)
             per_dest[key] = per_dest.get(key, 0) + 1
-        self._appended(per_dest, sum(r.size for r in results))
+        self._appended(per_dest, sum([r.size for r in results]))
         return results
 
     def put_encoded(self, records: list[EncodedMessage]) -> AppendResult:
@@ -62,9 +66,13 @@ class WritePath:
         return res
 
     def _appended(self, per_dest: dict[tuple[str, int], int], nbytes: int) -> None:
-        per_topic: dict[str, int] = {}
-        for (topic, _qid), n in per_dest.items():
-            per_topic[topic] = per_topic.get(topic, 0) + n
+        if len(per_dest) == 1:  # the usual append: one queue
+            ((topic, _qid), n) = next(iter(per_dest.items()))
+            per_topic = {topic: n}
+        else:
+            per_topic = {}
+            for (topic, _qid), n in per_dest.items():
+                per_topic[topic] = per_topic.get(topic, 0) + n
         self.metrics.record_put(per_topic, nbytes)
         for s in self._subscribers:
             s.on_append(per_dest)

@@ -33,15 +33,9 @@ class SendMessageProcessor:
     def _answer(cmd: RemotingCommand, outcome: SendOutcome) -> RemotingCommand:
         """One answer for a request's receipts (a batch: its message ids joined by commas, the
         first message's queue offset)."""
-        receipts = outcome.receipts
-        first = receipts[0]
+        msg_ids, queue_id, queue_offset, txid = outcome.answer()
         header = SendMessageResponseHeader(
-            msg_id=first.offset_msg_id
-            if len(receipts) == 1
-            else ",".join([r.offset_msg_id for r in receipts]),
-            queue_id=first.queue_id,
-            queue_offset=first.queue_offset,
-            transaction_id=first.transaction_id,
+            msg_id=msg_ids, queue_id=queue_id, queue_offset=queue_offset, transaction_id=txid
         )
         if outcome.flush_error is not None:
             return cmd.response(

@@ -321,6 +321,19 @@ class RecoveryReport:
     elapsed_ms: float = 0.0
 
 
+def _fill_holes(cq: ConsumeQueue, key: tuple[str, int], to_offset: int, phy: int) -> None:
+    """Fill the entries of messages lost from ``key``'s queue up to ``to_offset`` (logged as an
+    error: a consumer skips them)."""
+    log.error(
+        "consume_queue_holes_filled",
+        topic=key[0],
+        queue_id=key[1],
+        from_offset=cq.max_offset,
+        to_offset=to_offset,
+    )
+    cq.fill_holes(to_offset, phy)
+
+
 def _valid_destination(topic: str, queue_id: int) -> bool:
     return (
         0 <= queue_id <= 0x7FFFFFFF
@@ -383,14 +396,7 @@ class _RecoveryDispatcher:
                 cq.reset_to(qo)
             else:
                 # Messages in the middle were lost (a damaged record was skipped).
-                log.error(
-                    "consume_queue_holes_filled",
-                    topic=key[0],
-                    queue_id=key[1],
-                    from_offset=cq.max_offset,
-                    to_offset=qo,
-                )
-                cq.fill_holes(qo, offset)
+                _fill_holes(cq, key, qo, offset)
         cq.append(offset, size, info.tags_code)
         self.redispatched += 1
 
@@ -542,14 +548,7 @@ class MessageStore:
                 if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
                     cq.reset_to(expected)  # all of them went with deleted segments
                 else:
-                    log.error(
-                        "consume_queue_holes_filled",
-                        topic=key[0],
-                        queue_id=key[1],
-                        from_offset=cq.max_offset,
-                        to_offset=expected,
-                    )
-                    cq.fill_holes(expected, end)
+                    _fill_holes(cq, key, expected, end)
         for cq in self._cqs.values():
             cq.correct_min_offset(cl_min)
 

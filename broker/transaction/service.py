@@ -48,7 +48,12 @@ from txmq.protocol.topics import (
     TRANS_CHECK_MAX_TIME_TOPIC,
 )
 
-from ..messaging.fastpath import FastBatch, committed_properties, committed_sys_flag
+from ..messaging.fastpath import (
+    FastBatch,
+    check_immunity_ms,
+    committed_properties,
+    committed_sys_flag,
+)
 from ..messaging.timer import check_timer_delay, route_to_timer, timer_deliver_ms
 from ..redelivery import redelivered
 from ..store import (
@@ -153,16 +158,6 @@ class TransactionalMessageService:
     def transaction_id_of(props: dict[str, str]) -> str | None:
         return props.get(MessageConst.TRANSACTION_ID) or props.get(MessageConst.UNIQ_KEY)
 
-    @staticmethod
-    def immunity_ms_of(props: dict[str, str]) -> int | None:
-        """The producer's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms; None when absent or not a
-        number (the broker's check timeout applies)."""
-        immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
-        try:
-            return int(float(immunity) * 1000) if immunity else None
-        except ValueError:
-            return None
-
     def prepare_half(self, msg: MessageExt, header_group: str) -> None:
         """Turn an incoming transactional send into a half message (before it is stored)."""
         cfg = self.ctx.config
@@ -223,7 +218,7 @@ class TransactionalMessageService:
             store_timestamp=msg.store_timestamp,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
             offset_msg_id=offset_msg_id,
-            immunity_ms=self.immunity_ms_of(props),
+            immunity_ms=check_immunity_ms(props),
         )
         group = props.get(MessageConst.PGROUP, "")
         self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
