@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from txmq.protocol.message import decode_message
-from txmq.protocol.topics import SYSTEM_TOPICS
+from txmq.protocol.topics import INTERNAL_TOPICS
 
 from .metrics import MetricsRegistry, add_figures
 from .store import ConsumerOffsetManager, GetMessageStatus, MessageStore
@@ -117,7 +117,7 @@ def consumer_lag(
     was not consumed) counts from there too."""
     for group in offsets.groups():
         for topic in offsets.topics_of(group):
-            if topic in SYSTEM_TOPICS:
+            if topic in INTERNAL_TOPICS:
                 continue
             committed = offsets.offsets(group, topic)
             lag = 0

@@ -15,26 +15,27 @@ from txmq.protocol.errors import (
 from txmq.protocol.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
+    INTERNAL_TOPICS,
     RETRY_GROUP_TOPIC_PREFIX,
     RMQ_SYS_TRANS_HALF_TOPIC,
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
     SCHEDULE_TOPIC,
     SYSTEM_TOPICS,
+    TIMER_TOPIC,
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
     TRANS_CHECK_MAX_TIME_TOPIC,
+    TXN_OFFSETS_TOPIC,
     dlq_topic,
     retry_topic,
 )
-from txmq.protocol.txn_offsets import TXN_OFFSETS_TOPIC
 
 from .store import TopicConfig, TopicConfigManager
 
 log = structlog.get_logger(__name__)
 
-#: Timer messages (RocketMQ 5's timer): queue 0 holds the messages waiting for their delivery
-#: time, queue 1 the record of which of them fired (see :mod:`txmq.broker.messaging.timer`).
-TIMER_TOPIC = "rmq_sys_wheel_timer"
+# TIMER_TOPIC: queue 0 holds timer messages waiting for their delivery time, queue 1 the record
+# of which of them fired (see :mod:`txmq.broker.messaging.timer`).
 
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
@@ -160,6 +161,7 @@ class TopicManager:
 # here are re-exported.
 __all__ = [
     "DLQ_GROUP_TOPIC_PREFIX",
+    "INTERNAL_TOPICS",
     "PERM_INHERIT",
     "PERM_PRIORITY",
     "PERM_READ",
@@ -168,6 +170,7 @@ __all__ = [
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPICS",
+    "TIMER_TOPIC",
     "TopicManager",
     "dlq_topic",
     "retry_topic",

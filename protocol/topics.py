@@ -34,6 +34,16 @@ SYSTEM_TOPICS = frozenset(
     }
 )
 
+#: The timer's own topic (RocketMQ 5's name): messages wait there until their delivery time.
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+#: The committed copies of consumer offsets sent inside transactions (see txn_offsets).
+TXN_OFFSETS_TOPIC = "TXMQ_SYS_TXN_OFFSETS"
+
+#: Every topic the broker makes for itself: the system topics, and the two a client's request
+#: reaches only through the broker (a timer message, a transaction's offsets).  Views, metrics
+#: and replication leave them out; only :data:`SYSTEM_TOPICS` refuse a client's send.
+INTERNAL_TOPICS = SYSTEM_TOPICS | {TIMER_TOPIC, TXN_OFFSETS_TOPIC}
+
 #: Topic names RocketMQ accepts (``Validators.VALID_PATTERN_STR``); at most
 #: :data:`TOPIC_MAX_LENGTH` characters.
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -57,10 +67,13 @@ __all__ = [
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",
     "SCHEDULE_TOPIC",
+    "INTERNAL_TOPICS",
     "SYSTEM_TOPICS",
+    "TIMER_TOPIC",
     "TOPIC_MAX_LENGTH",
     "TOPIC_PATTERN",
     "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TXN_OFFSETS_TOPIC",
     "dlq_topic",
     "retry_topic",
 ]

@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ProtocolError
+from .topics import TXN_OFFSETS_TOPIC
 
 #: The real topic of a transaction's offsets half; its committed copies are the durable record
 #: of transactional offset commits, replayed at start.
-TXN_OFFSETS_TOPIC = "TXMQ_SYS_TXN_OFFSETS"
 
 #: The remark prefix of END_TRANSACTION answers refusing a fenced commit.
 FENCED_PREFIX = "fenced: "

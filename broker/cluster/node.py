@@ -41,7 +41,7 @@ from ..metrics_scrape import follower_registry
 from ..ops import OpsServer, start_ops_server
 from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
 from ..store import MessageStore, TopicConfig
-from ..topics import SYSTEM_TOPICS
+from ..topics import INTERNAL_TOPICS
 from ..transaction.service import TransactionalMessageService
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
@@ -592,7 +592,7 @@ class ClusterNode:
         known = broker.topics.all()
         published = self.view.topics(self.group)
         for name in broker.store.topics():
-            if name in known or name in SYSTEM_TOPICS:
+            if name in known or name in INTERNAL_TOPICS:
                 continue
             pub = published.get(name)
             if pub is not None:
@@ -636,7 +636,7 @@ class ClusterNode:
             try:
                 want: dict[str, Any] = {}
                 for name, tc in broker.topics.all().items():
-                    if name in SYSTEM_TOPICS:
+                    if name in INTERNAL_TOPICS:
                         continue
                     want[name] = {
                         "read": tc.read_queue_nums,

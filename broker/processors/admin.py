@@ -34,7 +34,7 @@ from ..clients import parse_heartbeat
 from ..context import BrokerContext
 from ..store import TopicConfig
 from ..store.errors import StoreIOError
-from ..topics import RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
+from ..topics import INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
 from ..transaction.service import TransactionalMessageService
 
 log = structlog.get_logger(__name__)
@@ -273,7 +273,7 @@ class AdminProcessor:
                 [
                     t
                     for t in b.topics.all()
-                    if t not in SYSTEM_TOPICS and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)
+                    if t not in INTERNAL_TOPICS and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)
                 ]
             ),
             "connections": b.clients.channel_count,

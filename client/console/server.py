@@ -30,7 +30,7 @@ from txmq.protocol.errors import (
     TxmqError,
 )
 from txmq.protocol.message import decode_offset_msg_id
-from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS
+from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
 
 from ..admin import AsyncAdminClient
 from ..bridge import LoopThread
@@ -153,7 +153,7 @@ def _loopback(host: str) -> bool:
 
 def internal_topic(name: str) -> bool:
     return (
-        name in SYSTEM_TOPICS
+        name in INTERNAL_TOPICS
         or name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
         or name == "TBW102"
     )

@@ -12,12 +12,16 @@ micro-batches it ran.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
 
 def main(argv: list[str]) -> int:
     broker, folder, checkpoint, topic = argv
+    # The connector logs through stdlib logging, silent until the application configures it:
+    # this driver shows its events (the test reads them) as a pipeline's driver would.
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     import pyspark
