@@ -50,6 +50,7 @@ from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
 from ..store import GetMessageStatus
 from ..store.fileio import atomic_write
+from ..store.reading import read_queue
 from ..topics import TIMER_TOPIC
 
 if TYPE_CHECKING:
@@ -301,31 +302,19 @@ class TimerService:
             log.warning("timer_checkpoint_unreadable", path=self.path, error=repr(exc))
             return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0}
 
-    def _queue(self, qid: int, start: int) -> Iterable[MessageExt]:
-        store = self.store
-        offset = max(start, store.get_min_offset_in_queue(TIMER_TOPIC, qid))
-        while True:
-            r = store.get_messages(TIMER_TOPIC, qid, offset, READ_CHUNK)
-            if r.status is GetMessageStatus.FOUND:
-                for raw in r.messages:
-                    yield decode_message(raw)
-                offset = r.next_begin_offset
-            elif r.next_begin_offset > offset:
-                offset = r.next_begin_offset
-            else:
-                return
-
     def recover(self) -> dict[str, int]:
         """Rebuild the pending index from the timer queue (before the broker serves)."""
         ck = self._read_checkpoint()
         fired: set[int] = set()
-        for rec in self._queue(FIRED_QUEUE, ck["firedLog"]):
+        for rec in read_queue(
+            self.store, TIMER_TOPIC, FIRED_QUEUE, ck["firedLog"], chunk=READ_CHUNK
+        ):
             fired.update(array("q", bytes(rec.body)))
         now = self.ctx.now_ms()
         index = self.index
         scanned_before, fired_ms = ck["scanned"], ck["firedMs"]
         skipped = 0
-        for m in self._queue(TIMER_QUEUE, ck["lowWater"]):
+        for m in read_queue(self.store, TIMER_TOPIC, TIMER_QUEUE, ck["lowWater"], chunk=READ_CHUNK):
             deliver = _deliver_ms(m)
             if deliver is None or m.commit_log_offset in fired:
                 skipped += 1
