@@ -48,6 +48,7 @@ from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import MessageIllegalError, TxmqError
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
+from ..redelivery import redelivered
 from ..store import GetMessageStatus
 from ..store.fileio import atomic_write
 from ..store.reading import read_queue
@@ -143,17 +144,8 @@ def fired_copy(m: MessageExt) -> MessageExt:
     props = dict(m.properties)
     topic = props.pop(MessageConst.REAL_TOPIC)
     qid = int(props.pop(MessageConst.REAL_QID, "0") or 0)
-    return MessageExt(
-        topic=topic,
-        body=m.body,
-        queue_id=qid,
-        flag=m.flag,
-        sys_flag=m.sys_flag,
-        born_timestamp=m.born_timestamp,
-        born_host=m.born_host,
-        reconsume_times=m.reconsume_times,
-        prepared_transaction_offset=m.prepared_transaction_offset,
-        properties=props,
+    return redelivered(
+        m, topic, qid, props, prepared_transaction_offset=m.prepared_transaction_offset
     )
 
 
