@@ -21,7 +21,6 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -48,7 +47,6 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
-from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
 from .logs import get_logger
@@ -286,15 +284,7 @@ class AsyncProducer(ConnectedClient):
 
     _kind = "producer"
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__(group, broker, config=config, **settings)
+    def _setup(self) -> None:
         self._routes: dict[str, TopicRoute] = {}
         self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
         self._rr = itertools.count()
