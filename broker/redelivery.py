@@ -1,6 +1,7 @@
 """A stored message written again to the topic and queue it was meant for: a delayed message
-when its time comes (``SCHEDULE_TOPIC_XXXX`` to its real topic), a half message when it is
-committed (``RMQ_SYS_TRANS_HALF_TOPIC`` to its real topic)."""
+when its time comes (``SCHEDULE_TOPIC_XXXX`` to its real topic), a timer message when it fires
+(``rmq_sys_wheel_timer`` to its real topic), a half message when it is committed
+(``RMQ_SYS_TRANS_HALF_TOPIC`` to its real topic)."""
 
 from __future__ import annotations
 

@@ -107,6 +107,31 @@ def tls_files(cfg: BrokerConfig) -> TlsFiles:
     )
 
 
+async def bind_broker_port(
+    cfg: BrokerConfig,
+    port: int,
+    protocol_factory: Callable[[], asyncio.Protocol],
+    tls: ServerTls | None,
+    on_rejected: Callable[[str, str], None] | None = None,
+) -> asyncio.Server | TlsServer:
+    """The listener of the broker port (``bindAddress``:``port``), not serving yet: TLS by
+    ``tls.server.mode`` with ``tls``, plain TCP without.  Raises OSError."""
+    if tls is None:
+        return await asyncio.get_running_loop().create_server(
+            protocol_factory, cfg.bind_address, port, start_serving=False, reuse_address=True
+        )
+    return await TlsServer.bind(
+        cfg.bind_address,
+        port,
+        protocol_factory,
+        tls,
+        mode=cfg.tls_server_mode,
+        handshake_timeout=cfg.tls_handshake_timeout,
+        first_byte_timeout=cfg.channel_expired_timeout / 1000.0,
+        on_rejected=on_rejected,
+    )
+
+
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 #: Requests still served while shutting down (answers to in-flight transactions).
@@ -233,25 +258,9 @@ class BrokerController:
                 raise ConfigError(f"tls.server.mode = {cfg.tls_server_mode}: {exc}") from None
             self.tls = tls
         try:
-            if self.tls is not None:
-                self._server = await TlsServer.bind(
-                    cfg.bind_address,
-                    cfg.listen_port,
-                    self._new_connection,
-                    self.tls,
-                    mode=cfg.tls_server_mode,
-                    handshake_timeout=cfg.tls_handshake_timeout,
-                    first_byte_timeout=cfg.channel_expired_timeout / 1000.0,
-                    on_rejected=self._tls_rejected,
-                )
-            else:
-                self._server = await loop.create_server(
-                    self._new_connection,
-                    cfg.bind_address,
-                    cfg.listen_port,
-                    start_serving=False,
-                    reuse_address=True,
-                )
+            self._server = await bind_broker_port(
+                cfg, cfg.listen_port, self._new_connection, self.tls, self._tls_rejected
+            )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUseError(cfg.bind_address, cfg.listen_port) from exc

@@ -671,6 +671,10 @@ class AsyncPushConsumer(ConnectedClient):
         """The log with the group, topic and queue id of ``pq`` on every line."""
         return log.bind(group=self.group, topic=pq.topic, queue_id=pq.queue_id)
 
+    def _message_log(self, msg: MessageExt) -> EventLogger:
+        """The log with the group, topic and id of ``msg`` on every line."""
+        return log.bind(group=self.group, topic=msg.topic, msg_id=msg.msg_id)
+
     async def _initial_offset(self, conn: BrokerConnection, topic: str, queue_id: int) -> int:
         committed = await query_committed_offset(conn, self.group, topic, queue_id)
         if committed is not None:
@@ -716,9 +720,15 @@ class AsyncPushConsumer(ConnectedClient):
             pq.pull_task.cancel()
 
     def _drop(self, pq: ProcessQueue) -> None:
+        """Stop consuming ``pq``, then :meth:`_after_drop`."""
         self._pqs.pop(pq.key, None)
         self._release(pq)
-        log.info("queue_released", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+        self._queue_log(pq).info("queue_released")
+        self._after_drop(pq)
+
+    def _after_drop(self, pq: ProcessQueue) -> None:
+        """The last step of :meth:`_drop`: once the callbacks running on ``pq`` ended (or the
+        wait for them timed out), :meth:`_queues_released`."""
 
         async def finish() -> None:
             await self._wait_idle([pq], self.config.shutdown_timeout)
@@ -833,29 +843,37 @@ class AsyncPushConsumer(ConnectedClient):
     # -- consuming -------------------------------------------------------------------------------
 
     def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        self._add_pulled(pq, msgs)
+        for m in msgs:
+            sub = self._wanted(pq, m)
+            if sub is None:
+                pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
+                continue
+            assert sub.callback is not None
+            self._hand_over(pq, m, sub.callback, sub.is_async)
+
+    def _add_pulled(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Add messages pulled from ``pq`` to it; those of the retry topic get back the topic
+        they were first sent to."""
         if pq.topic == self.retry_topic:
             for m in msgs:
                 original = m.properties.get(MessageConst.RETRY_TOPIC)
                 if original:
                     m.topic = original
         pq.add(msgs)
-        for m in msgs:
-            sub = self._subs.get(m.topic)
-            if sub is None or sub.callback is None:
-                log.warning(
-                    "message_without_subscription_skipped",
-                    group=self.group,
-                    topic=m.topic,
-                    msg_id=m.msg_id,
-                )
-                pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
-                continue
-            tags = parse_subscription(sub.expression)
-            if pq.topic == self.retry_topic and tags is not None and m.tags not in tags:
-                # The subscription changed since the first delivery: no longer wanted.
-                pq.remove(m.queue_offset, self.config.pull_threshold_for_queue)
-                continue
-            self._hand_over(pq, m, sub.callback, sub.is_async)
+
+    def _wanted(self, pq: ProcessQueue, msg: MessageExt) -> _Subscription | None:
+        """The subscription ``msg`` of ``pq`` is for; None (logged) when there is none with a
+        callback, or when a retried message no longer matches its subscription (it changed
+        since the first delivery)."""
+        sub = self._subs.get(msg.topic)
+        if sub is None or sub.callback is None:
+            self._message_log(msg).warning("message_without_subscription_skipped")
+            return None
+        tags = parse_subscription(sub.expression)
+        if pq.topic == self.retry_topic and tags is not None and msg.tags not in tags:
+            return None
+        return sub
 
     def _hand_over(
         self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback, is_async: bool
@@ -917,13 +935,8 @@ class AsyncPushConsumer(ConnectedClient):
             return
         redispatch = False
         try:
-            log.info(
-                "message_consume_failed",
-                group=self.group,
-                topic=msg.topic,
-                msg_id=msg.msg_id,
-                reconsume_times=msg.reconsume_times,
-                error=repr(error),
+            self._message_log(msg).info(
+                "message_consume_failed", reconsume_times=msg.reconsume_times, error=repr(error)
             )
             try:
                 await self._send_back(pq, msg)
@@ -948,23 +961,13 @@ class AsyncPushConsumer(ConnectedClient):
         redispatch = False
         try:
             if msg.reconsume_times >= self.max_reconsume_times:
-                log.error(
-                    "broadcast_message_skipped",
-                    group=self.group,
-                    topic=msg.topic,
-                    msg_id=msg.msg_id,
-                    attempts=msg.reconsume_times + 1,
-                    error=repr(error),
+                self._message_log(msg).error(
+                    "broadcast_message_skipped", attempts=msg.reconsume_times + 1, error=repr(error)
                 )
                 pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
                 return
-            log.info(
-                "message_consume_failed",
-                group=self.group,
-                topic=msg.topic,
-                msg_id=msg.msg_id,
-                reconsume_times=msg.reconsume_times,
-                error=repr(error),
+            self._message_log(msg).info(
+                "message_consume_failed", reconsume_times=msg.reconsume_times, error=repr(error)
             )
             if await self._sleep(self.config.send_back_retry_delay) or pq.dropped:
                 return

@@ -98,6 +98,11 @@ class ConnectedClient(AsyncClient):
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn = None
+        self._setup()
+
+    def _setup(self) -> None:
+        """Make the state a subclass keeps besides the connection (the last step of
+        ``__init__``, so that a subclass with the same arguments needs no ``__init__``)."""
 
     @property
     def connection(self) -> BrokerConnection:

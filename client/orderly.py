@@ -54,12 +54,12 @@ from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import FencedError, TxmqError
 from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
 from txmq.protocol.locks import LockBatchRequest, decode_lock_response
-from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
+from txmq.protocol.message import MessageExt
 
 from .config import DEFAULT_BROKER, ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom, ProcessQueue, _Subscription
 from .errors import ClientStateError
-from .logs import get_logger
+from .logs import EventLogger, get_logger
 from .pull_consumer import query_committed_offset, update_committed_offset
 from .remoting import BrokerConnection
 from .route import MessageQueue
@@ -247,11 +247,9 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         if state is not None:
             state.wake.set()
 
-    def _drop(self, pq: ProcessQueue) -> None:
-        """Stop consuming ``pq``; once its running callback ended, commit and unlock it."""
-        self._pqs.pop(pq.key, None)
-        self._release(pq)
-        log.info("queue_released", group=self.group, topic=pq.topic, queue_id=pq.queue_id)
+    def _after_drop(self, pq: ProcessQueue) -> None:
+        """Once the callback running on ``pq`` ended (however long it takes), commit and unlock
+        it."""
 
         async def finish() -> None:
             try:
@@ -348,30 +346,10 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
             )
 
     def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        if pq.topic == self.retry_topic:
-            for m in msgs:
-                original = m.properties.get(MessageConst.RETRY_TOPIC)
-                if original:
-                    m.topic = original
-        pq.add(msgs)
+        self._add_pulled(pq, msgs)
         state = self._states.get(pq)
         if state is not None:
             state.wake.set()
-
-    def _wanted(self, pq: ProcessQueue, msg: MessageExt) -> _Subscription | None:
-        sub = self._subs.get(msg.topic)
-        if sub is None or sub.callback is None:
-            log.warning(
-                "message_without_subscription_skipped",
-                group=self.group,
-                topic=msg.topic,
-                msg_id=msg.msg_id,
-            )
-            return None
-        tags = parse_subscription(sub.expression)
-        if pq.topic == self.retry_topic and tags is not None and msg.tags not in tags:
-            return None
-        return sub
 
     async def _consume_loop(self, pq: ProcessQueue, state: _QueueState) -> None:
         threshold = self.config.pull_threshold_for_queue
@@ -423,14 +401,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
                 else:
                     failures = state.failures[offset] = state.failures.get(offset, 0) + 1
                     msg.reconsume_times += 1
-                    log.info(
-                        "message_consume_failed",
-                        group=self.group,
-                        topic=msg.topic,
-                        queue_id=pq.queue_id,
-                        offset=offset,
-                        failures=failures,
-                        error=repr(error),
+                    self._offset_log(pq, msg).info(
+                        "message_consume_failed", failures=failures, error=repr(error)
                     )
             finally:
                 self._handling.pop(id(msg), None)
@@ -477,6 +449,13 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         elif not pq.dropped:
             self._lock_lost(pq, state)
 
+    def _offset_log(self, pq: ProcessQueue, msg: MessageExt) -> EventLogger:
+        """The log with the group, the topic of ``msg``, and the queue id and offset it has in
+        ``pq`` on every line."""
+        return log.bind(
+            group=self.group, topic=msg.topic, queue_id=pq.queue_id, offset=msg.queue_offset
+        )
+
     async def _dead_letter(self, pq: ProcessQueue, msg: MessageExt) -> bool:
         """Park ``msg`` in ``%DLQ%<group>``; False if the broker could not be told."""
         header = ConsumerSendMsgBackRequestHeader(
@@ -493,14 +472,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         except TxmqError as exc:
             log.warning("dead_letter_failed", group=self.group, msg_id=msg.msg_id, error=str(exc))
             return False
-        log.warning(
-            "message_dead_lettered",
-            group=self.group,
-            topic=msg.topic,
-            queue_id=pq.queue_id,
-            offset=msg.queue_offset,
-            msg_id=msg.msg_id,
-            deliveries=self.max_reconsume_times + 1,
+        self._offset_log(pq, msg).warning(
+            "message_dead_lettered", msg_id=msg.msg_id, deliveries=self.max_reconsume_times + 1
         )
         return True
 

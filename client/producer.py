@@ -21,7 +21,6 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -48,7 +47,6 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
-from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
 from .logs import get_logger
@@ -262,6 +260,19 @@ def _result(
     )
 
 
+def _log_retry(msg: Message, mq: MessageQueue, attempt: int, error: TxmqError, **more: str) -> None:
+    """The INFO line of a send attempt (0-based ``attempt``) that failed and is retried."""
+    log.info(
+        "send_retried",
+        topic=msg.topic,
+        broker=mq.broker,
+        queue_id=mq.queue_id,
+        attempt=attempt + 1,
+        error=str(error),
+        **more,
+    )
+
+
 @dataclass
 class _Gathered:
     """Sends of one topic waiting to leave as one batch (auto batching)."""
@@ -269,6 +280,18 @@ class _Gathered:
     items: list[tuple[Message, asyncio.Future[SendResult]]] = field(default_factory=list)
     bytes: int = 0
     timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a send goes and how long each of its attempts waits: the arguments of
+    :meth:`AsyncProducer.send_message` by these names (None: the producer's choice)."""
+
+    queue_id: int | None = None
+    sharding_key: str | None = None
+    selector: QueueSelector | None = None
+    timeout: float | None = None
+    broker: str | None = None
 
 
 class AsyncProducer(ConnectedClient):
@@ -286,15 +309,7 @@ class AsyncProducer(ConnectedClient):
 
     _kind = "producer"
 
-    def __init__(
-        self,
-        group: str,
-        broker: str = DEFAULT_BROKER,
-        *,
-        config: ClientConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__(group, broker, config=config, **settings)
+    def _setup(self) -> None:
         self._routes: dict[str, TopicRoute] = {}
         self._route_fetches: dict[str, asyncio.Future[TopicRoute]] = {}
         self._rr = itertools.count()
@@ -433,12 +448,7 @@ class AsyncProducer(ConnectedClient):
             else:
                 r = await self._send_batch(
                     [m for m, _ in items],
-                    queue_id=None,
-                    sharding_key=None,
-                    timeout=pending.timeout,
-                    sys_flag=0,
-                    extra_properties=None,
-                    allow_delay=False,
+                    _Target(timeout=pending.timeout),
                     validated=True,  # by send()
                 )
                 status, topic, qid, first, name = (
@@ -513,13 +523,7 @@ class AsyncProducer(ConnectedClient):
             TxmqError: the send failed, after the retries for retriable errors.
         """
         return await self._send_batch(
-            list(msgs),
-            queue_id=queue_id,
-            sharding_key=sharding_key,
-            timeout=timeout,
-            sys_flag=0,
-            extra_properties=None,
-            allow_delay=False,
+            list(msgs), _Target(queue_id=queue_id, sharding_key=sharding_key, timeout=timeout)
         )
 
     # -- the kernel, shared with the transactional producer ------------------------------------------
@@ -549,16 +553,8 @@ class AsyncProducer(ConnectedClient):
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
             return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
 
-        return await self._send_with_retries(
-            msg,
-            [uniq],
-            build,
-            queue_id=queue_id,
-            sharding_key=sharding_key,
-            selector=selector,
-            timeout=timeout,
-            broker=broker,
-        )
+        target = _Target(queue_id, sharding_key, selector, timeout, broker)
+        return await self._send_with_retries(msg, [uniq], build, target)
 
     async def send_messages(
         self,
@@ -580,28 +576,21 @@ class AsyncProducer(ConnectedClient):
             InvalidMessageError: an empty batch, mixed topics, an invalid message, or more than
                 ``max_message_size`` bytes in all.
         """
+        target = _Target(
+            queue_id=queue_id, sharding_key=sharding_key, timeout=timeout, broker=broker
+        )
         return await self._send_batch(
-            msgs,
-            queue_id=queue_id,
-            sharding_key=sharding_key,
-            timeout=timeout,
-            sys_flag=sys_flag,
-            extra_properties=extra_properties,
-            allow_delay=True,
-            broker=broker,
+            msgs, target, sys_flag=sys_flag, extra_properties=extra_properties, allow_delay=True
         )
 
     async def _send_batch(
         self,
         msgs: list[Message],
+        target: _Target,
         *,
-        queue_id: int | None,
-        sharding_key: str | None,
-        timeout: float | None,
-        sys_flag: int,
-        extra_properties: dict[str, str] | None,
-        allow_delay: bool,
-        broker: str | None = None,
+        sys_flag: int = 0,
+        extra_properties: dict[str, str] | None = None,
+        allow_delay: bool = False,
         validated: bool = False,
     ) -> SendResult:
         if not msgs:
@@ -642,37 +631,23 @@ class AsyncProducer(ConnectedClient):
                 RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
             )
 
-        return await self._send_with_retries(
-            probe,
-            uniq_ids,
-            build,
-            queue_id=queue_id,
-            sharding_key=sharding_key,
-            selector=None,
-            timeout=timeout,
-            broker=broker,
-        )
+        return await self._send_with_retries(probe, uniq_ids, build, target)
 
     async def _send_with_retries(
         self,
         msg: Message,
         uniq_ids: list[str],
         build: Callable[[TopicRoute, int], RemotingCommand],
-        *,
-        queue_id: int | None,
-        sharding_key: str | None,
-        selector: QueueSelector | None,
-        timeout: float | None,
-        broker: str | None = None,
+        target: _Target,
     ) -> SendResult:
-        timeout = self.config.request_timeout if timeout is None else timeout
+        timeout = self.config.request_timeout if target.timeout is None else target.timeout
         attempts = 1 + self.config.retry_times_when_send_failed
         last_error: TxmqError | None = None
         #: The group of the last failed attempt: a retry goes to another one when it can
         #: (RocketMQ's sendLatencyFaultEnable, in its simplest form).
         failed: str | None = None
         #: The group a retry must go to: the one that may have stored the message already.
-        pinned = broker
+        pinned = target.broker
         for attempt in range(attempts):
             try:
                 route = await self._route_for(msg.topic)
@@ -682,7 +657,9 @@ class AsyncProducer(ConnectedClient):
                 last_error = exc
                 log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
                 continue
-            mq = self._select_queue(route, msg, queue_id, sharding_key, selector, pinned, failed)
+            mq = self._select_queue(
+                route, msg, target.queue_id, target.sharding_key, target.selector, pinned, failed
+            )
             cmd = build(route, mq.queue_id)
             try:
                 conn = await self._connection_for(route, mq)
@@ -697,15 +674,7 @@ class AsyncProducer(ConnectedClient):
                     # The request may have been stored: resend to the same group, whose
                     # duplicate window answers it with the first send's result.
                     pinned = pinned or mq.broker
-                    log.info(
-                        "send_retried",
-                        topic=msg.topic,
-                        broker=mq.broker,
-                        queue_id=mq.queue_id,
-                        attempt=attempt + 1,
-                        error=str(last_error),
-                        outcome="unknown",
-                    )
+                    _log_retry(msg, mq, attempt, last_error, outcome="unknown")
                     continue
             else:
                 status = _STATUS_BY_CODE.get(resp.code)
@@ -721,14 +690,7 @@ class AsyncProducer(ConnectedClient):
                 if not last_error.retriable:
                     raise last_error
             failed = mq.broker
-            log.info(
-                "send_retried",
-                topic=msg.topic,
-                broker=mq.broker,
-                queue_id=mq.queue_id,
-                attempt=attempt + 1,
-                error=str(last_error),
-            )
+            _log_retry(msg, mq, attempt, last_error)
         assert last_error is not None
         raise last_error
 

@@ -155,15 +155,8 @@ class PushConsumer(_GroupClient[AsyncPushConsumer]):
 class OrderlyPushConsumer(PushConsumer):
     """The blocking-lifecycle orderly push consumer; see
     :class:`~txmq.client.AsyncOrderlyPushConsumer`: each queue's messages are handled one at
-    a time, in order, by the one member holding the queue's lock.
-
-    Example::
-
-        consumer = OrderlyPushConsumer("ledger", broker="127.0.0.1:10911")
-        consumer.subscribe("orders", "*", on_message)
-        consumer.start()
-        ...
-        consumer.shutdown()
+    a time, in order, by the one member holding the queue's lock.  Used as
+    :class:`PushConsumer` is.
     """
 
     _core_type = AsyncOrderlyPushConsumer

@@ -18,20 +18,29 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
-BROKER_OPTION = click.option(
+
+def _env_option(*decls: str, help: str, **attrs: Any) -> Callable[[F], F]:
+    """A click option that may also come from the environment variable ``TXMQ_<FLAG>`` (its
+    long flag in capitals, ``--tls-ca``: ``TXMQ_TLS_CA``), which ``help`` ends by naming."""
+    envvar = "TXMQ_" + decls[0].removeprefix("--").upper().replace("-", "_")
+    return click.option(*decls, envvar=envvar, help=f"{help} (env {envvar}).", **attrs)
+
+
+BROKER_OPTION = _env_option(
     "--broker",
     "-b",
     default="127.0.0.1:10911",
     show_default=True,
-    envvar="TXMQ_BROKER",
-    help="Broker address host:port (env TXMQ_BROKER).",
+    help="Broker address host:port",
 )
 
 
@@ -94,42 +103,29 @@ def _echo_json(doc: Any) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="txmq")
-@click.option(
-    "--access-key",
-    envvar="TXMQ_ACCESS_KEY",
-    help="ACL account to sign requests with (env TXMQ_ACCESS_KEY).",
-)
+@_env_option("--access-key", help="ACL account to sign requests with")
 @click.option(
     "--secret-key",
     envvar="TXMQ_SECRET_KEY",
     help="Its secret key (env TXMQ_SECRET_KEY; prefer the environment to the command line).",
 )
-@click.option(
+@_env_option(
     "--tls",
     "use_tls",
     is_flag=True,
-    envvar="TXMQ_TLS",
-    help="Connect with TLS, checking the broker against the system's CAs (env TXMQ_TLS).",
+    help="Connect with TLS, checking the broker against the system's CAs",
 )
-@click.option(
+@_env_option(
     "--tls-ca",
     type=click.Path(dir_okay=False),
-    envvar="TXMQ_TLS_CA",
-    help="CA file (PEM) the broker's certificate is checked against; implies --tls "
-    "(env TXMQ_TLS_CA).",
+    help="CA file (PEM) the broker's certificate is checked against; implies --tls",
 )
-@click.option(
+@_env_option(
     "--tls-cert",
     type=click.Path(dir_okay=False),
-    envvar="TXMQ_TLS_CERT",
-    help="Client certificate (PEM) for mutual TLS; implies --tls (env TXMQ_TLS_CERT).",
+    help="Client certificate (PEM) for mutual TLS; implies --tls",
 )
-@click.option(
-    "--tls-key",
-    type=click.Path(dir_okay=False),
-    envvar="TXMQ_TLS_KEY",
-    help="Its private key (PEM) (env TXMQ_TLS_KEY).",
-)
+@_env_option("--tls-key", type=click.Path(dir_okay=False), help="Its private key (PEM)")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -172,13 +168,12 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @main.command()
-@click.option(
+@_env_option(
     "--config",
     "-c",
     "config_path",
     type=click.Path(dir_okay=False),
-    envvar="TXMQ_CONFIG",
-    help="TOML file with RocketMQ key names (env TXMQ_CONFIG).",
+    help="TOML file with RocketMQ key names",
 )
 @click.option("--port", "-p", type=int, help="listenPort (default 10911).")
 @click.option("--bind", "bind_address", help="bindAddress (default 127.0.0.1).")
@@ -625,25 +620,38 @@ def consume(
 ) -> None:
     """Print TOPIC's messages, one JSON line each: as consumer group GROUP (--group), or a peek
     that moves no group's offsets."""
-    config = _client_config()  # here: the click context is not visible inside the loop
-    printer = _MessagePrinter(count)
+    # The config is made here: the click context is not visible inside the loop.
+    source = _Source(broker, _client_config(), topic_name, expression, consume_from)
+    printer = _MessagePrinter(count, timeout)
     if group is None:
-        work = _peek(broker, config, topic_name, expression, consume_from, printer, timeout)
+        work = _peek(source, printer)
     else:
-        work = _consume_as_group(
-            broker, config, group, topic_name, expression, consume_from, printer, timeout
-        )
+        work = _consume_as_group(source, group, printer)
     try:
         _run(work)
     except KeyboardInterrupt:
         pass
 
 
-class _MessagePrinter:
-    """Prints messages as JSON lines and tells when ``count`` were printed."""
+@dataclass(frozen=True)
+class _Source:
+    """What ``txmq consume`` reads: ``topic``'s messages matching ``expression`` on
+    ``broker``, from the first or the last (``consume_from``)."""
 
-    def __init__(self, count: int | None) -> None:
+    broker: str
+    config: Any
+    topic: str
+    expression: str
+    consume_from: str
+
+
+class _MessagePrinter:
+    """Prints messages as JSON lines and tells when ``count`` were printed, or when none came
+    for ``timeout`` seconds (:meth:`idle`)."""
+
+    def __init__(self, count: int | None, timeout: float | None) -> None:
         self.count = count
+        self.timeout = timeout
         self.seen = 0
         self.last = time.monotonic()
         self.done = asyncio.Event()
@@ -665,27 +673,20 @@ class _MessagePrinter:
         if self.count is not None and self.seen >= self.count:
             self.done.set()
 
-    def idle_for(self, timeout: float | None) -> bool:
-        return timeout is not None and time.monotonic() - self.last > timeout
+    def idle(self) -> bool:
+        return self.timeout is not None and time.monotonic() - self.last > self.timeout
 
 
-async def _consume_as_group(
-    broker: str,
-    config: Any,
-    group: str,
-    topic_name: str,
-    expression: str,
-    consume_from: str,
-    printer: _MessagePrinter,
-    timeout: float | None,
-) -> None:
+async def _consume_as_group(source: _Source, group: str, printer: _MessagePrinter) -> None:
     from txmq.client import AsyncPushConsumer
 
-    consumer = AsyncPushConsumer(group, broker=broker, consume_from=consume_from, config=config)
-    consumer.subscribe(topic_name, expression, printer)
+    consumer = AsyncPushConsumer(
+        group, broker=source.broker, consume_from=source.consume_from, config=source.config
+    )
+    consumer.subscribe(source.topic, source.expression, printer)
     await consumer.start()
     try:
-        while not printer.done.is_set() and not printer.idle_for(timeout):
+        while not printer.done.is_set() and not printer.idle():
             try:
                 await asyncio.wait_for(printer.done.wait(), 0.5)
             except TimeoutError:
@@ -701,29 +702,22 @@ PEEK_GROUP = "txmq-cli-peek"
 PEEK_IDLE_PAUSE = 0.2
 
 
-async def _peek(
-    broker: str,
-    config: Any,
-    topic_name: str,
-    expression: str,
-    consume_from: str,
-    printer: _MessagePrinter,
-    timeout: float | None,
-) -> None:
+async def _peek(source: _Source, printer: _MessagePrinter) -> None:
     from txmq.client import AsyncPullConsumer, PullStatus
 
-    consumer = AsyncPullConsumer(PEEK_GROUP, broker=broker, config=config)
+    topic = source.topic
+    consumer = AsyncPullConsumer(PEEK_GROUP, broker=source.broker, config=source.config)
     await consumer.start()
     try:
-        queues = await consumer.fetch_message_queues(topic_name)
-        start = consumer.min_offset if consume_from == "first" else consumer.max_offset
-        offsets = {q: await start(topic_name, q.queue_id, broker=q.broker) for q in queues}
+        queues = await consumer.fetch_message_queues(topic)
+        start = consumer.min_offset if source.consume_from == "first" else consumer.max_offset
+        offsets = {q: await start(topic, q.queue_id, broker=q.broker) for q in queues}
         while not printer.done.is_set():
             found = False
             for q in queues:
                 left = 32 if printer.count is None else printer.count - printer.seen
                 res = await consumer.pull(
-                    topic_name, q.queue_id, offsets[q], min(32, left), expression, broker=q.broker
+                    topic, q.queue_id, offsets[q], min(32, left), source.expression, broker=q.broker
                 )
                 if res.status is PullStatus.OFFSET_ILLEGAL:  # retention moved past it
                     offsets[q] = res.min_offset
@@ -735,7 +729,7 @@ async def _peek(
                     if printer.done.is_set():
                         return
             if not found:
-                if printer.idle_for(timeout):
+                if printer.idle():
                     return
                 await asyncio.sleep(PEEK_IDLE_PAUSE)
     finally:
@@ -982,19 +976,23 @@ def _force(broker: str, transaction_id: str, commit: bool, reason: str) -> None:
     click.echo(_admin(broker, lambda admin: admin.force_decide(transaction_id, commit, reason)))
 
 
-@txn.command("commit")
-@BROKER_OPTION
-@click.argument("transaction_id")
-@click.option("--reason", default="", help="Recorded with the decision.")
+def _force_command(name: str) -> Callable[[Callable[..., None]], click.Command]:
+    """``txmq txn <name> TRANSACTION_ID [--reason R]``: an operator's forced decision."""
+
+    def make(fn: Callable[..., None]) -> click.Command:
+        fn = click.option("--reason", default="", help="Recorded with the decision.")(fn)
+        return txn.command(name)(BROKER_OPTION(click.argument("transaction_id")(fn)))
+
+    return make
+
+
+@_force_command("commit")
 def txn_commit(broker: str, transaction_id: str, reason: str) -> None:
     """Force-commit a pending or parked transaction, as an operator."""
     _force(broker, transaction_id, True, reason)
 
 
-@txn.command("rollback")
-@BROKER_OPTION
-@click.argument("transaction_id")
-@click.option("--reason", default="", help="Recorded with the decision.")
+@_force_command("rollback")
 def txn_rollback(broker: str, transaction_id: str, reason: str) -> None:
     """Force-roll back a pending or parked transaction, as an operator."""
     _force(broker, transaction_id, False, reason)

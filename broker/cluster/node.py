@@ -39,7 +39,14 @@ from ..config import BrokerConfig
 from ..context import BrokerContext
 from ..metrics_scrape import follower_registry
 from ..ops import OpsServer, start_ops_server
-from ..server import BrokerController, _ipv4_of, run_until_signal, store_config, tls_files
+from ..server import (
+    BrokerController,
+    _ipv4_of,
+    bind_broker_port,
+    run_until_signal,
+    store_config,
+    tls_files,
+)
 from ..store import MessageStore, TopicConfig
 from ..topics import INTERNAL_TOPICS
 from ..transaction.service import TransactionalMessageService
@@ -113,27 +120,16 @@ class FollowerRole:
             await self.run_blocking(acl.load)
             self.acl = acl
         cfg = self.node.config
+        tls = None
         if cfg.tls_server_mode != "disabled":
             # The broker port keeps its TLS rule whichever role the replica has.
-            from ..tls import ServerTls, TlsServer
+            from ..tls import ServerTls
 
             tls = ServerTls(tls_files(cfg))
             await self.run_blocking(tls.load)
-            server = await TlsServer.bind(
-                cfg.bind_address,
-                self.node.port,
-                self._new_connection,
-                tls,
-                mode=cfg.tls_server_mode,
-                handshake_timeout=cfg.tls_handshake_timeout,
-                first_byte_timeout=cfg.channel_expired_timeout / 1000.0,
-            )
-            await server.start_serving()
-            self._server = server
-        else:
-            self._server = await asyncio.get_running_loop().create_server(
-                self._new_connection, cfg.bind_address, self.node.port, reuse_address=True
-            )
+        server = await bind_broker_port(cfg, self.node.port, self._new_connection, tls)
+        await server.start_serving()
+        self._server = server
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
         log.info("follower_started", group=cfg.broker_name, replica=cfg.broker_id)
 

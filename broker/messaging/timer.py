@@ -48,8 +48,10 @@ from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import MessageIllegalError, TxmqError
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
+from ..redelivery import redelivered
 from ..store import GetMessageStatus
 from ..store.fileio import atomic_write
+from ..store.reading import read_queue
 from ..topics import TIMER_TOPIC
 
 if TYPE_CHECKING:
@@ -142,17 +144,8 @@ def fired_copy(m: MessageExt) -> MessageExt:
     props = dict(m.properties)
     topic = props.pop(MessageConst.REAL_TOPIC)
     qid = int(props.pop(MessageConst.REAL_QID, "0") or 0)
-    return MessageExt(
-        topic=topic,
-        body=m.body,
-        queue_id=qid,
-        flag=m.flag,
-        sys_flag=m.sys_flag,
-        born_timestamp=m.born_timestamp,
-        born_host=m.born_host,
-        reconsume_times=m.reconsume_times,
-        prepared_transaction_offset=m.prepared_transaction_offset,
-        properties=props,
+    return redelivered(
+        m, topic, qid, props, prepared_transaction_offset=m.prepared_transaction_offset
     )
 
 
@@ -301,31 +294,19 @@ class TimerService:
             log.warning("timer_checkpoint_unreadable", path=self.path, error=repr(exc))
             return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0}
 
-    def _queue(self, qid: int, start: int) -> Iterable[MessageExt]:
-        store = self.store
-        offset = max(start, store.get_min_offset_in_queue(TIMER_TOPIC, qid))
-        while True:
-            r = store.get_messages(TIMER_TOPIC, qid, offset, READ_CHUNK)
-            if r.status is GetMessageStatus.FOUND:
-                for raw in r.messages:
-                    yield decode_message(raw)
-                offset = r.next_begin_offset
-            elif r.next_begin_offset > offset:
-                offset = r.next_begin_offset
-            else:
-                return
-
     def recover(self) -> dict[str, int]:
         """Rebuild the pending index from the timer queue (before the broker serves)."""
         ck = self._read_checkpoint()
         fired: set[int] = set()
-        for rec in self._queue(FIRED_QUEUE, ck["firedLog"]):
+        for rec in read_queue(
+            self.store, TIMER_TOPIC, FIRED_QUEUE, ck["firedLog"], chunk=READ_CHUNK
+        ):
             fired.update(array("q", bytes(rec.body)))
         now = self.ctx.now_ms()
         index = self.index
         scanned_before, fired_ms = ck["scanned"], ck["firedMs"]
         skipped = 0
-        for m in self._queue(TIMER_QUEUE, ck["lowWater"]):
+        for m in read_queue(self.store, TIMER_TOPIC, TIMER_QUEUE, ck["lowWater"], chunk=READ_CHUNK):
             deliver = _deliver_ms(m)
             if deliver is None or m.commit_log_offset in fired:
                 skipped += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF
 
 from ..store import GetMessageStatus
 from ..store.commit_log import RECORD_HEADER_SIZE
+from ..store.reading import read_queue
 from ..topics import TIMER_TOPIC
 from .machine import TransactionStateMachine
 from .persistence import TransactionPersistence
@@ -81,11 +82,11 @@ class TransactionRecovery:
         half_from, op_from = self.persistence.load_snapshot()
         halves = (
             (m.commit_log_offset, 0, m)
-            for m in self._read_queue(RMQ_SYS_TRANS_HALF_TOPIC, half_from)
+            for m in read_queue(self.store, RMQ_SYS_TRANS_HALF_TOPIC, 0, half_from or 0)
         )
         ops = (
             (m.commit_log_offset, 1, m)
-            for m in self._read_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, op_from)
+            for m in read_queue(self.store, RMQ_SYS_TRANS_OP_HALF_TOPIC, 0, op_from or 0)
         )
         n_half = n_op = 0
         last_commit: LastCommit | None = None
@@ -108,22 +109,6 @@ class TransactionRecovery:
         self.persistence.load_check_state()
         repaired = self._complete_interrupted_commit(last_commit) if last_commit else 0
         return Recovered(half_from is not None, n_half, n_op, repaired)
-
-    def _read_queue(self, topic: str, start: int | None = None) -> Iterator[MessageExt]:
-        store = self.store
-        offset = store.get_min_offset_in_queue(topic, 0)
-        if start is not None:
-            offset = max(offset, start)
-        while True:
-            r = store.get_messages(topic, 0, offset, 256)
-            if r.status is GetMessageStatus.FOUND:
-                for raw in r.messages:
-                    yield decode_message(raw)
-                offset = r.next_begin_offset
-            elif r.next_begin_offset > offset:
-                offset = r.next_begin_offset
-            else:
-                return
 
     def _append_end(self, m: MessageExt, op: OpRecord) -> int:
         """Where the append of op record ``m`` ended, as the live decision returned it: after
