@@ -47,7 +47,6 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from txmq.protocol.codes import RequestCode
@@ -56,8 +55,8 @@ from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
 from txmq.protocol.locks import LockBatchRequest, decode_lock_response
 from txmq.protocol.message import MessageExt
 
-from .config import DEFAULT_BROKER, ClientConfig
-from .consumer import AsyncPushConsumer, ConsumeFrom, ProcessQueue, _Subscription
+from .config import DEFAULT_BROKER
+from .consumer import AsyncPushConsumer, ProcessQueue, _Subscription
 from .errors import ClientStateError
 from .logs import EventLogger, get_logger
 from .pull_consumer import query_committed_offset, update_committed_offset
@@ -121,7 +120,8 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         lock_interval: seconds between lock renewals (under :data:`LOCK_LOCAL_LIVE_S`).
         transactional_offsets: the callback commits offsets inside a producer transaction
             (:meth:`AsyncTransaction.send_offsets`); the member commits none itself.
-        config: client settings; ``**settings`` override single fields.
+        options: the rest as for :class:`AsyncPushConsumer` (``config=``, ``**settings``;
+            ``message_model`` stays CLUSTERING: an orderly group shares its queues).
     """
 
     def __init__(
@@ -129,22 +129,14 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
         group: str,
         broker: str = DEFAULT_BROKER,
         *,
-        consume_from: ConsumeFrom | str | int | float | datetime = ConsumeFrom.LAST,
-        max_reconsume_times: int = 16,
         suspend_interval: float = 1.0,
         lock_interval: float = 20.0,
         transactional_offsets: bool = False,
-        config: ClientConfig | None = None,
-        **settings: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            group,
-            broker,
-            consume_from=consume_from,
-            max_reconsume_times=max_reconsume_times,
-            config=config,
-            **settings,
-        )
+        if options.get("message_model", "CLUSTERING") != "CLUSTERING":
+            raise ValueError("an orderly consumer shares its group's queues: CLUSTERING only")
+        super().__init__(group, broker, **options)
         if suspend_interval < 0:
             raise ValueError("suspend_interval must not be negative")
         if not 0 < lock_interval < LOCK_LOCAL_LIVE_S:

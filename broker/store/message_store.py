@@ -321,15 +321,16 @@ class RecoveryReport:
     elapsed_ms: float = 0.0
 
 
+def _queue_log(key: tuple[str, int]) -> Any:
+    """The log of one consume queue's events (topic and queue id on every line)."""
+    return log.bind(topic=key[0], queue_id=key[1])
+
+
 def _fill_holes(cq: ConsumeQueue, key: tuple[str, int], to_offset: int, phy: int) -> None:
     """Fill the entries of messages lost from ``key``'s queue up to ``to_offset`` (logged as an
     error: a consumer skips them)."""
-    log.error(
-        "consume_queue_holes_filled",
-        topic=key[0],
-        queue_id=key[1],
-        from_offset=cq.max_offset,
-        to_offset=to_offset,
+    _queue_log(key).error(
+        "consume_queue_holes_filled", from_offset=cq.max_offset, to_offset=to_offset
     )
     cq.fill_holes(to_offset, phy)
 
@@ -373,22 +374,16 @@ class _RecoveryDispatcher:
             # Indexed before the crash.  Below the checkpoint (a queue being rebuilt) the entry
             # is checked too: a damaged one would hide the message.
             if offset < self.logic and cq.repair(qo, offset, size, info.tags_code):
-                log.warning(
-                    "consume_queue_entry_repaired",
-                    topic=key[0],
-                    queue_id=key[1],
-                    queue_offset=qo,
-                    commit_log_offset=offset,
+                _queue_log(key).warning(
+                    "consume_queue_entry_repaired", queue_offset=qo, commit_log_offset=offset
                 )
             return
         if qo > cq.max_offset:
             last = cq.last_entry()
             if last is None or last[1] == FILLER_SIZE or last[0] < self.cl_min:
                 # The queue's older messages went with deleted segments: it restarts here.
-                log.warning(
+                _queue_log(key).warning(
                     "consume_queue_restarted",
-                    topic=key[0],
-                    queue_id=key[1],
                     from_offset=cq.max_offset,
                     to_offset=qo,
                     reason="older_messages_deleted",
@@ -525,10 +520,8 @@ class MessageStore:
             cq = self._cqs.get(key) or self._new_cq(key)
             if cq.max_offset < expected:
                 resume = self._resume_point(cq, cl_min)
-                log.warning(
+                _queue_log(key).warning(
                     "consume_queue_found_incomplete",
-                    topic=key[0],
-                    queue_id=key[1],
                     entries=cq.max_offset,
                     expected=expected,
                     rebuild_from=resume,
@@ -1182,13 +1175,8 @@ class MessageStore:
         return GetMessageResult(status, messages, idx, cq.min_offset, max_o, body, count)
 
     def _log_read_failed(self, cq: ConsumeQueue, queue_offset: int, phy: int, size: int) -> None:
-        log.error(
-            "message_read_failed",
-            topic=cq.topic,
-            queue_id=cq.queue_id,
-            queue_offset=queue_offset,
-            commit_log_offset=phy,
-            size=size,
+        _queue_log((cq.topic, cq.queue_id)).error(
+            "message_read_failed", queue_offset=queue_offset, commit_log_offset=phy, size=size
         )
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
