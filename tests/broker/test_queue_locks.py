@@ -35,6 +35,22 @@ async def clocked(
         await controller.shutdown()
 
 
+#: The broker, its clock shift, and two connected clients (closed after the test).
+Pair = tuple[BrokerController, list[float], RawClient, RawClient]
+
+
+@pytest.fixture
+async def pair(clocked: tuple[BrokerController, list[float]]) -> AsyncIterator[Pair]:
+    broker, shift = clocked
+    a = await RawClient.connect(broker.address)
+    b = await RawClient.connect(broker.address)
+    try:
+        yield broker, shift, a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
 def mq(queue_id: int, topic: str = "orders", broker: str = "broker-a") -> dict[str, Any]:
     return {"brokerName": broker, "queueId": queue_id, "topic": topic}
 
@@ -62,76 +78,56 @@ async def unlock(c: RawClient, *queues: dict[str, Any]) -> None:
 
 
 async def test_a_lock_is_granted_to_one_client_and_renewed_by_it(
-    clocked: tuple[BrokerController, list[float]],
+    pair: Pair,
 ) -> None:
-    broker, _ = clocked
-    a = await RawClient.connect(broker.address)
-    b = await RawClient.connect(broker.address)
-    try:
-        got = await lock(a, mq(0), mq(1))
-        assert got == [mq(0), mq(1)]
-        # RocketMQ's MessageQueue JSON, fields in fastjson's order.
-        resp = await a.call(RequestCode.LOCK_BATCH_MQ, body=body(a.client_id, mq(0)))
-        assert (
-            resp.body == b'{"lockOKMQSet":[{"brokerName":"broker-a","queueId":0,"topic":"orders"}]}'
-        )
-        # Held by a live other client: not granted; the free queue is.
-        assert await lock(b, mq(0), mq(1), mq(2)) == [mq(2)]
-        # The holder renews.
-        assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
-        # The same queue of another topic or group is another lock.
-        assert await lock(b, mq(0, topic="other")) == [mq(0, topic="other")]
-        resp = await b.call(
-            RequestCode.LOCK_BATCH_MQ,
-            body=body(b.client_id, mq(0), group="another-group"),
-            st=SerializeType.JSON,
-        )
-        assert json.loads(resp.body)["lockOKMQSet"] == [mq(0)]
-        assert broker.locks.holder(GROUP, ("orders", "broker-a", 0)) == a.client_id
-    finally:
-        await a.close()
-        await b.close()
+    broker, _, a, b = pair
+    got = await lock(a, mq(0), mq(1))
+    assert got == [mq(0), mq(1)]
+    # RocketMQ's MessageQueue JSON, fields in fastjson's order.
+    resp = await a.call(RequestCode.LOCK_BATCH_MQ, body=body(a.client_id, mq(0)))
+    assert resp.body == b'{"lockOKMQSet":[{"brokerName":"broker-a","queueId":0,"topic":"orders"}]}'
+    # Held by a live other client: not granted; the free queue is.
+    assert await lock(b, mq(0), mq(1), mq(2)) == [mq(2)]
+    # The holder renews.
+    assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
+    # The same queue of another topic or group is another lock.
+    assert await lock(b, mq(0, topic="other")) == [mq(0, topic="other")]
+    resp = await b.call(
+        RequestCode.LOCK_BATCH_MQ,
+        body=body(b.client_id, mq(0), group="another-group"),
+        st=SerializeType.JSON,
+    )
+    assert json.loads(resp.body)["lockOKMQSet"] == [mq(0)]
+    assert broker.locks.holder(GROUP, ("orders", "broker-a", 0)) == a.client_id
 
 
 async def test_unlock_frees_only_the_callers_locks(
-    clocked: tuple[BrokerController, list[float]],
+    pair: Pair,
 ) -> None:
-    broker, _ = clocked
-    a = await RawClient.connect(broker.address)
-    b = await RawClient.connect(broker.address)
-    try:
-        assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
-        await unlock(b, mq(0), mq(1))  # not b's: nothing changes
-        assert await lock(b, mq(0), mq(1)) == []
-        await unlock(a, mq(0))
-        assert await lock(b, mq(0), mq(1)) == [mq(0)]
-        await unlock(a, mq(5))  # never locked: answered all the same
-    finally:
-        await a.close()
-        await b.close()
+    broker, _, a, b = pair
+    assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
+    await unlock(b, mq(0), mq(1))  # not b's: nothing changes
+    assert await lock(b, mq(0), mq(1)) == []
+    await unlock(a, mq(0))
+    assert await lock(b, mq(0), mq(1)) == [mq(0)]
+    await unlock(a, mq(5))  # never locked: answered all the same
 
 
 async def test_a_lock_expires_unless_renewed(
-    clocked: tuple[BrokerController, list[float]],
+    pair: Pair,
 ) -> None:
-    broker, shift = clocked
-    a = await RawClient.connect(broker.address)
-    b = await RawClient.connect(broker.address)
-    try:
-        assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
-        shift[0] = LOCK_MAX_LIVE_S - 1
-        assert await lock(b, mq(0), mq(1)) == [], "still alive just before the lifetime"
-        assert await lock(a, mq(1)) == [mq(1)]  # renews queue 1 only
-        shift[0] = LOCK_MAX_LIVE_S + 1
-        # Queue 0 was not renewed for over 60 s: b takes it; queue 1 was renewed 2 s ago.
-        assert await lock(b, mq(0), mq(1)) == [mq(0)]
-        assert broker.locks.holder(GROUP, ("orders", "broker-a", 0)) == b.client_id
-        assert broker.locks.holder(GROUP, ("orders", "broker-a", 1)) == a.client_id
-        # a lost queue 0: asking again does not take it back while b's lock lives.
-        assert await lock(a, mq(0), mq(1)) == [mq(1)]
-    finally:
-        await a.close()
-        await b.close()
+    broker, shift, a, b = pair
+    assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
+    shift[0] = LOCK_MAX_LIVE_S - 1
+    assert await lock(b, mq(0), mq(1)) == [], "still alive just before the lifetime"
+    assert await lock(a, mq(1)) == [mq(1)]  # renews queue 1 only
+    shift[0] = LOCK_MAX_LIVE_S + 1
+    # Queue 0 was not renewed for over 60 s: b takes it; queue 1 was renewed 2 s ago.
+    assert await lock(b, mq(0), mq(1)) == [mq(0)]
+    assert broker.locks.holder(GROUP, ("orders", "broker-a", 0)) == b.client_id
+    assert broker.locks.holder(GROUP, ("orders", "broker-a", 1)) == a.client_id
+    # a lost queue 0: asking again does not take it back while b's lock lives.
+    assert await lock(a, mq(0), mq(1)) == [mq(1)]
 
 
 async def test_a_closed_connection_loses_its_locks(
@@ -155,27 +151,21 @@ async def test_a_closed_connection_loses_its_locks(
 
 
 async def test_a_client_scanned_out_for_missing_heartbeats_loses_its_locks(
-    clocked: tuple[BrokerController, list[float]],
+    pair: Pair,
 ) -> None:
-    broker, _ = clocked
-    a = await RawClient.connect(broker.address)
-    b = await RawClient.connect(broker.address)
-    try:
-        await a.heartbeat(consumer_groups={GROUP: {"orders": "*"}})
-        assert await lock(a, mq(0)) == [mq(0)]
-        assert await lock(b, mq(0)) == []
-        # What housekeeping does to a channel silent for channelExpiredTimeout (b never sent a
-        # heartbeat, so only a is a registered channel).
-        expired = broker.clients.expire(0.0)
-        assert [ch.client_id for ch in expired] == [a.client_id]
-        await wait_until(
-            lambda: broker.locks.holder(GROUP, ("orders", "broker-a", 0)) is None,
-            what="the scanned-out client's lock released",
-        )
-        assert await lock(b, mq(0)) == [mq(0)]
-    finally:
-        await a.close()
-        await b.close()
+    broker, _, a, b = pair
+    await a.heartbeat(consumer_groups={GROUP: {"orders": "*"}})
+    assert await lock(a, mq(0)) == [mq(0)]
+    assert await lock(b, mq(0)) == []
+    # What housekeeping does to a channel silent for channelExpiredTimeout (b never sent a
+    # heartbeat, so only a is a registered channel).
+    expired = broker.clients.expire(0.0)
+    assert [ch.client_id for ch in expired] == [a.client_id]
+    await wait_until(
+        lambda: broker.locks.holder(GROUP, ("orders", "broker-a", 0)) is None,
+        what="the scanned-out client's lock released",
+    )
+    assert await lock(b, mq(0)) == [mq(0)]
 
 
 async def test_bodies_as_the_stock_clients_write_them(
