@@ -18,6 +18,8 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import InvalidParameterError, TxmqError
 from txmq.protocol.message import parse_subscription
 
+from .sql_filter import SqlFilter, SqlFilterError, compile_sql
+
 log = structlog.get_logger(__name__)
 
 
@@ -26,9 +28,13 @@ class Subscription:
     topic: str
     expression: str
     tags: frozenset[str] | None  # None = all
-    #: RocketMQ's expressionType: TAG, or SQL92 (which txmq does not serve: pulls by such a
-    #: subscription are refused, never answered as if it were a tag expression)
+    #: RocketMQ's expressionType: TAG, or SQL92 (a property filter, evaluated on the broker
+    #: when enablePropertyFilter is on; refused otherwise, never answered as a tag expression)
     expression_type: str = "TAG"
+    #: The SQL92 expression compiled once, when the heartbeat registered it (None: a tag
+    #: expression, or one that does not compile: ``sql_error`` says why).
+    sql: SqlFilter | None = None
+    sql_error: str | None = None
 
 
 @dataclass
@@ -116,7 +122,13 @@ class ClientManager:
                     expr = s.get("subString") or "*"
                     kind = str(s.get("expressionType") or "TAG").upper()
                     tags = parse_subscription(expr) if kind == "TAG" else frozenset()
-                    subs[s["topic"]] = Subscription(s["topic"], expr, tags, kind)
+                    sub = Subscription(s["topic"], expr, tags, kind)
+                    if kind == "SQL92":
+                        try:
+                            sub.sql = compile_sql(expr)
+                        except SqlFilterError as exc:
+                            sub.sql_error = str(exc)
+                    subs[s["topic"]] = sub
             if g not in ch.consumer_groups:
                 changed.add(g)
             ch.consumer_groups[g] = subs

@@ -87,6 +87,10 @@ class BrokerConfig:
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 4
     long_polling_enable: bool = True
+    #: Serve SQL92 property filters (evaluated on the broker).  On by default, unlike
+    #: RocketMQ: txmq evaluates filters where a pull reads the message, with no extra index to
+    #: build or store (RocketMQ's off default guards its consume-queue bloom-filter extension).
+    enable_property_filter: bool = True
     #: Delay levels for delayed messages and consumer retries (RocketMQ's default scale).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16

@@ -50,6 +50,7 @@ from txmq.protocol.message import Message, MessageExt
 from .config import ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
+from .filter import SqlExpression, sql
 from .offset_store import OffsetStoreError
 from .orderly import AsyncOrderlyPushConsumer, QueueLockedError
 from .producer import AsyncProducer, SendResult, SendStatus
@@ -69,6 +70,8 @@ from .transaction import (
 )
 
 __all__ = [
+    "SqlExpression",
+    "sql",
     "AsyncProducer",
     "AsyncTransaction",
     "AsyncTransactionProducer",

@@ -60,6 +60,8 @@ from .offset_store import LocalOffsetStore, OffsetStoreError, default_offset_pat
 from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
+    check_client_config,
+    expression_type,
     get_max_offset,
     get_min_offset,
     normalize_expression,
@@ -402,7 +404,9 @@ class AsyncPushConsumer(ConnectedClient):
 
         Args:
             topic: the topic.
-            expression: ``"*"`` (or None) for every message, or tags: ``"created || paid"``.
+            expression: ``"*"`` (or None) for every message, tags: ``"created || paid"``, or
+                a SQL92 property filter: ``sql("amount > 100 AND region = 'eu'")`` (checked
+                by the broker at :meth:`start`).
             callback: ``f(msg)`` or ``async f(msg)``; return to acknowledge, raise to get the
                 message again later.  Sync callbacks run in the consumer's thread pool.
 
@@ -500,6 +504,13 @@ class AsyncPushConsumer(ConnectedClient):
         conn.register_processor(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
         conn.on_reconnect(self._request_rebalance)
         await conn.start()
+        try:
+            for sub in self._subs.values():
+                if expression_type(sub.expression) != "TAG":
+                    await check_client_config(conn, self.group, sub.topic, sub.expression)
+        except BaseException:
+            await conn.close()
+            raise
         self._conn = conn
         self._ensure_workers()
         self._started = True

@@ -11,6 +11,7 @@ since two tags can share a hash.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,7 @@ from txmq.protocol.message import (
     tags_code,
 )
 
+from .filter import SqlExpression
 from .lifecycle import ConnectedClient
 from .logs import get_logger
 from .producer import validate_topic
@@ -91,8 +93,23 @@ _STATUS_BY_CODE: dict[int, PullStatus] = {
 }
 
 
+def expression_type(expression: str) -> str:
+    """RocketMQ's expressionType of an expression: SQL92 for :func:`~txmq.client.sql`'s."""
+    return "SQL92" if isinstance(expression, SqlExpression) else "TAG"
+
+
 def subscription_data(topic: str, expression: str, sub_version: int) -> dict[str, Any]:
     """RocketMQ's SubscriptionData as the heartbeat carries it."""
+    if isinstance(expression, SqlExpression):
+        return {
+            "topic": topic,
+            "subString": str(expression),
+            "tagsSet": [],
+            "codeSet": [],
+            "subVersion": sub_version,
+            "expressionType": "SQL92",
+            "classFilterMode": False,
+        }
     tags = parse_subscription(expression)
     tag_list = sorted(tags) if tags else []
     return {
@@ -107,9 +124,35 @@ def subscription_data(topic: str, expression: str, sub_version: int) -> dict[str
 
 
 def normalize_expression(expression: str | None) -> str:
-    """``None``/empty -> ``*``; tags are stripped and joined with `` || ``."""
+    """``None``/empty -> ``*``; tags are stripped and joined with `` || ``; a SQL92 expression
+    is kept as it is."""
+    if isinstance(expression, SqlExpression):
+        return expression
     tags = parse_subscription(expression)
     return "*" if tags is None else " || ".join(sorted(tags))
+
+
+async def check_client_config(
+    conn: BrokerConnection, group: str, topic: str, expression: str
+) -> None:
+    """CHECK_CLIENT_CONFIG: ask the broker whether it can serve ``expression`` (a SQL92 one is
+    compiled there) before consuming by it.
+
+    Raises:
+        TxmqError: the broker refused it; its message says why (and where in the expression).
+    """
+    body = {
+        "clientId": conn.client_id,
+        "group": group,
+        "subscriptionData": subscription_data(topic, expression, 0),
+    }
+    resp = await conn.request(
+        RemotingCommand.request(
+            RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode("utf-8")
+        )
+    )
+    if resp.code != ResponseCode.SUCCESS:
+        raise error_for_code(resp.code, f"subscription {topic!r} {expression!r}: {resp.remark}")
 
 
 async def pull_messages(
@@ -152,7 +195,7 @@ async def pull_messages(
         suspend_timeout_millis=int(suspend * 1000),
         subscription=expression,
         sub_version=sub_version,
-        expression_type="TAG",
+        expression_type=expression_type(expression),
     )
     wait = (conn.config.request_timeout if timeout is None else timeout) + suspend
     resp = await conn.request(
@@ -326,7 +369,7 @@ class AsyncPullConsumer(ConnectedClient):
         """Read up to ``max_nums`` messages of one queue from ``offset`` on.
 
         Args:
-            expression: ``*`` or ``"TagA || TagB"``.
+            expression: ``*``, ``"TagA || TagB"`` or a SQL92 filter, ``sql("a > 5")``.
             timeout: seconds to wait for the answer (default ``request_timeout``).
             long_poll: when nothing is there, let the broker wait this many seconds for a
                 message before answering NO_NEW_MSG.

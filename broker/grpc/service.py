@@ -43,6 +43,7 @@ from ..acl import AclDenied
 from ..clients import ClientChannel
 from ..messaging import MessagingCore, SendOutcome
 from ..messaging.core import DeliveryTimeError
+from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
 from ..store import GetMessageStatus
 from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
 from ..transaction.service import CheckSender
@@ -679,14 +680,21 @@ class MessagingService:
         convert.set_timestamp(ts.delivery_timestamp, int(time.time() * 1000))
         yield ts
 
-    def _filter(self, request: Any) -> frozenset[str] | None:
+    def _filter(self, request: Any) -> tuple[frozenset[str] | None, StoredFilter | None]:
+        """(tags to keep, SQL92 filter over stored records) of a receive."""
         fe = request.filter_expression
         if request.HasField("filter_expression") and fe.type == pb.SQL:
-            raise GrpcStatusError(
-                Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filtering is not supported by txmq"
-            )
+            if not self.cfg.enable_property_filter:
+                raise GrpcStatusError(
+                    Code.ILLEGAL_FILTER_EXPRESSION,
+                    "SQL92 filtering is off on this broker (enablePropertyFilter)",
+                )
+            try:
+                return None, compile_sql(fe.expression).matches_stored
+            except SqlFilterError as exc:
+                raise GrpcStatusError(Code.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
         expr = fe.expression if request.HasField("filter_expression") else "*"
-        return parse_subscription(expr or "*")
+        return parse_subscription(expr or "*"), None
 
     async def _receive(self, request: Any, context: Context) -> list[Any]:
         c = self._client(context)
@@ -697,7 +705,7 @@ class MessagingService:
         tc = self._topic_config(topic, create=False)
         if not tc.perm & PERM_READ:
             raise GrpcStatusError(Code.FORBIDDEN, f"the topic[{topic}] receiving is forbidden")
-        tags = self._filter(request)
+        tags, sql = self._filter(request)
         batch = request.batch_size
         if batch <= 0:
             raise GrpcStatusError(Code.BAD_REQUEST, "batch_size must be positive")
@@ -727,7 +735,7 @@ class MessagingService:
         start = self._rr % max(1, len(qids))
         qids = qids[start:] + qids[:start]
         while True:
-            out = self._collect(group, topic, qids, tags, batch, invisible, fifo)
+            out = self._collect(group, topic, qids, tags, batch, invisible, fifo, sql)
             now = time.monotonic()
             if out or now >= deadline or self._shutting_down():
                 return out
@@ -759,6 +767,7 @@ class MessagingService:
         batch: int,
         invisible: float,
         fifo: bool,
+        sql: StoredFilter | None = None,
     ) -> list[Any]:
         out: list[Any] = []
         now = time.monotonic()
@@ -785,7 +794,9 @@ class MessagingService:
                 out.append(self._delivered(m, qid, x2.attempts, invisible, make_handle(qid, x2)))
             if fifo and v.inflight:
                 continue
-            self._collect_new(v, group, topic, qid, tags, tag_codes, batch, invisible, now, out)
+            self._collect_new(
+                v, group, topic, qid, tags, tag_codes, batch, invisible, now, out, sql
+            )
             if fifo and v.inflight:
                 continue
         return out
@@ -802,11 +813,14 @@ class MessagingService:
         invisible: float,
         now: float,
         out: list[Any],
+        sql: StoredFilter | None = None,
     ) -> None:
         store = self.ctx.store
         committed_before = v.committed
         while len(out) < batch:
-            r = store.get_messages(topic, qid, v.next, batch - len(out), tag_codes)
+            r = store.get_messages(
+                topic, qid, v.next, batch - len(out), tag_codes, message_filter=sql
+            )
             if r.status is GetMessageStatus.FOUND:
                 for raw in r.messages:
                     m = decode_message(raw)

@@ -32,6 +32,7 @@ from txmq.protocol.message import encode_message
 
 from ..clients import parse_heartbeat
 from ..context import BrokerContext
+from ..sql_filter import SUBSCRIPTION_PARSE_FAILED, SqlFilterError, compile_sql
 from ..store import TopicConfig
 from ..store.errors import StoreIOError
 from ..topics import INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
@@ -74,18 +75,25 @@ class AdminProcessor:
 
     async def check_client_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """CHECK_CLIENT_CONFIG, which a stock consumer sends at start for a subscription that is
-        not a tag expression: a property filter (SQL92) is refused here, so the consumer fails
-        to start with RocketMQ's message instead of silently receiving nothing."""
+        not a tag expression: a SQL92 property filter is compiled here (an invalid one is
+        answered SUBSCRIPTION_PARSE_FAILED saying what is wrong and where), so the consumer
+        fails to start; with enablePropertyFilter off it is refused with RocketMQ's message."""
         try:
             doc = json.loads(cmd.body or b"{}")
         except ValueError as exc:
             raise InvalidParameterError(f"CHECK_CLIENT_CONFIG body is not JSON: {exc}") from None
         sub = doc.get("subscriptionData") if isinstance(doc, dict) else None
         kind = str((sub or {}).get("expressionType") or "TAG").upper()
-        if kind != "TAG":
+        if kind == "TAG":
+            return cmd.response()
+        if kind != "SQL92" or not self.ctx.config.enable_property_filter:
             raise BrokerSystemError(
                 f"The broker does not support consumer to filter message by {kind}"
             )
+        try:
+            compile_sql(str((sub or {}).get("subString") or ""))
+        except SqlFilterError as exc:
+            return cmd.response(SUBSCRIPTION_PARSE_FAILED, str(exc))
         return cmd.response()
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -16,6 +18,7 @@ from txmq.protocol.message import parse_subscription, tags_code
 
 from ..context import BrokerContext
 from ..messaging.hold import PullRequestHoldService
+from ..sql_filter import SUBSCRIPTION_PARSE_FAILED, SqlFilterError, compile_sql
 from ..store import GetMessageResult, GetMessageStatus
 from ..topics import PERM_READ
 
@@ -29,27 +32,43 @@ FLAG_SUBSCRIPTION = 0x4
 MAX_SUSPEND_MS = 60_000
 
 
+class _ParseFailed(Exception):
+    """The pull's SQL92 expression does not compile."""
+
+
 class PullMessageProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self.hold = ctx.hold
 
-    def _tag_codes(self, h: PullMessageRequestHeader) -> frozenset[int] | None:
+    def _filters(
+        self, h: PullMessageRequestHeader
+    ) -> tuple[frozenset[int] | None, Callable[[bytes], bool] | None]:
+        """(tag codes to keep, SQL92 filter over stored records) for this pull: from the pull's
+        own expression, else from the subscription the heartbeat registered."""
         expr = h.subscription if h.sys_flag & FLAG_SUBSCRIPTION or h.subscription else None
         kind = (h.expression_type or "TAG").upper() if expr is not None else "TAG"
+        sub = None
         if expr is None:
             sub = self.ctx.clients.subscription(h.consumer_group, h.topic)
             expr = sub.expression if sub else "*"
             kind = sub.expression_type if sub else "TAG"
-        if kind != "TAG":
+        if kind == "TAG":
+            tags = parse_subscription(expr)
+            return (None if tags is None else frozenset(tags_code(t) for t in tags)), None
+        if kind != "SQL92" or not self.ctx.config.enable_property_filter:
             # Never answer a property filter as if it were a tag expression (the consumer
             # would silently receive nothing): RocketMQ's answer with property filtering off.
             raise BrokerSystemError(
                 f"The broker does not support consumer to filter message by {kind} "
                 f"(group {h.consumer_group}, topic {h.topic}); subscribe by tag"
             )
-        tags = parse_subscription(expr)
-        return None if tags is None else frozenset(tags_code(t) for t in tags)
+        if sub is not None and sub.sql is not None:
+            return None, sub.sql.matches_stored
+        try:
+            return None, compile_sql(expr).matches_stored
+        except SqlFilterError as exc:
+            raise _ParseFailed(str(exc)) from None
 
     async def pull_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = PullMessageRequestHeader.from_ext_fields(cmd.ext_fields)
@@ -65,11 +84,22 @@ class PullMessageProcessor:
             )
         if h.sys_flag & FLAG_COMMIT_OFFSET and h.commit_offset > 0:
             self.ctx.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
-        tag_codes = self._tag_codes(h)
+        try:
+            tag_codes, sql = self._filters(h)
+        except _ParseFailed as exc:
+            return cmd.response(
+                SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed: {exc}"
+            )
         max_nums = max(1, min(h.max_msg_nums, 1024))
         store = self.ctx.store
         result = store.get_messages(
-            h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes, joined=True
+            h.topic,
+            h.queue_id,
+            h.queue_offset,
+            max_nums,
+            tag_codes,
+            joined=True,
+            message_filter=sql,
         )
         suspend = (
             h.sys_flag & FLAG_SUSPEND
@@ -83,7 +113,13 @@ class PullMessageProcessor:
             timeout = min(h.suspend_timeout_millis, MAX_SUSPEND_MS) / 1000.0
             await self.hold.wait(h.topic, h.queue_id, timeout)
             result = store.get_messages(
-                h.topic, h.queue_id, h.queue_offset, max_nums, tag_codes, joined=True
+                h.topic,
+                h.queue_id,
+                h.queue_offset,
+                max_nums,
+                tag_codes,
+                joined=True,
+                message_filter=sql,
             )
         return self._response(cmd, h, result)
 

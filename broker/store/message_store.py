@@ -1056,6 +1056,7 @@ class MessageStore:
         tag_codes: frozenset[int] | None = None,
         max_bytes: int = 4 * 1024 * 1024,
         joined: bool = False,
+        message_filter: Callable[[bytes], bool] | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_msgs`` messages (and about ``max_bytes``) from a queue, starting at
         queue offset ``offset``.
@@ -1075,6 +1076,8 @@ class MessageStore:
                 whatever its size).
             joined: return the messages back to back in one buffer (``joined``), copied once
                 from the commit log, rather than one bytes object each.
+            message_filter: keep only the stored records it accepts (a SQL92 filter), read
+                and tested one by one; the next offset moves past the ones it refused.
         """
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
@@ -1095,7 +1098,9 @@ class MessageStore:
         elif offset > max_o:
             status, next_offset = GetMessageStatus.OFFSET_OVERFLOW_BADLY, max_o
         else:
-            return self._read_queue(cq, offset, max_msgs, tag_codes, max_bytes, joined)
+            return self._read_queue(
+                cq, offset, max_msgs, tag_codes, max_bytes, joined, message_filter
+            )
         self._get_miss += 1
         return GetMessageResult(status, [], next_offset, min_o, max_o)
 
@@ -1107,6 +1112,7 @@ class MessageStore:
         tag_codes: frozenset[int] | None,
         max_bytes: int,
         joined: bool = False,
+        message_filter: Callable[[bytes], bool] | None = None,
     ) -> GetMessageResult:
         cl = self._commit_log
         cl_min = cl.min_offset
@@ -1139,7 +1145,7 @@ class MessageStore:
                 idx += 1
                 if tag_codes is not None and tags not in tag_codes:
                     continue
-                if joined:
+                if joined and message_filter is None:
                     wanted.append((phy, size))
                     total += size
                     continue
@@ -1148,10 +1154,14 @@ class MessageStore:
                     found_null = True
                     self._log_read_failed(cq, idx - 1, phy, size)
                     continue
+                if message_filter is not None and not message_filter(payload):
+                    continue
                 messages.append(payload)
                 total += size
         body = b""
         count = len(messages)
+        if joined and messages:  # filtered: read one by one, joined here
+            body, messages = b"".join(messages), []
         if wanted:
             read = cl.read_payloads(wanted)
             if read is None:

@@ -1,13 +1,17 @@
-"""A SQL92 subscription (RocketMQ's property filter, which txmq does not serve) is refused with
-RocketMQ's message -- at CHECK_CLIENT_CONFIG, and on every pull, whether the pull or the
+"""With enablePropertyFilter off, a SQL92 subscription (RocketMQ's property filter) is refused
+with RocketMQ's message -- at CHECK_CLIENT_CONFIG, and on every pull, whether the pull or the
 heartbeat carries it -- never served as a tag expression (the consumer would silently get
 nothing)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
+
+import pytest
 
 from tests.support.raw import RawClient
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.headers import PullMessageRequestHeader
@@ -15,8 +19,20 @@ from txmq.protocol.headers import PullMessageRequestHeader
 SQL = "a > 5 AND region = 'eu'"
 
 
-async def test_sql92_subscriptions_are_refused_clearly(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
+@pytest.fixture
+async def broker_off(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> AsyncIterator[BrokerController]:
+    controller = BrokerController(make_broker_config(enable_property_filter=False))
+    await controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.shutdown()
+
+
+async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerController) -> None:
+    c = await RawClient.connect(broker_off.address)
     try:
         assert (await c.send("filtered", b"m", props={"a": "7"})).code == ResponseCode.SUCCESS
         check = await c.call(
