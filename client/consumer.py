@@ -881,7 +881,8 @@ class AsyncPushConsumer(ConnectedClient):
         if sub is None or sub.callback is None:
             self._message_log(msg).warning("message_without_subscription_skipped")
             return None
-        tags = parse_subscription(sub.expression)
+        sql = expression_type(sub.expression) != "TAG"
+        tags = None if sql else parse_subscription(sub.expression)
         if pq.topic == self.retry_topic and tags is not None and msg.tags not in tags:
             return None
         return sub

@@ -223,7 +223,9 @@ async def pull_messages(
                     sys_flag=m.sys_flag,
                     reason="not zlib, or corrupt",
                 )
-        tags = parse_subscription(expression)
+        # The exact tags (the broker compared their hash codes); a SQL92 filter was applied
+        # by the broker in full.
+        tags = None if isinstance(expression, SqlExpression) else parse_subscription(expression)
         if tags is not None:
             messages = [m for m in messages if m.tags in tags]
     return PullResult(status, messages, next_offset, min_offset, max_offset)
