@@ -473,8 +473,13 @@ class SqlFilter:
         return self._fn(props) is True
 
     def matches_stored(self, record: bytes | memoryview) -> bool:
-        """:meth:`matches` over the properties of a stored message record."""
-        return self._fn(stored_properties(record)) is True
+        """:meth:`matches` over the properties of a stored message record (a record whose
+        properties cannot be read matches nothing)."""
+        try:
+            props = stored_properties(record)
+        except (struct.error, IndexError, UnicodeDecodeError):
+            return False
+        return self._fn(props) is True
 
     def __repr__(self) -> str:
         return f"SqlFilter({self.expression!r})"

@@ -118,6 +118,7 @@ def test_properties_read_from_a_stored_record() -> None:
         assert stored_properties(record) == {"a": "7", "region": "eu", "TAGS": "TagA"}
         assert compile_sql("a > 5 AND region = 'eu' AND TAGS = 'TagA'").matches_stored(record)
         assert not compile_sql("a > 7").matches_stored(record)
+        assert not compile_sql("a IS NULL").matches_stored(record[:100])  # cut short
 
 
 # -- generated expressions against a reference ------------------------------------------------
