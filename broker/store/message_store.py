@@ -1248,6 +1248,27 @@ class MessageStore:
         """Topics that have consume queues, sorted."""
         return sorted(self._topics)
 
+    def delete_topic(self, topic: str) -> int:
+        """Drop the consume queues of ``topic``: their files and folders go, and a checkpoint
+        without them is written, so a restart does not bring them back.  The messages stay in
+        the commit log until retention deletes them.  Returns the number of queues dropped."""
+        self._check_open()
+        with self._cq_flush_lock, self._lock:
+            queues = self._topics.pop(topic, {})
+            for qid, cq in queues.items():
+                del self._cqs[(topic, qid)]
+                cq.destroy()
+        try:
+            os.rmdir(os.path.join(self._cq_dir, topic))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.warning("topic_folder_not_removed", topic=topic)
+        if queues:
+            self._flush_consume_queues()
+            log.info("topic_queues_deleted", topic=topic, queues=len(queues))
+        return len(queues)
+
     # -- retention ------------------------------------------------------------------------------
 
     def delete_expired_files(self, now: float | None = None) -> int:
