@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,9 +18,10 @@ from click.testing import CliRunner
 
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main
-from txmq.client import AsyncProducer, AsyncPushConsumer, Message
+from txmq.client import AsyncOrderlyPushConsumer, AsyncProducer, AsyncPushConsumer, Message
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
@@ -396,3 +398,62 @@ def test_output_option_and_shell_completion() -> None:
     }
     res = runner.invoke(main, [], prog_name="txmq", env=env)
     assert res.exit_code == 0 and "plain,dlq" in res.output.splitlines()
+
+
+async def test_a_deleted_topic_stays_deleted_after_a_restart(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    config = make_broker_config()
+    first = BrokerController(config)
+    await first.start()
+    try:
+        async with AsyncProducer("p", first.address) as producer:
+            for i in range(6):
+                await producer.send(Message("gone", b"g%d" % i))
+            await producer.send(Message("stays", b"s"))
+        first.ctx.offsets.commit("g", "gone", 0, 1)
+        async with AsyncAdminClient(first.address) as admin:
+            await admin.delete_topic("gone")
+        end = first.store.max_phy_offset
+    finally:
+        await asyncio.wait_for(first.shutdown(), 30)
+    second = BrokerController(config)
+    await second.start()
+    try:
+        assert second.ctx.topics.get("gone") is None
+        assert second.store.queue_ids("gone") == []
+        assert second.ctx.offsets.offsets("g", "gone") == {}
+        assert second.store.max_phy_offset == end  # the messages stay until retention
+        assert second.store.queue_ids("stays") != []
+        c = await RawClient.connect(second.address)
+        try:
+            assert len(await c.pull_all("stays")) == 1
+        finally:
+            await c.close()
+    finally:
+        await asyncio.wait_for(second.shutdown(), 30)
+
+
+async def test_reset_offset_of_a_live_orderly_consumer(broker: BrokerController) -> None:
+    addr = broker.address
+    got: list[tuple[int, bytes]] = []
+    consumer = AsyncOrderlyPushConsumer(
+        "in-order", addr, consume_from="first", lock_interval=0.5, suspend_interval=0.05
+    )
+    consumer.subscribe("sequence", "*", lambda m: got.append((m.queue_id, m.body)))
+    async with AsyncProducer("p", addr) as producer:
+        for i in range(6):
+            await producer.send(Message("sequence", b"%d" % i), queue_id=i % 2)
+        await consumer.start()
+        try:
+            await wait_until(lambda: len(got) == 6, 30, "the consumer gets all 6 messages")
+            async with AsyncAdminClient(addr) as admin:
+                assert await admin.reset_offset("in-order", "sequence", timestamp=0) == {
+                    q: 0 for q in range(4)
+                }
+            await wait_until(lambda: len(got) == 12, 30, "every message is delivered again")
+            again = got[6:]
+            for q in (0, 1):  # in order within each queue, the second time too
+                assert [b for qid, b in again if qid == q] == [b"%d" % i for i in range(q, 6, 2)]
+        finally:
+            await consumer.shutdown()
