@@ -673,6 +673,8 @@ class AsyncPushConsumer(ConnectedClient):
                     mine = set(allocate_averagely(queues, ids, conn.client_id))
                 for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
                     self._drop(self._pqs[key])
+                for key in [k for k in self._reset_offsets if k.topic == topic and k not in mine]:
+                    del self._reset_offsets[key]  # another member took it: the broker's offset
                 for mq in sorted(mine):
                     if mq in self._pqs or not self._started:
                         continue
