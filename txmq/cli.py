@@ -102,6 +102,16 @@ def _echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
+OUTPUT_OPTION = click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+
+
 def _output_options(fn: Callable[..., None]) -> Callable[..., None]:
     """``--output table|json`` (``-o``) and the older ``--json`` (hidden, kept so scripts keep
     working) for a command whose function takes ``as_json``."""
@@ -111,14 +121,7 @@ def _output_options(fn: Callable[..., None]) -> Callable[..., None]:
         fn(*args, as_json=as_json or output == "json", **kwargs)
 
     run = click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")(run)
-    return click.option(
-        "--output",
-        "-o",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="A table for people, or JSON for scripts.",
-    )(run)
+    return OUTPUT_OPTION(run)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -632,6 +635,7 @@ def _props(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--group", "-g", default="txmq-cli-producer", show_default=True)
 @click.option("--count", "-n", default=1, show_default=True, help="Send BODY this many times.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Send one message per line of stdin.")
+@OUTPUT_OPTION
 def send(
     broker: str,
     topic_name: str,
@@ -642,8 +646,10 @@ def send(
     group: str,
     count: int,
     from_stdin: bool,
+    output: str,
 ) -> None:
-    """Send BODY (or stdin lines) to TOPIC; prints one result line per message."""
+    """Send BODY (or stdin lines) to TOPIC; prints one result line per message (with -o json,
+    one JSON object per line)."""
     from txmq.client import AsyncProducer, Message
 
     if body is None and not from_stdin:
@@ -662,9 +668,15 @@ def send(
                 r = await producer.send(
                     Message(topic_name, (b or "").encode(), tags=tags, keys=keys, properties=props)
                 )
+                status = r.status.name if hasattr(r.status, "name") else str(r.status)
+                if output == "json":
+                    doc: dict[str, Any] = {"status": status, "msgId": r.msg_id}
+                    doc |= {"offsetMsgId": r.offset_msg_id, "queueId": r.queue_id}
+                    doc["queueOffset"] = r.queue_offset
+                    click.echo(json.dumps(doc))
+                    continue
                 click.echo(
-                    f"{r.status.name if hasattr(r.status, 'name') else r.status} "
-                    f"msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
+                    f"{status} msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
                     f"queue={r.queue_id} offset={r.queue_offset}"
                 )
 
@@ -693,6 +705,14 @@ def send(
 )
 @click.option("--count", "-n", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="json",
+    show_default=True,
+    help="One JSON line per message (for scripts), or one short line each for people.",
+)
 def consume(
     broker: str,
     topic_name: str,
@@ -701,12 +721,13 @@ def consume(
     consume_from: str,
     count: int | None,
     timeout: float | None,
+    output: str,
 ) -> None:
-    """Print TOPIC's messages, one JSON line each: as consumer group GROUP (--group), or a peek
-    that moves no group's offsets."""
+    """Print TOPIC's messages, one JSON line each (or, with -o table, one short line each): as
+    consumer group GROUP (--group), or a peek that moves no group's offsets."""
     # The config is made here: the click context is not visible inside the loop.
     source = _Source(broker, _client_config(), topic_name, expression, consume_from)
-    printer = _MessagePrinter(count, timeout)
+    printer = _MessagePrinter(count, timeout, table=output == "table")
     if group is None:
         work = _peek(source, printer)
     else:
@@ -733,7 +754,8 @@ class _MessagePrinter:
     """Prints messages as JSON lines and tells when ``count`` were printed, or when none came
     for ``timeout`` seconds (:meth:`idle`)."""
 
-    def __init__(self, count: int | None, timeout: float | None) -> None:
+    def __init__(self, count: int | None, timeout: float | None, table: bool = False) -> None:
+        self.table = table
         self.count = count
         self.timeout = timeout
         self.seen = 0
@@ -751,7 +773,13 @@ class _MessagePrinter:
             "properties": msg.user_properties,
             "body": msg.body.decode("utf-8", "replace"),
         }
-        click.echo(json.dumps(doc))
+        if self.table:
+            click.echo(
+                f"{msg.topic} q{msg.queue_id}@{msg.queue_offset} {msg.msg_id} "
+                f"tags={msg.tags or ''} {_body_preview(msg.body, 80)}"
+            )
+        else:
+            click.echo(json.dumps(doc))
         self.seen += 1
         self.last = time.monotonic()
         if self.count is not None and self.seen >= self.count:
@@ -821,15 +849,6 @@ async def _peek(source: _Source, printer: _MessagePrinter) -> None:
 
 
 # --- consumer groups, clients, broker settings ------------------------------------------------
-
-OUTPUT_OPTION = click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
 
 
 def _emit(rows: list[dict[str, Any]], output: str, columns: list[tuple[str, str, int]]) -> None:

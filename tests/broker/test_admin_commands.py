@@ -381,6 +381,7 @@ def test_output_option_and_shell_completion() -> None:
         ["topic", "update"], ["group", "list"], ["group", "show"], ["group", "reset-offset"],
         ["connections"], ["config", "get"], ["txn", "list"], ["txn", "show"],
         ["message", "show"], ["message", "find"], ["dlq", "list"], ["dlq", "resend"],
+        ["send"], ["consume"],
     ):  # fmt: skip
         res = runner.invoke(main, [*path, "--help"])
         assert res.exit_code == 0 and "--output [table|json]" in res.output, (path, res.output)
@@ -457,3 +458,15 @@ async def test_reset_offset_of_a_live_orderly_consumer(broker: BrokerController)
                 assert [b for qid, b in again if qid == q] == [b"%d" % i for i in range(q, 6, 2)]
         finally:
             await consumer.shutdown()
+
+
+async def test_send_and_consume_print_either_form(broker: BrokerController) -> None:
+    addr = broker.address
+    sent = json.loads(await cli("send", "forms", "hello", "-t", "greet", "-o", "json", "-b", addr))
+    assert sent["status"] == "SEND_OK" and sent["queueOffset"] == 0
+    assert "msgId=" in await cli("send", "forms", "again", "-b", addr)
+    line = await cli("consume", "forms", "-n", "1", "--timeout", "20", "-b", addr)
+    doc = json.loads(line)  # the default: one JSON line per message
+    assert doc["topic"] == "forms" and doc["body"] in ("hello", "again")
+    table = await cli("consume", "forms", "-n", "2", "--timeout", "20", "-o", "table", "-b", addr)
+    assert sent["msgId"] in table and "tags=greet hello" in table
