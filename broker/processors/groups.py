@@ -19,7 +19,7 @@ import structlog
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import LanguageCode, RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import TopicNotExistError, TxmqError
+from txmq.protocol.errors import InvalidParameterError, TopicNotExistError, TxmqError
 from txmq.protocol.fastjson import ObjectKeyMap, dumps
 from txmq.protocol.headers import (
     DeleteSubscriptionGroupRequestHeader,
@@ -209,6 +209,11 @@ class GroupViewProcessor:
         store, offsets = self.ctx.store, self.ctx.offsets
         qids = range(tc.read_queue_nums)
         if h.queue_id is not None and h.queue_id >= 0:
+            if h.queue_id >= tc.read_queue_nums:
+                raise InvalidParameterError(
+                    f"queueId {h.queue_id} is not a queue of {h.topic} "
+                    f"({tc.read_queue_nums} read queues)"
+                )
             qids = range(h.queue_id, h.queue_id + 1)
         table = ObjectKeyMap()
         for qid in qids:

@@ -189,6 +189,12 @@ async def test_reset_offset_at_the_wire(broker: BrokerController) -> None:
             {"topic": "no-such", "group": "g2", "timestamp": 0, "isForce": "true"},
         )
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+        resp = await c.call(
+            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+            {"topic": "ledger", "group": "g2", "timestamp": 0, "isForce": "true", "queueId": 2},
+        )
+        assert resp.code == ResponseCode.INVALID_PARAMETER and "queueId 2" in (resp.remark or "")
+        assert broker.ctx.offsets.offsets("g2", "ledger") == {0: 0, 1: 3}
         resp = await c.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {"topic": "ledger"})
         assert resp.code != ResponseCode.SUCCESS and "group" in (resp.remark or "")
     finally:
