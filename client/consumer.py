@@ -582,7 +582,7 @@ class AsyncPushConsumer(ConnectedClient):
                 continue
             self._reset_offsets[mq] = int(offset)
             pq.msgs.clear()
-            # what the drop commits is then the new offset, already committed: nothing is
+            # the drop then has nothing to commit: the new offset is committed already
             pq.next_offset = pq.committed = int(offset)
             self._drop(pq)
             moved += 1

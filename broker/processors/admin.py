@@ -212,6 +212,8 @@ class AdminProcessor:
             raise TopicNotExistError(f"topic[{topic}] not exist")
         await self.ctx.persist_topics()
         await self.ctx.in_background(self.ctx.offsets.persist)
+        if queues:
+            await self.ctx.in_background(self.ctx.store.flush_consume_queues)
         log.warning(
             "topic_deleted_by_operator",
             topic=topic,

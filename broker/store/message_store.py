@@ -1249,9 +1249,10 @@ class MessageStore:
         return sorted(self._topics)
 
     def delete_topic(self, topic: str) -> int:
-        """Drop the consume queues of ``topic``: their files and folders go, and a checkpoint
-        without them is written, so a restart does not bring them back.  The messages stay in
-        the commit log until retention deletes them.  Returns the number of queues dropped."""
+        """Drop the consume queues of ``topic``: their files and folders go (owner thread).
+        The messages stay in the commit log until retention deletes them.  Call
+        :meth:`flush_consume_queues` next (it may run on a worker thread): the checkpoint it
+        writes no longer lists the queues.  Returns the number of queues dropped."""
         self._check_open()
         with self._cq_flush_lock, self._lock:
             queues = self._topics.pop(topic, {})
@@ -1265,7 +1266,6 @@ class MessageStore:
         except OSError:
             log.warning("topic_folder_not_removed", topic=topic)
         if queues:
-            self._flush_consume_queues()
             log.info("topic_queues_deleted", topic=topic, queues=len(queues))
         return len(queues)
 
