@@ -361,6 +361,8 @@ ADMIN_CODES = frozenset(
         RequestCode.GET_CONSUMER_CONNECTION_LIST,
         RequestCode.GET_PRODUCER_CONNECTION_LIST,
         RequestCode.DELETE_SUBSCRIPTIONGROUP,
+        RequestCode.DELETE_TOPIC_IN_BROKER,
+        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
     }
 )
 

@@ -421,6 +421,8 @@ class BrokerController:
             R.GET_PRODUCER_CONNECTION_LIST: g.get_producer_connection_list,
             R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: g.get_all_subscription_group_config,
             R.DELETE_SUBSCRIPTIONGROUP: g.delete_subscription_group,
+            R.DELETE_TOPIC_IN_BROKER: a.delete_topic_in_broker,
+            R.INVOKE_BROKER_TO_RESET_OFFSET: g.reset_offset,
             R.GET_BROKER_CONFIG: g.get_broker_config,
             R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
             R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,

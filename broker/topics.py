@@ -120,6 +120,15 @@ class TopicManager:
         )
         return tc
 
+    def delete(self, topic: str) -> bool:
+        """Remove a topic's config (refused for the broker's own topics); True if it had one."""
+        if topic in INTERNAL_TOPICS or topic == AUTO_CREATE_TOPIC_KEY_TOPIC:
+            raise NoPermissionError(f"the topic[{topic}] is a system topic and cannot be deleted")
+        removed = self.table.delete(topic)
+        if removed:
+            log.warning("topic_deleted", topic=topic)
+        return removed
+
     def ensure(
         self, topic: str, queues: int = 1, perm: int = PERM_READ | PERM_WRITE
     ) -> TopicConfig:

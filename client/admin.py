@@ -25,6 +25,7 @@ from txmq.protocol.headers import (
     UNIQUE_MSG_QUERY_FLAG,
     CreateTopicRequestHeader,
     DeleteSubscriptionGroupRequestHeader,
+    DeleteTopicRequestHeader,
     ForceDecideRequestHeader,
     GetConsumerConnectionListRequestHeader,
     GetConsumeStatsRequestHeader,
@@ -34,6 +35,7 @@ from txmq.protocol.headers import (
     ListTransactionsRequestHeader,
     QueryMessageRequestHeader,
     QueryMessageResponseHeader,
+    ResetOffsetRequestHeader,
     ResumeCheckHalfMessageRequestHeader,
     ViewMessageRequestHeader,
 )
@@ -67,6 +69,10 @@ def to_millis(value: int | float | datetime | None, default: int) -> int:
     if isinstance(value, datetime):
         return int(value.timestamp() * 1000)
     return int(value)
+
+
+def _queue_id(item: tuple[dict[str, Any], int]) -> int:
+    return int(item[0]["queueId"])
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -166,6 +172,45 @@ class AsyncAdminClient:
         )
         await self._call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
 
+    async def update_topic(
+        self,
+        topic: str,
+        *,
+        perm: int | None = None,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+    ) -> dict[str, Any]:
+        """Change an existing topic's permission (``PERM_READ`` 4 | ``PERM_WRITE`` 2) or queue
+        counts, keeping what is not given; the config as it is now.
+
+        Raises:
+            TopicNotExistError: no such topic.
+        """
+        from txmq.protocol.errors import TopicNotExistError
+
+        current = (await self.list_topics()).get(topic)
+        if current is None:
+            raise TopicNotExistError(f"topic[{topic}] not exist")
+        h = CreateTopicRequestHeader(
+            topic=topic,
+            read_queue_nums=read_queues if read_queues is not None else current["readQueueNums"],
+            write_queue_nums=(
+                write_queues if write_queues is not None else current["writeQueueNums"]
+            ),
+            perm=perm if perm is not None else current["perm"],
+            order=bool(current.get("order", False)),
+        )
+        await self._call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
+        return dict((await self.list_topics())[topic])
+
+    async def delete_topic(self, topic: str) -> None:
+        """Delete ``topic``: its config, consume queues and committed offsets (its messages
+        stay in the commit log until retention).  Refused for the broker's own topics and
+        while live consumers subscribe to it."""
+        await self._call(
+            RequestCode.DELETE_TOPIC_IN_BROKER, DeleteTopicRequestHeader(topic).to_ext_fields()
+        )
+
     async def list_topics(self) -> dict[str, dict[str, Any]]:
         doc = await self._json(RequestCode.GET_ALL_TOPIC_CONFIG)
         return dict(doc["topicConfigTable"])
@@ -239,6 +284,35 @@ class AsyncAdminClient:
         """Forget a consumer group's committed offsets (refused while it has live consumers)."""
         header = DeleteSubscriptionGroupRequestHeader(group, clean_offset=True)
         await self._call(RequestCode.DELETE_SUBSCRIPTIONGROUP, header.to_ext_fields())
+
+    async def reset_offset(
+        self,
+        group: str,
+        topic: str,
+        *,
+        timestamp: int | float | datetime | None = None,
+        offset: int | None = None,
+        force: bool = True,
+        queue_id: int | None = None,
+    ) -> dict[int, int]:
+        """Move ``group``'s offsets on ``topic`` (RocketMQ's resetOffsetByTime): to the first
+        message stored at or after ``timestamp`` (ms or a datetime; 0 is the earliest, a time
+        ahead the latest), or to ``offset`` (clamped to each queue's range).  Without
+        ``force`` a queue only moves back.  Live consumers of the group continue from the new
+        offsets at once.  The new offset of each queue by queue id."""
+        if (timestamp is None) == (offset is None):
+            raise ValueError("give either timestamp or offset")
+        h = ResetOffsetRequestHeader(
+            topic=topic,
+            group=group,
+            timestamp=to_millis(timestamp, 0) if timestamp is not None else 0,
+            is_force=force,
+            queue_id=queue_id,
+            offset=offset,
+        )
+        resp = await self._call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, h.to_ext_fields())
+        table = fastjson.loads(resp.body)["offsetTable"] or []
+        return {int(mq["queueId"]): int(off) for mq, off in sorted(table, key=_queue_id)}
 
     async def broker_config(self) -> dict[str, str]:
         """Every setting of the broker, by RocketMQ's key names, as strings."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from txmq.protocol import fastjson
 from txmq.protocol.aio import wait_event
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
@@ -385,6 +386,9 @@ class AsyncPushConsumer(ConnectedClient):
         #: Subscribed topics that did not exist yet when this consumer looked for them.
         self._born_later: set[str] = set()
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
+        #: Offsets an operator reset to (RESET_CONSUMER_CLIENT_OFFSET) for queues this member
+        #: dropped and takes again from there.
+        self._reset_offsets: dict[MessageQueue, int] = {}
         #: The group generation each broker (by address) gave with its member list.
         self._generations: dict[str, int | None] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -502,6 +506,7 @@ class AsyncPushConsumer(ConnectedClient):
         conn = BrokerConnection(self.broker, self.config)
         conn.register_consumer(self.group, self._consumer_data)
         conn.register_processor(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+        conn.register_processor(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
         conn.on_reconnect(self._request_rebalance)
         await conn.start()
         try:
@@ -563,6 +568,38 @@ class AsyncPushConsumer(ConnectedClient):
     async def _on_ids_changed(self, cmd: RemotingCommand) -> RemotingCommand | None:
         log.debug("consumer_ids_changed", group=self.group)
         self._request_rebalance()
+        return None
+
+    async def _on_reset_offset(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        """RESET_CONSUMER_CLIENT_OFFSET: an operator moved the group's offsets (the broker
+        committed them already).  Each queue held here is dropped without committing what it
+        had (what it pulled is forgotten; a callback running finishes, its result is not
+        committed) and taken again from the new offset."""
+        if self.local_offsets is not None:
+            return None  # broadcasting: offsets are this member's own
+        try:
+            table = fastjson.loads(cmd.body)["offsetTable"] or []
+            group = cmd.ext_fields.get("group")
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("reset_offset_unreadable", group=self.group, error=str(exc))
+            return None
+        if group not in (None, self.group):
+            return None
+        moved = 0
+        for mq_doc, offset in table:
+            mq = MessageQueue(mq_doc["topic"], mq_doc["brokerName"], int(mq_doc["queueId"]))
+            pq = self._pqs.get(mq)
+            if pq is None:
+                continue
+            self._reset_offsets[mq] = int(offset)
+            pq.msgs.clear()
+            # the drop then has nothing to commit: the new offset is committed already
+            pq.next_offset = pq.committed = int(offset)
+            self._drop(pq)
+            moved += 1
+        log.warning("consumer_offsets_reset", group=self.group, queues=moved)
+        if moved:
+            self._request_rebalance()
         return None
 
     def _request_rebalance(self) -> None:
@@ -647,6 +684,8 @@ class AsyncPushConsumer(ConnectedClient):
                     mine = set(allocate_averagely(queues, ids, conn.client_id))
                 for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
                     self._drop(self._pqs[key])
+                for key in [k for k in self._reset_offsets if k.topic == topic and k not in mine]:
+                    del self._reset_offsets[key]  # another member took it: the broker's offset
                 for mq in sorted(mine):
                     if mq in self._pqs or not self._started:
                         continue
@@ -668,7 +707,10 @@ class AsyncPushConsumer(ConnectedClient):
             return complete
 
     async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
-        if self.local_offsets is not None:
+        reset = self._reset_offsets.pop(mq, None)
+        if reset is not None:
+            offset = reset
+        elif self.local_offsets is not None:
             offset = await self._local_initial_offset(conn, mq, self.local_offsets)
         else:
             offset = await self._initial_offset(conn, mq.topic, mq.queue_id)

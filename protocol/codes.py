@@ -47,6 +47,14 @@ class RequestCode(IntEnum):
     GET_PRODUCER_CONNECTION_LIST = 204
     DELETE_SUBSCRIPTIONGROUP = 207
     GET_CONSUME_STATS = 208
+    #: Delete a topic on this broker (``DeleteTopicRequestHeader``: ``topic``).
+    DELETE_TOPIC_IN_BROKER = 215
+    #: Broker to consumer: move to the offsets of the body (``ResetOffsetBody``, fastjson
+    #: object-keyed ``offsetTable``); header as INVOKE_BROKER_TO_RESET_OFFSET.
+    RESET_CONSUMER_CLIENT_OFFSET = 220
+    #: An operator resets a group's offsets (``ResetOffsetRequestHeader``: ``topic``,
+    #: ``group``, ``timestamp``, ``isForce``; RocketMQ 5 also ``queueId``, ``offset``).
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
 
     # --- txmq extensions (10000+) -------------------------------------------------------
     #: List transactions (pending, parked after the check budget, or decided).  Header:

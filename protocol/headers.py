@@ -484,3 +484,22 @@ class DeleteSubscriptionGroupRequestHeader(Header):
 class GetBrokerConfigResponseHeader(Header):
     #: RocketMQ's DataVersion JSON of the configuration.
     version: str
+
+
+@dataclass
+class DeleteTopicRequestHeader(Header):
+    topic: str
+
+
+@dataclass
+class ResetOffsetRequestHeader(Header):
+    """RocketMQ's ``ResetOffsetRequestHeader`` (INVOKE_BROKER_TO_RESET_OFFSET and the
+    broker's RESET_CONSUMER_CLIENT_OFFSET).  ``timestamp`` in ms since the epoch; RocketMQ 5's
+    ``queueId`` (-1: every queue) and ``offset`` (an exact offset instead of a time)."""
+
+    topic: str
+    group: str
+    timestamp: int
+    is_force: bool
+    queue_id: int | None = None
+    offset: int | None = None

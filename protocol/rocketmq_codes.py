@@ -174,11 +174,12 @@ ROCKETMQ_REQUEST_CODES: dict[int, str] = {
 }
 
 #: Requests a RocketMQ broker sends *to clients* (over the client's own connection): a broker
-#: never receives them.  txmq sends CHECK_TRANSACTION_STATE and NOTIFY_CONSUMER_IDS_CHANGED.
+#: never receives them.  txmq sends CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED and
+#: RESET_CONSUMER_CLIENT_OFFSET.
 BROKER_TO_CLIENT: frozenset[int] = frozenset({39, 40, 220, 221, 307, 309, 326})
 
 #: The ones of :data:`BROKER_TO_CLIENT` txmq sends.
-SENT_BY_TXMQ: frozenset[int] = frozenset({39, 40})
+SENT_BY_TXMQ: frozenset[int] = frozenset({39, 40, 220})
 
 
 def request_code_name(code: int) -> str | None:

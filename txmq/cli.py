@@ -14,6 +14,7 @@ variables < flags.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -99,6 +100,28 @@ def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
 
 def _echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+OUTPUT_OPTION = click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+
+
+def _output_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--output table|json`` (``-o``) and the older ``--json`` (hidden, kept so scripts keep
+    working) for a command whose function takes ``as_json``."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, output: str, as_json: bool, **kwargs: Any) -> None:
+        fn(*args, as_json=as_json or output == "json", **kwargs)
+
+    run = click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")(run)
+    return OUTPUT_OPTION(run)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -286,7 +309,7 @@ def broker(
 
 @main.command()
 @BROKER_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@_output_options
 def status(broker: str, as_json: bool) -> None:
     """Ping the broker and print key figures (exit status 1 if it does not answer)."""
     t0 = time.perf_counter()
@@ -374,7 +397,7 @@ def cluster() -> None:
 
 @cluster.command("status")
 @BROKER_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@_output_options
 def cluster_status(broker: str, as_json: bool) -> None:
     """Groups, their leaders, in-sync replicas, lag and epochs (asked of any one broker)."""
     doc = _admin(broker, lambda admin: admin.cluster_status())
@@ -495,15 +518,22 @@ def topic_create(broker: str, name: str, queues: int, order: bool) -> None:
 
 @topic.command("list")
 @BROKER_OPTION
+@_output_options
 @click.option("--all", "show_all", is_flag=True, help="Include system, retry and DLQ topics.")
-def topic_list(broker: str, show_all: bool) -> None:
+def topic_list(broker: str, show_all: bool, as_json: bool) -> None:
     """List topics."""
     result = _admin(broker, lambda admin: admin.list_topics())
 
+    shown = {}
     for name, tc in sorted(result.items()):
         system = name.startswith(("%", "RMQ_SYS_", "TRANS_CHECK_", "SCHEDULE_TOPIC"))
         if system and not show_all:
             continue
+        shown[name] = tc
+    if as_json:
+        _echo_json(shown)
+        return
+    for name, tc in shown.items():
         click.echo(
             f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}"
         )
@@ -511,12 +541,16 @@ def topic_list(broker: str, show_all: bool) -> None:
 
 @topic.command("stats")
 @BROKER_OPTION
+@_output_options
 @click.argument("name")
-def topic_stats(broker: str, name: str) -> None:
+def topic_stats(broker: str, name: str, as_json: bool) -> None:
     """Per-queue offsets and consumer-group progress of topic NAME."""
     result = _admin(broker, lambda admin: admin.topic_stats(name))
 
     doc = result
+    if as_json:
+        _echo_json(doc)
+        return
     total = 0
     click.echo(f"{'queue':>5} {'min':>12} {'max':>12}")
     for q in doc["offsetTable"]:
@@ -526,6 +560,59 @@ def topic_stats(broker: str, name: str) -> None:
     for group, offs in sorted(doc.get("consumerOffsets", {}).items()):
         lag = sum(q["maxOffset"] - offs.get(str(q["queueId"]), 0) for q in doc["offsetTable"])
         click.echo(f"group {group}: lag {lag}")
+
+
+_PERMS = {"r": 4, "w": 2, "rw": 6}
+
+
+@topic.command("update")
+@BROKER_OPTION
+@_output_options
+@click.argument("name")
+@click.option("--perm", type=click.Choice(sorted(_PERMS)), help="Readable, writable, or both.")
+@click.option("--read-queues", type=click.IntRange(1, 1024), help="Read queue count.")
+@click.option("--write-queues", type=click.IntRange(1, 1024), help="Write queue count.")
+def topic_update(
+    broker: str,
+    name: str,
+    perm: str | None,
+    read_queues: int | None,
+    write_queues: int | None,
+    as_json: bool,
+) -> None:
+    """Change topic NAME's permission or queue counts (what is not given stays)."""
+    if perm is None and read_queues is None and write_queues is None:
+        raise click.UsageError("give --perm, --read-queues or --write-queues")
+    tc = _admin(
+        broker,
+        lambda admin: admin.update_topic(
+            name,
+            perm=_PERMS[perm] if perm else None,
+            read_queues=read_queues,
+            write_queues=write_queues,
+        ),
+    )
+    if as_json:
+        _echo_json(tc)
+        return
+    click.echo(
+        f"topic {name} updated: queues={tc['writeQueueNums']}/{tc['readQueueNums']} "
+        f"perm={tc['perm']}"
+    )
+
+
+@topic.command("delete")
+@BROKER_OPTION
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def topic_delete(broker: str, name: str, yes: bool) -> None:
+    """Delete topic NAME: its config, consume queues and every group's committed offsets on it
+    (refused for system topics and while live consumers subscribe to it).  Its messages stay in
+    the commit log until retention deletes them."""
+    if not yes:
+        click.confirm(f"delete topic {name}, its queues and its consumer offsets?", abort=True)
+    _admin(broker, lambda admin: admin.delete_topic(name))
+    click.echo(f"topic {name} deleted")
 
 
 # --- send / consume ---------------------------------------------------------------------------
@@ -548,6 +635,7 @@ def _props(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--group", "-g", default="txmq-cli-producer", show_default=True)
 @click.option("--count", "-n", default=1, show_default=True, help="Send BODY this many times.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Send one message per line of stdin.")
+@OUTPUT_OPTION
 def send(
     broker: str,
     topic_name: str,
@@ -558,8 +646,10 @@ def send(
     group: str,
     count: int,
     from_stdin: bool,
+    output: str,
 ) -> None:
-    """Send BODY (or stdin lines) to TOPIC; prints one result line per message."""
+    """Send BODY (or stdin lines) to TOPIC; prints one result line per message (with -o json,
+    one JSON object per line)."""
     from txmq.client import AsyncProducer, Message
 
     if body is None and not from_stdin:
@@ -578,9 +668,15 @@ def send(
                 r = await producer.send(
                     Message(topic_name, (b or "").encode(), tags=tags, keys=keys, properties=props)
                 )
+                status = r.status.name if hasattr(r.status, "name") else str(r.status)
+                if output == "json":
+                    doc: dict[str, Any] = {"status": status, "msgId": r.msg_id}
+                    doc |= {"offsetMsgId": r.offset_msg_id, "queueId": r.queue_id}
+                    doc["queueOffset"] = r.queue_offset
+                    click.echo(json.dumps(doc))
+                    continue
                 click.echo(
-                    f"{r.status.name if hasattr(r.status, 'name') else r.status} "
-                    f"msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
+                    f"{status} msgId={r.msg_id} offsetMsgId={r.offset_msg_id} "
                     f"queue={r.queue_id} offset={r.queue_offset}"
                 )
 
@@ -609,6 +705,14 @@ def send(
 )
 @click.option("--count", "-n", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="json",
+    show_default=True,
+    help="One JSON line per message (for scripts), or one short line each for people.",
+)
 def consume(
     broker: str,
     topic_name: str,
@@ -617,12 +721,13 @@ def consume(
     consume_from: str,
     count: int | None,
     timeout: float | None,
+    output: str,
 ) -> None:
-    """Print TOPIC's messages, one JSON line each: as consumer group GROUP (--group), or a peek
-    that moves no group's offsets."""
+    """Print TOPIC's messages, one JSON line each (or, with -o table, one short line each): as
+    consumer group GROUP (--group), or a peek that moves no group's offsets."""
     # The config is made here: the click context is not visible inside the loop.
     source = _Source(broker, _client_config(), topic_name, expression, consume_from)
-    printer = _MessagePrinter(count, timeout)
+    printer = _MessagePrinter(count, timeout, table=output == "table")
     if group is None:
         work = _peek(source, printer)
     else:
@@ -649,7 +754,8 @@ class _MessagePrinter:
     """Prints messages as JSON lines and tells when ``count`` were printed, or when none came
     for ``timeout`` seconds (:meth:`idle`)."""
 
-    def __init__(self, count: int | None, timeout: float | None) -> None:
+    def __init__(self, count: int | None, timeout: float | None, table: bool = False) -> None:
+        self.table = table
         self.count = count
         self.timeout = timeout
         self.seen = 0
@@ -667,7 +773,13 @@ class _MessagePrinter:
             "properties": msg.user_properties,
             "body": msg.body.decode("utf-8", "replace"),
         }
-        click.echo(json.dumps(doc))
+        if self.table:
+            click.echo(
+                f"{msg.topic} q{msg.queue_id}@{msg.queue_offset} {msg.msg_id} "
+                f"tags={msg.tags or ''} {_body_preview(msg.body, 80)}"
+            )
+        else:
+            click.echo(json.dumps(doc))
         self.seen += 1
         self.last = time.monotonic()
         if self.count is not None and self.seen >= self.count:
@@ -737,15 +849,6 @@ async def _peek(source: _Source, printer: _MessagePrinter) -> None:
 
 
 # --- consumer groups, clients, broker settings ------------------------------------------------
-
-OUTPUT_OPTION = click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
 
 
 def _emit(rows: list[dict[str, Any]], output: str, columns: list[tuple[str, str, int]]) -> None:
@@ -853,6 +956,59 @@ def group_delete(broker: str, group_name: str, yes: bool) -> None:
     click.echo(f"consumer group {group_name} deleted")
 
 
+@group.command("reset-offset")
+@BROKER_OPTION
+@_output_options
+@click.argument("group_name", metavar="GROUP")
+@click.option("--topic", "-t", required=True, help="The topic whose offsets move.")
+@click.option("--to-time", help="The first message stored at or after: ms or an ISO time.")
+@click.option("--to-offset", type=click.IntRange(min=0), help="This offset in every queue.")
+@click.option("--to-earliest", is_flag=True, help="The oldest message still stored.")
+@click.option("--to-latest", is_flag=True, help="The end of each queue (skip everything).")
+@click.option(
+    "--force/--no-force",
+    default=True,
+    show_default=True,
+    help="With --no-force a queue only moves back (RocketMQ's isForce=false).",
+)
+def group_reset_offset(
+    broker: str,
+    group_name: str,
+    topic: str,
+    to_time: str | None,
+    to_offset: int | None,
+    to_earliest: bool,
+    to_latest: bool,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Move GROUP's offsets on a topic; its live consumers continue from there at once."""
+    chosen = [to_time is not None, to_offset is not None, to_earliest, to_latest]
+    if sum(chosen) != 1:
+        raise click.UsageError(
+            "give exactly one of --to-time, --to-offset, --to-earliest, --to-latest"
+        )
+    timestamp: Any = None
+    if to_time is not None:
+        timestamp = _parse_time(to_time)
+    elif to_earliest:
+        timestamp = 0
+    elif to_latest:
+        timestamp = 2**62  # after every message: each queue's end
+    offsets = _admin(
+        broker,
+        lambda admin: admin.reset_offset(
+            group_name, topic, timestamp=timestamp, offset=to_offset, force=force
+        ),
+    )
+    rows = [{"topic": topic, "queueId": q, "offset": o} for q, o in sorted(offsets.items())]
+    _emit(
+        rows,
+        "json" if as_json else "table",
+        [("topic", "topic", 24), ("queueId", "queue", -5), ("offset", "offset", -12)],
+    )
+
+
 @main.command()
 @BROKER_OPTION
 @OUTPUT_OPTION
@@ -932,7 +1088,7 @@ def txn() -> None:
     help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.",
 )
 @click.option("--limit", default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@_output_options
 def txn_list(
     broker: str, group: str | None, topic: str | None, state: str, limit: int, as_json: bool
 ) -> None:
@@ -958,10 +1114,17 @@ def txn_list(
 
 @txn.command("show")
 @BROKER_OPTION
+@_output_options
 @click.argument("transaction_id")
-def txn_show(broker: str, transaction_id: str) -> None:
+def txn_show(broker: str, transaction_id: str, as_json: bool) -> None:
     """Show one transaction (by transaction id, message id or offset message id)."""
-    _echo_json(_admin(broker, lambda admin: admin.get_transaction(transaction_id)))
+    doc = _admin(broker, lambda admin: admin.get_transaction(transaction_id))
+    if as_json:
+        _echo_json(doc)
+        return
+    for key, value in sorted(doc.items()):
+        shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
+        click.echo(f"{key:20} {shown}")
 
 
 @txn.command("resume")
@@ -1125,7 +1288,7 @@ def message() -> None:
     help="The message's topic: looks a message id (UNIQ_KEY) up in the index; without it every "
     "topic is searched when the id is not an offsetMsgId.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@_output_options
 def message_show(broker: str, msg_id: str, topic: str | None, as_json: bool) -> None:
     """Show one message by offsetMsgId or message id."""
     from txmq.protocol.errors import QueryNotFoundError
@@ -1153,7 +1316,7 @@ def message_show(broker: str, msg_id: str, topic: str | None, as_json: bool) -> 
 @click.option("--begin", help="Stored at or after: ms since the epoch or an ISO time.")
 @click.option("--end", help="Stored at or before: ms since the epoch or an ISO time.")
 @click.option("--max", "max_num", default=32, show_default=True, help="At most (the broker: 64).")
-@click.option("--json", "as_json", is_flag=True)
+@_output_options
 def message_find(
     broker: str,
     topic: str,
@@ -1176,3 +1339,91 @@ def message_find(
     if not docs and not as_json:
         raise click.ClickException(f"no message of topic {topic} with key {key}")
     _echo_messages(docs, as_json)
+
+
+# --- dead letters -----------------------------------------------------------------------------
+
+
+@main.group()
+def dlq() -> None:
+    """Dead-lettered messages of a consumer group (``%DLQ%<group>``): list, send back."""
+
+
+def _dlq_doc(m: Any) -> dict[str, Any]:
+    from txmq.client.dlq import original_topic
+
+    stored = datetime.fromtimestamp(m.store_timestamp / 1000, tz=UTC)
+    return {
+        "msgId": m.msg_id,
+        "offsetMsgId": m.offset_msg_id,
+        "originalTopic": original_topic(m),
+        "reconsumeTimes": m.reconsume_times,
+        "storeTimestamp": m.store_timestamp,
+        "storeTime": stored.isoformat(timespec="seconds"),
+        "tags": m.tags,
+        "keys": m.keys,
+        "body": _body_preview(m.body, 60),
+    }
+
+
+@dlq.command("list")
+@BROKER_OPTION
+@_output_options
+@click.argument("group_name", metavar="GROUP")
+def dlq_list(broker: str, group_name: str, as_json: bool) -> None:
+    """The messages GROUP dead-lettered, oldest first."""
+    from txmq.client.dlq import read_dlq
+
+    msgs = _run(read_dlq(group_name, broker, _client_config()))
+    _emit(
+        [_dlq_doc(m) for m in msgs],
+        "json" if as_json else "table",
+        [("msgId", "msg id", 32), ("originalTopic", "topic", 20), ("reconsumeTimes", "tries", -5)]
+        + [("storeTime", "stored", 25), ("body", "body", 0)],
+    )
+
+
+@dlq.command("resend")
+@BROKER_OPTION
+@_output_options
+@click.argument("group_name", metavar="GROUP")
+@click.option("--id", "ids", multiple=True, help="A message id or offsetMsgId (repeatable).")
+@click.option("--all", "resend_all", is_flag=True, help="Every dead-lettered message.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def dlq_resend(
+    broker: str, group_name: str, ids: tuple[str, ...], resend_all: bool, yes: bool, as_json: bool
+) -> None:
+    """Send GROUP's dead-lettered messages back to their original topics, as new messages with
+    the same body, tags, keys and user properties.  Each resend's message id is derived from
+    the dead-lettered message's id: repeating a resend within the broker's duplicate window
+    stores nothing twice.  The messages stay in the dead-letter queue."""
+    from txmq.client.dlq import read_dlq, resend
+
+    if bool(ids) == resend_all:
+        raise click.UsageError("give --id (one or more) or --all")
+    msgs = _run(read_dlq(group_name, broker, _client_config()))
+    if ids:
+        wanted = set(ids)
+        msgs = [m for m in msgs if m.msg_id in wanted or m.offset_msg_id in wanted]
+        found = {m.msg_id for m in msgs} | {m.offset_msg_id for m in msgs}
+        missing = sorted(wanted - found)
+        if missing:
+            raise click.ClickException(f"not in %DLQ%{group_name}: {', '.join(missing)}")
+    if not msgs:
+        raise click.ClickException(f"no dead-lettered message of group {group_name}")
+    if not yes:
+        click.confirm(f"send {len(msgs)} message(s) back to their topics?", abort=True)
+    try:
+        done = _run(resend(msgs, broker, _client_config()))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows = [
+        {"dlqMsgId": r.dlq_msg_id, "topic": r.topic, "msgId": r.msg_id, "status": r.status}
+        for r in done
+    ]
+    _emit(
+        rows,
+        "json" if as_json else "table",
+        [("dlqMsgId", "dead-lettered id", 32), ("topic", "sent to", 20)]
+        + [("msgId", "new msg id", 32), ("status", "status", 0)],
+    )

@@ -16,6 +16,7 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import BrokerSystemError, InvalidParameterError, TopicNotExistError
 from txmq.protocol.headers import (
     CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
     GetConsumerListByGroupRequestHeader,
     GetMaxOffsetRequestHeader,
     GetMinOffsetRequestHeader,
@@ -190,6 +191,44 @@ class AdminProcessor:
             )
         )
         await self.ctx.persist_topics()
+        return cmd.response()
+
+    async def delete_topic_in_broker(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        """DELETE_TOPIC_IN_BROKER (mqadmin deleteTopic): the topic's config, consume queues
+        (their files) and every group's committed offsets on it go; its messages stay in the
+        commit log until retention deletes them.  Refused for the broker's own topics and,
+        unlike RocketMQ (which deletes regardless), while a live consumer subscribes to it."""
+        topic = DeleteTopicRequestHeader.from_ext_fields(cmd.ext_fields).topic
+        if topic in INTERNAL_TOPICS:
+            raise InvalidParameterError(
+                f"the topic[{topic}] is a system topic and cannot be deleted"
+            )
+        clients = self.ctx.clients
+        live = sorted(g for g in clients.consumer_groups() if clients.subscription(g, topic))
+        if live:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"topic {topic!r} has live consumers in group(s) {', '.join(live)}: "
+                "stop them (or change their subscriptions) before deleting the topic",
+            )
+        had_config = self.ctx.topics.delete(topic)
+        queues = self.ctx.store.delete_topic(topic)
+        groups = self.ctx.offsets.remove_topic(topic)
+        if not (had_config or queues or groups):
+            raise TopicNotExistError(f"topic[{topic}] not exist")
+        await self.ctx.persist_topics()
+        await self.ctx.in_background(self.ctx.offsets.persist)
+        if queues:
+            await self.ctx.in_background(self.ctx.store.flush_consume_queues)
+        log.warning(
+            "topic_deleted_by_operator",
+            topic=topic,
+            queues=queues,
+            groups=groups,
+            peer=f"{conn.peer[0]}:{conn.peer[1]}",
+        )
         return cmd.response()
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -17,8 +17,9 @@ from typing import Any
 import structlog
 
 from txmq.protocol.aio import Connection
-from txmq.protocol.codes import LanguageCode, ResponseCode
+from txmq.protocol.codes import LanguageCode, RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import InvalidParameterError, TopicNotExistError, TxmqError
 from txmq.protocol.fastjson import ObjectKeyMap, dumps
 from txmq.protocol.headers import (
     DeleteSubscriptionGroupRequestHeader,
@@ -26,6 +27,7 @@ from txmq.protocol.headers import (
     GetConsumerConnectionListRequestHeader,
     GetConsumeStatsRequestHeader,
     GetProducerConnectionListRequestHeader,
+    ResetOffsetRequestHeader,
 )
 
 from ..clients import ClientChannel
@@ -189,6 +191,69 @@ class GroupViewProcessor:
         await self.ctx.in_background(self.ctx.offsets.persist)
         log.warning("consumer_group_deleted", group=group, peer=f"{conn.peer[0]}:{conn.peer[1]}")
         return cmd.response()
+
+    async def reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """INVOKE_BROKER_TO_RESET_OFFSET (mqadmin resetOffsetByTime), as RocketMQ's
+        ``Broker2Client.resetOffset``: per queue of the topic, the first offset stored at or
+        after ``timestamp`` (or RocketMQ 5's exact ``offset``; ``queueId`` narrows it to one
+        queue).  Without ``isForce`` a queue only moves back (the group's committed offset is
+        kept when it is lower).  The offsets are committed, and every live consumer of the group
+        is told (RESET_CONSUMER_CLIENT_OFFSET, oneway, the same ``ResetOffsetBody``), so it
+        drops what it pulled and continues from there.  The answer's body is the
+        ``ResetOffsetBody``.  Unlike RocketMQ, a group with no live consumer is not refused:
+        its offsets are committed for its next start."""
+        h = ResetOffsetRequestHeader.from_ext_fields(cmd.ext_fields)
+        tc = self.ctx.topics.get(h.topic)
+        if tc is None:
+            raise TopicNotExistError(f"topic[{h.topic}] not exist")
+        store, offsets = self.ctx.store, self.ctx.offsets
+        qids = range(tc.read_queue_nums)
+        if h.queue_id is not None and h.queue_id >= 0:
+            if h.queue_id >= tc.read_queue_nums:
+                raise InvalidParameterError(
+                    f"queueId {h.queue_id} is not a queue of {h.topic} "
+                    f"({tc.read_queue_nums} read queues)"
+                )
+            qids = range(h.queue_id, h.queue_id + 1)
+        table = ObjectKeyMap()
+        for qid in qids:
+            lo = store.get_min_offset_in_queue(h.topic, qid)
+            hi = store.get_max_offset_in_queue(h.topic, qid)
+            if h.offset is not None and h.offset >= 0:
+                target = min(max(h.offset, lo), hi)
+            else:
+                target = store.get_offset_by_time(h.topic, qid, h.timestamp)
+            current = offsets.query(h.group, h.topic, qid)
+            if not h.is_force and 0 <= current < target:
+                target = current
+            offsets.commit(h.group, h.topic, qid, target)
+            mq = {"topic": h.topic, "brokerName": self.ctx.config.broker_name, "queueId": qid}
+            table.append((mq, target))
+        body = dumps({"offsetTable": table}).encode()
+        await self.ctx.in_background(offsets.persist)
+        notified = 0
+        for ch in self.ctx.clients.consumer_channels(h.group):
+            try:
+                ch.conn.send_oneway(
+                    RemotingCommand.request(
+                        RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+                        h.to_ext_fields(),
+                        body,
+                        serialize_type=ch.conn.peer_serialize_type,
+                    )
+                )
+                notified += 1
+            except TxmqError as exc:
+                log.warning("reset_offset_not_sent", client=ch.client_id, error=str(exc))
+        log.warning(
+            "consumer_offsets_reset",
+            group=h.group,
+            topic=h.topic,
+            offsets={mq["queueId"]: off for mq, off in table},
+            consumers_told=notified,
+            peer=f"{conn.peer[0]}:{conn.peer[1]}",
+        )
+        return cmd.response(body=body)
 
     async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """Every setting as ``key=value`` lines (RocketMQ's names), sorted."""

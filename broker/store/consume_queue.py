@@ -428,6 +428,16 @@ class ConsumeQueue:
         self.correct_min_offset(commit_log_min)
         return deleted
 
+    def destroy(self) -> None:
+        """Delete every segment file of the queue and its folder (the topic is being deleted).
+        The descriptors are closed by the next flush, as for any deleted segment."""
+        self._drop_segments_from(0, reason="topic_deleted")
+        self.min_offset = self.max_offset = 0
+        try:
+            os.rmdir(self.directory)
+        except OSError:
+            log.warning("queue_folder_not_removed", path=self.directory)
+
     @property
     def segment_count(self) -> int:
         return len(self._segments)

@@ -99,6 +99,17 @@ class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
                 self._dirty = True
         return bool(keys)
 
+    def remove_topic(self, topic: str) -> list[str]:
+        """Forget every group's offsets on ``topic``; the groups that had some, sorted."""
+        prefix = topic + TOPIC_GROUP_SEPARATOR
+        with self._lock:
+            keys = [k for k in self._table if k.startswith(prefix)]
+            for k in keys:
+                del self._table[k]
+            if keys:
+                self._dirty = True
+        return sorted(k[len(prefix) :] for k in keys)
+
     def txn_applied(self, topic: str) -> int:
         """The queue offset (queue 0 of ``topic``) up to which committed transactional offsets
         records were applied; 0 when none was."""

@@ -1258,6 +1258,27 @@ class MessageStore:
         """Topics that have consume queues, sorted."""
         return sorted(self._topics)
 
+    def delete_topic(self, topic: str) -> int:
+        """Drop the consume queues of ``topic``: their files and folders go (owner thread).
+        The messages stay in the commit log until retention deletes them.  Call
+        :meth:`flush_consume_queues` next (it may run on a worker thread): the checkpoint it
+        writes no longer lists the queues.  Returns the number of queues dropped."""
+        self._check_open()
+        with self._cq_flush_lock, self._lock:
+            queues = self._topics.pop(topic, {})
+            for qid, cq in queues.items():
+                del self._cqs[(topic, qid)]
+                cq.destroy()
+        try:
+            os.rmdir(os.path.join(self._cq_dir, topic))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.warning("topic_folder_not_removed", topic=topic)
+        if queues:
+            log.info("topic_queues_deleted", topic=topic, queues=len(queues))
+        return len(queues)
+
     # -- retention ------------------------------------------------------------------------------
 
     def delete_expired_files(self, now: float | None = None) -> int:

@@ -235,6 +235,13 @@ async def cases(broker: BrokerController) -> list[Case]:
         Case(R.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "cgroup"}, b"", ADMIN_ONLY),
         Case(R.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": "groupA"}, b"", ADMIN_ONLY),
         Case(R.DELETE_SUBSCRIPTIONGROUP, {"groupName": "no-such-group"}, b"", ADMIN_ONLY),
+        Case(R.DELETE_TOPIC_IN_BROKER, {"topic": "no-such-topic"}, b"", ADMIN_ONLY),
+        Case(
+            R.INVOKE_BROKER_TO_RESET_OFFSET,
+            {"topic": "no-such-topic", "group": "cgroup", "timestamp": 0, "isForce": "true"},
+            b"",
+            ADMIN_ONLY,
+        ),
         Case(R.TXMQ_GET_METRICS, {}, b"", ADMIN_ONLY),
         Case(R.RESUME_CHECK_HALF_MESSAGE, {"msgId": "nothing-like-it"}, b"", ADMIN_ONLY),
         Case(R.TXMQ_LIST_TRANSACTIONS, {"limit": 10}, b"", ADMIN_ONLY),
