@@ -29,7 +29,7 @@ from typing import Any
 from lark import Lark, Token, Transformer, UnexpectedCharacters, UnexpectedInput
 from lark.exceptions import VisitError
 
-from txmq.protocol.message import FIXED_SIZE, MESSAGE_MAGIC_CODE, string_to_properties
+from txmq.protocol.message import FIXED_SIZE, string_to_properties, topic_span
 
 __all__ = [
     "SUBSCRIPTION_PARSE_FAILED",
@@ -151,16 +151,23 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _numbers_alike(lv: Any, rv: Any) -> tuple[Any, Any]:
+    """A string compared with a number is read as a number (``_NOT_A_NUMBER`` when it is not
+    one), as RocketMQ converts property values."""
+    if isinstance(lv, str) and _is_number(rv):
+        return _as_number(lv), rv
+    if isinstance(rv, str) and _is_number(lv):
+        return lv, _as_number(rv)
+    return lv, rv
+
+
 def _ordered(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
     """``op`` over two evaluated operands with RocketMQ's conversions (NULL in, NULL out)."""
 
     def compare(lv: Any, rv: Any) -> Any:
         if lv is None or rv is None:
             return None
-        if isinstance(lv, str) and _is_number(rv):
-            lv = _as_number(lv)
-        elif isinstance(rv, str) and _is_number(lv):
-            rv = _as_number(rv)
+        lv, rv = _numbers_alike(lv, rv)
         if lv is _NOT_A_NUMBER or rv is _NOT_A_NUMBER:
             return False
         if (_is_number(lv) and _is_number(rv)) or (isinstance(lv, str) and isinstance(rv, str)):
@@ -177,10 +184,7 @@ def _equal(lv: Any, rv: Any) -> Any:
         return lv == (rv.lower() == "true")
     if isinstance(rv, bool) and isinstance(lv, str):
         return rv == (lv.lower() == "true")
-    if isinstance(lv, str) and _is_number(rv):
-        lv = _as_number(lv)
-    elif isinstance(rv, str) and _is_number(lv):
-        rv = _as_number(rv)
+    lv, rv = _numbers_alike(lv, rv)
     if lv is _NOT_A_NUMBER or rv is _NOT_A_NUMBER:
         return False
     if isinstance(lv, bool) != isinstance(rv, bool):
@@ -285,30 +289,25 @@ class _Compile(Transformer[Token, _Node]):
         raise SqlFilterError(f"expression will not result in a boolean value: {_describe(n)}")
 
     def and_(self, items: list[_Node]) -> _Node:
-        lf, rf = (self._boolean(x).fn for x in items)
-
-        def fn(p: Props) -> Any:
-            lv = lf(p)
-            if lv is False:
-                return False
-            rv = rf(p)
-            if rv is False:
-                return False
-            return None if lv is None or rv is None else True
-
-        return _Node(fn, "bool")
+        return self._junction(items, decisive=False)
 
     def or_(self, items: list[_Node]) -> _Node:
+        return self._junction(items, decisive=True)
+
+    def _junction(self, items: list[_Node], *, decisive: bool) -> _Node:
+        """AND (``decisive`` False) or OR (True) in SQL's three-valued logic: one side equal
+        to ``decisive`` decides; else NULL if a side is NULL; else ``not decisive``."""
         lf, rf = (self._boolean(x).fn for x in items)
+        otherwise = not decisive
 
         def fn(p: Props) -> Any:
             lv = lf(p)
-            if lv is True:
-                return True
+            if lv is decisive:
+                return decisive
             rv = rf(p)
-            if rv is True:
-                return True
-            return None if lv is None or rv is None else False
+            if rv is decisive:
+                return decisive
+            return None if lv is None or rv is None else otherwise
 
         return _Node(fn, "bool")
 
@@ -399,19 +398,8 @@ class _Compile(Transformer[Token, _Node]):
         return self._between(items, True)
 
     def _in(self, items: list[Any], negate: bool) -> _Node:
-        x: _Node = items[0]
         values = frozenset(_unquote(t) for t in items[1:])
-        f = x.fn
-
-        def fn(p: Props) -> Any:
-            v = f(p)
-            if v is None:
-                return None
-            if not isinstance(v, str):
-                return False
-            return (v not in values) if negate else (v in values)
-
-        return _Node(fn, "bool")
+        return self._string_predicate(items[0], values.__contains__, negate)
 
     def in_(self, items: list[Any]) -> _Node:
         return self._in(items, False)
@@ -422,8 +410,13 @@ class _Compile(Transformer[Token, _Node]):
     def _string_test(
         self, items: list[Any], test: Callable[[str, str], bool], negate: bool
     ) -> _Node:
-        x: _Node = items[0]
         lit = _unquote(items[1])
+        return self._string_predicate(items[0], lambda v: test(v, lit), negate)
+
+    @staticmethod
+    def _string_predicate(x: _Node, pred: Callable[[str], bool], negate: bool) -> _Node:
+        """``pred`` of a string value (negated with ``negate``); NULL stays NULL, a value that
+        is not a string does not match."""
         f = x.fn
 
         def fn(p: Props) -> Any:
@@ -432,30 +425,33 @@ class _Compile(Transformer[Token, _Node]):
                 return None
             if not isinstance(v, str):
                 return False
-            return test(v, lit) != negate
+            return pred(v) != negate
 
         return _Node(fn, "bool")
 
-    def contains(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.__contains__, False)
-
-    def not_contains(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.__contains__, True)
-
-    def startswith(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.startswith, False)
-
-    def not_startswith(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.startswith, True)
-
-    def endswith(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.endswith, False)
-
-    def not_endswith(self, items: list[Any]) -> _Node:
-        return self._string_test(items, str.endswith, True)
-
     def start(self, items: list[_Node]) -> _Node:
         return self._boolean(items[0])
+
+
+def _string_rule(test: Callable[[str, str], bool], negate: bool) -> Callable[..., _Node]:
+    def rule(self: _Compile, items: list[Any]) -> _Node:
+        return self._string_test(items, test, negate)
+
+    return rule
+
+
+#: RocketMQ 5's string tests: the grammar rule each is parsed as, the test, and whether the
+#: rule is its NOT form.  Each becomes the compiler's method of that rule's name.
+_STRING_TESTS: tuple[tuple[str, Callable[[str, str], bool], bool], ...] = (
+    ("contains", str.__contains__, False),
+    ("not_contains", str.__contains__, True),
+    ("startswith", str.startswith, False),
+    ("not_startswith", str.startswith, True),
+    ("endswith", str.endswith, False),
+    ("not_endswith", str.endswith, True),
+)
+for _rule, _test, _negate in _STRING_TESTS:
+    setattr(_Compile, _rule, _string_rule(_test, _negate))
 
 
 class SqlFilter:
@@ -533,13 +529,7 @@ def stored_properties(record: bytes | memoryview) -> Props:
     :func:`txmq.protocol.message.encode_message`), without decoding the rest."""
     (magic,) = _I32.unpack_from(record, 4)
     (body_len,) = _I32.unpack_from(record, _BODY_LEN_AT)
-    p = FIXED_SIZE + body_len
-    if magic == MESSAGE_MAGIC_CODE:
-        tlen = record[p]
-        p += 1
-    else:
-        (tlen,) = _I16.unpack_from(record, p)
-        p += 2
+    p, tlen = topic_span(record, FIXED_SIZE + body_len, magic)
     p += tlen
     (plen,) = _I16.unpack_from(record, p)
     p += 2

@@ -619,6 +619,22 @@ def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
     return out
 
 
+def topic_span(buf: bytes | bytearray | memoryview, p: int, magic: int) -> tuple[int, int]:
+    """Where a stored record's topic starts and how many bytes it has, ``p`` being just past
+    the body: a one-byte length in RocketMQ 4's records, two bytes in 5's (MESSAGE_MAGIC_CODE
+    tells them apart).
+
+    Raises:
+        ProtocolError: a negative length.
+    """
+    if magic == MESSAGE_MAGIC_CODE:
+        return p + 1, buf[p]
+    (tlen,) = _I16.unpack_from(buf, p)
+    if tlen < 0:
+        raise ProtocolError("negative topic length")
+    return p + 2, tlen
+
+
 def _decode_at(buf: bytes | memoryview, pos: int) -> MessageExt:
     # Hot on the consumer side (every pulled message): one unpack of the fixed head, slices of
     # ``buf`` (bytes for bytes), positional construction, properties left in wire form.
@@ -649,14 +665,7 @@ def _decode_at(buf: bytes | memoryview, pos: int) -> MessageExt:
             raise ProtocolError("message record is truncated")
         p = pos + FIXED_SIZE + body_len
         body = bytes(buf[pos + FIXED_SIZE : p])
-        if magic == MESSAGE_MAGIC_CODE:
-            tlen = buf[p]
-            p += 1
-        else:
-            (tlen,) = _I16.unpack_from(buf, p)
-            p += 2
-            if tlen < 0:
-                raise ProtocolError("negative topic length")
+        p, tlen = topic_span(buf, p, magic)
         topic = str(buf[p : p + tlen], "utf-8")
         p += tlen
         (plen,) = _I16.unpack_from(buf, p)

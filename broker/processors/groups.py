@@ -102,44 +102,20 @@ class GroupViewProcessor:
     async def get_consumer_connection_list(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        group = GetConsumerConnectionListRequestHeader.from_ext_fields(
-            cmd.ext_fields
-        ).consumer_group
-        channels = self.ctx.clients.consumer_channels(group)
-        if not channels:
-            return cmd.response(CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
-        meta: dict[str, str] = {}
-        subscriptions: dict[str, Any] = {}
-        for ch in channels:
-            meta.update(ch.consumer_meta.get(group, {}))
-            for topic, sub in ch.consumer_groups[group].items():
-                subscriptions[topic] = {
-                    "topic": topic,
-                    "subString": sub.expression,
-                    "expressionType": sub.expression_type,
-                    "tagsSet": sorted(sub.tags or ()),
-                    "classFilterMode": False,
-                    "subVersion": 0,
-                }
+        h = GetConsumerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
+        channels = self.ctx.clients.consumer_channels(h.consumer_group)
+        missing = (CONSUMER_NOT_ONLINE, f"the consumer group[{h.consumer_group}] not online")
         return _connections(
-            cmd,
-            channels,
-            subscriptionTable=subscriptions,
-            consumeType=meta.get("consumeType", "CONSUME_PASSIVELY"),
-            messageModel=meta.get("messageModel", "CLUSTERING"),
-            consumeFromWhere=meta.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"),
+            cmd, channels, missing, **_consumer_settings(h.consumer_group, channels)
         )
 
     async def get_producer_connection_list(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        group = GetProducerConnectionListRequestHeader.from_ext_fields(
-            cmd.ext_fields
-        ).producer_group
-        channels = self.ctx.clients.producer_channels(group)
-        if not channels:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
-        return _connections(cmd, channels)
+        h = GetProducerConnectionListRequestHeader.from_ext_fields(cmd.ext_fields)
+        channels = self.ctx.clients.producer_channels(h.producer_group)
+        missing = (ResponseCode.SYSTEM_ERROR, f"the producer group[{h.producer_group}] not exist")
+        return _connections(cmd, channels, missing)
 
     async def get_all_subscription_group_config(
         self, conn: Connection, cmd: RemotingCommand
@@ -267,12 +243,38 @@ class GroupViewProcessor:
 
 
 def _connections(
-    cmd: RemotingCommand, channels: list[ClientChannel], **more: Any
+    cmd: RemotingCommand, channels: list[ClientChannel], missing: tuple[int, str], **more: Any
 ) -> RemotingCommand:
     """RocketMQ's ConsumerConnection / ProducerConnection body: the channels as
-    ``connectionSet``, and ``more``."""
+    ``connectionSet``, and ``more``; the ``missing`` (code, remark) answer when there are none."""
+    if not channels:
+        return cmd.response(*missing)
     body = {"connectionSet": [_connection(ch) for ch in channels], **more}
     return cmd.response(body=dumps(body).encode())
+
+
+def _consumer_settings(group: str, channels: list[ClientChannel]) -> dict[str, Any]:
+    """What a ConsumerConnection tells of the group beside its connections: its subscriptions
+    and the consume settings its members' heartbeats gave."""
+    meta: dict[str, str] = {}
+    subscriptions: dict[str, Any] = {}
+    for ch in channels:
+        meta.update(ch.consumer_meta.get(group, {}))
+        for topic, sub in ch.consumer_groups[group].items():
+            subscriptions[topic] = {
+                "topic": topic,
+                "subString": sub.expression,
+                "expressionType": sub.expression_type,
+                "tagsSet": sorted(sub.tags or ()),
+                "classFilterMode": False,
+                "subVersion": 0,
+            }
+    return {
+        "subscriptionTable": subscriptions,
+        "consumeType": meta.get("consumeType", "CONSUME_PASSIVELY"),
+        "messageModel": meta.get("messageModel", "CLUSTERING"),
+        "consumeFromWhere": meta.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"),
+    }
 
 
 def _config_value(v: Any) -> str:

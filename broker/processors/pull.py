@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from txmq.protocol.aio import Connection
@@ -91,8 +92,8 @@ class PullMessageProcessor:
                 SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed: {exc}"
             )
         max_nums = max(1, min(h.max_msg_nums, 1024))
-        store = self.ctx.store
-        result = store.get_messages(
+        read = functools.partial(
+            self.ctx.store.get_messages,
             h.topic,
             h.queue_id,
             h.queue_offset,
@@ -101,6 +102,7 @@ class PullMessageProcessor:
             joined=True,
             message_filter=sql,
         )
+        result = read()
         suspend = (
             h.sys_flag & FLAG_SUSPEND
             and self.ctx.config.long_polling_enable
@@ -112,15 +114,7 @@ class PullMessageProcessor:
         ):
             timeout = min(h.suspend_timeout_millis, MAX_SUSPEND_MS) / 1000.0
             await self.hold.wait(h.topic, h.queue_id, timeout)
-            result = store.get_messages(
-                h.topic,
-                h.queue_id,
-                h.queue_offset,
-                max_nums,
-                tag_codes,
-                joined=True,
-                message_filter=sql,
-            )
+            result = read()
         return self._response(cmd, h, result)
 
     def _response(

@@ -14,6 +14,7 @@ messages again, which at-least-once delivery allows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .versioned_table import VersionedJsonTable
@@ -91,24 +92,22 @@ class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
     def remove_group(self, group: str) -> bool:
         """Forget all offsets of ``group``; True if it had any."""
         suffix = TOPIC_GROUP_SEPARATOR + group
-        with self._lock:
-            keys = [k for k in self._table if k.endswith(suffix)]
-            for k in keys:
-                del self._table[k]
-            if keys:
-                self._dirty = True
-        return bool(keys)
+        return bool(self._remove(lambda k: k.endswith(suffix)))
 
     def remove_topic(self, topic: str) -> list[str]:
         """Forget every group's offsets on ``topic``; the groups that had some, sorted."""
         prefix = topic + TOPIC_GROUP_SEPARATOR
+        return sorted(k[len(prefix) :] for k in self._remove(lambda k: k.startswith(prefix)))
+
+    def _remove(self, which: Callable[[str], bool]) -> list[str]:
+        """Drop the ``topic@group`` entries ``which`` selects; their keys."""
         with self._lock:
-            keys = [k for k in self._table if k.startswith(prefix)]
+            keys = [k for k in self._table if which(k)]
             for k in keys:
                 del self._table[k]
             if keys:
                 self._dirty = True
-        return sorted(k[len(prefix) :] for k in keys)
+        return keys
 
     def txn_applied(self, topic: str) -> int:
         """The queue offset (queue 0 of ``topic``) up to which committed transactional offsets
