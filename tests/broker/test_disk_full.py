@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,22 +23,6 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 MiB = 1024 * 1024
 SEGMENT = 1 * MiB
 BODY = b"x" * 4000
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 24 MiB tmpfs, unmounted at the end."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("the disk-full tests mount a tmpfs and need root")
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _used(mnt: Path) -> float:

@@ -4,11 +4,9 @@ storing and serving, queries find nothing yet, and once the index fits it catche
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from structlog.testing import capture_logs
 
 from tests.client.helpers import FAST_CLIENT
@@ -19,22 +17,6 @@ from txmq.client import AsyncProducer, Message
 from txmq.client.admin import AsyncAdminClient
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 24 MiB tmpfs, unmounted at the end."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("the disk-full tests mount a tmpfs and need root")
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 async def test_no_room_for_an_index_file_stops_indexing_not_the_broker(

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.support.raw import RawClient
+from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.headers import PullMessageRequestHeader
@@ -171,7 +172,7 @@ async def test_long_polled_pull_answers_with_the_matching_message(
         h.sys_flag |= 0x2
         h.suspend_timeout_millis = 5000
         pending = asyncio.ensure_future(c.call(RequestCode.PULL_MESSAGE, h.to_ext_fields()))
-        await asyncio.sleep(0)
+        await wait_until(lambda: parked_pulls(broker, "sqlpoll", 0) == 1, what="the pull parked")
         await c.send("sqlpoll", b"seven", props={"a": "7"})
         resp = await asyncio.wait_for(pending, 10)
         # Woken by the new message: either it (matched) or a retry from past it.

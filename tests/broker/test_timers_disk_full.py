@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.broker.test_disk_full import _fill_to, disk_config, small_disk  # noqa: F401
+from tests.broker.test_disk_full import _fill_to, disk_config  # noqa: F401  (a fixture)
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -15,7 +15,7 @@ from txmq.protocol.codes import ResponseCode
 
 
 async def test_timers_due_on_a_full_disk_fire_once_space_is_back(
-    small_disk: Path,  # noqa: F811
+    small_disk: Path,
     disk_config: Callable[..., BrokerConfig],  # noqa: F811
 ) -> None:
     b = BrokerController(disk_config())
