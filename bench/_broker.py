@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from txmq.client import LocalTransactionState, Message, TransactionListener
@@ -157,3 +157,68 @@ class CommitAll(TransactionListener):
 
     def check_local_transaction(self, message: Any) -> LocalTransactionState:
         return LocalTransactionState.COMMIT_MESSAGE
+
+
+async def send_raw(
+    address: str,
+    *,
+    group: str,
+    topic: str,
+    queues: int,
+    sys_flag: int,
+    body: bytes,
+    properties: Iterable[dict[str, str]],
+    in_flight: int,
+    conns: int,
+) -> float:
+    """Store one message per item of ``properties`` (a fresh UNIQ_KEY added to each) as plain
+    SEND_MESSAGE_V2 requests, round-robin over ``queues`` queues, ``in_flight`` at a time on
+    each of ``conns`` connections (no SDK in between: the broker's cost alone); the seconds it
+    took."""
+    from txmq.protocol.codes import RequestCode
+    from txmq.protocol.command import RemotingCommand
+    from txmq.protocol.headers import SendMessageRequestHeader
+    from txmq.protocol.message import MessageConst, UniqIdGenerator, properties_to_string
+    from txmq.spark_connector.session import BrokerSession
+
+    ids = UniqIdGenerator()
+    items = enumerate(properties)
+    t0 = time.monotonic()
+
+    async def sender() -> None:
+        async with BrokerSession(address, 120.0) as session:
+            sem = asyncio.Semaphore(in_flight)
+            tasks: set[asyncio.Future[None]] = set()
+
+            async def one(qid: int, props: str) -> None:
+                header = SendMessageRequestHeader(
+                    producer_group=group,
+                    topic=topic,
+                    default_topic_queue_nums=queues,
+                    queue_id=qid,
+                    sys_flag=sys_flag,
+                    born_timestamp=int(time.time() * 1000),
+                    flag=0,
+                    properties=props,
+                )
+                cmd = RemotingCommand.request(
+                    RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body
+                )
+                try:
+                    resp = await session.connection.request(cmd, 120.0)
+                finally:
+                    sem.release()
+                if resp.code != 0:
+                    raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
+
+            for i, extra in items:  # shared by the connections: each item is sent once
+                props = properties_to_string({MessageConst.UNIQ_KEY: ids.next_id(), **extra})
+                await sem.acquire()
+                t = asyncio.ensure_future(one(i % queues, props))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+
+    await asyncio.gather(*(sender() for _ in range(conns)))
+    return time.monotonic() - t0

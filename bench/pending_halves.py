@@ -30,20 +30,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import CommitAll, emit, quiet_logs, spawn_broker  # noqa: E402
+from _broker import CommitAll, emit, quiet_logs, send_raw, spawn_broker  # noqa: E402
 
 from txmq.client import AsyncTransactionProducer  # noqa: E402
 from txmq.client.admin import AsyncAdminClient  # noqa: E402
-from txmq.protocol.codes import RequestCode  # noqa: E402
-from txmq.protocol.command import RemotingCommand  # noqa: E402
-from txmq.protocol.headers import SendMessageRequestHeader  # noqa: E402
 from txmq.protocol.message import (  # noqa: E402
     MessageConst,
     MessageSysFlag,
-    UniqIdGenerator,
-    properties_to_string,
 )
-from txmq.spark_connector.session import BrokerSession  # noqa: E402
 
 TOPIC = "bench-pending"
 GROUP = "bench-pending-tx"
@@ -78,55 +72,18 @@ def pending_of(m: dict[str, Any]) -> int:
 async def fill(address: str, count: int, body_size: int, in_flight: int, conns: int) -> float:
     """Store ``count`` one-half transactions (one SEND_MESSAGE_V2 each, ``in_flight`` at a time
     on each of ``conns`` connections); returns the seconds it took."""
-    ids = UniqIdGenerator()
-    body = b"p" * body_size
-    t0 = time.monotonic()
-    left = [count]
-
-    async def sender() -> None:
-        async with BrokerSession(address, 120.0) as session:
-            sem = asyncio.Semaphore(in_flight)
-            tasks: set[asyncio.Future[None]] = set()
-
-            async def one(qid: int, props: str) -> None:
-                header = SendMessageRequestHeader(
-                    producer_group=GROUP,
-                    topic=TOPIC,
-                    default_topic_queue_nums=QUEUES,
-                    queue_id=qid,
-                    sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-                    born_timestamp=int(time.time() * 1000),
-                    flag=0,
-                    properties=props,
-                )
-                cmd = RemotingCommand.request(
-                    RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body
-                )
-                try:
-                    resp = await session.connection.request(cmd, 120.0)
-                finally:
-                    sem.release()
-                if resp.code != 0:
-                    raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
-
-            while left[0] > 0:
-                left[0] -= 1
-                props = properties_to_string(
-                    {
-                        MessageConst.UNIQ_KEY: ids.next_id(),
-                        MessageConst.TRAN_MSG: "true",
-                        MessageConst.PGROUP: GROUP,
-                    }
-                )
-                await sem.acquire()
-                t = asyncio.ensure_future(one(left[0] % QUEUES, props))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-
-    await asyncio.gather(*(sender() for _ in range(conns)))
-    return time.monotonic() - t0
+    half = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: GROUP}
+    return await send_raw(
+        address,
+        group=GROUP,
+        topic=TOPIC,
+        queues=QUEUES,
+        sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
+        body=b"p" * body_size,
+        properties=(half for _ in range(count)),
+        in_flight=in_flight,
+        conns=conns,
+    )
 
 
 def idle_cpu(pid: int, seconds: float) -> float:

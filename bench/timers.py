@@ -30,14 +30,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import emit, percentiles, quiet_logs, spawn_broker  # noqa: E402
+from _broker import emit, percentiles, quiet_logs, send_raw, spawn_broker  # noqa: E402
 
 from txmq.client import AsyncPullConsumer  # noqa: E402
-from txmq.protocol.codes import RequestCode  # noqa: E402
-from txmq.protocol.command import RemotingCommand  # noqa: E402
-from txmq.protocol.headers import SendMessageRequestHeader  # noqa: E402
-from txmq.protocol.message import MessageConst, UniqIdGenerator, properties_to_string  # noqa: E402
-from txmq.spark_connector.session import BrokerSession  # noqa: E402
 
 PENDING_TOPIC = "bench-timers-pending"
 FIRE_TOPIC = "bench-timers-fire"
@@ -61,49 +56,17 @@ async def store_timers(
 ) -> float:
     """Store one timer message per delivery time (``in_flight`` sends at a time on each of
     ``conns`` connections); returns the seconds it took."""
-    ids = UniqIdGenerator()
-    t0 = time.monotonic()
-    it = iter(enumerate(deliveries))
-
-    async def sender() -> None:
-        async with BrokerSession(address, 120.0) as session:
-            sem = asyncio.Semaphore(in_flight)
-            tasks: set[asyncio.Future[None]] = set()
-
-            async def one(qid: int, props: str) -> None:
-                header = SendMessageRequestHeader(
-                    producer_group="bench-timers",
-                    topic=topic,
-                    default_topic_queue_nums=QUEUES,
-                    queue_id=qid,
-                    sys_flag=0,
-                    born_timestamp=int(time.time() * 1000),
-                    flag=0,
-                    properties=props,
-                )
-                cmd = RemotingCommand.request(
-                    RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body
-                )
-                try:
-                    resp = await session.connection.request(cmd, 120.0)
-                finally:
-                    sem.release()
-                if resp.code != 0:
-                    raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
-
-            for i, deliver in it:
-                props = properties_to_string(
-                    {MessageConst.UNIQ_KEY: ids.next_id(), "TIMER_DELIVER_MS": str(deliver)}
-                )
-                await sem.acquire()
-                t = asyncio.ensure_future(one(i % QUEUES, props))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-
-    await asyncio.gather(*(sender() for _ in range(conns)))
-    return time.monotonic() - t0
+    return await send_raw(
+        address,
+        group="bench-timers",
+        topic=topic,
+        queues=QUEUES,
+        sys_flag=0,
+        body=body,
+        properties=({"TIMER_DELIVER_MS": str(d)} for d in deliveries),
+        in_flight=in_flight,
+        conns=conns,
+    )
 
 
 async def lateness(address: str, topic: str, want: int, timeout: float) -> list[float]:
