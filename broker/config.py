@@ -232,6 +232,22 @@ class BrokerConfig:
         if self.default_topic_queue_nums < 1:
             raise ConfigError("defaultTopicQueueNums must be at least 1")
         delay_levels(self.message_delay_level)
+        for attr, low in (
+            ("file_reserved_time", 0),
+            ("disk_max_used_space_ratio", 0),
+            ("max_reconsume_times", 0),
+            ("transaction_time_out", 0),
+            ("transaction_check_interval", 1),
+            ("transaction_check_max", 0),
+        ):
+            if getattr(self, attr) < low:
+                raise ConfigError(
+                    f"{key_name(attr)} must be at least {low}, got {getattr(self, attr)}"
+                )
+        if self.disk_max_used_space_ratio > 100:
+            raise ConfigError(
+                f"diskMaxUsedSpaceRatio must be 0..100, got {self.disk_max_used_space_ratio}"
+            )
         if self.timer_max_delay_sec < 1:
             raise ConfigError(
                 f"timerMaxDelaySec must be at least 1, got {self.timer_max_delay_sec}"
@@ -304,7 +320,12 @@ def env_name(attr: str) -> str:
 _KEYS = {key_name(f.name): f for f in fields(BrokerConfig)}
 
 
-def _convert(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
+def attr_name(key: str) -> str:
+    """The attribute of a RocketMQ key (``maxMessageSize`` -> ``max_message_size``)."""
+    return _KEYS[key].name
+
+
+def convert_value(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
     tp = (
         f.type
         if isinstance(f.type, type)
@@ -352,7 +373,7 @@ def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> Non
             f = next((x for x in fields(BrokerConfig) if x.name == key), None)
         if f is None:
             raise ConfigError(f"unknown configuration key {key!r} in {source}")
-        values[f.name] = _convert(f, value, source)
+        values[f.name] = convert_value(f, value, source)
 
 
 def _flatten(doc: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
@@ -396,7 +417,7 @@ def load_config(
     for f in fields(BrokerConfig):
         name = env_name(f.name)
         if name in environ:
-            values[f.name] = _convert(f, environ[name], f"environment variable {name}")
+            values[f.name] = convert_value(f, environ[name], f"environment variable {name}")
     if overrides:
         _apply(values, {k: v for k, v in overrides.items() if v is not None}, "the command line")
     try:

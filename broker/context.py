@@ -64,6 +64,11 @@ class BrokerContext:
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    def reconfigure(self, config: BrokerConfig) -> None:
+        """Swap in a configuration changed while the broker runs (only keys of
+        :data:`txmq.broker.runtime_config.RUNTIME_KEYS` differ); every other field stays."""
+        object.__setattr__(self, "config", config)
+
     async def persist_topics(self) -> None:
         """Write the topic table if a change is not written yet (a request that created a topic
         waits for this before it is answered).

@@ -33,9 +33,10 @@ from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.message import MessageExt
 from txmq.protocol.rocketmq_codes import not_supported_remark
 
+from . import runtime_config
 from .acl import AclConfigError, AclManager
 from .clients import ClientManager
-from .config import BrokerConfig, ConfigError, delay_levels
+from .config import BrokerConfig, ConfigError, attr_name, delay_levels
 from .context import BrokerContext, Lifecycle
 from .flush import FlushService
 from .messaging import MessagingCore, WritePath
@@ -66,6 +67,7 @@ from .store import (
 )
 from .tls import ServerTls, TlsConfigError, TlsFiles, TlsServer
 from .topics import TopicManager
+from .transaction.check import CheckLimits
 from .transaction.service import CheckSender, TransactionalMessageService
 
 log = structlog.get_logger(__name__)
@@ -231,7 +233,10 @@ class BrokerController:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        cfg = self.config
+        # settings an operator changed at run time (txmq config set) apply over the file's
+        self.config = cfg = await self.in_background(
+            functools.partial(runtime_config.load_saved, self.config)
+        )
         loop = asyncio.get_running_loop()
         grpc_server: Any = None
         if cfg.grpc_server_enable:
@@ -384,7 +389,7 @@ class BrokerController:
 
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
-        g = GroupViewProcessor(self.ctx)
+        g = GroupViewProcessor(self.ctx, self.update_config)
         R = RequestCode
         return {
             R.SEND_MESSAGE: s.send_message,
@@ -424,9 +429,34 @@ class BrokerController:
             R.DELETE_TOPIC_IN_BROKER: a.delete_topic_in_broker,
             R.INVOKE_BROKER_TO_RESET_OFFSET: g.reset_offset,
             R.GET_BROKER_CONFIG: g.get_broker_config,
+            R.UPDATE_BROKER_CONFIG: g.update_broker_config,
             R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
             R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,
         }
+
+    async def update_config(self, changes: dict[str, str]) -> BrokerConfig:
+        """Apply settings changed at run time (RocketMQ key names) and keep them in the store.
+
+        Raises:
+            ConfigError: a key that cannot change while the broker runs, or a bad value; nothing
+                changed.
+            OSError: the change could not be kept in the store (nothing changed).
+        """
+        new = runtime_config.updated(self.config, changes, "updateBrokerConfig")
+        try:
+            store_cfg = store_config(new)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        await self.in_background(functools.partial(runtime_config.save, new, changes))
+        old, self.config = self.config, new
+        self.ctx.reconfigure(new)
+        self.store.config = store_cfg
+        self.topics.auto_create = new.auto_create_topic_enable
+        self.transactions.checks.set_limits(CheckLimits.of(new))
+        for key in sorted(changes):
+            attr = attr_name(key)
+            log.warning("config_changed", key=key, old=getattr(old, attr), new=getattr(new, attr))
+        return new
 
     async def shutdown(self) -> None:
         """Graceful stop: no new connections, parked pulls answered, in-flight requests

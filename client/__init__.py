@@ -47,6 +47,7 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageExt
 
+from .admin import AsyncAdminClient
 from .config import ClientConfig
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
@@ -57,7 +58,7 @@ from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
 from .route import MessageQueue
-from .sync import OrderlyPushConsumer, Producer, PullConsumer, PushConsumer
+from .sync import AdminClient, OrderlyPushConsumer, Producer, PullConsumer, PushConsumer
 from .transaction import (
     AsyncTransaction,
     AsyncTransactionProducer,
@@ -70,6 +71,8 @@ from .transaction import (
 )
 
 __all__ = [
+    "AdminClient",
+    "AsyncAdminClient",
     "SqlExpression",
     "sql",
     "AsyncProducer",

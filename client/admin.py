@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -115,18 +116,29 @@ class AsyncAdminClient:
         )
         self._conn: Connection | None = None
 
-    async def __aenter__(self) -> AsyncAdminClient:
+    async def start(self) -> None:
+        """Connect (``async with`` does it); a second call does nothing."""
+        if self._conn is not None:
+            return
         host, port = split_address(self.broker)
         signer = self._credentials.sign if self._credentials is not None else None
         self._conn = await open_connection(
             host, port, timeout=self.timeout, signer=signer, ssl=self._ssl
         )
+
+    async def shutdown(self) -> None:
+        """Close the connection (``async with`` does it).  Idempotent."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            await conn.wait_closed()
+
+    async def __aenter__(self) -> AsyncAdminClient:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            await self._conn.wait_closed()
+        await self.shutdown()
 
     async def _call(
         self,
@@ -324,6 +336,19 @@ class AsyncAdminClient:
                 out[key] = value
         return out
 
+    async def update_broker_config(self, settings: Mapping[str, Any]) -> None:
+        """Change settings while the broker runs (RocketMQ's updateBrokerConfig): only the
+        keys the broker lists as changeable at run time (``txmq config set --help``); the
+        broker keeps the change across restarts.
+
+        Raises:
+            NoPermissionError: a key that cannot change while the broker runs (the message
+                lists those that can), or an account that is not an admin.
+            InvalidParameterError: an unknown key or a bad value (nothing changed).
+        """
+        body = "".join(f"{k}={_config_text(v)}\n" for k, v in settings.items())
+        await self._call(RequestCode.UPDATE_BROKER_CONFIG, body=body.encode("utf-8"))
+
     # -- transactions ---------------------------------------------------------------------------
 
     async def list_transactions(
@@ -430,3 +455,13 @@ class AsyncAdminClient:
         if unique:
             msgs = [m for m in msgs if m.msg_id == key][:max_num]
         return QueryResult(msgs, rh.index_last_update_timestamp, rh.index_last_update_phyoffset)
+
+
+def _config_text(value: Any) -> str:
+    """A setting as RocketMQ's properties text writes it (``true``, not ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"a setting's value cannot span lines: {text!r}")
+    return text

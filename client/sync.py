@@ -13,11 +13,12 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
+from .admin import AsyncAdminClient
 from .bridge import LoopThread
 from .consumer import AsyncPushConsumer, MessageCallback
-from .lifecycle import AsyncClient, ConnectedClient
+from .lifecycle import ConnectedClient
 from .orderly import AsyncOrderlyPushConsumer
 from .producer import AsyncProducer
 from .pull_consumer import AsyncPullConsumer
@@ -27,9 +28,15 @@ P = ParamSpec("P")
 C = TypeVar("C", bound=ConnectedClient)
 
 
+class _Lifecycle(Protocol):
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
 class _SyncClient:
     #: The async client this facade drives.
-    _core: AsyncClient
+    _core: _Lifecycle
 
     def __init__(self) -> None:
         self._runner = LoopThread.shared()
@@ -182,3 +189,45 @@ class PullConsumer(_GroupClient[AsyncPullConsumer]):
     max_offset = blocking(AsyncPullConsumer.max_offset)
     min_offset = blocking(AsyncPullConsumer.min_offset)
     offset_for_timestamp = blocking(AsyncPullConsumer.offset_for_timestamp)
+
+
+class AdminClient(_SyncClient):
+    """The blocking admin client; see :class:`~txmq.client.AsyncAdminClient` for the arguments
+    and each method (the CLI and the web console use the async one).
+
+    Example::
+
+        with AdminClient("127.0.0.1:10911") as admin:
+            print(admin.consume_stats("billing"))
+            admin.update_broker_config({"transactionCheckMax": 5})
+    """
+
+    __signature__: ClassVar[inspect.Signature] = inspect.signature(AsyncAdminClient)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self._core = self.core = AsyncAdminClient(*args, **kwargs)
+
+    runtime_info = blocking(AsyncAdminClient.runtime_info)
+    cluster_status = blocking(AsyncAdminClient.cluster_status)
+    metrics = blocking(AsyncAdminClient.metrics)
+    create_topic = blocking(AsyncAdminClient.create_topic)
+    update_topic = blocking(AsyncAdminClient.update_topic)
+    delete_topic = blocking(AsyncAdminClient.delete_topic)
+    list_topics = blocking(AsyncAdminClient.list_topics)
+    topic_stats = blocking(AsyncAdminClient.topic_stats)
+    route = blocking(AsyncAdminClient.route)
+    consumer_groups = blocking(AsyncAdminClient.consumer_groups)
+    consume_stats = blocking(AsyncAdminClient.consume_stats)
+    consumer_connections = blocking(AsyncAdminClient.consumer_connections)
+    producer_connections = blocking(AsyncAdminClient.producer_connections)
+    delete_consumer_group = blocking(AsyncAdminClient.delete_consumer_group)
+    reset_offset = blocking(AsyncAdminClient.reset_offset)
+    broker_config = blocking(AsyncAdminClient.broker_config)
+    update_broker_config = blocking(AsyncAdminClient.update_broker_config)
+    list_transactions = blocking(AsyncAdminClient.list_transactions)
+    get_transaction = blocking(AsyncAdminClient.get_transaction)
+    resume_transaction = blocking(AsyncAdminClient.resume_transaction)
+    force_decide = blocking(AsyncAdminClient.force_decide)
+    view_message = blocking(AsyncAdminClient.view_message)
+    query_messages = blocking(AsyncAdminClient.query_messages)

@@ -1,7 +1,8 @@
 """The operator's views of groups and clients, in RocketMQ's encodings so its tools read them:
 GET_CONSUME_STATS (mqadmin consumerProgress), GET_CONSUMER_CONNECTION_LIST and
 GET_PRODUCER_CONNECTION_LIST (consumerConnection, producerConnection), DELETE_SUBSCRIPTIONGROUP
-(deleteSubGroup) and GET_BROKER_CONFIG (getBrokerConfig).
+(deleteSubGroup), GET_BROKER_CONFIG (getBrokerConfig) and UPDATE_BROKER_CONFIG (updateBrokerConfig,
+the keys of :data:`txmq.broker.runtime_config.RUNTIME_KEYS` only).
 
 Bodies are RocketMQ's ``ConsumeStats``, ``ConsumerConnection``, ``ProducerConnection`` as
 fastjson writes them (object-keyed maps included, see :mod:`txmq.protocol.fastjson`); the broker
@@ -11,6 +12,7 @@ configuration is ``key=value`` lines, as ``MixAll.properties2String`` writes it.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,9 @@ from txmq.protocol.headers import (
 )
 
 from ..clients import ClientChannel
+from ..config import BrokerConfig, ConfigError
 from ..context import BrokerContext
+from ..runtime_config import NotRuntimeChangeable, parse_properties
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +63,8 @@ def _connection(ch: ClientChannel) -> dict[str, Any]:
 @dataclass
 class GroupViewProcessor:
     ctx: BrokerContext
+    #: Applies settings changed at run time (the broker's ``update_config``).
+    reconfigure: Callable[[dict[str, str]], Awaitable[BrokerConfig]]
 
     async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """The group's progress per queue: the queue's end (``brokerOffset``), the group's
@@ -240,6 +246,25 @@ class GroupViewProcessor:
             ext_fields=GetBrokerConfigResponseHeader(version).to_ext_fields(),
             body=body.encode(),
         )
+
+    async def update_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Change settings while the broker runs: the body is ``key=value`` lines. A key that
+        cannot change at run time is refused with NO_PERMISSION (as RocketMQ refuses its
+        black-listed keys), a bad value with INVALID_PARAMETER; either way nothing changes."""
+        try:
+            changes = parse_properties((cmd.body or b"").decode("utf-8"))
+            await self.reconfigure(changes)
+        except UnicodeDecodeError:
+            return cmd.response(ResponseCode.INVALID_PARAMETER, "the body is not UTF-8 text")
+        except NotRuntimeChangeable as exc:
+            return cmd.response(ResponseCode.NO_PERMISSION, str(exc))
+        except ConfigError as exc:
+            return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc))
+        except OSError as exc:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"the change could not be kept in the store: {exc}"
+            )
+        return cmd.response()
 
 
 def _connections(

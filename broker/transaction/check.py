@@ -290,6 +290,20 @@ class CheckService:
     def wake(self) -> None:
         self._wake.set()
 
+    def set_limits(self, limits: CheckLimits) -> None:
+        """Check by ``limits`` from now on (settings changed at run time): every pending
+        transaction is scheduled again by them, and the loop looks at once."""
+        self.limits = limits
+        sched = self.schedule
+        sched.time_out_ms, sched.interval_ms = limits.time_out_ms, max(1, limits.interval_ms)
+        waiting = {t for txids in sched.waiting.values() for t in txids}
+        for txid, rec in self.machine.pending.items():
+            if txid in waiting:
+                sched.push(txid, rec.oldest_store_timestamp + limits.reserved_ms + 1)
+            else:
+                sched.push(txid, sched.next_due(rec))
+        self._wake.set()
+
     def on_producer_registered(self, group: str) -> None:
         """A producer (re)connected: if halves of its group wait for one, check them now."""
         if group in self.schedule.waiting:
