@@ -349,7 +349,8 @@ class BrokerController:
             self._processors.update(rep.processors())
             self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
         self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
-        self.write.subscribe(ctx.hold)
+        if self.replication is None:
+            self.write.subscribe(ctx.hold)  # a leader's replication wakes them once confirmed
         self.write.subscribe(self.schedule)
         if self.index is not None:
             self.write.subscribe(self.index)

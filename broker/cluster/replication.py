@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -163,6 +164,9 @@ class LeaderReplication:
         self._closed: str | None = None
         self.metrics = broker.metrics
         self.metrics.in_sync_replicas.set(len(self.isr))
+        #: Appends consumers may not see yet: (end offset, queues written), oldest first.
+        self._unconfirmed: deque[tuple[int, Iterable[tuple[str, int]]]] = deque()
+        self._confirm()
 
     # -- acknowledgements -------------------------------------------------------------------
 
@@ -230,8 +234,33 @@ class LeaderReplication:
         self._waiters = []
 
     def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
-        """The write path's subscriber: the fetch loop has more to send."""
+        """The write path's subscriber: the fetch loop has more to send; the pulls parked on
+        the queues written wake once the in-sync replicas confirm the append."""
         self._appended.set()
+        if self.store.visible_end is None:
+            self.broker.hold.on_append(destinations)
+        else:
+            self._unconfirmed.append((self.store.max_phy_offset, tuple(destinations)))
+
+    # -- what consumers may read ------------------------------------------------------------
+
+    def _confirmed_end(self) -> int | None:
+        """The commit-log offset every in-sync follower holds (None: no follower in sync, the
+        leader's own log is the group's)."""
+        offsets = [self.followers.get(r, _Follower()).offset for r in self.isr if r != self.replica]
+        return min(offsets) if offsets else None
+
+    def _confirm(self) -> None:
+        """Let consumers read what the in-sync replicas hold (a message only the leader has
+        could be lost in a failover, so no consumer may see it: no dirty reads), and wake the
+        pulls parked on queues whose appends became readable."""
+        if self._closed is not None:
+            return  # a deposed leader shows nothing more
+        end = self._confirmed_end()
+        self.store.visible_end = end
+        pending, hold = self._unconfirmed, self.broker.hold
+        while pending and (end is None or pending[0][0] <= end):
+            hold.on_append(pending.popleft()[1])
 
     def processors(self) -> dict[int, Any]:
         """The requests the followers send to this leader."""
@@ -332,6 +361,7 @@ class LeaderReplication:
             f.caught_up_at = now
         self.metrics.replication_lag.labels(str(replica)).set(max(0, end - offset))
         self._release()
+        self._confirm()
         if replica not in self.isr and offset >= end:
             self._change_isr(tuple(sorted((*self.isr, replica))), f"replica {replica} caught up")
 
@@ -359,6 +389,7 @@ class LeaderReplication:
                         )
                     )
                 self._release()
+                self._confirm()
             else:
                 self._on_stale("the ISR update was refused: another replica leads")
         except Exception as exc:

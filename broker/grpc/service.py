@@ -819,7 +819,13 @@ class MessagingService:
         committed_before = v.committed
         while len(out) < batch:
             r = store.get_messages(
-                topic, qid, v.next, batch - len(out), tag_codes, message_filter=sql
+                topic,
+                qid,
+                v.next,
+                batch - len(out),
+                tag_codes,
+                message_filter=sql,
+                for_consumer=True,
             )
             if r.status is GetMessageStatus.FOUND:
                 for raw in r.messages:

@@ -101,6 +101,7 @@ class PullMessageProcessor:
             tag_codes,
             joined=True,
             message_filter=sql,
+            for_consumer=True,
         )
         result = read()
         suspend = (

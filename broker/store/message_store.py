@@ -440,6 +440,10 @@ class MessageStore:
         self._put_bytes = 0
         self._get_found = 0
         self._get_miss = 0
+        #: Consumers read only records that end at or below this commit-log offset (None: every
+        #: record). A cluster leader sets it to what its in-sync replicas confirmed, so a
+        #: message the group could still lose in a failover is never handed to a consumer.
+        self.visible_end: int | None = None
         self._replica_dispatcher: _RecoveryDispatcher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -1057,6 +1061,7 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         joined: bool = False,
         message_filter: Callable[[bytes], bool] | None = None,
+        for_consumer: bool = False,
     ) -> GetMessageResult:
         """Read up to ``max_msgs`` messages (and about ``max_bytes``) from a queue, starting at
         queue offset ``offset``.
@@ -1078,6 +1083,9 @@ class MessageStore:
                 from the commit log, rather than one bytes object each.
             message_filter: keep only the stored records it accepts (a SQL92 filter), read
                 and tested one by one; the next offset moves past the ones it refused.
+            for_consumer: a read for a consumer: only records below :attr:`visible_end` (the
+                rest is answered as not there yet, OFFSET_OVERFLOW_ONE, the offset unchanged).
+                The broker's own readers (recovery, timers, dedup) read everything.
         """
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
@@ -1089,20 +1097,46 @@ class MessageStore:
             )
             return GetMessageResult(status, [], 0, 0, 0)
         min_o, max_o = cq.min_offset, cq.max_offset
+        visible = self.visible_end
+        end = max_o if visible is None or not for_consumer else self._visible_max(cq, visible)
         if max_o == 0:
             status, next_offset = GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0
         elif offset < min_o:
             status, next_offset = GetMessageStatus.OFFSET_TOO_SMALL, min_o
-        elif offset == max_o:
+        elif offset == end or end < offset <= max_o:
+            # past the end, or in the part not yet confirmed: wait for it, offset unchanged
             status, next_offset = GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
         elif offset > max_o:
             status, next_offset = GetMessageStatus.OFFSET_OVERFLOW_BADLY, max_o
         else:
             return self._read_queue(
-                cq, offset, max_msgs, tag_codes, max_bytes, joined, message_filter
+                cq, offset, max_msgs, tag_codes, max_bytes, joined, message_filter, end
             )
         self._get_miss += 1
-        return GetMessageResult(status, [], next_offset, min_o, max_o)
+        return GetMessageResult(status, [], next_offset, min_o, end)
+
+    @staticmethod
+    def _visible_max(cq: ConsumeQueue, visible_end: int) -> int:
+        """The queue offset past the last entry whose record ends at or below ``visible_end``
+        (entries of a queue are in commit-log order: a binary search over the tail)."""
+        lo, hi = cq.min_offset, cq.max_offset
+
+        def visible(idx: int) -> bool:
+            entry = cq.read(idx, 1)
+            if not entry:
+                return True  # outside the files: nothing to hold back
+            phy, size, _tags = CQ_ENTRY.unpack_from(entry)
+            return bool(size >= HOLE_SIZE or phy + size <= visible_end)
+
+        if hi <= lo or visible(hi - 1):
+            return hi
+        while lo < hi:  # the first offset that is not visible
+            mid = (lo + hi) // 2
+            if visible(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def _read_queue(
         self,
@@ -1113,10 +1147,11 @@ class MessageStore:
         max_bytes: int,
         joined: bool = False,
         message_filter: Callable[[bytes], bool] | None = None,
+        end: int | None = None,
     ) -> GetMessageResult:
         cl = self._commit_log
         cl_min = cl.min_offset
-        max_o = cq.max_offset
+        max_o = cq.max_offset if end is None else end
         limit = min(max_o, offset + max(MAX_FILTER_SCAN, max_msgs))
         messages: list[bytes] = []
         #: joined: the records to read (read together at the end).
@@ -1167,7 +1202,7 @@ class MessageStore:
             if read is None:
                 # A record that cannot be read (damaged on disk) is left out and the read goes
                 # on past it: read one by one, as a separate read does (and logs).
-                separate = self._read_queue(cq, offset, max_msgs, tag_codes, max_bytes)
+                separate = self._read_queue(cq, offset, max_msgs, tag_codes, max_bytes, end=max_o)
                 separate.joined = b"".join(separate.messages)
                 separate.messages = []
                 return separate

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from store_helpers import commit_log_files, make_msg, read_queue
 
-from txmq.broker.store import MessageStore
-from txmq.protocol.message import MessageSysFlag
+from txmq.broker.store import GetMessageStatus, MessageStore
+from txmq.protocol.message import MessageSysFlag, decode_message
 
 
 def copy_all(leader: MessageStore, follower: MessageStore, max_bytes: int = 700) -> int:
@@ -106,3 +106,32 @@ def test_truncate_cuts_log_and_queue_entries(
     assert store.truncate(0) > 0
     assert store.max_phy_offset == 0
     assert queue_keys(store, 0) == []
+
+
+def test_consumers_read_only_what_the_replicas_confirmed(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    """A leader's consumers see records only up to ``visible_end`` (what its in-sync followers
+    hold); the records past it wait, with the offset unchanged; the broker's own readers see
+    everything."""
+    store = make_store()
+    ends = []
+    for i in range(6):
+        store.put_messages([make_msg(body=b"m%d" % i, queue_id=0, KEYS=f"k{i}")])
+        ends.append(store.max_phy_offset)
+    store.visible_end = ends[2]  # the first three records are on every in-sync replica
+
+    r = store.get_messages("TopicA", 0, 0, 32, for_consumer=True)
+    assert r.status is GetMessageStatus.FOUND and len(r.messages) == 3
+    assert (r.next_begin_offset, r.max_offset) == (3, 3)
+    for offset in (3, 5, 6):  # not confirmed yet, or the end: wait there
+        w = store.get_messages("TopicA", 0, offset, 32, for_consumer=True)
+        assert w.status is GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
+        assert (w.next_begin_offset, w.max_offset, w.messages) == (offset, 3, [])
+    assert len(store.get_messages("TopicA", 0, 0, 32).messages) == 6  # the broker's own read
+
+    store.visible_end = ends[4]
+    r = store.get_messages("TopicA", 0, 3, 32, for_consumer=True)
+    assert [m.properties["KEYS"] for m in map(decode_message, r.messages)] == ["k3", "k4"]
+    store.visible_end = None
+    assert len(store.get_messages("TopicA", 0, 0, 32, for_consumer=True).messages) == 6
