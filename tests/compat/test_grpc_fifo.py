@@ -127,11 +127,11 @@ def test_an_orderly_group_keeps_message_group_order_across_redelivery(
     send_fifo(stub, topic, [(a, "a1"), (b, "b1"), (a, "a2"), (b, "b2"), (a, "a3")])
     set_group(bt, group, consume_message_orderly=True)
     log: list[tuple[bytes, int]] = []  # every delivery, in order
-    # one message at a time until a1 comes; a1 is not acked (invisible for 2 s), the rest is
+    # one message at a time until a1 comes; a1 is not acked (invisible for 3 s), the rest is
     deadline = time.monotonic() + 15
     while (b"a1", 1) not in log:
         assert time.monotonic() < deadline, f"a1 never came: {log}"
-        for m in receive_n(stub, topic, group, 1, invisible=2, poll=1):
+        for m in receive_n(stub, topic, group, 1, invisible=3, poll=1):
             log.append((m.body, m.system_properties.delivery_attempt))
             if m.body != b"a1":
                 assert ack(stub, topic, group, m).status.code == pb.OK

@@ -63,7 +63,7 @@ def test_simple_consumer_keeps_each_message_group_in_order_across_redelivery(
     topic, group = "py5-fifo-simple", "py5-fifo-simple-g"
     a, b = send_groups(py5, fifo_broker, topic)
     make_orderly(fifo_broker, group)
-    # one message per receive; a2's first delivery is not acked (invisible 3 s)
+    # one message per receive; a2's first delivery is not acked (invisible 4 s)
     out = run(
         py5,
         op="fifo_receive",
@@ -73,7 +73,7 @@ def test_simple_consumer_keeps_each_message_group_in_order_across_redelivery(
         count=7,
         batch=1,
         skip_once=["a2"],
-        invisible_s=3,
+        invisible_s=4,
         timeout=45,
     )
     log = out["deliveries"]
