@@ -2,8 +2,9 @@
 GET_CONSUME_STATS (mqadmin consumerProgress), GET_CONSUMER_CONNECTION_LIST and
 GET_PRODUCER_CONNECTION_LIST (consumerConnection, producerConnection), the consumer group
 settings: UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (updateSubGroup), GET_SUBSCRIPTIONGROUP_CONFIG,
-GET_ALL_SUBSCRIPTIONGROUP_CONFIG and DELETE_SUBSCRIPTIONGROUP (deleteSubGroup), GET_BROKER_CONFIG (getBrokerConfig) and UPDATE_BROKER_CONFIG (updateBrokerConfig,
-the keys of :data:`txmq.broker.runtime_config.RUNTIME_KEYS` only).
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG and DELETE_SUBSCRIPTIONGROUP (deleteSubGroup), GET_BROKER_CONFIG
+(getBrokerConfig) and UPDATE_BROKER_CONFIG (updateBrokerConfig, the keys of
+:data:`txmq.broker.runtime_config.RUNTIME_KEYS` only).
 
 Bodies are RocketMQ's ``ConsumeStats``, ``ConsumerConnection``, ``ProducerConnection`` as
 fastjson writes them (object-keyed maps included, see :mod:`txmq.protocol.fastjson`); the broker

@@ -252,3 +252,58 @@ async def test_admin_client_and_cli(broker: BrokerController) -> None:
     table = await cli("group", "show", "cli-group", "-b", addr)
     assert "settings:" in table and "retryMaxTimes: 4" in table
     assert "give at least one" in await cli("group", "update", "cli-group", "-b", addr, ok=False)
+
+
+async def test_a_subscription_group_file_from_rocketmq_is_read(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    """A broker started on a store whose ``config/subscriptionGroup.json`` RocketMQ wrote
+    (its pretty-printed form, with ``forbiddenTable`` and a retry policy of its own)."""
+    cfg = make_broker_config()
+    path = os.path.join(cfg.store_path_root_dir, "config", "subscriptionGroup.json")
+    os.makedirs(os.path.dirname(path))
+    rocketmq_file = {
+        "dataVersion": {"counter": 7, "stateVersion": 0, "timestamp": 1700000000000},
+        "forbiddenTable": {},
+        "subscriptionGroupTable": {
+            "TOOLS_CONSUMER": {
+                "brokerId": 0,
+                "consumeBroadcastEnable": True,
+                "consumeEnable": True,
+                "consumeFromMinEnable": True,
+                "consumeMessageOrderly": False,
+                "groupName": "TOOLS_CONSUMER",
+                "groupRetryPolicy": {"type": "CUSTOMIZED"},
+                "groupSysFlag": 0,
+                "notifyConsumerIdsChangedEnable": True,
+                "retryMaxTimes": 16,
+                "retryQueueNums": 1,
+                "whichBrokerWhenConsumeSlowly": 1,
+            },
+            "orders": {
+                "attributes": {"+owner": "team-a"},
+                "consumeEnable": True,
+                "consumeMessageOrderly": True,
+                "groupName": "orders",
+                "groupRetryPolicy": {
+                    "type": "EXPONENTIAL",
+                    "exponentialRetryPolicy": {"initial": 1000, "max": 60000, "multiplier": 2},
+                },
+                "retryMaxTimes": 5,
+            },
+        },
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rocketmq_file, f, indent=4)
+    b = BrokerController(cfg)
+    await b.start()
+    try:
+        async with AsyncAdminClient(b.address) as admin:
+            orders = await admin.group_config("orders")
+            assert (orders["consumeMessageOrderly"], orders["retryMaxTimes"]) == (True, 5)
+            assert orders["groupRetryPolicy"]["exponentialRetryPolicy"]["max"] == 60000
+            assert orders["attributes"] == {"+owner": "team-a"}
+            assert sorted(await admin.consumer_groups()) == ["TOOLS_CONSUMER", "orders"]
+        assert b.ctx.groups.data_version()["counter"] == 7
+    finally:
+        await b.shutdown()
