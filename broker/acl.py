@@ -357,6 +357,8 @@ ADMIN_CODES = frozenset(
         RequestCode.TXMQ_FORCE_DECIDE,
         RequestCode.GET_BROKER_CONFIG,
         RequestCode.UPDATE_BROKER_CONFIG,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG,
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         RequestCode.GET_CONSUME_STATS,
         RequestCode.GET_CONSUMER_CONNECTION_LIST,

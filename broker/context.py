@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .metrics import BrokerMetrics
     from .ports import ClusterPort
     from .store import ConsumerOffsetManager, MessageStore
+    from .store.subscription_group import SubscriptionGroupManager
     from .topics import TopicManager
 
 #: Runs a blocking call off the event loop (the broker's metadata thread).
@@ -47,6 +48,8 @@ class BrokerContext:
     #: The IPv4 address and port stored messages carry as their store host.
     store_host: tuple[str, int]
     offsets: ConsumerOffsetManager
+    #: Consumer group settings (``config/subscriptionGroup.json``).
+    groups: SubscriptionGroupManager
     topics: TopicManager
     clients: ClientManager
     flush: FlushService

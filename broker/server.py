@@ -65,6 +65,7 @@ from .store import (
     StoreConfig,
     TopicConfigManager,
 )
+from .store.subscription_group import SubscriptionGroupManager
 from .tls import ServerTls, TlsConfigError, TlsFiles, TlsServer
 from .topics import TopicManager
 from .transaction.check import CheckLimits
@@ -282,6 +283,11 @@ class BrokerController:
         self.recovery["store"] = report
         self.offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
         self.offsets.load()
+        groups = SubscriptionGroupManager(
+            os.path.join(root, "config", "subscriptionGroup.json"),
+            default_retry_max_times=lambda: self.config.max_reconsume_times,
+        )
+        groups.load()
         table = TopicConfigManager(os.path.join(root, "config", "topics.json"), write_behind=True)
         table.load()
         self.topics = TopicManager(
@@ -309,6 +315,7 @@ class BrokerController:
             store=self.store,
             store_host=self.store_host,
             offsets=self.offsets,
+            groups=groups,
             topics=self.topics,
             clients=self.clients,
             flush=self.flush,
@@ -425,6 +432,8 @@ class BrokerController:
             R.GET_CONSUME_STATS: g.get_consume_stats,
             R.GET_CONSUMER_CONNECTION_LIST: g.get_consumer_connection_list,
             R.GET_PRODUCER_CONNECTION_LIST: g.get_producer_connection_list,
+            R.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: g.update_subscription_group,
+            R.GET_SUBSCRIPTIONGROUP_CONFIG: g.get_subscription_group,
             R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: g.get_all_subscription_group_config,
             R.DELETE_SUBSCRIPTIONGROUP: g.delete_subscription_group,
             R.DELETE_TOPIC_IN_BROKER: a.delete_topic_in_broker,

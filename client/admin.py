@@ -20,6 +20,7 @@ from txmq.protocol.errors import (
     BrokerSystemError,
     ProtocolError,
     QueryNotFoundError,
+    SubscriptionGroupNotExistError,
     error_for_code,
 )
 from txmq.protocol.headers import (
@@ -46,6 +47,23 @@ from txmq.protocol.message import (
     decode_offset_msg_id,
     inflate_body,
 )
+
+#: RocketMQ's ``SubscriptionGroupConfig`` defaults, for a group the broker does not know yet.
+GROUP_CONFIG_DEFAULTS: dict[str, Any] = {
+    "attributes": {},
+    "brokerId": 0,
+    "consumeBroadcastEnable": True,
+    "consumeEnable": True,
+    "consumeFromMinEnable": True,
+    "consumeMessageOrderly": False,
+    "consumeTimeoutMinute": 15,
+    "groupRetryPolicy": {"type": "CUSTOMIZED"},
+    "groupSysFlag": 0,
+    "notifyConsumerIdsChangedEnable": True,
+    "retryMaxTimes": 16,
+    "retryQueueNums": 1,
+    "whichBrokerWhenConsumeSlowly": 1,
+}
 
 COMMIT = 0x8
 ROLLBACK = 0xC
@@ -251,7 +269,8 @@ class AsyncAdminClient:
     # -- consumer groups and clients -----------------------------------------------------------
 
     async def consumer_groups(self) -> list[str]:
-        """Every consumer group the broker knows (committed offsets or live consumers)."""
+        """Every consumer group the broker knows (settings, committed offsets or live
+        consumers)."""
         resp = await self._call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
         return sorted(fastjson.loads(resp.body)["subscriptionGroupTable"])
 
@@ -296,6 +315,52 @@ class AsyncAdminClient:
         """Forget a consumer group's committed offsets (refused while it has live consumers)."""
         header = DeleteSubscriptionGroupRequestHeader(group, clean_offset=True)
         await self._call(RequestCode.DELETE_SUBSCRIPTIONGROUP, header.to_ext_fields())
+
+    async def group_config(self, group: str) -> dict[str, Any]:
+        """The group's settings, RocketMQ's ``SubscriptionGroupConfig`` (its JSON keys:
+        ``consumeEnable``, ``consumeMessageOrderly``, ``retryMaxTimes``, ...).  A group the
+        broker knows without settings of its own answers RocketMQ's defaults.
+
+        Raises:
+            SubscriptionGroupNotExistError: the broker does not know the group.
+        """
+        resp = await self._call(RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG, {"group": group})
+        return dict(fastjson.loads(resp.body))
+
+    async def update_group_config(
+        self,
+        group: str,
+        *,
+        orderly: bool | None = None,
+        consume_enable: bool | None = None,
+        retry_max_times: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Change the group's settings (RocketMQ's updateSubGroup), keeping those not given:
+        ``orderly`` (``consumeMessageOrderly``: the group's RocketMQ 5 gRPC consumers consume
+        FIFO), ``consume_enable`` (False: the group's pulls and receives are refused),
+        ``retry_max_times`` (redeliveries before the dead-letter queue) and ``settings``, any
+        other field by its RocketMQ key.  The broker keeps them across restarts.  Returns the
+        settings sent.
+
+        Raises:
+            InvalidParameterError: a bad group name or field.
+        """
+        try:
+            config = await self.group_config(group)
+        except SubscriptionGroupNotExistError:
+            config = {**GROUP_CONFIG_DEFAULTS, "groupName": group}
+        config.update(settings or {})
+        if orderly is not None:
+            config["consumeMessageOrderly"] = orderly
+        if consume_enable is not None:
+            config["consumeEnable"] = consume_enable
+        if retry_max_times is not None:
+            config["retryMaxTimes"] = retry_max_times
+        config["groupName"] = group
+        body = json.dumps(dict(sorted(config.items())), separators=(",", ":")).encode()
+        await self._call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
+        return config
 
     async def reset_offset(
         self,

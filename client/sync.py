@@ -222,6 +222,8 @@ class AdminClient(_SyncClient):
     consumer_connections = blocking(AsyncAdminClient.consumer_connections)
     producer_connections = blocking(AsyncAdminClient.producer_connections)
     delete_consumer_group = blocking(AsyncAdminClient.delete_consumer_group)
+    group_config = blocking(AsyncAdminClient.group_config)
+    update_group_config = blocking(AsyncAdminClient.update_group_config)
     reset_offset = blocking(AsyncAdminClient.reset_offset)
     broker_config = blocking(AsyncAdminClient.broker_config)
     update_broker_config = blocking(AsyncAdminClient.update_broker_config)

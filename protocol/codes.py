@@ -43,6 +43,8 @@ class RequestCode(IntEnum):
     RESUME_CHECK_HALF_MESSAGE = 323
     UPDATE_BROKER_CONFIG = 25
     GET_BROKER_CONFIG = 26
+    #: Create or replace a consumer group's settings (body: ``SubscriptionGroupConfig`` JSON).
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
     GET_CONSUMER_CONNECTION_LIST = 203
     GET_PRODUCER_CONNECTION_LIST = 204
@@ -56,6 +58,8 @@ class RequestCode(IntEnum):
     #: An operator resets a group's offsets (``ResetOffsetRequestHeader``: ``topic``,
     #: ``group``, ``timestamp``, ``isForce``; RocketMQ 5 also ``queueId``, ``offset``).
     INVOKE_BROKER_TO_RESET_OFFSET = 222
+    #: One consumer group's settings (header ``group``; body: ``SubscriptionGroupConfig``).
+    GET_SUBSCRIPTIONGROUP_CONFIG = 352
 
     # --- txmq extensions (10000+) -------------------------------------------------------
     #: List transactions (pending, parked after the check budget, or decided).  Header:

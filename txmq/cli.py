@@ -868,7 +868,8 @@ def _emit(rows: list[dict[str, Any]], output: str, columns: list[tuple[str, str,
 
 @main.group()
 def group() -> None:
-    """Consumer groups: list them, show their progress and lag, delete one."""
+    """Consumer groups: list them, show their progress, lag and settings, change their
+    settings, delete one."""
 
 
 @group.command("list")
@@ -910,17 +911,26 @@ def group_list(broker: str, output: str) -> None:
 @click.option("--topic", "-t", help="Only this topic (default: every topic the group consumed).")
 def group_show(broker: str, output: str, group_name: str, topic: str | None) -> None:
     """GROUP's progress per queue: the queue's end, the committed offset, the lag, and when
-    the last consumed message was stored; then its live consumers."""
+    the last consumed message was stored; then its live consumers and its settings."""
 
     async def collect(admin: Any) -> dict[str, Any]:
-        from txmq.protocol.errors import BrokerResponseError
+        from txmq.protocol.errors import BrokerResponseError, SubscriptionGroupNotExistError
 
         stats = await admin.consume_stats(group_name, topic)
         try:
             conns = await admin.consumer_connections(group_name)
         except BrokerResponseError:
             conns = {"connectionSet": []}
-        return {"group": group_name, "queues": stats, "consumers": conns["connectionSet"]}
+        try:
+            config = await admin.group_config(group_name)
+        except SubscriptionGroupNotExistError:
+            config = None
+        return {
+            "group": group_name,
+            "queues": stats,
+            "consumers": conns["connectionSet"],
+            "config": config,
+        }
 
     doc = _admin(broker, collect)
     if output == "json":
@@ -941,6 +951,73 @@ def group_show(broker: str, output: str, group_name: str, topic: str | None) -> 
     click.echo(f"consumers online: {len(doc['consumers'])}")
     for c in doc["consumers"]:
         click.echo(f"  {c['clientId']}  {c['clientAddr']}  {c['language']}")
+    _echo_group_config(doc["config"])
+
+
+def _echo_group_config(config: dict[str, Any] | None) -> None:
+    """A group's settings as ``key: value`` lines, the ones the broker acts on first."""
+    if config is None:
+        click.echo("settings: none (the broker does not know the group)")
+        return
+    click.echo("settings:")
+    acted_on = ("consumeMessageOrderly", "consumeEnable", "retryMaxTimes")
+    for key in [*acted_on, *sorted(k for k in config if k not in acted_on)]:
+        if key in config and key != "groupName":
+            value = config[key]
+            text = json.dumps(value) if isinstance(value, bool | dict | list) else value
+            click.echo(f"  {key}: {text}")
+
+
+@group.command("update")
+@BROKER_OPTION
+@OUTPUT_OPTION
+@click.argument("group_name", metavar="GROUP")
+@click.option(
+    "--orderly/--no-orderly",
+    default=None,
+    help="FIFO consumption for the group's RocketMQ 5 gRPC consumers (consumeMessageOrderly).",
+)
+@click.option(
+    "--consume-enable/--consume-disable",
+    default=None,
+    help="Whether the group may consume: a disabled group's pulls and receives are refused.",
+)
+@click.option(
+    "--retry-max-times",
+    type=click.IntRange(min=-1),
+    help="Redeliveries before a message goes to the group's dead-letter queue (retryMaxTimes).",
+)
+def group_update(
+    broker: str,
+    output: str,
+    group_name: str,
+    orderly: bool | None,
+    consume_enable: bool | None,
+    retry_max_times: int | None,
+) -> None:
+    """Change GROUP's settings (mqadmin updateSubGroup), keeping those not given; the broker
+    keeps them across restarts.  Prints the settings now in force."""
+    if orderly is None and consume_enable is None and retry_max_times is None:
+        raise click.UsageError(
+            "give at least one of --orderly/--no-orderly, --consume-enable/--consume-disable, "
+            "--retry-max-times"
+        )
+
+    async def change(admin: Any) -> dict[str, Any]:
+        await admin.update_group_config(
+            group_name,
+            orderly=orderly,
+            consume_enable=consume_enable,
+            retry_max_times=retry_max_times,
+        )
+        return dict(await admin.group_config(group_name))
+
+    config = _admin(broker, change)
+    if output == "json":
+        _echo_json(config)
+        return
+    click.echo(f"consumer group {group_name} updated")
+    _echo_group_config(config)
 
 
 @group.command("delete")
@@ -948,8 +1025,8 @@ def group_show(broker: str, output: str, group_name: str, topic: str | None) -> 
 @click.argument("group_name", metavar="GROUP")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def group_delete(broker: str, group_name: str, yes: bool) -> None:
-    """Forget GROUP's committed offsets (refused while it has live consumers): a group of the
-    same name starts afresh, from where its consume-from setting says."""
+    """Forget GROUP's committed offsets and settings (refused while it has live consumers): a
+    group of the same name starts afresh, from where its consume-from setting says."""
     if not yes:
         click.confirm(f"delete the committed offsets of consumer group {group_name}?", abort=True)
     _admin(broker, lambda admin: admin.delete_consumer_group(group_name))

@@ -56,6 +56,7 @@ FETCH_WAIT_MS = 500
 #: State files a follower copies from its leader (relative to the store root).
 META_FILES = (
     "config/consumerOffset.json",
+    "config/subscriptionGroup.json",
     "config/topics.json",
     "transaction/checkState.json",
 )

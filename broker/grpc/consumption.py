@@ -13,14 +13,18 @@ Per (consumer group, topic, queue) a :class:`QueueView` keeps:
 
 A receipt handle names (queue, offset, nonce) and the broker run that issued it.  A message
 becomes visible again once its invisible duration has passed and is then handed out with a new
-handle (the old one no longer acks it).  After ``maxReconsumeTimes + 1`` deliveries it is moved to
-``%DLQ%<group>`` instead.
+handle (the old one no longer acks it).  After ``retryMaxTimes + 1`` deliveries (the group's
+settings, else the broker's ``maxReconsumeTimes``) it is moved to ``%DLQ%<group>`` instead.
+
+A group whose settings say ``consumeMessageOrderly`` is FIFO (the broker decides, as RocketMQ's
+proxy does): a queue with an invisible message hands out nothing else, and what became visible
+again is handed out first, in offset order; one message group is one queue, so its order holds
+across redelivery (RocketMQ's orderly pop also blocks per queue).
 
 Differences from RocketMQ's pop consumption (also listed in docs/compatibility.md): the in-flight
 state is in memory only, so after a broker restart every unacked message is delivered again from
 the committed offset (at least once, never lost); a new group starts at the queue's minimum
-offset; a FIFO group gets one queue's messages in order, one batch in flight per queue (RocketMQ
-orders per message group).
+offset.
 """
 
 from __future__ import annotations

@@ -150,7 +150,6 @@ class GrpcClient:
     client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
     group: str = ""
     topics: set[str] = field(default_factory=set)
-    fifo: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     #: The account that registered the client id (see :data:`.auth.CALLER`).
     access_key: str | None = None
@@ -382,14 +381,16 @@ class MessagingService:
             sub = s.subscription
             if sub.HasField("group"):
                 c.group = convert.resource_name(sub.group)
-            c.fifo = sub.fifo if sub.HasField("fifo") else False
+            # The group's settings decide, not the client (RocketMQ's proxy merges the
+            # group's SubscriptionGroupConfig into the answer the same way).
+            group_config = self.ctx.groups.effective(c.group)
             out.subscription.CopyFrom(sub)
-            out.subscription.fifo = c.fifo
+            out.subscription.fifo = group_config.consume_message_orderly
             out.subscription.receive_batch_size = MAX_RECEIVE_BATCH
             if not sub.HasField("long_polling_timeout"):
                 convert.set_duration(out.subscription.long_polling_timeout, DEFAULT_LONG_POLLING_S)
             bp = out.backoff_policy
-            bp.max_attempts = self.cfg.max_reconsume_times + 1
+            bp.max_attempts = group_config.retry_max_times + 1
             for ms in self.ctx.delay_levels:
                 convert.set_duration(bp.customized_backoff.next.add(), ms / 1000.0)
         return out
@@ -697,7 +698,7 @@ class MessagingService:
         return parse_subscription(expr or "*"), None
 
     async def _receive(self, request: Any, context: Context) -> list[Any]:
-        c = self._client(context)
+        self._client(context)
         group = convert.resource_name(request.group)
         if not group:
             raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
@@ -728,14 +729,21 @@ class MessagingService:
         remaining = context.time_remaining()
         if remaining is not None:
             poll = min(poll, max(0.0, remaining - 0.5))
-        fifo = c.fifo and c.group == group
+        group_config = self.ctx.groups.effective(group)
+        if not group_config.consume_enable:
+            raise GrpcStatusError(Code.FORBIDDEN, f"subscription group no permission, {group}")
+        # FIFO when the group is orderly (consumeMessageOrderly), whatever the client asked.
+        fifo = group_config.consume_message_orderly
+        max_reconsume = group_config.retry_max_times
         deadline = time.monotonic() + poll
         qids = list(range(tc.read_queue_nums))
         self._rr += 1
         start = self._rr % max(1, len(qids))
         qids = qids[start:] + qids[:start]
         while True:
-            out = self._collect(group, topic, qids, tags, batch, invisible, fifo, sql)
+            out = self._collect(
+                group, topic, qids, tags, batch, invisible, fifo, sql, max_reconsume
+            )
             now = time.monotonic()
             if out or now >= deadline or self._shutting_down():
                 return out
@@ -768,9 +776,11 @@ class MessagingService:
         invisible: float,
         fifo: bool,
         sql: StoredFilter | None = None,
+        max_reconsume: int | None = None,
     ) -> list[Any]:
         out: list[Any] = []
         now = time.monotonic()
+        limit = self.cfg.max_reconsume_times if max_reconsume is None else max_reconsume
         tag_codes = None if tags is None else frozenset(tags_code(t) for t in tags)
         for qid in qids:
             if len(out) >= batch:
@@ -785,7 +795,7 @@ class MessagingService:
                 if m is None:
                     v.ack(x.offset)
                     continue
-                if x.attempts > self.cfg.max_reconsume_times:
+                if x.attempts > limit:
                     self.core.dead_letter_now(group, m, x.attempts)
                     if v.ack(x.offset):
                         self._commit_offset(group, topic, qid, v.committed)

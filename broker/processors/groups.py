@@ -1,8 +1,10 @@
 """The operator's views of groups and clients, in RocketMQ's encodings so its tools read them:
 GET_CONSUME_STATS (mqadmin consumerProgress), GET_CONSUMER_CONNECTION_LIST and
-GET_PRODUCER_CONNECTION_LIST (consumerConnection, producerConnection), DELETE_SUBSCRIPTIONGROUP
-(deleteSubGroup), GET_BROKER_CONFIG (getBrokerConfig) and UPDATE_BROKER_CONFIG (updateBrokerConfig,
-the keys of :data:`txmq.broker.runtime_config.RUNTIME_KEYS` only).
+GET_PRODUCER_CONNECTION_LIST (consumerConnection, producerConnection), the consumer group
+settings: UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (updateSubGroup), GET_SUBSCRIPTIONGROUP_CONFIG,
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG and DELETE_SUBSCRIPTIONGROUP (deleteSubGroup), GET_BROKER_CONFIG
+(getBrokerConfig) and UPDATE_BROKER_CONFIG (updateBrokerConfig, the keys of
+:data:`txmq.broker.runtime_config.RUNTIME_KEYS` only).
 
 Bodies are RocketMQ's ``ConsumeStats``, ``ConsumerConnection``, ``ProducerConnection`` as
 fastjson writes them (object-keyed maps included, see :mod:`txmq.protocol.fastjson`); the broker
@@ -12,6 +14,7 @@ configuration is ``key=value`` lines, as ``MixAll.properties2String`` writes it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +39,30 @@ from ..clients import ClientChannel
 from ..config import BrokerConfig, ConfigError
 from ..context import BrokerContext
 from ..runtime_config import NotRuntimeChangeable, parse_properties
+from ..store.subscription_group import SubscriptionGroupConfig
 
 log = structlog.get_logger(__name__)
 
 #: RocketMQ's ResponseCode.CONSUMER_NOT_ONLINE.
 CONSUMER_NOT_ONLINE = 206
+#: RocketMQ's limit on a group name's length (``TopicValidator``).
+GROUP_MAX_LENGTH = 255
+_GROUP_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def _invalid_group(group: str) -> str | None:
+    """RocketMQ's ``TopicValidator.validateGroup``: why ``group`` is not a valid group name,
+    None when it is."""
+    if not group.strip():
+        return "The specified group is blank."
+    if not _GROUP_CHARS.match(group):
+        return (
+            f"The specified group: {group}, contains illegal characters, "
+            "allowing only ^[%|a-zA-Z0-9_-]+$"
+        )
+    if len(group) > GROUP_MAX_LENGTH:
+        return f"The specified group: {group}, is longer than group max length: {GROUP_MAX_LENGTH}"
+    return None
 
 
 def _language(code: int) -> str:
@@ -123,38 +145,85 @@ class GroupViewProcessor:
         missing = (ResponseCode.SYSTEM_ERROR, f"the producer group[{h.producer_group}] not exist")
         return _connections(cmd, channels, missing)
 
+    async def update_subscription_group(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (mqadmin updateSubGroup): the body is the group's
+        whole ``SubscriptionGroupConfig``; it replaces what the group had and is kept in the
+        store before the answer."""
+        try:
+            config = SubscriptionGroupConfig.from_json(cmd.body or b"")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return cmd.response(
+                ResponseCode.INVALID_PARAMETER, f"the body is not a SubscriptionGroupConfig: {exc}"
+            )
+        invalid = _invalid_group(config.group_name)
+        if invalid is not None:
+            return cmd.response(ResponseCode.INVALID_PARAMETER, invalid)
+        groups = self.ctx.groups
+        before = groups.get(config.group_name)
+        groups.put(config)
+        try:
+            await self.ctx.in_background(groups.persist)
+        except OSError as exc:
+            if before is None:
+                groups.delete(config.group_name)
+            else:
+                groups.put(before)
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"the group config could not be kept in the store: {exc}"
+            )
+        log.warning(
+            "subscription_group_updated",
+            group=config.group_name,
+            orderly=config.consume_message_orderly,
+            consume_enable=config.consume_enable,
+            retry_max_times=config.retry_max_times,
+            peer=f"{conn.peer[0]}:{conn.peer[1]}",
+        )
+        return cmd.response()
+
+    async def get_subscription_group(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand:
+        """GET_SUBSCRIPTIONGROUP_CONFIG (header ``group``): the group's config as RocketMQ
+        writes it.  A group known without a stored config (it has committed offsets or live
+        consumers; RocketMQ would have created its config then) answers RocketMQ's defaults;
+        an unknown group SUBSCRIPTION_GROUP_NOT_EXIST."""
+        group = str(cmd.ext_fields.get("group") or "")
+        if self.ctx.groups.get(group) is None and group not in self._known_groups():
+            return cmd.response(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "No group in this broker"
+            )
+        body = dumps(self.ctx.groups.effective(group).to_json())
+        return cmd.response(body=body.encode())
+
+    def _known_groups(self) -> set[str]:
+        """Groups with committed offsets or live consumers."""
+        return set(self.ctx.offsets.groups()) | set(self.ctx.clients.consumer_groups())
+
     async def get_all_subscription_group_config(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        """Every consumer group the broker knows: those with committed offsets and those with
-        live consumers (txmq keeps no separate table of group settings: these are RocketMQ's
-        defaults, which txmq applies to every group)."""
-        groups = set(self.ctx.offsets.groups()) | set(self.ctx.clients.consumer_groups())
-        table = {
-            g: {
-                "groupName": g,
-                "consumeEnable": True,
-                "consumeFromMinEnable": True,
-                "consumeBroadcastEnable": True,
-                "retryQueueNums": 1,
-                "retryMaxTimes": 16,
-                "brokerId": 0,
-                "whichBrokerWhenConsumeSlowly": 1,
-                "notifyConsumerIdsChangedEnable": True,
-            }
-            for g in sorted(groups)
+        """Every consumer group the broker knows, RocketMQ's ``SubscriptionGroupWrapper``: the
+        stored configs, and RocketMQ's defaults for the groups with committed offsets or live
+        consumers but no stored config."""
+        groups = self.ctx.groups
+        names = self._known_groups() | set(groups.all())
+        table = {g: groups.effective(g).to_json() for g in sorted(names)}
+        doc = {
+            "dataVersion": groups.data_version(),
+            "forbiddenTable": {},
+            "subscriptionGroupTable": table,
         }
-        version = {"counter": 0, "timestamp": 0}
-        return cmd.response(
-            body=dumps({"subscriptionGroupTable": table, "dataVersion": version}).encode()
-        )
+        return cmd.response(body=dumps(doc).encode())
 
     async def delete_subscription_group(
         self, conn: Connection, cmd: RemotingCommand
     ) -> RemotingCommand:
-        """Forget a consumer group's committed offsets (its retry topic stays, as in RocketMQ,
-        where ``deleteSubGroup`` leaves topics alone).  Refused while the group has live
-        consumers: they would commit offsets again at once."""
+        """Forget a consumer group: its stored config and its committed offsets (its retry
+        topic stays, as in RocketMQ, where ``deleteSubGroup`` leaves topics alone).  Refused
+        while the group has live consumers: they would commit offsets again at once."""
         h = DeleteSubscriptionGroupRequestHeader.from_ext_fields(cmd.ext_fields)
         group = h.group_name
         online = self.ctx.clients.consumer_ids(group)
@@ -165,12 +234,14 @@ class GroupViewProcessor:
                 f"({', '.join(online)}): stop them before deleting the group",
             )
         removed = self.ctx.offsets.remove_group(group)
-        if not removed:
+        had_config = self.ctx.groups.delete(group)
+        if not removed and not had_config:
             return cmd.response(
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                 f"subscription group [{group}] does not exist",
             )
         await self.ctx.in_background(self.ctx.offsets.persist)
+        await self.ctx.in_background(self.ctx.groups.persist)
         log.warning("consumer_group_deleted", group=group, peer=f"{conn.peer[0]}:{conn.peer[1]}")
         return cmd.response()
 

@@ -73,6 +73,8 @@ class PullMessageProcessor:
 
     async def pull_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = PullMessageRequestHeader.from_ext_fields(cmd.ext_fields)
+        if not self.ctx.groups.effective(h.consumer_group).consume_enable:
+            raise NoPermissionError(f"subscription group no permission, {h.consumer_group}")
         tc = self.ctx.topics.get(h.topic)
         if tc is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist, apply first please!")

@@ -90,7 +90,9 @@ class SendMessageProcessor:
             h.group,
             orig,
             delay_level=h.delay_level,
-            max_reconsume_times=h.max_reconsume_times,
+            max_reconsume_times=h.max_reconsume_times
+            if h.max_reconsume_times is not None
+            else self.core.ctx.groups.effective(h.group).retry_max_times,
             origin_msg_id=h.origin_msg_id,
         )
         return cmd.response()

@@ -231,6 +231,13 @@ async def cases(broker: BrokerController) -> list[Case]:
         Case(R.GET_BROKER_RUNTIME_INFO, {}, b"", ADMIN_ONLY),
         Case(R.GET_BROKER_CONFIG, {}, b"", ADMIN_ONLY),
         Case(R.UPDATE_BROKER_CONFIG, {}, b"maxReconsumeTimes=16\n", ADMIN_ONLY),
+        Case(
+            R.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+            {},
+            b'{"groupName": "cgroup", "consumeMessageOrderly": true}',
+            ADMIN_ONLY,
+        ),
+        Case(R.GET_SUBSCRIPTIONGROUP_CONFIG, {"group": "cgroup"}, b"", ADMIN_ONLY),
         Case(R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}, b"", ADMIN_ONLY),
         Case(R.GET_CONSUME_STATS, {"consumerGroup": "cgroup"}, b"", ADMIN_ONLY),
         Case(R.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "cgroup"}, b"", ADMIN_ONLY),

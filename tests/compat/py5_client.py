@@ -19,6 +19,13 @@ Operations:
   the checker saw.
 * ``receive``: a SimpleConsumer of ``group`` receives until ``count`` messages arrived (or the
   timeout), acking each unless ``ack`` is false -> the messages.
+* ``push``: a PushConsumer of ``group`` that fails the first delivery of each body in
+  ``fail_once``, until ``count`` messages were consumed -> the messages consumed, every call of
+  its listener in order (``handled``) and whether the broker made it consume FIFO (``fifo``).
+* ``fifo_receive``: a SimpleConsumer of ``group`` that, as a FIFO consumer does, handles each
+  received batch in order and leaves the first delivery of each body in ``skip_once`` unacked,
+  with the rest of that batch's messages of the same message group, until ``count`` messages
+  were acked -> every delivery in order.
 """
 
 from __future__ import annotations
@@ -180,6 +187,7 @@ def op_push(args: dict[str, Any]) -> dict[str, Any]:
     """A PushConsumer of ``group``: its listener fails the first delivery of a body listed in
     ``fail_once`` and consumes everything else, until ``count`` messages were consumed."""
     got: list[dict[str, Any]] = []
+    handled: list[dict[str, Any]] = []
     failed: set[str] = set()
     done = threading.Event()
     lock = threading.Lock()
@@ -188,7 +196,9 @@ def op_push(args: dict[str, Any]) -> dict[str, Any]:
         def consume(self, message: Any) -> Any:
             body = message.body.decode()
             with lock:
-                if body in args.get("fail_once", []) and body not in failed:
+                fail = body in args.get("fail_once", []) and body not in failed
+                handled.append({"body": body, "group": message.message_group, "failed": fail})
+                if fail:
                     failed.add(body)
                     return rocketmq.ConsumeResult.FAILURE
                 got.append({"body": body, "attempt": message.delivery_attempt})
@@ -207,13 +217,51 @@ def op_push(args: dict[str, Any]) -> dict[str, Any]:
     try:
         done.wait(args.get("timeout", 30))
         with lock:
-            return {"messages": list(got)}
+            # what the broker's settings answer made the consumer do (set when it arrived)
+            fifo = getattr(consumer, "_PushConsumer__fifo", None)
+            return {"messages": list(got), "handled": list(handled), "fifo": fifo}
+    finally:
+        consumer.shutdown()
+
+
+def op_fifo_receive(args: dict[str, Any]) -> dict[str, Any]:
+    consumer = SimpleConsumer(
+        config(args),
+        args["group"],
+        {args["topic"]: FilterExpression("*")},
+        await_duration=args.get("await_s", 2),
+        tls_enable=tls(args),
+    )
+    consumer.startup()
+    log: list[dict[str, Any]] = []
+    skipped: set[str] = set()
+    acked = 0
+    try:
+        deadline = time.monotonic() + args.get("timeout", 30)
+        while acked < args["count"] and time.monotonic() < deadline:
+            held: set[str] = set()  # message groups waiting in this batch
+            batch = consumer.receive(args.get("batch", 32), args.get("invisible_s", 15))
+            for m in batch:
+                body = m.body.decode()
+                entry = {"body": body, "group": m.message_group, "attempt": m.delivery_attempt}
+                log.append(entry)
+                if body in args.get("skip_once", []) and body not in skipped:
+                    skipped.add(body)
+                    held.add(m.message_group)
+                if m.message_group in held:
+                    entry["acked"] = False
+                    continue
+                consumer.ack(m)
+                entry["acked"] = True
+                acked += 1
+        return {"deliveries": log}
     finally:
         consumer.shutdown()
 
 
 OPS = {
     "push": op_push,
+    "fifo_receive": op_fifo_receive,
     "send": op_send,
     "transaction": op_transaction,
     "orphan": op_orphan,
