@@ -143,8 +143,20 @@ async def send_halves(txn: AsyncTransaction, tag: str, n: int = 3) -> None:
     assert txn.groups == ["g1", "g2"]
 
 
-def expected(tag: str, n: int = 3) -> dict[str, list[str] | None]:
-    return {t: sorted(f"{tag}-{t}-{i}" for i in range(n)) for t in TOPICS}
+def expected(*tags: str, n: int = 3) -> dict[str, list[str] | None]:
+    """What each topic holds once the transactions ``tags`` are committed."""
+    return {t: sorted(f"{tag}-{t}-{i}" for tag in tags for i in range(n)) for t in TOPICS}
+
+
+def sync_commit(seeds: str, tag: str) -> list[str]:
+    """A transaction across groups through the blocking facade; the groups it wrote."""
+    with TransactionProducer(GROUP, ByBody(), broker=seeds) as tx:
+        with tx.transaction(across_groups=True) as txn:
+            for topic in TOPICS:
+                for i in range(3):
+                    txn.send(Message(topic, f"{tag}-{topic}-{i}"))
+        assert txn.core.state is LocalTransactionState.COMMIT_MESSAGE
+        return txn.core.groups
 
 
 async def test_commit_rollback_and_check_back_across_groups(make_cluster: Any) -> None:
@@ -169,14 +181,17 @@ async def test_commit_rollback_and_check_back_across_groups(make_cluster: Any) -
         with pytest.raises(ValueError, match="across broker groups"):
             offsets.send_offsets(object(), None)  # type: ignore[arg-type]
 
+    # The blocking facade does the same.
+    assert await asyncio.to_thread(sync_commit, seeds, "c3") == ["g1", "g2"]
     await bc.wait(
-        lambda: _equal(both_topics(bc), expected("c1")),
+        lambda: _equal(both_topics(bc), expected("c1", "c3")),
         30,
-        "the committed transaction read in both topics, the rolled-back one in neither",
+        "the committed transactions read in both topics, the rolled-back one in neither",
     )
     for g in ("g1", "g2"):
         st = await batch_state(bc, g, rolled.transaction_id)
-        assert st is not None and st["decided"] and st["committed"] == [], st
+        assert st is not None and st["decided"], st
+        assert (st["committed"], st["rolledBack"]) == ([], [rolled.transaction_id]), st
 
     # A producer leaves one transaction undecided and goes away; another producer of the group
     # answers the groups' checks: the first answer is recorded and both groups commit.
@@ -187,9 +202,7 @@ async def test_commit_rollback_and_check_back_across_groups(make_cluster: Any) -
     await gone.shutdown()
     answering = ByBody()
     async with AsyncTransactionProducer(GROUP, answering, seeds) as tx2:
-        want = expected("c1")
-        for t in TOPICS:
-            want[t] = sorted([*(want[t] or []), *(expected("c2")[t] or [])])
+        want = expected("c1", "c2", "c3")
         await bc.wait(
             lambda: _equal(both_topics(bc), want),
             40,
@@ -205,8 +218,9 @@ async def test_commit_rollback_and_check_back_across_groups(make_cluster: Any) -
         async def rolled_back_everywhere() -> bool:
             for g in ("g1", "g2"):
                 st = await batch_state(bc, g, late.transaction_id)
-                if st is None or not st["decided"] or st["committed"]:
+                if st is None or not st["decided"]:
                     return False
+                assert (st["committed"], st["rolledBack"]) == ([], [late.transaction_id]), st
             return True
 
         await bc.wait(rolled_back_everywhere, 40, "the check-back rolled back both groups")
@@ -318,7 +332,9 @@ async def test_leader_killed_during_the_decision(
                 st = await batch_state(bc, g, txid)
                 if st is None or not st["decided"]:
                     return False
-                if st["committed"] != ([txid] if committed_ids else []):
+                if (st["committed"], st["rolledBack"]) != (
+                    ([txid], []) if committed_ids else ([], [txid])
+                ):
                     pytest.fail(f"{g} decided {st} for {outcome}")
             return await both_topics(bc) == want
 
