@@ -14,6 +14,12 @@ Flow (RocketMQ's, with txmq's answered END_TRANSACTION):
 Check-back handling is bounded: at most ``check_threads`` listener calls run at once and at most
 ``check_queue_size`` checks wait.  A check beyond that is refused with SYSTEM_BUSY; the broker
 does not count it and asks again next round, so no check is dropped silently.
+
+A transaction across broker groups (``transaction(across_groups=True)``, a cluster only) tags its
+halves with its id as batch key (``TXMQ_BATCH_KEY``) and is decided with TXMQ_DECIDE_BATCH: the
+first group asked records the decision in etcd (create-if-absent, the first decision wins), every
+group applies that record, so all groups commit or none does; check-back answers for it take the
+same road.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import json
+import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, fields
@@ -29,8 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import TransactionFailedError, TxmqError, error_for_code
-from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
+from txmq.protocol.errors import (
+    BrokerSystemError,
+    TransactionFailedError,
+    TxmqError,
+    error_for_code,
+)
+from txmq.protocol.headers import (
+    CheckTransactionStateRequestHeader,
+    DecideBatchRequestHeader,
+    EndTransactionRequestHeader,
+)
 from txmq.protocol.message import (
     Message,
     MessageConst,
@@ -59,6 +77,42 @@ log = get_logger(__name__)
 DEFAULT_CHECK_THREADS = 4
 #: Default bound on checks accepted but not yet answered.
 DEFAULT_CHECK_QUEUE_SIZE = 2000
+#: Default time a transaction across broker groups keeps asking a group (through its leader
+#: changes) to take its decision before the outcome is reported in doubt.
+DEFAULT_DECISION_TIMEOUT = 30.0
+
+#: Test seam: with ``TXMQ_TXN_PAUSE_AT=<step>[,<step>...]`` and ``TXMQ_TXN_PAUSE_FILE=<path>`` in
+#: the environment, a transaction across broker groups stops at each step named
+#: (``commit-point``, ``after-commit-point``, ``group:<name>``), writes ``<path>.<step>.paused``
+#: and goes on once ``<path>.<step>.go`` exists (or after five minutes), so that a test can
+#: kill a leader at that step.
+PAUSE_AT_ENV = "TXMQ_TXN_PAUSE_AT"
+PAUSE_FILE_ENV = "TXMQ_TXN_PAUSE_FILE"
+
+
+async def _pause_point(step: str) -> None:
+    steps = os.environ.get(PAUSE_AT_ENV)
+    path = os.environ.get(PAUSE_FILE_ENV)
+    if not steps or not path or step not in steps.split(","):
+        return
+    with open(f"{path}.{step}.paused", "w") as f:
+        f.write(step)
+    log.warning("transaction_paused", step=step)
+    deadline = time.monotonic() + 300.0
+    while not os.path.exists(f"{path}.{step}.go") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+class TransactionInDoubtError(TxmqError):
+    """The decision of a transaction across broker groups could not be confirmed: it may or may
+    not have been recorded.  Nothing is lost and the groups still agree: a recorded decision is
+    applied by every group's leader by itself; an unrecorded one is settled by check-back (the
+    groups ask the producer group, and the first answer is recorded and applied everywhere)."""
+
+
+class CrossGroupUnavailableError(TxmqError, ValueError):
+    """A transaction across broker groups was asked of a single broker (no etcd to record its
+    decision in): use a plain ``transaction()``."""
 
 
 class LocalTransactionState(enum.Enum):
@@ -145,6 +199,8 @@ class AsyncTransactionProducer(AsyncClient):
         check_threads: at most this many check-back listener calls run at once.
         check_queue_size: at most this many checks wait; more are refused (the broker asks
             again next round).
+        decision_timeout: how long the decision of a transaction across broker groups is
+            retried (through a group's leader change) before it is reported in doubt.
         config, **settings: client settings, as for :class:`AsyncProducer`.
     """
 
@@ -158,6 +214,7 @@ class AsyncTransactionProducer(AsyncClient):
         *,
         check_threads: int = DEFAULT_CHECK_THREADS,
         check_queue_size: int = DEFAULT_CHECK_QUEUE_SIZE,
+        decision_timeout: float = DEFAULT_DECISION_TIMEOUT,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
@@ -171,6 +228,7 @@ class AsyncTransactionProducer(AsyncClient):
         self.producer = AsyncProducer(group, broker, config=config, **settings)
         self.check_threads = check_threads
         self.check_queue_size = check_queue_size
+        self.decision_timeout = decision_timeout
         self._check_sem = asyncio.Semaphore(check_threads)
         self._checks_waiting = 0
         self._check_tasks: set[asyncio.Task[None]] = set()
@@ -291,17 +349,29 @@ class AsyncTransactionProducer(AsyncClient):
 
     @asynccontextmanager
     async def transaction(
-        self, transaction_id: str | None = None
+        self, transaction_id: str | None = None, *, across_groups: bool = False
     ) -> AsyncIterator[AsyncTransaction]:
         """Several messages, one decision: commit on a clean exit, roll back on an exception.
+
+        By default every half goes to the broker group of the first one (one END_TRANSACTION
+        decides them).  With ``across_groups=True`` (a cluster only) each half goes where a
+        plain send would, and the decision is recorded in etcd and applied by every group
+        holding halves: all of them commit or none does.
 
         Example::
 
             async with producer.transaction() as txn:
                 await txn.send(m1)
                 await txn.send(m2)
+
+        Raises:
+            CrossGroupUnavailableError: ``across_groups`` with a single broker.
+            TransactionInDoubtError: (at the commit) the decision across groups could not be
+                confirmed; see the class.
         """
-        txn = AsyncTransaction(self, transaction_id or new_uniq_id())
+        if across_groups:
+            self.require_cluster()
+        txn = AsyncTransaction(self, transaction_id or new_uniq_id(), across_groups=across_groups)
         try:
             yield txn
         except BaseException as exc:
@@ -309,6 +379,35 @@ class AsyncTransactionProducer(AsyncClient):
             raise
         else:
             await txn.finish(None)
+
+    def require_cluster(self) -> None:
+        """Raise unless the producer is connected to a cluster (brokers with etcd).
+
+        Raises:
+            CrossGroupUnavailableError: a single broker.
+        """
+        conn = self.producer.connection
+        if conn.group_name is None:
+            raise CrossGroupUnavailableError(
+                f"broker {conn.address} is a single broker, not a cluster of broker groups "
+                "(brokers started with etcdEndpoints): a transaction across groups needs etcd "
+                "to record its decision; use transaction() without across_groups"
+            )
+
+    async def decide_across(
+        self,
+        conn: BrokerConnection,
+        transaction_id: str,
+        commit: bool,
+        timeout: float | None = None,
+    ) -> bool:
+        """TXMQ_DECIDE_BATCH for the transaction across groups ``transaction_id`` on ``conn``'s
+        broker group: the decision in force there (True: committed), the first one recorded."""
+        header = DecideBatchRequestHeader(producer_group=self.group, batch_key=transaction_id)
+        body = json.dumps({"commit": [transaction_id] if commit else []}).encode()
+        resp = await conn.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body, timeout=timeout)
+        answer = json.loads(resp.body.decode("utf-8"))
+        return transaction_id in (answer.get("committed") or [])
 
     # -- check-back ---------------------------------------------------------------------------
 
@@ -349,6 +448,10 @@ class AsyncTransactionProducer(AsyncClient):
                         transaction_id=header.transaction_id,
                         error=repr(exc),
                     )
+                txid = header.transaction_id or msg.transaction_id or ""
+                if txid and msg.properties.get(MessageConst.TXMQ_BATCH_KEY) == txid:
+                    await self._answer_check_across(txid, state, conn)
+                    return
                 end = EndTransactionRequestHeader(
                     producer_group=self.group,
                     tran_state_table_offset=header.tran_state_table_offset,
@@ -368,6 +471,30 @@ class AsyncTransactionProducer(AsyncClient):
                     )
         finally:
             self._checks_waiting -= 1
+
+    async def _answer_check_across(
+        self, txid: str, state: LocalTransactionState, conn: BrokerConnection
+    ) -> None:
+        """A check of a transaction across groups is answered as its producer decides: through
+        the decision recorded in etcd, so every group gets the same outcome (the first one
+        recorded, which may be an earlier decision than this answer)."""
+        if state is LocalTransactionState.UNKNOW:
+            self.checks_answered += 1  # nothing to record: the groups ask again
+            return
+        want = state is LocalTransactionState.COMMIT_MESSAGE
+        try:
+            committed = await self.decide_across(conn, txid, want)
+        except TxmqError as exc:
+            log.info("check_answer_failed", transaction_id=txid, error=str(exc))
+            return
+        self.checks_answered += 1
+        if committed != want:
+            log.warning(
+                "check_answer_overruled",
+                transaction_id=txid,
+                answer=state.value,
+                decided="COMMIT" if committed else "ROLLBACK",
+            )
 
 
 @dataclass
@@ -393,11 +520,23 @@ class AsyncTransaction:
     Halves sent concurrently (e.g. ``asyncio.gather(txn.send(m1), txn.send(m2))``) travel in
     one SEND_BATCH_MESSAGE per topic and queue choice: one acknowledged round trip for all of
     them instead of one each.  Each ``send`` still returns once its half is stored.
+
+    With ``across_groups`` the halves are not kept in one broker group: each goes where a plain
+    send would, tagged with the transaction id as batch key, and :meth:`commit` /
+    :meth:`rollback` decide them through the decision record of the cluster (see
+    :meth:`_decide_across`).
     """
 
-    def __init__(self, producer: AsyncTransactionProducer, transaction_id: str) -> None:
+    def __init__(
+        self,
+        producer: AsyncTransactionProducer,
+        transaction_id: str,
+        *,
+        across_groups: bool = False,
+    ) -> None:
         self.producer = producer
         self.transaction_id = transaction_id
+        self.across_groups = across_groups
         self.halves: list[SendResult] = []
         self.state: LocalTransactionState | None = None
         self._pending: list[_PendingHalf] = []
@@ -430,6 +569,11 @@ class AsyncTransaction:
         if self.state is not None:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
+            )
+        if self.across_groups:
+            raise ValueError(
+                "consumer offsets cannot be committed in a transaction across broker groups "
+                "(its decision does not check them); use one broker group"
             )
         if self._offsets_consumer is not None and self._offsets_consumer is not consumer:
             raise ValueError("one transaction commits the offsets of one consumer")
@@ -485,6 +629,9 @@ class AsyncTransaction:
 
     async def _pin(self, first: _PendingHalf) -> str | None:
         """The broker group of this transaction, chosen with its first half."""
+        if self.across_groups:
+            self.producer.require_cluster()
+            return None  # each half goes where a plain send would
         if self._pinning is None:
             if self.producer.producer.connection.group_name is None:  # one broker: no choice
                 self._pinning = asyncio.get_running_loop().create_future()
@@ -509,6 +656,9 @@ class AsyncTransaction:
 
     async def _send_group(self, group: list[_PendingHalf]) -> None:
         extra = {MessageConst.TRANSACTION_ID: self.transaction_id}
+        if self.across_groups:
+            # The transaction is a batch of one: its id is the key of its decision record.
+            extra[MessageConst.TXMQ_BATCH_KEY] = self.transaction_id
         first = group[0]
         try:
             broker = await self._pin(first)
@@ -622,6 +772,9 @@ class AsyncTransaction:
         if not self.halves:
             self.state = state
             return
+        if self.across_groups:
+            await self._decide_across(state)
+            return
         await self.producer.end_transaction(
             self.halves[0], state, remark, transaction_id=self.transaction_id
         )
@@ -630,6 +783,101 @@ class AsyncTransaction:
             for pq, start, offset in self._offsets.values():
                 if pq.committed == start or pq.committed is None:
                     pq.committed = offset
+
+    @property
+    def groups(self) -> list[str]:
+        """The broker groups holding this transaction's halves, in the order of their first
+        half."""
+        return list(dict.fromkeys(h.broker_name for h in self.halves))
+
+    async def _decide_across(self, state: LocalTransactionState) -> None:
+        """Decide a transaction across broker groups.
+
+        1. The first group holding a half is asked (TXMQ_DECIDE_BATCH, the transaction id as
+           batch key): its leader records the decision in etcd, create-if-absent, which is the
+           commit point (the first decision recorded wins, whoever made it: this call or a
+           check-back answer), and applies it to its halves.
+        2. Every other group holding halves is asked in turn; each leader also applies a
+           recorded decision by itself (from its watch of etcd, and a new leader after a
+           failover), so a group not reached here still gets it.
+
+        Each request is repeated through a group's leader change for up to the producer's
+        ``decision_timeout`` (a repeat returns the decision in force).
+
+        Raises:
+            TransactionInDoubtError: the first group could not be reached: the decision may or
+                may not be recorded.
+            TransactionFailedError: another decision was recorded first (e.g. a check-back
+                answer rolled the transaction back): it holds in every group.
+        """
+        tx = self.producer
+        want = state is LocalTransactionState.COMMIT_MESSAGE
+        groups = self.groups
+        deadline = time.monotonic() + tx.decision_timeout
+        await _pause_point("commit-point")
+        try:
+            committed = await self._decide_in(groups[0], want, deadline)
+        except TxmqError as exc:
+            raise TransactionInDoubtError(
+                f"the {'commit' if want else 'rollback'} of transaction {self.transaction_id} "
+                f"(halves in broker groups {', '.join(groups)}) is in doubt: broker group "
+                f"{groups[0]} did not confirm it ({exc}). If the decision was recorded, every "
+                "group's leader applies it by itself; if not, the groups ask producer group "
+                f"{tx.group} (check-back) and its first answer is recorded and applied in every "
+                "group"
+            ) from exc
+        self.state = (
+            LocalTransactionState.COMMIT_MESSAGE
+            if committed
+            else LocalTransactionState.ROLLBACK_MESSAGE
+        )
+        await _pause_point("after-commit-point")
+        for group in groups[1:]:
+            await _pause_point(f"group:{group}")
+            try:
+                await self._decide_in(group, committed, max(deadline, time.monotonic() + 1.0))
+            except TxmqError as exc:
+                # Recorded already: the group's leader applies it from the record by itself.
+                log.warning(
+                    "transaction_group_unconfirmed",
+                    transaction_id=self.transaction_id,
+                    group=group,
+                    decided="COMMIT" if committed else "ROLLBACK",
+                    error=str(exc),
+                )
+        if committed != want:
+            raise TransactionFailedError(
+                f"transaction {self.transaction_id} was "
+                f"{'committed' if committed else 'rolled back'} before this "
+                f"{'commit' if want else 'rollback'} (an earlier decision, e.g. a check-back "
+                "answer, was recorded first); that outcome holds in every broker group"
+            )
+
+    async def _decide_in(self, group: str, commit: bool, deadline: float) -> bool:
+        """Ask broker group ``group`` to take the decision, again (through its leader's
+        changes) until ``deadline``; the decision in force there."""
+        tx = self.producer
+        wait = 0.2
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                conn = await tx.producer.connection_for_group(group)
+                timeout = max(min(tx.producer.config.request_timeout, remaining), 0.5)
+                return await tx.decide_across(conn, self.transaction_id, commit, timeout)
+            except TxmqError as exc:
+                # A repeat is harmless (the first decision recorded wins): repeat what may
+                # pass later (no leader, a leader change, etcd not reached), until the deadline.
+                again = exc.retriable or isinstance(exc, BrokerSystemError)
+                if not again or time.monotonic() + wait >= deadline:
+                    raise
+                log.info(
+                    "transaction_decision_retried",
+                    transaction_id=self.transaction_id,
+                    group=group,
+                    error=str(exc),
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 1.0)
 
     async def _send_offsets_half(self) -> None:
         consumer = self._offsets_consumer
@@ -672,9 +920,16 @@ class TransactionProducer(_SyncClient):
     send_message_in_transaction = blocking(AsyncTransactionProducer.send_message_in_transaction)
 
     @contextmanager
-    def transaction(self, transaction_id: str | None = None) -> Iterator[Transaction]:
+    def transaction(
+        self, transaction_id: str | None = None, *, across_groups: bool = False
+    ) -> Iterator[Transaction]:
         """The blocking form of :meth:`AsyncTransactionProducer.transaction`."""
-        txn = Transaction(self, AsyncTransaction(self.core, transaction_id or new_uniq_id()))
+        if across_groups:
+            self.core.require_cluster()
+        core = AsyncTransaction(
+            self.core, transaction_id or new_uniq_id(), across_groups=across_groups
+        )
+        txn = Transaction(self, core)
         try:
             yield txn
         except BaseException as exc:
