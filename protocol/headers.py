@@ -475,8 +475,8 @@ class GetProducerConnectionListRequestHeader(Header):
 @dataclass
 class DeleteSubscriptionGroupRequestHeader(Header):
     group_name: str
-    #: RocketMQ 5: also delete the group's committed offsets.  txmq keeps no subscription
-    #: group table apart from the offsets, so deleting a group always removes its offsets.
+    #: RocketMQ 5: also delete the group's committed offsets.  txmq always removes them with
+    #: the group (its settings and its offsets).
     clean_offset: bool | None = None
 
 

@@ -584,10 +584,11 @@ class ClusterNode:
     def _restore_topics(self, broker: Any) -> None:
         """Topics the replicated log has queues of but the copied topic table lacks (created on
         the old leader less than a copy interval before it died): take their config from what
-        the old leader published to etcd, else from the queues found in the store."""
+        the old leader published to etcd, else from the queues found in the store. A topic the
+        old leader published but never wrote to (placed just before it died) is restored too."""
         known = broker.topics.all()
         published = self.view.topics(self.group)
-        for name in broker.store.topics():
+        for name in sorted(set(broker.store.topics()) | set(published)):
             if name in known or name in INTERNAL_TOPICS:
                 continue
             pub = published.get(name)
