@@ -420,6 +420,39 @@ def cluster_status(broker: str, as_json: bool) -> None:
         click.echo(f"  topics    {', '.join(g['topics']) or '-'}")
 
 
+@cluster.command("list")
+@BROKER_OPTION
+@OUTPUT_OPTION
+def cluster_list(broker: str, output: str) -> None:
+    """Every broker of the cluster, one line each: its group, replica id, address, role,
+    whether it is in sync and how far behind its leader (mqadmin clusterList)."""
+    doc = _admin(broker, lambda admin: admin.cluster_status())
+    rows = []
+    for name, g in sorted(doc["groups"].items()):
+        leader = (g.get("leader") or {}).get("replicaId")
+        for rid, addr in sorted(g["members"].items(), key=lambda kv: int(kv[0])):
+            is_leader = leader is not None and int(rid) == int(leader)
+            rows.append(
+                {
+                    "cluster": doc["cluster"],
+                    "group": name,
+                    "replica": int(rid),
+                    "addr": addr,
+                    "role": "leader" if is_leader else "follower",
+                    "inSync": int(rid) in g["inSync"],
+                    "lagBytes": 0 if is_leader else g["lag"].get(str(rid), ""),
+                    "epoch": g["epoch"],
+                }
+            )
+    _emit(
+        rows,
+        output,
+        [("cluster", "cluster", 16), ("group", "group", 12), ("replica", "replica", -7)]
+        + [("addr", "address", 22), ("role", "role", 9), ("inSync", "in sync", 8)]
+        + [("lagBytes", "lag (B)", -10), ("epoch", "epoch", -6)],
+    )
+
+
 @cluster.command("place")
 @BROKER_OPTION
 @click.argument("topic_name")
@@ -537,6 +570,35 @@ def topic_list(broker: str, show_all: bool, as_json: bool) -> None:
         click.echo(
             f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}"
         )
+
+
+@topic.command("route")
+@BROKER_OPTION
+@OUTPUT_OPTION
+@click.argument("name")
+def topic_route(broker: str, output: str, name: str) -> None:
+    """Where topic NAME lives: each broker group's queues, permission and leader address
+    (the route clients get; mqadmin topicRoute)."""
+    route = _admin(broker, lambda admin: admin.route(name))
+    if route is None:
+        raise click.ClickException(f"no topic {name!r} on this broker")
+    addrs = {b["brokerName"]: b.get("brokerAddrs", {}) for b in route.get("brokerDatas", [])}
+    rows = [
+        {
+            "group": q["brokerName"],
+            "readQueues": q["readQueueNums"],
+            "writeQueues": q["writeQueueNums"],
+            "perm": q["perm"],
+            "leader": addrs.get(q["brokerName"], {}).get("0", ""),
+        }
+        for q in sorted(route.get("queueDatas", []), key=lambda q: q["brokerName"])
+    ]
+    _emit(
+        rows,
+        output,
+        [("group", "group", 16), ("readQueues", "read", -5), ("writeQueues", "write", -6)]
+        + [("perm", "perm", -5), ("leader", "leader", 0)],
+    )
 
 
 @topic.command("stats")

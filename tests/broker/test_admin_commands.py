@@ -476,3 +476,25 @@ async def test_send_and_consume_print_either_form(broker: BrokerController) -> N
     assert doc["topic"] == "forms" and doc["body"] in ("hello", "again")
     table = await cli("consume", "forms", "-n", "2", "--timeout", "20", "-o", "table", "-b", addr)
     assert sent["msgId"] in table and "tags=greet hello" in table
+
+
+async def test_topic_route_and_cluster_list_through_the_cli(broker: BrokerController) -> None:
+    c = await RawClient.connect(broker.address)
+    try:
+        await _topic(c, "routed", 3)
+    finally:
+        await c.close()
+    route = json.loads(await cli("topic", "route", "routed", "-b", broker.address, "-o", "json"))
+    assert route == [
+        {
+            "group": broker.config.broker_name,
+            "readQueues": 3,
+            "writeQueues": 3,
+            "perm": 6,
+            "leader": broker.advertised_address,
+        }
+    ]
+    missing = await cli("topic", "route", "nowhere", "-b", broker.address, ok=False)
+    assert "no topic 'nowhere'" in missing
+    single = await cli("cluster", "list", "-b", broker.address, ok=False)
+    assert "runs as a single node" in single

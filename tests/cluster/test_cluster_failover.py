@@ -355,6 +355,17 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
     assert f"group g1: leader replica 0 at {l1.addr}" in status
     assert f"group g2: leader replica 0 at {l2.addr}" in status
     assert "wide" in status
+    listed = json.loads(
+        await asyncio.to_thread(txmq_cli, "cluster", "list", "--broker", l1.addr, "-o", "json")
+    )
+    leaders = {(r["group"], r["addr"]) for r in listed if r["role"] == "leader"}
+    assert leaders == {("g1", l1.addr), ("g2", l2.addr)}, listed
+    route = json.loads(
+        await asyncio.to_thread(
+            txmq_cli, "topic", "route", "wide", "--broker", l1.addr, "-o", "json"
+        )
+    )
+    assert {(r["group"], r["leader"]) for r in route} == {("g1", l1.addr), ("g2", l2.addr)}, route
 
 
 async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster: Any) -> None:
