@@ -14,6 +14,7 @@ from tests.support.history import (
     FAILED_DELIVERED,
     LOST,
     PARTIAL,
+    READ_LOST,
     ROLLED_BACK_DELIVERED,
     SPLIT_BRAIN,
     UNEXPECTED,
@@ -47,7 +48,7 @@ def base() -> History:
     u = h.invoke("t0", "txn", {"id": "t-3", "msgs": ["t-3.0", "t-3.1"], "decision": "commit"})
     h.info(u, "decision timed out")
     rd = h.invoke("c0", "read", None)
-    h.ok(rd, ["s-1", "t-1.0", "s-1"])
+    h.ok(rd, ["s-2", "s-2"])
     return h
 
 
@@ -106,10 +107,21 @@ def test_a_consumer_handed_a_rolled_back_or_unsent_message_is_caught() -> None:
     rd = h.invoke("c0", "read", None)
     h.ok(rd, ["t-2.1", "ghost"])
     res = check(drain(h, CLEAN))
-    assert res.kinds() == {ROLLED_BACK_DELIVERED, UNEXPECTED}, res.report()
+    # (and neither is stored after heal: read, then gone)
+    assert res.kinds() == {ROLLED_BACK_DELIVERED, UNEXPECTED, READ_LOST}, res.report()
     # The excerpt names the operations involved: the transaction and the read.
     rolled = next(a for a in res.anomalies if a.kind == ROLLED_BACK_DELIVERED)
     assert [op.f for op in rolled.ops] == ["txn", "txn", "read"]
+
+
+def test_a_message_read_then_gone_is_caught() -> None:
+    h = base()
+    rd = h.invoke("c0", "read", None)
+    h.ok(rd, ["s-3"])  # an unknown send, read during the run
+    assert check(drain(h, [*CLEAN, "s-3"])).valid
+    res = check(drain(h, CLEAN))
+    assert res.kinds() == {READ_LOST}, res.report()
+    assert [op.f for op in res.anomalies[0].ops] == ["send", "send", "read", "drain"]
 
 
 def test_a_transaction_decided_rollback_after_its_halves_failed() -> None:

@@ -28,6 +28,8 @@ Operations (``f``) and their values:
 * ``rolled-back-delivered`` -- a message of a transaction decided rollback (or failed) read;
 * ``partial-transaction`` -- some messages of a committed (or unknown) transaction in the
   final read and others not;
+* ``read-then-lost`` -- a message a consumer was handed during the run that is not stored after
+  heal (it was visible before it was safe: a dirty read);
 * ``duplicate`` -- a message stored twice (the final read holds it more than once; a consumer
   handed a message again is at-least-once delivery and only counted);
 * ``two-leaders-one-epoch`` -- from the brokers' own ``leading`` log lines: two replicas of a
@@ -53,6 +55,7 @@ ROLLED_BACK_DELIVERED = "rolled-back-delivered"
 PARTIAL = "partial-transaction"
 DUPLICATE = "duplicate"
 SPLIT_BRAIN = "two-leaders-one-epoch"
+READ_LOST = "read-then-lost"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,12 @@ class Op:
 
     def __str__(self) -> str:
         err = f" ({self.error})" if self.error else ""
-        return f"#{self.index} {self.time:10.3f} {self.process:>6} {self.type:<6} {self.f:<5} {self.value!r}{err}"
+        value = self.value
+        if isinstance(value, list) and len(value) > 8:
+            value = f"[{len(value)} ids: {', '.join(map(str, value[:4]))}, ...]"
+        else:
+            value = repr(value)
+        return f"#{self.index} {self.time:9.3f} {self.process:>7} {self.type:<6} {self.f:<5} {value}{err}"
 
 
 class History:
@@ -266,6 +274,16 @@ def check(history: History, leader_events: Iterable[dict[str, Any]] = ()) -> Che
                         ops,
                     )
                 )
+
+    seen_read: set[str] = set()
+    for mid, read in reads:
+        if mid not in stored and mid not in seen_read:
+            seen_read.add(mid)
+            kind_ops = [*sends.get(mid, owner.get(mid, (None, None)))]
+            ops = [op for op in kind_ops if op is not None] + [read, drain]
+            anomalies.append(
+                Anomaly(READ_LOST, f"{mid} handed to a consumer, not stored after heal", ops)
+            )
 
     for mid, n in sorted(stored.items()):
         if n > 1:
