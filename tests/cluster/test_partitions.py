@@ -11,6 +11,7 @@ epoch.  Needs root (namespaces, iptables); skipped otherwise."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,18 +22,20 @@ from tests.support import netns
 from tests.support.history import READ_LOST, History, check
 from tests.support.netns import Network
 from tests.support.partitions import (
-    CLIENT,
+    BROKERS,
+    ETCD,
     GROUP,
+    TOPIC,
     Nemesis,
-    NsBrokerCluster,
-    NsEtcd,
     Workload,
     build,
     commit_log_bytes,
-    copy_logs,
     drain,
+    group_in_namespaces,
     no_pending_transactions,
 )
+from tests.support.raw import RawClient
+from txmq.protocol.codes import ResponseCode
 
 pytestmark = pytest.mark.slow
 
@@ -73,39 +76,31 @@ def test_network_is_private_and_torn_down(tmp_path: Path) -> None:
 async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: Path) -> None:
     t0 = time.monotonic()
     history = History()
-    with netns.entered(net.nodes[CLIENT].ns):
-        etcd = NsEtcd(net, tmp_path / "etcd")
-        bc = NsBrokerCluster(net, tmp_path / "brokers", etcd.endpoints)
+    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
+        work = Workload(history, bc.seeds(GROUP))
+        await work.start()
+        nemesis = Nemesis(net, bc, history, work, hold=7.0)
         try:
-            etcd.start()
-            await bc.start_group(GROUP)
-            work = Workload(history, bc.seeds(GROUP))
-            await work.start()
-            nemesis = Nemesis(net, bc, history, work, hold=7.0)
-            try:
-                await nemesis.recovered("start")
-                await nemesis.run()
-            finally:
-                await work.stop_writers()
-            leader = await nemesis.leader()
-            await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
-
-            async def resolved() -> bool:
-                return await no_pending_transactions(leader.addr)
-
-            await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
-            await drain(history, leader.addr, 4)
-            await work.shutdown()
-
-            async def same_logs() -> bool:
-                return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
-
-            await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
+            await nemesis.recovered("start")
+            await nemesis.run()
         finally:
+            await work.stop_writers()
             history.dump(tmp_path / "history.jsonl")
-            copy_logs(bc, tmp_path / "etcd", tmp_path / "logs")
-            bc.stop_all()
-            etcd.stop()
+        leader = await nemesis.leader()
+        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+
+        async def resolved() -> bool:
+            return await no_pending_transactions(leader.addr)
+
+        await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
+        await drain(history, leader.addr, 4)
+        history.dump(tmp_path / "history.jsonl")
+        await work.shutdown()
+
+        async def same_logs() -> bool:
+            return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
+
+        await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
     result = check(history, bc.leader_events())
     print(f"{time.monotonic() - t0:.0f}s: {result.stats}")
     where = f"history: {tmp_path / 'history.jsonl'}, logs: {tmp_path / 'logs'}"
@@ -125,4 +120,56 @@ async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: 
         pytest.xfail(
             "dirty read: a leader serves messages its in-sync replicas do not have yet\n"
             + "\n".join(str(a) for a in dirty[:3])
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="dirty read: a leader hands consumers messages its in-sync replicas do not have "
+    "yet; cut off and replaced, it loses them (RocketMQ's controller mode serves reads only "
+    "up to the confirmed offset)",
+)
+async def test_a_message_a_consumer_read_survives_its_leaders_fall(
+    net: Network, tmp_path: Path
+) -> None:
+    """The leader is cut off from its followers and from etcd, not from the clients: a send is
+    stored on it but never acknowledged; a consumer pulling from it must not be handed that
+    message unless the group keeps it."""
+    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
+        old = await bc.wait_leader(GROUP)
+        c = await RawClient.connect(old.addr)
+        try:
+            assert (await c.send(TOPIC, b"before")).code == ResponseCode.SUCCESS
+            for n in ETCD + BROKERS:
+                if n != bc.node(old.replica):
+                    net.cut(bc.node(old.replica), n)
+            sending = asyncio.ensure_future(c.send(TOPIC, b"unreplicated"))
+            served = False
+            deadline = time.monotonic() + 2.0  # before the lease (3 s) runs out
+            while not served and time.monotonic() < deadline:
+                _, msgs = await c.pull(TOPIC, 0, 0)
+                served = b"unreplicated" in [m.body for m in msgs]
+                if not served:
+                    await asyncio.sleep(0.05)
+            await bc.wait_leader(GROUP, not_replica=old.replica, timeout=30)
+            net.heal()
+            try:
+                acked = (await asyncio.wait_for(sending, 15)).code == ResponseCode.SUCCESS
+            except Exception:
+                acked = False
+        finally:
+            await c.close()
+        assert not acked, "a leader cut off from its followers and etcd acknowledged a write"
+        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+        leader = await bc.wait_leader(GROUP)
+        reader = await RawClient.connect(leader.addr)
+        try:
+            bodies = [m.body for m in await reader.pull_all(TOPIC)]
+        finally:
+            await reader.close()
+        assert b"before" in bodies
+        assert not served or b"unreplicated" in bodies, (
+            "a consumer was handed a message the group then lost (read from the old leader "
+            "before any follower had it)"
         )

@@ -12,6 +12,7 @@ client, and are cut off or not as the nemesis decides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -19,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 from tests.support.cluster import BrokerCluster, Replica
 from tests.support.etcd import etcd_binary
 from tests.support.history import History, Op, leader_events
-from tests.support.netns import Network
+from tests.support.netns import Network, entered
 from tests.support.raw import RawClient
 from txmq.client import (
     AsyncProducer,
@@ -211,6 +212,26 @@ def build(net: Network) -> None:
     for i, n in enumerate(BROKERS):
         net.add(n, 20 + i)
     net.add(CLIENT, 30)
+
+
+@contextlib.asynccontextmanager
+async def group_in_namespaces(
+    net: Network, base: Path
+) -> AsyncIterator[tuple[NsEtcd, NsBrokerCluster]]:
+    """The etcd members and the group started (a leader, every replica in sync), the calling
+    thread in the clients' namespace; everything stopped (bounded) however the block ends, the
+    logs kept under ``base/logs``."""
+    with entered(net.nodes[CLIENT].ns):
+        etcd = NsEtcd(net, base / "etcd")
+        bc = NsBrokerCluster(net, base / "brokers", etcd.endpoints)
+        try:
+            etcd.start()
+            await bc.start_group(GROUP)
+            yield etcd, bc
+        finally:
+            copy_logs(bc, base / "etcd", base / "logs")
+            bc.stop_all()
+            etcd.stop()
 
 
 # -- the workload ----------------------------------------------------------------------------
