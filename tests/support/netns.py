@@ -218,10 +218,15 @@ class Network:
     def teardown(self) -> None:
         """Delete every namespace (and so every veth, rule and qdisc); kills what still runs
         in them.  Each command is bounded."""
-        for node in list(self.nodes.values()):
-            _delete_namespace(node.ns)
+        errors = []
+        for ns in [node.ns for node in self.nodes.values()] + [self.hub]:
+            try:
+                _delete_namespace(ns)
+            except NetnsError as exc:  # go on with the others; say so at the end
+                errors.append(str(exc))
         self.nodes.clear()
-        _delete_namespace(self.hub)
+        if errors:
+            raise NetnsError("teardown incomplete: " + "; ".join(errors))
 
     # -- faults -----------------------------------------------------------------------------
 
