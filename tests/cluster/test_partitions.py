@@ -12,6 +12,7 @@ epoch.  Needs root (namespaces, iptables); skipped otherwise."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,23 +55,65 @@ def net() -> Iterator[Network]:
         n.teardown()
 
 
+def reaches(n: Network, src: str, dst: str) -> bool:
+    """A TCP connection from ``src`` to port 7000 of ``dst`` opens within a second."""
+    with netns.entered(n.nodes[src].ns):
+        try:
+            socket.create_connection((n.ip(dst), 7000), timeout=1.0).close()
+        except OSError:
+            return False
+    return True
+
+
+def test_leftovers_of_a_dead_run_are_removed() -> None:
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"network partition tests need namespaces: {why}")
+    dead = f"{netns.NAME_PREFIX}z999999999-hub"  # above any pid_max: that run is gone
+    netns.run("ip", "netns", "add", dead)
+    try:
+        assert dead in netns.remove_leftovers()
+        assert dead not in netns.run("ip", "netns", "list").split()
+    finally:
+        netns.run("ip", "netns", "del", dead, check=False)
+
+
 def test_network_is_private_and_torn_down(tmp_path: Path) -> None:
     """The namespaces exist only during the run, and the host keeps its own interfaces."""
     why = netns.unavailable()
     if why is not None:
         pytest.skip(f"network partition tests need namespaces: {why}")
-    host_links = netns.run("ip", "-o", "link", "show")
+
+    def host_links() -> set[str]:
+        return {
+            line.split(":")[1].strip().split("@")[0]
+            for line in netns.run("ip", "-o", "link").splitlines()
+        }
+
+    before = host_links()
     with netns.network("u") as n:
         build(n)
         names = set(netns.run("ip", "netns", "list").split())
         assert {node.ns for node in n.nodes.values()} | {n.hub} <= names
-        n.cut("b0", "b1")
-        assert "-s 10.213.0.21/32 -j DROP" in n.rules("b0")
-        n.heal()
-        assert "DROP" not in n.rules("b0")
+        ours = {"br0", "eth0"} | {f"v-{name}" for name in n.nodes}
+        assert not (host_links() - before) & ours, "an interface was made on the host"
+        with netns.entered(n.nodes["b1"].ns):
+            server = socket.create_server((n.ip("b1"), 7000))
+        try:
+            assert reaches(n, "b0", "b1")
+            n.cut("b0", "b1")
+            assert "-s 10.213.0.21/32 -j DROP" in n.rules("b0")
+            assert not reaches(n, "b0", "b1") and reaches(n, "b2", "b1")
+            n.heal()
+            assert "DROP" not in n.rules("b0") and reaches(n, "b0", "b1")
+            n.one_way_cut("b1", "b0")  # b0's SYN arrives, the answer does not
+            assert not reaches(n, "b0", "b1")
+            n.heal()
+        finally:
+            server.close()
     left = [x for x in netns.run("ip", "netns", "list").split() if x.startswith(n.prefix)]
     assert not left, f"namespaces left after teardown: {left}"
-    assert netns.run("ip", "-o", "link", "show") == host_links
+    assert not (host_links() - before) & ours, "an interface was left on the host"
 
 
 async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: Path) -> None:
