@@ -1,0 +1,218 @@
+"""Network partitions, kills and pauses under load, checked over the whole history.
+
+Three etcd members and a broker group of three replicas, each in its own network namespace on
+a private bridge, the clients in another.  Producers send and transact, a consumer reads, while
+a nemesis cuts the leader off from its followers (not from etcd), from etcd (not from its
+followers), cuts a follower off, flaps, drops and delays one way, kills and pauses the leader.
+After the last heal everything stored is read back and the checker
+(:mod:`tests.support.history`) looks for lost acknowledged writes, messages read that were
+never sent or rolled back, partly visible transactions, duplicates and two leaders in one
+epoch.  Needs root (namespaces, iptables); skipped otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import netns
+from tests.support.history import READ_LOST, History, check
+from tests.support.netns import Network
+from tests.support.partitions import (
+    BROKERS,
+    ETCD,
+    GROUP,
+    TOPIC,
+    Nemesis,
+    Workload,
+    build,
+    commit_log_bytes,
+    drain,
+    group_in_namespaces,
+    no_pending_transactions,
+)
+from tests.support.raw import RawClient
+from txmq.protocol.codes import ResponseCode
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def net() -> Iterator[Network]:
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"network partition tests need namespaces: {why}")
+    n = Network("p")
+    try:
+        n.setup()
+        build(n)
+        yield n
+    finally:
+        n.teardown()
+
+
+def reaches(n: Network, src: str, dst: str) -> bool:
+    """A TCP connection from ``src`` to port 7000 of ``dst`` opens within a second."""
+    with netns.entered(n.nodes[src].ns):
+        try:
+            socket.create_connection((n.ip(dst), 7000), timeout=1.0).close()
+        except OSError:
+            return False
+    return True
+
+
+def test_leftovers_of_a_dead_run_are_removed() -> None:
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"network partition tests need namespaces: {why}")
+    dead = f"{netns.NAME_PREFIX}z999999999-hub"  # above any pid_max: that run is gone
+    netns.run("ip", "netns", "add", dead)
+    try:
+        assert dead in netns.remove_leftovers()
+        assert dead not in netns.run("ip", "netns", "list").split()
+    finally:
+        netns.run("ip", "netns", "del", dead, check=False)
+
+
+def test_network_is_private_and_torn_down(tmp_path: Path) -> None:
+    """The namespaces exist only during the run, and the host keeps its own interfaces."""
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"network partition tests need namespaces: {why}")
+
+    def host_links() -> set[str]:
+        return {
+            line.split(":")[1].strip().split("@")[0]
+            for line in netns.run("ip", "-o", "link").splitlines()
+        }
+
+    before = host_links()
+    with netns.network("u") as n:
+        build(n)
+        names = set(netns.run("ip", "netns", "list").split())
+        assert {node.ns for node in n.nodes.values()} | {n.hub} <= names
+        ours = {"br0", "eth0"} | {f"v-{name}" for name in n.nodes}
+        assert not (host_links() - before) & ours, "an interface was made on the host"
+        with netns.entered(n.nodes["b1"].ns):
+            server = socket.create_server((n.ip("b1"), 7000))
+        try:
+            assert reaches(n, "b0", "b1")
+            n.cut("b0", "b1")
+            assert "-s 10.213.0.21/32 -j DROP" in n.rules("b0")
+            assert not reaches(n, "b0", "b1") and reaches(n, "b2", "b1")
+            n.heal()
+            assert "DROP" not in n.rules("b0") and reaches(n, "b0", "b1")
+            n.one_way_cut("b1", "b0")  # b0's SYN arrives, the answer does not
+            assert not reaches(n, "b0", "b1")
+            n.heal()
+        finally:
+            server.close()
+    left = [x for x in netns.run("ip", "netns", "list").split() if x.startswith(n.prefix)]
+    assert not left, f"namespaces left after teardown: {left}"
+    assert not (host_links() - before) & ours, "an interface was left on the host"
+
+
+async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    history = History()
+    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
+        work = Workload(history, bc.seeds(GROUP))
+        await work.start()
+        nemesis = Nemesis(net, bc, history, work, hold=7.0)
+        try:
+            await nemesis.recovered("start")
+            await nemesis.run()
+        finally:
+            await work.stop_writers()
+            history.dump(tmp_path / "history.jsonl")
+        leader = await nemesis.leader()
+        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+
+        async def resolved() -> bool:
+            return await no_pending_transactions(leader.addr)
+
+        await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
+        await drain(history, leader.addr, 4)
+        history.dump(tmp_path / "history.jsonl")
+        await work.shutdown()
+
+        async def same_logs() -> bool:
+            return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
+
+        await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
+    result = check(history, bc.leader_events())
+    print(f"{time.monotonic() - t0:.0f}s: {result.stats}")
+    where = f"history: {tmp_path / 'history.jsonl'}, logs: {tmp_path / 'logs'}"
+    dirty = [a for a in result.anomalies if a.kind == READ_LOST]
+    result.anomalies = [a for a in result.anomalies if a.kind != READ_LOST]
+    assert result.valid, f"{result.report()}\n{where}"
+    assert not work.errors, work.errors
+    # The run did something: a checker over an empty history cannot fail.
+    st = result.stats
+    assert st["sends_ok"] >= 200 and st["txns_committed_ok"] >= 20, st
+    assert st["consumed"] > 0 and st["stored"] >= st["sends_ok"], st
+    assert len({e["epoch"] for e in bc.leader_events()}) >= 4, "too few elections for the faults"
+    if dirty:
+        # Known: a leader hands consumers what it appended before its in-sync replicas have
+        # it (RocketMQ's controller mode reads only up to the confirmed offset); a kill or a
+        # cut right then loses a message a consumer already had.
+        pytest.xfail(
+            "dirty read: a leader serves messages its in-sync replicas do not have yet\n"
+            + "\n".join(str(a) for a in dirty[:3])
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="dirty read: a leader hands consumers messages its in-sync replicas do not have "
+    "yet; cut off and replaced, it loses them (RocketMQ's controller mode serves reads only "
+    "up to the confirmed offset)",
+)
+async def test_a_message_a_consumer_read_survives_its_leaders_fall(
+    net: Network, tmp_path: Path
+) -> None:
+    """The leader is cut off from its followers and from etcd, not from the clients: a send is
+    stored on it but never acknowledged; a consumer pulling from it must not be handed that
+    message unless the group keeps it."""
+    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
+        old = await bc.wait_leader(GROUP)
+        c = await RawClient.connect(old.addr)
+        try:
+            assert (await c.send(TOPIC, b"before")).code == ResponseCode.SUCCESS
+            for n in ETCD + BROKERS:
+                if n != bc.node(old.replica):
+                    net.cut(bc.node(old.replica), n)
+            sending = asyncio.ensure_future(c.send(TOPIC, b"unreplicated"))
+            served = False
+            deadline = time.monotonic() + 2.0  # before the lease (3 s) runs out
+            while not served and time.monotonic() < deadline:
+                _, msgs = await c.pull(TOPIC, 0, 0)
+                served = b"unreplicated" in [m.body for m in msgs]
+                if not served:
+                    await asyncio.sleep(0.05)
+            await bc.wait_leader(GROUP, not_replica=old.replica, timeout=30)
+            net.heal()
+            try:
+                acked = (await asyncio.wait_for(sending, 15)).code == ResponseCode.SUCCESS
+            except Exception:
+                acked = False
+        finally:
+            await c.close()
+        assert not acked, "a leader cut off from its followers and etcd acknowledged a write"
+        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+        leader = await bc.wait_leader(GROUP)
+        reader = await RawClient.connect(leader.addr)
+        try:
+            bodies = [m.body for m in await reader.pull_all(TOPIC)]
+        finally:
+            await reader.close()
+        assert b"before" in bodies
+        assert not served or b"unreplicated" in bodies, (
+            "a consumer was handed a message the group then lost (read from the old leader "
+            "before any follower had it)"
+        )
