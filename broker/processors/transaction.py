@@ -12,7 +12,7 @@ import structlog
 
 from txmq.protocol.aio import Connection
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import BrokerSystemError, InvalidParameterError
+from txmq.protocol.errors import BrokerSystemError, InvalidParameterError, TransactionFailedError
 from txmq.protocol.headers import (
     DecideBatchRequestHeader,
     EndTransactionRequestHeader,
@@ -167,5 +167,22 @@ class TransactionProcessor:
         if decision == Decision.UNKNOWN:
             raise InvalidParameterError("an operator decision must be commit (8) or rollback (12)")
         rec = self.tx.find_by_any_id(h.transaction_id)
+        if (
+            self.cluster is not None
+            and rec.batch_key == rec.transaction_id
+            and not rec.state.decided
+        ):
+            # An SDK transaction across broker groups: the operator's decision is recorded as
+            # the transaction's decision in etcd first, so every group applies the same one
+            # (a decision recorded before, by the producer or a check-back, wins).
+            commit = decision == Decision.COMMIT
+            recorded = await self.cluster.batch_decision(
+                rec.producer_group, rec.batch_key, [rec.transaction_id] if commit else []
+            )
+            if (rec.transaction_id in recorded) != commit:
+                raise TransactionFailedError(
+                    f"transaction {rec.transaction_id} spans broker groups and was decided "
+                    f"before as {'commit' if not commit else 'rollback'} in all of them"
+                )
         text = await self.core.decide(rec, decision, "operator", cmd.remark or "")
         return cmd.response(remark=text)

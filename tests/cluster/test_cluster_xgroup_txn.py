@@ -33,6 +33,7 @@ from txmq.client import (
     TransactionListener,
     TransactionProducer,
 )
+from txmq.client.admin import AsyncAdminClient
 from txmq.client.transaction import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import TxmqError
@@ -363,3 +364,30 @@ def test_sync_facade_refuses_it_too(broker_thread: BrokerController) -> None:
         with pytest.raises(CrossGroupUnavailableError, match="single broker"):
             with tx.transaction(across_groups=True):
                 pytest.fail("the transaction should not start")
+
+
+async def test_an_operator_decision_applies_in_every_group(make_cluster: Any) -> None:
+    """A transaction across groups whose producer went away (no producer left to answer
+    checks) is committed by an operator through one group's leader: the decision is recorded
+    for the transaction, so the other group commits too; a contrary decision asked of the other
+    group afterwards is refused."""
+    bc = await start_groups(make_cluster, 1)
+    seeds = bc.seeds("g1")
+    gone = AsyncTransactionProducer(GROUP, ByBody(), seeds)
+    await gone.start()
+    orphan = AsyncTransaction(gone, "xgroup-operator-c", across_groups=True)
+    await send_halves(orphan, "op")
+    await gone.shutdown()
+    leader = await bc.wait_leader("g1")
+    async with AsyncAdminClient(leader.addr) as admin:
+        await admin.force_decide(orphan.transaction_id, True, "verified by hand")
+    await bc.wait(
+        lambda: _equal(both_topics(bc), expected("op")),
+        40,
+        "the operator's commit applied in both groups",
+    )
+    other = await bc.wait_leader("g2")
+    async with AsyncAdminClient(other.addr) as admin:
+        with pytest.raises(TxmqError):
+            await admin.force_decide(orphan.transaction_id, False, "too late")
+    assert await both_topics(bc) == expected("op")
