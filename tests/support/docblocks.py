@@ -20,11 +20,13 @@ text above a block does not move its claim.  Kinds:
   from 127.0.0.1 with one of its accounts.
 * ``completion``: shell-completion lines, each script generated and (bash) loaded.
 * ``cluster``: docs/cluster.md's quick start, run as written in a namespace of its own.
+* ``tree``: a folder listing (two spaces an indent level): every file and folder it names
+  exists.
 * ``mapped``: the block's code is what the named tests run (``tests``).
 * ``output`` / ``diagram``: not run; ``reason`` says why, and ``shape_of`` (output) names the
   block whose command prints it, whose real output must have the same lines.
 
-The runner (``python -m tests.support.docblocks single|cluster``) is started by the test inside
+The runner (``python -m tests.support.docblocks single RUN`` or ``... cluster``) is started by the test inside
 a private network and mount namespace (``unshare --net --mount``), so the addresses the docs use
 are free whatever else runs on the machine; it prints its results as one JSON line.
 """
@@ -43,16 +45,20 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]
-#: The order pages run in (the rest follow): operations.md changes topics and groups the
-#: earlier pages use.
-RUN_ORDER = ["README.md", "docs/sdk.md", "docs/transactions.md", "docs/security.md"]
+#: The single-broker blocks run in a few namespaces, each with a broker of its own (so each run
+#: stays well inside a test phase's time): the pages named here, then every other page.
+RUNS: dict[str, tuple[str, ...]] = {
+    "readme": ("README.md",),
+    "guides": ("docs/sdk.md", "docs/transactions.md"),
+    "rest": (),
+}
 RESULT_MARK = "DOCBLOCKS-RESULTS "
 BLOCK_TIMEOUT = 60.0
 BROKER = "127.0.0.1:10911"
@@ -130,7 +136,7 @@ CLAIMS: list[Claim] = [
         "spark-submit --master 'local[*]'": PIPELINE,
         "PYTHONPATH=build/txmq-pyfiles.zip spark-submit": SPARK_CLUSTER}),
     # docs/architecture.md
-    Claim("docs/architecture.md", "broker/", "diagram", reason="the broker's folders"),
+    Claim("docs/architecture.md", "broker/", "tree", reason="the broker's folders"),
     # docs/cluster.md
     Claim("docs/cluster.md", "# three etcd members", "cluster"),
     Claim("docs/cluster.md", "cluster DefaultCluster", "output",
@@ -255,6 +261,22 @@ def earlier(block: Block, starts: str, all_blocks: list[Block]) -> Block:
     if not found:
         raise LookupError(f"{block.where}: no earlier block of {block.path} starts {starts!r}")
     return found[-1]
+
+
+def tree_paths(text: str) -> list[str]:
+    """The paths a folder listing names: ``name`` at two spaces an indent level, a description
+    after it; lines that continue a description (indented further, no ``/`` or ``.py``) are
+    skipped."""
+    stack: list[str] = []
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^( *)(\S+)", line)
+        if not m or not re.search(r"/$|\.\w+$", m.group(2)):
+            continue
+        level = len(m.group(1)) // 2
+        stack[level:] = [m.group(2).rstrip("/")]
+        out.append("/".join(stack))
+    return out
 
 
 def mapped_target_exists(target: str) -> str | None:
@@ -424,6 +446,7 @@ def wait_port(port: int, proc: subprocess.Popen[Any], log: Path, timeout: float 
 
 async def _placeholders() -> dict[str, str]:
     from tests.support.raw import RawClient
+    from txmq.client import AsyncPullConsumer
     from txmq.client.dlq import read_dlq
     from txmq.protocol.codes import RequestCode, ResponseCode
     from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
@@ -437,6 +460,8 @@ async def _placeholders() -> dict[str, str]:
             )
             for i in range(2)
         ]
+        # The group the docs' commands show: it consumed an order and left.
+        RawClient.send_header(await raw.send("orders", b"order-0", queue_id=0))
         # A message billing gave up on, for `dlq resend billing --id ...`.
         RawClient.send_header(await raw.send("invoices", b"invoice 7", queue_id=0))
         _, msgs = await raw.pull("invoices", 0, 0)
@@ -451,6 +476,8 @@ async def _placeholders() -> dict[str, str]:
         assert resp.code == ResponseCode.SUCCESS, resp.remark
     finally:
         await raw.close()
+    async with AsyncPullConsumer("billing", broker=BROKER) as billing:
+        await billing.commit_offset("orders", 0, 1)
     dead = await read_dlq("billing", BROKER)
     assert dead, "no dead-lettered message for billing"
     return {
@@ -600,19 +627,19 @@ def run_completion(runner: Runner, block: Block, claim: Claim, every: list[Block
 # --- the two runs -------------------------------------------------------------------------------
 
 
-def ordered(every: list[Block]) -> Iterator[Block]:
-    rank = {p: i for i, p in enumerate(RUN_ORDER)}
-    yield from sorted(every, key=lambda b: (rank.get(b.path, len(rank)), b.path, b.line))
+def run_of(page: str) -> str:
+    """The name of the run (a key of RUNS) that runs ``page``'s blocks."""
+    return next((name for name, pages in RUNS.items() if page in pages), "rest")
 
 
-def run_single(runner: Runner) -> dict[str, Result]:
+def run_single(runner: Runner, run: str) -> dict[str, Result]:
     every = blocks()
     results: dict[str, Result] = {}
     runner.start_broker(runner.scratch)
     runner.make_placeholders()
-    for block in ordered(every):
+    for block in every:  # pages and blocks in order
         claims = claim_for(block)
-        if len(claims) != 1 or claims[0].kind not in RUN_KINDS:
+        if run_of(block.path) != run or len(claims) != 1 or claims[0].kind not in RUN_KINDS:
             continue
         started = time.monotonic()
         try:
@@ -653,7 +680,7 @@ def shape_mismatch(sample: str, real: str) -> list[str]:
     return [h for h in heads if not any(ln.startswith(h) for ln in lines)]
 
 
-def main(mode: str) -> None:
+def main(mode: str, run: str = "") -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/tmp"], check=True)
     scratch = Path(tempfile.mkdtemp(prefix="docs-"))
@@ -664,7 +691,7 @@ def main(mode: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        results = run_single(runner) if mode == "single" else run_cluster(runner)
+        results = run_single(runner, run) if mode == "single" else run_cluster(runner)
     except BaseException:
         results = {"runner": {"ok": False, "detail": traceback.format_exc()}}
         log = scratch / "broker.log"
@@ -676,4 +703,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
