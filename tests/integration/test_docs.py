@@ -133,6 +133,9 @@ def _in_namespace(mode: str, timeout: float, *args: str) -> dict[str, Any]:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs unshare(1) and ip(8) for a private network namespace")
     argv = ["unshare", "--net", "--mount", "--propagation", "private", "--"]
+    probe = subprocess.run([*argv, "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private network namespace here: {probe.stderr.strip()}")
     argv += [sys.executable, "-m", "tests.support.docblocks", mode, *args]
     env = dict(os.environ, PYTHONPATH=str(d.ROOT))
     p = subprocess.Popen(

@@ -11,10 +11,12 @@ text above a block does not move its claim.  Kinds:
 * ``python``: run as a program (``.venv/bin/python``) against the broker on 127.0.0.1:10911;
   ``after`` names earlier blocks of the same page whose code the block continues (they run
   first, in the same program); ``expect`` is a regular expression the output must match.
-* ``shell``: every command line runs as written in bash (``txmq broker`` lines resolve their
-  configuration with ``--print-config``, as the broker is already running); ``mapped`` gives,
+* ``shell``: every command line runs as written in bash, placeholders (``<transactionId>``,
+  ...) replaced by real ids the runner made; a ``txmq broker`` line starts its broker in a
+  network namespace and folder of its own and must answer ``txmq status``; ``mapped`` gives,
   for lines that start a long job elsewhere (``make test``, ``spark-submit``, ...), the existing
-  test or CI script that runs the same thing.
+  test or CI script that runs the same thing (``Makefile``: ``make run``'s recipe, which is how
+  the runner starts its broker).
 * ``toml``: loaded with ``load_config``; ``acl``: a YAML ACL file, loaded by the broker's
   loader, then served by a broker configured with the TOML block ``after`` names, and used
   from 127.0.0.1 with one of its accounts.
@@ -26,9 +28,10 @@ text above a block does not move its claim.  Kinds:
 * ``output`` / ``diagram``: not run; ``reason`` says why, and ``shape_of`` (output) names the
   block whose command prints it, whose real output must have the same lines.
 
-The runner (``python -m tests.support.docblocks single RUN`` or ``... cluster``) is started by the test inside
-a private network and mount namespace (``unshare --net --mount``), so the addresses the docs use
-are free whatever else runs on the machine; it prints its results as one JSON line.
+The runner (``python -m tests.support.docblocks single RUN`` for each of ``RUNS``, or
+``... cluster``) is started by the test inside a private network and mount namespace
+(``unshare --net --mount``, a tmpfs on /tmp), so the addresses and /tmp paths the docs use are
+free whatever else runs on the machine; it prints its results as one JSON line.
 """
 
 from __future__ import annotations
