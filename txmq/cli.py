@@ -293,7 +293,7 @@ def broker(
             except EtcdError as exc:
                 raise click.ClickException(str(exc)) from None
         sys.exit(serve(config))
-    except StoreLockedError as exc:
+    except (StoreLockedError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     except PortInUseError as exc:
         raise click.ClickException(
