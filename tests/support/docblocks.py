@@ -165,6 +165,11 @@ CLAIMS: list[Claim] = [
           reason="a JSON header, as in the hex dump above"),
     Claim("docs/protocol.md", "00000035 0100002f", "diagram", reason="an annotated hex dump"),
     # docs/sdk.md
+    Claim("docs/sdk.md", 'import asyncio\n\nfrom txmq.client import AsyncTransactionProducer, Message, '
+          "RollbackOnCheck\n\nSEEDS", "mapped",
+          tests=("tests/cluster/test_cluster_xgroup_txn.py::"
+                 "test_commit_rollback_and_check_back_across_groups",),
+          reason="needs a cluster of two broker groups and etcd"),
     Claim("docs/sdk.md", "from txmq.client import Producer, Message", "python",
           expect=r"SendStatus.SEND_OK"),
     Claim("docs/sdk.md", "import time\n\nfrom txmq.client import PushConsumer\n", "python", expect=r"b'order-1' created order-1"),
