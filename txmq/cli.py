@@ -98,6 +98,33 @@ def _admin(broker: str, call: Callable[[Any], Awaitable[T]]) -> T:
     return _run(go())
 
 
+def _leaders(broker: str, topic: str | None = None) -> list[tuple[str, str]]:
+    """Cluster mode: ``(group, leader address)`` of every broker group (holding ``topic``, when
+    given) as ``broker`` sees the cluster; a single broker: ``[("", broker)]``.  A command that
+    changes a topic or a consumer group everywhere runs once per entry."""
+    from txmq.protocol.errors import ServiceNotAvailableError
+
+    async def ask(admin: Any) -> list[tuple[str, str]]:
+        try:
+            doc = await admin.cluster_status()
+        except ServiceNotAvailableError:
+            return [("", broker)]
+        names: set[str] | None = None
+        if topic is not None:
+            route = await admin.route(topic)
+            names = {q["brokerName"] for q in (route or {}).get("queueDatas", [])}
+        out = []
+        for name, g in sorted(doc["groups"].items()):
+            if names is not None and name not in names:
+                continue
+            if not g.get("leader"):
+                raise click.ClickException(f"broker group {name} has no leader now; try again")
+            out.append((name, g["leader"]["addr"]))
+        return out
+
+    return _admin(broker, ask)
+
+
 def _echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
@@ -670,11 +697,13 @@ def topic_update(
 def topic_delete(broker: str, name: str, yes: bool) -> None:
     """Delete topic NAME: its config, consume queues and every group's committed offsets on it
     (refused for system topics and while live consumers subscribe to it).  Its messages stay in
-    the commit log until retention deletes them."""
+    the commit log until retention deletes them.  In a cluster: in every broker group holding
+    it."""
     if not yes:
         click.confirm(f"delete topic {name}, its queues and its consumer offsets?", abort=True)
-    _admin(broker, lambda admin: admin.delete_topic(name))
-    click.echo(f"topic {name} deleted")
+    for group_name, addr in _leaders(broker, name) or [("", broker)]:
+        _admin(addr, lambda admin: admin.delete_topic(name))
+        click.echo(f"topic {name} deleted" + (f" in group {group_name}" if group_name else ""))
 
 
 # --- send / consume ---------------------------------------------------------------------------
@@ -1088,11 +1117,14 @@ def group_update(
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def group_delete(broker: str, group_name: str, yes: bool) -> None:
     """Forget GROUP's committed offsets and settings (refused while it has live consumers): a
-    group of the same name starts afresh, from where its consume-from setting says."""
+    group of the same name starts afresh, from where its consume-from setting says.  In a
+    cluster: in every broker group."""
     if not yes:
         click.confirm(f"delete the committed offsets of consumer group {group_name}?", abort=True)
-    _admin(broker, lambda admin: admin.delete_consumer_group(group_name))
-    click.echo(f"consumer group {group_name} deleted")
+    for broker_group, addr in _leaders(broker):
+        _admin(addr, lambda admin: admin.delete_consumer_group(group_name))
+        where = f" in broker group {broker_group}" if broker_group else ""
+        click.echo(f"consumer group {group_name} deleted{where}")
 
 
 @group.command("reset-offset")
@@ -1121,7 +1153,8 @@ def group_reset_offset(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Move GROUP's offsets on a topic; its live consumers continue from there at once."""
+    """Move GROUP's offsets on a topic; its live consumers continue from there at once.  In a
+    cluster: in every broker group holding the topic."""
     chosen = [to_time is not None, to_offset is not None, to_earliest, to_latest]
     if sum(chosen) != 1:
         raise click.UsageError(
@@ -1134,18 +1167,25 @@ def group_reset_offset(
         timestamp = 0
     elif to_latest:
         timestamp = 2**62  # after every message: each queue's end
-    offsets = _admin(
-        broker,
-        lambda admin: admin.reset_offset(
-            group_name, topic, timestamp=timestamp, offset=to_offset, force=force
-        ),
-    )
-    rows = [{"topic": topic, "queueId": q, "offset": o} for q, o in sorted(offsets.items())]
-    _emit(
-        rows,
-        "json" if as_json else "table",
-        [("topic", "topic", 24), ("queueId", "queue", -5), ("offset", "offset", -12)],
-    )
+    rows = []
+    for broker_group, addr in _leaders(broker, topic) or [("", broker)]:
+        offsets = _admin(
+            addr,
+            lambda admin: admin.reset_offset(
+                group_name, topic, timestamp=timestamp, offset=to_offset, force=force
+            ),
+        )
+        rows += [
+            {"group": broker_group, "topic": topic, "queueId": q, "offset": o}
+            for q, o in sorted(offsets.items())
+        ]
+    columns = [("topic", "topic", 24), ("queueId", "queue", -5), ("offset", "offset", -12)]
+    if any(r["group"] for r in rows):
+        columns = [("group", "broker group", 14), *columns]
+    else:
+        for r in rows:
+            del r["group"]
+    _emit(rows, "json" if as_json else "table", columns)
 
 
 @main.command()

@@ -121,15 +121,17 @@ class EtcdSession:
         what: str,
         compare: list[tuple[str, str, int]],
         puts: list[tuple[str, Any, int | None]],
+        deletes: tuple[str, ...] = (),
     ) -> bool:
         """Atomically: if every ``(key, "version"|"mod", expected)`` holds, put every
-        ``(key, value, lease)``.  True if it did."""
+        ``(key, value, lease)`` and delete every key of ``deletes``.  True if it did."""
         t = self.client.transactions
         cmp = []
         for key, kind, expected in compare:
             target = t.version(key.encode()) if kind == "version" else t.mod(key.encode())
             cmp.append(target == expected)
         ops = [t.put(k.encode(), _encode(v), lease=lease) for k, v, lease in puts]
+        ops += [t.delete(k.encode()) for k in deletes]
         ok, _ = await self._call(
             what, self.client.transaction(compare=cmp, success=ops, failure=[])
         )

@@ -581,14 +581,16 @@ class ClusterNode:
         )
         asyncio.get_running_loop().create_task(self._publish_loop(broker), name="txmq-publish")
 
-    def _restore_topics(self, broker: Any) -> None:
+    def _restore_topics(self, broker: Any, *, from_etcd: bool = True) -> None:
         """Topics the replicated log has queues of but the copied topic table lacks (created on
         the old leader less than a copy interval before it died): take their config from what
-        the old leader published to etcd, else from the queues found in the store. A topic the
-        old leader published but never wrote to (placed just before it died) is restored too."""
+        the old leader published to etcd, else from the queues found in the store. With
+        ``from_etcd`` (taking the leadership) a topic the old leader published but never wrote
+        to (placed just before it died) is restored too."""
         known = broker.topics.all()
         published = self.view.topics(self.group)
-        for name in sorted(set(broker.store.topics()) | set(published)):
+        names = set(broker.store.topics()) | (set(published) if from_etcd else set())
+        for name in sorted(names):
             if name in known or name in INTERNAL_TOPICS:
                 continue
             pub = published.get(name)
@@ -628,6 +630,8 @@ class ClusterNode:
     async def _publish_loop(self, broker: Any) -> None:
         """Keep the group's topics and replication progress in etcd while leading."""
         published: dict[str, Any] = {}
+        #: topics this leader has had: one deleted here (txmq topic delete) leaves etcd too
+        had: set[str] = set()
         last_progress = 0.0
         while self.leader_broker is broker and self.role == "leader":
             try:
@@ -660,10 +664,25 @@ class ClusterNode:
                             self._stale("a topic publish was refused: another replica leads")
                             return
                         published[name] = value
+                had.update(want)
+                gone = sorted(had - set(want))
+                if gone:
+                    ok = await self.etcd.txn(
+                        "topic unpublish",
+                        [(self.keys.leader(self.group), "mod", self._leader_mod)],
+                        [],
+                        tuple(self.keys.topic(self.group, name) for name in gone),
+                    )
+                    if not ok:
+                        self._stale("a topic removal was refused: another replica leads")
+                        return
+                    for name in gone:
+                        published.pop(name, None)
+                        had.discard(name)
                 await self._apply_batches(broker)
                 # A commit (a recorded batch applied here, a check-back) may write to a topic the
                 # old leader created just before it died, before its table was copied.
-                self._restore_topics(broker)
+                self._restore_topics(broker, from_etcd=False)
                 now = time.monotonic()
                 rep = self.hooks.replication if self.hooks is not None else None
                 if rep is not None and now - last_progress >= 1.0:

@@ -366,6 +366,31 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
         )
     )
     assert {(r["group"], r["leader"]) for r in route} == {("g1", l1.addr), ("g2", l2.addr)}, route
+    # Changes to a topic or a consumer group reach every broker group holding it.
+    reset = json.loads(
+        await asyncio.to_thread(
+            txmq_cli, "group", "reset-offset", "billing", "-t", "wide", "--to-earliest",
+            "--broker", l2.addr, "--json",
+        )
+    )  # fmt: skip
+    assert {r["group"] for r in reset} == {"g1", "g2"}, reset
+    deleted = await asyncio.to_thread(
+        txmq_cli, "topic", "delete", "wide", "--yes", "--broker", l1.addr
+    )
+    assert "deleted in group g1" in deleted and "deleted in group g2" in deleted, deleted
+
+    async def gone_everywhere() -> bool:
+        for leader in (l1, l2):
+            c = await RawClient.connect(leader.addr)
+            try:
+                resp = await c.call(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "wide"})
+            finally:
+                await c.close()
+            if resp.code != ResponseCode.TOPIC_NOT_EXIST:
+                return False
+        return True
+
+    await bc.wait(gone_everywhere, 30, "topic 'wide' deleted in both groups")
 
 
 async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster: Any) -> None:
