@@ -1,0 +1,271 @@
+"""The broker's own message trace (``traceTopicEnable``): what it stored, every step of a
+transaction's life and each send-back, written to the trace topic in RocketMQ's encoding
+(:mod:`txmq.protocol.trace`), read with ``txmq trace <msgId>``.
+
+What is recorded, and where the hook is:
+
+* ``Pub``: every message a producer's request stored (halves as ``Trans_Msg_Half``, delayed
+  and timer messages as ``Delay_Msg``) -- :class:`~.core.MessagingCore`;
+* ``EndTransaction``: a producer's decision or a check-back's answer, UNKNOW included
+  (``fromTransactionCheck`` tells which) -- :meth:`~.core.MessagingCore.end_transaction`;
+* ``TxEvent`` (txmq's type): a check-back delivered (to which client, the how-many-th), the
+  decision applied with its source (``producer``, ``check``, ``operator``, ``batch``), the
+  check budget running out (``timed-out``), an operator's resume --
+  :class:`~txmq.broker.transaction.service.TransactionalMessageService`;
+* ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter).
+
+The hooks only append a small tuple or record to a list (when tracing is off they are not
+called: the owner holds None and checks it once).  The records are encoded and appended to the
+trace topic in one write, at the latest one loop turn later; a request whose records are
+pending waits for that write before it is answered (:meth:`BrokerTrace.written`), so what a
+client was told is traced is in the commit log before it hears it, and durable when its answer
+is (the same flush).  Events of no request (checks, time-outs) are written the same way but
+nobody waits: a crash may lose the last loop turn's worth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import structlog
+
+from txmq.protocol.errors import TxmqError
+from txmq.protocol.message import MessageConst, MessageExt
+from txmq.protocol.trace import (
+    DEFAULT_REGION,
+    MessageType,
+    TraceRecord,
+    TraceType,
+    TxEvent,
+    encode,
+    keys_of,
+)
+
+from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
+
+if TYPE_CHECKING:
+    from ..context import BrokerContext
+    from ..transaction.state import HalfRef, TxRecord
+    from .core import SendReceipt, StoredBatch
+
+log = structlog.get_logger(__name__)
+
+#: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
+MAX_BODY = 128_000
+#: The TAGS of trace messages holding txmq's own ``TxEvent`` records (RocketMQ's readers can
+#: skip them by tag).
+TX_EVENT_TAG = "TxEvent"
+
+_STATE_NAMES = {"COMMIT": "COMMIT_MESSAGE", "ROLLBACK": "ROLLBACK_MESSAGE", "UNKNOWN": "UNKNOW"}
+
+
+class BrokerTrace:
+    """Collects trace records and writes them to the trace topic in batches."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.config
+        self.topic = cfg.msg_trace_topic_name
+        ctx.topics.ensure(self.topic, 1)
+        host, port = ctx.store_host
+        self.store_host = f"{host}:{port}"
+        #: stored messages, made into records when written: (time, messages, receipts)
+        self._stored: list[tuple[int, list[MessageExt], list[SendReceipt]]] = []
+        #: batches the fast paths stored: (time, topic, group, batch)
+        self._batches: list[tuple[int, str, str, StoredBatch]] = []
+        #: every other record, in the order of the events
+        self._records: list[TraceRecord] = []
+        self._written: asyncio.Future[int] | None = None
+        #: trace messages written (tests, metrics)
+        self.messages_written = 0
+        self.records_written = 0
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def stored(self, msgs: list[MessageExt], receipts: list[SendReceipt]) -> None:
+        """A request stored ``msgs`` (in the store's form: halves in the half topic)."""
+        if msgs[0].topic != self.topic:  # a client's own trace messages are not traced
+            self._stored.append((self.ctx.now_ms(), msgs, receipts))
+            self._schedule()
+
+    def stored_batch(self, topic: str, group: str, batch: StoredBatch) -> None:
+        """The batch fast paths stored ``batch`` (no message objects)."""
+        if topic != self.topic:
+            self._batches.append((self.ctx.now_ms(), topic, group, batch))
+            self._schedule()
+
+    def end_transaction(self, rec: TxRecord, state: str, from_check: bool) -> None:
+        """A producer's decision, or its answer to a check (``state``: COMMIT, ROLLBACK,
+        UNKNOWN)."""
+        now = self.ctx.now_ms()
+        for h in _halves(rec):
+            self._records.append(
+                TraceRecord(
+                    TraceType.END_TRANSACTION,
+                    timestamp=now,
+                    group=rec.producer_group,
+                    topic=h.real_topic if h is not None else "",
+                    msg_id=h.uniq_key if h is not None else "",
+                    store_host=self.store_host,
+                    msg_type=MessageType.TRANS_HALF,
+                    transaction_id=rec.transaction_id,
+                    transaction_state=_STATE_NAMES.get(state, state),
+                    from_transaction_check=from_check,
+                )
+            )
+        self._schedule()
+
+    def tx_event(self, rec: TxRecord, event: TxEvent, detail: str = "") -> None:
+        """A step of ``rec``'s life on the broker."""
+        now = self.ctx.now_ms()
+        for h in _halves(rec):
+            self._records.append(
+                TraceRecord(
+                    TraceType.TX_EVENT,
+                    timestamp=now,
+                    group=rec.producer_group,
+                    topic=h.real_topic if h is not None else "",
+                    msg_id=h.uniq_key if h is not None else "",
+                    transaction_id=rec.transaction_id,
+                    event=str(event),
+                    detail=detail.replace("\x01", " ").replace("\x02", " "),
+                    store_host=self.store_host,
+                )
+            )
+        self._schedule()
+
+    def check_sent(self, rec: TxRecord, client_id: str) -> None:
+        self.tx_event(rec, TxEvent.CHECK_SENT, f"to {client_id}, check {rec.check_times + 1}")
+
+    def sent_back(self, group: str, orig: MessageExt, dead_letter: bool) -> None:
+        """A consumer group could not process ``orig``: it goes to retry or dead letter."""
+        self._records.append(
+            TraceRecord(
+                TraceType.SUB_AFTER,
+                timestamp=self.ctx.now_ms(),
+                group=group,
+                request_id="dlq" if dead_letter else "retry",
+                msg_id=orig.properties.get(MessageConst.UNIQ_KEY) or orig.msg_id,
+                success=False,
+                keys=orig.properties.get(MessageConst.KEYS, ""),
+            )
+        )
+        self._schedule()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def written(self) -> asyncio.Future[int] | None:
+        """What a request waits for before it is answered: the write of the records pending
+        (its result: the commit-log offset after them), or None when none is pending."""
+        return self._written
+
+    def _schedule(self) -> None:
+        if self._written is None:
+            loop = asyncio.get_running_loop()
+            self._written = loop.create_future()
+            loop.call_soon(self.flush)
+
+    def flush(self) -> int:
+        """Write what is pending now (in one append); returns the commit-log offset after it
+        (or the store's end when nothing was pending)."""
+        fut, self._written = self._written, None
+        end = self.ctx.store.max_phy_offset
+        try:
+            records = list(self._pub_records())
+            records.extend(self._records)
+            self._records = []
+            msgs = [self._message(chunk) for chunk in _chunks(records)]
+            if msgs:
+                end = self.ctx.write.put_messages(msgs)[-1].end_offset
+                self.messages_written += len(msgs)
+                self.records_written += len(records)
+        except (TxmqError, OSError) as exc:  # a full disk: the trace is best effort
+            log.warning("trace_write_failed", error=repr(exc))
+        finally:
+            self._stored, self._batches = [], []
+            if fut is not None and not fut.done():
+                fut.set_result(end)
+        return end
+
+    def _message(self, records: list[TraceRecord]) -> MessageExt:
+        props = {MessageConst.KEYS: keys_of(records)}
+        if records[0].type is TraceType.TX_EVENT:
+            props[MessageConst.TAGS] = TX_EVENT_TAG
+        return MessageExt(
+            topic=self.topic,
+            body="".join(map(encode, records)).encode("utf-8"),
+            queue_id=0,
+            born_timestamp=self.ctx.now_ms(),
+            born_host=self.ctx.store_host,
+            properties=props,
+        )
+
+    def _pub_records(self) -> Iterator[TraceRecord]:
+        host = self.store_host
+        for now, msgs, receipts in self._stored:
+            for m, r in zip(msgs, receipts, strict=True):
+                props = m.properties
+                if m.topic == RMQ_SYS_TRANS_HALF_TOPIC:
+                    kind, topic = MessageType.TRANS_HALF, props.get(MessageConst.REAL_TOPIC, "")
+                elif m.topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+                    kind, topic = MessageType.DELAY, props.get(MessageConst.REAL_TOPIC, "")
+                else:
+                    kind, topic = MessageType.NORMAL, m.topic
+                yield TraceRecord(
+                    TraceType.PUB,
+                    timestamp=now,
+                    region_id=DEFAULT_REGION,
+                    group=props.get(MessageConst.PGROUP, ""),
+                    topic=topic,
+                    msg_id=r.uniq_key or r.offset_msg_id,
+                    tags=props.get(MessageConst.TAGS, ""),
+                    keys=props.get(MessageConst.KEYS, ""),
+                    store_host=host,
+                    body_length=len(m.body),
+                    msg_type=kind,
+                    offset_msg_id=r.offset_msg_id,
+                    transaction_id=r.transaction_id or "",
+                )
+        for now, topic, group, b in self._batches:
+            kind = MessageType.NORMAL if b.transaction_id is None else MessageType.TRANS_HALF
+            prefix = b.msg_id_prefix
+            txid = b.transaction_id or ""
+            for (phy, _size, _qo), uniq in zip(b.placed, b.uniq_keys, strict=True):
+                yield TraceRecord(
+                    TraceType.PUB,
+                    timestamp=now,
+                    group=group,
+                    topic=topic,
+                    msg_id=uniq,
+                    store_host=host,
+                    msg_type=kind,
+                    offset_msg_id=f"{prefix}{phy:016X}",
+                    transaction_id=txid,
+                )
+
+
+def _halves(rec: TxRecord) -> list[HalfRef | None]:
+    """The halves a transaction's records are about (one record without a message when the
+    transaction has none left)."""
+    return list(rec.halves) or [None]
+
+
+def _chunks(records: list[TraceRecord]) -> Iterator[list[TraceRecord]]:
+    """``records`` in order, in groups whose encoding stays under :data:`MAX_BODY` (about);
+    txmq's own ``TxEvent`` records never share a group with RocketMQ's types."""
+    chunk: list[TraceRecord] = []
+    size = 0
+    tx = False
+    for r in records:
+        n = 96 + len(r.msg_id) + len(r.keys) + len(r.topic) + len(r.group) + len(r.detail)
+        is_tx = r.type is TraceType.TX_EVENT
+        if chunk and (size + n > MAX_BODY or is_tx != tx):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += n
+        tx = is_tx
+    if chunk:
+        yield chunk

@@ -1,0 +1,211 @@
+"""Message trace on a real broker: a stock client's trace record is stored and read back, the
+broker's own record of a transaction's life is what ``txmq trace`` prints (a commit decided by
+check-back, a rollback by an operator), nothing is written with tracing off, and records of
+acknowledged requests survive a SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from tests.conftest import BrokerThread
+from tests.support.process import BrokerProcess
+from tests.support.raw import RawClient
+from tests.support.waiting import wait_until, wait_until_sync
+from txmq.broker.server import BrokerController
+from txmq.cli import main as cli
+from txmq.cli_trace import collect
+from txmq.client import (
+    AsyncProducer,
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    TransactionListener,
+)
+from txmq.client.admin import AsyncAdminClient
+from txmq.protocol.codes import ResponseCode
+from txmq.protocol.message import MessageConst
+from txmq.protocol.trace import TRACE_TOPIC, TraceType, decode
+
+S, F = "\x01", "\x02"
+
+
+def stock_pub(msg_id: str, keys: str) -> str:
+    """A Pub record as RocketMQ's Java client (and the C++ client) writes it."""
+    fields = ["Pub", "1700000000123", "DefaultRegion", "PID_shop", "orders", msg_id, "TagA"]
+    fields += [keys, "127.0.0.1:10911", "11", "4", "0", "7F00000100002A9F0000000000000C5E"]
+    return S.join([*fields, "true"]) + F
+
+
+async def test_a_stock_clients_trace_record_is_stored_and_read_back(
+    broker: BrokerController,
+) -> None:
+    """Tracing off on the broker: a client's trace message is still accepted (the topic is
+    auto-created) and found by its message id."""
+    c = await RawClient.connect(broker.address)
+    try:
+        body = stock_pub("C0A8000100002A9F0000000000AA", "order-7") + (
+            S.join(["SubBefore", "1700000000200", "DefaultRegion", "CID_x", "r1"])
+            + S
+            + S.join(["C0A8000100002A9F0000000000AA", "0", "order-7"])
+            + F
+        )
+        resp = await c.send(
+            TRACE_TOPIC,
+            body.encode(),
+            group="_INNER_TRACE_PRODUCER-DEFAULT",
+            props={MessageConst.KEYS: "C0A8000100002A9F0000000000AA order-7"},
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    finally:
+        await c.close()
+    async with AsyncAdminClient(broker.address) as admin:
+        records = await wait_until(
+            lambda: collect(admin, "C0A8000100002A9F0000000000AA"), 30, "the trace indexed"
+        )
+        by_key = await collect(admin, "order-7")
+    assert [r.type for r in records] == [TraceType.PUB, TraceType.SUB_BEFORE]
+    assert (records[0].group, records[0].topic, records[0].keys) == (
+        "PID_shop",
+        "orders",
+        "order-7",
+    )
+    assert records[1].request_id == "r1"
+    assert by_key == records
+    # the broker did not trace the client's trace message, nor anything else
+    assert broker.core.trace is None
+
+
+class CheckBackCommits(TransactionListener):
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        self.checked.append(message.body.decode())
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def _cli(address: str, *args: str) -> Any:
+    res = CliRunner().invoke(cli, ["trace", "-b", address, *args])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_txmq_trace_shows_a_transactions_life(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    bt = broker_thread_factory(trace_topic_enable=True)
+    addr = bt.address
+    listener = CheckBackCommits()
+
+    async def scenario() -> tuple[str, str, str]:
+        async with AsyncTransactionProducer("shop", listener, addr) as tx:
+            checked = await tx.send_message_in_transaction(Message("orders", b"by-check"))
+            await wait_until(lambda: listener.checked == ["by-check"], 30, "the check-back")
+        c = await RawClient.connect(addr)
+        try:
+            half = await c.send("orders", b"by-operator", group="ops-shop", transactional=True)
+            operator_txid = str(RawClient.send_header(half).transaction_id)
+        finally:
+            await c.close()
+        async with AsyncAdminClient(addr) as admin:
+            await admin.force_decide(operator_txid, False, "ticket 42")
+        return checked.msg_id, str(checked.transaction_id), operator_txid
+
+    by_check, txid, operator_txid = asyncio.run(scenario())
+    assert bt.controller is not None
+    assert bt.controller.transactions.records[txid].state.value == "COMMITTED"
+
+    def steps(*args: str) -> list[tuple[str, str]]:
+        rows = json.loads(_cli(addr, *args, "-o", "json"))
+        return [(r["step"], r["what"]) for r in rows]
+
+    want = [
+        ("stored", "half message"),
+        ("end-transaction", "producer decision: UNKNOW"),
+        ("check-sent", "check 1"),
+        ("end-transaction", "check answer: COMMIT_MESSAGE"),
+        ("committed", "check"),
+    ]
+
+    def has_all() -> list[tuple[str, str]]:
+        got = steps(by_check)
+        return got if len(got) >= len(want) else []
+
+    got = wait_until_sync(has_all, 30, "the check-back's whole timeline")
+    assert [s for s, _ in got] == [s for s, _ in want], got
+    for (step, what), (want_step, want_what) in zip(got, want, strict=True):
+        assert step == want_step and want_what in what, (got, want)
+    # the same timeline by the transaction id; the table names every step
+    assert steps("--key", txid) == got
+    table = _cli(addr, by_check)
+    for step, _ in want:
+        assert step in table
+
+    # the operator's rollback, found through the transaction id
+    def rolled_back() -> list[tuple[str, str]]:
+        got = steps("--key", operator_txid)
+        return got if ("rolled-back", "operator: ticket 42") in got else []
+
+    got = wait_until_sync(rolled_back, 30, "the operator's rollback in the trace")
+    assert [s for s, _ in got] == ["stored", "rolled-back"], got
+
+
+async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
+    assert not broker.config.trace_topic_enable
+    async with AsyncProducer("p", broker.address) as producer:
+        for i in range(20):
+            await producer.send(Message("plain", f"m{i}".encode()))
+    c = await RawClient.connect(broker.address)
+    try:
+        half = await c.send("plain", b"half", transactional=True)
+        done = await c.end_transaction("raw-producer", half, 0x8)
+        assert done.code == ResponseCode.SUCCESS, done.remark
+        # a marker after everything: once it is readable, anything traced before would be too
+        assert (await c.send("plain", b"marker")).code == ResponseCode.SUCCESS
+        msgs = await wait_until(lambda: c.pull_all("plain"), 30, "the marker")
+        assert b"marker" in [m.body for m in msgs]
+    finally:
+        await c.close()
+    assert broker.topics.get(TRACE_TOPIC) is None
+    assert broker.store.get_max_offset_in_queue(TRACE_TOPIC, 0) == 0
+
+
+async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Path) -> None:
+    bp = BrokerProcess(
+        str(tmp_path / "store"), flush="ASYNC_FLUSH", settings={"traceTopicEnable": "true"}
+    )
+    bp.start()
+    try:
+        ids = []
+        async with AsyncProducer("p", bp.address) as producer:
+            for i in range(50):
+                ids.append((await producer.send(Message("kept", f"m{i}".encode()))).msg_id)
+        bp.kill()  # right after the last answer
+        bp.start()
+
+        async def traced() -> list[str]:
+            async with AsyncAdminClient(bp.address) as admin:
+                found = await admin.query_messages(TRACE_TOPIC, ids[-1], max_num=64)
+                out = []
+                for m in found.messages:
+                    out += [r.msg_id for r in decode(m.body) if r.type is TraceType.PUB]
+                return out if ids[-1] in out else []
+
+        await wait_until(traced, 30, "the last send's trace indexed after the restart")
+        async with AsyncAdminClient(bp.address) as admin:
+            for msg_id in ids:
+                records = await collect(admin, msg_id)
+                assert [r.type for r in records] == [TraceType.PUB], (msg_id, records)
+                assert records[0].topic == "kept"
+    finally:
+        bp.stop_quietly()
