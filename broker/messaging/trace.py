@@ -173,14 +173,16 @@ class BrokerTrace:
         fut, self._written = self._written, None
         end = self.ctx.store.max_phy_offset
         try:
-            records = list(self._pub_records())
-            records.extend(self._records)
+            items = list(self._pub_items())
+            items.extend(
+                (encode(r), keys_of([r]), r.type is TraceType.TX_EVENT) for r in self._records
+            )
             self._records = []
-            msgs = [self._message(chunk) for chunk in _chunks(records)]
+            msgs = [self._message(chunk) for chunk in _chunks(items)]
             if msgs:
                 end = self.ctx.write.put_messages(msgs)[-1].end_offset
                 self.messages_written += len(msgs)
-                self.records_written += len(records)
+                self.records_written += len(items)
         except (TxmqError, OSError) as exc:  # a full disk: the trace is best effort
             log.warning("trace_write_failed", error=repr(exc))
         finally:
@@ -189,61 +191,67 @@ class BrokerTrace:
                 fut.set_result(end)
         return end
 
-    def _message(self, records: list[TraceRecord]) -> MessageExt:
-        props = {MessageConst.KEYS: keys_of(records)}
-        if records[0].type is TraceType.TX_EVENT:
+    def _message(self, items: list[Item]) -> MessageExt:
+        keys = " ".join(dict.fromkeys(" ".join([k for _, k, _ in items]).split(" ")))
+        props = {MessageConst.KEYS: keys.strip()}
+        if items[0][2]:
             props[MessageConst.TAGS] = TX_EVENT_TAG
         return MessageExt(
             topic=self.topic,
-            body="".join(map(encode, records)).encode("utf-8"),
+            body="".join([text for text, _, _ in items]).encode("utf-8"),
             queue_id=0,
             born_timestamp=self.ctx.now_ms(),
             born_host=self.ctx.store_host,
             properties=props,
         )
 
-    def _pub_records(self) -> Iterator[TraceRecord]:
+    def _pub_items(self) -> Iterator[Item]:
+        """The Pub records of the messages stored, encoded as RocketMQ's client encodes them
+        (written out here: one string per message, no record object; property values, topics
+        and ids never hold the separators)."""
         host = self.store_host
         for now, msgs, receipts in self._stored:
             for m, r in zip(msgs, receipts, strict=True):
                 props = m.properties
+                get = props.get
                 if m.topic == RMQ_SYS_TRANS_HALF_TOPIC:
-                    kind, topic = MessageType.TRANS_HALF, props.get(MessageConst.REAL_TOPIC, "")
-                elif m.topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
-                    kind, topic = MessageType.DELAY, props.get(MessageConst.REAL_TOPIC, "")
+                    kind, topic = 1, get(REAL_TOPIC, "")
+                elif m.topic in _DELAY_TOPICS:
+                    kind, topic = 3, get(REAL_TOPIC, "")
                 else:
-                    kind, topic = MessageType.NORMAL, m.topic
-                yield TraceRecord(
-                    TraceType.PUB,
-                    timestamp=now,
-                    region_id=DEFAULT_REGION,
-                    group=props.get(MessageConst.PGROUP, ""),
-                    topic=topic,
-                    msg_id=r.uniq_key or r.offset_msg_id,
-                    tags=props.get(MessageConst.TAGS, ""),
-                    keys=props.get(MessageConst.KEYS, ""),
-                    store_host=host,
-                    body_length=len(m.body),
-                    msg_type=kind,
-                    offset_msg_id=r.offset_msg_id,
-                    transaction_id=r.transaction_id or "",
+                    kind, topic = 0, m.topic
+                msg_id = r.uniq_key or r.offset_msg_id
+                keys = get(KEYS, "")
+                yield (
+                    f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01{topic}\x01"
+                    f"{msg_id}\x01{get(TAGS, '')}\x01{keys}\x01{host}\x01{len(m.body)}\x010"
+                    f"\x01{kind}\x01{r.offset_msg_id}\x01true\x02",
+                    f"{msg_id} {keys} {r.transaction_id or ''}",
+                    False,
                 )
         for now, topic, group, b in self._batches:
-            kind = MessageType.NORMAL if b.transaction_id is None else MessageType.TRANS_HALF
-            prefix = b.msg_id_prefix
+            kind = 0 if b.transaction_id is None else 1
             txid = b.transaction_id or ""
+            prefix = b.msg_id_prefix
             for (phy, _size, _qo), uniq in zip(b.placed, b.uniq_keys, strict=True):
-                yield TraceRecord(
-                    TraceType.PUB,
-                    timestamp=now,
-                    group=group,
-                    topic=topic,
-                    msg_id=uniq,
-                    store_host=host,
-                    msg_type=kind,
-                    offset_msg_id=f"{prefix}{phy:016X}",
-                    transaction_id=txid,
+                yield (
+                    f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01{topic}\x01{uniq}\x01"
+                    f"\x01\x01{host}\x010\x010\x01{kind}\x01{prefix}{phy:016X}\x01true\x02",
+                    f"{uniq} {txid}",
+                    False,
                 )
+
+
+#: One encoded record: its text, the keys it is found by (space-separated), and whether it is
+#: txmq's own TxEvent.
+Item = tuple[str, str, bool]
+_DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
+KEYS, TAGS, PGROUP, REAL_TOPIC = (
+    MessageConst.KEYS,
+    MessageConst.TAGS,
+    MessageConst.PGROUP,
+    MessageConst.REAL_TOPIC,
+)
 
 
 def _halves(rec: TxRecord) -> list[HalfRef | None]:
@@ -252,20 +260,19 @@ def _halves(rec: TxRecord) -> list[HalfRef | None]:
     return list(rec.halves) or [None]
 
 
-def _chunks(records: list[TraceRecord]) -> Iterator[list[TraceRecord]]:
-    """``records`` in order, in groups whose encoding stays under :data:`MAX_BODY` (about);
-    txmq's own ``TxEvent`` records never share a group with RocketMQ's types."""
-    chunk: list[TraceRecord] = []
+def _chunks(items: list[Item]) -> Iterator[list[Item]]:
+    """``items`` in order, in groups whose encoding stays under :data:`MAX_BODY`; txmq's own
+    ``TxEvent`` records never share a group with RocketMQ's types."""
+    chunk: list[Item] = []
     size = 0
     tx = False
-    for r in records:
-        n = 96 + len(r.msg_id) + len(r.keys) + len(r.topic) + len(r.group) + len(r.detail)
-        is_tx = r.type is TraceType.TX_EVENT
-        if chunk and (size + n > MAX_BODY or is_tx != tx):
+    for item in items:
+        n = len(item[0])
+        if chunk and (size + n > MAX_BODY or item[2] != tx):
             yield chunk
             chunk, size = [], 0
-        chunk.append(r)
+        chunk.append(item)
         size += n
-        tx = is_tx
+        tx = item[2]
     if chunk:
         yield chunk
