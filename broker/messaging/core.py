@@ -56,6 +56,8 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+#: RocketMQ 5's timer cancellation (a timer message naming another's UNIQ_KEY): refused.
+TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 #: Any of these asks for a delivery time (a plain send has none: one set test skips the rest).
 _TIMER_KEYS = frozenset(TIMER_PROPERTIES)
 
@@ -279,6 +281,10 @@ class MessagingCore:
         if MessageConst.DELAY not in props:
             if _TIMER_KEYS.isdisjoint(props):
                 return  # the usual message: no delay asked for
+            if TIMER_DEL_UNIQKEY in props:
+                raise MessageIllegalError(
+                    f"{TIMER_DEL_UNIQKEY} (cancelling a timer message) is not supported by txmq"
+                )
             deliver = self._timer_deliver_ms(props)
             if deliver is None or deliver <= self.ctx.now_ms():
                 return  # no time asked, or due already
