@@ -2,7 +2,7 @@
 off, then to one with it on (each send then also writes a ``Pub`` record to the trace topic),
 in alternating rounds so a change of load on the machine hits both.
 
-    python bench/trace.py --messages 50000 --rounds 3 [--in-flight 256 --conns 2]
+    python bench/trace.py --messages 50000 --rounds 3 [--in-flight 256 --conns 2] [--flush SYNC_FLUSH]
 
 Prints, for each setting, the median send throughput (messages/s) and the broker's CPU time
 per message (its process's user + system time while sending), and on/off ratios; with trace
@@ -69,14 +69,18 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=256)
     ap.add_argument("--conns", type=int, default=2)
     ap.add_argument("--topic", default="bench-trace")
+    ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     args = ap.parse_args()
     quiet_logs()
     rates: dict[str, list[float]] = {"off": [], "on": []}
     cpus: dict[str, list[float]] = {"off": [], "on": []}
     with (
         tempfile.TemporaryDirectory(prefix="txmq-bench-trace-") as tmp,
-        spawn_broker(os.path.join(tmp, "off")) as (off_addr, off_pid),
-        spawn_broker(os.path.join(tmp, "on"), {"traceTopicEnable": "true"}) as (on_addr, on_pid),
+        spawn_broker(os.path.join(tmp, "off"), flush=args.flush) as (off_addr, off_pid),
+        spawn_broker(os.path.join(tmp, "on"), {"traceTopicEnable": "true"}, args.flush) as (
+            on_addr,
+            on_pid,
+        ),
     ):
         for _ in range(args.rounds):
             for name, addr, pid in (("off", off_addr, off_pid), ("on", on_addr, on_pid)):
@@ -89,6 +93,7 @@ def main() -> None:
     off_cpu, on_cpu = statistics.median(cpus["off"]), statistics.median(cpus["on"])
     emit(
         {
+            "flush": args.flush,
             "messages_per_round": args.messages,
             "rounds": args.rounds,
             "size_bytes": args.size,

@@ -197,6 +197,9 @@ class MessagingCore:
         self.fast = FastPaths(ctx, transactions)
         #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off
         self.trace = transactions.trace
+        #: SYNC_FLUSH: a request's trace records are fsynced with it, before its answer (under
+        #: ASYNC_FLUSH they are appended at the end of the loop turn that handled it)
+        self.trace_waits = self.trace if ctx.config.sync_flush else None
         cfg = ctx.config
         self.dedup = DedupIndex(
             cfg.duplicate_window_seconds * 1000,
@@ -327,8 +330,8 @@ class MessagingCore:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
         end = outcome.end_offset
-        if self.trace is not None and (written := self.trace.written()) is not None:
-            traced = await written  # the request's trace records, before its answer
+        if self.trace_waits is not None and (written := self.trace_waits.written()) is not None:
+            traced = await written  # the request's trace records, durable with it
             end = traced if end is None else max(end, traced)
         if end is not None:
             try:
@@ -544,7 +547,7 @@ class MessagingCore:
         """Commit or roll back ``rec`` (first decision wins) and wait until it is durable."""
         already = rec.state.decided
         end = self.tx.decide(rec, decision, by, remark)
-        if self.trace is not None and (written := self.trace.written()) is not None:
+        if self.trace_waits is not None and (written := self.trace_waits.written()) is not None:
             end = max(end, await written)
         await self.ctx.flush.wait_durable(end)
         return (

@@ -16,11 +16,13 @@ What is recorded, and where the hook is:
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
 called: the owner holds None and checks it once).  The records are encoded and appended to the
-trace topic in one write, at the latest one loop turn later; a request whose records are
-pending waits for that write before it is answered (:meth:`BrokerTrace.written`), so what a
-client was told is traced is in the commit log before it hears it, and durable when its answer
-is (the same flush).  Events of no request (checks, time-outs) are written the same way but
-nobody waits: a crash may lose the last loop turn's worth.
+trace topic in one write per turn of the event loop, for all the requests of that turn.  Under
+``SYNC_FLUSH`` a request whose records are pending waits for that write
+(:meth:`BrokerTrace.written`) and its answer waits for the fsync that covers them: what a client
+was told is traced is durable when its answer is.  Under ``ASYNC_FLUSH`` nobody waits: the
+records are in the commit log by the end of the loop turn that handled the request (a crash
+within that turn may lose them).  Events of no request (checks, time-outs) are written the same
+way.
 """
 
 from __future__ import annotations

@@ -181,8 +181,9 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
 
 
 async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Path) -> None:
+    # SYNC_FLUSH: an acknowledged send's trace record is fsynced with it, before its answer
     bp = BrokerProcess(
-        str(tmp_path / "store"), flush="ASYNC_FLUSH", settings={"traceTopicEnable": "true"}
+        str(tmp_path / "store"), flush="SYNC_FLUSH", settings={"traceTopicEnable": "true"}
     )
     bp.start()
     try:
