@@ -12,6 +12,8 @@ What is recorded, and where the hook is:
   decision applied with its source (``producer``, ``check``, ``operator``, ``batch``), the
   check budget running out (``timed-out``), an operator's resume --
   :class:`~txmq.broker.transaction.service.TransactionalMessageService`;
+* ``SubBefore``: a pull served a message to a consumer group (requestId ``pull``) --
+  :class:`~txmq.broker.processors.pull.PullMessageProcessor`;
 * ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter).
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
@@ -28,13 +30,13 @@ way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from txmq.protocol.errors import TxmqError
-from txmq.protocol.message import MessageConst, MessageExt
+from txmq.protocol.message import MessageConst, MessageExt, decode_messages
 from txmq.protocol.trace import (
     DEFAULT_REGION,
     MessageType,
@@ -50,9 +52,33 @@ from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 if TYPE_CHECKING:
     from ..context import BrokerContext
     from ..transaction.state import HalfRef, TxRecord
-    from .core import SendReceipt, StoredBatch
 
 log = structlog.get_logger(__name__)
+
+
+class SendReceipt(Protocol):
+    """What the trace reads of a stored message's receipt (:class:`.core.SendReceipt`)."""
+
+    @property
+    def uniq_key(self) -> str: ...
+    @property
+    def offset_msg_id(self) -> str: ...
+    @property
+    def transaction_id(self) -> str | None: ...
+
+
+class StoredBatch(Protocol):
+    """What the trace reads of a batch the fast paths stored (:class:`.core.StoredBatch`)."""
+
+    @property
+    def msg_id_prefix(self) -> str: ...
+    @property
+    def placed(self) -> list[tuple[int, int, int]]: ...
+    @property
+    def uniq_keys(self) -> list[str]: ...
+    @property
+    def transaction_id(self) -> str | None: ...
+
 
 #: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
 MAX_BODY = 128_000
@@ -74,9 +100,11 @@ class BrokerTrace:
         host, port = ctx.store_host
         self.store_host = f"{host}:{port}"
         #: stored messages, made into records when written: (time, messages, receipts)
-        self._stored: list[tuple[int, list[MessageExt], list[SendReceipt]]] = []
+        self._stored: list[tuple[int, list[MessageExt], Sequence[SendReceipt]]] = []
         #: batches the fast paths stored: (time, topic, group, batch)
         self._batches: list[tuple[int, str, str, StoredBatch]] = []
+        #: pull answers served: (time, consumer group, the stored records sent)
+        self._delivered: list[tuple[int, str, bytes | bytearray | memoryview]] = []
         #: every other record, in the order of the events
         self._records: list[TraceRecord] = []
         self._written: asyncio.Future[int] | None = None
@@ -86,7 +114,7 @@ class BrokerTrace:
 
     # -- hooks ----------------------------------------------------------------------------------
 
-    def stored(self, msgs: list[MessageExt], receipts: list[SendReceipt]) -> None:
+    def stored(self, msgs: list[MessageExt], receipts: Sequence[SendReceipt]) -> None:
         """A request stored ``msgs`` (in the store's form: halves in the half topic)."""
         if msgs[0].topic != self.topic:  # a client's own trace messages are not traced
             self._stored.append((self.ctx.now_ms(), msgs, receipts))
@@ -141,6 +169,12 @@ class BrokerTrace:
     def check_sent(self, rec: TxRecord, client_id: str) -> None:
         self.tx_event(rec, TxEvent.CHECK_SENT, f"to {client_id}, check {rec.check_times + 1}")
 
+    def delivered(self, group: str, records: bytes | bytearray | memoryview) -> None:
+        """A pull served ``records`` (stored messages back to back) to consumer ``group``:
+        a SubBefore record per message, made when written."""
+        self._delivered.append((self.ctx.now_ms(), group, records))
+        self._schedule()
+
     def sent_back(self, group: str, orig: MessageExt, dead_letter: bool) -> None:
         """A consumer group could not process ``orig``: it goes to retry or dead letter."""
         self._records.append(
@@ -176,6 +210,7 @@ class BrokerTrace:
         end = self.ctx.store.max_phy_offset
         try:
             items = list(self._pub_items())
+            items.extend(self._delivery_items())
             items.extend(
                 (encode(r), keys_of([r]), r.type is TraceType.TX_EVENT) for r in self._records
             )
@@ -188,7 +223,7 @@ class BrokerTrace:
         except (TxmqError, OSError) as exc:  # a full disk: the trace is best effort
             log.warning("trace_write_failed", error=repr(exc))
         finally:
-            self._stored, self._batches = [], []
+            self._stored, self._batches, self._delivered = [], [], []
             if fut is not None and not fut.done():
                 fut.set_result(end)
         return end
@@ -206,6 +241,18 @@ class BrokerTrace:
             born_host=self.ctx.store_host,
             properties=props,
         )
+
+    def _delivery_items(self) -> Iterator[Item]:
+        for now, group, records in self._delivered:
+            for m in decode_messages(records):
+                msg_id = m.properties.get(UNIQ_KEY) or m.msg_id
+                keys = m.properties.get(KEYS, "")
+                yield (
+                    f"SubBefore\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01pull\x01{msg_id}"
+                    f"\x01{m.reconsume_times}\x01{keys}\x02",
+                    f"{msg_id} {keys}",
+                    False,
+                )
 
     def _pub_items(self) -> Iterator[Item]:
         """The Pub records of the messages stored, encoded as RocketMQ's client encodes them
@@ -248,11 +295,12 @@ class BrokerTrace:
 #: txmq's own TxEvent.
 Item = tuple[str, str, bool]
 _DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
-KEYS, TAGS, PGROUP, REAL_TOPIC = (
+KEYS, TAGS, PGROUP, REAL_TOPIC, UNIQ_KEY = (
     MessageConst.KEYS,
     MessageConst.TAGS,
     MessageConst.PGROUP,
     MessageConst.REAL_TOPIC,
+    MessageConst.UNIQ_KEY,
 )
 
 

@@ -113,6 +113,10 @@ def test_txmq_trace_shows_a_transactions_life(
             await wait_until(lambda: listener.checked == ["by-check"], 30, "the check-back")
         c = await RawClient.connect(addr)
         try:
+            got = await wait_until(
+                lambda: c.pull_all("orders", group="billing"), 30, "the committed message"
+            )
+            assert [m.body for m in got] == [b"by-check"]
             half = await c.send("orders", b"by-operator", group="ops-shop", transactional=True)
             operator_txid = str(RawClient.send_header(half).transaction_id)
         finally:
@@ -135,6 +139,7 @@ def test_txmq_trace_shows_a_transactions_life(
         ("check-sent", "check 1"),
         ("end-transaction", "check answer: COMMIT_MESSAGE"),
         ("committed", "check"),
+        ("delivered", "to billing (retry 0)"),
     ]
 
     def has_all() -> list[tuple[str, str]]:
