@@ -17,6 +17,7 @@ from tests.conftest import BrokerThread
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
 from txmq.cli_trace import collect
@@ -215,3 +216,61 @@ async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Pa
                 assert records[0].topic == "kept"
     finally:
         bp.stop_quietly()
+
+
+class NeverKnows(TransactionListener):
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        self.checks += 1
+        return LocalTransactionState.UNKNOWN
+
+
+async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    controller = BrokerController(
+        make_broker_config(trace_topic_enable=True, transaction_check_max=2)
+    )
+    await controller.start()
+    try:
+        listener = NeverKnows()
+        async with AsyncTransactionProducer("undecided", listener, controller.address) as tx:
+            sent = await tx.send_message_in_transaction(Message("orders", b"never"))
+            txid = str(sent.transaction_id)
+            await wait_until(
+                lambda: controller.transactions.records[txid].state.value == "DISCARDED",
+                30,
+                "the transaction parked after two checks",
+            )
+        async with AsyncAdminClient(controller.address) as admin:
+
+            async def steps() -> list[tuple[str, str]]:
+                records = await collect(admin, sent.msg_id)
+                return [(r.type.value, r.event or r.transaction_state) for r in records]
+
+            want = [
+                ("Pub", ""),
+                ("EndTransaction", "UNKNOW"),
+                ("TxEvent", "check-sent"),
+                ("EndTransaction", "UNKNOW"),
+                ("TxEvent", "check-sent"),
+                ("EndTransaction", "UNKNOW"),
+                ("TxEvent", "timed-out"),
+            ]
+            got = await wait_until(
+                lambda: _when(steps(), lambda s: len(s) >= len(want)), 30, "the time-out traced"
+            )
+        assert got == want
+        assert listener.checks == 2
+    finally:
+        await controller.shutdown()
+
+
+async def _when(probe: Any, ok: Callable[[Any], bool]) -> Any:
+    value = await probe
+    return value if ok(value) else None
