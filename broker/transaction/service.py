@@ -499,13 +499,16 @@ class TransactionalMessageService:
         if (group, batch_key) in self.batches:
             return None
         plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms())
-        records = self.machine.records
-        decided = [records[t] for t in (*plan.op.committed, *plan.op.txids) if t in records]
         end = self._append(plan.op, self._committed_records(plan.to_commit))
         if self.trace is not None:
-            for rec in decided:
-                done = TxEvent.COMMITTED if rec.state is TxState.COMMITTED else TxEvent.ROLLED_BACK
-                self.trace.tx_event(rec, done, "batch")
+            records = self.machine.records
+            for txid in (*plan.op.committed, *plan.op.txids):
+                rec = records.get(txid)
+                if rec is not None:
+                    done = (
+                        TxEvent.COMMITTED if rec.state is TxState.COMMITTED else TxEvent.ROLLED_BACK
+                    )
+                    self.trace.tx_event(rec, done, "batch")
         log.info(
             "batch_decided",
             group=group,

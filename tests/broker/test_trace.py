@@ -274,3 +274,44 @@ async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
 async def _when(probe: Any, ok: Callable[[Any], bool]) -> Any:
     value = await probe
     return value if ok(value) else None
+
+
+async def test_a_batch_decision_is_traced_as_the_batchs(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    from txmq.spark_connector.session import BrokerSession
+
+    controller = BrokerController(make_broker_config(trace_topic_enable=True))
+    await controller.start()
+    try:
+        c = await RawClient.connect(controller.address)
+        try:
+            for name in ("a", "b"):
+                resp = await c.send(
+                    "sink",
+                    name.encode(),
+                    group="spark",
+                    transactional=True,
+                    props={
+                        MessageConst.TRANSACTION_ID: f"batch9-{name}",
+                        MessageConst.TXMQ_BATCH_KEY: "9",
+                    },
+                )
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+        finally:
+            await c.close()
+        async with BrokerSession(controller.address, 10.0) as session:
+            await session.decide_batch("spark", "9", ["batch9-a"])
+        async with AsyncAdminClient(controller.address) as admin:
+
+            async def events(txid: str) -> list[tuple[str, str]]:
+                return [(r.event, r.detail) for r in await collect(admin, txid) if r.event]
+
+            assert await wait_until(
+                lambda: events("batch9-a"), 30, "the batch's commit traced"
+            ) == [("committed", "batch")]
+            assert await wait_until(
+                lambda: events("batch9-b"), 30, "the batch's rollback traced"
+            ) == [("rolled-back", "batch")]
+    finally:
+        await controller.shutdown()
