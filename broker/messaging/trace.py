@@ -99,8 +99,8 @@ class BrokerTrace:
         ctx.topics.ensure(self.topic, 1)
         host, port = ctx.store_host
         self.store_host = f"{host}:{port}"
-        #: stored messages, made into records when written: (time, messages, receipts)
-        self._stored: list[tuple[int, list[MessageExt], Sequence[SendReceipt]]] = []
+        #: stored messages, made into records when written: (messages, receipts)
+        self._stored: list[tuple[list[MessageExt], Sequence[SendReceipt]]] = []
         #: batches the fast paths stored: (time, topic, group, batch)
         self._batches: list[tuple[int, str, str, StoredBatch]] = []
         #: pull answers served: (time, consumer group, the stored records sent)
@@ -117,8 +117,9 @@ class BrokerTrace:
     def stored(self, msgs: list[MessageExt], receipts: Sequence[SendReceipt]) -> None:
         """A request stored ``msgs`` (in the store's form: halves in the half topic)."""
         if msgs[0].topic != self.topic:  # a client's own trace messages are not traced
-            self._stored.append((self.ctx.now_ms(), msgs, receipts))
-            self._schedule()
+            self._stored.append((msgs, receipts))  # timed by their store timestamps
+            if self._written is None:
+                self._schedule()
 
     def stored_batch(self, topic: str, group: str, batch: StoredBatch) -> None:
         """The batch fast paths stored ``batch`` (no message objects)."""
@@ -259,20 +260,20 @@ class BrokerTrace:
         (written out here: one string per message, no record object; property values, topics
         and ids never hold the separators)."""
         host = self.store_host
-        for now, msgs, receipts in self._stored:
+        for msgs, receipts in self._stored:
             for m, r in zip(msgs, receipts, strict=True):
-                props = m.properties
-                get = props.get
-                if m.topic == RMQ_SYS_TRANS_HALF_TOPIC:
+                get = m.properties.get
+                topic = m.topic
+                if topic == RMQ_SYS_TRANS_HALF_TOPIC:
                     kind, topic = 1, get(REAL_TOPIC, "")
-                elif m.topic in _DELAY_TOPICS:
+                elif topic in _DELAY_TOPICS:
                     kind, topic = 3, get(REAL_TOPIC, "")
                 else:
-                    kind, topic = 0, m.topic
+                    kind = 0
                 msg_id = r.uniq_key or r.offset_msg_id
                 keys = get(KEYS, "")
                 yield (
-                    f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01{topic}\x01"
+                    f"Pub\x01{m.store_timestamp}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01{topic}\x01"
                     f"{msg_id}\x01{get(TAGS, '')}\x01{keys}\x01{host}\x01{len(m.body)}\x010"
                     f"\x01{kind}\x01{r.offset_msg_id}\x01true\x02",
                     f"{msg_id} {keys} {r.transaction_id or ''}",

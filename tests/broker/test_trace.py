@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,7 @@ async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Pa
                 records = await collect(admin, msg_id)
                 assert [r.type for r in records] == [TraceType.PUB], (msg_id, records)
                 assert records[0].topic == "kept"
+                assert abs(records[0].timestamp - time.time() * 1000) < 600_000  # stored lately
     finally:
         bp.stop_quietly()
 
