@@ -23,11 +23,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _broker import emit, quiet_logs, send_raw, spawn_broker  # noqa: E402
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid``, all its threads (Linux /proc)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 async def traced_count(address: str, topic: str) -> int:
@@ -41,9 +42,9 @@ async def traced_count(address: str, topic: str) -> int:
     return sum(int(q["maxOffset"]) - int(q["minOffset"]) for q in stats["offsetTable"])
 
 
-def one_round(args: argparse.Namespace, address: str, pid: int) -> tuple[float, float]:
-    """(messages/s, broker CPU µs per message) of one round of sends."""
-    cpu0 = cpu_seconds(pid)
+def one_round(args: argparse.Namespace, address: str, pid: int) -> tuple[float, float, float]:
+    """(messages/s, broker user and system CPU µs per message) of one round of sends."""
+    user0, sys0 = cpu_seconds(pid)
     seconds = asyncio.run(
         send_raw(
             address,
@@ -57,8 +58,9 @@ def one_round(args: argparse.Namespace, address: str, pid: int) -> tuple[float, 
             conns=args.conns,
         )
     )
-    cpu = cpu_seconds(pid) - cpu0
-    return args.messages / seconds, cpu / args.messages * 1e6
+    user, system = cpu_seconds(pid)
+    n = args.messages
+    return n / seconds, (user - user0) / n * 1e6, (system - sys0) / n * 1e6
 
 
 def main() -> None:
@@ -74,6 +76,7 @@ def main() -> None:
     quiet_logs()
     rates: dict[str, list[float]] = {"off": [], "on": []}
     cpus: dict[str, list[float]] = {"off": [], "on": []}
+    users: dict[str, list[float]] = {"off": [], "on": []}
     with (
         tempfile.TemporaryDirectory(prefix="txmq-bench-trace-") as tmp,
         spawn_broker(os.path.join(tmp, "off"), flush=args.flush) as (off_addr, off_pid),
@@ -84,9 +87,10 @@ def main() -> None:
     ):
         for _ in range(args.rounds):
             for name, addr, pid in (("off", off_addr, off_pid), ("on", on_addr, on_pid)):
-                rate, cpu = one_round(args, addr, pid)
+                rate, user, system = one_round(args, addr, pid)
                 rates[name].append(rate)
-                cpus[name].append(cpu)
+                cpus[name].append(user + system)
+                users[name].append(user)
         trace_messages = asyncio.run(traced_count(on_addr, "RMQ_SYS_TRACE_TOPIC"))
         untraced = asyncio.run(traced_count(off_addr, "RMQ_SYS_TRACE_TOPIC"))
     off_rate, on_rate = statistics.median(rates["off"]), statistics.median(rates["on"])
@@ -105,6 +109,9 @@ def main() -> None:
             "off_broker_cpu_us_per_msg": round(off_cpu, 1),
             "on_broker_cpu_us_per_msg": round(on_cpu, 1),
             "on_vs_off_broker_cpu": round(on_cpu / off_cpu, 3),
+            "broker_user_cpu_us_per_msg": {
+                k: round(statistics.median(v), 1) for k, v in users.items()
+            },
             "all_rounds_msgs_per_s": {k: [round(r) for r in v] for k, v in rates.items()},
             "trace_messages_written": trace_messages,
             "trace_messages_with_trace_off": untraced,
