@@ -31,7 +31,7 @@ from txmq.client import (
     TransactionListener,
 )
 from txmq.client.admin import AsyncAdminClient
-from txmq.protocol.codes import ResponseCode
+from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.message import MessageConst
 from txmq.protocol.trace import TRACE_TOPIC, TraceType, decode
 
@@ -315,5 +315,43 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
             assert await wait_until(
                 lambda: events("batch9-b"), 30, "the batch's rollback traced"
             ) == [("rolled-back", "batch")]
+    finally:
+        await controller.shutdown()
+
+
+async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerConfig]) -> None:
+    from txmq.protocol.message import decode_offset_msg_id
+
+    controller = BrokerController(make_broker_config(trace_topic_enable=True))
+    await controller.start()
+    try:
+        c = await RawClient.connect(controller.address)
+        try:
+            sent = RawClient.send_header(
+                await c.send("pay", b"p", props={MessageConst.UNIQ_KEY: "PAY-1", "KEYS": "o-1"})
+            )
+            _host, offset = decode_offset_msg_id(sent.msg_id)
+            for delay in (0, -1):  # once to retry, then straight to the dead letters
+                resp = await c.call(
+                    RequestCode.CONSUMER_SEND_MSG_BACK,
+                    {"group": "settlers", "offset": offset, "delayLevel": delay},
+                )
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+        finally:
+            await c.close()
+        async with AsyncAdminClient(controller.address) as admin:
+
+            async def backs() -> list[tuple[str, str, bool]]:
+                records = await collect(admin, "o-1")
+                return [
+                    (r.group, r.request_id, r.success)
+                    for r in records
+                    if r.type is TraceType.SUB_AFTER
+                ]
+
+            got = await wait_until(
+                lambda: _when(backs(), lambda b: len(b) == 2), 30, "both send-backs traced"
+            )
+        assert got == [("settlers", "retry", False), ("settlers", "dlq", False)]
     finally:
         await controller.shutdown()
