@@ -355,3 +355,28 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
         assert got == [("settlers", "retry", False), ("settlers", "dlq", False)]
     finally:
         await controller.shutdown()
+
+
+async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> None:
+    """``enable_trace``: Pub records in RocketMQ's encoding, sent to the trace topic (the broker
+    itself traces nothing here)."""
+    async with AsyncProducer("shop", broker.address, enable_trace=True) as producer:
+        one = await producer.send(Message("orders", b"one", tags="TagA", keys="order-1"))
+        two = await producer.send(Message("orders", b"two!"))
+    assert broker.core.trace is None
+    async with AsyncAdminClient(broker.address) as admin:
+        first = await wait_until(lambda: collect(admin, one.msg_id), 30, "the first send traced")
+        by_key = await collect(admin, "order-1")
+        second = await collect(admin, two.msg_id)
+    assert by_key == first
+    (pub,) = first
+    assert (pub.type, pub.group, pub.topic, pub.tags, pub.keys, pub.body_length) == (
+        TraceType.PUB,
+        "shop",
+        "orders",
+        "TagA",
+        "order-1",
+        3,
+    )
+    assert pub.offset_msg_id == one.offset_msg_id and pub.success
+    assert [r.body_length for r in second] == [4]
