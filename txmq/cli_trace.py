@@ -87,7 +87,8 @@ def describe(r: TraceRecord) -> tuple[str, str]:
     if r.type is TraceType.TX_EVENT:
         return r.event, r.detail
     if r.type is TraceType.SUB_BEFORE:
-        return "delivered", f"to {r.group} (retry {r.retry_times})"
+        how = "pulled" if r.request_id == "pull" else f"request {r.request_id}"
+        return "delivered", f"{how} (retry {r.retry_times})"
     if r.type is TraceType.SUB_AFTER:
         outcome = "consumed" if r.success else f"not consumed ({r.request_id or 'failed'})"
         return "consumed" if r.success else "sent-back", f"{outcome} by {r.group}".strip()

@@ -141,7 +141,7 @@ def test_txmq_trace_shows_a_transactions_life(
         ("check-sent", "check 1"),
         ("end-transaction", "check answer: COMMIT_MESSAGE"),
         ("committed", "check"),
-        ("delivered", "to billing (retry 0)"),
+        ("delivered", "pulled (retry 0)"),
     ]
 
     def has_all() -> list[tuple[str, str]]:
