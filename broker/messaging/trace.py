@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageConst, MessageExt, decode_messages
 from txmq.protocol.trace import (
     DEFAULT_REGION,
@@ -215,16 +214,15 @@ class BrokerTrace:
             items.extend(
                 (encode(r), keys_of([r]), r.type is TraceType.TX_EVENT) for r in self._records
             )
-            self._records = []
             msgs = [self._message(chunk) for chunk in _chunks(items)]
             if msgs:
                 end = self.ctx.write.put_messages(msgs)[-1].end_offset
                 self.messages_written += len(msgs)
                 self.records_written += len(items)
-        except (TxmqError, OSError) as exc:  # a full disk: the trace is best effort
+        except Exception as exc:  # a full disk, say: the trace is best effort, never in the way
             log.warning("trace_write_failed", error=repr(exc))
         finally:
-            self._stored, self._batches, self._delivered = [], [], []
+            self._stored, self._batches, self._delivered, self._records = [], [], [], []
             if fut is not None and not fut.done():
                 fut.set_result(end)
         return end
