@@ -81,6 +81,10 @@ class StoredBatch(Protocol):
 
 #: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
 MAX_BODY = 128_000
+#: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each record adds
+#: a key or more that the message index reads (de-duplicated per message, at a cost that grows
+#: with the square of the keys of a message).
+MAX_RECORDS = 32
 #: The TAGS of trace messages holding txmq's own ``TxEvent`` records (RocketMQ's readers can
 #: skip them by tag).
 TX_EVENT_TAG = "TxEvent"
@@ -317,7 +321,7 @@ def _chunks(items: list[Item]) -> Iterator[list[Item]]:
     tx = False
     for item in items:
         n = len(item[0])
-        if chunk and (size + n > MAX_BODY or item[2] != tx):
+        if chunk and (size + n > MAX_BODY or item[2] != tx or len(chunk) == MAX_RECORDS):
             yield chunk
             chunk, size = [], 0
         chunk.append(item)
