@@ -72,18 +72,24 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=2)
     ap.add_argument("--topic", default="bench-trace")
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker setting for both brokers (repeatable), e.g. messageIndexEnable=false",
+    )
     args = ap.parse_args()
     quiet_logs()
+    common: dict[str, object] = dict(kv.split("=", 1) for kv in args.set)
+    traced = {**common, "traceTopicEnable": "true"}
     rates: dict[str, list[float]] = {"off": [], "on": []}
     cpus: dict[str, list[float]] = {"off": [], "on": []}
     users: dict[str, list[float]] = {"off": [], "on": []}
     with (
         tempfile.TemporaryDirectory(prefix="txmq-bench-trace-") as tmp,
-        spawn_broker(os.path.join(tmp, "off"), flush=args.flush) as (off_addr, off_pid),
-        spawn_broker(os.path.join(tmp, "on"), {"traceTopicEnable": "true"}, args.flush) as (
-            on_addr,
-            on_pid,
-        ),
+        spawn_broker(os.path.join(tmp, "off"), common, args.flush) as (off_addr, off_pid),
+        spawn_broker(os.path.join(tmp, "on"), traced, args.flush) as (on_addr, on_pid),
     ):
         for _ in range(args.rounds):
             for name, addr, pid in (("off", off_addr, off_pid), ("on", on_addr, on_pid)):
@@ -98,6 +104,7 @@ def main() -> None:
     emit(
         {
             "flush": args.flush,
+            "settings": common,
             "messages_per_round": args.messages,
             "rounds": args.rounds,
             "size_bytes": args.size,
