@@ -232,8 +232,8 @@ class BrokerTrace:
         return end
 
     def _message(self, items: list[Item]) -> MessageExt:
-        keys = " ".join(dict.fromkeys(" ".join([k for _, k, _ in items]).split(" ")))
-        props = {MessageConst.KEYS: keys.strip()}
+        # the index ignores empty and repeated keys
+        props = {MessageConst.KEYS: " ".join([k for _, k, _ in items])}
         if items[0][2]:
             props[MessageConst.TAGS] = TX_EVENT_TAG
         return MessageExt(
@@ -261,7 +261,7 @@ class BrokerTrace:
         """The Pub records of the messages stored, encoded as RocketMQ's client encodes them
         (written out here: one string per message, no record object; property values, topics
         and ids never hold the separators)."""
-        host = self.store_host
+        tail = f"\x01{self.store_host}\x01"
         for msgs, receipts in self._stored:
             for m, r in zip(msgs, receipts, strict=True):
                 get = m.properties.get
@@ -274,11 +274,12 @@ class BrokerTrace:
                     kind = 0
                 msg_id = r.uniq_key or r.offset_msg_id
                 keys = get(KEYS, "")
+                txid = r.transaction_id
                 yield (
-                    f"Pub\x01{m.store_timestamp}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01{topic}\x01"
-                    f"{msg_id}\x01{get(TAGS, '')}\x01{keys}\x01{host}\x01{len(m.body)}\x010"
+                    f"Pub\x01{m.store_timestamp}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01"
+                    f"{topic}\x01{msg_id}\x01{get(TAGS, '')}\x01{keys}{tail}{len(m.body)}\x010"
                     f"\x01{kind}\x01{r.offset_msg_id}\x01true\x02",
-                    f"{msg_id} {keys} {r.transaction_id or ''}",
+                    f"{msg_id} {keys} {txid or ''}" if keys or txid else msg_id,
                     False,
                 )
         for now, topic, group, b in self._batches:
@@ -288,8 +289,8 @@ class BrokerTrace:
             for (phy, _size, _qo), uniq in zip(b.placed, b.uniq_keys, strict=True):
                 yield (
                     f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01{topic}\x01{uniq}\x01"
-                    f"\x01\x01{host}\x010\x010\x01{kind}\x01{prefix}{phy:016X}\x01true\x02",
-                    f"{uniq} {txid}",
+                    f"\x01{tail}0\x010\x01{kind}\x01{prefix}{phy:016X}\x01true\x02",
+                    f"{uniq} {txid}" if txid else uniq,
                     False,
                 )
 

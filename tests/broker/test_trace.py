@@ -33,7 +33,7 @@ from txmq.client import (
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.message import MessageConst
-from txmq.protocol.trace import TRACE_TOPIC, TraceType, decode
+from txmq.protocol.trace import TRACE_TOPIC, TraceRecord, TraceType, decode
 
 S, F = "\x01", "\x02"
 
@@ -380,3 +380,47 @@ async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> N
     )
     assert pub.offset_msg_id == one.offset_msg_id and pub.success
     assert [r.body_length for r in second] == [4]
+
+
+async def test_the_brokers_pub_records_of_single_and_batched_sends(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    controller = BrokerController(make_broker_config(trace_topic_enable=True))
+    await controller.start()
+    try:
+        async with AsyncProducer("shop", controller.address) as producer:
+            one = await producer.send(Message("orders", b"one", tags="TagA", keys="order-1"))
+            batch = await producer.send_batch([Message("orders", b"b1"), Message("orders", b"b2")])
+        async with AsyncAdminClient(controller.address) as admin:
+            single = await wait_until(lambda: collect(admin, "order-1"), 30, "the send traced")
+            batched = []
+            for msg_id in batch.msg_ids:
+
+                async def traced(msg_id: str = msg_id) -> list[TraceRecord]:
+                    return await collect(admin, msg_id)
+
+                batched.append(await wait_until(traced, 30, "the batch traced"))
+        (pub,) = single
+        assert (pub.type, pub.topic, pub.msg_id, pub.tags, pub.keys, pub.body_length) == (
+            TraceType.PUB,
+            "orders",
+            one.msg_id,
+            "TagA",
+            "order-1",
+            3,
+        )
+        assert pub.offset_msg_id == one.offset_msg_id
+        assert pub.store_host.endswith(":" + controller.address.rpartition(":")[2])
+        assert abs(pub.timestamp - time.time() * 1000) < 600_000
+        for (rec,), msg_id, offset_id in zip(
+            batched, batch.msg_ids, batch.offset_msg_ids, strict=True
+        ):
+            assert (rec.type, rec.topic, rec.msg_id, rec.offset_msg_id, rec.tags) == (
+                TraceType.PUB,
+                "orders",
+                msg_id,
+                offset_id,
+                "",
+            )
+    finally:
+        await controller.shutdown()
