@@ -143,6 +143,13 @@ class BrokerConfig:
     max_hash_slot_num: int = 1_000_000
     max_index_num: int = 4_000_000
 
+    # -- message trace (docs/operations.md) ----------------------------------------------------
+    #: The broker records every stored message, each step of a transaction's life and each
+    #: send-back in the trace topic (RocketMQ's name; off by default: then nothing is written).
+    trace_topic_enable: bool = False
+    #: The trace topic (RocketMQ's ``msgTraceTopicName``); created at start when tracing is on.
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
+
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0

@@ -339,6 +339,7 @@ class BrokerController:
         self.write.subscribe(self.flush)
         self.sender = SendMessageProcessor(self.core)
         self.puller = PullMessageProcessor(ctx)
+        self.puller.trace = self.core.trace
         self.admin = AdminProcessor(ctx, self.transactions, self.advertised_address)
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.locks = QueueLockTable(ctx.clock)

@@ -65,6 +65,8 @@ class ClientConfig:
             store (and its name or IP against the broker address); an :class:`ssl.SSLContext`
             is used as given (your CA, a client certificate for mutual TLS; see
             :func:`tls_context`).  False (the default) connects in plain TCP.
+        enable_trace: a producer sends a trace record of each message it sent to
+            ``RMQ_SYS_TRACE_TOPIC`` (RocketMQ's ``enableMsgTrace``; see :mod:`txmq.client.trace`).
     """
 
     request_timeout: float = 3.0
@@ -94,6 +96,7 @@ class ClientConfig:
     tls: bool | ssl.SSLContext = False
     auto_batch: bool = True
     batch_max_bytes: int = 256 * 1024
+    enable_trace: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tls, (bool, ssl.SSLContext)):

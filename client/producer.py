@@ -52,6 +52,7 @@ from .lifecycle import ConnectedClient
 from .logs import get_logger
 from .remoting import BrokerConnection, local_ip
 from .route import MessageQueue, TopicRoute, fetch_route
+from .trace import ProducerTrace
 
 log = get_logger(__name__)
 
@@ -319,6 +320,7 @@ class AsyncProducer(ConnectedClient):
         self._gathered_tasks: set[asyncio.Task[None]] = set()
         #: auto_batch: sends on their way alone (made when nothing else was).
         self._direct = 0
+        self._trace = ProducerTrace(self) if self.config.enable_trace else None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -339,6 +341,8 @@ class AsyncProducer(ConnectedClient):
     async def _shutdown(self) -> None:
         """Send what auto batching still holds, unregister from the broker and close the
         connection."""
+        if self._trace is not None:
+            await self._trace.close()
         for topic, pending in list(self._gathering.items()):
             self._release_gathered(topic, pending)
         if self._gathered_tasks:
@@ -648,6 +652,7 @@ class AsyncProducer(ConnectedClient):
         failed: str | None = None
         #: The group a retry must go to: the one that may have stored the message already.
         pinned = target.broker
+        started = time.monotonic()
         for attempt in range(attempts):
             try:
                 route = await self._route_for(msg.topic)
@@ -683,9 +688,12 @@ class AsyncProducer(ConnectedClient):
                         # The broker created the topic on this send: learn its real route next
                         # time.
                         self._routes.pop(msg.topic, None)
-                    return _result(
+                    result = _result(
                         resp, msg.topic, uniq_ids, status, mq.broker or conn.group_name or ""
                     )
+                    if self._trace is not None:
+                        self._trace.sent(msg, result, started)
+                    return result
                 last_error = error_for_code(resp.code, resp.remark)
                 if not last_error.retriable:
                     raise last_error

@@ -196,3 +196,347 @@ def not_supported_remark(code: int) -> str:
     if code in BROKER_TO_CLIENT:
         return f"request code {code} ({name}) is sent by brokers to clients, not served by them"
     return f"request code {code} ({name}) is not supported by txmq"
+
+
+# -- message properties and subscription types -------------------------------------------------
+
+#: What txmq does with a property or a subscription type: it acts on it (``served``), keeps it
+#: as sent and does nothing more, on purpose (``ignored``), or refuses the request naming it
+#: (``refused``).
+SERVED, IGNORED, REFUSED = "served", "ignored", "refused"
+
+
+#: Every property of RocketMQ 5.3's ``MessageConst`` (all its string constants but
+#: ``KEY_SEPARATOR``): its value (the key on the wire), the Java
+#: constant, what txmq does, and how or why.  docs/compatibility.md's table is made from this
+#: (``tests/broker/test_property_audit.py`` checks both, and what a broker does with each).
+ROCKETMQ_MESSAGE_PROPERTIES: tuple[tuple[str, str, str, str], ...] = (
+    ("KEYS", "PROPERTY_KEYS", SERVED, "indexed (space-separated) for QUERY_MESSAGE"),
+    ("TAGS", "PROPERTY_TAGS", SERVED, "tag filters (consume-queue tag code), SQL92 `TAGS`"),
+    (
+        "WAIT",
+        "PROPERTY_WAIT_STORE_MSG_OK",
+        IGNORED,
+        "every send is answered once durable under the flush mode in force",
+    ),
+    (
+        "DELAY",
+        "PROPERTY_DELAY_TIME_LEVEL",
+        SERVED,
+        "delay levels; a level that is no number is refused",
+    ),
+    ("RETRY_TOPIC", "PROPERTY_RETRY_TOPIC", SERVED, "set on retry and dead-letter copies"),
+    ("REAL_TOPIC", "PROPERTY_REAL_TOPIC", SERVED, "set on halves, delayed and timer messages"),
+    ("REAL_QID", "PROPERTY_REAL_QUEUE_ID", SERVED, "set on halves, delayed and timer messages"),
+    ("TRAN_MSG", "PROPERTY_TRANSACTION_PREPARED", SERVED, "makes a half message"),
+    ("PGROUP", "PROPERTY_PRODUCER_GROUP", SERVED, "the group a half's check-back goes to"),
+    ("MIN_OFFSET", "PROPERTY_MIN_OFFSET", IGNORED, "set by clients on the messages they pull"),
+    ("MAX_OFFSET", "PROPERTY_MAX_OFFSET", IGNORED, "set by clients on the messages they pull"),
+    ("BUYER_ID", "PROPERTY_BUYER_ID", IGNORED, "unused by RocketMQ itself"),
+    (
+        "ORIGIN_MESSAGE_ID",
+        "PROPERTY_ORIGIN_MESSAGE_ID",
+        SERVED,
+        "set on retry and dead-letter copies",
+    ),
+    ("TRANSFER_FLAG", "PROPERTY_TRANSFER_FLAG", IGNORED, "unused by RocketMQ itself"),
+    ("CORRECTION_FLAG", "PROPERTY_CORRECTION_FLAG", IGNORED, "unused by RocketMQ itself"),
+    ("MQ2_FLAG", "PROPERTY_MQ2_FLAG", IGNORED, "unused by RocketMQ itself"),
+    (
+        "RECONSUME_TIME",
+        "PROPERTY_RECONSUME_TIME",
+        IGNORED,
+        "the delivery count is the stored record's reconsumeTimes",
+    ),
+    ("MSG_REGION", "PROPERTY_MSG_REGION", IGNORED, "a client trace setting; one region"),
+    (
+        "TRACE_ON",
+        "PROPERTY_TRACE_SWITCH",
+        IGNORED,
+        "a client trace setting (broker trace: `traceTopicEnable`)",
+    ),
+    (
+        "UNIQ_KEY",
+        "PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX",
+        SERVED,
+        "the msgId: index, duplicate window",
+    ),
+    ("EXTEND_UNIQ_INFO", "PROPERTY_EXTEND_UNIQ_INFO", IGNORED, "client-side id detail"),
+    (
+        "MAX_RECONSUME_TIMES",
+        "PROPERTY_MAX_RECONSUME_TIMES",
+        IGNORED,
+        "the send-back header's maxReconsumeTimes (or `maxReconsumeTimes`) counts",
+    ),
+    (
+        "CONSUME_START_TIME",
+        "PROPERTY_CONSUME_START_TIMESTAMP",
+        IGNORED,
+        "set by consumers for themselves",
+    ),
+    (
+        "INNER_NUM",
+        "PROPERTY_INNER_NUM",
+        IGNORED,
+        "batch consume queues are not implemented: one entry a message",
+    ),
+    (
+        "INNER_BASE",
+        "PROPERTY_INNER_BASE",
+        IGNORED,
+        "batch consume queues are not implemented: one entry a message",
+    ),
+    ("DUP_INFO", "DUP_INFO", IGNORED, "RocketMQ's broker-internal bookkeeping"),
+    (
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS",
+        SERVED,
+        "delays a half's first check-back",
+    ),
+    (
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET",
+        IGNORED,
+        "decisions name halves by commit-log offset and transaction id",
+    ),
+    ("__transactionId__", "PROPERTY_TRANSACTION_ID", SERVED, "a half's transaction id"),
+    (
+        "TRANSACTION_CHECK_TIMES",
+        "PROPERTY_TRANSACTION_CHECK_TIMES",
+        SERVED,
+        "set on check-backs and parked halves",
+    ),
+    ("INSTANCE_ID", "PROPERTY_INSTANCE_ID", IGNORED, "namespaces are topic-name prefixes only"),
+    (
+        "CORRELATION_ID",
+        "PROPERTY_CORRELATION_ID",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    (
+        "REPLY_TO_CLIENT",
+        "PROPERTY_MESSAGE_REPLY_TO_CLIENT",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    (
+        "TTL",
+        "PROPERTY_MESSAGE_TTL",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    (
+        "ARRIVE_TIME",
+        "PROPERTY_REPLY_MESSAGE_ARRIVE_TIME",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    (
+        "PUSH_REPLY_TIME",
+        "PROPERTY_PUSH_REPLY_TIME",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    ("CLUSTER", "PROPERTY_CLUSTER", IGNORED, "request-reply is not served; one cluster"),
+    (
+        "MSG_TYPE",
+        "PROPERTY_MESSAGE_TYPE",
+        IGNORED,
+        "request-reply is not served (SEND_REPLY_MESSAGE is refused)",
+    ),
+    (
+        "POP_CK",
+        "PROPERTY_POP_CK",
+        IGNORED,
+        "pop consumption is not served (POP_MESSAGE is refused)",
+    ),
+    (
+        "POP_CK_OFFSET",
+        "PROPERTY_POP_CK_OFFSET",
+        IGNORED,
+        "pop consumption is not served (POP_MESSAGE is refused)",
+    ),
+    (
+        "1ST_POP_TIME",
+        "PROPERTY_FIRST_POP_TIME",
+        IGNORED,
+        "pop consumption is not served (POP_MESSAGE is refused)",
+    ),
+    (
+        "__SHARDINGKEY",
+        "PROPERTY_SHARDING_KEY",
+        SERVED,
+        "gRPC `message_group` (FIFO); remoting producers pick the queue",
+    ),
+    (
+        "PROPERTY_FORWARD_QUEUE_ID",
+        "PROPERTY_FORWARD_QUEUE_ID",
+        IGNORED,
+        "static topics are not served",
+    ),
+    ("REDIRECT", "PROPERTY_REDIRECT", IGNORED, "static topics are not served"),
+    (
+        "INNER_MULTI_DISPATCH",
+        "PROPERTY_INNER_MULTI_DISPATCH",
+        IGNORED,
+        "light message queues are not served: the message is stored in its own topic only",
+    ),
+    (
+        "INNER_MULTI_QUEUE_OFFSET",
+        "PROPERTY_INNER_MULTI_QUEUE_OFFSET",
+        IGNORED,
+        "light message queues are not served",
+    ),
+    (
+        "TRACE_CONTEXT",
+        "PROPERTY_TRACE_CONTEXT",
+        IGNORED,
+        "a client's tracing context, delivered as sent",
+    ),
+    (
+        "TIMER_DELAY_SEC",
+        "PROPERTY_TIMER_DELAY_SEC",
+        SERVED,
+        "timer: delivered that many seconds later",
+    ),
+    ("TIMER_DELIVER_MS", "PROPERTY_TIMER_DELIVER_MS", SERVED, "timer: delivered at that time"),
+    ("__BORNHOST", "PROPERTY_BORN_HOST", IGNORED, "the record's born host is the producer's"),
+    (
+        "BORN_TIMESTAMP",
+        "PROPERTY_BORN_TIMESTAMP",
+        IGNORED,
+        "the record's born timestamp is the producer's",
+    ),
+    (
+        "__RMQ.TRANSIENT.",
+        "PROPERTY_TRANSIENT_PREFIX",
+        IGNORED,
+        "a client-side prefix; such properties are stored as sent",
+    ),
+    (
+        "__RMQ.TRANSIENT.TOPIC_SYS_FLAG",
+        "PROPERTY_TRANSIENT_TOPIC_CONFIG",
+        IGNORED,
+        "set by clients on the messages they pull",
+    ),
+    (
+        "__RMQ.TRANSIENT.GROUP_SYS_FLAG",
+        "PROPERTY_TRANSIENT_GROUP_CONFIG",
+        IGNORED,
+        "set by clients on the messages they pull",
+    ),
+    (
+        "TIMER_ENQUEUE_MS",
+        "PROPERTY_TIMER_ENQUEUE_MS",
+        IGNORED,
+        "RocketMQ's timer wheel bookkeeping",
+    ),
+    (
+        "TIMER_DEQUEUE_MS",
+        "PROPERTY_TIMER_DEQUEUE_MS",
+        IGNORED,
+        "RocketMQ's timer wheel bookkeeping",
+    ),
+    (
+        "TIMER_ROLL_TIMES",
+        "PROPERTY_TIMER_ROLL_TIMES",
+        IGNORED,
+        "RocketMQ's timer wheel bookkeeping",
+    ),
+    ("TIMER_OUT_MS", "PROPERTY_TIMER_OUT_MS", IGNORED, "RocketMQ's timer wheel bookkeeping"),
+    (
+        "TIMER_DEL_UNIQKEY",
+        "PROPERTY_TIMER_DEL_UNIQKEY",
+        REFUSED,
+        "on a timer message: `MESSAGE_ILLEGAL` (13), the remark names it (timer cancellation)",
+    ),
+    (
+        "TIMER_DELAY_LEVEL",
+        "PROPERTY_TIMER_DELAY_LEVEL",
+        IGNORED,
+        "RocketMQ's timer wheel bookkeeping",
+    ),
+    ("TIMER_DELAY_MS", "PROPERTY_TIMER_DELAY_MS", SERVED, "timer: delivered that many ms later"),
+    (
+        "__CRC32#",
+        "PROPERTY_CRC32",
+        IGNORED,
+        "records carry their own CRC; gRPC deliveries a body digest",
+    ),
+    (
+        "DLQ_ORIGIN_TOPIC",
+        "PROPERTY_DLQ_ORIGIN_TOPIC",
+        IGNORED,
+        "dead-letter copies carry RETRY_TOPIC instead",
+    ),
+    (
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "PROPERTY_DLQ_ORIGIN_MESSAGE_ID",
+        IGNORED,
+        "dead-letter copies carry ORIGIN_MESSAGE_ID instead",
+    ),
+)
+
+#: Subscription expression types and consumption styles, remoting and gRPC: (where, name,
+#: what txmq does, how or why, how a broker shows it: ``code:<n>`` a remoting request code
+#: that is served exactly when the row is, ``rpc:<Name>`` a gRPC RPC that is served exactly
+#: when the row is, ``expr:<TYPE>`` an expression type CHECK_CLIENT_CONFIG accepts exactly
+#: when the row is served).
+SUBSCRIPTION_TYPES: tuple[tuple[str, str, str, str, str], ...] = (
+    ("remoting `ExpressionType`", "TAG", SERVED, "`*`, or tags joined by `\\|\\|`", "expr:TAG"),
+    (
+        "remoting `ExpressionType`",
+        "SQL92",
+        SERVED,
+        "property filters (`enablePropertyFilter`)",
+        "expr:SQL92",
+    ),
+    (
+        "remoting `ExpressionType`",
+        "any other (e.g. class filters)",
+        REFUSED,
+        'CHECK_CLIENT_CONFIG and PULL: `SYSTEM_ERROR`, "does not support consumer to filter message by ..."',
+        "expr:CLASS",
+    ),
+    ("gRPC `FilterType`", "TAG", SERVED, "as remoting TAG", "rpc:ReceiveMessage"),
+    ("gRPC `FilterType`", "SQL", SERVED, "as remoting SQL92", "rpc:ReceiveMessage"),
+    ("gRPC `FilterType`", "FILTER_TYPE_UNSPECIFIED", SERVED, "read as TAG", "rpc:ReceiveMessage"),
+    ("remoting consumer", "push (long-polled PULL_MESSAGE)", SERVED, "", "code:11"),
+    ("remoting consumer", "pull (PULL_MESSAGE)", SERVED, "", "code:11"),
+    (
+        "remoting consumer",
+        "lite pull (LITE_PULL_MESSAGE)",
+        REFUSED,
+        "`REQUEST_CODE_NOT_SUPPORTED` (3)",
+        "code:361",
+    ),
+    (
+        "remoting consumer",
+        "pop (POP_MESSAGE, ACK_MESSAGE)",
+        REFUSED,
+        "`REQUEST_CODE_NOT_SUPPORTED` (3)",
+        "code:3442",
+    ),
+    ("gRPC `ClientType`", "PUSH_CONSUMER", SERVED, "ReceiveMessage / AckMessage", "rpc:AckMessage"),
+    (
+        "gRPC `ClientType`",
+        "SIMPLE_CONSUMER",
+        SERVED,
+        "ReceiveMessage / AckMessage (invisibility, not pop)",
+        "rpc:ReceiveMessage",
+    ),
+    (
+        "gRPC `ClientType`",
+        "PULL_CONSUMER",
+        REFUSED,
+        "PullMessage and the offset RPCs answer `NOT_IMPLEMENTED`",
+        "rpc:PullMessage",
+    ),
+    (
+        "gRPC `ClientType`",
+        "LITE_PUSH_CONSUMER, LITE_SIMPLE_CONSUMER",
+        REFUSED,
+        "lite topics: `UNSUPPORTED`; SyncLiteSubscription answers `NOT_IMPLEMENTED`",
+        "rpc:SyncLiteSubscription",
+    ),
+)

@@ -1645,3 +1645,8 @@ def dlq_resend(
         [("dlqMsgId", "dead-lettered id", 32), ("topic", "sent to", 20)]
         + [("msgId", "new msg id", 32), ("status", "status", 0)],
     )
+
+
+from .cli_trace import trace  # noqa: E402  (the command uses the helpers above)
+
+main.add_command(trace)

@@ -56,6 +56,8 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+#: RocketMQ 5's timer cancellation (a timer message naming another's UNIQ_KEY): refused.
+TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 #: Any of these asks for a delivery time (a plain send has none: one set test skips the rest).
 _TIMER_KEYS = frozenset(TIMER_PROPERTIES)
 
@@ -193,6 +195,11 @@ class MessagingCore:
         self.ctx = ctx
         self.tx = transactions
         self.fast = FastPaths(ctx, transactions)
+        #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off
+        self.trace = transactions.trace
+        #: SYNC_FLUSH: a request's trace records are fsynced with it, before its answer (under
+        #: ASYNC_FLUSH they are appended at the end of the loop turn that handled it)
+        self.trace_waits = self.trace if ctx.config.sync_flush else None
         cfg = ctx.config
         self.dedup = DedupIndex(
             cfg.duplicate_window_seconds * 1000,
@@ -277,6 +284,10 @@ class MessagingCore:
         if MessageConst.DELAY not in props:
             if _TIMER_KEYS.isdisjoint(props):
                 return  # the usual message: no delay asked for
+            if TIMER_DEL_UNIQKEY in props:
+                raise MessageIllegalError(
+                    f"{TIMER_DEL_UNIQKEY} (cancelling a timer message) is not supported by txmq"
+                )
             deliver = self._timer_deliver_ms(props)
             if deliver is None or deliver <= self.ctx.now_ms():
                 return  # no time asked, or due already
@@ -319,6 +330,9 @@ class MessagingCore:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
         end = outcome.end_offset
+        if self.trace_waits is not None and (written := self.trace_waits.written()) is not None:
+            traced = await written  # the request's trace records, durable with it
+            end = traced if end is None else max(end, traced)
         if end is not None:
             try:
                 await self.ctx.flush.wait_durable(end)
@@ -335,11 +349,15 @@ class MessagingCore:
             m, r = msgs[0], results[0]
             if m.topic == half_topic:
                 self.tx.on_halves_stored(msgs, results)
-            return [self._receipt(m, r)]
-        halves = [(m, r) for m, r in zip(msgs, results, strict=True) if m.topic == half_topic]
-        if halves:
-            self.tx.on_halves_stored([m for m, _ in halves], [r for _, r in halves])
-        return [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
+            receipts = [self._receipt(m, r)]
+        else:
+            halves = [(m, r) for m, r in zip(msgs, results, strict=True) if m.topic == half_topic]
+            if halves:
+                self.tx.on_halves_stored([m for m, _ in halves], [r for _, r in halves])
+            receipts = [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
+        if self.trace is not None:
+            self.trace.stored(msgs, receipts)
+        return receipts
 
     def _remember(self, keys: list[Key | None], receipts: list[SendReceipt], now: int) -> None:
         add = self.dedup.add
@@ -443,6 +461,8 @@ class MessagingCore:
         stored = StoredBatch(
             self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
         )
+        if self.trace is not None:
+            self.trace.stored_batch(topic, h.producer_group, stored)
         return await self.durable(SendOutcome(batch=stored))
 
     def batch_messages(
@@ -511,6 +531,8 @@ class MessagingCore:
             if rec.state.decided:
                 m.tx_checks_unexpected.inc()
             rec.check_in_flight = False
+        if self.trace is not None:
+            self.trace.end_transaction(rec, decision.name, from_check)
         if decision == Decision.UNKNOWN:
             log.info(
                 "transaction_unknown",
@@ -525,6 +547,8 @@ class MessagingCore:
         """Commit or roll back ``rec`` (first decision wins) and wait until it is durable."""
         already = rec.state.decided
         end = self.tx.decide(rec, decision, by, remark)
+        if self.trace_waits is not None and (written := self.trace_waits.written()) is not None:
+            end = max(end, await written)
         await self.ctx.flush.wait_durable(end)
         return (
             f"transaction {rec.transaction_id} {'was already ' if already else ''}{rec.state.value}"
@@ -590,6 +614,8 @@ class MessagingCore:
         if origin_msg_id:
             orig.properties.setdefault(MessageConst.ORIGIN_MESSAGE_ID, origin_msg_id)
         times = orig.reconsume_times + 1
+        if self.trace is not None:
+            self.trace.sent_back(group, orig, times > max_times or delay_level < 0)
         if times > max_times or delay_level < 0:
             return await self.dead_letter(group, orig, times)
         topic = retry_topic(group)

@@ -19,6 +19,7 @@ from txmq.protocol.message import parse_subscription, tags_code
 
 from ..context import BrokerContext
 from ..messaging.hold import PullRequestHoldService
+from ..messaging.trace import BrokerTrace
 from ..sql_filter import SUBSCRIPTION_PARSE_FAILED, SqlFilterError, compile_sql
 from ..store import GetMessageResult, GetMessageStatus
 from ..topics import PERM_READ
@@ -41,6 +42,8 @@ class PullMessageProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self.hold = ctx.hold
+        #: the broker's message trace (set when ``traceTopicEnable`` is on)
+        self.trace: BrokerTrace | None = None
 
     def _filters(
         self, h: PullMessageRequestHeader
@@ -130,6 +133,8 @@ class PullMessageProcessor:
         if s is GetMessageStatus.FOUND:
             self.ctx.metrics.messages_pulled.inc(r.count)
             self.ctx.metrics.record_out(h.topic, h.consumer_group, r.count)
+            if self.trace is not None:
+                self.trace.delivered(h.consumer_group, r.joined)
             return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields(), r.joined)
         if s is GetMessageStatus.NO_MATCHED_MESSAGE or s is GetMessageStatus.OFFSET_FOUND_NULL:
             return cmd.response(

@@ -266,6 +266,8 @@ class CheckService:
     now_ms: Callable[[], int]
     metrics: BrokerMetrics
     limits: CheckLimits
+    #: Told of each check as it is sent (the record, the client id): the message trace.
+    on_check_sent: Callable[[TxRecord, str], None] | None = None
     #: Rounds run so far.
     rounds: int = field(default=0, init=False)
     schedule: CheckSchedule = field(init=False)
@@ -428,6 +430,8 @@ class CheckService:
         # One check in flight per transaction: rounds never overlap, and within a round a
         # transaction is checked once.  An unanswered check is simply sent again next round.
         rec.check_in_flight = True
+        if self.on_check_sent is not None:
+            self.on_check_sent(rec, ch.client_id)
         delivered = False
         try:
             delivered = await self.sender(ch, header, encode_message(stored))

@@ -47,6 +47,7 @@ from txmq.protocol.topics import (
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
 )
+from txmq.protocol.trace import TxEvent
 
 from ..messaging.fastpath import (
     FastBatch,
@@ -55,6 +56,7 @@ from ..messaging.fastpath import (
     committed_sys_flag,
 )
 from ..messaging.timer import check_timer_delay, route_to_timer, timer_deliver_ms
+from ..messaging.trace import BrokerTrace
 from ..redelivery import redelivered
 from ..store import (
     AppendResult,
@@ -110,6 +112,8 @@ class TransactionalMessageService:
         self.txn_offsets = TxnOffsetsLedger(
             ctx.store, ctx.offsets, ctx.clients, ctx.flush.wait_durable
         )
+        #: the broker's message trace, None when ``traceTopicEnable`` is off
+        self.trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -121,6 +125,7 @@ class TransactionalMessageService:
             now_ms=self.now_ms,
             metrics=ctx.metrics,
             limits=CheckLimits.of(cfg),
+            on_check_sent=self.trace.check_sent if self.trace is not None else None,
         )
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
@@ -458,6 +463,9 @@ class TransactionalMessageService:
         end = self._append(op, extra)
         if with_offsets:
             self.txn_offsets.committed(rec, end)
+        if self.trace is not None:
+            done = TxEvent.COMMITTED if op.kind is OpKind.COMMIT else TxEvent.ROLLED_BACK
+            self.trace.tx_event(rec, done, f"{by}: {remark}".strip(": "))
         log.info(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
             transaction_id=rec.transaction_id,
@@ -475,6 +483,8 @@ class TransactionalMessageService:
         if op is not None:
             self._forget_halves(rec)
             self._append(op)
+            if self.trace is not None:
+                self.trace.tx_event(rec, TxEvent.ROLLED_BACK, f"{by}: fenced: {reason}")
         log.warning(
             "transaction_fenced",
             transaction_id=rec.transaction_id,
@@ -490,6 +500,15 @@ class TransactionalMessageService:
             return None
         plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms())
         end = self._append(plan.op, self._committed_records(plan.to_commit))
+        if self.trace is not None:
+            records = self.machine.records
+            for txid in (*plan.op.committed, *plan.op.txids):
+                rec = records.get(txid)
+                if rec is not None:
+                    done = (
+                        TxEvent.COMMITTED if rec.state is TxState.COMMITTED else TxEvent.ROLLED_BACK
+                    )
+                    self.trace.tx_event(rec, done, "batch")
         log.info(
             "batch_decided",
             group=group,
@@ -508,6 +527,8 @@ class TransactionalMessageService:
     def resume(self, rec: TxRecord) -> int:
         """Check ``rec`` again from a fresh budget (an operator's command)."""
         end = self._append(self.machine.plan_resume(rec, self.now_ms()))
+        if self.trace is not None:
+            self.trace.tx_event(rec, TxEvent.RESUMED, "operator")
         log.info("transaction_resumed", transaction_id=rec.transaction_id)
         return end
 
@@ -526,6 +547,8 @@ class TransactionalMessageService:
             m.properties[MessageConst.TRANSACTION_ID] = rec.transaction_id
             copies.append(encode_for_store(m))
         self._append(self.machine.plan_discard(rec, reason, self.now_ms()), copies)
+        if self.trace is not None:
+            self.trace.tx_event(rec, TxEvent.TIMED_OUT, reason)
         log.warning(
             "transaction_discarded",
             transaction_id=rec.transaction_id,
@@ -542,6 +565,8 @@ class TransactionalMessageService:
     async def stop(self) -> None:
         await self.checks.stop()
         await self.txn_offsets.stop()
+        if self.trace is not None:
+            self.trace.flush()
         await self.persist_check_state()
         await self.write_snapshot()
 

@@ -1,9 +1,11 @@
 """The audit tables of docs/compatibility.md, made from what a running broker answers: every
 request code of RocketMQ 5.3 (served, or refused naming it) and every RPC of
-``apache.rocketmq.v2.MessagingService`` (served, or NOT_IMPLEMENTED naming it).
+``apache.rocketmq.v2.MessagingService`` (served, or NOT_IMPLEMENTED naming it); and from the
+declarations of :mod:`txmq.protocol.rocketmq_codes`: every ``MessageConst`` property and every
+subscription type (served, ignored on purpose, or refused).
 
-``tests/broker/test_request_code_audit.py`` fails when the document and the broker disagree;
-rewrite the tables with::
+``tests/broker/test_request_code_audit.py`` and ``tests/broker/test_property_audit.py`` fail
+when the document, the declarations and the broker disagree; rewrite the tables with::
 
     .venv/bin/python -m tests.support.compat_audit
 """
@@ -17,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from txmq.protocol.codes import RequestCode
-from txmq.protocol.rocketmq_codes import BROKER_TO_CLIENT, ROCKETMQ_REQUEST_CODES, SENT_BY_TXMQ
+from txmq.protocol.rocketmq_codes import (
+    BROKER_TO_CLIENT,
+    IGNORED,
+    ROCKETMQ_MESSAGE_PROPERTIES,
+    ROCKETMQ_REQUEST_CODES,
+    SENT_BY_TXMQ,
+    SUBSCRIPTION_TYPES,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 MD = (("x-mq-client-id", "audit-client"), ("x-mq-language", "PYTHON"))
@@ -47,6 +56,25 @@ def grpc_table(methods: list[str], not_implemented: set[str]) -> str:
             "answered `NOT_IMPLEMENTED`, the message names it" if m in not_implemented else "served"
         )
         rows.append(f"| `{m}` | {what} |")
+    return "\n".join(rows)
+
+
+def _verdict(what: str, note: str) -> str:
+    word = "ignored on purpose" if what == IGNORED else what
+    return f"{word}: {note}" if note else word
+
+
+def property_table() -> str:
+    rows = ["| property | RocketMQ constant | txmq |", "|---|---|---|"]
+    for key, const, what, note in ROCKETMQ_MESSAGE_PROPERTIES:
+        rows.append(f"| `{key}` | `{const}` | {_verdict(what, note)} |")
+    return "\n".join(rows)
+
+
+def subscription_table() -> str:
+    rows = ["| kind | type | txmq |", "|---|---|---|"]
+    for where, name, what, note, _probe in SUBSCRIPTION_TYPES:
+        rows.append(f"| {where} | {name} | {_verdict(what, note)} |")
     return "\n".join(rows)
 
 
@@ -98,6 +126,8 @@ def tables(served: frozenset[int], grpc_port: int) -> dict[str, str]:
     return {
         "request-codes": request_code_table(served),
         "grpc-rpcs": grpc_table(grpc_methods(), probe_grpc(grpc_port)),
+        "message-properties": property_table(),
+        "subscription-types": subscription_table(),
     }
 
 

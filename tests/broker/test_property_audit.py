@@ -1,0 +1,155 @@
+"""Every RocketMQ 5.3 message property and subscription type is served, ignored on purpose or
+refused, as ``txmq.protocol.rocketmq_codes`` declares and docs/compatibility.md says: the
+document's tables are the declarations, an ignored property goes through a broker unchanged, a
+refused one gets its answer, and each subscription row is what a running broker does."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BrokerThread
+from tests.support.compat_audit import (
+    DOC,
+    probe_grpc,
+    property_table,
+    replace_section,
+    subscription_table,
+)
+from tests.support.raw import RawClient
+from txmq.broker.server import BrokerController
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.rocketmq_codes import (
+    IGNORED,
+    REFUSED,
+    ROCKETMQ_MESSAGE_PROPERTIES,
+    SERVED,
+    SUBSCRIPTION_TYPES,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_document_holds_the_declared_tables() -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    for name, table in (
+        ("message-properties", property_table()),
+        ("subscription-types", subscription_table()),
+    ):
+        assert replace_section(doc, name, table) == doc, (
+            f"docs/compatibility.md's {name} table is not the declaration: rewrite it with "
+            "`.venv/bin/python -m tests.support.compat_audit`"
+        )
+
+
+def test_every_property_is_declared_once_with_a_reason() -> None:
+    keys = [k for k, _, _, _ in ROCKETMQ_MESSAGE_PROPERTIES]
+    assert len(keys) == len(set(keys)) == 64, (
+        "RocketMQ 5.3's MessageConst has 64 properties (65 strings, KEY_SEPARATOR is none)"
+    )
+    for key, const, what, note in ROCKETMQ_MESSAGE_PROPERTIES:
+        assert what in (SERVED, IGNORED, REFUSED), key
+        assert const.startswith("PROPERTY_") or const == key, key
+        assert what == SERVED or note, f"{key} is {what} without saying why"
+
+
+def _sources() -> str:
+    return "\n".join(
+        p.read_text(encoding="utf-8")
+        for folder in ("broker", "protocol")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name != "rocketmq_codes.py"
+    )
+
+
+def test_served_and_refused_properties_are_named_in_the_broker() -> None:
+    """A property the table says txmq acts on is spelt somewhere in the broker's code (the
+    declaration lives elsewhere): removing its handling makes this fail."""
+    src = _sources()
+    for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES:
+        if what != IGNORED:
+            assert f'"{key}"' in src, f"{key} is declared {what} but no broker code names it"
+
+
+async def test_ignored_properties_are_stored_and_delivered_as_sent(
+    broker: BrokerController,
+) -> None:
+    ignored = {
+        key: f"audit-{i}"
+        for i, (key, _, what, _) in enumerate(ROCKETMQ_MESSAGE_PROPERTIES)
+        if what == IGNORED
+    }
+    c = await RawClient.connect(broker.address)
+    try:
+        resp = await c.send("audit-props", b"ignored", props=ignored)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        (got,) = await c.pull_all("audit-props", queues=1)
+    finally:
+        await c.close()
+    changed = {
+        k: (v, got.properties.get(k)) for k, v in ignored.items() if got.properties.get(k) != v
+    }
+    assert not changed, f"ignored properties the broker changed or dropped: {changed}"
+    assert got.body == b"ignored"
+
+
+async def test_refused_properties_get_their_answer(broker: BrokerController) -> None:
+    refused = [key for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES if what == REFUSED]
+    assert refused == ["TIMER_DEL_UNIQKEY"]
+    c = await RawClient.connect(broker.address)
+    try:
+        resp = await c.send(
+            "audit-props",
+            b"cancel",
+            props={"TIMER_DEL_UNIQKEY": "audit-props_ABC", "TIMER_DELAY_SEC": "30"},
+        )
+        assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (resp.code, resp.remark)
+        assert "TIMER_DEL_UNIQKEY" in (resp.remark or "")
+        # a timer message without it is still a timer message
+        ok = await c.send("audit-props", b"later", props={"TIMER_DELAY_SEC": "30"})
+        assert ok.code == ResponseCode.SUCCESS, ok.remark
+    finally:
+        await c.close()
+
+
+def test_subscription_types_are_what_the_broker_does(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+    bt = broker_thread_factory(grpc_server_enable=True, grpc_server_port=0)
+    controller = bt.controller
+    assert controller is not None
+    served_codes = controller.served_request_codes()
+    not_implemented = probe_grpc(controller.grpc_port)
+
+    async def accepts(kind: str) -> bool:
+        c = await RawClient.connect(controller.address)
+        try:
+            body = {
+                "clientId": c.client_id,
+                "group": "audit",
+                "subscriptionData": {
+                    "topic": "audit",
+                    "subString": "a > 1" if kind == "SQL92" else "*",
+                    "expressionType": kind,
+                },
+            }
+            resp = await c.call(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps(body).encode())
+        finally:
+            await c.close()
+        return bool(resp.code == ResponseCode.SUCCESS)
+
+    for where, name, what, _note, probe in SUBSCRIPTION_TYPES:
+        kind, _, arg = probe.partition(":")
+        if kind == "code":
+            served = int(arg) in served_codes
+        elif kind == "rpc":
+            served = arg not in not_implemented
+        else:
+            assert kind == "expr" and re.fullmatch(r"[A-Z0-9]+", arg), probe
+            served = bt.call(accepts(arg))
+        assert served == (what == SERVED), f"{where} {name} is declared {what}; {probe} says not"
