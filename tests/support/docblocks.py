@@ -144,6 +144,9 @@ CLAIMS: list[Claim] = [
     Claim("docs/cluster.md", "# three etcd members", "cluster"),
     Claim("docs/cluster.md", "cluster DefaultCluster", "output",
           reason="txmq cluster status", shape_of="# three etcd members"),
+    # docs/compatibility.md
+    Claim("docs/compatibility.md", "$ txmq trace ", "output",
+          reason="a timeline txmq trace printed; tests/broker/test_trace.py checks real ones"),
     # docs/console.md
     Claim("docs/console.md", "txmq console --broker 127.0.0.1:10911", "mapped",
           tests=(CONSOLE,), reason="a web server that runs until stopped"),
