@@ -838,6 +838,8 @@ class MessagingService:
                 for_consumer=True,
             )
             if r.status is GetMessageStatus.FOUND:
+                if self.core.trace is not None:  # SubBefore records, as for a remoting pull
+                    self.core.trace.delivered(group, b"".join(r.messages))
                 for raw in r.messages:
                     m = decode_message(raw)
                     v.skip_to(m.queue_offset)

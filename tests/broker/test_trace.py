@@ -424,3 +424,38 @@ async def test_the_brokers_pub_records_of_single_and_batched_sends(
             )
     finally:
         await controller.shutdown()
+
+
+def test_a_grpc_receive_is_traced_as_a_delivery(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    """Deliveries over the RocketMQ 5 front end are recorded as a remoting pull's are."""
+    import grpc
+
+    from tests.compat.test_grpc_frontend import MD, message, receive
+    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+
+    bt = broker_thread_factory(trace_topic_enable=True, grpc_server_enable=True, grpc_server_port=0)
+    assert bt.controller is not None
+    with grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}") as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        sent = stub.SendMessage(
+            spb.SendMessageRequest(messages=[message("grpc-orders", b"g1", "grpc-traced-1")]),
+            metadata=MD,
+            timeout=10,
+        )
+        msg_id = sent.entries[0].message_id
+        _status, msgs = wait_until_sync(
+            lambda: (r := receive(stub, "grpc-orders", "grpc-billing"))[1] and r,
+            30,
+            "the message received over gRPC",
+        )
+        assert [m.body for m in msgs] == [b"g1"]
+
+    def delivered() -> list[dict[str, Any]]:
+        rows = json.loads(_cli(bt.address, msg_id, "-o", "json"))
+        return [r for r in rows if r["step"] == "delivered"]
+
+    rows = wait_until_sync(delivered, 30, "the gRPC delivery in the trace")
+    assert any("grpc-billing" in json.dumps(r) for r in rows), rows
