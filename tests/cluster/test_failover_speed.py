@@ -13,6 +13,7 @@ quiet machine; the bound here, 8 s, leaves room for a loaded CI machine.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -21,7 +22,9 @@ import pytest
 from tests.support.cluster import BrokerCluster
 from tests.support.raw import RawClient
 from txmq.broker.cluster.etcd import Entry
+from txmq.broker.cluster.node import ClusterNode
 from txmq.broker.cluster.view import ClusterView
+from txmq.broker.config import BrokerConfig
 from txmq.client import AsyncProducer, Message
 from txmq.protocol.errors import TxmqError
 
@@ -84,6 +87,28 @@ async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster
     assert st is not None and st["leader"]["replicaId"] == new.replica, st
 
 
+async def test_a_paused_leader_is_not_deposed_before_its_lease_expires(make_cluster: Any) -> None:
+    """A paused (SIGSTOP) leader's port still accepts connections: the followers must wait for
+    its lease, as before (it may wake up and still believe it leads until then)."""
+    ttl = 3
+    bc: BrokerCluster = make_cluster(settings={"etcdLeaseTtl": ttl})
+    old = await bc.start_group("g1")
+    bc.pause("g1", old.replica)
+    t0 = time.monotonic()
+    try:
+        new = await bc.wait_leader("g1", not_replica=old.replica, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        bc.resume("g1", old.replica)
+    revoked = [
+        e for r in bc.replicas.values() for e in bc.events("g1", r.replica, "leader_lease_revoked")
+    ]
+    assert not revoked, f"a paused leader was deposed through the followers: {revoked}"
+    # Its last renewal was at most a third of the TTL before the pause.
+    assert took >= ttl * 2 / 3 - 0.1, f"replica {new.replica} led {took:.2f} s after the pause"
+    await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
+
+
 def view_with(members: list[int], leader: int, votes: dict[int, tuple[int, int]]) -> ClusterView:
     """A watched copy holding ``members`` of group g, ``leader`` on lease 77 in epoch 3, and
     each voter's ``(epoch, lease)``."""
@@ -111,3 +136,28 @@ def test_down_votes_count_only_for_the_current_leader() -> None:
     leader = v.leader("g")
     assert leader is not None
     assert v.down_votes("g", leader) == {1, 2}
+
+
+def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -> None:
+    config = dataclasses.replace(
+        BrokerConfig(),
+        etcd_endpoints="127.0.0.1:1",  # never connected: only the decision is looked at
+        broker_cluster_name="c",
+        broker_name="g",
+        broker_id=1,
+        listen_port=1,
+    )
+    node = ClusterNode(config)
+
+    def gone(members: list[int], votes: dict[int, tuple[int, int]]) -> bool:
+        node.view = view_with(members, 0, votes)
+        leader = node.view.leader("g")
+        assert leader is not None
+        return node._leader_gone(leader)
+
+    assert not gone([0, 1, 2], {1: (3, 77)}), "replica 2, still registered, did not agree"
+    assert not gone([0, 1, 2], {2: (3, 77)}), "this replica did not find the leader gone"
+    assert not gone([0, 1, 2], {1: (3, 77), 2: (2, 77)}), "a vote about an older epoch counted"
+    assert gone([0, 1, 2], {1: (3, 77), 2: (3, 77)})
+    # Replica 2's session is gone (its member key expired): this replica's word is enough.
+    assert gone([0, 1], {1: (3, 77)})
