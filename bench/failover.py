@@ -7,7 +7,9 @@ caught up between runs):
   the time from the kill to the first send the new leader acknowledges;
 * ``cpp``: the stock Apache rocketmq-client-cpp producer (``tests/compat/cpp_client.py``), the
   brokers as its name servers, one synchronous send every ``--interval`` seconds; the time from
-  the kill to the first send it reports as acknowledged after the kill.
+  the kill to the first send it reports as acknowledged after the kill.  That client re-reads
+  routes every 30 s from its start, so the kill comes at a random moment of that cycle (from
+  ``--seed``): after 1 + U(0, 30) s of sending.
 
 Prints min / median / max of each and one JSON line.  Needs etcd (``make etcd``) and, for
 ``cpp``, the stock client (installed by the compatibility tests).  From the repository root::
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -72,7 +75,7 @@ async def sdk_run(bc: BrokerCluster, p: AsyncProducer) -> float:
     return took
 
 
-async def cpp_run(bc: BrokerCluster, home: Path, interval: float) -> float:
+async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) -> float:
     from tests.compat.stock import cpp_client
 
     cpp = cpp_client(home)
@@ -91,6 +94,11 @@ async def cpp_run(bc: BrokerCluster, home: Path, interval: float) -> float:
             if not line or time.monotonic() > deadline:
                 raise RuntimeError("the C++ client stopped before the kill")
             ok += '"status": 0' in line
+        started = time.monotonic()
+        while time.monotonic() - started < phase:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line:
+                raise RuntimeError("the C++ client stopped before the kill")
         t0 = time.monotonic()
         bc.kill("g1", leader.replica)
         while True:
@@ -145,8 +153,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             out["sdk_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
         if "cpp" in args.clients:
             times = []
+            rnd = random.Random(args.seed)
             for i in range(args.runs):
-                times.append(await cpp_run(bc, base / "cpp-home", args.interval))
+                phase = 1.0 + rnd.uniform(0, 30)
+                times.append(await cpp_run(bc, base / "cpp-home", args.interval, phase))
                 print(f"cpp run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
             out["cpp_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
     finally:
@@ -161,6 +171,7 @@ def main() -> None:
     ap.add_argument("--clients", default="sdk,cpp", help="sdk, cpp or both (comma-separated)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between C++ sends")
     ap.add_argument("--set", action="append", help="a broker setting KEY=VALUE (repeatable)")
+    ap.add_argument("--seed", type=int, default=1, help="the C++ kill moments")
     args = ap.parse_args()
     quiet_logs()
     out = asyncio.run(main_async(args))
