@@ -60,8 +60,8 @@ log = structlog.get_logger(__name__)
 BATCH_RECORD_TTL = 3600
 #: Longest wait between two attempts to reach etcd at start.
 ETCD_RETRY_MAX_S = 5.0
-#: A follower's first wait before it reconnects to its leader (doubling to 2 s while the
-#: leader answers but fails; kept while the leader's port refuses connections).
+#: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
+#: short again once the leader has served).
 FOLLOW_RETRY_S = 0.1
 
 
