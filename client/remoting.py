@@ -4,8 +4,8 @@
 sends HEART_BEAT at connect, after every reconnect and every ``heartbeat_interval``, reconnects
 with a doubling back-off when the connection drops (to a cluster: asks the group's replicas for
 its leader every 0.15 s for 30 s first), sends requests with timeouts (waiting for a reconnect
-within the request's own timeout), and dispatches requests the broker sends to the client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request
-code.
+within the request's own timeout), and dispatches requests the broker sends to the client
+(NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request code.
 
 Public hooks for other parts of the SDK:
 
