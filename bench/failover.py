@@ -4,7 +4,8 @@ Two clients, measured separately (each ``--runs`` times; the killed replica is r
 caught up between runs):
 
 * ``sdk``: a txmq SDK producer given the group's addresses sends one message after another;
-  the time from the kill to the first send the new leader acknowledges;
+  the time from the kill to the first send the new leader acknowledges (with
+  ``--kill-etcd-leader``, etcd's own leader is SIGKILLed just before the broker's);
 * ``cpp``: the stock Apache rocketmq-client-cpp producer (``tests/compat/cpp_client.py``), the
   brokers as its name servers, one synchronous send every ``--interval`` seconds; the time from
   the kill to the first send it reports as acknowledged after the kill.  That client re-reads
@@ -58,10 +59,14 @@ async def settle(bc: BrokerCluster) -> Any:
     return leader
 
 
-async def sdk_run(bc: BrokerCluster, p: AsyncProducer) -> float:
+async def sdk_run(bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None) -> float:
     leader = await settle(bc)
     for i in range(20):
         await p.send(Message("bench-failover", f"before-{i}".encode()))
+    dead_etcd = None
+    if etcd is not None:
+        dead_etcd = await asyncio.to_thread(etcd.leader_index)
+        etcd.kill(dead_etcd)
     t0 = time.monotonic()
     bc.kill("g1", leader.replica)
     while True:
@@ -71,6 +76,8 @@ async def sdk_run(bc: BrokerCluster, p: AsyncProducer) -> float:
         except Exception:
             await asyncio.sleep(0.01)
     took = time.monotonic() - t0
+    if etcd is not None and dead_etcd is not None:
+        await asyncio.to_thread(etcd.restart, dead_etcd)
     bc.start("g1", leader.replica)
     return took
 
@@ -146,7 +153,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 times = []
                 for i in range(args.runs):
-                    times.append(await sdk_run(bc, p))
+                    times.append(await sdk_run(bc, p, etcd if args.kill_etcd_leader else None))
                     print(f"sdk run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
             finally:
                 await p.shutdown()
@@ -172,6 +179,11 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between C++ sends")
     ap.add_argument("--set", action="append", help="a broker setting KEY=VALUE (repeatable)")
     ap.add_argument("--seed", type=int, default=1, help="the C++ kill moments")
+    ap.add_argument(
+        "--kill-etcd-leader",
+        action="store_true",
+        help="sdk: SIGKILL etcd's own leader just before the broker leader (restarted after)",
+    )
     args = ap.parse_args()
     quiet_logs()
     out = asyncio.run(main_async(args))

@@ -63,6 +63,9 @@ ETCD_RETRY_MAX_S = 5.0
 #: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
 #: short again once the leader has served).
 FOLLOW_RETRY_S = 0.1
+#: How long one attempt to record a vote against the leader may take before it is made again
+#: (a call stuck on a dead etcd member, or in etcd's own election, is not waited for).
+VOTE_ATTEMPT_S = 0.5
 
 
 class ClusterHooks:
@@ -511,18 +514,27 @@ class ClusterNode:
         task.add_done_callback(self._vote_tasks.discard)
 
     async def _put_vote(self, epoch: int, lease: int) -> None:
+        # Retried at once while it still matters (etcd electing its own leader, a member gone):
+        # past the leader's lease the vote is moot.
+        give_up = time.monotonic() + self.config.etcd_lease_ttl
         async with self._vote_lock:
-            if self._vote != (epoch, lease):
-                return
-            try:
-                await self.etcd.put(
-                    self.keys.down(self.group, self.replica),
-                    {"epoch": epoch, "lease": lease},
-                    lease=self.lease,
-                )
-            except EtcdError as exc:
-                log.info("leader_vote_failed", error=str(exc))
-                self._vote = None  # the next refusal tries again
+            while self._vote == (epoch, lease) and not self._stopping:
+                try:
+                    await asyncio.wait_for(
+                        self.etcd.put(
+                            self.keys.down(self.group, self.replica),
+                            {"epoch": epoch, "lease": lease},
+                            lease=self.lease,
+                        ),
+                        VOTE_ATTEMPT_S,
+                    )
+                    return
+                except (EtcdError, TimeoutError) as exc:
+                    log.info("leader_vote_failed", error=str(exc) or type(exc).__name__)
+                if time.monotonic() >= give_up:
+                    self._vote = None  # the next refusal tries again
+                    return
+                await asyncio.sleep(0.1)
 
     async def _delete_vote(self) -> None:
         async with self._vote_lock:
