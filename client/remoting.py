@@ -2,10 +2,10 @@
 
 :class:`BrokerConnection` owns the TCP connection of one producer or consumer: it connects,
 sends HEART_BEAT at connect, after every reconnect and every ``heartbeat_interval``, reconnects
-with a doubling back-off when the connection drops, sends requests with timeouts (waiting for a
-reconnect within the request's own timeout), and dispatches requests the broker sends to the
-client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request
-code.
+with a doubling back-off when the connection drops (to a cluster: asks the group's replicas for
+its leader every 0.15 s for 30 s first), sends requests with timeouts (waiting for a reconnect
+within the request's own timeout), and dispatches requests the broker sends to the client
+(NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request code.
 
 Public hooks for other parts of the SDK:
 
@@ -52,6 +52,12 @@ Processor = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
 ReconnectCallback = Callable[[], Awaitable[None] | None]
 #: Returns one entry of the heartbeat's ``consumerDataSet``.
 ConsumerDataProvider = Callable[[], dict[str, Any]]
+
+#: In a cluster, how often a lost connection asks the group's replicas for its leader (instead
+#: of the doubling back-off): a new leader is used as soon as one of them names it.
+CLUSTER_POLL_S = 0.15
+#: ... for this long after the loss; then the usual doubling back-off.
+CLUSTER_POLL_FOR_S = 30.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -433,11 +439,15 @@ class BrokerConnection:
             ssl=self._ssl,
         )
 
-    async def _open(self) -> Connection:
+    async def _open(self, *, last_leader_first: bool = True) -> Connection:
         """Connect to the broker to use: the address given, or in a cluster (brokers started
         with etcdEndpoints) the leader of its broker group, found by asking the given
-        addresses in turn (the last leader first)."""
-        seeds = [(self.host, self.port), *[s for s in self.seeds if s != (self.host, self.port)]]
+        addresses in turn (the last leader first, or last after it was lost)."""
+        others = [s for s in self.seeds if s != (self.host, self.port)]
+        if last_leader_first:
+            seeds = [(self.host, self.port), *others]
+        else:
+            seeds = [*others, (self.host, self.port)]
         last: TxmqError | None = None
         for host, port in seeds:
             try:
@@ -514,11 +524,17 @@ class BrokerConnection:
     async def _reconnect_loop(self) -> None:
         delay = self.config.reconnect_backoff_initial
         attempt = 0
+        lost_at = time.monotonic()
         while not self._closing:
+            if self.cluster and len(self.seeds) > 1:
+                # The group's replicas name the new leader as soon as it is elected: ask them
+                # often, starting with the other replicas, rather than back off blindly.
+                if time.monotonic() - lost_at < CLUSTER_POLL_FOR_S:
+                    delay = min(delay, CLUSTER_POLL_S)
             await asyncio.sleep(delay)
             attempt += 1
             try:
-                conn = await self._open()
+                conn = await self._open(last_leader_first=not self.cluster)
             except TxmqError as exc:
                 log.debug("reconnect_failed", broker=self.address, attempt=attempt, error=str(exc))
                 delay = min(delay * 2, self.config.reconnect_backoff_max)

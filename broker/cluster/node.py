@@ -60,6 +60,12 @@ log = structlog.get_logger(__name__)
 BATCH_RECORD_TTL = 3600
 #: Longest wait between two attempts to reach etcd at start.
 ETCD_RETRY_MAX_S = 5.0
+#: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
+#: short again once the leader has served).
+FOLLOW_RETRY_S = 0.1
+#: How long one attempt to record a vote against the leader may take before it is made again
+#: (a call stuck on a dead etcd member, or in etcd's own election, is not waited for).
+VOTE_ATTEMPT_S = 0.5
 
 
 class ClusterHooks:
@@ -148,7 +154,15 @@ class FollowerRole:
 
     async def _follow(self, addr: str, epoch: int) -> None:
         cfg = self.node.config
-        delay = 0.2
+        delay = FOLLOW_RETRY_S
+        #: This leader answered a handshake once: it served this epoch.
+        served = False
+
+        def connected() -> None:
+            nonlocal served
+            served = True
+            self.node.leader_reached()
+
         while True:
             self.fetcher = ReplicaFetcher(
                 self.store,
@@ -162,6 +176,7 @@ class FollowerRole:
                 run_blocking=self.run_blocking,
                 ssl=self.node.client_ssl(),
                 signer=self.node.replication_signer(),
+                on_connected=connected,
             )
             try:
                 await self.fetcher.run()
@@ -169,6 +184,14 @@ class FollowerRole:
                 raise
             except Exception as exc:
                 log.info("replica_fetch_failed", leader=addr, epoch=epoch, error=str(exc))
+                if served and isinstance(exc.__cause__, ConnectionRefusedError):
+                    # Nothing listens any more on the port of a leader that served this epoch:
+                    # its process is gone (a paused or cut-off leader does not refuse
+                    # connections; one just elected may not listen yet, hence "served").
+                    # Say so in etcd.
+                    self.node.leader_refused(addr, epoch)
+            if self.fetcher.fetches:
+                delay = FOLLOW_RETRY_S  # it served: a new failure starts from the short wait
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -300,6 +323,10 @@ class ClusterNode:
         self.ops: OpsServer | None = None
         #: What /metrics serves while this replica does not lead.
         self._follower_metrics = follower_registry(lambda: self.follower, clock)
+        #: (epoch, lease) of the leader this replica has said in etcd it cannot reach.
+        self._vote: tuple[int, int] | None = None
+        self._vote_lock = asyncio.Lock()
+        self._vote_tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -355,9 +382,10 @@ class ClusterNode:
 
     async def shutdown(self) -> None:
         self._stopping = True
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._vote_tasks]
+        for t in tasks:
             t.cancel()
-        await asyncio.wait(self._tasks, timeout=10.0)
+        await asyncio.wait(tasks, timeout=10.0)
         async with self._transition:
             await self._stop_roles()
         try:
@@ -451,7 +479,93 @@ class ClusterNode:
             elif self.role != "follower":
                 await self._become_follower(None)
             return
+        if self.role == "follower" and self._leader_gone(leader):
+            await self._depose(leader)
+            return
         await self._become_follower(leader)
+
+    # -- a dead leader, seen before its lease expires ------------------------------------------
+
+    def leader_refused(self, ha_addr: str, epoch: int) -> None:
+        """The leader this replica follows (at ``ha_addr``, ``epoch``) refuses connections:
+        record it in etcd (``down/<group>/<replica>``, on this replica's lease)."""
+        leader = self.view.leader(self.group)
+        if (
+            leader is None
+            or leader.replica == self.replica
+            or leader.epoch != epoch
+            or leader.ha_addr != ha_addr
+            or self._vote == (leader.epoch, leader.lease)
+        ):
+            return
+        self._vote = (leader.epoch, leader.lease)
+        self._log.warning("leader_unreachable", leader=leader.replica, epoch=leader.epoch)
+        self._spawn_vote(self._put_vote(leader.epoch, leader.lease))
+
+    def leader_reached(self) -> None:
+        """The leader answered a replication handshake: withdraw a vote that it is gone."""
+        if self._vote is not None:
+            self._vote = None
+            self._spawn_vote(self._delete_vote())
+
+    def _spawn_vote(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name="txmq-leader-vote")
+        self._vote_tasks.add(task)
+        task.add_done_callback(self._vote_tasks.discard)
+
+    async def _put_vote(self, epoch: int, lease: int) -> None:
+        # Retried at once while it still matters (etcd electing its own leader, a member gone):
+        # past the leader's lease the vote is moot.
+        give_up = time.monotonic() + self.config.etcd_lease_ttl
+        async with self._vote_lock:
+            while self._vote == (epoch, lease) and not self._stopping:
+                try:
+                    await asyncio.wait_for(
+                        self.etcd.put(
+                            self.keys.down(self.group, self.replica),
+                            {"epoch": epoch, "lease": lease},
+                            lease=self.lease,
+                        ),
+                        VOTE_ATTEMPT_S,
+                    )
+                    return
+                except (EtcdError, TimeoutError) as exc:
+                    log.info("leader_vote_failed", error=str(exc) or type(exc).__name__)
+                if time.monotonic() >= give_up:
+                    self._vote = None  # the next refusal tries again
+                    return
+                await asyncio.sleep(0.1)
+
+    async def _delete_vote(self) -> None:
+        async with self._vote_lock:
+            if self._vote is not None:
+                return
+            try:
+                await self.etcd.delete(self.keys.down(self.group, self.replica))
+            except EtcdError as exc:
+                log.info("leader_vote_not_withdrawn", error=str(exc))
+
+    def _leader_gone(self, leader: Any) -> bool:
+        """Every other replica of the group registered in etcd (this one included) finds the
+        leader's port refusing connections."""
+        votes = self.view.down_votes(self.group, leader)
+        others = set(self.view.members(self.group)) - {leader.replica}
+        return self.replica in votes and others <= votes
+
+    async def _depose(self, leader: Any) -> None:
+        """Revoke the lease of a leader whose process is gone: its leader key goes at once
+        instead of when the lease expires, and the group elects another replica (the usual
+        campaign, fenced by the epoch and in-sync set)."""
+        self._log.warning(
+            "leader_lease_revoked",
+            leader=leader.replica,
+            epoch=leader.epoch,
+            votes=sorted(self.view.down_votes(self.group, leader)),
+        )
+        try:
+            await self.etcd.revoke(leader.lease)
+        except EtcdError as exc:  # expired or revoked by another voter meanwhile
+            log.info("leader_lease_not_revoked", error=str(exc))
 
     def _check_can_serve(self) -> bool:
         """Before taking any role: can this replica bind its port and open its store?  One
@@ -529,6 +643,7 @@ class ClusterNode:
 
     async def _become_leader(self, epoch: int) -> None:
         t0 = time.monotonic()
+        self.leader_reached()  # a vote against the previous leader is moot now
         if self.follower is not None:
             await self.follower.stop()
             self.follower = None

@@ -458,6 +458,8 @@ class ReplicaFetcher:
     run_blocking: Callable[[Callable[[], Any]], Any]
     ssl: Any = None
     signer: Callable[[RemotingCommand], None] | None = None
+    #: Called once the leader has answered the handshake.
+    on_connected: Callable[[], None] | None = None
     leader_end: int = field(default=0, init=False)
     caught_up: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     fetches: int = field(default=0, init=False)
@@ -473,6 +475,8 @@ class ReplicaFetcher:
         conn = await open_connection(host, int(port), timeout=3.0, ssl=self.ssl, signer=self.signer)
         try:
             await self._handshake(conn)
+            if self.on_connected is not None:
+                self.on_connected()
             last_meta = 0.0
             while True:
                 await self._fetch_once(conn)

@@ -9,6 +9,8 @@ Keys, under ``/txmq/<brokerClusterName>/`` (values are JSON)::
     topics/<group>/<topic>       {"read", "write", "perm", "sysFlag"} the group's queues of a topic
     progress/<group>             {"end", "replicas": {id: offset}, "isr": [...]}  lease: leader
     batches/<group>/<batchKey>   {"commit": [transactionId...]}      a cross-group batch decision
+    down/<group>/<replicaId>     {"epoch", "lease"}  lease: its session; this follower's
+                                 replication connections to that leader are refused
 
 Only the leader of a group writes ``isr``, ``topics`` and ``progress`` for it, always in an etcd
 transaction that compares the leader key it holds, so a deposed leader's writes are refused.
@@ -52,6 +54,9 @@ class Keys:
 
     def batch(self, group: str, batch_key: str) -> str:
         return f"{self.root}batches/{group}/{batch_key}"
+
+    def down(self, group: str, replica: int) -> str:
+        return f"{self.root}down/{group}/{replica}"
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,18 @@ class ClusterView:
     def progress(self, group: str) -> dict[str, Any]:
         e = self.table.get(self.keys.progress(group))
         return dict(e.value) if e is not None else {}
+
+    def down_votes(self, group: str, leader: Leader) -> set[int]:
+        """The replicas of ``group`` that find ``leader`` (this epoch, this lease) gone: their
+        replication connections to it are refused."""
+        return {
+            int(k[1])
+            for k, e in self._under("down").items()
+            if k[0] == group
+            and len(k) == 2
+            and int(e.value.get("epoch", -1)) == leader.epoch
+            and int(e.value.get("lease", -1)) == leader.lease
+        }
 
     def topics(self, group: str) -> dict[str, dict[str, Any]]:
         return {

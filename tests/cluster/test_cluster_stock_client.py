@@ -40,10 +40,11 @@ async def test_cpp_client_follows_a_leader_change(make_cluster: Any, tmp_path: P
     )
     first: list[str] = []
     try:
-        # Kill the leader once the client has sent a few messages through it.
+        # Kill the leader once the client has sent ten messages through it: past its first
+        # route refresh (3 s after its start, then every 30 s), so its sends fail until the next.
         assert proc.stdout is not None
         deadline = time.monotonic() + 60
-        while sum('"status": 0' in line for line in first) < 5:
+        while sum('"status": 0' in line for line in first) < 10:
             line = await asyncio.to_thread(proc.stdout.readline)
             assert line and time.monotonic() < deadline, f"the client stopped early: {first}"
             first.append(line)

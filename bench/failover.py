@@ -1,0 +1,202 @@
+"""Failover time of one broker group of three replicas, default timers, SIGKILL of the leader.
+
+Two clients, measured separately (each ``--runs`` times; the killed replica is restarted and
+caught up between runs):
+
+* ``sdk``: a txmq SDK producer given the group's addresses sends one message after another;
+  the time from the kill to the first send the new leader acknowledges (with
+  ``--kill-etcd-leader``, etcd's own leader is SIGKILLed just before the broker's);
+* ``cpp``: the stock Apache rocketmq-client-cpp producer (``tests/compat/cpp_client.py``), the
+  brokers as its name servers, one synchronous send every ``--interval`` seconds; the time from
+  the kill to the first send it reports as acknowledged after the kill.  That client re-reads
+  routes every 30 s from its start, so the kill comes at a random moment of that cycle (from
+  ``--seed``): after 1 + U(0, 30) s of sending.
+
+Prints min / median / max of each and one JSON line.  Needs etcd (``make etcd``) and, for
+``cpp``, the stock client (installed by the compatibility tests).  From the repository root::
+
+    .venv/bin/python bench/failover.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+from _broker import quiet_logs  # noqa: E402
+
+from tests.support.cluster import FAST_CLUSTER, BrokerCluster  # noqa: E402
+from tests.support.etcd import EtcdCluster  # noqa: E402
+from txmq.broker.config import BrokerConfig, key_name  # noqa: E402
+from txmq.client import AsyncProducer, Message  # noqa: E402
+
+
+def default_settings() -> dict[str, Any]:
+    """The broker's defaults for every timer the test harness shortens."""
+    defaults = BrokerConfig()
+    out: dict[str, Any] = {}
+    for attr in vars(defaults):
+        if key_name(attr) in FAST_CLUSTER:
+            out[key_name(attr)] = getattr(defaults, attr)
+    out["mappedFileSizeCommitLog"] = 8 * 1024 * 1024  # small files: quick to create
+    return out
+
+
+async def settle(bc: BrokerCluster) -> Any:
+    leader = await bc.wait_leader("g1", timeout=60)
+    await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
+    return leader
+
+
+async def sdk_run(bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None) -> float:
+    leader = await settle(bc)
+    for i in range(20):
+        await p.send(Message("bench-failover", f"before-{i}".encode()))
+    dead_etcd = None
+    if etcd is not None:
+        dead_etcd = await asyncio.to_thread(etcd.leader_index)
+        etcd.kill(dead_etcd)
+    t0 = time.monotonic()
+    bc.kill("g1", leader.replica)
+    while True:
+        try:
+            await p.send(Message("bench-failover", b"after"), timeout=30.0)
+            break
+        except Exception:
+            await asyncio.sleep(0.01)
+    took = time.monotonic() - t0
+    if etcd is not None and dead_etcd is not None:
+        await asyncio.to_thread(etcd.restart, dead_etcd)
+    bc.start("g1", leader.replica)
+    return took
+
+
+async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) -> float:
+    from tests.compat.stock import cpp_client
+
+    cpp = cpp_client(home)
+    leader = await settle(bc)
+    namesrv = ";".join(r.addr for r in bc.replicas.values())
+    count = int(120 / interval)
+    proc = cpp.start(
+        "send", namesrv, "stock", "--count", count, "--interval", interval, "--keep-going"
+    )
+    assert proc.stdout is not None
+    try:
+        ok = 0
+        deadline = time.monotonic() + 60
+        while ok < 5:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError("the C++ client stopped before the kill")
+            ok += '"status": 0' in line
+        started = time.monotonic()
+        while time.monotonic() - started < phase:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line:
+                raise RuntimeError("the C++ client stopped before the kill")
+        t0 = time.monotonic()
+        bc.kill("g1", leader.replica)
+        while True:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line:
+                raise RuntimeError("the C++ client ended without a send after the kill")
+            if '"status": 0' in line and time.monotonic() - t0 > interval:
+                # (a send answered just after the kill was in flight before it)
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > 100:
+                raise RuntimeError("no acknowledged C++ send within 100 s of the kill")
+    finally:
+        proc.kill()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        bc.start("g1", leader.replica)
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(times), 2),
+        "median": round(statistics.median(times), 2),
+        "max": round(max(times), 2),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix="txmq-bench-failover-"))
+    etcd = EtcdCluster(base / "etcd", 3).start()
+    settings = default_settings()
+    for kv in args.set or []:
+        k, _, v = kv.partition("=")
+        settings[k] = v
+    out: dict[str, Any] = {"settings": settings, "runs": args.runs}
+    bc = BrokerCluster(base / "brokers", etcd.endpoints, name="bench", groups={"g1": 3})
+    bc.settings = settings
+    try:
+        bc.start_all()
+        await settle(bc)
+        if "sdk" in args.clients:
+            p = AsyncProducer("bench-failover", bc.seeds("g1"), request_timeout=30.0)
+            await p.start()
+            try:
+                times = []
+                for i in range(args.runs):
+                    times.append(await sdk_run(bc, p, etcd if args.kill_etcd_leader else None))
+                    print(f"sdk run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
+            finally:
+                await p.shutdown()
+            out["sdk_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
+        if "cpp" in args.clients:
+            times = []
+            rnd = random.Random(args.seed)
+            for i in range(args.runs):
+                phase = 1.0 + rnd.uniform(0, 30)
+                times.append(await cpp_run(bc, base / "cpp-home", args.interval, phase))
+                print(f"cpp run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
+            out["cpp_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
+    finally:
+        bc.stop_all()
+        etcd.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help="leader kills per client")
+    ap.add_argument("--clients", default="sdk,cpp", help="sdk, cpp or both (comma-separated)")
+    ap.add_argument("--interval", type=float, default=0.1, help="seconds between C++ sends")
+    ap.add_argument("--set", action="append", help="a broker setting KEY=VALUE (repeatable)")
+    ap.add_argument("--seed", type=int, default=1, help="the C++ kill moments")
+    ap.add_argument(
+        "--kill-etcd-leader",
+        action="store_true",
+        help="sdk: SIGKILL etcd's own leader just before the broker leader (restarted after)",
+    )
+    args = ap.parse_args()
+    quiet_logs()
+    out = asyncio.run(main_async(args))
+    for client in ("sdk", "cpp"):
+        s = out.get(f"{client}_s")
+        if s:
+            print(
+                f"{client}: leader SIGKILL -> first acknowledged send: "
+                f"min {s['min']:.2f} s, median {s['median']:.2f} s, max {s['max']:.2f} s "
+                f"({len(s['all'])} runs)"
+            )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""How fast a group replaces a SIGKILLed leader, and that the fast path keeps the fences.
+
+The followers see the dead leader's port refuse their replication connections, say so in etcd,
+and once every other replica agrees they revoke its lease: the election does not wait for the
+lease to expire.  The lease here is 10 s, so a failover under the bound below can only come
+from that path (the lease alone would take more than 10 s).  The SDK asks the group's
+replicas for the leader every 0.15 s after losing its connection, so it follows the new leader
+as soon as it is elected.
+
+The goal (first acknowledged send within 2 s of the kill) is for ``bench/failover.py`` on a
+quiet machine; the bound here, 8 s, leaves room for a loaded CI machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import BrokerCluster
+from tests.support.raw import RawClient
+from txmq.broker.cluster.etcd import Entry
+from txmq.broker.cluster.node import ClusterNode
+from txmq.broker.cluster.view import ClusterView
+from txmq.broker.config import BrokerConfig
+from txmq.client import AsyncProducer, Message
+from txmq.protocol.errors import TxmqError
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "speedy"
+#: Seconds from the kill to the first acknowledged send that a loaded CI machine must meet.
+BOUND_S = 8.0
+#: Longer than BOUND_S: only the early detection can meet the bound.
+LEASE_TTL = 10
+
+
+async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster: Any) -> None:
+    bc: BrokerCluster = make_cluster(settings={"etcdLeaseTtl": LEASE_TTL})
+    leader = await bc.start_group("g1")
+    p = AsyncProducer("speed", bc.seeds("g1"), request_timeout=30.0)
+    await p.start()
+    try:
+        acked = []
+        for i in range(10):
+            await p.send(Message(TOPIC, f"before-{i}".encode()))
+            acked.append(f"before-{i}".encode())
+        t0 = time.monotonic()
+        bc.kill("g1", leader.replica)
+        errors: list[str] = []
+        while True:
+            try:
+                await p.send(Message(TOPIC, b"after"), timeout=30.0)
+                break
+            except TxmqError as exc:
+                errors.append(str(exc))
+                assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
+        took = time.monotonic() - t0
+    finally:
+        await p.shutdown()
+    assert took < BOUND_S, (
+        f"first acknowledged send {took:.2f} s after the leader's SIGKILL (bound {BOUND_S} s, "
+        f"lease {LEASE_TTL} s); errors meanwhile: {errors[-3:]}\n{bc.log_tail()}"
+    )
+    new = await bc.wait_leader("g1", not_replica=leader.replica, timeout=5)
+    revoked = [
+        e
+        for r in bc.replicas.values()
+        if r.replica != leader.replica
+        for e in bc.events("g1", r.replica, "leader_lease_revoked")
+    ]
+    assert revoked, "the new leader was elected without the followers revoking the dead lease"
+    assert all(e["leader"] == leader.replica for e in revoked), revoked
+    c = await RawClient.connect(new.addr)
+    try:
+        stored = {m.body for m in await c.pull_all(TOPIC, 4)}
+    finally:
+        await c.close()
+    missing = [b for b in [*acked, b"after"] if b not in stored]
+    assert not missing, f"acknowledged sends missing on the new leader: {missing}"
+    # The killed replica comes back as a follower of the new epoch and catches up.
+    bc.start("g1", leader.replica)
+    await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
+    st = await bc.group_status("g1")
+    assert st is not None and st["leader"]["replicaId"] == new.replica, st
+
+
+async def test_a_paused_leader_is_not_deposed_before_its_lease_expires(make_cluster: Any) -> None:
+    """A paused (SIGSTOP) leader's port still accepts connections: the followers must wait for
+    its lease, as before (it may wake up and still believe it leads until then)."""
+    ttl = 3
+    bc: BrokerCluster = make_cluster(settings={"etcdLeaseTtl": ttl})
+    old = await bc.start_group("g1")
+    bc.pause("g1", old.replica)
+    t0 = time.monotonic()
+    try:
+        new = await bc.wait_leader("g1", not_replica=old.replica, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        bc.resume("g1", old.replica)
+    revoked = [
+        e for r in bc.replicas.values() for e in bc.events("g1", r.replica, "leader_lease_revoked")
+    ]
+    assert not revoked, f"a paused leader was deposed through the followers: {revoked}"
+    # Its last renewal was at most a third of the TTL before the pause.
+    assert took >= ttl * 2 / 3 - 0.1, f"replica {new.replica} led {took:.2f} s after the pause"
+    await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
+
+
+def view_with(members: list[int], leader: int, votes: dict[int, tuple[int, int]]) -> ClusterView:
+    """A watched copy holding ``members`` of group g, ``leader`` on lease 77 in epoch 3, and
+    each voter's ``(epoch, lease)``."""
+    v = ClusterView("c")
+    k = v.keys
+    table = {k.member("g", m): Entry({"addr": f"h:{m}"}, 1, 10 + m) for m in members}
+    table[k.leader("g")] = Entry({"replicaId": leader, "addr": f"h:{leader}", "epoch": 3}, 2, 77)
+    for rid, (epoch, lease) in votes.items():
+        table[k.down("g", rid)] = Entry({"epoch": epoch, "lease": lease}, 3, 10 + rid)
+    v.update(table)
+    return v
+
+
+def test_down_votes_count_only_for_the_current_leader() -> None:
+    v = view_with([0, 1, 2], 0, {1: (3, 77), 2: (2, 77)})
+    leader = v.leader("g")
+    assert leader is not None
+    # Replica 2's vote is about an older epoch: it does not count.
+    assert v.down_votes("g", leader) == {1}
+    v = view_with([0, 1, 2], 0, {1: (3, 77), 2: (3, 76)})
+    leader = v.leader("g")
+    assert leader is not None
+    assert v.down_votes("g", leader) == {1}, "a vote about another lease counted"
+    v = view_with([0, 1, 2], 0, {1: (3, 77), 2: (3, 77)})
+    leader = v.leader("g")
+    assert leader is not None
+    assert v.down_votes("g", leader) == {1, 2}
+
+
+def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -> None:
+    config = dataclasses.replace(
+        BrokerConfig(),
+        etcd_endpoints="127.0.0.1:1",  # never connected: only the decision is looked at
+        broker_cluster_name="c",
+        broker_name="g",
+        broker_id=1,
+        listen_port=1,
+    )
+    node = ClusterNode(config)
+
+    def gone(members: list[int], votes: dict[int, tuple[int, int]]) -> bool:
+        node.view = view_with(members, 0, votes)
+        leader = node.view.leader("g")
+        assert leader is not None
+        return node._leader_gone(leader)
+
+    assert not gone([0, 1, 2], {1: (3, 77)}), "replica 2, still registered, did not agree"
+    assert not gone([0, 1, 2], {2: (3, 77)}), "this replica did not find the leader gone"
+    assert not gone([0, 1, 2], {1: (3, 77), 2: (2, 77)}), "a vote about an older epoch counted"
+    assert gone([0, 1, 2], {1: (3, 77), 2: (3, 77)})
+    # Replica 2's session is gone (its member key expired): this replica's word is enough.
+    assert gone([0, 1], {1: (3, 77)})
