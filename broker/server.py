@@ -33,6 +33,7 @@ from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.message import MessageExt
 from txmq.protocol.rocketmq_codes import not_supported_remark
 
+from .acl import CONTEXT_KEY as ACL_KEY
 from .acl import AclConfigError, AclManager
 from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, delay_levels
@@ -54,6 +55,7 @@ from .processors.pull import PullMessageProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
+from .quota import QuotaLimits, QuotaManager
 from .schedule import ScheduleMessageService
 from .store import (
     AppendResult,
@@ -209,6 +211,8 @@ class BrokerController:
         #: The ACL in force (``aclEnable``); None when off, so the dispatch pays one check.
         self.acl: AclManager | None = None
         self.index: MessageIndexService | None = None
+        #: Produce, consume and connection quotas; None when none can apply.
+        self.quota: QuotaManager | None = None
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -337,6 +341,7 @@ class BrokerController:
         self.timer = TimerService(ctx)
         self.recovery["timers"] = self.timer.recover()
         self._processors = self.metrics.timed(self._build_processors())
+        self.quota = self._quotas()
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep
@@ -375,6 +380,21 @@ class BrokerController:
             tls=cfg.tls_server_mode,
             max_phy_offset=self.store.max_phy_offset,
             pending_transactions=len(self.transactions.pending),
+        )
+
+    def _quotas(self) -> QuotaManager | None:
+        cfg, acl = self.config, self.acl
+        defaults = QuotaLimits(
+            cfg.quota_produce_byte_rate, cfg.quota_consume_byte_rate, cfg.quota_max_connections
+        )
+        if acl is None and not any(vars(defaults).values()):
+            return None
+        return QuotaManager(
+            defaults,
+            cfg.quota_max_throttle_ms / 1000.0,
+            self.clock,
+            acl.quota_of if acl is not None else lambda _: None,
+            self.metrics.registry,
         )
 
     def served_request_codes(self) -> frozenset[int]:
@@ -511,6 +531,8 @@ class BrokerController:
     def _connection_closed(self, conn: Connection) -> None:
         self._connections.discard(conn)
         self.metrics.connections.set(len(self._connections))
+        if self.quota is not None:
+            self.quota.connection_closed(conn)
         if not self.lifecycle.shutting_down:
             self.clients.connection_closed(conn)
             self.locks.connection_closed(conn)
@@ -535,6 +557,8 @@ class BrokerController:
         try:
             if self.acl is not None:
                 self.acl.check(conn, cmd)
+            if self.quota is not None:
+                return await self.quota.serve(conn, cmd, conn.context.get(ACL_KEY), proc)
             return await proc(conn, cmd)
         except TxmqError as exc:
             self.metrics.record_error(exc.code)
