@@ -476,15 +476,23 @@ class BrokerController:
             _, stuck = await asyncio.wait(self._tasks, timeout=self.config.shutdown_timeout)
             if stuck:
                 log.warning("shutdown_tasks_did_not_stop", tasks=[t.get_name() for t in stuck])
-        await self.transactions.stop()
-        await self.schedule.stop()
-        await self.timer.stop()
-        await self.flush.stop()
-        await self.in_background(self.offsets.persist)
-        await self.persist_topics()
+        # Each step runs even when one before it fails (a read-only or failed disk).
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("transactions", self.transactions.stop),
+            ("schedule", self.schedule.stop),
+            ("timer", self.timer.stop),
+            ("flush", self.flush.stop),
+            ("offsets", lambda: self.in_background(self.offsets.persist)),
+            ("topics", self.persist_topics),
+        ]
         if self.index is not None:
-            await self.index.close()
-        await self.in_background(self.store.close)  # its final flush fsyncs
+            steps.append(("index", self.index.close))
+        steps.append(("store", lambda: self.in_background(self.store.close)))  # fsyncs
+        for name, step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                log.error("shutdown_step_failed", step=name, error=repr(exc))
         self._meta_executor.shutdown(wait=True)
         if self.ops is not None:
             self.ops.stop()
@@ -608,11 +616,15 @@ class BrokerController:
             try:
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
-                await self.flush.flush_queues(force=False)
-                if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
-                    await self.in_background(self.offsets.persist)
-                    last_offsets = now
-                await self.persist_topics()
+                for reason in ("disk_full", "read_only"):
+                    on = self.store.writes_refused_cause == reason
+                    self.metrics.writes_refused_reason.labels(reason).set(1 if on else 0)
+                if self.store.writes_refused_cause != "read_only":  # kept until writable
+                    await self.flush.flush_queues(force=False)
+                    if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
+                        await self.in_background(self.offsets.persist)
+                        last_offsets = now
+                    await self.persist_topics()
                 if self.acl is not None:
                     changed = await self.in_background(self.acl.poll)
                     if changed is not None:
