@@ -10,12 +10,14 @@ stop accepting, answer parked pulls, finish in-flight requests, stop services, f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import functools
 import gc
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import time
@@ -673,6 +675,11 @@ def run_until_signal(make: Callable[[], _Service]) -> int:
     # collector runs thousands of times per batch and rescans the table, about a tenth of the
     # broker's time.  Young collections every 50,000 allocations make that negligible.
     gc.set_threshold(*BROKER_GC_THRESHOLDS)
+    # Every client connection is a file: take the hard limit on open files, not the soft one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit is refused
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> int:
         service = make()
