@@ -136,6 +136,10 @@ async def bind_broker_port(
     )
 
 
+#: Bytes of answers a client may leave unread before its next request waits for it to read
+#: them (``maxConnectionWriteBuffer`` when smaller): what a client that stops reading holds.
+ANSWER_WINDOW = 4 * 1024 * 1024
+
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 #: Requests still served while shutting down (answers to in-flight transactions).
@@ -189,6 +193,7 @@ class BrokerController:
         self._limits = ConnectionLimits(
             max_write_buffer=config.max_connection_write_buffer,
             frame_timeout=config.frame_read_timeout / 1000.0,
+            answer_window=min(config.max_connection_write_buffer, ANSWER_WINDOW),
             on_dropped=self._connection_dropped,
         )
         self.clock = clock

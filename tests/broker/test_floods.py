@@ -1,12 +1,14 @@
 """Floods the broker must shrug off, in the small (bench/floods.py has the full sizes and
 figures): a thousand idle connections and two hundred parked long polls while another client
 sends; it keeps its latency, every parked pull is still answered when its message arrives, and
-what the floods held is released when they go."""
+what the floods held is released when they go.  Clients that pipeline pulls and stop reading
+hold no more than the answer window each and are dropped."""
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -16,10 +18,11 @@ import pytest
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
+from txmq.broker.server import ANSWER_WINDOW, BrokerController
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
+from txmq.protocol.frame import encode_frame
 from txmq.protocol.headers import PullMessageRequestHeader
 
 IDLE = 1000
@@ -132,3 +135,56 @@ async def test_idle_connections_and_parked_polls_leave_other_clients_served(
         finally:
             await probe.close()
             await b.shutdown()
+
+
+async def test_clients_that_stop_reading_hold_a_bounded_backlog_and_are_dropped(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    """Each pipelines 200 pulls of about 128 KiB answers (25 MiB, under the default 64 MiB
+    maxConnectionWriteBuffer) and reads nothing: the broker answers up to the answer window,
+    holds the rest of the requests unanswered, and drops them after frameReadTimeout."""
+    b = BrokerController(make_broker_config(frame_read_timeout=2000))
+    await b.start()
+    c = await RawClient.connect(b.address)
+    host, _, port = b.address.rpartition(":")
+    greedy: list[socket.socket] = []
+    try:
+        for i in range(64):
+            assert (await c.send("wide", bytes(4000) + b"%d" % i, queue_id=0)).code == 0
+        pull = PullMessageRequestHeader(
+            consumer_group="g",
+            topic="wide",
+            queue_id=0,
+            queue_offset=0,
+            max_msg_nums=32,
+            sys_flag=0x4,
+            subscription="*",
+        )
+        frames = b"".join(
+            encode_frame(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields()))
+            for _ in range(200)
+        )
+        for _ in range(5):
+            s = socket.create_connection((host, int(port)))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(frames)
+            greedy.append(s)
+        await wait_until(lambda: len(b._connections) == 6, 10)
+        # Each holds at most the window and the answer that crossed it, not 25 MiB.
+        bound = ANSWER_WINDOW + 256 * 1024
+        peak = 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            peak = max([peak, *(conn.backlog for conn in b._connections)])
+            await asyncio.sleep(0.05)  # sampling the backlog while the clients sit still
+        assert 0 < peak <= bound, (peak, bound)
+        # Everyone else is served meanwhile.
+        assert (await c.send("wide", b"after", queue_id=1)).code == ResponseCode.SUCCESS
+        await wait_until(lambda: len(b._connections) == 1, 30, "the readers-of-nothing dropped")
+        dropped = b.metrics.snapshot().get("txmq_connections_dropped_total", 0.0)
+        assert dropped == len(greedy), dropped
+    finally:
+        for s in greedy:
+            s.close()
+        await c.close()
+        await b.shutdown()
