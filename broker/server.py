@@ -138,7 +138,7 @@ async def bind_broker_port(
 
 #: Bytes of answers a client may leave unread before its next request waits for it to read
 #: them (``maxConnectionWriteBuffer`` when smaller): what a client that stops reading holds.
-ANSWER_WINDOW = 4 * 1024 * 1024
+ANSWER_WINDOW = 1024 * 1024
 
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
