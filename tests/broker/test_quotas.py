@@ -19,8 +19,10 @@ from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
 from txmq.broker.server import BrokerController
+from txmq.client import AsyncProducer, ClientConfig, Message
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.errors import SystemBusyError
 
 RATE = 64 * 1024
 ACL_FILE = f"""
@@ -224,3 +226,36 @@ def test_quota_settings_are_checked() -> None:
     assert acct.quota.produce_byte_rate == 1000 and acct.quota.max_connections is None
     with pytest.raises(ConfigError, match="quotaMaxConnections"):
         BrokerConfig(quota_max_connections=-1)
+
+
+async def test_the_sdk_producer_slows_to_its_rate_and_sees_the_refusal(
+    quota_broker: BrokerController, make_broker_config: Callable[..., BrokerConfig]
+) -> None:
+    # Within quotaMaxThrottleMs the answers are only delayed: a producer sending one message
+    # at a time slows to its account's rate, every send stored.
+    flooder = ClientConfig(access_key="flooder", secret_key="secret-flood-1")
+    body = b"s" * (32 * 1024)
+    async with AsyncProducer("sdk-slow", quota_broker.address, config=flooder) as producer:
+        t0 = time.monotonic()
+        for _ in range(6):  # 192 KiB at 64 KiB/s: 1.5 s (a 64 KiB burst, the last debt unpaid)
+            await producer.send(Message("sdk-slow", body))
+        took = time.monotonic() - t0
+    assert took >= 1.2, took
+    assert throttled(quota_broker, "flooder", "produce") > 0
+
+    # Refused past it (here at once: quotaMaxThrottleMs 0): the SDK retries SYSTEM_BUSY, then
+    # raises it with the broker's words.
+    b = BrokerController(
+        make_broker_config(quota_produce_byte_rate=8 * 1024, quota_max_throttle_ms=0)
+    )
+    await b.start()
+    try:
+        async with AsyncProducer("sdk-busy", b.address) as producer:
+            # Passes (no debt yet) and leaves five seconds of debt.
+            await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
+            with pytest.raises(SystemBusyError, match=r"\[TOO_MANY_REQUESTS\] client address"):
+                await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
+        # Each attempt, the SDK's retries included, was refused and counted.
+        assert throttled(b, "address:127.0.0.1", "produce") == 3
+    finally:
+        await b.shutdown()
