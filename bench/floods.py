@@ -53,8 +53,14 @@ _ids = UniqIdGenerator()
 FLOODS = ("idle", "parked", "noread", "loris", "topics")
 
 
-def raise_nofile() -> int:
+def raise_nofile(want: int = 262_144) -> int:
+    """Open files: ``want`` where allowed (root may raise the hard limit), else the hard
+    limit.  Every connection is a file, and so is every consume queue the broker has open (two:
+    Python's mmap keeps a duplicate descriptor)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, soft), max(want, hard)))
+        return want
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
