@@ -12,7 +12,8 @@ Floods (each set up, held while the probe runs, then taken down):
   (maxConnectionWriteBuffer drops them; reading their requests pauses before);
 * ``loris``: 200 connections that send a frame's first bytes and then one byte a second
   (frameReadTimeout drops them: the script waits for it, up to ``--loris-wait`` s);
-* ``topics``: 10,000 topics created by their first send, one message pulled from each.
+* ``topics``: 10,000 topics (``--topics``) created by their first send, one message pulled from
+  each (every used consume queue holds two open files: the broker needs the room).
 
 The probe is a separate process (so the flood's own client work is not in its figures): one
 connection, sequential 256-byte SEND_MESSAGE_V2 for ``--probe-seconds``; it reports p50 and
@@ -266,9 +267,8 @@ LORIS_NOTE: list[str] = []
 
 
 @contextlib.asynccontextmanager
-async def topics(address: str) -> AsyncIterator[str]:
+async def topics(address: str, n: int) -> AsyncIterator[str]:
     conns = [await connect(address) for _ in range(4)]
-    n = 10_000
     t0 = time.monotonic()
 
     async def make(k: int) -> None:
@@ -308,7 +308,7 @@ async def main(args: argparse.Namespace) -> None:
             "parked": lambda: parked(address),
             "noread": lambda: noread(address),
             "loris": lambda: loris(address, args.loris_wait),
-            "topics": lambda: topics(address),
+            "topics": lambda: topics(address, args.topics),
         }
         for name in chosen:
             before = rss_mib(pid)
@@ -337,6 +337,7 @@ def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--floods", default=",".join(FLOODS), help="comma list of " + ", ".join(FLOODS))
     ap.add_argument("--probe-seconds", type=float, default=5.0)
+    ap.add_argument("--topics", type=int, default=10_000, help="topics of the topics flood")
     ap.add_argument("--loris-wait", type=float, default=45.0, help="seconds to wait for the drops")
     ap.add_argument("--probe", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = ap.parse_args()
