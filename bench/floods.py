@@ -298,6 +298,7 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.sleep(1.0)
         run_probe(address, 1.0)  # warm-up
         base = run_probe(address, args.probe_seconds)
+        print(f"unloaded: {json.dumps(base)} rss_mib {rss_mib(pid)}")
         rows: dict[str, object] = {
             "nofile": nofile,
             "unloaded": base,
