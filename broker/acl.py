@@ -47,6 +47,8 @@ from txmq.protocol.headers import (
 from txmq.protocol.locks import LockBatchRequest
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 
+from .quota import QuotaLimits
+
 if TYPE_CHECKING:
     from txmq.protocol.aio import Connection
 
@@ -214,6 +216,8 @@ class Account:
     default_group_perm: int = DENY
     topic_perms: dict[str, int] = field(default_factory=dict)
     group_perms: dict[str, int] = field(default_factory=dict)
+    #: The account's own quotas (``produceByteRate``, ``consumeByteRate``, ``maxConnections``).
+    quota: QuotaLimits = field(default_factory=QuotaLimits)
 
     def perm(self, resource: str, group: bool) -> int:
         table = self.group_perms if group else self.topic_perms
@@ -253,6 +257,20 @@ def _as_bool(value: Any, where: str) -> bool:
     if s in ("true", "false"):
         return s == "true"
     raise AclConfigError(f"{where} must be true or false, got {value!r}")
+
+
+def _as_limit(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise AclConfigError(f"{where} must be a whole number, got {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise AclConfigError(f"{where} must be a whole number, got {value!r}") from None
+    if n < 0:
+        raise AclConfigError(f"{where} must be 0 (unlimited) or more, got {n}")
+    return n
 
 
 def _resource_perms(value: Any, where: str) -> dict[str, int]:
@@ -310,6 +328,12 @@ def parse_acl_document(doc: Any, source: str) -> AclConfig:
             ),
             topic_perms=_resource_perms(raw.get("topicPerms"), f"{where}.topicPerms"),
             group_perms=_resource_perms(raw.get("groupPerms"), f"{where}.groupPerms"),
+            quota=QuotaLimits(
+                *(
+                    _as_limit(raw.get(k), f"{where}.{k}")
+                    for k in ("produceByteRate", "consumeByteRate", "maxConnections")
+                )
+            ),
         )
     return AclConfig(white, accounts)
 
@@ -666,6 +690,11 @@ class AclManager:
         admin_only, needs = requirements(cmd, self.transactions)
         self.authorize(account, admin_only, needs, what, where)
         conn.context[CONTEXT_KEY] = account.access_key
+
+    def quota_of(self, access_key: str) -> QuotaLimits | None:
+        """An account's own quotas under the accounts in force now (None: no such account)."""
+        account = self.config.accounts.get(access_key)
+        return None if account is None else account.quota
 
     def may(self, host: str, ak: str | None, need: Need) -> bool:
         """Whether a peer at ``host`` authenticated as ``ak`` ("" when it was trusted) holds

@@ -168,6 +168,16 @@ class BrokerConfig:
     #: The accounts, in RocketMQ's plain_acl.yml format (relative to the working directory,
     #: like storePathRootDir).
     plain_acl_file: str = "config/plain_acl.yml"
+    #: Quotas (docs/operations.md): the default produce and consume byte rates (bytes/s) and
+    #: open connections of an ACL account without its own (``produceByteRate``,
+    #: ``consumeByteRate``, ``maxConnections`` in its entry), and of each client address when
+    #: clients have no account; 0 = unlimited.
+    quota_produce_byte_rate: int = 0
+    quota_consume_byte_rate: int = 0
+    quota_max_connections: int = 0
+    #: A request over a byte rate is delayed up to this long (ms); one that would wait longer
+    #: is refused with SYSTEM_BUSY ``[TOO_MANY_REQUESTS]``.
+    quota_max_throttle_ms: int = 1000
     #: TLS on the remoting port (RocketMQ's ``tls.server.mode``): ``disabled``, ``permissive``
     #: (TLS and plain clients on one port) or ``enforcing`` (TLS only).
     tls_server_mode: str = "disabled"
@@ -216,6 +226,14 @@ class BrokerConfig:
             raise ConfigError(
                 f"diskRefuseWritesRatio must be 1..100, got {self.disk_refuse_writes_ratio}"
             )
+        for attr in (
+            "quota_produce_byte_rate",
+            "quota_consume_byte_rate",
+            "quota_max_connections",
+            "quota_max_throttle_ms",
+        ):
+            if getattr(self, attr) < 0:
+                raise ConfigError(f"{key_name(attr)} must be 0 or more, got {getattr(self, attr)}")
         if self.etcd_endpoints:
             if self.listen_port == 0:
                 raise ConfigError("cluster mode (etcdEndpoints) needs a fixed listenPort")

@@ -86,7 +86,12 @@ class BrokerMetrics:
         self.flushes = c("txmq_flushes", "Commit-log fsyncs")
         self.writes_refused = g(
             "txmq_writes_refused",
-            "1 while writes are refused because the disk is full (diskRefuseWritesRatio)",
+            "1 while writes are refused (the disk is full, or its filesystem is read-only)",
+        )
+        self.writes_refused_reason = g(
+            "txmq_writes_refused_reason",
+            "1 for the reason writes are refused now: disk_full or read_only",
+            ["reason"],
         )
         self.dedup_hits = c(
             "txmq_dedup_hits",

@@ -10,12 +10,14 @@ stop accepting, answer parked pulls, finish in-flight requests, stop services, f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import functools
 import gc
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import time
@@ -34,6 +36,7 @@ from txmq.protocol.message import MessageExt
 from txmq.protocol.rocketmq_codes import not_supported_remark
 
 from . import runtime_config
+from .acl import CONTEXT_KEY as ACL_KEY
 from .acl import AclConfigError, AclManager
 from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, attr_name, delay_levels
@@ -55,6 +58,7 @@ from .processors.pull import PullMessageProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.send import SendMessageProcessor
 from .processors.transaction import TransactionProcessor
+from .quota import QuotaLimits, QuotaManager
 from .schedule import ScheduleMessageService
 from .store import (
     AppendResult,
@@ -135,6 +139,10 @@ async def bind_broker_port(
     )
 
 
+#: Bytes of answers a client may leave unread before its next request waits for it to read
+#: them (``maxConnectionWriteBuffer`` when smaller): what a client that stops reading holds.
+ANSWER_WINDOW = 1024 * 1024
+
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 #: Requests still served while shutting down (answers to in-flight transactions).
@@ -188,6 +196,7 @@ class BrokerController:
         self._limits = ConnectionLimits(
             max_write_buffer=config.max_connection_write_buffer,
             frame_timeout=config.frame_read_timeout / 1000.0,
+            answer_window=min(config.max_connection_write_buffer, ANSWER_WINDOW),
             on_dropped=self._connection_dropped,
         )
         self.clock = clock
@@ -212,6 +221,8 @@ class BrokerController:
         #: The ACL in force (``aclEnable``); None when off, so the dispatch pays one check.
         self.acl: AclManager | None = None
         self.index: MessageIndexService | None = None
+        #: Produce, consume and connection quotas; None when none can apply.
+        self.quota: QuotaManager | None = None
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -350,6 +361,7 @@ class BrokerController:
         self.timer = TimerService(ctx)
         self.recovery["timers"] = self.timer.recover()
         self._processors = self.metrics.timed(self._build_processors())
+        self.quota = self._quotas()
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep
@@ -389,6 +401,21 @@ class BrokerController:
             tls=cfg.tls_server_mode,
             max_phy_offset=self.store.max_phy_offset,
             pending_transactions=len(self.transactions.pending),
+        )
+
+    def _quotas(self) -> QuotaManager | None:
+        cfg, acl = self.config, self.acl
+        defaults = QuotaLimits(
+            cfg.quota_produce_byte_rate, cfg.quota_consume_byte_rate, cfg.quota_max_connections
+        )
+        if acl is None and not any(vars(defaults).values()):
+            return None
+        return QuotaManager(
+            defaults,
+            cfg.quota_max_throttle_ms / 1000.0,
+            self.clock,
+            acl.quota_of if acl is not None else lambda _: None,
+            self.metrics.registry,
         )
 
     def served_request_codes(self) -> frozenset[int]:
@@ -497,15 +524,23 @@ class BrokerController:
             _, stuck = await asyncio.wait(self._tasks, timeout=self.config.shutdown_timeout)
             if stuck:
                 log.warning("shutdown_tasks_did_not_stop", tasks=[t.get_name() for t in stuck])
-        await self.transactions.stop()
-        await self.schedule.stop()
-        await self.timer.stop()
-        await self.flush.stop()
-        await self.in_background(self.offsets.persist)
-        await self.persist_topics()
+        # Each step runs even when one before it fails (a read-only or failed disk).
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("transactions", self.transactions.stop),
+            ("schedule", self.schedule.stop),
+            ("timer", self.timer.stop),
+            ("flush", self.flush.stop),
+            ("offsets", lambda: self.in_background(self.offsets.persist)),
+            ("topics", self.persist_topics),
+        ]
         if self.index is not None:
-            await self.index.close()
-        await self.in_background(self.store.close)  # its final flush fsyncs
+            steps.append(("index", self.index.close))
+        steps.append(("store", lambda: self.in_background(self.store.close)))  # fsyncs
+        for name, step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                log.error("shutdown_step_failed", step=name, error=repr(exc))
         self._meta_executor.shutdown(wait=True)
         if self.ops is not None:
             self.ops.stop()
@@ -552,6 +587,8 @@ class BrokerController:
     def _connection_closed(self, conn: Connection) -> None:
         self._connections.discard(conn)
         self.metrics.connections.set(len(self._connections))
+        if self.quota is not None:
+            self.quota.connection_closed(conn)
         if not self.lifecycle.shutting_down:
             self.clients.connection_closed(conn)
             self.locks.connection_closed(conn)
@@ -576,6 +613,8 @@ class BrokerController:
         try:
             if self.acl is not None:
                 self.acl.check(conn, cmd)
+            if self.quota is not None:
+                return await self.quota.serve(conn, cmd, conn.context.get(ACL_KEY), proc)
             return await proc(conn, cmd)
         except TxmqError as exc:
             self.metrics.record_error(exc.code)
@@ -625,11 +664,15 @@ class BrokerController:
             try:
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
-                await self.flush.flush_queues(force=False)
-                if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
-                    await self.in_background(self.offsets.persist)
-                    last_offsets = now
-                await self.persist_topics()
+                for reason in ("disk_full", "read_only"):
+                    on = self.store.writes_refused_cause == reason
+                    self.metrics.writes_refused_reason.labels(reason).set(1 if on else 0)
+                if self.store.writes_refused_cause != "read_only":  # kept until writable
+                    await self.flush.flush_queues(force=False)
+                    if now - last_offsets >= cfg.flush_consumer_offset_interval / 1000.0:
+                        await self.in_background(self.offsets.persist)
+                        last_offsets = now
+                    await self.persist_topics()
                 if self.acl is not None:
                     changed = await self.in_background(self.acl.poll)
                     if changed is not None:
@@ -678,6 +721,11 @@ def run_until_signal(make: Callable[[], _Service]) -> int:
     # collector runs thousands of times per batch and rescans the table, about a tenth of the
     # broker's time.  Young collections every 50,000 allocations make that negligible.
     gc.set_threshold(*BROKER_GC_THRESHOLDS)
+    # Every client connection is a file: take the hard limit on open files, not the soft one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit is refused
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> int:
         service = make()

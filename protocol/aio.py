@@ -77,12 +77,17 @@ class ConnectionLimits:
         max_write_buffer: bytes of answers the peer has not read yet past which it is dropped
             (0: no bound).  Reading its requests pauses long before, at the transport's high
             water mark, so a peer that stops reading stops being served.
-        frame_timeout: seconds a frame may take from its first byte to its last (0: no bound).
+        frame_timeout: seconds a frame may take from its first byte to its last (0: no bound);
+            also how long a peer may leave ``answer_window`` unread before it is dropped.
+        answer_window: bytes of answers not taken by the peer yet past which its next request
+            waits for it to read them (0: no wait).  Requests already read are otherwise all
+            answered at once, however many a peer that stopped reading pipelined.
         on_dropped: told of every connection dropped, and why.
     """
 
     max_write_buffer: int = 0
     frame_timeout: float = 0.0
+    answer_window: int = 0
     on_dropped: Callable[[Connection, str], None] | None = None
 
 
@@ -122,6 +127,7 @@ class Connection(asyncio.Protocol):
         #: Frames written in this turn of the event loop, handed to the transport together at
         #: its end: one send() for all the answers (or requests) of a turn instead of one each.
         self._wbuf: list[bytes] = []
+        self._wbuf_bytes = 0
         self._closed = asyncio.get_running_loop().create_future()
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -192,6 +198,7 @@ class Connection(asyncio.Protocol):
         if limits is not None and limits.on_dropped is not None:
             limits.on_dropped(self, reason)
         self._wbuf.clear()
+        self._wbuf_bytes = 0
         transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -200,6 +207,7 @@ class Connection(asyncio.Protocol):
             self._frame_timer.cancel()
             self._frame_timer = None
         self._wbuf.clear()
+        self._wbuf_bytes = 0
         err = ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} closed")
         for fut in self._pending.values():
             if not fut.done():
@@ -264,6 +272,14 @@ class Connection(asyncio.Protocol):
 
     async def _handle(self, cmd: RemotingCommand) -> None:
         assert self.handler is not None
+        limits = self.limits
+        if (
+            limits is not None
+            and limits.answer_window
+            and self.backlog > limits.answer_window
+            and not await self._room_for_answers(limits)
+        ):
+            return
         try:
             resp = await self.handler(self, cmd)
         except TxmqError as exc:
@@ -278,6 +294,29 @@ class Connection(asyncio.Protocol):
             if self.closed:
                 return  # the peer left before its answer was ready; nobody to tell
             self.write(resp)
+
+    async def _room_for_answers(self, limits: ConnectionLimits) -> bool:
+        """Wait until the peer has read its answers down to ``answer_window``; a peer that
+        reads nothing for ``frame_timeout`` is dropped (False: the connection is gone)."""
+        while not self.closed and self.backlog > limits.answer_window:
+            self._flush_writes()
+            if not self._write_paused:
+                break  # the transport took them
+            fut = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            timeout = limits.frame_timeout or None
+            await asyncio.wait({fut}, timeout=timeout)
+            if not fut.done():
+                fut.cancel()
+                self.drop(f"answers not read for {timeout:g}s")
+        return not self.closed
+
+    @property
+    def backlog(self) -> int:
+        """Bytes of answers (or requests) written and not taken by the peer yet."""
+        transport = self._transport
+        pending = transport.get_write_buffer_size() if transport is not None else 0
+        return self._wbuf_bytes + pending
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -299,15 +338,20 @@ class Connection(asyncio.Protocol):
         if not buf:
             asyncio.get_running_loop().call_soon(self._flush_writes)
         if len(cmd.body) < LARGE_BODY:
-            buf.append(encode_frame(cmd))
+            frame = encode_frame(cmd)
+            buf.append(frame)
+            self._wbuf_bytes += len(frame)
         else:  # a large body (a pull answer, a batch) goes out as it is, not copied after its head
-            buf += (encode_frame_head(cmd), cmd.body)
+            head = encode_frame_head(cmd)
+            buf += (head, cmd.body)
+            self._wbuf_bytes += len(head) + len(cmd.body)
 
     def _flush_writes(self) -> None:
         buf = self._wbuf
         if not buf:
             return
         self._wbuf = []
+        self._wbuf_bytes = 0
         transport = self._transport
         if transport is None or transport.is_closing():
             return  # the peer left; nobody to tell

@@ -691,6 +691,20 @@ class CommitLog:
                 self.flushed = target
             return self.flushed
 
+    def probe_write(self) -> None:
+        """Write one zero byte where the next append goes (there are zeros there already, and
+        the append overwrites it): whether the filesystem takes writes to the active segment.
+
+        Raises:
+            OSError: it does not (EROFS on a filesystem gone read-only).
+        """
+        with self._lock:
+            seg = self._segments[-1] if self._segments else None
+            pos = self.write_pos
+            if seg is None or seg.fd is None or pos >= seg.end:
+                return
+            os.pwrite(seg.fd, b"\0", pos - seg.start)
+
     # -- retention (owner thread) ---------------------------------------------------------------
 
     def delete_first_segment(self, reason: str) -> MappedFile:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import fcntl
 import os
 import re
@@ -104,6 +105,16 @@ MAX_TOPIC_BYTES = 255
 MAX_FILTER_SCAN = 800
 #: Segments retention deletes per call at most (RocketMQ's deleteCommitLogFilesBatchMax).
 DELETE_FILES_BATCH_MAX = 10
+
+
+def _read_only_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is EROFS."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.EROFS:
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _used_percent(used: int, total: int) -> float:
@@ -432,8 +443,17 @@ class MessageStore:
         self._msg_id_prefix = self._host_bytes.hex().upper()
         self._lock_fd: int | None = None
         self._open = False
-        #: Why writes are refused now (the disk is full), None while they are accepted.
+        #: Why writes are refused now (the disk is full, the filesystem is read-only), None
+        #: while they are accepted; :attr:`writes_refused_cause` names the reason
+        #: (``disk_full``, ``read_only``).
         self.writes_refused: str | None = None
+        self.writes_refused_cause: str | None = None
+        #: A write or fsync failed with EROFS: the filesystem went read-only under the store
+        #: (ext4's errors=remount-ro does that without statvfs saying so); cleared once a write
+        #: probe succeeds again.
+        self._read_only_seen = False
+        #: How the filesystem's flags are read (``os.statvfs``; a seam for tests).
+        self.statvfs: Callable[[str], os.statvfs_result] = os.statvfs
         self._short_of_space_warned = False
         self._last_checkpoint: tuple[int, dict[tuple[str, int], int]] | None = None
         self._put_count = 0
@@ -806,6 +826,22 @@ class MessageStore:
         total: int,
         counts: dict[tuple[str, int], int],
     ) -> tuple[list[tuple[int, int, int]], int]:
+        """:meth:`_append_records`; a write the filesystem refuses as read-only turns writes
+        off (ServiceNotAvailableError saying so) until it takes writes again."""
+        try:
+            return self._append_records(records, total, counts)
+        except OSError as exc:
+            if not _read_only_error(exc):
+                raise
+            self._note_read_only(exc)
+            raise ServiceNotAvailableError(self.writes_refused or str(exc)) from exc
+
+    def _append_records(
+        self,
+        records: list[EncodedMessage],
+        total: int,
+        counts: dict[tuple[str, int], int],
+    ) -> tuple[list[tuple[int, int, int]], int]:
         """Write checked records (``total`` bytes with their record headers; ``counts``: how
         many go to each consume queue) as one contiguous append.  Each record is built with its
         final offsets: record header, fixed head, body (not copied here) and tail, joined once
@@ -997,7 +1033,12 @@ class MessageStore:
         Returns:
             The new flushed offset.
         """
-        return self._commit_log.flush()
+        try:
+            return self._commit_log.flush()
+        except OSError as exc:
+            if _read_only_error(exc):
+                self._note_read_only(exc)
+            raise
 
     def flush_consume_queues(self) -> None:
         """fsync the consume queues (and the commit log up to the same point), then write the
@@ -1401,12 +1442,64 @@ class MessageStore:
                 "diskFullPolicy=delete_oldest to let retention delete the oldest",
             )
 
+    # -- a read-only filesystem -----------------------------------------------------------------
+
+    def _note_read_only(self, exc: OSError) -> None:
+        """A write failed with EROFS: refuse writes now, saying why."""
+        self._read_only_seen = True
+        if self.writes_refused_cause != "read_only":
+            self._refuse_read_only(str(exc))
+
+    def _refuse_read_only(self, detail: str) -> None:
+        self.writes_refused = (
+            f"the filesystem holding the store ({self._root}) is read-only: writes are refused "
+            "until it is writable again"
+        )
+        self.writes_refused_cause = "read_only"
+        log.error("writes_refused", cause="read_only", store=self._root, error=detail)
+
+    def _read_only_now(self) -> str | None:
+        """Why the store's filesystem takes no writes (mounted read-only, or a write probe
+        fails with EROFS after a write did), None when it takes them."""
+        try:
+            if self.statvfs(self._root).f_flag & os.ST_RDONLY:
+                return "mounted read-only"
+        except OSError as exc:
+            return str(exc)
+        if not self._read_only_seen:
+            return None
+        # Probe: a file in the store folder, and a zero byte where the next append goes (it is
+        # zeros there already, and the append overwrites it).
+        probe = os.path.join(self._root, ".write-probe")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, b"\0")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(probe)
+            self._commit_log.probe_write()
+        except OSError as exc:
+            return str(exc)
+        self._read_only_seen = False
+        return None
+
     def check_space(self, freed: int = 0) -> str | None:
-        """Look at the disk: past ``disk_refuse_writes_ratio`` percent, writes are refused
-        (:attr:`writes_refused` says why) until it is below again.  Cheap enough to call every
-        second; ``freed``: bytes just deleted whose files may still be open."""
+        """Look at the disk: a read-only filesystem, or past ``disk_refuse_writes_ratio``
+        percent used, refuses writes (:attr:`writes_refused` says why,
+        :attr:`writes_refused_cause` names the reason) until that is over.  Cheap enough to call
+        every second; ``freed``: bytes just deleted whose files may still be open."""
         if not self._open:
             return self.writes_refused
+        read_only = self._read_only_now()
+        if read_only is not None:
+            if self.writes_refused_cause != "read_only":
+                self._refuse_read_only(read_only)
+            return self.writes_refused
+        if self.writes_refused_cause == "read_only":
+            log.info("writes_accepted_again", cause="read_only", store=self._root)
+            self.writes_refused = self.writes_refused_cause = None
         usage = shutil.disk_usage(self._root)
         used = _used_percent(usage.used - freed, usage.total)
         limit = self.config.disk_refuse_writes_ratio
@@ -1416,10 +1509,11 @@ class MessageStore:
                 f"the disk holding the store is {used:.0f}% full (diskRefuseWritesRatio {limit}%): "
                 "writes are refused until space is freed"
             )
+            self.writes_refused_cause = "disk_full"
             if was is None:
                 log.warning("writes_refused", used_percent=round(used, 1), limit=limit)
         else:
-            self.writes_refused = None
+            self.writes_refused = self.writes_refused_cause = None
             if was is not None:
                 log.info("writes_accepted_again", used_percent=round(used, 1), limit=limit)
             if used <= self.config.disk_max_used_space_ratio:
