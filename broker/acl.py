@@ -276,7 +276,7 @@ def parse_acl_document(doc: Any, source: str) -> AclConfig:
     if not isinstance(doc, dict):
         raise AclConfigError(f"{source}: the top level must be a mapping")
     known = {"globalWhiteRemoteAddresses", "accounts", "dataVersion"}
-    unknown = sorted(set(doc) - known)
+    unknown = sorted(map(str, set(doc) - known))
     if unknown:
         raise AclConfigError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}")
     white = tuple(
@@ -325,6 +325,10 @@ def load_acl_file(path: str) -> AclConfig:
         raise AclConfigError(f"ACL file {path} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise AclConfigError(f"ACL file {path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise AclConfigError(f"ACL file {path} is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise AclConfigError(f"ACL file {path} is nested too deeply") from None
     return parse_acl_document(doc, path)
 
 

@@ -149,6 +149,8 @@ def check_message(m: Any, max_body: int) -> None:
         raise GrpcStatusError(Code.ILLEGAL_TOPIC, "the topic name is empty")
     if not sp.message_id:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, "the message id is empty")
+    if any(c in sp.message_id for c in "\x01\x02"):
+        raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"illegal message id {sp.message_id!r}")
     if not m.body:
         raise GrpcStatusError(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
     if len(m.body) > max_body:
