@@ -383,19 +383,23 @@ def _field(ext: dict[str, Any], key: str) -> str | None:
     return None if v is None or v == "" else str(v)
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _heartbeat_needs(body: bytes) -> list[Need]:
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return []  # the processor answers what is wrong with it
     needs: list[Need] = []
     if not isinstance(data, dict):
         return needs
-    for c in data.get("consumerDataSet") or []:
+    for c in _list(data.get("consumerDataSet")):
         if not isinstance(c, dict) or not c.get("groupName"):
             continue
         needs.append(Need(str(c["groupName"]), True, SUB))
-        for s in c.get("subscriptionDataSet") or []:
+        for s in _list(c.get("subscriptionDataSet")):
             if isinstance(s, dict) and s.get("topic"):
                 needs.append(topic_or_group(str(s["topic"]), SUB))
     return needs

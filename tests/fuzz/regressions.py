@@ -60,6 +60,16 @@ REGRESSIONS: list[tuple[str, str, bytes]] = [
     ("check_state", "check-state-list", b"[1]"),
     ("check_state", "check-state-not-utf8", b"\xff"),
     ("check_state", "check-state-short-row", b'{"checks": {"t": [1]}}'),
+    # JSON bodies nested deeper than the recursion limit: RecursionError escaped each parser
+    # (heartbeat, queue locks and their answer, transactional offsets) and the ACL's reading.
+    *[("remoting_body", f"body-deep-json-{k}", bytes([k]) + b"[" * 5000) for k in range(4)],
+    # The ACL's reading of a heartbeat iterated a consumerDataSet that was a number (TypeError).
+    ("remoting_body", "heartbeat-consumer-data-set-number", b'\x00{"consumerDataSet": 5}'),
+    (
+        "remoting_body",
+        "heartbeat-subscription-data-set-number",
+        b'\x00{"consumerDataSet": [{"groupName": "g", "subscriptionDataSet": 5}]}',
+    ),
     # OpRecord.decode: a RESUME record carrying "c" kept it, and did not encode back the same.
     (
         "op_record",

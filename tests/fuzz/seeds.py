@@ -11,7 +11,6 @@ import json
 import os
 import sys
 
-from txmq.broker.grpc.consumption import RUN_ID
 from txmq.broker.grpc.v2 import definition_pb2 as pb
 from txmq.broker.grpc.v2 import service_pb2 as spb
 from txmq.broker.transaction import snapshot
@@ -25,12 +24,14 @@ from txmq.protocol.headers import (
     PullMessageRequestHeader,
     SendMessageRequestHeader,
 )
+from txmq.protocol.locks import LockBatchRequest, encode_lock_response
 from txmq.protocol.message import (
     MessageExt,
     encode_batch,
     encode_message,
     properties_to_string,
 )
+from txmq.protocol.txn_offsets import QueueOffset, TxnOffsets
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -92,6 +93,32 @@ def _commands() -> list[RemotingCommand]:
     return out
 
 
+def _bodies() -> list[bytes]:
+    heartbeat = {
+        "clientID": "10.0.0.1@1234",
+        "producerDataSet": [{"groupName": "pg"}],
+        "consumerDataSet": [
+            {
+                "groupName": "cg",
+                "consumeType": "CONSUME_PASSIVELY",
+                "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+                "subscriptionDataSet": [
+                    {"topic": "TopicA", "subString": "TagA || TagB", "expressionType": "TAG"}
+                ],
+            }
+        ],
+    }
+    mqs = frozenset({("TopicA", "broker-a", 0), ("TopicA", "broker-a", 1)})
+    offsets = TxnOffsets("cg", 7, "10.0.0.1@1234", (QueueOffset("TopicA", "broker-a", 0, 42, 40),))
+    return [
+        b"\x00" + json.dumps(heartbeat).encode(),
+        b"\x01" + LockBatchRequest("cg", "10.0.0.1@1234", mqs, True).encode(),
+        b"\x02" + encode_lock_response(mqs),
+        b"\x03" + offsets.encode(),
+    ]
+
+
 def _message(topic: str = "TopicA", **kw: object) -> MessageExt:
     props = {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "0A0000010000AB", "a": "1"}
     return MessageExt(
@@ -142,7 +169,7 @@ def _grpc() -> list[bytes]:
     recv.invisible_duration.seconds = 30
     ack = spb.AckMessageRequest()
     ack.group.name = "cg"
-    ack.entries.add(message_id="m1", receipt_handle=f"{RUN_ID}-1-42-abcd")
+    ack.entries.add(message_id="m1", receipt_handle="0badf00d-1-42-abcd")
     return [
         b"\x00" + send.SerializeToString(),
         b"\x01" + recv.SerializeToString(),
@@ -228,6 +255,7 @@ def seeds() -> dict[str, list[bytes]]:
     return {
         "frame": [frames[0] + frames[1], *frames],
         "remoting_header": [bytes([int(c.serialize_type)]) + encode_header(c) for c in _commands()],
+        "remoting_body": _bodies(),
         "properties": [
             properties_to_string({"TAGS": "TagA", "KEYS": "k1 k2", "a": "1"}).encode(),
             b"a\x01b\x02\x02c\x01\x01d",

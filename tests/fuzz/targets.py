@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from typing import Any, cast
 
 from google.protobuf.message import DecodeError
 
-from txmq.broker.acl import AclConfigError, load_acl_file
+from txmq.broker.acl import AclConfigError, load_acl_file, requirements
+from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
 from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
@@ -31,6 +33,7 @@ from txmq.broker.transaction.machine import TransactionStateMachine
 from txmq.broker.transaction.persistence import CheckStateError, parse_check_state
 from txmq.broker.transaction.state import OpRecord, OpRecordError
 from txmq.protocol import fastjson, headers
+from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
     FrameTooLargeError,
@@ -39,6 +42,7 @@ from txmq.protocol.errors import (
     TxmqError,
 )
 from txmq.protocol.frame import FrameDecoder, decode_header, encode_frame
+from txmq.protocol.locks import LockBatchRequest, decode_lock_response
 from txmq.protocol.message import (
     MessageExt,
     batch_entry_at,
@@ -49,6 +53,7 @@ from txmq.protocol.message import (
     properties_to_string,
     string_to_properties,
 )
+from txmq.protocol.txn_offsets import TxnOffsets
 
 Target = Callable[[bytes], None]
 
@@ -135,6 +140,34 @@ def remoting_header(data: bytes) -> None:
         headers.SendMessageRequestHeader.from_v2_ext_fields(ext)
     except InvalidParameterError:
         pass
+
+
+_BODY_REQUESTS = (RequestCode.HEART_BEAT, RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ)
+
+
+def remoting_body(data: bytes) -> None:
+    """The JSON bodies of remoting requests and answers (first byte: which): heartbeats,
+    queue locks and their answer, transactional consumer offsets; each parser raises its
+    documented error, and the ACL's reading of a body (what the request needs) raises
+    nothing."""
+    if not data:
+        return
+    kind, body = data[0] % 4, data[1:]
+    try:
+        if kind == 0:
+            parse_heartbeat(body)
+        elif kind == 1:
+            LockBatchRequest.decode(body)
+        elif kind == 2:
+            decode_lock_response(body)
+        else:
+            TxnOffsets.decode(body)
+    except (InvalidParameterError, ProtocolError):
+        pass
+    # The ACL reads these bodies before any processor does (no transaction table needed).
+    code = _BODY_REQUESTS[data[0] % len(_BODY_REQUESTS)]
+    admin_only, needs = requirements(RemotingCommand(code=code, body=body), cast(Any, None))
+    assert admin_only is False and isinstance(needs, list)
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -349,6 +382,7 @@ def fastjson_doc(data: bytes) -> None:
 TARGETS: dict[str, Target] = {
     "frame": frame,
     "remoting_header": remoting_header,
+    "remoting_body": remoting_body,
     "properties": properties,
     "batch": batch,
     "stored_message": stored_message,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any, cast
 
 import pytest
 
 from tests.fuzz.regressions import _stored_v2_negative_topic
-from txmq.broker.acl import AclConfigError, load_acl_file
+from txmq.broker.acl import AclConfigError, load_acl_file, requirements
+from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
 from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
@@ -17,6 +19,11 @@ from txmq.broker.sql_filter import SqlFilterError, compile_sql
 from txmq.broker.transaction.persistence import CheckStateError, parse_check_state
 from txmq.broker.transaction.state import OpKind, OpRecord
 from txmq.protocol import fastjson
+from txmq.protocol.codes import RequestCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import InvalidParameterError, ProtocolError
+from txmq.protocol.locks import LockBatchRequest, decode_lock_response
+from txmq.protocol.txn_offsets import TxnOffsets
 
 
 @pytest.mark.parametrize("text", [b"[" * 5000, b"{" * 5000, b'{"a":' * 3000])
@@ -106,3 +113,36 @@ def test_stored_record_helper_has_the_v2_magic() -> None:
     record = _stored_v2_negative_topic()
     assert struct.unpack_from(">i", record, 4)[0] == -626843477
     assert struct.unpack_from(">h", record, 88)[0] == -1
+
+
+DEEP_JSON = b"[" * 5000
+
+
+def test_deep_json_bodies_are_the_parsers_errors() -> None:
+    with pytest.raises(InvalidParameterError, match="heartbeat body is not JSON"):
+        parse_heartbeat(DEEP_JSON)
+    with pytest.raises(InvalidParameterError, match="LOCK_BATCH_MQ body is not JSON"):
+        LockBatchRequest.decode(DEEP_JSON)
+    with pytest.raises(InvalidParameterError, match="answer body is not JSON"):
+        decode_lock_response(DEEP_JSON)
+    with pytest.raises(ProtocolError, match="not a transactional offsets body"):
+        TxnOffsets.decode(DEEP_JSON)
+
+
+@pytest.mark.parametrize(
+    "body,needs",
+    [
+        (DEEP_JSON, []),
+        (b'{"consumerDataSet": 5}', []),
+        (b'{"consumerDataSet": [{"groupName": "g", "subscriptionDataSet": 5}]}', ["g"]),
+        (
+            b'{"consumerDataSet": [{"groupName": "g", "subscriptionDataSet": [{"topic": "T"}]}]}',
+            ["g", "T"],
+        ),
+    ],
+)
+def test_acl_reads_odd_heartbeats(body: bytes, needs: list[str]) -> None:
+    cmd = RemotingCommand(code=RequestCode.HEART_BEAT, body=body)
+    admin_only, got = requirements(cmd, cast(Any, None))  # a heartbeat needs no transactions
+    assert admin_only is False
+    assert [n.resource for n in got] == needs
