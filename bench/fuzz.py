@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +33,7 @@ INSTRUMENTED = ["txmq", "yaml", "lark"]
 _STATUS = re.compile(
     r"#(?P<execs>\d+)\s+\w+\s+cov: (?P<cov>\d+) ft: (?P<ft>\d+) corp: (?P<corp>\d+)/"
 )
-_DONE = re.compile(r"Done (?P<runs>\d+) runs in (?P<secs>\d+) second")
+_EXECUTED = re.compile(r"stat::number_of_executed_units: (?P<runs>\d+)")
 _ARTIFACT = re.compile(r"Test unit written to (?P<path>\S+)")
 
 
@@ -68,22 +68,41 @@ def _worker(target: str, libfuzzer_args: list[str]) -> None:
     atheris.Fuzz()
 
 
-def _children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _run(target: str, libfuzzer_args: list[str], log_path: str) -> tuple[float, str]:
-    """Run one worker to its end; (CPU seconds it used, what it wrote to stderr)."""
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _run(
+    target: str, libfuzzer_args: list[str], log_path: str, cpu_budget: float | None = None
+) -> tuple[float, str]:
+    """Run one worker to its end, or until it used ``cpu_budget`` CPU seconds; (CPU seconds it
+    used, what it wrote)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", target, "--", *libfuzzer_args]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-    )
-    before = _children_cpu()
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
+    cpu = 0.0
     with open(log_path, "wb") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        asked = None
+        while proc.poll() is None:
+            try:
+                cpu = _cpu_of(proc.pid)
+            except (OSError, ValueError, IndexError):
+                pass  # exiting: /proc has nothing more to say
+            if cpu_budget is not None and asked is None and cpu >= cpu_budget:
+                proc.send_signal(signal.SIGUSR1)  # libFuzzer's graceful exit, stats printed
+                asked = time.monotonic()
+            if asked is not None and time.monotonic() - asked > 60:
+                proc.kill()
+            time.sleep(0.2)
     with open(log_path, encoding="utf-8", errors="replace") as fh:
-        return _children_cpu() - before, fh.read()
+        return cpu, fh.read()
 
 
 def fuzz(target: str, args: argparse.Namespace) -> Result:
@@ -96,7 +115,8 @@ def fuzz(target: str, args: argparse.Namespace) -> Result:
         target,
         [
             corpus,
-            f"-max_total_time={args.seconds}",
+            # a wall-clock bound too, for a machine so busy that the CPU budget takes ages
+            f"-max_total_time={args.seconds * 10}",
             f"-max_len={args.max_len}",
             f"-rss_limit_mb={args.rss_limit_mb}",
             f"-timeout={args.timeout}",
@@ -104,10 +124,11 @@ def fuzz(target: str, args: argparse.Namespace) -> Result:
             "-print_final_stats=1",
         ],
         log_path,
+        cpu_budget=args.seconds,
     )
     status = list(_STATUS.finditer(out))
     last = status[-1] if status else None
-    done = _DONE.search(out)
+    done = _EXECUTED.search(out)
     execs = int(done["runs"]) if done else (int(last["execs"]) if last else 0)
     findings = [m["path"] for m in _ARTIFACT.finditer(out)]
     if not done and not findings:
@@ -154,7 +175,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", choices=sorted(TARGETS), action="append", help="(repeatable)")
-    p.add_argument("--seconds", type=int, default=180, help="time budget per target")
+    p.add_argument("--seconds", type=int, default=180, help="CPU seconds per target")
     p.add_argument("--max-len", type=int, default=4096, help="longest input tried (bytes)")
     p.add_argument("--rss-limit-mb", type=int, default=2048)
     p.add_argument("--timeout", type=int, default=10, help="seconds one input may take")
