@@ -8,6 +8,7 @@ below were written by hand to pin each fix down.
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 
@@ -25,6 +26,15 @@ def _send_with_message_id(message_id: str) -> bytes:
     m = pb.Message(body=b"x")
     m.topic.name = "TopicA"
     m.system_properties.message_id = message_id
+    return b"\x00" + spb.SendMessageRequest(messages=[m]).SerializeToString()
+
+
+def send_gzip_body(body: bytes) -> bytes:
+    """A SendMessage request whose one message has a GZIP-encoded ``body``."""
+    m = pb.Message(body=body)
+    m.topic.name = "TopicA"
+    m.system_properties.message_id = "U1"
+    m.system_properties.body_encoding = pb.GZIP
     return b"\x00" + spb.SendMessageRequest(messages=[m]).SerializeToString()
 
 
@@ -56,6 +66,9 @@ REGRESSIONS: list[tuple[str, str, bytes]] = [
     # check_message: a message id holding a property separator passed the checks and could
     # not be stored (ProtocolError at store time, answered as an internal error).
     ("grpc_request", "grpc-message-id-separator", _send_with_message_id("a\x01b")),
+    # to_message_ext: a gzip body inflated without a limit (100 KiB of zeros from 130 bytes;
+    # gigabytes from a few MiB): now refused past maxMessageSize, MESSAGE_BODY_TOO_LARGE.
+    ("grpc_request", "grpc-gzip-bomb", send_gzip_body(gzip.compress(bytes(100 * 1024)))),
     # parse_check_state: a document that is not a map, and bytes that are not UTF-8.
     ("check_state", "check-state-list", b"[1]"),
     ("check_state", "check-state-not-utf8", b"\xff"),

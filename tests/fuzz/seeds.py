@@ -6,6 +6,7 @@ SHA-1, as libFuzzer names what it adds), next to whatever the corpus already hol
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -160,7 +161,11 @@ def _grpc() -> list[bytes]:
     tx.CopyFrom(m)
     tx.system_properties.message_type = pb.TRANSACTION
     tx.system_properties.orphaned_transaction_recovery_duration.seconds = 30
-    send = spb.SendMessageRequest(messages=[m, fifo, delay, tx])
+    zipped = pb.Message()
+    zipped.CopyFrom(m)
+    zipped.body = gzip.compress(b"hello " * 10_000)  # 60,000 bytes inflated
+    zipped.system_properties.body_encoding = pb.GZIP
+    send = spb.SendMessageRequest(messages=[m, fifo, delay, tx, zipped])
     recv = spb.ReceiveMessageRequest(batch_size=16, auto_renew=True)
     recv.group.name = "cg"
     recv.message_queue.topic.name = "TopicA"

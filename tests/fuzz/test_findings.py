@@ -3,6 +3,7 @@ the message saying what was wrong."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 from typing import Any, cast
@@ -146,3 +147,35 @@ def test_acl_reads_odd_heartbeats(body: bytes, needs: list[str]) -> None:
     admin_only, got = requirements(cmd, cast(Any, None))  # a heartbeat needs no transactions
     assert admin_only is False
     assert [n.resource for n in got] == needs
+
+
+def test_gzip_body_is_inflated_up_to_the_limit_only() -> None:
+    body = b"hello " * 1000
+    m = pb.Message(body=gzip.compress(body))
+    m.system_properties.body_encoding = pb.GZIP
+    assert convert.to_message_ext(m, "T", "10.0.0.1", 1, len(body)).body == body
+    with pytest.raises(convert.GrpcStatusError) as info:
+        convert.to_message_ext(m, "T", "10.0.0.1", 1, len(body) - 1)
+    assert info.value.code == convert.Code.MESSAGE_BODY_TOO_LARGE
+    # A bomb: 5 MiB of zeros from about 5 KiB, against the default limit of 4 MiB.
+    m.body = gzip.compress(bytes(5 * 1024 * 1024))
+    with pytest.raises(convert.GrpcStatusError) as info:
+        convert.to_message_ext(m, "T", "10.0.0.1", 1, 4 * 1024 * 1024)
+    assert info.value.code == convert.Code.MESSAGE_BODY_TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    "body", [gzip.compress(b"x" * 100)[:-4], b"not gzip", gzip.compress(b"x") + b"junk"]
+)
+def test_gzip_body_that_does_not_inflate_is_corrupted(body: bytes) -> None:
+    m = pb.Message(body=body)
+    m.system_properties.body_encoding = pb.GZIP
+    with pytest.raises(convert.GrpcStatusError) as info:
+        convert.to_message_ext(m, "T", "10.0.0.1", 1, 1024)
+    assert info.value.code == convert.Code.MESSAGE_CORRUPTED
+
+
+def test_gzip_body_of_two_members_is_both() -> None:
+    m = pb.Message(body=gzip.compress(b"ab") + gzip.compress(b"cd"))
+    m.system_properties.body_encoding = pb.GZIP
+    assert convert.to_message_ext(m, "T", "10.0.0.1", 1, 1024).body == b"abcd"
