@@ -53,7 +53,7 @@ def parse_check_state(data: bytes) -> list[tuple[str, int, int]]:
         doc = json.loads(data)
         checks = doc.get("checks") or {}
         return [(str(txid), int(times), int(last)) for txid, (times, last) in checks.items()]
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise CheckStateError(f"unreadable check-state index: {exc!r}") from None
 
 

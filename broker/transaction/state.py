@@ -215,5 +215,5 @@ class OpRecord:
                 batch_key=None if bk is None else str(bk),
                 committed=tuple(str(t) for t in doc.get("c", [])) if kind is OpKind.BATCH else (),
             )
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise OpRecordError(f"malformed op record: {exc!r}") from None

@@ -83,6 +83,20 @@ REGRESSIONS: list[tuple[str, str, bytes]] = [
         "heartbeat-subscription-data-set-number",
         b'\x00{"consumerDataSet": [{"groupName": "g", "subscriptionDataSet": 5}]}',
     ),
+    # Infinity (JSON) or inf (msgpack) where an integer belongs: int() raised OverflowError,
+    # which no parser caught.
+    ("check_state", "check-state-infinity", b'{"checks": {"t": [Infinity, 1]}}'),
+    ("op_record", "op-halves-inf", b"\x83\xa1v\x01\xa1k\xa6commit\xa1h\x91\xcb\x7f\xf0" + bytes(6)),
+    (
+        "remoting_body",
+        "txn-offsets-generation-infinity",
+        b'\x03{"group": "g", "generation": Infinity, "clientId": "c", "offsets": []}',
+    ),
+    ("store_files", "topics-counter-infinity", b'\x00{"dataVersion": {"counter": Infinity}}'),
+    ("store_files", "offsets-infinity", b'\x01{"offsetTable": {"a@g": {"1": Infinity}}}'),
+    ("store_files", "checkpoint-version-infinity", b'\x02{"formatVersion": Infinity}'),
+    # The store's JSON files nested past the recursion limit (RecursionError).
+    *[("store_files", f"store-deep-json-{k}", bytes([k]) + b"[" * 5000) for k in range(3)],
     # OpRecord.decode: a RESUME record carrying "c" kept it, and did not encode back the same.
     (
         "op_record",

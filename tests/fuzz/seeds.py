@@ -11,9 +11,13 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 
 from txmq.broker.grpc.v2 import definition_pb2 as pb
 from txmq.broker.grpc.v2 import service_pb2 as spb
+from txmq.broker.store.checkpoint import StoreCheckpoint
+from txmq.broker.store.consumer_offset import ConsumerOffsetManager
+from txmq.broker.store.topic_config import TopicConfig, TopicConfigManager
 from txmq.broker.transaction import snapshot
 from txmq.broker.transaction.machine import TransactionStateMachine
 from txmq.broker.transaction.state import HalfRef, OpKind, OpRecord, TxRecord, TxState
@@ -118,6 +122,26 @@ def _bodies() -> list[bytes]:
         b"\x02" + encode_lock_response(mqs),
         b"\x03" + offsets.encode(),
     ]
+
+
+def _store_files() -> list[bytes]:
+    """topics.json, consumerOffset.json and the checkpoint as the store writes them."""
+    with tempfile.TemporaryDirectory() as d:
+        topics = TopicConfigManager(os.path.join(d, "topics.json"))
+        topics.put(TopicConfig("TopicA", 8, 8, order=True))
+        topics.put(TopicConfig("%RETRY%cg", 1, 1))
+        offsets = ConsumerOffsetManager(os.path.join(d, "consumerOffset.json"))
+        offsets.commit("cg", "TopicA", 0, 42)
+        offsets.commit("cg", "TopicA", 3, 7)
+        offsets.persist()
+        StoreCheckpoint(4096, 8192, 1_700_000_000_000, {("TopicA", 0): 42}).write(
+            os.path.join(d, "checkpoint")
+        )
+        out = []
+        for i, name in enumerate(("topics.json", "consumerOffset.json", "checkpoint")):
+            with open(os.path.join(d, name), "rb") as fh:
+                out.append(bytes([i]) + fh.read())
+    return out
 
 
 def _message(topic: str = "TopicA", **kw: object) -> MessageExt:
@@ -272,6 +296,7 @@ def seeds() -> dict[str, list[bytes]]:
         "stored_message": [*stored, stored[0] + stored[1]],
         "grpc_request": _grpc(),
         "acl_file": [ACL_FILE.encode()],
+        "store_files": _store_files(),
         "op_record": op_records,
         "tx_snapshot": [snap],
         "check_state": [check],

@@ -26,7 +26,11 @@ from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
 from txmq.broker.grpc.v2 import service_pb2 as spb
 from txmq.broker.sql_filter import SqlFilterError, compile_sql
+from txmq.broker.store.checkpoint import StoreCheckpoint
 from txmq.broker.store.commit_log import parse_dispatch_info
+from txmq.broker.store.consumer_offset import ConsumerOffsetManager
+from txmq.broker.store.errors import StoreCorruptError
+from txmq.broker.store.topic_config import TopicConfigManager
 from txmq.broker.topics import validate_topic
 from txmq.broker.transaction import snapshot
 from txmq.broker.transaction.machine import TransactionStateMachine
@@ -318,6 +322,38 @@ def acl_file(data: bytes) -> None:
         assert isinstance(p.match("::1"), bool)
 
 
+_STORE_DIR: str | None = None
+
+
+def store_files(data: bytes) -> None:
+    """The store's own files (first byte: which): the topic table (``topics.json``), the
+    consumer offsets and the store checkpoint, read as the store reads them at start:
+    :class:`StoreCorruptError` only (an unreadable checkpoint is None: the commit log is
+    dispatched again)."""
+    global _STORE_DIR
+    if not data:
+        return
+    if _STORE_DIR is None:
+        _STORE_DIR = tempfile.mkdtemp(prefix="txmq-fuzz-store-")
+    kind = data[0] % 3
+    path = os.path.join(_STORE_DIR, ("topics.json", "consumerOffset.json", "checkpoint")[kind])
+    with open(path, "wb") as fh:
+        fh.write(data[1:])
+    try:
+        if kind == 0:
+            topics = TopicConfigManager(path)
+            topics.load()
+            for tc in topics.all().values():
+                assert isinstance(tc.topic_name, str) and isinstance(tc.read_queue_nums, int)
+        elif kind == 1:
+            ConsumerOffsetManager(path).load()
+        else:
+            cp = StoreCheckpoint.read(path)
+            assert cp is None or isinstance(cp.physic_offset, int)
+    except StoreCorruptError:
+        return
+
+
 def op_record(data: bytes) -> None:
     """A body of the transaction op queue: :class:`OpRecordError` only; a record decoded
     encodes to one that decodes the same."""
@@ -390,6 +426,7 @@ TARGETS: dict[str, Target] = {
     "stored_message": stored_message,
     "grpc_request": grpc_request,
     "acl_file": acl_file,
+    "store_files": store_files,
     "op_record": op_record,
     "tx_snapshot": tx_snapshot,
     "check_state": check_state,

@@ -6,8 +6,10 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+from pathlib import Path
 from typing import Any, cast
 
+import msgpack
 import pytest
 
 from tests.fuzz.regressions import _stored_v2_negative_topic
@@ -17,8 +19,12 @@ from txmq.broker.grpc import convert
 from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
 from txmq.broker.sql_filter import SqlFilterError, compile_sql
+from txmq.broker.store.checkpoint import StoreCheckpoint
+from txmq.broker.store.consumer_offset import ConsumerOffsetManager
+from txmq.broker.store.errors import StoreCorruptError
+from txmq.broker.store.topic_config import TopicConfigManager
 from txmq.broker.transaction.persistence import CheckStateError, parse_check_state
-from txmq.broker.transaction.state import OpKind, OpRecord
+from txmq.broker.transaction.state import OpKind, OpRecord, OpRecordError
 from txmq.protocol import fastjson
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.command import RemotingCommand
@@ -179,3 +185,32 @@ def test_gzip_body_of_two_members_is_both() -> None:
     m = pb.Message(body=gzip.compress(b"ab") + gzip.compress(b"cd"))
     m.system_properties.body_encoding = pb.GZIP
     assert convert.to_message_ext(m, "T", "10.0.0.1", 1, 1024).body == b"abcd"
+
+
+def test_infinity_where_an_integer_belongs_is_each_parsers_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckStateError):
+        parse_check_state(b'{"checks": {"t": [Infinity, 1]}}')
+    with pytest.raises(OpRecordError, match="malformed op record"):
+        OpRecord.decode(msgpack.packb({"v": 1, "k": "commit", "h": [float("inf")]}))
+    with pytest.raises(ProtocolError, match="not a transactional offsets body"):
+        TxnOffsets.decode(b'{"group": "g", "generation": Infinity, "clientId": "c", "offsets": []}')
+    topics, offsets = tmp_path / "topics.json", tmp_path / "consumerOffset.json"
+    topics.write_bytes(b'{"topicConfigTable": {}, "dataVersion": {"counter": Infinity}}')
+    with pytest.raises(StoreCorruptError, match="cannot read topic configs"):
+        TopicConfigManager(str(topics)).load()
+    offsets.write_bytes(b'{"offsetTable": {"a@g": {"1": -Infinity}}}')
+    with pytest.raises(StoreCorruptError, match="cannot read consumer offsets"):
+        ConsumerOffsetManager(str(offsets)).load()
+    offsets.write_bytes(b"[" * 5000)
+    with pytest.raises(StoreCorruptError, match="cannot read consumer offsets"):
+        ConsumerOffsetManager(str(offsets)).load()
+
+
+@pytest.mark.parametrize(
+    "content", [b'{"formatVersion": Infinity}', b"[" * 5000, b'{"formatVersion": 1}']
+)
+def test_unreadable_checkpoint_is_none(tmp_path: Path, content: bytes) -> None:
+    # None: the store dispatches the commit log again, as for any checkpoint it cannot read.
+    path = tmp_path / "checkpoint"
+    path.write_bytes(content)
+    assert StoreCheckpoint.read(str(path)) is None
