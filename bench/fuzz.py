@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,7 +65,9 @@ def _worker(target: str, libfuzzer_args: list[str]) -> None:
         from tests.fuzz.targets import TARGETS
 
     fn = TARGETS[target]
-    atheris.Setup([sys.argv[0], *libfuzzer_args], fn)
+    # libFuzzer runs argv[0] again through the shell for -merge=1: it must be this worker.
+    again = shlex.join([sys.executable, os.path.abspath(__file__), "--worker", target, "--"])
+    atheris.Setup([again, *libfuzzer_args], fn)
     atheris.Fuzz()
 
 
