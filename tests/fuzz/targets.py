@@ -80,29 +80,40 @@ HEADER_CLASSES: tuple[type[headers.Header], ...] = tuple(
 
 
 def frame(data: bytes) -> None:
-    """The remoting frame decoder over a stream: every frame it yields encodes again and decodes
-    to the same command; errors are :class:`ProtocolError` only."""
-    dec = FrameDecoder()
-    # Two feeds, cut where the first byte says: a frame cut anywhere decodes the same.
+    """The remoting frame decoder over a stream: the stream cut in two (where the first byte
+    says) decodes as it does whole, every frame it yields encodes again and decodes to the same
+    command, and errors are :class:`ProtocolError` only."""
+    whole = FrameDecoder()
+    whole.feed(data)
+    got = _drain(whole, len(data))
     cut = data[0] % (len(data) + 1) if data else 0
-    dec.feed(data[:cut])
-    if _drain(dec, len(data)):
-        dec.feed(data[cut:])
-        _drain(dec, len(data))
+    split = FrameDecoder()
+    split.feed(data[:cut])
+    got_split = _drain(split, len(data))
+    if got_split[-1] != "too large":
+        split.feed(data[cut:])
+        got_split += _drain(split, len(data))
+    assert [x for x in got_split if x != "more"] == [x for x in got if x != "more"], (
+        "the stream decoded differently when cut in two"
+    )
 
 
-def _drain(dec: FrameDecoder, bound: int) -> bool:
-    """Take every whole frame; False once the stream cannot go on (a frame too large)."""
+def _drain(dec: FrameDecoder, bound: int) -> list[object]:
+    """What the decoder yields until it needs more bytes: commands (as comparable tuples),
+    "malformed", and "too large" last when the stream cannot go on."""
+    out: list[object] = []
     for _ in range(bound + 2):  # each frame taken consumes at least its 4-byte length
         try:
             cmd = dec.next_command()
         except FrameTooLargeError:
-            return False
+            return [*out, "too large"]
         except ProtocolError:
-            continue  # a malformed frame is consumed; the stream goes on
+            out.append("malformed")  # the frame is consumed; the stream goes on
+            continue
         if cmd is None:
-            return True
+            return [*out, "more"]
         _check_command(cmd)
+        out.append((cmd.code, cmd.opaque, cmd.flag, cmd.remark, cmd.body, sorted(cmd.ext_fields)))
     raise AssertionError("the frame decoder went on without consuming its input")
 
 
