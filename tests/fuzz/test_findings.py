@@ -115,8 +115,8 @@ def test_op_record_committed_list_only_on_batches() -> None:
     assert OpRecord.decode(batch.encode()).committed == ("c",)
 
 
-def test_stored_record_helper_has_the_v2_magic() -> None:
-    # The helper above must build what it says, or the SQL test would prove nothing.
+def test_built_stored_record_has_the_v2_magic() -> None:
+    # The record built for these tests must be what it says, or the SQL test would prove nothing.
     record = _stored_v2_negative_topic()
     assert struct.unpack_from(">i", record, 4)[0] == -626843477
     assert struct.unpack_from(">h", record, 88)[0] == -1
