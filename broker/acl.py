@@ -294,7 +294,7 @@ def parse_acl_document(doc: Any, source: str) -> AclConfig:
     if not isinstance(doc, dict):
         raise AclConfigError(f"{source}: the top level must be a mapping")
     known = {"globalWhiteRemoteAddresses", "accounts", "dataVersion"}
-    unknown = sorted(set(doc) - known)
+    unknown = sorted(map(str, set(doc) - known))
     if unknown:
         raise AclConfigError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}")
     white = tuple(
@@ -349,6 +349,10 @@ def load_acl_file(path: str) -> AclConfig:
         raise AclConfigError(f"ACL file {path} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise AclConfigError(f"ACL file {path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise AclConfigError(f"ACL file {path} is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise AclConfigError(f"ACL file {path} is nested too deeply") from None
     return parse_acl_document(doc, path)
 
 
@@ -406,19 +410,23 @@ def _field(ext: dict[str, Any], key: str) -> str | None:
     return None if v is None or v == "" else str(v)
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _heartbeat_needs(body: bytes) -> list[Need]:
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return []  # the processor answers what is wrong with it
     needs: list[Need] = []
     if not isinstance(data, dict):
         return needs
-    for c in data.get("consumerDataSet") or []:
+    for c in _list(data.get("consumerDataSet")):
         if not isinstance(c, dict) or not c.get("groupName"):
             continue
         needs.append(Need(str(c["groupName"]), True, SUB))
-        for s in c.get("subscriptionDataSet") or []:
+        for s in _list(c.get("subscriptionDataSet")):
             if isinstance(s, dict) and s.get("topic"):
                 needs.append(topic_or_group(str(s["topic"]), SUB))
     return needs

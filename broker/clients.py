@@ -61,7 +61,7 @@ CONSUMER_META = ("consumeType", "messageModel", "consumeFromWhere")
 def parse_heartbeat(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InvalidParameterError(f"heartbeat body is not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("clientID"), str):
         raise InvalidParameterError("heartbeat body has no clientID")

@@ -29,6 +29,7 @@ from typing import Any
 from lark import Lark, Token, Transformer, UnexpectedCharacters, UnexpectedInput
 from lark.exceptions import VisitError
 
+from txmq.protocol.errors import ProtocolError
 from txmq.protocol.message import FIXED_SIZE, string_to_properties, topic_span
 
 __all__ = [
@@ -473,7 +474,7 @@ class SqlFilter:
         properties cannot be read matches nothing)."""
         try:
             props = stored_properties(record)
-        except (struct.error, IndexError, UnicodeDecodeError):
+        except (struct.error, IndexError, UnicodeDecodeError, ProtocolError):
             return False
         return self._fn(props) is True
 
@@ -503,18 +504,25 @@ def compile_sql(expression: str) -> SqlFilter:
     """
     if not expression or not expression.strip():
         raise SqlFilterError("Invalid MessageSelector: the expression is empty")
+    too_deep = SqlFilterError(f"Invalid MessageSelector: nested too deeply in {expression!r}")
     try:
         tree = _PARSER.parse(expression)
     except UnexpectedInput as exc:
         raise SqlFilterError(
             f"Invalid MessageSelector: {_error_message(expression, exc)} in {expression!r}"
         ) from None
+    except RecursionError:
+        raise too_deep from None
     try:
         node = _Compile().transform(tree)
+    except RecursionError:
+        raise too_deep from None
     except VisitError as exc:
         cause = exc.orig_exc
         if isinstance(cause, SqlFilterError):
             raise SqlFilterError(f"Invalid MessageSelector: {cause} in {expression!r}") from None
+        if isinstance(cause, RecursionError):
+            raise too_deep from None
         raise
     return SqlFilter(expression, node.fn)
 

@@ -45,10 +45,14 @@ def loads(text: str | bytes) -> Any:
     """Read JSON that may have objects as keys.
 
     Raises:
-        ValueError: the text is neither JSON nor fastjson's object-keyed form.
+        ValueError: the text is neither JSON nor fastjson's object-keyed form (or is nested
+            deeper than the interpreter's recursion limit).
     """
     s = text.decode("utf-8") if isinstance(text, bytes) else text
-    value, end = _value(s, _skip(s, 0))
+    try:
+        value, end = _value(s, _skip(s, 0))
+    except RecursionError:
+        raise ValueError("document nested too deeply") from None
     if _skip(s, end) != len(s):
         raise ValueError(f"extra data at {end}")
     return value

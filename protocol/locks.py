@@ -51,7 +51,7 @@ def _queues_of(value: Any, field: str) -> frozenset[QueueRef]:
 def _json_of(body: bytes, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(body.decode("utf-8")) if body.strip() else None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InvalidParameterError(f"{what} body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidParameterError(f"{what} body is not a JSON object")

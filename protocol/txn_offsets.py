@@ -86,7 +86,14 @@ class TxnOffsets:
                     for q in doc["offsets"]
                 ),
             )
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as exc:
             raise ProtocolError(f"not a transactional offsets body: {exc}") from None
 
 

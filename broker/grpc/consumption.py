@@ -106,7 +106,7 @@ def make_handle(queue_id: int, x: InFlight) -> str:
 def parse_handle(handle: str) -> tuple[int, int, str]:
     """(queue id, offset, nonce) of a receipt handle this broker run issued."""
     parts = handle.split("-")
-    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:3]):
         raise GrpcStatusError(Code.INVALID_RECEIPT_HANDLE, f"invalid receipt handle {handle!r}")
     if parts[0] != RUN_ID:
         raise GrpcStatusError(

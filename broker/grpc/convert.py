@@ -19,7 +19,6 @@ protobuf (``SystemProperties``)     stored message
 
 from __future__ import annotations
 
-import gzip
 import ipaddress
 import zlib
 from typing import Any, cast
@@ -149,6 +148,8 @@ def check_message(m: Any, max_body: int) -> None:
         raise GrpcStatusError(Code.ILLEGAL_TOPIC, "the topic name is empty")
     if not sp.message_id:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, "the message id is empty")
+    if any(c in sp.message_id for c in "\x01\x02"):
+        raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"illegal message id {sp.message_id!r}")
     if not m.body:
         raise GrpcStatusError(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
     if len(m.body) > max_body:
@@ -201,15 +202,35 @@ def check_message(m: Any, max_body: int) -> None:
         )
 
 
-def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int) -> MessageExt:
-    """A stored message (before the broker picks its queue) from a protobuf ``Message``."""
+def gunzip_body(data: bytes, max_body: int) -> bytes:
+    """A GZIP-encoded body inflated, refused once it grows past ``max_body`` bytes (a few KiB
+    of gzip can inflate to gigabytes)."""
+    out = bytearray()
+    try:
+        while True:  # one gzip member after another, as gzip.decompress reads them
+            d = zlib.decompressobj(wbits=31)
+            out += d.decompress(data, max_body + 1 - len(out))
+            if len(out) > max_body:
+                raise GrpcStatusError(
+                    Code.MESSAGE_BODY_TOO_LARGE,
+                    f"message body inflates past the limit of {max_body} bytes (maxMessageSize)",
+                )
+            if not d.eof:
+                raise GrpcStatusError(Code.MESSAGE_CORRUPTED, "body is not gzip: it is cut short")
+            data = d.unused_data
+            if not data:
+                return bytes(out)
+    except zlib.error as exc:
+        raise GrpcStatusError(Code.MESSAGE_CORRUPTED, f"body is not gzip: {exc}") from None
+
+
+def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int, max_body: int) -> MessageExt:
+    """A stored message (before the broker picks its queue) from a protobuf ``Message``; a
+    GZIP body is inflated up to ``max_body`` bytes."""
     sp = m.system_properties
     body = bytes(m.body)
     if sp.body_encoding == pb.GZIP:
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise GrpcStatusError(Code.MESSAGE_CORRUPTED, f"body is not gzip: {exc}") from None
+        body = gunzip_body(body, max_body)
     props: dict[str, str] = dict(m.user_properties)
     props[MessageConst.UNIQ_KEY] = sp.message_id
     if sp.HasField("tag"):

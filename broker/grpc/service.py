@@ -498,7 +498,7 @@ class MessagingService:
             tc = ctx.topics.get(topic)
             if tc is None and not self.cfg.auto_create_topic_enable:
                 raise GrpcStatusError(Code.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-            msg = convert.to_message_ext(m, topic, peer_host, now)
+            msg = convert.to_message_ext(m, topic, peer_host, now, self.cfg.max_message_size)
             sp = m.system_properties
             if sp.message_type == pb.TRANSACTION:
                 # The 5.x producer has no group: its halves belong to the group named after

@@ -90,7 +90,14 @@ class StoreCheckpoint:
             cp = cls(
                 int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]), queues
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as exc:
             log.warning("checkpoint_read_failed", path=path, error=str(exc))
             return None
         if version != FORMAT_VERSION:

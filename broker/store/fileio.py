@@ -208,7 +208,7 @@ def read_versioned_json(
         doc = json.loads(raw)
         table = convert(doc.get(table_key, {}))
         counter = int(doc.get("dataVersion", {}).get("counter", 0))
-    except (ValueError, AttributeError, TypeError) as exc:
+    except (ValueError, AttributeError, TypeError, OverflowError, RecursionError) as exc:
         raise StoreCorruptError(f"cannot read {what} from {path}: {exc}") from None
     return table, counter
 

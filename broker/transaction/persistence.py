@@ -39,6 +39,24 @@ log = structlog.get_logger(__name__)
 CHECK_STATE_VERSION = 1
 
 
+class CheckStateError(ValueError):
+    """A check-state index that cannot be read (it is then ignored)."""
+
+
+def parse_check_state(data: bytes) -> list[tuple[str, int, int]]:
+    """``(txid, checkTimes, lastCheckMs)`` of each entry of a check-state index.
+
+    Raises:
+        CheckStateError: the bytes are not such an index.
+    """
+    try:
+        doc = json.loads(data)
+        checks = doc.get("checks") or {}
+        return [(str(txid), int(times), int(last)) for txid, (times, last) in checks.items()]
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        raise CheckStateError(f"unreadable check-state index: {exc!r}") from None
+
+
 @dataclass(eq=False)
 class TransactionPersistence:
     """Writes and reads the check-state index and the snapshot of one broker's table."""
@@ -87,14 +105,14 @@ class TransactionPersistence:
         """Give the machine's transactions the check counts the index holds (at start)."""
         try:
             with open(self.check_state_path, "rb") as fh:
-                doc = json.loads(fh.read())
+                rows = parse_check_state(fh.read())
         except FileNotFoundError:
             return
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, CheckStateError) as exc:
             log.warning("check_state_unreadable", path=self.check_state_path, error=repr(exc))
             return
-        for txid, (times, last) in (doc.get("checks") or {}).items():
-            self.machine.restore_check(txid, int(times), int(last))
+        for txid, times, last in rows:
+            self.machine.restore_check(txid, times, last)
 
     # -- snapshots ----------------------------------------------------------------------------
 

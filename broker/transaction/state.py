@@ -213,7 +213,7 @@ class OpRecord:
                 remark=str(doc.get("r", "")),
                 ts=int(doc.get("ts", 0)),
                 batch_key=None if bk is None else str(bk),
-                committed=tuple(str(t) for t in doc.get("c", [])),
+                committed=tuple(str(t) for t in doc.get("c", [])) if kind is OpKind.BATCH else (),
             )
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise OpRecordError(f"malformed op record: {exc!r}") from None
