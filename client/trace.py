@@ -15,11 +15,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import structlog
-
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import Message
 from txmq.protocol.trace import TRACE_TOPIC, MessageType, TraceRecord, TraceType, encode, keys_of
+
+from .logs import get_logger
 
 
 class _Producer(Protocol):
@@ -40,7 +40,7 @@ class _Result(Protocol):
     def transaction_id(self) -> str | None: ...
 
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Seconds between trace sends.
 FLUSH_INTERVAL = 0.1
