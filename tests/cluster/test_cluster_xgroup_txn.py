@@ -234,7 +234,8 @@ async def _equal(got: Awaitable[Any], want: Any) -> bool:
     return bool(await got == want)
 
 
-#: point -> (the step the producer pauses at, the group whose leader is SIGKILLed there,
+#: point -> (the step the producer pauses at, the group whose leader is SIGKILLed there (or
+#: SIGSTOPped, for the in-doubt points),
 #: whether g2's leader is SIGSTOPped at the commit point so that it applies nothing by itself
 #: before it dies, the producer's ``decision_timeout``: 1 s is shorter than a failover, so the
 #: first group cannot confirm the decision and the call reports it in doubt)
@@ -309,10 +310,20 @@ async def test_leader_killed_during_the_decision(
                 bc.pause("g2", leaders["g2"].replica)
                 go("commit-point")
             await wait_until(paused_at(step), 30, f"the producer paused at {step}")
-            bc.kill(victim.group, victim.replica)
+            if in_doubt:
+                # A stalled leader (SIGSTOP): it keeps its lease, so its group has no leader
+                # for longer than the decision timeout (a killed one is replaced in under a
+                # second, faster than any timeout worth testing).
+                bc.pause(victim.group, victim.replica)
+            else:
+                bc.kill(victim.group, victim.replica)
             go(step)
             said = await asyncio.wait_for(task, 90)
+            if in_doubt:
+                await bc.wait_leader(victim_group, not_replica=victim.replica, timeout=40)
         finally:
+            if in_doubt:
+                bc.resume(victim.group, victim.replica)  # fenced: it rejoins as a follower
             for s in steps:
                 go(s)
             if stop_other and bc.replicas[("g2", leaders["g2"].replica)].running:
