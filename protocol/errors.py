@@ -191,3 +191,16 @@ def error_for_code(code: int, remark: str | None = None) -> BrokerResponseError:
 def error_classes() -> dict[int, type[BrokerResponseError]]:
     """The table, for tests that assert it is total."""
     return dict(_BY_CODE)
+
+
+#: What decoding a document of the wrong shape can raise (a missing key, a value of the wrong
+#: type, a number past the range, nesting too deep): each parser turns these into its own
+#: documented error.
+MALFORMED_DOCUMENT: tuple[type[Exception], ...] = (
+    ValueError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+)

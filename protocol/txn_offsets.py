@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .errors import ProtocolError
+from .errors import MALFORMED_DOCUMENT, ProtocolError
 from .topics import TXN_OFFSETS_TOPIC
 
 #: The real topic of a transaction's offsets half; its committed copies are the durable record
@@ -86,14 +86,7 @@ class TxnOffsets:
                     for q in doc["offsets"]
                 ),
             )
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            OverflowError,
-            RecursionError,
-        ) as exc:
+        except MALFORMED_DOCUMENT as exc:
             raise ProtocolError(f"not a transactional offsets body: {exc}") from None
 
 

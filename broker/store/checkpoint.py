@@ -30,6 +30,8 @@ from typing import Any
 
 import structlog
 
+from txmq.protocol.errors import MALFORMED_DOCUMENT
+
 from .commit_log import FORMAT_VERSION
 from .errors import StoreCorruptError
 from .fileio import atomic_write, read_after_interrupted_writes
@@ -90,14 +92,7 @@ class StoreCheckpoint:
             cp = cls(
                 int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]), queues
             )
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            OverflowError,
-            RecursionError,
-        ) as exc:
+        except MALFORMED_DOCUMENT as exc:
             log.warning("checkpoint_read_failed", path=path, error=str(exc))
             return None
         if version != FORMAT_VERSION:

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from txmq.protocol.errors import MALFORMED_DOCUMENT
+
 from .errors import StoreCorruptError
 
 log = structlog.get_logger(__name__)
@@ -208,7 +210,7 @@ def read_versioned_json(
         doc = json.loads(raw)
         table = convert(doc.get(table_key, {}))
         counter = int(doc.get("dataVersion", {}).get("counter", 0))
-    except (ValueError, AttributeError, TypeError, OverflowError, RecursionError) as exc:
+    except MALFORMED_DOCUMENT as exc:
         raise StoreCorruptError(f"cannot read {what} from {path}: {exc}") from None
     return table, counter
 

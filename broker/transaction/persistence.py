@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from txmq.protocol.errors import MALFORMED_DOCUMENT
 from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 
 from ..store import atomic_write
@@ -53,7 +54,7 @@ def parse_check_state(data: bytes) -> list[tuple[str, int, int]]:
         doc = json.loads(data)
         checks = doc.get("checks") or {}
         return [(str(txid), int(times), int(last)) for txid, (times, last) in checks.items()]
-    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+    except MALFORMED_DOCUMENT as exc:
         raise CheckStateError(f"unreadable check-state index: {exc!r}") from None
 
 
