@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -133,39 +133,37 @@ class BrokerTrace:
     def end_transaction(self, rec: TxRecord, state: str, from_check: bool) -> None:
         """A producer's decision, or its answer to a check (``state``: COMMIT, ROLLBACK,
         UNKNOWN)."""
-        now = self.ctx.now_ms()
-        for h in _halves(rec):
-            self._records.append(
-                TraceRecord(
-                    TraceType.END_TRANSACTION,
-                    timestamp=now,
-                    group=rec.producer_group,
-                    topic=h.real_topic if h is not None else "",
-                    msg_id=h.uniq_key if h is not None else "",
-                    store_host=self.store_host,
-                    msg_type=MessageType.TRANS_HALF,
-                    transaction_id=rec.transaction_id,
-                    transaction_state=_STATE_NAMES.get(state, state),
-                    from_transaction_check=from_check,
-                )
-            )
-        self._schedule()
+        self._per_half(
+            rec,
+            TraceType.END_TRANSACTION,
+            msg_type=MessageType.TRANS_HALF,
+            transaction_state=_STATE_NAMES.get(state, state),
+            from_transaction_check=from_check,
+        )
 
     def tx_event(self, rec: TxRecord, event: TxEvent, detail: str = "") -> None:
         """A step of ``rec``'s life on the broker."""
+        self._per_half(
+            rec,
+            TraceType.TX_EVENT,
+            event=str(event),
+            detail=detail.replace("\x01", " ").replace("\x02", " "),
+        )
+
+    def _per_half(self, rec: TxRecord, kind: TraceType, **fields: Any) -> None:
+        """One ``kind`` record per half of ``rec`` (one without a message when it has none)."""
         now = self.ctx.now_ms()
         for h in _halves(rec):
             self._records.append(
                 TraceRecord(
-                    TraceType.TX_EVENT,
+                    kind,
                     timestamp=now,
                     group=rec.producer_group,
                     topic=h.real_topic if h is not None else "",
                     msg_id=h.uniq_key if h is not None else "",
-                    transaction_id=rec.transaction_id,
-                    event=str(event),
-                    detail=detail.replace("\x01", " ").replace("\x02", " "),
                     store_host=self.store_host,
+                    transaction_id=rec.transaction_id,
+                    **fields,
                 )
             )
         self._schedule()
