@@ -34,6 +34,7 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
 from txmq.protocol.message import MessageExt
 from txmq.protocol.rocketmq_codes import not_supported_remark
+from txmq.protocol.topics import INTERNAL_TOPICS
 
 from . import runtime_config
 from .acl import CONTEXT_KEY as ACL_KEY
@@ -67,6 +68,7 @@ from .store import (
     MessageStore,
     PutMessageResult,
     StoreConfig,
+    TopicConfig,
     TopicConfigManager,
 )
 from .store.subscription_group import SubscriptionGroupManager
@@ -307,6 +309,8 @@ class BrokerController:
             default_queue_nums=cfg.default_topic_queue_nums,
             delay_levels=len(self.delay_levels),
         )
+        if table.damaged:
+            self._restore_topics_from_store()
         self.clients = ClientManager(
             on_producer_registered=lambda group: self.transactions.on_producer_registered(group)
         )
@@ -471,6 +475,16 @@ class BrokerController:
             R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
             R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,
         }
+
+    def _restore_topics_from_store(self) -> None:
+        """The topic table was lost with its backup: give every topic the store has queues
+        of a config again (as many queues as it has, read and write), logged per topic."""
+        for name in self.store.topics():
+            if name in INTERNAL_TOPICS or self.topics.get(name) is not None:
+                continue
+            n = max(self.store.queue_ids(name), default=0) + 1
+            self.topics.create_or_update(TopicConfig(name, read_queue_nums=n, write_queue_nums=n))
+            log.warning("topic_restored", topic=name, queues=n, source="store")
 
     async def update_config(self, changes: dict[str, str]) -> BrokerConfig:
         """Apply settings changed at run time (RocketMQ key names) and keep them in the store.

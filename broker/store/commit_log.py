@@ -319,6 +319,40 @@ class CommitLog:
                 # for a header it ends where the last record ended.
                 return (seg.end if stop is _Stop.BLANK else pos), damaged
 
+    def find_record(
+        self, start: int, end: int, wanted: Callable[[DispatchInfo], bool]
+    ) -> tuple[int, int, DispatchInfo] | None:
+        """The first intact record in ``[start, end)`` whose dispatch fields ``wanted``
+        accepts, as ``(offset, size, info)``; damaged bytes are stepped over."""
+        found: list[tuple[int, int, DispatchInfo]] = []
+
+        class _Found(Exception):
+            pass
+
+        def on_record(offset: int, size: int, info: DispatchInfo) -> None:
+            if offset >= end:
+                raise _Found
+            if wanted(info):
+                found.append((offset, size, info))
+                raise _Found
+
+        pos = max(start, self.min_offset)
+        while pos < min(end, self.write_pos):
+            idx = self._index_of(pos)
+            if idx is None:
+                return None
+            seg = self._segments[idx]
+            try:
+                stop, pos = self._scan_segment(seg, pos, on_record)
+            except _Found:
+                return found[0] if found else None
+            if stop is _Stop.INVALID:
+                resume = self._next_record(seg, pos)
+                pos = resume if resume is not None else seg.end
+            else:
+                pos = seg.end
+        return None
+
     def _record_at(self, seg: MappedFile, pos: int) -> int | None:
         """The payload length of the intact message record at ``pos`` of ``seg``, or None."""
         assert seg.mm is not None

@@ -399,7 +399,8 @@ class ConsumeQueue:
 
     def _is_filler_or_below(self, index: int, phy_limit: int) -> bool:
         e = self.entry(index)
-        return e is not None and (e[1] == FILLER_SIZE or e[0] < phy_limit)
+        # a negative offset is a damaged entry, not a deleted message (repaired when read)
+        return e is not None and (e[1] == FILLER_SIZE or 0 <= e[0] < phy_limit)
 
     # -- retention --------------------------------------------------------------------------
 

@@ -226,4 +226,29 @@ def write_versioned_json(path: str, table_key: str, table: Any, counter: int) ->
         "dataVersion": {"timestamp": int(time.time() * 1000), "counter": counter},
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    keep_backup(path)
     atomic_write(path, json.dumps(doc, indent=1).encode())
+
+
+def keep_backup(path: str) -> None:
+    """Keep the current content of ``path`` as ``<path>.bak`` before it is replaced (RocketMQ's
+    config files keep one too): what the table is read from when the file is found damaged.
+    A hard link, so ``path`` itself never goes missing."""
+    tmp = path + ".bak.tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    try:
+        os.link(path, tmp)
+    except FileNotFoundError:
+        return
+    os.replace(tmp, path + ".bak")
+
+
+def set_aside(path: str) -> str:
+    """Rename a damaged file to ``<path>.damaged-<time>`` (kept for the operator, never read
+    again); returns the new name."""
+    aside = f"{path}.damaged-{int(time.time())}"
+    os.replace(path, aside)
+    return aside

@@ -1211,7 +1211,7 @@ class MessageStore:
                 if len(messages) + len(wanted) >= max_msgs:
                     full = True
                     break
-                if size >= HOLE_SIZE or phy < cl_min:  # filler, hole, or deleted
+                if size >= HOLE_SIZE or 0 <= phy < cl_min:  # filler, hole, or deleted
                     found_null = True
                     idx += 1
                     continue
@@ -1226,6 +1226,9 @@ class MessageStore:
                     total += size
                     continue
                 payload = cl.read_payload(phy, size)
+                if payload is None and (fixed := self._repair_entry(cq, idx - 1)) is not None:
+                    phy, size = fixed
+                    payload = cl.read_payload(phy, size)
                 if payload is None:
                     found_null = True
                     self._log_read_failed(cq, idx - 1, phy, size)
@@ -1259,6 +1262,34 @@ class MessageStore:
             )
             self._get_miss += 1
         return GetMessageResult(status, messages, idx, cq.min_offset, max_o, body, count)
+
+    def _repair_entry(self, cq: ConsumeQueue, index: int) -> tuple[int, int] | None:
+        """The entry at ``index`` names no intact record: a damaged entry (the consume queue
+        is derived from the commit log) or a damaged record.  Look for the message between its
+        neighbours' records; when found, rewrite the entry (logged) and return ``(offset,
+        size)``; None when the record itself is gone."""
+        cl = self._commit_log
+        start, end = cl.min_offset, cl.write_pos
+        before = cq.entry(index - 1) if index > cq.min_offset else None
+        if before is not None and before[1] < HOLE_SIZE and cl.read_payload(before[0], before[1]):
+            start = before[0] + before[1]
+        after = cq.entry(index + 1) if index + 1 < cq.max_offset else None
+        if after is not None and after[1] < HOLE_SIZE and cl.read_payload(after[0], after[1]):
+            end = after[0]
+        topic, qid = cq.topic, cq.queue_id
+        hit = cl.find_record(
+            start,
+            end,
+            lambda i: i.queue_offset == index and i.queue_id == qid and i.topic == topic,
+        )
+        if hit is None:
+            return None
+        offset, size, info = hit
+        if cq.repair(index, offset, size, info.tags_code):
+            _queue_log((topic, qid)).warning(
+                "consume_queue_entry_repaired", queue_offset=index, commit_log_offset=offset
+            )
+        return offset, size
 
     def _log_read_failed(self, cq: ConsumeQueue, queue_offset: int, phy: int, size: int) -> None:
         _queue_log((cq.topic, cq.queue_id)).error(

@@ -1,12 +1,21 @@
 """A table kept whole in one JSON file of RocketMQ's config shape (``{table_key: {...},
-"dataVersion": {...}}``): read once at start, written atomically when it changed."""
+"dataVersion": {...}}``): read once at start, written atomically when it changed, the previous
+version kept as ``<file>.bak``.  A damaged file never stops a start: it is set aside
+(``<file>.damaged-<time>``) and the table read from the backup, or started empty when that is
+damaged too (both logged, naming the files)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, ClassVar, Generic, TypeVar
 
-from .fileio import read_versioned_json, write_versioned_json
+import structlog
+
+from .errors import StoreCorruptError
+from .fileio import read_versioned_json, set_aside, write_versioned_json
+
+log = structlog.get_logger(__name__)
 
 V = TypeVar("V")
 
@@ -34,6 +43,8 @@ class VersionedJsonTable(Generic[V]):
         self._dirty = False
         self._lock = threading.Lock()
         self._persist_lock = threading.Lock()
+        #: :meth:`load` found the file damaged (the table came from the backup, or is empty).
+        self.damaged = False
 
     @staticmethod
     def _from_json(doc: Any) -> dict[str, V]:
@@ -45,17 +56,52 @@ class VersionedJsonTable(Generic[V]):
         raise NotImplementedError
 
     def load(self) -> None:
-        """Read the file if there is one.
-
-        Raises:
-            StoreCorruptError: the file exists but cannot be read as such a table.
-        """
-        loaded = read_versioned_json(self.path, self.what, self.table_key, self._from_json)
+        """Read the file if there is one; a damaged one is set aside and the table read from
+        its backup (or started empty), then written again."""
+        try:
+            loaded = read_versioned_json(self.path, self.what, self.table_key, self._from_json)
+        except StoreCorruptError as exc:
+            loaded = self._from_backup(exc)
         if loaded is None:
             return
         with self._lock:
             self._table, self._counter = loaded
-            self._dirty = False
+            self._dirty = self.damaged
+
+    def _from_backup(self, exc: StoreCorruptError) -> tuple[dict[str, V], int] | None:
+        self.damaged = True
+        aside = set_aside(self.path)
+        backup = self.path + ".bak"
+        try:
+            loaded = read_versioned_json(backup, self.what, self.table_key, self._from_json)
+        except StoreCorruptError as bak_exc:
+            loaded, why = None, f"its backup is damaged too: {bak_exc}"
+            os.replace(backup, aside + ".bak")
+        else:
+            why = "no backup" if loaded is None else ""
+        if loaded is not None:
+            log.warning(
+                "table_read_from_backup",
+                what=self.what,
+                file=self.path,
+                set_aside=aside,
+                backup=backup,
+                error=str(exc),
+                hint="changes after the backup was written are lost",
+            )
+        else:
+            log.error(
+                "table_lost",
+                what=self.what,
+                file=self.path,
+                set_aside=aside,
+                error=str(exc),
+                why=why,
+                hint="starting with an empty table",
+            )
+            with self._lock:
+                self._dirty = True
+        return loaded
 
     def persist(self) -> bool:
         """Write the table if it changed since the last write; True if it wrote.

@@ -171,9 +171,22 @@ class TransactionRecovery:
                     break
                 found.add(m.prepared_transaction_offset)
                 qoff -= 1
-        missing = [h for off, h in sorted(wanted.items()) if off not in found]
+        missing = []
+        for off, h in sorted(wanted.items()):
+            if off in found:
+                continue
+            try:
+                missing.append(self.real_message(h))
+            except QueryNotFoundError:
+                # The half's own record is damaged or gone: nothing to write it from.
+                log.error(
+                    "committed_half_unreadable",
+                    commit_log_offset=off,
+                    uniq_key=h.uniq_key,
+                    action="its committed message cannot be written",
+                )
         if missing:
-            results = self.write.put_messages([self.real_message(h) for h in missing])
+            results = self.write.put_messages(missing)
             end = results[-1].end_offset
             decided: dict[str, TxRecord] = {}
             for h in wanted.values():

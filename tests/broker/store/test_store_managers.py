@@ -11,7 +11,6 @@ import pytest
 
 from txmq.broker.store import (
     ConsumerOffsetManager,
-    StoreCorruptError,
     TopicConfig,
     TopicConfigManager,
     atomic_write,
@@ -61,11 +60,32 @@ def test_topic_configs_persist_on_every_change(tmp_path: Path) -> None:
     assert doc["dataVersion"]["counter"] == 4
 
 
-def test_corrupt_topic_file_is_reported(tmp_path: Path) -> None:
+def test_a_damaged_table_is_read_from_its_backup_or_started_empty(tmp_path: Path) -> None:
+    """Each write keeps the previous version as ``.bak``; a damaged file is set aside and the
+    table read from the backup (the change after it is lost), or, with the backup damaged too,
+    started empty; never an error that stops a start."""
     path = tmp_path / "topics.json"
+    mgr = TopicConfigManager(str(path))
+    mgr.put(TopicConfig("A"))
+    mgr.put(TopicConfig("B"))  # each put writes: the backup holds A only
+    assert json.loads((tmp_path / "topics.json.bak").read_text())["topicConfigTable"].keys() == {
+        "A"
+    }
     path.write_text("{not json")
-    with pytest.raises(StoreCorruptError, match="topics.json"):
-        TopicConfigManager(str(path)).load()
+    again = TopicConfigManager(str(path))
+    again.load()
+    assert again.damaged and set(again.all()) == {"A"}
+    aside = [p.name for p in tmp_path.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith("topics.json.damaged-"), aside
+    again.persist()  # written again from what was read
+    assert set(json.loads(path.read_text())["topicConfigTable"]) == {"A"}
+
+    path.write_text("[1, 2")
+    (tmp_path / "topics.json.bak").write_text("garbage")
+    lost = TopicConfigManager(str(path))
+    lost.load()
+    assert lost.damaged and lost.all() == {}
+    assert not path.exists() and not (tmp_path / "topics.json.bak").exists()
 
 
 def test_consumer_offsets_commit_query_persist_reload(tmp_path: Path) -> None:
