@@ -9,14 +9,13 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, unread_pulls
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
-from txmq.protocol.headers import PullMessageRequestHeader
 
 
 def _dropped(b: BrokerController) -> float:
@@ -43,21 +42,7 @@ async def test_a_client_that_never_reads_is_dropped_and_others_are_served(
     await b.start()
     c = await RawClient.connect(b.address)
     try:
-        for i in range(64):
-            assert (await c.send("flood", bytes(4000) + str(i).encode(), queue_id=0)).code == 0
-        pull = PullMessageRequestHeader(
-            consumer_group="g",
-            topic="flood",
-            queue_id=0,
-            queue_offset=0,
-            max_msg_nums=32,
-            sys_flag=0x4,
-            subscription="*",
-        )
-        frames = b"".join(
-            encode_frame(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields()))
-            for _ in range(200)
-        )  # 200 answers of about 128 KiB: 25 MiB the client will never read
+        frames = await unread_pulls(c, "flood")  # 25 MiB of answers never read
         host, port = b.address.rsplit(":", 1)
         greedy = socket.create_connection((host, int(port)))
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

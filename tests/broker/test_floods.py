@@ -15,14 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, unread_pulls
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import ANSWER_WINDOW, BrokerController
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.frame import encode_frame
 from txmq.protocol.headers import PullMessageRequestHeader
 
 IDLE = 1000
@@ -149,21 +148,7 @@ async def test_clients_that_stop_reading_hold_a_bounded_backlog_and_are_dropped(
     host, _, port = b.address.rpartition(":")
     greedy: list[socket.socket] = []
     try:
-        for i in range(64):
-            assert (await c.send("wide", bytes(4000) + b"%d" % i, queue_id=0)).code == 0
-        pull = PullMessageRequestHeader(
-            consumer_group="g",
-            topic="wide",
-            queue_id=0,
-            queue_offset=0,
-            max_msg_nums=32,
-            sys_flag=0x4,
-            subscription="*",
-        )
-        frames = b"".join(
-            encode_frame(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields()))
-            for _ in range(200)
-        )
+        frames = await unread_pulls(c, "wide")
         for _ in range(5):
             s = socket.create_connection((host, int(port)))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

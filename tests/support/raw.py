@@ -12,6 +12,7 @@ from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, Handler, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
+from txmq.protocol.frame import encode_frame
 from txmq.protocol.headers import (
     EndTransactionRequestHeader,
     PullMessageRequestHeader,
@@ -217,3 +218,22 @@ class RawClient:
             )
             return None
         return await self.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())
+
+
+async def unread_pulls(c: RawClient, topic: str, count: int = 200) -> bytes:
+    """What a client that never reads its socket sends: 64 messages of 4 KB stored in queue 0
+    of ``topic`` (through ``c``), then ``count`` PULL_MESSAGE frames for them back to back,
+    each answered with about 128 KiB."""
+    for i in range(64):
+        assert (await c.send(topic, bytes(4000) + str(i).encode(), queue_id=0)).code == 0
+    pull = PullMessageRequestHeader(
+        consumer_group="g",
+        topic=topic,
+        queue_id=0,
+        queue_offset=0,
+        max_msg_nums=32,
+        sys_flag=0x4,
+        subscription="*",
+    )
+    frame = encode_frame(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields()))
+    return frame * count
