@@ -342,12 +342,13 @@ def env_name(attr: str) -> str:
     return "TXMQ_" + attr.upper()
 
 
-_KEYS = {key_name(f.name): f for f in fields(BrokerConfig)}
+#: Every setting's field by its RocketMQ key.
+KEY_FIELDS = {key_name(f.name): f for f in fields(BrokerConfig)}
 
 
 def attr_name(key: str) -> str:
     """The attribute of a RocketMQ key (``maxMessageSize`` -> ``max_message_size``)."""
-    return _KEYS[key].name
+    return KEY_FIELDS[key].name
 
 
 def convert_value(f: dataclasses.Field[Any], value: Any, source: str) -> Any:
@@ -392,7 +393,7 @@ def _parse_int(s: str) -> int:
 
 def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> None:
     for key, value in items.items():
-        f = _KEYS.get(key)
+        f = KEY_FIELDS.get(key)
         if f is None:
             # accept snake_case too, for convenience
             f = next((x for x in fields(BrokerConfig) if x.name == key), None)
@@ -408,7 +409,7 @@ def _flatten(doc: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
     for k, v in doc.items():
         name = prefix + k
         if isinstance(v, dict):
-            if any(key.startswith(name + ".") for key in _KEYS):
+            if any(key.startswith(name + ".") for key in KEY_FIELDS):
                 _flatten(v, name + ".", out)
             elif not prefix:
                 _flatten(v, "", out)  # a section

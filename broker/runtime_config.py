@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 import structlog
 
-from .config import BrokerConfig, ConfigError, convert_value, key_name
-from .store.fileio import atomic_write
+from .config import KEY_FIELDS, BrokerConfig, ConfigError, convert_value
+from .store.fileio import atomic_write, set_aside
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +42,6 @@ RUNTIME_KEYS: dict[str, str] = {
     "diskRefuseWritesRatio": "disk use (%) past which writes are refused",
 }
 
-_FIELDS = {key_name(f.name): f for f in fields(BrokerConfig)}
 
 #: The file under the store root that keeps run-time changes across restarts.
 RUNTIME_FILE = os.path.join("config", "runtime.json")
@@ -78,7 +75,7 @@ def updated(config: BrokerConfig, changes: Mapping[str, Any], source: str) -> Br
     """
     if not changes:
         raise ConfigError("no setting to change")
-    unknown = sorted(k for k in changes if k not in _FIELDS)
+    unknown = sorted(k for k in changes if k not in KEY_FIELDS)
     if unknown:
         raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
     fixed = sorted(k for k in changes if k not in RUNTIME_KEYS)
@@ -87,7 +84,9 @@ def updated(config: BrokerConfig, changes: Mapping[str, Any], source: str) -> Br
             f"{', '.join(fixed)} cannot change while the broker runs (set it in the "
             f"configuration file and restart); these can: {', '.join(sorted(RUNTIME_KEYS))}"
         )
-    values = {_FIELDS[k].name: convert_value(_FIELDS[k], v, source) for k, v in changes.items()}
+    values = {
+        KEY_FIELDS[k].name: convert_value(KEY_FIELDS[k], v, source) for k, v in changes.items()
+    }
     return config.replace(**values)
 
 
@@ -114,8 +113,7 @@ def load_saved(config: BrokerConfig) -> BrokerConfig:
             raise ValueError("not a JSON object")
         new = updated(config, saved, path) if saved else config
     except ValueError as exc:  # ConfigError too
-        aside = f"{path}.damaged-{int(time.time())}"
-        os.replace(path, aside)
+        aside = set_aside(path)
         log.error(
             "runtime_settings_set_aside",
             file=path,
@@ -125,7 +123,7 @@ def load_saved(config: BrokerConfig) -> BrokerConfig:
         )
         return config
     for key in sorted(saved):
-        attr = _FIELDS[key].name
+        attr = KEY_FIELDS[key].name
         before, after = getattr(config, attr), getattr(new, attr)
         if before != after:
             log.warning(
@@ -151,6 +149,6 @@ def save(config: BrokerConfig, changes: Mapping[str, Any]) -> None:
     except (FileNotFoundError, ValueError):
         saved = {}
     for key in changes:
-        saved[key] = getattr(config, _FIELDS[key].name)
+        saved[key] = getattr(config, KEY_FIELDS[key].name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write(path, (json.dumps(saved, indent=2, sort_keys=True) + "\n").encode())

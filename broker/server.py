@@ -68,12 +68,11 @@ from .store import (
     MessageStore,
     PutMessageResult,
     StoreConfig,
-    TopicConfig,
     TopicConfigManager,
 )
 from .store.subscription_group import SubscriptionGroupManager
 from .tls import ServerTls, TlsConfigError, TlsFiles, TlsServer
-from .topics import TopicManager
+from .topics import TopicManager, config_from_queues
 from .transaction.check import CheckLimits
 from .transaction.service import CheckSender, TransactionalMessageService
 
@@ -482,9 +481,8 @@ class BrokerController:
         for name in self.store.topics():
             if name in INTERNAL_TOPICS or self.topics.get(name) is not None:
                 continue
-            n = max(self.store.queue_ids(name), default=0) + 1
-            self.topics.create_or_update(TopicConfig(name, read_queue_nums=n, write_queue_nums=n))
-            log.warning("topic_restored", topic=name, queues=n, source="store")
+            tc = self.topics.create_or_update(config_from_queues(name, self.store.queue_ids(name)))
+            log.warning("topic_restored", topic=name, queues=tc.write_queue_nums, source="store")
 
     async def update_config(self, changes: dict[str, str]) -> BrokerConfig:
         """Apply settings changed at run time (RocketMQ key names) and keep them in the store.

@@ -185,3 +185,10 @@ __all__ = [
     "retry_topic",
     "validate_topic",
 ]
+
+
+def config_from_queues(name: str, queue_ids: list[int], at_least: int = 1) -> TopicConfig:
+    """A lost topic config made again from the consume queues the store has of it: as many
+    read and write queues as its highest queue id needs (``at_least`` more if asked)."""
+    n = max(max(queue_ids, default=0) + 1, at_least)
+    return TopicConfig(name, read_queue_nums=n, write_queue_nums=n)

@@ -48,7 +48,7 @@ from ..server import (
     tls_files,
 )
 from ..store import MessageStore, TopicConfig
-from ..topics import INTERNAL_TOPICS
+from ..topics import INTERNAL_TOPICS, config_from_queues
 from ..transaction.service import TransactionalMessageService
 from .etcd import EtcdError, EtcdSession
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
@@ -718,9 +718,9 @@ class ClusterNode:
                     topic_sys_flag=int(pub.get("sysFlag", 0)),
                 )
             else:
-                n = max(broker.store.queue_ids(name), default=0) + 1
-                n = max(n, self.config.default_topic_queue_nums)
-                tc = TopicConfig(name, read_queue_nums=n, write_queue_nums=n)
+                tc = config_from_queues(
+                    name, broker.store.queue_ids(name), self.config.default_topic_queue_nums
+                )
             broker.topics.create_or_update(tc)
             log.warning(
                 "topic_restored",

@@ -36,6 +36,7 @@ from tests.support.partitions import (
     no_pending_transactions,
 )
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.protocol.codes import ResponseCode
 
 pytestmark = pytest.mark.slow
@@ -171,13 +172,14 @@ async def test_a_message_a_consumer_read_survives_its_leaders_fall(
                 if n != bc.node(old.replica):
                     net.cut(bc.node(old.replica), n)
             sending = asyncio.ensure_future(c.send(TOPIC, b"unreplicated"))
-            served = False
-            deadline = time.monotonic() + 2.0  # before the lease (3 s) runs out
-            while not served and time.monotonic() < deadline:
-                _, msgs = await c.pull(TOPIC, 0, 0)
-                served = b"unreplicated" in [m.body for m in msgs]
-                if not served:
-                    await asyncio.sleep(0.05)
+            stored_on = next(r for r in bc.replicas.values() if r.replica == old.replica)
+            await wait_until(
+                lambda: b"unreplicated" in commit_log_bytes(stored_on),
+                10,
+                "the old leader storing the send it cannot replicate",
+            )
+            _, msgs = await c.pull(TOPIC, 0, 0)
+            served = b"unreplicated" in [m.body for m in msgs]
             await bc.wait_leader(GROUP, not_replica=old.replica, timeout=30)
             net.heal()
             try:
