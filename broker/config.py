@@ -206,6 +206,9 @@ class BrokerConfig:
     in_sync_replicas: int = 3
     #: A follower this long (ms) behind the leader's end leaves the in-sync set.
     ha_max_time_slave_not_catchup: int = 3000
+    #: Routes also name each follower as a write-only broker that forwards sends to the leader
+    #: (stock producers retry on it while a dead leader is replaced; docs/cluster.md).
+    route_write_replicas: bool = True
 
     def __post_init__(self) -> None:
         if not (1 <= self.max_hash_slot_num < 2**31 and 1 <= self.max_index_num < 2**31):

@@ -93,7 +93,12 @@ def parse_route(topic: str, body: bytes) -> TopicRoute:
     """
     try:
         doc: dict[str, Any] = json.loads(body.decode("utf-8"))
-        queue_datas = doc.get("queueDatas") or []
+        # A follower's write-only entry (``replicaOf`` its group) is for stock producers: the
+        # SDK follows each group's leader itself.
+        replicas = {b.get("brokerName") for b in doc.get("brokerDatas") or [] if b.get("replicaOf")}
+        queue_datas = [
+            q for q in doc.get("queueDatas") or [] if q.get("brokerName") not in replicas
+        ]
         perm = 0
         write_queues: list[MessageQueue] = []
         read_queues: list[MessageQueue] = []
@@ -111,6 +116,8 @@ def parse_route(topic: str, body: bytes) -> TopicRoute:
                 ]
         brokers: dict[str, tuple[str, ...]] = {}
         for b in doc.get("brokerDatas") or []:
+            if b.get("brokerName") in replicas:
+                continue
             addrs = {int(k): str(v) for k, v in (b.get("brokerAddrs") or {}).items()}
             brokers[str(b.get("brokerName") or "")] = tuple(addrs[k] for k in sorted(addrs))
         for q in write_queues + read_queues:

@@ -51,6 +51,7 @@ from ..store import MessageStore, TopicConfig
 from ..topics import INTERNAL_TOPICS, config_from_queues
 from ..transaction.service import TransactionalMessageService
 from .etcd import EtcdError, EtcdSession
+from .forward import FORWARDED, WriteForwarder
 from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
 from .view import ClusterView, Keys
 
@@ -115,6 +116,11 @@ class FollowerRole:
         self.fetcher: ReplicaFetcher | None = None
         self._connections: set[Connection] = set()
         self.acl: Any = None
+        self.forwarder = (
+            WriteForwarder(node.view, node.group, node.replica, node.client_ssl, cfg.max_frame_size)
+            if cfg.route_write_replicas
+            else None
+        )
 
     async def start(self) -> None:
         await self.run_blocking(self.store.load)
@@ -251,6 +257,8 @@ class FollowerRole:
             return cmd.response(body=json.dumps(node.status()).encode())
         if cmd.code in (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT):
             return cmd.response()
+        if self.forwarder is not None and cmd.code in FORWARDED:
+            return await self.forwarder.forward(cmd)
         leader = node.view.leader(node.group)
         where = f"its leader is at {leader.addr}" if leader else "no leader is elected yet"
         return cmd.response(
@@ -259,6 +267,8 @@ class FollowerRole:
         )
 
     async def stop(self) -> None:
+        if self.forwarder is not None:
+            await self.forwarder.close()
         for t in (self._task, self._flusher):
             if t is not None:
                 t.cancel()
@@ -289,7 +299,9 @@ class ClusterNode:
         self._log = log.bind(group=self.group, replica=self.replica)
         self.port = config.listen_port
         self.keys = Keys(config.broker_cluster_name)
-        self.view = ClusterView(config.broker_cluster_name)
+        self.view = ClusterView(
+            config.broker_cluster_name, write_replicas=config.route_write_replicas
+        )
         self.etcd = EtcdSession(config.etcd_endpoints, timeout=min(3.0, config.etcd_lease_ttl / 2))
         self.addr = f"{config.broker_i_p1}:{config.listen_port}"
         #: Where the group's other replicas reach this one (brokerIP2, else brokerIP1).

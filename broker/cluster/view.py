@@ -15,6 +15,12 @@ Keys, under ``/txmq/<brokerClusterName>/`` (values are JSON)::
 Only the leader of a group writes ``isr``, ``topics`` and ``progress`` for it, always in an etcd
 transaction that compares the leader key it holds, so a deposed leader's writes are refused.
 Clients never talk to etcd: every broker answers routes from this copy.
+
+Routes (``routeWriteReplicas``, on by default) also name each follower as a write-only broker
+of its own, ``<group>@<replicaId>`` (its address as broker id 0, ``replicaOf`` the group): a
+stock producer keeps those queues and, when the leader dies, retries its send on a follower,
+which forwards it to whoever leads then (:mod:`.forward`); consumers keep only readable queues
+and never see them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .etcd import Entry
+
+#: RocketMQ's PermName write bit: a follower's route entry takes writes and serves no reads.
+PERM_WRITE = 0x2
+#: Between a group's name and a replica id in the name of that replica's write-only entry.
+REPLICA_ENTRY_SEP = "@"
+
+
+def replica_entry(group: str, replica: int) -> str:
+    """The broker name routes give a follower's write-only entry: ``<group>@<replicaId>``."""
+    return f"{group}{REPLICA_ENTRY_SEP}{replica}"
 
 
 def prefix(cluster: str) -> str:
@@ -81,9 +97,11 @@ class Isr:
 class ClusterView:
     """The watched copy: rebuilt from the whole prefix on every change (it is small)."""
 
-    def __init__(self, cluster: str) -> None:
+    def __init__(self, cluster: str, *, write_replicas: bool = False) -> None:
         self.keys = Keys(cluster)
         self.cluster = cluster
+        #: Routes name each follower as a write-only broker (``routeWriteReplicas``).
+        self.write_replicas = write_replicas
         self.table: dict[str, Entry] = {}
         self.changed = asyncio.Event()
         self.revision = 0
@@ -172,7 +190,14 @@ class ClusterView:
 
     def route(self, topic: str) -> dict[str, Any] | None:
         """RocketMQ's TopicRouteData for ``topic`` over every group that has it: each group's
-        queues, and its leader as broker id 0 (followers as 1, 2, ... for information)."""
+        queues, and its leader as broker id 0 (followers as 1, 2, ... for information).
+
+        With :attr:`write_replicas`, each follower of a group whose queues take writes is also
+        a broker of its own, :func:`replica_entry` ``(group, replica)``, with the group's
+        write queues, write permission only (no read queues) and the follower's address as
+        broker id 0: what stock producers need to send on while the leader is replaced (the
+        follower forwards to the leader).  Its broker data says ``replicaOf`` the group, which
+        the txmq SDK reads to leave it out."""
         queue_datas: list[dict[str, Any]] = []
         broker_datas: list[dict[str, Any]] = []
         for group in self.groups():
@@ -192,14 +217,37 @@ class ClusterView:
             leader = self.leader(group)
             if leader is not None:
                 addrs["0"] = leader.addr
-            n = 1
-            for rid, addr in sorted(self.members(group).items()):
-                if leader is None or rid != leader.replica:
-                    addrs[str(n)] = addr
-                    n += 1
+            followers = [
+                (rid, addr)
+                for rid, addr in sorted(self.members(group).items())
+                if leader is None or rid != leader.replica
+            ]
+            for n, (_, addr) in enumerate(followers, start=1):
+                addrs[str(n)] = addr
             broker_datas.append(
                 {"cluster": self.cluster, "brokerName": group, "brokerAddrs": addrs}
             )
+            if not (self.write_replicas and int(tc["perm"]) & PERM_WRITE):
+                continue
+            for rid, addr in followers:
+                name = replica_entry(group, rid)
+                queue_datas.append(
+                    {
+                        "brokerName": name,
+                        "readQueueNums": 0,
+                        "writeQueueNums": int(tc["write"]),
+                        "perm": PERM_WRITE,
+                        "topicSysFlag": int(tc.get("sysFlag", 0)),
+                    }
+                )
+                broker_datas.append(
+                    {
+                        "cluster": self.cluster,
+                        "brokerName": name,
+                        "brokerAddrs": {"0": addr},
+                        "replicaOf": group,
+                    }
+                )
         if not queue_datas:
             return None
         return {

@@ -1,6 +1,8 @@
 """A stock RocketMQ client (Apache rocketmq-client-cpp) against a broker group: it is given the
 brokers as its name servers, sends to the leader the route names, and after the leader is
-SIGKILLed finds the new leader through the routes (within its 30 s route refresh)."""
+SIGKILLed finds the new leader through the routes (within its 30 s route refresh).  Here with
+``routeWriteReplicas`` off: the routes name only each group's leader, as before that setting
+(with it on, see test_route_write_replicas.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 async def test_cpp_client_follows_a_leader_change(make_cluster: Any, tmp_path: Path) -> None:
     cpp = cpp_client(tmp_path / "home")
-    bc: BrokerCluster = make_cluster()
+    bc: BrokerCluster = make_cluster(settings={"routeWriteReplicas": False})
     bc.start_all()
     leader = await bc.wait_leader("g1")
     await bc.wait_in_sync("g1", [0, 1, 2])
