@@ -85,16 +85,27 @@ class WriteForwarder:
         self.forwarded = 0
         self.refused = 0
 
-    def _refuse(self, cmd: RemotingCommand, why: str) -> RemotingCommand | None:
+    def _refuse(
+        self, cmd: RemotingCommand, why: str, *, sent: bool = False
+    ) -> RemotingCommand | None:
+        """SERVICE_NOT_AVAILABLE for ``cmd``.  With ``sent`` the request reached the leader
+        and was not answered in time: the remark does not say it was refused, since the
+        leader may still store it."""
         self.refused += 1
-        log.info("forward_refused", group=self.group, code=cmd.code, why=why)
+        log.info("forward_failed", group=self.group, code=cmd.code, why=why, sent=sent)
         if cmd.is_oneway:
             return None
-        return cmd.response(
-            ResponseCode.SERVICE_NOT_AVAILABLE,
-            f"this broker is a follower in broker group {self.group!r} and cannot forward "
-            f"to its leader: {why}",
-        )
+        if sent:
+            remark = (
+                f"forwarded to the leader of broker group {self.group!r} by a follower, "
+                f"no answer: {why} (the leader may have stored it)"
+            )
+        else:
+            remark = (
+                f"this broker is a follower in broker group {self.group!r} and cannot forward "
+                f"to its leader: {why}"
+            )
+        return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
 
     async def _connection(self, addr: str) -> Connection:
         async with self._lock:
@@ -126,18 +137,22 @@ class WriteForwarder:
             return self._refuse(cmd, "no leader is elected yet")
         if leader.replica == self.replica:
             return self._refuse(cmd, "this replica is taking over the leadership")
+        where = f"leader replica {leader.replica} at {leader.addr}"
         try:
             conn = await self._connection(leader.addr)
-            # A copy: the request gets an opaque of this connection, the client's answer keeps
-            # the client's.  Headers and body go unchanged (an ACL signature still verifies).
-            out = dataclasses.replace(cmd, ext_fields=dict(cmd.ext_fields))
-            if cmd.is_oneway:
-                conn.send_oneway(out)
-                self.forwarded += 1
-                return None
+        except TxmqError as exc:
+            return self._refuse(cmd, f"{where}: {exc}")
+        # A copy: the request gets an opaque of this connection, the client's answer keeps the
+        # client's.  Headers and body go unchanged (an ACL signature still verifies).
+        out = dataclasses.replace(cmd, ext_fields=dict(cmd.ext_fields))
+        if cmd.is_oneway:
+            conn.send_oneway(out)
+            self.forwarded += 1
+            return None
+        try:
             resp = await conn.request(out, FORWARD_TIMEOUT_S)
         except TxmqError as exc:
-            return self._refuse(cmd, f"leader replica {leader.replica} at {leader.addr}: {exc}")
+            return self._refuse(cmd, f"{where}: {exc}", sent=True)
         self.forwarded += 1
         return resp
 
