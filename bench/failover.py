@@ -10,7 +10,13 @@ caught up between runs):
   brokers as its name servers, one synchronous send every ``--interval`` seconds; the time from
   the kill to the first send it reports as acknowledged after the kill.  That client re-reads
   routes every 30 s from its start, so the kill comes at a random moment of that cycle (from
-  ``--seed``): after 1 + U(0, 30) s of sending.
+  ``--seed``): after 1 + U(0, 30) s of sending.  With ``routeWriteReplicas`` (the default) it
+  retries on a follower's write-only route entry, which forwards to the new leader; with
+  ``--set routeWriteReplicas=false`` it waits for its next route refresh.
+
+``cpp-rate`` (not a failover): the same producer's rate of ``--sends`` synchronous sends with
+no pause, no fault, over the same group (with ``routeWriteReplicas`` two sends in three go
+through a follower); compare with ``--set routeWriteReplicas=false``.
 
 Prints min / median / max of each and one JSON line.  Needs etcd (``make etcd``) and, for
 ``cpp``, the stock client (installed by the compatibility tests).  From the repository root::
@@ -126,6 +132,37 @@ async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) 
         bc.start("g1", leader.replica)
 
 
+async def cpp_rate(bc: BrokerCluster, home: Path, sends: int) -> float:
+    """Messages per second of ``sends`` synchronous sends by the stock producer (from its
+    first acknowledged send: the client's start and first route lookup are left out)."""
+    from tests.compat.stock import cpp_client
+
+    cpp = cpp_client(home)
+    await settle(bc)
+    namesrv = ";".join(r.addr for r in bc.replicas.values())
+    proc = cpp.start("send", namesrv, "stock-rate", "--count", sends + 1)
+    assert proc.stdout is not None
+    try:
+        first = await asyncio.to_thread(proc.stdout.readline)
+        if '"status": 0' not in first:
+            raise RuntimeError(f"the C++ client's first send failed: {first!r}")
+        t0 = time.monotonic()
+        ok = 0
+        while True:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line:
+                break
+            ok += '"status": 0' in line
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+    if ok != sends:
+        raise RuntimeError(f"{sends - ok} of {sends} sends failed")
+    return sends / took
+
+
 def summary(times: list[float]) -> dict[str, float]:
     return {
         "min": round(min(times), 2),
@@ -147,7 +184,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         bc.start_all()
         await settle(bc)
-        if "sdk" in args.clients:
+        if "sdk" in args.clients.split(","):
             p = AsyncProducer("bench-failover", bc.seeds("g1"), request_timeout=30.0)
             await p.start()
             try:
@@ -158,7 +195,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await p.shutdown()
             out["sdk_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
-        if "cpp" in args.clients:
+        if "cpp" in args.clients.split(","):
             times = []
             rnd = random.Random(args.seed)
             for i in range(args.runs):
@@ -166,6 +203,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 times.append(await cpp_run(bc, base / "cpp-home", args.interval, phase))
                 print(f"cpp run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
             out["cpp_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
+        if "cpp-rate" in args.clients.split(","):
+            rates = []
+            for i in range(args.runs):
+                rates.append(await cpp_rate(bc, base / "cpp-home", args.sends))
+                print(f"cpp-rate run {i + 1}: {rates[-1]:.0f} msg/s", file=sys.stderr)
+            out["cpp_rate"] = {**summary(rates), "all": [round(r) for r in rates]}
     finally:
         bc.stop_all()
         etcd.stop()
@@ -175,10 +218,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="leader kills per client")
-    ap.add_argument("--clients", default="sdk,cpp", help="sdk, cpp or both (comma-separated)")
+    ap.add_argument("--clients", default="sdk,cpp", help="sdk, cpp, cpp-rate (comma-separated)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between C++ sends")
     ap.add_argument("--set", action="append", help="a broker setting KEY=VALUE (repeatable)")
     ap.add_argument("--seed", type=int, default=1, help="the C++ kill moments")
+    ap.add_argument("--sends", type=int, default=2000, help="cpp-rate: sends per run")
     ap.add_argument(
         "--kill-etcd-leader",
         action="store_true",
@@ -195,6 +239,12 @@ def main() -> None:
                 f"min {s['min']:.2f} s, median {s['median']:.2f} s, max {s['max']:.2f} s "
                 f"({len(s['all'])} runs)"
             )
+    r = out.get("cpp_rate")
+    if r:
+        print(
+            f"cpp-rate: synchronous sends of the stock producer: min {r['min']:.0f}, "
+            f"median {r['median']:.0f}, max {r['max']:.0f} msg/s ({len(r['all'])} runs)"
+        )
     print(json.dumps(out))
 
 
