@@ -30,6 +30,7 @@ from txmq.broker.cluster.forward import FORWARD_TIMEOUT_S, WriteForwarder
 from txmq.broker.cluster.view import ClusterView, replica_entry
 from txmq.client import AsyncPushConsumer, PullConsumer
 from txmq.client.route import parse_route
+from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.message import MessageExt
@@ -322,3 +323,54 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_sigkill(
         assert not missing, f"{who} consumer missed acknowledged sends {sorted(missing)[:5]}"
         twice = sorted({i for i in ids if ids.count(i) > 1})
         assert not twice, f"{who} consumer got messages twice: {twice[:5]}"
+
+
+ACL_FILE = """
+accounts:
+  - accessKey: producerA
+    secretKey: secret-a-123
+    topicPerms:
+      - orders=PUB
+    groupPerms:
+      - groupA=PUB
+  - accessKey: operator
+    secretKey: secret-op-123
+    admin: true
+"""
+
+
+async def test_forwarded_sends_keep_the_clients_acl_identity(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """A follower forwards headers and body unchanged: the leader checks the client's own
+    signature and permissions (a signed send is stored, one the account may not make or an
+    anonymous one is refused there), never the follower's."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL_FILE)
+    bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
+    bc.signer = Credentials("operator", "secret-op-123").sign
+    leader = await bc.start_group("g1")
+    follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
+    producer = Credentials("producerA", "secret-a-123")
+    direct = await RawClient.connect(leader.addr, credentials=producer)
+    signed = await RawClient.connect(follower.addr, credentials=producer)
+    anonymous = await RawClient.connect(follower.addr)
+    try:
+        assert (await direct.send("orders", b"direct", group="groupA")).code == 0
+        resp = await signed.send("orders", b"signed-via-follower", group="groupA")
+        assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
+        resp = await signed.send("other", b"not-permitted", group="groupA")
+        assert resp.code == ResponseCode.NO_PERMISSION, (resp.code, resp.remark)
+        resp = await anonymous.send("orders", b"anonymous", group="groupA")
+        assert resp.code == ResponseCode.NO_PERMISSION, (resp.code, resp.remark)
+        admin = await RawClient.connect(
+            leader.addr, credentials=Credentials("operator", "secret-op-123")
+        )
+        try:
+            bodies = {m.body for m in await admin.pull_all("orders")}
+        finally:
+            await admin.close()
+    finally:
+        for c in (direct, signed, anonymous):
+            await c.close()
+    assert bodies == {b"direct", b"signed-via-follower"}, bodies
