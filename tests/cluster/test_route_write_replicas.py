@@ -31,6 +31,7 @@ from txmq.broker.cluster.view import ClusterView, replica_entry
 from txmq.client import AsyncPushConsumer, PullConsumer
 from txmq.client.route import parse_route
 from txmq.protocol.acl import Credentials
+from txmq.protocol.aio import open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.message import MessageExt
@@ -374,3 +375,39 @@ async def test_forwarded_sends_keep_the_clients_acl_identity(
         for c in (direct, signed, anonymous):
             await c.close()
     assert bodies == {b"direct", b"signed-via-follower"}, bodies
+
+
+async def test_followers_forward_over_tls_when_it_is_enforced(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """With tls.server.mode enforcing, a follower reaches its leader over TLS (as its
+    replication does) to forward a send."""
+    from tests.support.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    tls = {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(certs.server_cert),
+        "tls.server.keyPath": str(certs.server_key),
+        "tls.server.trustCertPath": str(certs.ca),
+    }
+    bc: BrokerCluster = make_cluster(settings=tls)
+    bc.ssl = certs.client_context()
+    leader = await bc.start_group("g1")
+    follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
+
+    async def connect(addr: str) -> RawClient:
+        host, _, port = addr.rpartition(":")
+        return RawClient(await open_connection(host, int(port), ssl=certs.client_context()))
+
+    c = await connect(follower.addr)
+    try:
+        resp = await c.send("tls-fwd", b"over-tls-via-follower")
+        assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
+    finally:
+        await c.close()
+    c = await connect(leader.addr)
+    try:
+        assert [m.body for m in await c.pull_all("tls-fwd")] == [b"over-tls-via-follower"]
+    finally:
+        await c.close()
