@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint
+from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
@@ -26,6 +26,8 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+
+__all__ = ["py5"]  # the fixture, imported for this module's tests
 
 RATE = 64 * 1024
 CONSUME_RATE = 32 * 1024
@@ -46,6 +48,11 @@ accounts:
     defaultTopicPerm: PUB|SUB
     defaultGroupPerm: PUB|SUB
     consumeByteRate: {CONSUME_RATE}
+  - accessKey: trickle
+    secretKey: secret-trickle-1
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: PUB|SUB
+    produceByteRate: 100
   - accessKey: limited
     secretKey: secret-limit-1
     defaultTopicPerm: PUB|SUB
@@ -57,6 +64,7 @@ SECRETS = {
     "quieter": "secret-quiet-1",
     "reader": "secret-read-1",
     "limited": "secret-limit-1",
+    "trickle": "secret-trickle-1",
 }
 
 
@@ -268,3 +276,42 @@ def test_telemetry_streams_count_against_max_connections(bt: BrokerThread, stub:
     again = Stream(stub, "limited", "limited-3")
     again.close()
     assert again.first.status.code == pb.OK, again.first.status
+
+
+def test_stock_client_over_its_rate_is_refused_and_another_sends(
+    bt: BrokerThread, py5: Path
+) -> None:
+    """The official RocketMQ 5 Python client: an account of 100 bytes/s sends 3,000 bytes (a
+    30 s debt), so its next send -- and the client's retries of it -- are refused with 42900;
+    another account's client sends at once."""
+    ep = endpoint(bt)
+    err = run_refused(
+        py5,
+        op="send",
+        endpoint=ep,
+        topic="trickled",
+        messages=[{"body": "x" * 3000}, {"body": "y"}],
+        access_key="trickle",
+        secret_key=SECRETS["trickle"],
+    )
+    # the client's own exception for the proxy's flow-control answer, with the broker's words
+    assert "TooManyRequestsException: 42900" in err, err[-2000:]
+    assert "[TOO_MANY_REQUESTS] account 'trickle'" in err, err[-2000:]
+    assert throttled(bt, "trickle", "produce") >= 1
+    sent = run(
+        py5,
+        op="send",
+        endpoint=ep,
+        topic="trickled",
+        messages=[{"body": "z" * 3000}, {"body": "w"}],
+        access_key="quieter",
+        secret_key=SECRETS["quieter"],
+    )
+    assert len(sent["ids"]) == 2
+
+    def stored() -> int:
+        assert bt.controller is not None
+        store = bt.controller.store
+        return sum(store.get_max_offset_in_queue("trickled", q) for q in range(4))
+
+    assert bt.run(stored) == 3  # the trickle's first message and the other account's two
