@@ -186,3 +186,17 @@ def test_bound_below_minimum_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="max_open_consume_queue_files"):
         StoreConfig(str(tmp_path), max_open_consume_queue_files=3)
+
+
+def test_default_bound_is_half_the_raised_limit() -> None:
+    """0 derives the bound from the open-files limit, which is first raised to the hard one."""
+    import resource
+
+    from txmq.broker.store.queue_file import OpenFiles
+
+    files = OpenFiles(0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        assert soft == hard
+    assert files.bound == max(16, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
+    assert OpenFiles(40).bound == 40
