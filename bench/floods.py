@@ -13,12 +13,14 @@ Floods (each set up, held while the probe runs, then taken down):
 * ``loris``: 200 connections that send a frame's first bytes and then one byte a second
   (frameReadTimeout drops them: the script waits for it, up to ``--loris-wait`` s);
 * ``topics``: 10,000 topics (``--topics``) created by their first send, one message pulled from
-  each (every used consume queue holds two open files: the broker needs the room).
+  each (consume-queue files are kept within ``maxOpenConsumeQueueFiles``, half the open-files
+  limit by default; ``--max-open-cq-files`` sets it).
 
 The probe is a separate process (so the flood's own client work is not in its figures): one
 connection, sequential 256-byte SEND_MESSAGE_V2 for ``--probe-seconds``; it reports p50 and
 p99.  The ratio is the flood's p99 over the unloaded p99.  RLIMIT_NOFILE is raised to its hard
-limit here, and the broker (a child) inherits it.
+limit here, and the broker (a child) inherits it.  Each row also gives the broker's open
+descriptors (``/proc/PID/fd``) before, at the peak of and after the flood.
 """
 
 from __future__ import annotations
@@ -56,8 +58,7 @@ FLOODS = ("idle", "parked", "noread", "loris", "topics")
 
 def raise_nofile(want: int = 262_144) -> int:
     """Open files: ``want`` where allowed (root may raise the hard limit), else the hard
-    limit.  Every connection is a file, and so is every consume queue the broker has open (two:
-    Python's mmap keeps a duplicate descriptor)."""
+    limit.  Every connection is a file; consume-queue files are bounded by the broker."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, soft), max(want, hard)))
@@ -73,6 +74,10 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -291,9 +296,12 @@ async def main(args: argparse.Namespace) -> None:
     nofile = raise_nofile()
     quiet_logs()
     chosen = [f for f in args.floods.split(",") if f]
+    settings: dict[str, object] = {}
+    if args.max_open_cq_files:
+        settings["maxOpenConsumeQueueFiles"] = args.max_open_cq_files
     with (
         tempfile.TemporaryDirectory(prefix="txmq-floods-") as tmp,
-        spawn_broker(tmp) as (address, pid),
+        spawn_broker(tmp, settings) as (address, pid),
     ):
         await asyncio.sleep(1.0)
         run_probe(address, 1.0)  # warm-up
@@ -303,6 +311,7 @@ async def main(args: argparse.Namespace) -> None:
             "nofile": nofile,
             "unloaded": base,
             "rss_start_mib": rss_mib(pid),
+            "fds_start": open_fds(pid),
         }
         makers: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[str]]] = {
             "idle": lambda: idle(address),
@@ -312,12 +321,13 @@ async def main(args: argparse.Namespace) -> None:
             "topics": lambda: topics(address, args.topics),
         }
         for name in chosen:
-            before = rss_mib(pid)
+            before, fds_before = rss_mib(pid), open_fds(pid)
             async with makers[name]() as what:
-                during = rss_mib(pid)
+                during, fds_during = rss_mib(pid), open_fds(pid)
                 loop = asyncio.get_running_loop()
                 p = await loop.run_in_executor(None, run_probe, address, args.probe_seconds)
                 peak = max(during, rss_mib(pid))
+                fds_peak = max(fds_during, open_fds(pid))
             await asyncio.sleep(2.0)
             after = rss_mib(pid)
             row = {
@@ -325,6 +335,7 @@ async def main(args: argparse.Namespace) -> None:
                 "probe": p,
                 "p99_ratio": round(p["p99_ms"] / base["p99_ms"], 2),
                 "rss_mib": {"before": before, "during": peak, "after": after},
+                "fds": {"before": fds_before, "during": fds_peak, "after": open_fds(pid)},
             }
             if name == "loris" and LORIS_NOTE:
                 row["dropped"] = LORIS_NOTE[-1]
@@ -339,6 +350,12 @@ def cli() -> None:
     ap.add_argument("--floods", default=",".join(FLOODS), help="comma list of " + ", ".join(FLOODS))
     ap.add_argument("--probe-seconds", type=float, default=5.0)
     ap.add_argument("--topics", type=int, default=10_000, help="topics of the topics flood")
+    ap.add_argument(
+        "--max-open-cq-files",
+        type=int,
+        default=0,
+        help="the broker's maxOpenConsumeQueueFiles (0: its default, half the open-files limit)",
+    )
     ap.add_argument("--loris-wait", type=float, default=45.0, help="seconds to wait for the drops")
     ap.add_argument("--probe", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -65,6 +65,10 @@ class BrokerConfig:
     sync_flush_timeout: int = 5000
     mapped_file_size_commit_log: int = 1 * GiB
     mapped_file_size_consume_queue: int = 300_000 * 20
+    #: Consume-queue files kept open at most; the least recently used is closed (fsynced
+    #: first) to open another.  0: half the open-files limit (the soft RLIMIT_NOFILE, raised
+    #: to the hard limit at start-up).
+    max_open_consume_queue_files: int = 0
     #: Commit-log segments older than this are deleted (hours).
     file_reserved_time: float = 72.0
     #: The disk is short of space past this (percent): what retention then does is

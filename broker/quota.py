@@ -1,5 +1,5 @@
-"""Quotas on the remoting port: produce and consume bytes per second and open connections, per
-ACL account (``produceByteRate``, ``consumeByteRate``, ``maxConnections`` in the account's
+"""Quotas on both front ends (remoting and RocketMQ 5 gRPC): produce and consume bytes per
+second and open connections, per ACL account (``produceByteRate``, ``consumeByteRate``, ``maxConnections`` in the account's
 entry of ``plain_acl.yml``) or, for a client without an account, per client address; the broker
 configuration's ``quotaProduceByteRate``, ``quotaConsumeByteRate`` and ``quotaMaxConnections``
 are the defaults (0: unlimited, the default, so nothing changes unless an operator sets one).
@@ -16,6 +16,13 @@ A connection is counted against its account (or address) at its first request; o
 ``maxConnections`` gets SYSTEM_BUSY with a ``[TOO_MANY_CONNECTIONS]`` remark, is logged and
 closed.  Each throttle or refusal counts in ``txmq_quota_throttled_total{account,kind}``
 (kind: ``produce``, ``consume``, ``connections``).
+
+The gRPC front end (``broker/grpc/server.py``) uses the same manager, so an account's buckets
+and connection count are shared by both front ends: SendMessage is charged the bodies of its
+messages, ReceiveMessage the bodies it returns, and each Telemetry stream (one per RocketMQ 5
+client and endpoint) counts as a connection.  A refusal there is the response's ``Status``
+with ``Code.TOO_MANY_REQUESTS`` (42900), what RocketMQ's proxy answers for a flow-controlled
+request, carrying the same ``[TOO_MANY_REQUESTS]`` / ``[TOO_MANY_CONNECTIONS]`` message.
 """
 
 from __future__ import annotations
@@ -126,7 +133,12 @@ class QuotaManager:
     @staticmethod
     def key_of(conn: Connection, access_key: str | None) -> str:
         """An account's access key, or ``address:<ip>`` for a client without one."""
-        return access_key if access_key else f"address:{conn.peer[0]}"
+        return QuotaManager.key_for(access_key, conn.peer[0])
+
+    @staticmethod
+    def key_for(access_key: str | None, host: str) -> str:
+        """An account's access key, or ``address:<host>`` for a client without one."""
+        return access_key if access_key else f"address:{host}"
 
     def limits(self, key: str) -> QuotaLimits:
         if key.startswith("address:"):
@@ -142,37 +154,48 @@ class QuotaManager:
 
     # -- connections ----------------------------------------------------------------------------
 
-    def admit_connection(self, conn: Connection, key: str) -> str | None:
-        """Count ``conn`` under ``key`` at its first request; the refusal's remark if that
-        would pass the key's ``maxConnections`` (the connection is then not counted)."""
+    def admit(self, key: str, peer: tuple[str, int], what: str = "connection") -> str | None:
+        """Count one connection (or gRPC Telemetry stream) under ``key``; the refusal's text
+        if that would pass the key's ``maxConnections`` (it is then not counted).  Each
+        admitted one is given back with :meth:`release`."""
         limit = self.limits(key).max_connections or 0
         n = self.connections.get(key, 0)
         if limit and n >= limit:
             self.throttled.labels(key, "connections").inc()
             log.warning(
                 "connection_refused_by_quota",
-                peer=f"{conn.peer[0]}:{conn.peer[1]}",
+                peer=f"{peer[0]}:{peer[1]}",
+                what=what,
                 account=key,
                 open=n,
                 max_connections=limit,
             )
-            conn.context[CONTEXT_KEY] = None
             return (
                 f"[TOO_MANY_CONNECTIONS] {_who(key)} already has {n} connections open, its "
-                f"limit (maxConnections) is {limit}: this connection is refused"
+                f"limit (maxConnections) is {limit}: this {what} is refused"
             )
         self.connections[key] = n + 1
-        conn.context[CONTEXT_KEY] = key
         return None
+
+    def release(self, key: str) -> None:
+        """One connection (or stream) counted under ``key`` is gone."""
+        n = self.connections.get(key, 0) - 1
+        if n > 0:
+            self.connections[key] = n
+        else:
+            self.connections.pop(key, None)
+
+    def admit_connection(self, conn: Connection, key: str) -> str | None:
+        """Count ``conn`` under ``key`` at its first request; the refusal's remark if that
+        would pass the key's ``maxConnections`` (the connection is then not counted)."""
+        refused = self.admit(key, conn.peer)
+        conn.context[CONTEXT_KEY] = None if refused is not None else key
+        return refused
 
     def connection_closed(self, conn: Connection) -> None:
         key = conn.context.get(CONTEXT_KEY)
         if isinstance(key, str):
-            n = self.connections.get(key, 0) - 1
-            if n > 0:
-                self.connections[key] = n
-            else:
-                self.connections.pop(key, None)
+            self.release(key)
 
     async def serve(
         self,
@@ -214,11 +237,26 @@ class QuotaManager:
         """
         code = cmd.code
         if code in _PRODUCE_CODES:
-            kind, rate = "produce", self.limits(key).produce_byte_rate or 0
+            await self.throttle(key, "produce", len(cmd.body))
         elif code in _CONSUME_CODES:
-            kind, rate = "consume", self.limits(key).consume_byte_rate or 0
-        else:
-            return
+            await self.throttle(key, "consume", 0)
+
+    def rate_of(self, key: str, kind: str) -> int:
+        """The byte rate of ``kind`` (``produce`` or ``consume``) in force for ``key`` (0:
+        unlimited)."""
+        limits = self.limits(key)
+        rate = limits.produce_byte_rate if kind == "produce" else limits.consume_byte_rate
+        return rate or 0
+
+    async def throttle(self, key: str, kind: str, charge: int) -> None:
+        """Delay a request of ``kind`` whose bucket is in debt, or refuse it past
+        ``max_throttle``; then charge it ``charge`` bytes (a send's bodies; a receive is
+        charged what it returns, with :meth:`charge`, afterwards).
+
+        Raises:
+            SystemBusyError: ``[TOO_MANY_REQUESTS]``, naming the account and the limit.
+        """
+        rate = self.rate_of(key, kind)
         if not rate:
             return
         bucket = self._bucket(key, kind, rate)
@@ -231,8 +269,8 @@ class QuotaManager:
                 f"[TOO_MANY_REQUESTS] {_who(key)} is over its {kind} quota ({name} {rate} "
                 f"bytes/s): try again in {wait:.1f}s"
             )
-        if kind == "produce":
-            bucket.take(len(cmd.body), now)
+        if charge:
+            bucket.take(charge, now)
         if wait > 0:
             self.throttled.labels(key, kind).inc()
             await asyncio.sleep(wait)
@@ -241,9 +279,13 @@ class QuotaManager:
         """Charge a pull the bytes of its answer."""
         if resp is None or cmd.code not in _CONSUME_CODES or not resp.body:
             return
-        rate = self.limits(key).consume_byte_rate or 0
-        if rate:
-            self._bucket(key, "consume", rate).take(len(resp.body), self.clock())
+        self.charge(key, "consume", len(resp.body))
+
+    def charge(self, key: str, kind: str, n: int) -> None:
+        """Take ``n`` bytes from ``key``'s ``kind`` bucket (a receive's answer)."""
+        rate = self.rate_of(key, kind)
+        if rate and n:
+            self._bucket(key, kind, rate).take(n, self.clock())
 
 
 def _who(key: str) -> str:

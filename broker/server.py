@@ -389,7 +389,7 @@ class BrokerController:
         if self.cluster is None:  # a replica's node serves the port for all its roles
             self.ops = start_ops_server(cfg, lambda: self.metrics.registry, self.readiness)
         if grpc_server is not None:
-            self.grpc = grpc_server(self.core, self.acl, self.tls)
+            self.grpc = grpc_server(self.core, self.acl, self.tls, self.quota)
             self.grpc_port = await self.grpc.start()
         self.started_monotonic = time.monotonic()
         await self._server.start_serving()

@@ -28,6 +28,7 @@ from txmq.protocol.errors import (
     IllegalOperationError,
     MessageIllegalError,
     NoPermissionError,
+    SystemBusyError,
     TopicNotExistError,
     TxmqError,
 )
@@ -75,6 +76,8 @@ _ERROR_CODES: tuple[tuple[type[TxmqError], int], ...] = (
     (TopicNotExistError, Code.TOPIC_NOT_FOUND),
     (NoPermissionError, Code.FORBIDDEN),
     (FlushDiskTimeoutError, Code.MASTER_PERSISTENCE_TIMEOUT),
+    # RocketMQ's proxy answers SYSTEM_BUSY (a quota, a full queue) with TOO_MANY_REQUESTS
+    (SystemBusyError, Code.TOO_MANY_REQUESTS),
     (IllegalOperationError, Code.PRECONDITION_FAILED),
     (MessageIllegalError, Code.BAD_REQUEST),
     (TxmqError, Code.INTERNAL_SERVER_ERROR),

@@ -22,13 +22,17 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from txmq.protocol.errors import SystemBusyError
+
 from .auth import Context
+from .convert import Code, status
 from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
     from ..acl import AclManager
     from ..messaging import MessagingCore
+    from ..quota import QuotaManager
     from ..tls import ServerTls, TlsMaterial
     from ..transaction.service import CheckSender
 
@@ -41,8 +45,16 @@ STOP_GRACE_S = 2.0
 class GrpcServer:
     """``apache.rocketmq.v2.MessagingService`` on ``grpcServerPort`` of ``bindAddress``."""
 
-    def __init__(self, core: MessagingCore, acl: AclManager | None, tls: ServerTls | None) -> None:
+    def __init__(
+        self,
+        core: MessagingCore,
+        acl: AclManager | None,
+        tls: ServerTls | None,
+        quota: QuotaManager | None = None,
+    ) -> None:
         self.core = core
+        #: The broker's quotas, shared with the remoting port (None: none apply).
+        self.quota = quota
         self.ctx = core.ctx
         self.acl = acl
         self.tls = tls
@@ -80,7 +92,7 @@ class GrpcServer:
         if port == 0:
             raise OSError(f"cannot bind the gRPC port {cfg.bind_address}:{self.port}")
         self.port = port
-        self.service = MessagingService(self.core, self.acl, port)
+        self.service = MessagingService(self.core, self.acl, port, self.quota)
         server.add_generic_rpc_handlers((handlers(self.service),))
         await server.start()
         self._server = server
@@ -181,8 +193,14 @@ def _refusal(response: Any, request: Any, st: Any) -> Any:
     return out
 
 
+def _too_many(exc: SystemBusyError) -> Any:
+    """A quota's refusal: what RocketMQ's proxy answers a flow-controlled request."""
+    return status(Code.TOO_MANY_REQUESTS, str(exc))
+
+
 def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
+    produce = name == "SendMessage"
 
     @functools.wraps(method)
     async def call(request: Any, context: Context) -> Any:
@@ -192,6 +210,13 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 return _refusal(response, request, refused)
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
+        quota = service.quota
+        if produce and quota is not None:
+            charge = sum(len(m.body) for m in request.messages)
+            try:
+                await quota.throttle(service.quota_key(context), "produce", charge)
+            except SystemBusyError as exc:
+                return _refusal(response, request, _too_many(exc))
         t0 = time.perf_counter()
         try:
             return await method(request, context)
@@ -203,6 +228,7 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
 
 def _server_streaming(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
+    consume = name == "ReceiveMessage"
 
     @functools.wraps(method)
     async def call(request: Any, context: Context) -> AsyncIterator[Any]:
@@ -213,8 +239,19 @@ def _server_streaming(service: MessagingService, name: str, response: Any) -> Ca
                 return
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
+        quota = service.quota if consume else None
+        key = ""
+        if quota is not None:
+            key = service.quota_key(context)
+            try:
+                await quota.throttle(key, "consume", 0)
+            except SystemBusyError as exc:
+                yield _refusal(response, request, _too_many(exc))
+                return
         t0 = time.perf_counter()
         async for item in method(request, context):
+            if quota is not None and item.HasField("message"):
+                quota.charge(key, "consume", len(item.message.body))
             yield item
         service.ctx.metrics.observe_latency(f"grpc:{name}", time.perf_counter() - t0)
 

@@ -43,6 +43,7 @@ from ..acl import AclDenied
 from ..clients import ClientChannel
 from ..messaging import MessagingCore, SendOutcome
 from ..messaging.core import DeliveryTimeError
+from ..quota import QuotaManager
 from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
 from ..store import GetMessageStatus
 from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
@@ -184,7 +185,13 @@ Handler = Callable[[Any, Context], Awaitable[Any]]
 class MessagingService:
     """The RPCs; :func:`txmq.broker.grpc.server.handlers` binds them by name."""
 
-    def __init__(self, core: MessagingCore, acl: AclManager | None, port: int) -> None:
+    def __init__(
+        self,
+        core: MessagingCore,
+        acl: AclManager | None,
+        port: int,
+        quota: QuotaManager | None = None,
+    ) -> None:
         self.core = core
         self.ctx = core.ctx
         self.tx = core.tx
@@ -195,6 +202,12 @@ class MessagingService:
         self._rr = 0
         #: The ACL check of every call (``aclEnable``); None when off.
         self.access = GrpcAccess(acl, core.tx) if acl is not None else None
+        #: The broker's quotas (shared with the remoting port); None when none apply.
+        self.quota = quota
+
+    def quota_key(self, context: Context) -> str:
+        """What a call's quotas are counted under: its account, else its client address."""
+        return QuotaManager.key_for(CALLER.get(), _peer_address(context)[0])
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -407,6 +420,16 @@ class MessagingService:
         except GrpcStatusError as exc:
             await context.write(spb.TelemetryCommand(status=status(exc.code, exc.message)))
             return
+        quota_key: str | None = None
+        if self.quota is not None:
+            # each Telemetry stream (a client's hold on this endpoint) counts as a connection
+            quota_key = self.quota_key(context)
+            refused = self.quota.admit(quota_key, _peer_address(context), "stream")
+            if refused is not None:
+                await context.write(
+                    spb.TelemetryCommand(status=status(Code.TOO_MANY_REQUESTS, refused))
+                )
+                return
         stream = TelemetryStream(context, CALLER.get())
         c.peer.streams.append(stream)
         timeout = self.cfg.transaction_check_request_timeout / 1000.0
@@ -441,6 +464,8 @@ class MessagingService:
         except Exception as exc:
             log.info("grpc_telemetry_ended", client_id=c.client_id, error=repr(exc))
         finally:
+            if quota_key is not None and self.quota is not None:
+                self.quota.release(quota_key)
             stream.live = False
             if stream in c.peer.streams:
                 c.peer.streams.remove(stream)

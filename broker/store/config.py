@@ -31,6 +31,9 @@ class StoreConfig:
         disk_refuse_writes_ratio: percent of the disk past which writes are refused, with a
             clear error, until space is freed (reads go on).
         max_message_size: largest encoded stored message accepted, in bytes.
+        max_open_consume_queue_files: consume-queue files kept open at most (the least
+            recently used is closed to open another); 0 derives it from the open-files limit
+            (half the soft ``RLIMIT_NOFILE``, raised to the hard limit first).
     """
 
     store_path_root_dir: str
@@ -41,6 +44,7 @@ class StoreConfig:
     disk_full_policy: str = "refuse_writes"
     disk_refuse_writes_ratio: int = 90
     max_message_size: int = 4 * 1024 * 1024
+    max_open_consume_queue_files: int = 0
 
     def __post_init__(self) -> None:
         if not self.store_path_root_dir:
@@ -55,6 +59,11 @@ class StoreConfig:
             raise ValueError(
                 f"mapped_file_size_consume_queue must be a positive multiple of "
                 f"{CQ_ENTRY_SIZE}, got {cq}"
+            )
+        if self.max_open_consume_queue_files and self.max_open_consume_queue_files < 16:
+            raise ValueError(
+                f"max_open_consume_queue_files must be 0 (derived) or at least 16, "
+                f"got {self.max_open_consume_queue_files}"
             )
         if self.max_message_size <= 0:
             raise ValueError(f"max_message_size must be positive, got {self.max_message_size}")

@@ -22,12 +22,14 @@ Entry layout (RocketMQ's ``CQ_STORE_UNIT_SIZE`` = 20, big-endian)::
   ends.  Fillers are always below the queue's minimum offset.
 
 Files are sparse; disk blocks are reserved (``posix_fallocate``) 64 KiB ahead of the entries
-written, before the message's commit-log record is written (:meth:`ConsumeQueue.prepare`): a
-write through a mapping into a hole on a full disk would kill the process with SIGBUS, a failed
-reservation is an error the broker can answer.
+written, before the message's commit-log record is written (:meth:`ConsumeQueue.prepare`), so a
+full disk fails the append cleanly, before anything is stored.
 
-Durability: entries are written through the mapping and fsynced by the store's
-``flush_consume_queues``; a consume queue is only an index, and whatever it misses after a crash
+Open files: segments are read and written with ``pread``/``pwrite`` through
+:class:`~.queue_file.QueueFile` (one descriptor each, no mapping), opened on use and closed by the
+store's least-recently-used bound (``maxOpenConsumeQueueFiles``), fsynced first if written.
+
+Durability: entries are fsynced by the store's ``flush_consume_queues``; a consume queue is only an index, and whatever it misses after a crash
 is rebuilt from the commit log (``MessageStore.load``).  Entries pointing at or past the
 commit-log offset the store re-dispatches from are dropped when a queue is opened, because the
 recovery scan writes them again.
@@ -43,7 +45,8 @@ from collections.abc import Callable
 import structlog
 
 from .fileio import nonzero_end, reserve_blocks, zero_tail
-from .mapped_file import MappedFile, segment_files
+from .mapped_file import segment_files, segment_name
+from .queue_file import OpenFiles, QueueFile
 
 log = structlog.get_logger(__name__)
 
@@ -63,29 +66,31 @@ class FlushTracker:
     entries changed, and deleted segments whose descriptors the flush thread closes.
 
     Mutated only with the store lock held; the flush thread swaps the sets out under that lock
-    (:meth:`take`)."""
+    (:meth:`take`).  It also holds the store's bound on open consume-queue files
+    (:class:`OpenFiles`, ``open_files_bound``: 0 derives it from the open-files limit)."""
 
-    def __init__(self) -> None:
-        self.segments: set[MappedFile] = set()
+    def __init__(self, open_files_bound: int = 0) -> None:
+        self.segments: set[QueueFile] = set()
         self.dirs: set[str] = set()
-        self.retired: list[MappedFile] = []
+        self.retired: list[QueueFile] = []
+        self.files = OpenFiles(open_files_bound)
 
-    def written(self, seg: MappedFile) -> None:
+    def written(self, seg: QueueFile) -> None:
         self.segments.add(seg)
 
-    def created(self, seg: MappedFile) -> None:
+    def created(self, seg: QueueFile) -> None:
         self.segments.add(seg)
         self.dirs.add(os.path.dirname(seg.path))
 
     def dir_created(self, parent: str) -> None:
         self.dirs.add(parent)
 
-    def deleted(self, seg: MappedFile) -> None:
+    def deleted(self, seg: QueueFile) -> None:
         self.segments.discard(seg)
         self.retired.append(seg)
         self.dirs.add(os.path.dirname(seg.path))
 
-    def take(self) -> tuple[list[MappedFile], list[str], list[MappedFile]]:
+    def take(self) -> tuple[list[QueueFile], list[str], list[QueueFile]]:
         segs, dirs, retired = list(self.segments), sorted(self.dirs), self.retired
         self.segments, self.dirs, self.retired = set(), set(), []
         return segs, dirs, retired
@@ -126,7 +131,7 @@ class ConsumeQueue:
         self.directory = os.path.join(root, topic, str(queue_id))
         self.segment_size = segment_size
         self._tracker = tracker
-        self._segments: list[MappedFile] = []
+        self._segments: list[QueueFile] = []
         self._starts: list[int] = []
         self.min_offset = 0
         self.max_offset = 0
@@ -143,16 +148,14 @@ class ConsumeQueue:
         prefix; what follows may be torn and is rebuilt by the recovery scan.
         """
         found = segment_files(self.directory)
-        segs: list[MappedFile] = []
+        segs: list[QueueFile] = []
         for start, path in found:
             if start % CQ_ENTRY_SIZE or (segs and start != segs[-1].end):
                 log.warning("segment_deleted", path=path, reason="gap_in_consume_queue")
                 os.unlink(path)
                 self._tracker.dir_created(self.directory)
                 continue
-            seg = MappedFile.open_existing(
-                path, start, min_capacity=self.segment_size, writable=True, map_now=False
-            )
+            seg = QueueFile.open_existing(path, start, self.segment_size, self._tracker.files)
             seg.capacity -= seg.capacity % CQ_ENTRY_SIZE
             segs.append(seg)
         if not segs:
@@ -162,8 +165,7 @@ class ConsumeQueue:
             pos = index * CQ_ENTRY_SIZE
             i = bisect.bisect_right([s.start for s in segs], pos) - 1
             seg = segs[i]
-            assert seg.fd is not None
-            raw = os.pread(seg.fd, CQ_ENTRY_SIZE, pos - seg.start)
+            raw = seg.pread(CQ_ENTRY_SIZE, pos - seg.start)
             if len(raw) < CQ_ENTRY_SIZE:
                 return (0, 0, 0)
             phy, size, tags = CQ_ENTRY.unpack(raw)
@@ -183,18 +185,15 @@ class ConsumeQueue:
                     keep_n = i
                 else:
                     keep_n = i + 1
-                    assert seg.fd is not None
                     rel = cut_pos - seg.start
-                    if nonzero_end(seg.fd, rel, seg.capacity) > rel:
-                        zero_tail(seg.fd, rel, seg.capacity)
+                    if nonzero_end(seg.handle(), rel, seg.capacity) > rel:
+                        zero_tail(seg.handle(), rel, seg.capacity)
                         self._tracker.written(seg)
                 break
         for seg in segs[keep_n:]:
             seg.unlink()
-            seg.close_fd()
             self._tracker.dir_created(self.directory)
         for seg in segs[:keep_n]:
-            seg.map()
             self._segments.append(seg)
             self._starts.append(seg.start)
         self.max_offset = self.min_offset = cut
@@ -220,17 +219,16 @@ class ConsumeQueue:
         if pos + CQ_ENTRY_SIZE > self._reserved_end:
             self._reserve(seg, pos + CQ_ENTRY_SIZE - seg.start)
 
-    def _reserve(self, seg: MappedFile, upto: int) -> None:
+    def _reserve(self, seg: QueueFile, upto: int) -> None:
         """Reserve blocks of ``seg`` from the reserved end to ``upto`` (relative), rounded up
         to ``RESERVE_STEP`` so that this costs one system call per few thousand entries."""
-        assert seg.fd is not None
         begin = max(self._reserved_end - seg.start, 0)
         end = min(seg.capacity, -(-upto // RESERVE_STEP) * RESERVE_STEP)
         if end > begin:
-            reserve_blocks(seg.fd, begin, end - begin)
+            reserve_blocks(seg.handle(), begin, end - begin)
         self._reserved_end = seg.start + end
 
-    def _segment_to_write(self, pos: int) -> MappedFile:
+    def _segment_to_write(self, pos: int) -> QueueFile:
         """The segment holding byte ``pos`` (that of offset ``max_offset``), prepared."""
         seg = self._segments[-1] if self._segments else None
         if seg is None or pos >= seg.end or pos + CQ_ENTRY_SIZE > self._reserved_end:
@@ -244,8 +242,7 @@ class ConsumeQueue:
         """Write the entry for offset ``max_offset`` and advance it."""
         pos = self.max_offset * CQ_ENTRY_SIZE
         seg = self._segment_to_write(pos)
-        assert seg.mm is not None
-        CQ_ENTRY.pack_into(seg.mm, pos - seg.start, commit_log_offset, size, tags_code)
+        seg.pwrite(CQ_ENTRY.pack(commit_log_offset, size, tags_code), pos - seg.start)
         self.max_offset += 1
         self._tracker.written(seg)
 
@@ -277,15 +274,12 @@ class ConsumeQueue:
             stop = pos + k * CQ_ENTRY_SIZE
             if seg is self._segments[-1] and stop > self._reserved_end:
                 self._reserve(seg, stop - seg.start)
-            assert seg.mm is not None
-            seg.mm[pos - seg.start : stop - seg.start] = data[
-                done * CQ_ENTRY_SIZE : (done + k) * CQ_ENTRY_SIZE
-            ]
+            seg.pwrite(data[done * CQ_ENTRY_SIZE : (done + k) * CQ_ENTRY_SIZE], pos - seg.start)
             self.max_offset += k
             done += k
             self._tracker.written(seg)
 
-    def _new_segment(self, pos: int) -> MappedFile:
+    def _new_segment(self, pos: int) -> QueueFile:
         if self._segments:
             start = self._segments[-1].end
         else:
@@ -297,15 +291,16 @@ class ConsumeQueue:
                 self._tracker.dir_created(self._root)
             os.makedirs(self.directory, exist_ok=True)
             self._tracker.dir_created(topic_dir)
-        seg = MappedFile.create(self.directory, start, self.segment_size, writable=True)
+        seg = QueueFile.create(
+            self.directory, segment_name(start), start, self.segment_size, self._tracker.files
+        )
         self._segments.append(seg)
         self._starts.append(seg.start)
         self._tracker.created(seg)
         self._reserved_end = start
         if pos > start:
             self._reserve(seg, pos - start)
-            assert seg.mm is not None
-            seg.mm[0 : pos - start] = FILLER_ENTRY * ((pos - start) // CQ_ENTRY_SIZE)
+            seg.pwrite(FILLER_ENTRY * ((pos - start) // CQ_ENTRY_SIZE), 0)
         return seg
 
     def repair(self, index: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
@@ -315,10 +310,14 @@ class ConsumeQueue:
         if loc is None:
             return False
         seg, rel = loc
-        assert seg.mm is not None
-        if CQ_ENTRY.unpack_from(seg.mm, rel) == (commit_log_offset, size, tags_code):
+        raw = seg.pread(CQ_ENTRY_SIZE, rel)
+        if len(raw) == CQ_ENTRY_SIZE and CQ_ENTRY.unpack(raw) == (
+            commit_log_offset,
+            size,
+            tags_code,
+        ):
             return False
-        CQ_ENTRY.pack_into(seg.mm, rel, commit_log_offset, size, tags_code)
+        seg.pwrite(CQ_ENTRY.pack(commit_log_offset, size, tags_code), rel)
         self._tracker.written(seg)
         return True
 
@@ -351,7 +350,7 @@ class ConsumeQueue:
         """The first offset the queue's files cover."""
         return self._segments[0].start // CQ_ENTRY_SIZE if self._segments else self.max_offset
 
-    def _locate(self, index: int) -> tuple[MappedFile, int] | None:
+    def _locate(self, index: int) -> tuple[QueueFile, int] | None:
         pos = index * CQ_ENTRY_SIZE
         segs = self._segments
         if not segs:
@@ -377,8 +376,10 @@ class ConsumeQueue:
         if loc is None:
             return None
         seg, rel = loc
-        assert seg.mm is not None
-        phy, size, tags = CQ_ENTRY.unpack_from(seg.mm, rel)
+        raw = seg.pread(CQ_ENTRY_SIZE, rel)
+        if len(raw) < CQ_ENTRY_SIZE:
+            return None
+        phy, size, tags = CQ_ENTRY.unpack(raw)
         return phy, size, tags
 
     def read(self, index: int, count: int) -> bytes:
@@ -388,11 +389,11 @@ class ConsumeQueue:
         if loc is None:
             return b""
         seg, rel = loc
-        assert seg.mm is not None
         n = min(count, self.max_offset - index, (seg.capacity - rel) // CQ_ENTRY_SIZE)
         if n <= 0:
             return b""
-        return seg.mm[rel : rel + n * CQ_ENTRY_SIZE]
+        raw = seg.pread(n * CQ_ENTRY_SIZE, rel)
+        return raw[: len(raw) - len(raw) % CQ_ENTRY_SIZE]
 
     def last_entry(self) -> tuple[int, int, int] | None:
         return self.entry(self.max_offset - 1) if self.max_offset > self.base_offset else None

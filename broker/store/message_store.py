@@ -436,7 +436,7 @@ class MessageStore:
         self._commit_log = CommitLog(
             os.path.join(root, "commitlog"), config.mapped_file_size_commit_log, self._lock
         )
-        self._tracker = FlushTracker()
+        self._tracker = FlushTracker(config.max_open_consume_queue_files)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._topics: dict[str, dict[int, ConsumeQueue]] = {}
         self._host_bytes = pack_host(store_host)
