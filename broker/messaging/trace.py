@@ -81,10 +81,10 @@ class StoredBatch(Protocol):
 
 #: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
 MAX_BODY = 128_000
-#: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each record adds
-#: a key or more that the message index reads (de-duplicated per message, at a cost that grows
-#: with the square of the keys of a message).
-MAX_RECORDS = 32
+#: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each trace
+#: message costs a store record, a consume-queue entry and an index pass, so the fewer the
+#: better; each record adds a key or more that the message index reads.
+MAX_RECORDS = 100
 #: The TAGS of trace messages holding txmq's own ``TxEvent`` records (RocketMQ's readers can
 #: skip them by tag).
 TX_EVENT_TAG = "TxEvent"
