@@ -14,7 +14,10 @@ What is recorded, and where the hook is:
   :class:`~txmq.broker.transaction.service.TransactionalMessageService`;
 * ``SubBefore``: a pull served a message to a consumer group (requestId ``pull``) --
   :class:`~txmq.broker.processors.pull.PullMessageProcessor`;
-* ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter).
+* ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter),
+  or a RocketMQ 5 client forwarded one to the dead-letter queue or changed its invisible
+  duration (requestId ``invisible``: delivered again later) over gRPC; (success true, requestId
+  ``ack``) a RocketMQ 5 client acked it -- :mod:`txmq.broker.grpc.consumption`.
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
 called: the owner holds None and checks it once).  The records are encoded and appended to the
@@ -188,6 +191,23 @@ class BrokerTrace:
                 msg_id=orig.properties.get(MessageConst.UNIQ_KEY) or orig.msg_id,
                 success=False,
                 keys=orig.properties.get(MessageConst.KEYS, ""),
+            )
+        )
+        self._schedule()
+
+    def settled(self, group: str, msg_id: str, how: str, success: bool) -> None:
+        """A RocketMQ 5 client of ``group`` settled ``msg_id`` over gRPC (``how``: ``ack``,
+        or ``invisible``: its invisible duration changed, to be delivered again later)."""
+        if "\x01" in msg_id or "\x02" in msg_id:  # a client's id that the encoding cannot hold
+            return
+        self._records.append(
+            TraceRecord(
+                TraceType.SUB_AFTER,
+                timestamp=self.ctx.now_ms(),
+                group=group,
+                request_id=how,
+                msg_id=msg_id,
+                success=success,
             )
         )
         self._schedule()
