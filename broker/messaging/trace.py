@@ -20,14 +20,14 @@ What is recorded, and where the hook is:
   ``ack``) a RocketMQ 5 client acked it -- :mod:`txmq.broker.grpc.consumption`.
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
-called: the owner holds None and checks it once).  The records are encoded and appended to the
-trace topic in one write per turn of the event loop, for all the requests of that turn.  Under
-``SYNC_FLUSH`` a request whose records are pending waits for that write
-(:meth:`BrokerTrace.written`) and its answer waits for the fsync that covers them: what a client
-was told is traced is durable when its answer is.  Under ``ASYNC_FLUSH`` nobody waits: the
-records are in the commit log by the end of the loop turn that handled the request (a crash
-within that turn may lose them).  Events of no request (checks, time-outs) are written the same
-way.
+called: the owner holds None and checks it once); the records are encoded at the write, in
+bulk.  Under ``SYNC_FLUSH`` they are appended to the trace topic in one write per turn of the
+event loop, for all the requests of that turn: a request whose records are pending waits for
+that write (:meth:`BrokerTrace.written`) and its answer waits for the fsync that covers them:
+what a client was told is traced is durable when its answer is.  Under ``ASYNC_FLUSH`` nobody
+waits: the records of :data:`ASYNC_INTERVAL` seconds are appended in one write (a crash within
+that time may lose them), so a light load does not pay a trace write per request.  Events of no
+request (checks, time-outs) are written the same way.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ class StoredBatch(Protocol):
     def transaction_id(self) -> str | None: ...
 
 
+#: Under ``ASYNC_FLUSH``: how long records wait to be written together (s).
+ASYNC_INTERVAL = 0.01
 #: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
 MAX_BODY = 128_000
 #: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each trace
@@ -114,6 +116,10 @@ class BrokerTrace:
         #: every other record, in the order of the events
         self._records: list[TraceRecord] = []
         self._written: asyncio.Future[int] | None = None
+        #: ``ASYNC_FLUSH``: the records of an interval are written together; ``SYNC_FLUSH``:
+        #: at the end of the loop turn (requests wait for them)
+        self._delay = 0.0 if cfg.sync_flush else ASYNC_INTERVAL
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         #: trace messages written (tests, metrics)
         self.messages_written = 0
         self.records_written = 0
@@ -223,11 +229,18 @@ class BrokerTrace:
         if self._written is None:
             loop = asyncio.get_running_loop()
             self._written = loop.create_future()
-            loop.call_soon(self.flush)
+            self._timer = (
+                loop.call_later(self._delay, self.flush)
+                if self._delay
+                else loop.call_soon(self.flush)
+            )
 
     def flush(self) -> int:
         """Write what is pending now (in one append); returns the commit-log offset after it
         (or the store's end when nothing was pending)."""
+        if self._timer is not None:  # called directly (at shutdown): the timer is done with
+            self._timer.cancel()
+            self._timer = None
         fut, self._written = self._written, None
         end = self.ctx.store.max_phy_offset
         try:
