@@ -71,6 +71,8 @@ class TraceDispatcher:
         self._send = send
         self._records: list[TraceRecord] = []
         self._task: asyncio.Task[None] | None = None
+        #: the task's flush under way (not cancelled with the task: its records are sent)
+        self._flushing: asyncio.Future[None] | None = None
         self._closed = False
         #: trace messages sent (tests)
         self.messages_sent = 0
@@ -84,7 +86,8 @@ class TraceDispatcher:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL)
-            await self.flush()
+            self._flushing = asyncio.ensure_future(self.flush())
+            await asyncio.shield(self._flushing)
 
     async def flush(self) -> None:
         """Send the records gathered so far."""
@@ -105,6 +108,8 @@ class TraceDispatcher:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=5)
+        if self._flushing is not None and not self._flushing.done():
+            await asyncio.wait({self._flushing}, timeout=5)  # the records it took
         await self.flush()
 
 
@@ -181,6 +186,7 @@ class ConsumerTrace:
         self.broker = broker
         self.config = config
         self._producer: Any = None
+        self._starting = asyncio.Lock()
         self.dispatcher = TraceDispatcher(self._send)
         #: the callback running on each message (by ``id(msg)``): its request id, when it began
         self._running: dict[int, tuple[str, float]] = {}
@@ -188,15 +194,17 @@ class ConsumerTrace:
         self._prefix = os.urandom(6).hex().upper()
 
     async def _send(self, msg: Message) -> Any:
-        if self._producer is None:
-            import dataclasses
+        async with self._starting:
+            if self._producer is None:
+                import dataclasses
 
-            from .producer import AsyncProducer
+                from .producer import AsyncProducer
 
-            cfg = dataclasses.replace(self.config, enable_trace=False)
-            producer = AsyncProducer(f"_INNER_TRACE_PRODUCER-{self.group}", self.broker, config=cfg)
-            await producer.start()
-            self._producer = producer
+                cfg = dataclasses.replace(self.config, enable_trace=False)
+                group = f"_INNER_TRACE_PRODUCER-{self.group}"
+                producer = AsyncProducer(group, self.broker, config=cfg)
+                await producer.start()
+                self._producer = producer
         return await self._producer.send(msg)
 
     def before(self, msg: MessageExt) -> None:

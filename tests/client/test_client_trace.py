@@ -213,3 +213,33 @@ async def test_consumers_without_trace_send_nothing(broker: BrokerController) ->
             await consumer.shutdown()
     assert consumer._trace is None
     assert broker.topics.get(TRACE_TOPIC) is None
+
+
+async def test_a_push_consumers_sync_callback_is_traced_too(broker: BrokerController) -> None:
+    """A plain function runs on the consumer's worker threads: the records are the same."""
+    addr = broker.address
+    got: list[bytes] = []
+    consumer = AsyncPushConsumer("threads", addr, consume_from="first", config=TRACED)
+    consumer.subscribe("jobs", "*", lambda m: got.append(m.body))
+    async with AsyncProducer("p", addr, config=FAST_CLIENT) as producer:
+        sent = await producer.send(Message("jobs", b"job", keys="job-1"))
+    await consumer.start()
+    try:
+        await wait_until(lambda: got == [b"job"], 30, "the message consumed")
+    finally:
+        await consumer.shutdown()
+    async with AsyncAdminClient(addr) as admin:
+        records = await wait_until(
+            _records_of(admin, sent.msg_id, lambda r: len(_consumer_records(r, "threads")) >= 2),
+            30,
+            "the consumer's records",
+        )
+    before, after = _consumer_records(records, "threads")
+    assert (before.type, before.keys, after.type, after.success, after.keys) == (
+        TraceType.SUB_BEFORE,
+        "job-1",
+        TraceType.SUB_AFTER,
+        True,
+        "job-1",
+    )
+    assert before.request_id == after.request_id
