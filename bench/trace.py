@@ -7,6 +7,13 @@ in alternating rounds so a change of load on the machine hits both.
 Prints, for each setting, the median send throughput (messages/s) and the broker's CPU time
 per message (its process's user + system time while sending), and on/off ratios; with trace
 on, the number of trace messages the broker wrote is checked to cover every send.
+
+    python bench/trace.py --path --messages 50000
+
+measures the trace path alone, in this process, on a broker's own store: the hooks of the
+stored messages, the writes of their Pub records (``--per-write`` records at a time) and the
+message index reading the trace messages' keys, in CPU µs per message (steadier than the
+whole broker's CPU on a shared machine).
 """
 
 from __future__ import annotations
@@ -63,6 +70,59 @@ def one_round(args: argparse.Namespace, address: str, pid: int) -> tuple[float, 
     return n / seconds, (user - user0) / n * 1e6, (system - sys0) / n * 1e6
 
 
+class _Receipt:
+    def __init__(self, uniq_key: str, offset_msg_id: str) -> None:
+        self.uniq_key = uniq_key
+        self.offset_msg_id = offset_msg_id
+        self.transaction_id: str | None = None
+
+
+async def trace_path(n: int, per_write: int, size: int) -> dict[str, float]:
+    """CPU µs per message of the broker's trace path (see the module docstring)."""
+    import time
+
+    from txmq.broker.config import BrokerConfig
+    from txmq.broker.server import BrokerController
+    from txmq.protocol.message import MessageConst, MessageExt
+
+    with tempfile.TemporaryDirectory(prefix="txmq-bench-trace-path-") as tmp:
+        c = BrokerController(
+            BrokerConfig(store_path_root_dir=tmp, listen_port=0, trace_topic_enable=True)
+        )
+        await c.start()
+        try:
+            trace, index = c.core.trace, c.index
+            assert trace is not None and index is not None
+            now = int(time.time() * 1000)
+            stored = []
+            for i in range(n):
+                uniq = f"C0A8000100002A9F{i:016X}"
+                m = MessageExt(
+                    topic="bench-trace",
+                    body=b"x" * size,
+                    queue_id=i % 4,
+                    properties={MessageConst.UNIQ_KEY: uniq, MessageConst.PGROUP: "bench"},
+                )
+                m.store_timestamp = now
+                stored.append(([m], [_Receipt(uniq, f"7F00000100002A9F{i * 400:016X}")]))
+            index.catch_up()
+            t0 = time.process_time()
+            for j in range(0, n, per_write):
+                for msgs, receipts in stored[j : j + per_write]:
+                    trace.stored(msgs, receipts)
+                trace.flush()
+            t1 = time.process_time()
+            index.catch_up()
+            t2 = time.process_time()
+        finally:
+            await c.shutdown()
+    return {
+        "hooks_and_writes_us_per_msg": round((t1 - t0) / n * 1e6, 2),
+        "index_us_per_msg": round((t2 - t1) / n * 1e6, 2),
+        "trace_path_us_per_msg": round((t2 - t0) / n * 1e6, 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--messages", type=int, default=50_000, help="sends per round")
@@ -79,8 +139,14 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a broker setting for both brokers (repeatable), e.g. messageIndexEnable=false",
     )
+    ap.add_argument("--path", action="store_true", help="measure the trace path alone, in process")
+    ap.add_argument("--per-write", type=int, default=250, help="--path: records per trace write")
     args = ap.parse_args()
     quiet_logs()
+    if args.path:
+        result = asyncio.run(trace_path(args.messages, args.per_write, args.size))
+        emit({"messages": args.messages, "records_per_write": args.per_write, **result})
+        return
     common: dict[str, object] = dict(kv.split("=", 1) for kv in args.set)
     traced = {**common, "traceTopicEnable": "true"}
     rates: dict[str, list[float]] = {"off": [], "on": []}

@@ -75,6 +75,7 @@ from .pull_consumer import (
 )
 from .remoting import BrokerConnection
 from .route import MessageQueue, fetch_route
+from .trace import ConsumerTrace
 
 log = get_logger(__name__)
 
@@ -400,6 +401,10 @@ class AsyncPushConsumer(ConnectedClient):
         self._stop: asyncio.Event | None = None
         #: Messages acknowledged so far (callback returned or send-back succeeded).
         self.consumed_count = 0
+        #: SubBefore / SubAfter records of the callbacks (``enable_trace``).
+        self._trace = (
+            ConsumerTrace(group, self.broker, self.config) if self.config.enable_trace else None
+        )
 
     # -- subscriptions ---------------------------------------------------------------------------
 
@@ -553,6 +558,8 @@ class AsyncPushConsumer(ConnectedClient):
         for task in list(self._tasks):
             task.cancel()
         await self._queues_released(pqs)
+        if self._trace is not None:
+            await self._trace.close()
         conn = self._conn
         assert conn is not None
         await conn.unregister(consumer_group=self.group)
@@ -937,6 +944,8 @@ class AsyncPushConsumer(ConnectedClient):
         if is_async:
             self._spawn(self._consume_async(pq, msg, callback))
         else:
+            if self._trace is not None:
+                self._trace.before(msg)
             self._ensure_workers()
             assert self._workers is not None
             self._workers.submit(pq, msg, callback)
@@ -959,6 +968,8 @@ class AsyncPushConsumer(ConnectedClient):
             if pq.dropped:
                 outcome = _SKIPPED
             else:
+                if self._trace is not None:
+                    self._trace.before(msg)
                 try:
                     await callback(msg)
                     outcome = None
@@ -970,6 +981,8 @@ class AsyncPushConsumer(ConnectedClient):
         self._settle(pq, msg, outcome)
 
     def _settle(self, pq: ProcessQueue, msg: MessageExt, outcome: object) -> None:
+        if self._trace is not None:
+            self._trace.after(msg, None if outcome is _SKIPPED else outcome is None)
         if outcome is None:
             pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
             self.consumed_count += 1

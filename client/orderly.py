@@ -417,6 +417,15 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
     async def _call(self, sub: _Subscription, msg: MessageExt) -> BaseException | None:
         """Run the callback on ``msg``; the exception it raised, or None."""
         assert sub.callback is not None
+        if self._trace is not None:
+            self._trace.before(msg)
+        error = await self._run_callback(sub, msg)
+        if self._trace is not None:
+            self._trace.after(msg, error is None)
+        return error
+
+    async def _run_callback(self, sub: _Subscription, msg: MessageExt) -> BaseException | None:
+        assert sub.callback is not None
         try:
             if sub.is_async:
                 assert self._async_slots is not None

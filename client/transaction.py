@@ -344,6 +344,8 @@ class AsyncTransactionProducer(AsyncClient):
         resp = await conn.request(cmd)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
+        if self.producer._trace is not None:
+            self.producer._trace.ended(header, conn.address)
 
     # -- multi-message transactions -----------------------------------------------------------
 

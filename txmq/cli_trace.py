@@ -87,11 +87,19 @@ def describe(r: TraceRecord) -> tuple[str, str]:
     if r.type is TraceType.TX_EVENT:
         return r.event, r.detail
     if r.type is TraceType.SUB_BEFORE:
-        how = "pulled" if r.request_id == "pull" else f"request {r.request_id}"
-        return "delivered", f"{how} (retry {r.retry_times})"
+        if r.request_id == "pull":  # the broker's record of a delivery
+            return "delivered", f"pulled (retry {r.retry_times})"
+        return "consuming", f"callback called (retry {r.retry_times})"  # a consumer's
     if r.type is TraceType.SUB_AFTER:
-        outcome = "consumed" if r.success else f"not consumed ({r.request_id or 'failed'})"
-        return "consumed" if r.success else "sent-back", f"{outcome} by {r.group}".strip()
+        if r.request_id == "ack":  # the broker's record of a gRPC ack
+            return "consumed", f"acked by {r.group}"
+        if r.request_id == "invisible":  # ... of a gRPC change of invisible duration
+            return "invisible", f"not consumed yet by {r.group}: delivered again later"
+        if r.success:
+            return "consumed", f"consumed by {r.group} in {r.cost_time} ms"
+        if r.request_id in ("retry", "dlq"):  # the broker's record of a send-back
+            return "sent-back", f"not consumed ({r.request_id}) by {r.group}".strip()
+        return "consume-failed", f"callback failed in {r.cost_time} ms"
     return str(r.type), ""
 
 

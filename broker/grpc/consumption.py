@@ -32,8 +32,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .convert import Code, GrpcStatusError
+
+if TYPE_CHECKING:
+    from txmq.protocol.message import MessageExt
+
+    from ..messaging.trace import BrokerTrace
 
 #: A handle of this broker run; handles of an earlier run are refused as expired.
 RUN_ID = secrets.token_hex(4)
@@ -128,6 +134,9 @@ class ConsumptionState:
         self._initial = initial
         self._commit = commit
         self.views: dict[tuple[str, str, int], QueueView] = {}
+        #: the broker's message trace (``traceTopicEnable``): acks, changes of invisible
+        #: duration and dead letters are recorded as SubAfter records
+        self.trace: BrokerTrace | None = None
 
     def view(self, group: str, topic: str, queue_id: int) -> QueueView:
         key = (group, topic, queue_id)
@@ -141,9 +150,10 @@ class ConsumptionState:
     def existing(self, group: str, topic: str, queue_id: int) -> QueueView | None:
         return self.views.get((group, topic, queue_id))
 
-    def ack(self, group: str, topic: str, handle: str) -> None:
+    def ack(self, group: str, topic: str, handle: str, msg_id: str = "") -> None:
         """Ack one handle.  Acking an offset that is already acked is fine; a handle that was
-        replaced (the message was handed out again) is refused."""
+        replaced (the message was handed out again) is refused.  ``msg_id``: the message the
+        client acks, traced (none: the ack is not the client's, e.g. before a dead letter)."""
         qid, offset, nonce = parse_handle(handle)
         v = self.existing(group, topic, qid)
         if v is None:
@@ -162,9 +172,23 @@ class ConsumptionState:
             )
         if v.ack(offset):
             self._commit(group, topic, qid, v.committed)
+        if self.trace is not None and msg_id:
+            self.trace.settled(group, msg_id, "ack", True)
+
+    def dead_lettered(self, group: str, msg: MessageExt) -> None:
+        """``msg`` went to the group's dead-letter queue (traced as a remoting send-back to
+        it is)."""
+        if self.trace is not None:
+            self.trace.sent_back(group, msg, dead_letter=True)
 
     def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_s: float, now: float
+        self,
+        group: str,
+        topic: str,
+        handle: str,
+        invisible_s: float,
+        now: float,
+        msg_id: str = "",
     ) -> str:
         qid, offset, nonce = parse_handle(handle)
         v = self.existing(group, topic, qid)
@@ -175,4 +199,7 @@ class ConsumptionState:
             )
         x.visible_at = now + invisible_s
         x.nonce = secrets.token_hex(6)
+        if self.trace is not None and msg_id:
+            # not consumed (yet): a client's nack, or more time asked for
+            self.trace.settled(group, msg_id, "invisible", False)
         return make_handle(qid, x)

@@ -198,6 +198,7 @@ class MessagingService:
         self.port = port
         self.clients: dict[str, GrpcClient] = {}
         self.consumption = ConsumptionState(self._initial_offset, self._commit_offset)
+        self.consumption.trace = core.trace
         self.closing = False
         self._rr = 0
         #: The ACL check of every call (``aclEnable``); None when off.
@@ -822,6 +823,7 @@ class MessagingService:
                     continue
                 if x.attempts > limit:
                     self.core.dead_letter_now(group, m, x.attempts)
+                    self.consumption.dead_lettered(group, m)
                     if v.ack(x.offset):
                         self._commit_offset(group, topic, qid, v.committed)
                     continue
@@ -918,7 +920,7 @@ class MessagingService:
             results = []
             for e in request.entries:
                 try:
-                    self.consumption.ack(group, topic, e.receipt_handle)
+                    self.consumption.ack(group, topic, e.receipt_handle, e.message_id)
                     st = status()
                 except GrpcStatusError as exc:
                     st = status(exc.code, exc.message)
@@ -951,6 +953,7 @@ class MessagingService:
                 request.receipt_handle,
                 secs,
                 time.monotonic(),
+                request.message_id,
             )
             return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
         except Exception as exc:
@@ -969,6 +972,7 @@ class MessagingService:
                 raise GrpcStatusError(Code.MESSAGE_NOT_FOUND, "the message is gone")
             self.consumption.ack(group, topic, request.receipt_handle)
             await self.core.dead_letter(group, m, request.delivery_attempt)
+            self.consumption.dead_lettered(group, m)
             return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
         except Exception as exc:
             return spb.ForwardMessageToDeadLetterQueueResponse(

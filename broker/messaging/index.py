@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from txmq.protocol.errors import ProtocolError, QueryNotFoundError
+from txmq.protocol.errors import ProtocolError, QueryNotFoundError, SystemBusyError
 from txmq.protocol.message import MessageConst, decode_message
 
 from ..store import MessageStore
@@ -38,6 +38,9 @@ POLL_INTERVAL = 0.2
 WAKE_DELAY = 0.005
 SYNC_INTERVAL = 1.0
 RETENTION_INTERVAL = 10.0
+#: How long a query waits for the index to be rebuilt after a start before it is answered
+#: "busy" instead of with what the index holds so far (s; under a client's request timeout).
+REBUILD_WAIT = 3.0
 
 
 def _default_background(fn: Callable[[], T]) -> Awaitable[T]:
@@ -80,6 +83,12 @@ class MessageIndexService:
         self._sync_lock: asyncio.Lock | None = None
         self.records_indexed = 0
         self.entries_added = 0
+        #: The commit log's end when the index was loaded: until indexing reaches it, the
+        #: index is being rebuilt (after an unclean stop) and a lookup that finds nothing is
+        #: not an answer (:meth:`query_when_ready`).
+        self._rebuild_target = 0
+        self._rebuilt: asyncio.Event | None = None
+        self._loaded_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -97,6 +106,8 @@ class MessageIndexService:
         if pos < self.store.min_phy_offset:
             pos = self.store.min_phy_offset
         self.files.advance(pos)
+        self._rebuild_target = self.store.max_phy_offset
+        self._loaded_at = time.monotonic()
         log.info(
             "index_loaded",
             files=len(self.files.files),
@@ -109,6 +120,8 @@ class MessageIndexService:
     def start(self) -> asyncio.Task[None]:
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
+        self._rebuilt = asyncio.Event()
+        self._check_rebuilt()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self.run(), name="txmq-index")
         self._timers = [loop.call_later(POLL_INTERVAL, self._poll)]
@@ -120,6 +133,23 @@ class MessageIndexService:
         assert self._wake is not None
         self._wake.set()
         self._timers = [asyncio.get_running_loop().call_later(POLL_INTERVAL, self._poll)]
+
+    @property
+    def rebuilding(self) -> bool:
+        """The index has not yet reached the end the commit log had when the index was loaded
+        (it is re-reading what an unclean stop left unindexed)."""
+        return self._rebuilt is None or not self._rebuilt.is_set()
+
+    def _check_rebuilt(self) -> None:
+        if self._rebuilt is None or self._rebuilt.is_set():
+            return
+        if self.files.position >= self._rebuild_target:
+            self._rebuilt.set()
+            log.info(
+                "index_caught_up",
+                position=self.files.position,
+                elapsed_ms=round((time.monotonic() - self._loaded_at) * 1000, 1),
+            )
 
     def _wake_up(self) -> None:
         self._wake_due = False
@@ -208,7 +238,9 @@ class MessageIndexService:
                 while True:
                     appends = self._appends
                     t0 = time.monotonic()
-                    if not self.build_step():
+                    moved = self.build_step()
+                    self._check_rebuilt()
+                    if not moved:
                         break
                     took = time.monotonic() - t0
                     if self._appends != appends:
@@ -244,6 +276,37 @@ class MessageIndexService:
                 log.error("index_sync_failed", error=str(exc))
 
     # -- queries --------------------------------------------------------------------------------
+
+    async def query_when_ready(
+        self,
+        topic: str,
+        key: str,
+        max_num: int,
+        begin: int,
+        end: int,
+        *,
+        unique: bool = False,
+    ) -> IndexQueryResult:
+        """:meth:`query`, once the index has been rebuilt after the start (waiting up to
+        :data:`REBUILD_WAIT`): what it found so far may be answered, but not a "not found"
+        that only means "not indexed yet".
+
+        Raises:
+            SystemBusyError: still rebuilding, and nothing found yet (the caller asks again).
+        """
+        if self.rebuilding and self._rebuilt is not None:
+            try:
+                await asyncio.wait_for(self._rebuilt.wait(), REBUILD_WAIT)
+            except TimeoutError:
+                pass
+        result = self.query(topic, key, max_num, begin, end, unique=unique)
+        if not result.messages and self.rebuilding:
+            raise SystemBusyError(
+                "the message index is being rebuilt after the broker's start "
+                f"({self._rebuild_target - self.files.position} bytes of the commit log to go); "
+                "ask again"
+            )
+        return result
 
     def query(
         self,

@@ -14,17 +14,20 @@ What is recorded, and where the hook is:
   :class:`~txmq.broker.transaction.service.TransactionalMessageService`;
 * ``SubBefore``: a pull served a message to a consumer group (requestId ``pull``) --
   :class:`~txmq.broker.processors.pull.PullMessageProcessor`;
-* ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter).
+* ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter),
+  or a RocketMQ 5 client forwarded one to the dead-letter queue or changed its invisible
+  duration (requestId ``invisible``: delivered again later) over gRPC; (success true, requestId
+  ``ack``) a RocketMQ 5 client acked it -- :mod:`txmq.broker.grpc.consumption`.
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
-called: the owner holds None and checks it once).  The records are encoded and appended to the
-trace topic in one write per turn of the event loop, for all the requests of that turn.  Under
-``SYNC_FLUSH`` a request whose records are pending waits for that write
-(:meth:`BrokerTrace.written`) and its answer waits for the fsync that covers them: what a client
-was told is traced is durable when its answer is.  Under ``ASYNC_FLUSH`` nobody waits: the
-records are in the commit log by the end of the loop turn that handled the request (a crash
-within that turn may lose them).  Events of no request (checks, time-outs) are written the same
-way.
+called: the owner holds None and checks it once); the records are encoded at the write, in
+bulk.  Under ``SYNC_FLUSH`` they are appended to the trace topic in one write per turn of the
+event loop, for all the requests of that turn: a request whose records are pending waits for
+that write (:meth:`BrokerTrace.written`) and its answer waits for the fsync that covers them:
+what a client was told is traced is durable when its answer is.  Under ``ASYNC_FLUSH`` nobody
+waits: the records of :data:`ASYNC_INTERVAL` seconds are appended in one write (a crash within
+that time may lose them), so a light load does not pay a trace write per request.  Events of no
+request (checks, time-outs) are written the same way.
 """
 
 from __future__ import annotations
@@ -79,12 +82,14 @@ class StoredBatch(Protocol):
     def transaction_id(self) -> str | None: ...
 
 
+#: Under ``ASYNC_FLUSH``: how long records wait to be written together (s).
+ASYNC_INTERVAL = 0.01
 #: Largest trace message body (RocketMQ's trace dispatcher: 128,000 bytes).
 MAX_BODY = 128_000
-#: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each record adds
-#: a key or more that the message index reads (de-duplicated per message, at a cost that grows
-#: with the square of the keys of a message).
-MAX_RECORDS = 32
+#: Most records in one trace message (RocketMQ's dispatcher sends up to 100): each trace
+#: message costs a store record, a consume-queue entry and an index pass, so the fewer the
+#: better; each record adds a key or more that the message index reads.
+MAX_RECORDS = 100
 #: The TAGS of trace messages holding txmq's own ``TxEvent`` records (RocketMQ's readers can
 #: skip them by tag).
 TX_EVENT_TAG = "TxEvent"
@@ -111,6 +116,10 @@ class BrokerTrace:
         #: every other record, in the order of the events
         self._records: list[TraceRecord] = []
         self._written: asyncio.Future[int] | None = None
+        #: ``ASYNC_FLUSH``: the records of an interval are written together; ``SYNC_FLUSH``:
+        #: at the end of the loop turn (requests wait for them)
+        self._delay = 0.0 if cfg.sync_flush else ASYNC_INTERVAL
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         #: trace messages written (tests, metrics)
         self.messages_written = 0
         self.records_written = 0
@@ -192,6 +201,23 @@ class BrokerTrace:
         )
         self._schedule()
 
+    def settled(self, group: str, msg_id: str, how: str, success: bool) -> None:
+        """A RocketMQ 5 client of ``group`` settled ``msg_id`` over gRPC (``how``: ``ack``,
+        or ``invisible``: its invisible duration changed, to be delivered again later)."""
+        if "\x01" in msg_id or "\x02" in msg_id:  # a client's id that the encoding cannot hold
+            return
+        self._records.append(
+            TraceRecord(
+                TraceType.SUB_AFTER,
+                timestamp=self.ctx.now_ms(),
+                group=group,
+                request_id=how,
+                msg_id=msg_id,
+                success=success,
+            )
+        )
+        self._schedule()
+
     # -- writing --------------------------------------------------------------------------------
 
     def written(self) -> asyncio.Future[int] | None:
@@ -203,24 +229,41 @@ class BrokerTrace:
         if self._written is None:
             loop = asyncio.get_running_loop()
             self._written = loop.create_future()
-            loop.call_soon(self.flush)
+            self._timer = (
+                loop.call_later(self._delay, self.flush)
+                if self._delay
+                else loop.call_soon(self.flush)
+            )
 
     def flush(self) -> int:
         """Write what is pending now (in one append); returns the commit-log offset after it
         (or the store's end when nothing was pending)."""
+        if self._timer is not None:  # called directly (at shutdown): the timer is done with
+            self._timer.cancel()
+            self._timer = None
         fut, self._written = self._written, None
         end = self.ctx.store.max_phy_offset
         try:
-            items = list(self._pub_items())
-            items.extend(self._delivery_items())
-            items.extend(
-                (encode(r), keys_of([r]), r.type is TraceType.TX_EVENT) for r in self._records
-            )
-            msgs = [self._message(chunk) for chunk in _chunks(items)]
+            # Pub and SubBefore records: their text and keys in two lists, cut in slices of
+            # MAX_RECORDS (the common case: no object or tuple per record)
+            texts: list[str] = []
+            keys: list[str] = []
+            self._pub_texts(texts, keys)
+            self._delivery_texts(texts, keys)
+            msgs: list[MessageExt] = []
+            for i in range(0, len(texts), MAX_RECORDS):
+                part, part_keys = texts[i : i + MAX_RECORDS], keys[i : i + MAX_RECORDS]
+                if sum(map(len, part)) <= MAX_BODY:
+                    msgs.append(self._message(part, part_keys, False))
+                else:  # long keys or tags: cut by size
+                    items = [(t, k, False) for t, k in zip(part, part_keys, strict=True)]
+                    msgs.extend(self._message(*_split(c)) for c in _chunks(items))
+            items = [(encode(r), keys_of([r]), r.type is TraceType.TX_EVENT) for r in self._records]
+            msgs.extend(self._message(*_split(c)) for c in _chunks(items))
             if msgs:
                 end = self.ctx.write.put_messages(msgs)[-1].end_offset
                 self.messages_written += len(msgs)
-                self.records_written += len(items)
+                self.records_written += len(texts) + len(items)
         except Exception as exc:  # a full disk, say: the trace is best effort, never in the way
             log.warning("trace_write_failed", error=repr(exc))
         finally:
@@ -229,37 +272,39 @@ class BrokerTrace:
                 fut.set_result(end)
         return end
 
-    def _message(self, items: list[Item]) -> MessageExt:
+    def _message(self, texts: list[str], keys: list[str], tx_event: bool) -> MessageExt:
         # the index ignores empty and repeated keys
-        props = {MessageConst.KEYS: " ".join([k for _, k, _ in items])}
-        if items[0][2]:
+        props = {MessageConst.KEYS: " ".join(keys)}
+        if tx_event:
             props[MessageConst.TAGS] = TX_EVENT_TAG
         return MessageExt(
             topic=self.topic,
-            body="".join([text for text, _, _ in items]).encode("utf-8"),
+            body="".join(texts).encode("utf-8"),
             queue_id=0,
             born_timestamp=self.ctx.now_ms(),
             born_host=self.ctx.store_host,
             properties=props,
         )
 
-    def _delivery_items(self) -> Iterator[Item]:
+    def _delivery_texts(self, texts: list[str], found_by: list[str]) -> None:
+        """The SubBefore records of the deliveries: their texts and keys appended."""
+        text, key = texts.append, found_by.append
         for now, group, records in self._delivered:
             for m in decode_messages(records):
                 msg_id = m.properties.get(UNIQ_KEY) or m.msg_id
                 keys = m.properties.get(KEYS, "")
-                yield (
+                text(
                     f"SubBefore\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01pull\x01{msg_id}"
-                    f"\x01{m.reconsume_times}\x01{keys}\x02",
-                    f"{msg_id} {keys}",
-                    False,
+                    f"\x01{m.reconsume_times}\x01{keys}\x02"
                 )
+                key(f"{msg_id} {keys}")
 
-    def _pub_items(self) -> Iterator[Item]:
+    def _pub_texts(self, texts: list[str], found_by: list[str]) -> None:
         """The Pub records of the messages stored, encoded as RocketMQ's client encodes them
         (written out here: one string per message, no record object; property values, topics
-        and ids never hold the separators)."""
+        and ids never hold the separators): their texts and keys appended."""
         tail = f"\x01{self.store_host}\x01"
+        text, key = texts.append, found_by.append
         for msgs, receipts in self._stored:
             for m, r in zip(msgs, receipts, strict=True):
                 get = m.properties.get
@@ -270,27 +315,25 @@ class BrokerTrace:
                     kind, topic = 3, get(REAL_TOPIC, "")
                 else:
                     kind = 0
-                msg_id = r.uniq_key or r.offset_msg_id
+                offset_id = r.offset_msg_id
+                msg_id = r.uniq_key or offset_id
                 keys = get(KEYS, "")
                 txid = r.transaction_id
-                yield (
+                text(
                     f"Pub\x01{m.store_timestamp}\x01{DEFAULT_REGION}\x01{get(PGROUP, '')}\x01"
                     f"{topic}\x01{msg_id}\x01{get(TAGS, '')}\x01{keys}{tail}{len(m.body)}\x010"
-                    f"\x01{kind}\x01{r.offset_msg_id}\x01true\x02",
-                    f"{msg_id} {keys} {txid or ''}" if keys or txid else msg_id,
-                    False,
+                    f"\x01{kind}\x01{offset_id}\x01true\x02"
                 )
+                key(f"{msg_id} {keys} {txid or ''}" if keys or txid else msg_id)
         for now, topic, group, b in self._batches:
             kind = 0 if b.transaction_id is None else 1
             txid = b.transaction_id or ""
             prefix = b.msg_id_prefix
+            head = f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01{topic}\x01"
+            end = f"\x01\x01{tail}0\x010\x01{kind}\x01{prefix}"
             for (phy, _size, _qo), uniq in zip(b.placed, b.uniq_keys, strict=True):
-                yield (
-                    f"Pub\x01{now}\x01{DEFAULT_REGION}\x01{group}\x01{topic}\x01{uniq}\x01"
-                    f"\x01{tail}0\x010\x01{kind}\x01{prefix}{phy:016X}\x01true\x02",
-                    f"{uniq} {txid}" if txid else uniq,
-                    False,
-                )
+                text(f"{head}{uniq}{end}{phy:016X}\x01true\x02")
+                key(f"{uniq} {txid}" if txid else uniq)
 
 
 #: One encoded record: its text, the keys it is found by (space-separated), and whether it is
@@ -310,6 +353,11 @@ def _halves(rec: TxRecord) -> list[HalfRef | None]:
     """The halves a transaction's records are about (one record without a message when the
     transaction has none left)."""
     return list(rec.halves) or [None]
+
+
+def _split(chunk: list[Item]) -> tuple[list[str], list[str], bool]:
+    """A group of items as :meth:`BrokerTrace._message` takes them."""
+    return [t for t, _, _ in chunk], [k for _, k, _ in chunk], chunk[0][2]
 
 
 def _chunks(items: list[Item]) -> Iterator[list[Item]]:

@@ -45,7 +45,7 @@ class QueryMessageProcessor:
         unique = str(cmd.ext_fields.get(UNIQUE_MSG_QUERY_FLAG, "")).lower() == "true"
         if unique:
             max_num = DEFAULT_QUERY_MAX_NUM
-        result = self.index.query(
+        result = await self.index.query_when_ready(
             h.topic, h.key, max_num, h.begin_timestamp, h.end_timestamp, unique=unique
         )
         header = QueryMessageResponseHeader(

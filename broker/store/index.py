@@ -687,10 +687,11 @@ def index_records(files: IndexFiles, data: bytes, pos: int) -> tuple[int, int]:
                 if keys != uniq:
                     add((crc(keys, seed), phy, ts))
             else:
-                done: list[bytes] = []
+                # a set, not a list: a trace message's KEYS name up to a hundred messages
+                done: set[bytes] = {b"", uniq or b""}
                 for k in keys.split(b" "):
-                    if k and k != uniq and k not in done:
-                        done.append(k)
+                    if k not in done:
+                        done.add(k)
                         add((crc(k, seed), phy, ts))
         if uniq:
             add((crc(uniq, seed), phy, ts))

@@ -459,3 +459,88 @@ def test_a_grpc_receive_is_traced_as_a_delivery(
 
     rows = wait_until_sync(delivered, 30, "the gRPC delivery in the trace")
     assert any("grpc-billing" in json.dumps(r) for r in rows), rows
+
+
+def test_grpc_acks_nacks_and_dead_letters_are_traced(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    """A RocketMQ 5 client's AckMessage, ChangeInvisibleDuration and
+    ForwardMessageToDeadLetterQueue are in the trace as a remoting consumer's send-back is:
+    SubAfter records of the group (``ack`` success, ``invisible`` and ``dlq`` not)."""
+    import grpc
+
+    from tests.compat.test_grpc_frontend import MD, ack, message, receive
+    from txmq.broker.grpc.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+
+    bt = broker_thread_factory(trace_topic_enable=True, grpc_server_enable=True, grpc_server_port=0)
+    assert bt.controller is not None
+    topic, group = "grpc-settled", "grpc-settlers"
+    with grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}") as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        sent = stub.SendMessage(
+            spb.SendMessageRequest(
+                messages=[message(topic, b"a", "grpc-acked"), message(topic, b"d", "grpc-dead")]
+            ),
+            metadata=MD,
+            timeout=10,
+        )
+        assert [e.status.code for e in sent.entries] == [pb.OK, pb.OK]
+        got: list[Any] = []
+
+        def received() -> bool:
+            got.extend(receive(stub, topic, group)[1])
+            return len(got) == 2
+
+        wait_until_sync(received, 30, "both messages received over gRPC")
+        msgs = got
+        by_id = {m.system_properties.message_id: m for m in msgs}
+        acked, dead = by_id["grpc-acked"], by_id["grpc-dead"]
+        cid = stub.ChangeInvisibleDuration(
+            spb.ChangeInvisibleDurationRequest(
+                group=pb.Resource(name=group),
+                topic=pb.Resource(name=topic),
+                receipt_handle=acked.system_properties.receipt_handle,
+                invisible_duration={"seconds": 30},
+                message_id="grpc-acked",
+            ),
+            metadata=MD,
+            timeout=10,
+        )
+        assert cid.status.code == pb.OK, cid.status
+        acked.system_properties.receipt_handle = cid.receipt_handle
+        assert ack(stub, topic, group, acked).status.code == pb.OK
+        fwd = stub.ForwardMessageToDeadLetterQueue(
+            spb.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name=group),
+                topic=pb.Resource(name=topic),
+                receipt_handle=dead.system_properties.receipt_handle,
+                message_id="grpc-dead",
+                delivery_attempt=dead.system_properties.delivery_attempt,
+                max_delivery_attempts=1,
+            ),
+            metadata=MD,
+            timeout=10,
+        )
+        assert fwd.status.code == pb.OK, fwd.status
+
+    def settled(msg_id: str, n: int) -> Callable[[], list[tuple[str, str, bool]]]:
+        def get() -> list[tuple[str, str, bool]]:
+            rows = json.loads(_cli(bt.address, msg_id, "-o", "json"))
+            got = [
+                (r["step"], r["requestId"], r["success"])
+                for r in rows
+                if r["type"] == "SubAfter" and r["groupName"] == group
+            ]
+            return got if len(got) >= n else []
+
+        return get
+
+    assert wait_until_sync(settled("grpc-acked", 2), 30, "the nack and the ack traced") == [
+        ("invisible", "invisible", False),
+        ("consumed", "ack", True),
+    ]
+    assert wait_until_sync(settled("grpc-dead", 1), 30, "the dead letter traced") == [
+        ("sent-back", "dlq", False)
+    ]

@@ -4,14 +4,17 @@ it or removed by retention."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from store_helpers import FakeClock, make_msg
 
 from txmq.broker.messaging.index import MessageIndexService
 from txmq.broker.store import MessageStore
+from txmq.protocol.errors import SystemBusyError
 from txmq.protocol.message import MessageSysFlag, decode_message
 
 FOREVER = 2**62
@@ -112,3 +115,44 @@ def test_records_removed_by_retention_are_skipped(
     fresh.catch_up()
     assert _bodies(fresh, "T", "k99") == [b"m99"] and _bodies(fresh, "T", "k0") == []
     fresh.files.close()
+
+
+async def test_a_lookup_while_the_index_is_rebuilt_is_busy_not_a_false_not_found(
+    make_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    """After a start with records left unindexed (an unclean stop), a query that finds nothing
+    yet is answered "busy" (ask again), one that comes while the rebuild runs waits for it;
+    once rebuilt, "not found" is an answer again."""
+    store = make_store(mapped_file_size_commit_log=1024 * 1024)
+    for i in range(50):
+        store.put_messages([make_msg("T", f"m{i}".encode(), KEYS=f"k{i}", UNIQ_KEY=f"U{i}")])
+    svc = _index(store, tmp_path)
+    assert svc.behind > 0 and svc.rebuilding
+    with pytest.raises(SystemBusyError, match="being rebuilt"):
+        await svc.query_when_ready("T", "k7", 64, 0, FOREVER)  # not started: nothing indexed
+    svc.start()
+    try:
+        res = await svc.query_when_ready("T", "k7", 64, 0, FOREVER)  # waits for the rebuild
+        assert [decode_message(m).body for m in res.messages] == [b"m7"]
+        assert not svc.rebuilding and svc.behind == 0
+        none = await svc.query_when_ready("T", "no-such-key", 64, 0, FOREVER)
+        assert none.messages == []
+    finally:
+        await asyncio.wait_for(svc.close(), 10)
+
+
+async def test_an_index_loaded_caught_up_is_not_rebuilding(
+    make_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    store = make_store(mapped_file_size_commit_log=1024 * 1024)
+    store.put_messages([make_msg("T", b"m", KEYS="k")])
+    first = _index(store, tmp_path)
+    first.catch_up()
+    first.files.close()
+    svc = _index(store, tmp_path)
+    svc.start()
+    try:
+        assert not svc.rebuilding
+        assert (await svc.query_when_ready("T", "absent", 64, 0, FOREVER)).messages == []
+    finally:
+        await asyncio.wait_for(svc.close(), 10)
