@@ -933,6 +933,9 @@ class ClusterNode:
             "role": self.role,
             "addr": self.addr,
         }
+        fetcher = self.follower.fetcher if self.follower is not None else None
+        if fetcher is not None:
+            st["self"]["fetches"] = fetcher.fetches
         return st
 
     def replication_signer(self) -> Callable[[RemotingCommand], None] | None:
