@@ -175,6 +175,12 @@ class LeaderReplication:
         self.metrics = broker.metrics
         self.metrics.in_sync_replicas.set(len(self.isr))
         self._lag_gauges: dict[int, Any] = {}
+        #: The last chunk read for a fetch: ``(offset, log end then, data, next)``; the
+        #: followers ask for the same bytes one after the other.
+        self._last_chunk: tuple[int, int, bytes, int] | None = None
+        #: Fetches answered, and how many of them with the chunk read for the previous one.
+        self.fetches_served = 0
+        self.chunks_shared = 0
         #: Appends consumers may not see yet: (end offset, queues written), oldest first.
         self._unconfirmed: deque[tuple[int, Iterable[tuple[str, int]]]] = deque()
         self._confirm()
@@ -361,15 +367,23 @@ class LeaderReplication:
             await self._park(wait)
         if pos < self.store.min_phy_offset and pos == 0:
             pos = self.store.min_phy_offset  # an empty follower starts at the oldest segment
-        try:
-            data, nxt = self.store.read_replica_chunk(pos, FETCH_MAX_BYTES)
-        except ValueError as exc:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
+        end = self.store.max_phy_offset
+        last = self._last_chunk
+        self.fetches_served += 1
+        if last is not None and last[0] == pos and last[1] == end:
+            data, nxt = last[2], last[3]  # the other follower asked for the same bytes
+            self.chunks_shared += 1
+        else:
+            try:
+                data, nxt = self.store.read_replica_chunk(pos, FETCH_MAX_BYTES)
+            except ValueError as exc:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
+            self._last_chunk = (pos, end, data, nxt)
         return cmd.response(
             ext_fields={
                 "offset": pos,
                 "next": nxt,
-                "leaderEnd": self.store.max_phy_offset,
+                "leaderEnd": end,
                 "epoch": self.epoch,
             },
             body=data,
