@@ -220,7 +220,6 @@ class LeaderReplication:
             waiters.append(item)
         else:  # a write that waited for its fsync may come after a later one
             bisect.insort(waiters, item, key=lambda w: w[0])
-        self._wake_fetches()
         await fut
         self._check_can_ack()
 
