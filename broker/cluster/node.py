@@ -945,6 +945,13 @@ class ClusterNode:
             "role": self.role,
             "addr": self.addr,
         }
+        fetcher = self.follower.fetcher if self.follower is not None else None
+        if fetcher is not None:
+            st["self"]["fetches"] = fetcher.fetches
+        rep = self.hooks.replication if self.hooks is not None and self.role == "leader" else None
+        if rep is not None:
+            st["self"]["fetchesServed"] = rep.fetches_served
+            st["self"]["chunksShared"] = rep.chunks_shared
         return st
 
     def replication_signer(self) -> Callable[[RemotingCommand], None] | None:

@@ -22,6 +22,7 @@ acknowledged is cut.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import time
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from txmq.protocol.aio import Connection, open_connection, wait_event
+from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
@@ -53,6 +54,9 @@ log = structlog.get_logger(__name__)
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 #: How long a fetch waits for new data at the leader's end.
 FETCH_WAIT_MS = 500
+#: How often the leader looks for writes that waited for their replicas too long (their
+#: ``syncFlushTimeout`` is honoured to within this).
+EXPIRE_EVERY_S = 0.1
 #: State files a follower copies from its leader (relative to the store root).
 META_FILES = (
     "config/consumerOffset.json",
@@ -159,12 +163,24 @@ class LeaderReplication:
         self._lease_valid = lease_valid
         self._on_stale = on_stale
         self.followers: dict[int, _Follower] = {r: _Follower() for r in self.isr if r != replica}
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._appended = asyncio.Event()
+        #: Writes waiting for the in-sync replicas: ``(end offset, deadline, future)`` in the
+        #: order of their end offsets, so a confirm releases a prefix.
+        self._waiters: deque[tuple[int, float, asyncio.Future[None]]] = deque()
+        #: Fetches parked at the leader's end, woken by the next append (or their wait).
+        self._parked: list[asyncio.Future[None]] = []
+        #: The offset every in-sync follower holds (None: no follower in sync).
+        self._confirmed: int | None = None
         self._isr_changing = False
         self._closed: str | None = None
         self.metrics = broker.metrics
         self.metrics.in_sync_replicas.set(len(self.isr))
+        self._lag_gauges: dict[int, Any] = {}
+        #: The last chunk read for a fetch: ``(offset, log end then, data, next)``; the
+        #: followers ask for the same bytes one after the other.
+        self._last_chunk: tuple[int, int, bytes, int] | None = None
+        #: Fetches answered, and how many of them with the chunk read for the previous one.
+        self.fetches_served = 0
+        self.chunks_shared = 0
         #: Appends consumers may not see yet: (end offset, queues written), oldest first.
         self._unconfirmed: deque[tuple[int, Iterable[tuple[str, int]]]] = deque()
         self._confirm()
@@ -172,9 +188,8 @@ class LeaderReplication:
     # -- acknowledgements -------------------------------------------------------------------
 
     def _replicated(self, end: int) -> bool:
-        return all(
-            self.followers.get(r, _Follower()).offset >= end for r in self.isr if r != self.replica
-        )
+        confirmed = self._confirmed
+        return confirmed is None or confirmed >= end
 
     def _check_can_ack(self) -> None:
         if self._closed is not None:
@@ -190,54 +205,83 @@ class LeaderReplication:
             )
 
     async def wait_replicated(self, end: int) -> None:
-        """Return once ``end`` is on every ISR member; raise a retriable error otherwise."""
+        """Return once ``end`` is on every ISR member; raise a retriable error otherwise.
+
+        One future per waiting write, kept in end-offset order: a follower's fetch (which
+        confirms everything below its offset) resolves the prefix it covers in one pass, and
+        :meth:`run` fails the writes whose ``syncFlushTimeout`` passed (no timer per write)."""
         self._check_can_ack()
         if self._replicated(end):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((end, fut))
-        self._appended.set()
-        loop = asyncio.get_running_loop()
+        item = (end, time.monotonic() + self.timeout, fut)
+        waiters = self._waiters
+        if not waiters or waiters[-1][0] <= end:
+            waiters.append(item)
+        else:  # a write that waited for its fsync may come after a later one
+            bisect.insort(waiters, item, key=lambda w: w[0])
+        await fut
+        self._check_can_ack()
 
-        def expire() -> None:
+    def _release(self) -> None:
+        waiters = self._waiters
+        if not waiters:
+            return
+        confirmed = self._confirmed
+        while waiters and (confirmed is None or waiters[0][0] <= confirmed):
+            fut = waiters.popleft()[2]
             if not fut.done():
+                fut.set_result(None)
+
+    def _expire(self, now: float) -> None:
+        """Fail the writes whose replicas did not confirm them within ``syncFlushTimeout``."""
+        if not self._waiters:
+            return
+        still: deque[tuple[int, float, asyncio.Future[None]]] = deque()
+        for item in self._waiters:
+            fut = item[2]
+            if fut.done():
+                continue
+            if item[1] <= now:
                 fut.set_exception(
                     FlushSlaveTimeoutError(
                         f"the write is stored on the leader but the in-sync replicas "
                         f"{list(self.isr)} did not confirm it within {self.timeout:.1f}s"
                     )
                 )
+            else:
+                still.append(item)
+        self._waiters = still
 
-        timer = loop.call_later(self.timeout, expire)
+    def _fail_all(self, exc: Exception) -> None:
+        for _end, _deadline, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._waiters = deque()
+
+    def _wake_fetches(self) -> None:
+        parked = self._parked
+        if parked:
+            self._parked = []
+            for fut in parked:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _park(self, wait: float) -> None:
+        """Wait until something is appended (or ``wait`` seconds pass)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._parked.append(fut)
+        timer = loop.call_later(wait, _resolve, fut)
         try:
             await fut
         finally:
             timer.cancel()
-        self._check_can_ack()
-
-    def _release(self) -> None:
-        if not self._waiters:
-            return
-        still = []
-        for end, fut in self._waiters:
-            if fut.done():
-                continue
-            if self._replicated(end):
-                fut.set_result(None)
-            else:
-                still.append((end, fut))
-        self._waiters = still
-
-    def _fail_all(self, exc: Exception) -> None:
-        for _end, fut in self._waiters:
-            if not fut.done():
-                fut.set_exception(exc)
-        self._waiters = []
 
     def on_append(self, destinations: Iterable[tuple[str, int]]) -> None:
-        """The write path's subscriber: the fetch loop has more to send; the pulls parked on
-        the queues written wake once the in-sync replicas confirm the append."""
-        self._appended.set()
+        """The write path's subscriber: the parked fetches have more to send; the pulls parked
+        on the queues written wake once the in-sync replicas confirm the append."""
+        self._wake_fetches()
         if self.store.visible_end is None:
             self.broker.hold.on_append(destinations)
         else:
@@ -248,16 +292,23 @@ class LeaderReplication:
     def _confirmed_end(self) -> int | None:
         """The commit-log offset every in-sync follower holds (None: no follower in sync, the
         leader's own log is the group's)."""
-        offsets = [self.followers.get(r, _Follower()).offset for r in self.isr if r != self.replica]
-        return min(offsets) if offsets else None
+        followers = self.followers
+        end: int | None = None
+        for r in self.isr:
+            if r != self.replica:
+                f = followers.get(r)
+                offset = f.offset if f is not None else 0
+                if end is None or offset < end:
+                    end = offset
+        return end
 
     def _confirm(self) -> None:
         """Let consumers read what the in-sync replicas hold (a message only the leader has
         could be lost in a failover, so no consumer may see it: no dirty reads), and wake the
         pulls parked on queues whose appends became readable."""
+        self._confirmed = end = self._confirmed_end()
         if self._closed is not None:
             return  # a deposed leader shows nothing more
-        end = self._confirmed_end()
         self.store.visible_end = end
         pending, hold = self._unconfirmed, self.broker.hold
         while pending and (end is None or pending[0][0] <= end):
@@ -275,7 +326,7 @@ class LeaderReplication:
     def close(self, reason: str) -> None:
         self._closed = reason
         self._fail_all(ServiceNotAvailableError(f"this broker no longer leads: {reason}"))
-        self._appended.set()
+        self._wake_fetches()
 
     # -- requests from followers ------------------------------------------------------------
 
@@ -311,20 +362,27 @@ class LeaderReplication:
         pos = int(cmd.ext_fields["offset"])
         wait = min(int(cmd.ext_fields.get("waitMs", FETCH_WAIT_MS)), 5000) / 1000.0
         self._progress(replica, pos)
-        if pos >= self.store.max_phy_offset and wait > 0:
-            self._appended.clear()
-            await wait_event(self._appended, wait)
+        if pos >= self.store.max_phy_offset and wait > 0 and self._closed is None:
+            await self._park(wait)
         if pos < self.store.min_phy_offset and pos == 0:
             pos = self.store.min_phy_offset  # an empty follower starts at the oldest segment
-        try:
-            data, nxt = self.store.read_replica_chunk(pos, FETCH_MAX_BYTES)
-        except ValueError as exc:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
+        end = self.store.max_phy_offset
+        last = self._last_chunk
+        self.fetches_served += 1
+        if last is not None and last[0] == pos and last[1] == end:
+            data, nxt = last[2], last[3]  # the other follower asked for the same bytes
+            self.chunks_shared += 1
+        else:
+            try:
+                data, nxt = self.store.read_replica_chunk(pos, FETCH_MAX_BYTES)
+            except ValueError as exc:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
+            self._last_chunk = (pos, end, data, nxt)
         return cmd.response(
             ext_fields={
                 "offset": pos,
                 "next": nxt,
-                "leaderEnd": self.store.max_phy_offset,
+                "leaderEnd": end,
                 "epoch": self.epoch,
             },
             body=data,
@@ -360,9 +418,12 @@ class LeaderReplication:
         end = self.store.max_phy_offset
         if offset >= end:
             f.caught_up_at = now
-        self.metrics.replication_lag.labels(str(replica)).set(max(0, end - offset))
-        self._release()
+        gauge = self._lag_gauges.get(replica)
+        if gauge is None:
+            gauge = self._lag_gauges[replica] = self.metrics.replication_lag.labels(str(replica))
+        gauge.set(max(0, end - offset))
         self._confirm()
+        self._release()
         if replica not in self.isr and offset >= end:
             self._change_isr(tuple(sorted((*self.isr, replica))), f"replica {replica} caught up")
 
@@ -389,8 +450,8 @@ class LeaderReplication:
                             "acknowledged"
                         )
                     )
-                self._release()
                 self._confirm()
+                self._release()
             else:
                 self._on_stale("the ISR update was refused: another replica leads")
         except Exception as exc:
@@ -399,10 +460,15 @@ class LeaderReplication:
             self._isr_changing = False
 
     async def run(self) -> None:
-        """Drop followers that fall behind from the ISR."""
+        """Drop followers that fall behind from the ISR; fail writes that waited too long."""
+        last_isr_check = 0.0
         while self._closed is None:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(EXPIRE_EVERY_S)
             now = time.monotonic()
+            self._expire(now)
+            if now - last_isr_check < 0.2:
+                continue
+            last_isr_check = now
             end = self.store.max_phy_offset
             for r in self.isr:
                 if r == self.replica:
@@ -431,6 +497,11 @@ class LeaderReplication:
             "isr": list(self.isr),
             "epoch": self.epoch,
         }
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 @dataclass(eq=False)
