@@ -222,12 +222,15 @@ class FollowerRole:
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         node = self.node
-        if self.acl is not None and cmd.code in (
-            RequestCode.GET_ROUTEINFO_BY_TOPIC,
-            RequestCode.TXMQ_CLUSTER_STATUS,
+        if self.acl is not None and (
+            cmd.code in (RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.TXMQ_CLUSTER_STATUS)
+            or (self.forwarder is not None and cmd.code in FORWARDED)
         ):
             # A follower serves no messages; routes and the cluster status go to any valid
-            # account (the leader checks topic permissions on everything else).
+            # account (the leader checks topic permissions on everything else). A request it
+            # forwards is authenticated here against the client's own address first: the
+            # leader sees the follower's address, which must not stand in for the client's
+            # (whiteRemoteAddress, globalWhiteRemoteAddresses).
             from txmq.protocol.acl import ACCESS_KEY, verify_signature
 
             from ..acl import AclDenied

@@ -188,9 +188,16 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
     # The old leader wakes up, finds its lease gone and rejoins; what it may have stored of
     # the refused send was never acknowledged and is cut: no replica serves it.
     await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
+    # A new leader serves reads up to what its in-sync replicas confirmed: wait for that.
     c = await RawClient.connect(new.addr)
+    bodies: list[bytes] = []
     try:
-        bodies = [m.body for m in await c.pull_all("fwd")]
+
+        async def all_readable() -> bool:
+            bodies[:] = [m.body for m in await c.pull_all("fwd")]
+            return want <= set(bodies)
+
+        await wait_until(all_readable, 30, "the acknowledged sends readable on the new leader")
     finally:
         await c.close()
     assert b"while-silent" not in bodies, "a send refused through a follower was stored"
