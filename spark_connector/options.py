@@ -19,6 +19,8 @@ option                 meaning
 ``batchSize``          most messages per SEND_BATCH_MESSAGE request (default 512)
 ``maxRequestBytes``    most body bytes per request (default 1 MiB)
 ``maxInFlight``        requests a task keeps in flight (default 8)
+``pipeline``           a txmq -> txmq pipeline's name: batch decisions record the source
+                       offsets they consumed (see :mod:`.pipeline`; needs checkpointLocation)
 ``requestTimeout``     seconds to wait for each broker answer (default 30)
 ``accessKey``          ACL account the requests are signed with (the broker's ``aclEnable``)
 ``secretKey``          its secret key (both or neither)
@@ -58,6 +60,8 @@ option                      meaning
 ``pullBatchSize``           messages per PULL_MESSAGE (default 256, at most 1024)
 ``failOnDataLoss``          fail when messages to read were already deleted by retention
                             (default true); false skips to the oldest stored message
+``pipeline``                resume from, and plan again, what this pipeline's sink recorded
+``producerGroup``           with ``pipeline``: the sink's producer group, when it sets one
 ``requestTimeout``          seconds to wait for each broker answer (default 30)
 ``accessKey``               ACL account the requests are signed with (the broker's
                             ``aclEnable``)

@@ -112,6 +112,9 @@ class TransactionProcessor:
                 }
             return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
+        if cluster is not None and position is not None:
+            # The commit point of a cluster's batch is its etcd record, which has no position.
+            raise InvalidParameterError("a broker cluster does not record pipeline positions yet")
         if cluster is not None and key not in self.tx.batches:
             # The batch may span broker groups: its decision is one create-if-absent record in
             # etcd (the first decision wins everywhere); this group applies its part of it.
