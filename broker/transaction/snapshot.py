@@ -20,7 +20,7 @@ File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
                                                uniqKey, offsetMsgId, immunityMs], ...]], ...],
      "batches": [[group, batchKey, decidedMs, [committed...], [rolledBack...]
                   (, [pipeline, start, end])], ...],
-     "pipelines": [[group, pipeline, end, batchKey], ...]}
+     "pipelines": [[group, pipeline, end, batchKey], ...]}   (only when there are some)
 
 A batch row has the input range its pipeline consumed as a sixth element when the decision
 recorded one; ``pipelines`` (optional: older snapshots have none) holds where each pipeline
@@ -106,7 +106,7 @@ def encode(s: Snapshot) -> bytes:
     packer = msgpack.Packer(use_bin_type=True)
     pack = packer.pack
     parts = [
-        packer.pack_map_header(7),
+        packer.pack_map_header(7 if s.pipelines else 6),
         pack("v"),
         pack(SNAPSHOT_VERSION),
         pack("clog"),
@@ -126,7 +126,9 @@ def encode(s: Snapshot) -> bytes:
         if cached is None or cached[0] != len(r.halves):
             cached = r.snapshot_row = (len(r.halves), pack(_record_row(r)))
         parts.append(cached[1])
-    parts += (pack("batches"), pack(s.batches), pack("pipelines"), pack(s.pipelines))
+    parts += (pack("batches"), pack(s.batches))
+    if s.pipelines:  # only when a batch decision recorded a pipeline position
+        parts += (pack("pipelines"), pack(s.pipelines))
     return b"".join(parts)
 
 
