@@ -8,6 +8,8 @@ must be in the output exactly once."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -180,3 +182,34 @@ def test_driver_killed_after_a_decision_then_checkpoint_loses_batches(
     assert status == 0, (tmp_path / "run1.log").read_text()[-4000:]
     assert _ids(pull_all(address, out)) == list(range(700))
     assert "PENDING" not in by_state(transactions(address, f"txmq-spark-{pipeline}"))
+
+
+def test_example_pipeline_bills_once_after_its_checkpoint_is_deleted(
+    spark: Any, spark_broker: BrokerThread, tmp_path: Path
+) -> None:
+    path = ROOT / "examples" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("txmq_example_pipeline_eos", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    address = spark_broker.address
+    common = ["--broker", address, "--source", "eos-orders", "--sink", "eos-billing"]
+    ckpt = tmp_path / "ckpt"
+    run = ["run", *common, "--checkpoint", str(ckpt), "--available-now"]
+    run += ["--pipeline", "eos-billing"]
+
+    def billed_orders() -> list[str]:
+        orders = [json.loads(m.body) for m in pull_all(address, "eos-orders")]
+        expected = sorted(o["order_id"] for o in orders if o["amount"] > 0)
+        billed = sorted(m.keys or "" for m in pull_all(address, "eos-billing"))
+        assert billed == expected  # each order with a positive amount billed exactly once
+        return billed
+
+    assert example.main(["seed", *common, "--count", "200"]) == 0
+    assert example.main(run) == 0
+    first = len(billed_orders())
+    shutil.rmtree(ckpt)
+    assert example.main(["seed", *common, "--count", "100", "--start", "200"]) == 0
+    assert example.main(run) == 0
+    assert len(billed_orders()) > first
+    assert example.main(["show", *common]) == 0
