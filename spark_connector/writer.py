@@ -8,6 +8,10 @@ the whole batch on the driver with one TXMQ_DECIDE_BATCH:
   after a restart has the same key and finds its earlier decision.  ``commit`` decides the batch;
   ``abort`` only rolls back the transactions it knows and leaves the batch undecided, so a later
   replay of the same batch id can still commit.
+* **streaming with** ``pipeline`` -- batch key ``<pipeline>-<run>-<batchId>`` (``run`` made at
+  each query start), producer group ``txmq-spark-<pipeline>``; the commit also records the
+  source offsets the batch consumed, or rolls the batch back when they were decided already
+  (:mod:`.pipeline`).
 * **batch** -- batch key ``job-<uuid>`` made once per job on the driver, producer group
   ``txmq-spark-batch`` unless ``producerGroup`` is set.  ``commit`` decides the job; ``abort``
   decides it with nothing committed, which also rolls back every failed attempt's halves.

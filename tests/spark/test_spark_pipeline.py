@@ -7,14 +7,9 @@ must be in the output exactly once."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +22,6 @@ from txmq.client import Message, Producer
 from txmq.protocol.message import MessageExt
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
-
-from txmq.spark_connector.writer import CRASH_AT_ENV  # noqa: E402  (needs pyspark)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -130,64 +123,10 @@ def test_lost_checkpoint_neither_repeats_nor_skips(
         assert states.get("ROLLED_BACK"), states.keys()
 
 
-DRIVER = Path(__file__).with_name("pipeline_driver.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _drive(args: list[str], log: Path, crash_at: str | None) -> int:
-    """One run of pipeline_driver.py in a process group of its own (a SIGKILL of the group
-    takes the driver, its JVM and its Python workers, as a lost driver host would); returns
-    its exit status."""
-    env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
-    env["PYTHONPATH"] = str(ROOT)
-    if crash_at is not None:
-        env[CRASH_AT_ENV] = crash_at
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"the driver ran longer than {RUN_TIMEOUT}s\n{log.read_text()[-4000:]}"
-            ) from None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever it left (the JVM, workers)
-            proc.wait(10)
-
-
-def test_driver_killed_after_a_decision_then_checkpoint_loses_batches(
-    spark_broker: BrokerThread, tmp_path: Path
-) -> None:
-    address = spark_broker.address
-    source, out, pipeline = "pipe-in-kill", "pipe-out-kill", "copy-kill"
-    ckpt = tmp_path / "ckpt"
-    _publish(address, source, range(0, 400))
-    args = [address, source, out, str(ckpt), pipeline]
-    # SIGKILLed once the broker decided batch 2, before Spark wrote its commit log.
-    status = _drive([*args, "100"], tmp_path / "run0.log", crash_at="after_decide:2")
-    assert status == -signal.SIGKILL, (tmp_path / "run0.log").read_text()[-4000:]
-    assert _ids(pull_all(address, out)) == list(range(300))
-    # The checkpoint also loses batch 2's offsets and batch 1's commit: Spark runs batch 1
-    # again and plans batch 2 anew, with batches of 150 now.
-    _forget_batches(ckpt, offsets=[2], commits=[1])
-    _publish(address, source, range(400, 700))
-    status = _drive([*args, "150"], tmp_path / "run1.log", crash_at=None)
-    assert status == 0, (tmp_path / "run1.log").read_text()[-4000:]
-    assert _ids(pull_all(address, out)) == list(range(700))
-    assert "PENDING" not in by_state(transactions(address, f"txmq-spark-{pipeline}"))
-
-
 def test_example_pipeline_bills_once_after_its_checkpoint_is_deleted(
     spark: Any, spark_broker: BrokerThread, tmp_path: Path
 ) -> None:
-    path = ROOT / "examples" / "pipeline.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "pipeline.py"
     spec = importlib.util.spec_from_file_location("txmq_example_pipeline_eos", path)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
