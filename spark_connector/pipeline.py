@@ -12,6 +12,9 @@ asks the broker first:
 * planning a batch from a start where a decided batch started, it ends that batch exactly
   where the decided one ended.
 
+The source's offsets carry the entry ``"@pipeline:<name>": {"0": 0}``, by which the sink finds
+them in the offset log (and knows its source resumes from the pipeline).
+
 The sink's batch key is ``<pipeline>-<run>-<batchId>`` (``run``: fresh at each query start), so
 keys never collide across restarts whatever the checkpoint lost.  A batch whose input range was
 decided already (Spark runs it again after a crash or a lost commit log) rolls back what its
@@ -76,31 +79,61 @@ def _read_text(path: str) -> str | None:
         return text
 
 
-def logged_offsets(checkpoint: str, batch_id: int) -> OffsetMap | None:
-    """The source's end offsets of ``batch_id`` in the checkpoint's offset log (Spark writes
-    it before the batch runs), or None when the log has no such batch.
+def marker(pipeline: str) -> str:
+    """The entry a pipeline's source adds to its offsets (``{"0": 0}`` under this name, which
+    no topic can have): it names the pipeline in Spark's offset log, so the sink finds its
+    source's offsets there and knows the source resumes from the pipeline."""
+    return f"@pipeline:{pipeline}"
 
-    Raises:
-        TxmqError: the query reads more than one source, or the entry is not txmq offsets.
-    """
+
+def with_marker(offsets: OffsetMap, pipeline: str) -> OffsetMap:
+    return normalize_offsets({**offsets, marker(pipeline): {"0": 0}})
+
+
+def _source_lines(checkpoint: str, batch_id: int) -> list[str] | None:
+    """The per-source lines of a batch's offset-log entry ("-" for a source without offsets),
+    or None when the log has no such batch."""
     text = _read_text(os.path.join(checkpoint, "offsets", str(batch_id)))
     if text is None:
         return None
-    lines = text.strip("\n").split("\n")
-    # "v1", the batch's metadata, then one line per source ("-" for none).
-    sources = [line for line in lines[2:] if line.strip() and line.strip() != "-"]
-    if len(sources) != 1:
+    # "v1", the batch's metadata, then one line per source.
+    return [line.strip() for line in text.strip("\n").split("\n")[2:]]
+
+
+def logged_offsets(
+    checkpoint: str, batch_id: int, pipeline: str
+) -> tuple[OffsetMap, OffsetMap | None] | None:
+    """The start and end offsets of ``batch_id``'s pipeline source from the checkpoint's
+    offset log (Spark writes a batch's entry before the batch runs; its start is the previous
+    entry, None for the first batch or when that entry is gone), or None when the log has no
+    such batch.
+
+    Raises:
+        TxmqError: no source of the query carries the pipeline's marker (its txmq source lacks
+            the option ``pipeline``).
+    """
+    lines = _source_lines(checkpoint, batch_id)
+    if lines is None:
+        return None
+    name = marker(pipeline)
+    found = [
+        (i, doc)
+        for i, line in enumerate(lines)
+        if line.startswith("{")
+        for doc in [json.loads(line)]
+        if isinstance(doc, dict) and name in doc
+    ]
+    if len(found) != 1:
         raise TxmqError(
-            f"the offset log of batch {batch_id} holds {len(sources)} source offsets; a txmq "
-            "pipeline reads exactly one txmq source"
+            f"the offset log of batch {batch_id} has {len(found)} txmq sources of pipeline "
+            f"{pipeline!r}: give the query's txmq source the option pipeline={pipeline} too"
         )
-    doc = json.loads(sources[0])
-    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
-        raise TxmqError(
-            f"the offset log of batch {batch_id} holds {sources[0][:200]!r}, not txmq offsets: "
-            "a txmq pipeline reads one txmq source"
-        )
-    return normalize_offsets(doc)
+    index, end = found[0]
+    start = None
+    before = _source_lines(checkpoint, batch_id - 1) if batch_id > 0 else None
+    if before is not None and index < len(before) and before[index].startswith("{"):
+        start = normalize_offsets(json.loads(before[index]))
+    return normalize_offsets(end), start
 
 
 # --- the sink's commit ----------------------------------------------------------------------
@@ -123,10 +156,10 @@ def commit_pipeline_batch(
     """
     assert options.pipeline is not None and options.checkpoint_location is not None
     pipeline, group = options.pipeline, _group(options)
-    end_map = logged_offsets(options.checkpoint_location, batch_id)
-    if end_map is None:
+    logged = logged_offsets(options.checkpoint_location, batch_id, pipeline)
+    if logged is None:
         raise TxmqError(f"the checkpoint's offset log has no batch {batch_id}")
-    start_map = logged_offsets(options.checkpoint_location, batch_id - 1) if batch_id else None
+    end_map, start_map = logged
     end = offsets_text(end_map)
     start = None if start_map is None else offsets_text(start_map)
 
@@ -144,8 +177,9 @@ def commit_pipeline_batch(
     head = probe.get("end")
     replay = False
     if start is None:
-        # The first batch of this checkpoint: it started where the pipeline was when the
-        # source planned it, unless it is that batch again (its end was recorded).
+        # The first batch of this checkpoint: its source (it has the pipeline's marker)
+        # started where the pipeline was, unless this is that batch again (its end was
+        # recorded).
         if head is not None and (end == head or probe.get("next") is not None):
             replay = True
         start = head if head is not None else ""
@@ -205,6 +239,6 @@ def pipeline_position(options: SourceOptions, start: OffsetMap | None) -> dict[s
 
     found = run(go)
     return {
-        k: None if found.get(k) is None else normalize_offsets(json.loads(found[k]))
+        k: None if found.get(k) is None else with_marker(json.loads(found[k]), pipeline)
         for k in ("end", "next")
     }

@@ -60,7 +60,7 @@ from .options import (
     split_queue_key,
     split_ranges,
 )
-from .pipeline import pipeline_position
+from .pipeline import pipeline_position, with_marker
 from .session import BrokerSession, run
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
@@ -446,6 +446,8 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.info("source_pipeline_resumed", pipeline=self.options.pipeline)
         if offsets is None:
             offsets = initial_offsets(self.options)
+        if self.options.pipeline is not None:
+            offsets = with_marker(offsets, self.options.pipeline)
         self._last = offsets
         return offsets
 
@@ -506,6 +508,8 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             max_rows = by_size if max_rows is None else min(max_rows, by_size)
         end = plan_end(begin, latest, max_rows)
+        if self.options.pipeline is not None:
+            end = with_marker(end, self.options.pipeline)
         if end != begin:
             self._last_batch = now
         self._last = end
