@@ -14,6 +14,10 @@ Try it against a local broker (``make run`` starts one on 127.0.0.1:10911)::
 
 ``run`` without ``--available-now`` keeps running and bills new orders as they come (Ctrl-C
 stops it; the next ``run`` goes on where it stopped).  With ``spark-submit`` see docs/spark.md.
+
+``run --pipeline orders-billing`` names the pipeline: each batch decision then also records
+the order offsets it billed, so a lost or rolled-back checkpoint bills nothing twice and skips
+nothing (docs/spark.md, "Pipelines").
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ def build_query(
     checkpoint: str,
     available_now: bool = False,
     max_per_trigger: int = 10_000,
+    pipeline: str | None = None,
 ) -> Any:
-    """Start the streaming query ``source`` -> billing events -> ``sink``."""
+    """Start the streaming query ``source`` -> billing events -> ``sink`` (with ``pipeline``:
+    exactly once even when the checkpoint is lost)."""
+    named = {"pipeline": pipeline} if pipeline is not None else {}
     from pyspark.sql import functions as F
 
     from txmq.spark_connector import register
@@ -51,6 +58,7 @@ def build_query(
         .option("topic", source)
         .option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", str(max_per_trigger))
+        .options(**named)
         .load()
     )
     order = F.from_json(
@@ -81,6 +89,7 @@ def build_query(
         .option("topic", sink)
         .option("queueColumn", "customer")
         .option("checkpointLocation", checkpoint)
+        .options(**named)
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
@@ -140,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--available-now", action="store_true", help="process what is there, then stop"
     )
+    parser.add_argument(
+        "--pipeline", help="name the pipeline: exactly once even if the checkpoint is lost"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "seed":
@@ -164,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink=args.sink,
         checkpoint=args.checkpoint,
         available_now=args.available_now,
+        pipeline=args.pipeline,
     )
     try:
         query.awaitTermination()

@@ -19,6 +19,8 @@ option                 meaning
 ``batchSize``          most messages per SEND_BATCH_MESSAGE request (default 512)
 ``maxRequestBytes``    most body bytes per request (default 1 MiB)
 ``maxInFlight``        requests a task keeps in flight (default 8)
+``pipeline``           a txmq -> txmq pipeline's name: batch decisions record the source
+                       offsets they consumed (see :mod:`.pipeline`; needs checkpointLocation)
 ``requestTimeout``     seconds to wait for each broker answer (default 30)
 ``accessKey``          ACL account the requests are signed with (the broker's ``aclEnable``)
 ``secretKey``          its secret key (both or neither)
@@ -58,6 +60,8 @@ option                      meaning
 ``pullBatchSize``           messages per PULL_MESSAGE (default 256, at most 1024)
 ``failOnDataLoss``          fail when messages to read were already deleted by retention
                             (default true); false skips to the oldest stored message
+``pipeline``                resume from, and plan again, what this pipeline's sink recorded
+``producerGroup``           with ``pipeline``: the sink's producer group, when it sets one
 ``requestTimeout``          seconds to wait for each broker answer (default 30)
 ``accessKey``               ACL account the requests are signed with (the broker's
                             ``aclEnable``)
@@ -139,6 +143,8 @@ SOURCE_OPTION_NAMES = (
     "maxTriggerDelay",
     "pullBatchSize",
     "failOnDataLoss",
+    "pipeline",
+    "producerGroup",
     *_CONNECTION_OPTION_NAMES,
 )
 
@@ -151,6 +157,7 @@ SINK_OPTION_NAMES = (
     "batchSize",
     "maxRequestBytes",
     "maxInFlight",
+    "pipeline",
     *_CONNECTION_OPTION_NAMES,
 )
 
@@ -369,6 +376,18 @@ def stream_producer_group(query_id: str) -> str:
     return validate_group(STREAM_PRODUCER_GROUP_PREFIX + query_id)
 
 
+def pipeline_producer_group(pipeline: str) -> str:
+    """The producer group of a pipeline's sink (and where its source asks for its position)
+    when none is configured: the pipeline's name outlives the query id."""
+    return validate_group(STREAM_PRODUCER_GROUP_PREFIX + pipeline)
+
+
+def offsets_text(offsets: Mapping[str, Mapping[Any, int]]) -> str:
+    """Source offsets as the canonical text a pipeline's batch decision records (and the
+    broker compares): normalized, compact JSON."""
+    return json.dumps(normalize_offsets(offsets), separators=(",", ":"))
+
+
 # --- sink -------------------------------------------------------------------------------------
 
 
@@ -391,6 +410,11 @@ class SinkOptions(_ConnectionOptions):
     batch_size: int = DEFAULT_BATCH_SIZE
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    #: ``pipeline``: the name of a txmq -> txmq pipeline; each batch decision then records
+    #: the source offsets it consumed (read from the checkpoint's offset log).
+    pipeline: str | None = None
+    #: ``checkpointLocation`` as Spark passed it (a pipeline's sink reads its offset log).
+    checkpoint_location: str | None = None
 
 
 def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
@@ -403,7 +427,12 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     opts = _lower(options)
     topic = _get(opts, "topic")
     group = _get(opts, "producerGroup")
+    pipeline = _get(opts, "pipeline")
+    if pipeline is not None:
+        validate_group(pipeline, "pipeline")
     return SinkOptions(
+        pipeline=pipeline,
+        checkpoint_location=_get(opts, "checkpointLocation"),
         **_connection_options(opts),
         topic=validate_topic(topic) if topic is not None else None,
         producer_group=validate_group(group) if group is not None else None,
@@ -495,6 +524,10 @@ class SourceOptions(_ConnectionOptions):
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
     fail_on_data_loss: bool = True
+    #: ``pipeline``: resume from, and replan, what the pipeline's sink recorded.
+    pipeline: str | None = None
+    #: ``producerGroup``: the pipeline sink's producer group, when not the default.
+    producer_group: str | None = None
 
     def wants(self, topic: str) -> bool:
         """Whether ``topic`` is read: named in ``topic`` or matched by ``subscribePattern``."""
@@ -689,7 +722,15 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     starting_ts = _get(opts, "startingTimestamp")
     min_offsets = _get(opts, "minOffsetsPerTrigger")
     delay = _get(opts, "maxTriggerDelay")
+    pipeline, group = _get(opts, "pipeline"), _get(opts, "producerGroup")
+    if group is not None and pipeline is None:
+        raise TxmqOptionError(
+            "option 'producerGroup' of a source names the sink group of its 'pipeline': give "
+            "'pipeline' too"
+        )
     return SourceOptions(
+        pipeline=None if pipeline is None else validate_group(pipeline, "pipeline"),
+        producer_group=None if group is None else validate_group(group),
         **_connection_options(opts),
         topics=topics,
         topic_pattern=pattern,

@@ -60,6 +60,7 @@ from .options import (
     split_queue_key,
     split_ranges,
 )
+from .pipeline import pipeline_position, with_marker
 from .session import BrokerSession, run
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
@@ -436,7 +437,17 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_batch: float | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        offsets = initial_offsets(self.options)
+        offsets = None
+        if self.options.pipeline is not None:
+            # No offsets in the checkpoint: a pipeline goes on where its last decided batch
+            # ended (the checkpoint may have been lost, not the broker's record).
+            offsets = pipeline_position(self.options, None)["end"]
+            if offsets is not None:
+                log.info("source_pipeline_resumed", pipeline=self.options.pipeline)
+        if offsets is None:
+            offsets = initial_offsets(self.options)
+        if self.options.pipeline is not None:
+            offsets = with_marker(offsets, self.options.pipeline)
         self._last = offsets
         return offsets
 
@@ -474,6 +485,14 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             max_rows = None
         begin = normalize_offsets(start)
+        if self.options.pipeline is not None:
+            # A batch planned again from where a decided batch started (the checkpoint lost
+            # its end) must end exactly where that one did: its decision holds those rows.
+            decided: OffsetMap | None = pipeline_position(self.options, begin)["next"]
+            if decided is not None:
+                log.info("source_pipeline_replanned", pipeline=self.options.pipeline)
+                self._last = decided
+                return decided
         latest = self._latest()
         now = time.monotonic()
         if self._target is None and not admit_batch(
@@ -489,6 +508,8 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             max_rows = by_size if max_rows is None else min(max_rows, by_size)
         end = plan_end(begin, latest, max_rows)
+        if self.options.pipeline is not None:
+            end = with_marker(end, self.options.pipeline)
         if end != begin:
             self._last_batch = now
         self._last = end

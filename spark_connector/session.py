@@ -148,13 +148,21 @@ class BrokerSession:
         commit: list[str] | None = None,
         *,
         query_only: bool = False,
+        pipeline: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
     ) -> dict[str, Any]:
         """TXMQ_DECIDE_BATCH: commit ``commit`` and roll back every other pending transaction of
         ``group`` tagged ``batch_key`` (or, with ``query_only``, only report the decision).
 
+        With ``pipeline``, a decision records the input range ``[start, end)`` the batch
+        consumed (canonical offset JSON, see :func:`.options.offsets_text`) and is refused
+        unless ``start`` is where the pipeline's last decided batch ended; a query also answers
+        ``pipeline``: where it is (``end``, ``batchKey``) and the ``next`` end after ``start``.
+
         Returns:
-            The broker's JSON answer: ``decided``, ``committed``, ``rolledBack`` and ``first``
-            (or ``pending`` for a query).
+            The broker's JSON answer: ``decided``, ``committed``, ``rolledBack``, ``position``
+            and ``first`` (or ``pending`` for a query).
 
         Raises:
             TxmqError: the broker refused (e.g. a listed transaction was rolled back already).
@@ -162,7 +170,14 @@ class BrokerSession:
         header = DecideBatchRequestHeader(
             producer_group=group, batch_key=batch_key, query_only=query_only
         )
-        body = b"" if query_only else json.dumps({"commit": list(commit or [])}).encode()
+        doc: dict[str, Any] = {} if query_only else {"commit": list(commit or [])}
+        if pipeline is not None:
+            doc["pipeline"] = pipeline
+            if start is not None:
+                doc["start"] = start
+            if end is not None:
+                doc["end"] = end
+        body = json.dumps(doc).encode() if doc else b""
         resp = await self.connection.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body)
         answer: dict[str, Any] = json.loads(resp.body.decode("utf-8"))
         return answer

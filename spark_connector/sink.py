@@ -493,11 +493,14 @@ def decide_batch(
     request_timeout: float = 30.0,
     credentials: Credentials | None = None,
     tls: TlsOptions | None = None,
+    position: tuple[str, str, str] | None = None,
 ) -> dict[str, Any]:
     """Commit the successful attempts' transactions of a batch and roll back the rest.
 
     Args:
         results: the successful attempts' results (None entries are ignored).
+        position: ``(pipeline, start, end)``: the input range the batch consumed, recorded
+            with the decision (see :mod:`.pipeline`).
 
     Returns:
         The broker's answer (``first`` is False when the batch had been decided before, which is
@@ -517,7 +520,12 @@ def decide_batch(
 
     async def go() -> dict[str, Any]:
         async with BrokerSession(broker, request_timeout, credentials, tls) as session:
-            return await session.decide_batch(group, batch_key, commit)
+            if position is None:
+                return await session.decide_batch(group, batch_key, commit)
+            pipeline, start, end = position
+            return await session.decide_batch(
+                group, batch_key, commit, pipeline=pipeline, start=start, end=end
+            )
 
     answer = run(go)
     committed = set(answer.get("committed") or [])

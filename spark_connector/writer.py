@@ -8,6 +8,10 @@ the whole batch on the driver with one TXMQ_DECIDE_BATCH:
   after a restart has the same key and finds its earlier decision.  ``commit`` decides the batch;
   ``abort`` only rolls back the transactions it knows and leaves the batch undecided, so a later
   replay of the same batch id can still commit.
+* **streaming with** ``pipeline`` -- batch key ``<pipeline>-<run>-<batchId>`` (``run`` made at
+  each query start), producer group ``txmq-spark-<pipeline>``; the commit also records the
+  source offsets the batch consumed, or rolls the batch back when they were decided already
+  (:mod:`.pipeline`).
 * **batch** -- batch key ``job-<uuid>`` made once per job on the driver, producer group
   ``txmq-spark-batch`` unless ``producerGroup`` is set.  ``commit`` decides the job; ``abort``
   decides it with nothing committed, which also rolls back every failed attempt's halves.
@@ -34,7 +38,14 @@ from pyspark.sql.datasource import (
 
 from txmq.client.logs import get_logger
 
-from .options import DEFAULT_BATCH_PRODUCER_GROUP, SinkOptions, stream_producer_group
+from .options import (
+    DEFAULT_BATCH_PRODUCER_GROUP,
+    SinkOptions,
+    TxmqOptionError,
+    pipeline_producer_group,
+    stream_producer_group,
+)
+from .pipeline import commit_pipeline_batch, pipeline_batch_key, run_token
 from .sink import (
     PartitionResult,
     decide_batch,
@@ -101,6 +112,23 @@ class TxmqStreamWriter(_StreamWriterBase):
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        #: A pipeline's batch keys carry a token made at each query start (on the driver;
+        #: Spark ships this writer to every task and to the commit).
+        self.run_id = run_token()
+        if options.pipeline is not None and options.checkpoint_location is None:
+            raise TxmqOptionError(
+                "option 'pipeline' needs the query's option 'checkpointLocation': each batch "
+                "decision records the source offsets of the checkpoint's offset log"
+            )
+
+    def _key(self, query_id: str, batch_id: int | str) -> tuple[str, str]:
+        """The producer group and batch key of a micro-batch."""
+        pipeline = self.options.pipeline
+        if pipeline is not None:
+            group = self.options.producer_group or pipeline_producer_group(pipeline)
+            return group, pipeline_batch_key(pipeline, self.run_id, batch_id)
+        group = self.options.producer_group or stream_producer_group(query_id)
+        return group, stream_batch_key(query_id, batch_id)
 
     def write(self, iterator: Iterator[Any]) -> TxmqCommitMessage:
         """Write this task attempt's rows as the halves of a new transaction."""
@@ -111,8 +139,7 @@ class TxmqStreamWriter(_StreamWriterBase):
             raise RuntimeError(
                 "the txmq streaming writer found no streaming batch id in the task context"
             )
-        group = self.options.producer_group or stream_producer_group(query_id)
-        batch_key = stream_batch_key(query_id, batch_id)
+        group, batch_key = self._key(query_id, batch_id)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
         result = write_partition(
             iterator,
@@ -129,10 +156,13 @@ class TxmqStreamWriter(_StreamWriterBase):
         """Commit the successful attempts' transactions and roll back every other one of the
         batch, in one broker request (a replayed, already decided batch is accepted)."""
         results = _results(messages)
-        if not results:
+        if not results and self.options.pipeline is None:
             log.info("sink_batch_empty", batch_id=batchId)
             return
-        group, key = results[0].producer_group, results[0].batch_key
+        if results:
+            group, key = results[0].producer_group, results[0].batch_key
+        else:  # a pipeline records the input range of a batch without output too
+            group, key = self._key("", batchId)
         if not key.endswith(f"-{batchId}") or any(
             (r.producer_group, r.batch_key) != (group, key) for r in results
         ):
@@ -141,15 +171,18 @@ class TxmqStreamWriter(_StreamWriterBase):
                 f"{sorted({(r.producer_group, r.batch_key) for r in results})}"
             )
         _crash_point("before_decide", batchId)
-        decide_batch(
-            self.options.broker,
-            group,
-            key,
-            results,
-            self.options.request_timeout,
-            self.options.credentials,
-            self.options.tls,
-        )
+        if self.options.pipeline is not None:
+            commit_pipeline_batch(self.options, key, batchId, results)
+        else:
+            decide_batch(
+                self.options.broker,
+                group,
+                key,
+                results,
+                self.options.request_timeout,
+                self.options.credentials,
+                self.options.tls,
+            )
         _crash_point("after_decide", batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

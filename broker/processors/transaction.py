@@ -7,6 +7,7 @@ state machine checks), and answers once the decision is durable under the flush 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import structlog
 
@@ -73,31 +74,53 @@ class TransactionProcessor:
         try:
             doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
             commit = [str(x) for x in doc.get("commit", [])]
+            # A pipeline's batch names the input range it consumed (start and end as the
+            # client's canonical text); a query may ask where a pipeline is.
+            pipeline = doc.get("pipeline")
+            position = (
+                (str(pipeline), str(doc["start"]), str(doc["end"]))
+                if pipeline is not None and not h.query_only
+                else None
+            )
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
             raise InvalidParameterError(
                 f"decide-batch body must be JSON {{'commit': [...]}}: {exc}"
             ) from None
+        except KeyError as exc:
+            raise InvalidParameterError(f"decide-batch of a pipeline needs {exc}") from None
         key = (h.producer_group, h.batch_key)
+        machine = self.tx.machine
         if h.query_only:
             decided = self.tx.batches.get(key)
-            return cmd.response(
-                body=json.dumps(
-                    {
-                        "batchKey": h.batch_key,
-                        "decided": decided is not None,
-                        "committed": decided["committed"] if decided else [],
-                        "rolledBack": decided["rolledBack"] if decided else [],
-                        "pending": self.tx.machine.pending_in_batch(*key),
-                    }
-                ).encode()
-            )
+            answer: dict[str, Any] = {
+                "batchKey": h.batch_key,
+                "decided": decided is not None,
+                "committed": decided["committed"] if decided else [],
+                "rolledBack": decided["rolledBack"] if decided else [],
+                "pending": machine.pending_in_batch(*key),
+                "position": _position(machine.batch_positions.get(key)),
+            }
+            if pipeline is not None:
+                head = machine.pipelines.get((h.producer_group, str(pipeline)))
+                start = doc.get("start")
+                answer["pipeline"] = {
+                    "end": head[0] if head else None,
+                    "batchKey": head[1] if head else None,
+                    "next": None
+                    if start is None
+                    else machine.pipeline_ranges.get((h.producer_group, str(pipeline), start)),
+                }
+            return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
+        if cluster is not None and position is not None:
+            # The commit point of a cluster's batch is its etcd record, which has no position.
+            raise InvalidParameterError("a broker cluster does not record pipeline positions yet")
         if cluster is not None and key not in self.tx.batches:
             # The batch may span broker groups: its decision is one create-if-absent record in
             # etcd (the first decision wins everywhere); this group applies its part of it.
             decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
             commit = self.tx.local_batch_part(h.producer_group, decided_commit)
-        end = self.tx.decide_batch(h.producer_group, h.batch_key, commit)
+        end = self.tx.decide_batch(h.producer_group, h.batch_key, commit, position)
         decided = self.tx.batches[key]
         durable = end
         if durable is None:
@@ -122,6 +145,7 @@ class TransactionProcessor:
                 "committed": decided["committed"],
                 "rolledBack": decided["rolledBack"],
                 "first": end is not None,
+                "position": _position(machine.batch_positions.get(key)),
             }
         ).encode()
         return cmd.response(body=body)
@@ -186,3 +210,10 @@ class TransactionProcessor:
                 )
         text = await self.core.decide(rec, decision, "operator", cmd.remark or "")
         return cmd.response(remark=text)
+
+
+def _position(position: tuple[str, str, str] | None) -> dict[str, str] | None:
+    """A batch decision's pipeline position as the answers show it."""
+    if position is None:
+        return None
+    return {"pipeline": position[0], "start": position[1], "end": position[2]}

@@ -153,6 +153,14 @@ class TransactionStateMachine:
         #: (group, batch key) -> {"committed": [...], "rolledBack": [...]}
         self.batches: dict[tuple[str, str], dict[str, list[str]]] = {}
         self.batch_members: dict[tuple[str, str], set[str]] = {}
+        #: Pipelines (a batch decision may record the input range it consumed, see
+        #: :meth:`plan_batch`): (group, pipeline) -> (end of its last decided batch, that
+        #: batch's key), never forgotten; (group, pipeline, start) -> end of the decided batch
+        #: that started there; (group, batch key) -> (pipeline, start, end).  The last two are
+        #: forgotten with the batch decision.
+        self.pipelines: dict[tuple[str, str], tuple[str, str]] = {}
+        self.pipeline_ranges: dict[tuple[str, str, str], str] = {}
+        self.batch_positions: dict[tuple[str, str], tuple[str, str, str]] = {}
         #: decided transactions and batches in decision order, for :meth:`prune`
         self._decided: deque[tuple[int, str]] = deque()
         self._decided_batches: deque[tuple[int, tuple[str, str]]] = deque()
@@ -258,13 +266,34 @@ class TransactionStateMachine:
             ts=ts,
         )
 
-    def plan_batch(self, group: str, batch_key: str, commit: list[str], ts: int) -> BatchPlan:
+    def plan_batch(
+        self,
+        group: str,
+        batch_key: str,
+        commit: list[str],
+        ts: int,
+        position: tuple[str, str, str] | None = None,
+    ) -> BatchPlan:
         """Commit the listed transactions of a batch and roll back its other pending ones.
+
+        ``position`` is ``(pipeline, start, end)``: the input range the batch consumed.  The
+        decision records it and moves the pipeline to ``end``; it is refused unless ``start``
+        is where the pipeline's last decided batch ended (the first one is taken as it is), so
+        two batches of one pipeline never consume the same input.
 
         Raises:
             InvalidParameterError: a listed transaction is unknown or of another group.
-            IllegalOperationError: a listed transaction is already rolled back.
+            IllegalOperationError: a listed transaction is already rolled back, or the batch
+                does not start where its pipeline is.
         """
+        if position is not None:
+            head = self.pipelines.get((group, position[0]))
+            if head is not None and head[0] != position[1]:
+                raise IllegalOperationError(
+                    f"pipeline {position[0]!r} of producer group {group} is at {head[0]} "
+                    f"(batch {head[1]!r}); batch {batch_key!r} starts at {position[1]}: another "
+                    "query runs this pipeline, or its source does not resume from the pipeline"
+                )
         commit_recs = []
         for txid in dict.fromkeys(commit):
             rec = self.records.get(txid)
@@ -294,6 +323,7 @@ class TransactionStateMachine:
             ts=ts,
             batch_key=batch_key,
             committed=tuple(r.transaction_id for r in commit_recs),
+            position=position,
         )
         return BatchPlan(op, to_commit)
 
@@ -371,6 +401,8 @@ class TransactionStateMachine:
                     "rolledBack": sorted(op.txids),
                 }
                 self._decided_batches.append((op.ts, key))
+                if op.position is not None:
+                    self.record_position(key, op.position)
         elif op.kind is OpKind.DISCARD:
             for t in op.txids:
                 rec = self._record(t, op.group)
@@ -396,6 +428,14 @@ class TransactionStateMachine:
                         self.pending[t] = rec
                     changed.append(rec)
         return changed
+
+    def record_position(self, key: tuple[str, str], position: tuple[str, str, str]) -> None:
+        """Batch ``key`` (group, batch key) consumed ``position``: its pipeline moves on."""
+        group = key[0]
+        pipeline, start, end = position
+        self.batch_positions[key] = position
+        self.pipeline_ranges[(group, pipeline, start)] = end
+        self.pipelines[(group, pipeline)] = (end, key[1])
 
     def _record(self, txid: str, group: str) -> TxRecord:
         rec = self.records.get(txid)
@@ -431,6 +471,9 @@ class TransactionStateMachine:
         while self._decided_batches and self._decided_batches[0][0] < batches_before_ms:
             _, key = self._decided_batches.popleft()
             self.batches.pop(key, None)
+            position = self.batch_positions.pop(key, None)
+            if position is not None:
+                self.pipeline_ranges.pop((key[0], position[0], position[1]), None)
         return n
 
     # -- check state ----------------------------------------------------------------------------

@@ -493,12 +493,19 @@ class TransactionalMessageService:
             by=by,
         )
 
-    def decide_batch(self, group: str, batch_key: str, commit: list[str]) -> int | None:
+    def decide_batch(
+        self,
+        group: str,
+        batch_key: str,
+        commit: list[str],
+        position: tuple[str, str, str] | None = None,
+    ) -> int | None:
         """Commit ``commit`` and roll back the batch's other pending transactions, once per
-        batch key; None when the batch was already decided."""
+        batch key; None when the batch was already decided.  ``position``: the pipeline input
+        range the batch consumed (see :meth:`~.machine.TransactionStateMachine.plan_batch`)."""
         if (group, batch_key) in self.batches:
             return None
-        plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms())
+        plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms(), position)
         end = self._append(plan.op, self._committed_records(plan.to_commit))
         if self.trace is not None:
             records = self.machine.records

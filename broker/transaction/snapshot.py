@@ -18,12 +18,18 @@ File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
      "records": [[txid, group, state, batchKey, checkTimes, lastCheckMs, decidedMs, decidedBy,
                   decisionEndOffset, remark, [[clOffset, qOffset, topic, queueId, storeTs,
                                                uniqKey, offsetMsgId, immunityMs], ...]], ...],
-     "batches": [[group, batchKey, decidedMs, [committed...], [rolledBack...]], ...]}
+     "batches": [[group, batchKey, decidedMs, [committed...], [rolledBack...]
+                  (, [pipeline, start, end])], ...],
+     "pipelines": [[group, pipeline, end, batchKey], ...]}   (only when there are some)
+
+A batch row has the input range its pipeline consumed as a sixth element when the decision
+recorded one; ``pipelines`` (optional: older snapshots have none) holds where each pipeline
+is, which outlives the batch decisions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -45,6 +51,7 @@ class Snapshot:
     op_from: int
     records: list[list[Any]]
     batches: list[list[Any]]
+    pipelines: list[list[Any]] = field(default_factory=list)
 
 
 def _record_row(r: TxRecord) -> list[Any]:
@@ -82,11 +89,14 @@ def take(m: TransactionStateMachine, clog_offset: int, half_from: int, op_from: 
         # Decided records never change again: the row is built on the writer's thread.
         records.append(r if r.state.decided else _record_row(r))
     batch_ts = dict((key, ts) for ts, key in m._decided_batches)
+    positions = m.batch_positions
     batches = [
         [g, bk, batch_ts.get((g, bk), 0), list(d["committed"]), list(d["rolledBack"])]
+        + ([list(positions[(g, bk)])] if (g, bk) in positions else [])
         for (g, bk), d in m.batches.items()
     ]
-    return Snapshot(clog_offset, half_from, op_from, records, batches)
+    pipelines = [[g, p, end, bk] for (g, p), (end, bk) in m.pipelines.items()]
+    return Snapshot(clog_offset, half_from, op_from, records, batches, pipelines)
 
 
 def encode(s: Snapshot) -> bytes:
@@ -96,7 +106,7 @@ def encode(s: Snapshot) -> bytes:
     packer = msgpack.Packer(use_bin_type=True)
     pack = packer.pack
     parts = [
-        packer.pack_map_header(6),
+        packer.pack_map_header(7 if s.pipelines else 6),
         pack("v"),
         pack(SNAPSHOT_VERSION),
         pack("clog"),
@@ -117,6 +127,8 @@ def encode(s: Snapshot) -> bytes:
             cached = r.snapshot_row = (len(r.halves), pack(_record_row(r)))
         parts.append(cached[1])
     parts += (pack("batches"), pack(s.batches))
+    if s.pipelines:  # only when a batch decision recorded a pipeline position
+        parts += (pack("pipelines"), pack(s.pipelines))
     return b"".join(parts)
 
 
@@ -132,6 +144,7 @@ def decode(data: bytes) -> Snapshot:
             int(doc["opFrom"]),
             list(doc["records"]),
             list(doc["batches"]),
+            list(doc.get("pipelines", [])),
         )
     except SnapshotError:
         raise
@@ -147,9 +160,13 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
     try:
         rows = [_restored(row) for row in s.records]
         batches = sorted(
-            ((str(g), str(bk), int(ts), list(c), list(rb)) for g, bk, ts, c, rb in s.batches),
+            (
+                (str(g), str(bk), int(ts), list(c), list(rb), _position(rest))
+                for g, bk, ts, c, rb, *rest in s.batches
+            ),
             key=lambda b: b[2],
         )
+        pipelines = [((str(g), str(p)), (str(end), str(bk))) for g, p, end, bk in s.pipelines]
     except Exception as exc:  # a row of the wrong shape, a state name that is not one, ...
         raise SnapshotError(f"unreadable transaction snapshot record: {exc!r}") from None
     decided: list[tuple[int, str]] = []
@@ -165,10 +182,20 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
             m.batch_members.setdefault((rec.producer_group, str(bk)), set()).add(rec.transaction_id)
     decided.sort()
     m._decided.extend(decided)
-    for g, bk, ts, committed, rolled_back in batches:
+    for g, bk, ts, committed, rolled_back, position in batches:
         key = (g, bk)
         m.batches[key] = {"committed": committed, "rolledBack": rolled_back}
         m._decided_batches.append((ts, key))
+        if position is not None:
+            m.record_position(key, position)
+    m.pipelines.update(pipelines)
+
+
+def _position(rest: list[Any]) -> tuple[str, str, str] | None:
+    if not rest:
+        return None
+    pipeline, start, end = rest[0]
+    return (str(pipeline), str(start), str(end))
 
 
 def _restored(row: Any) -> tuple[TxRecord, Any]:

@@ -25,6 +25,8 @@ key     meaning
 ``h``   half-message commit-log offsets covered (list; commit/discard)
 ``bk``  batch key (kind ``batch``)
 ``c``   committed ids (kind ``batch``); ``t`` then lists the rolled-back ones
+``pp``  pipeline position (kind ``batch``, optional): ``[pipeline, start, end]``, the input
+        range the batch consumed, as the client's canonical text
 ``r``   remark: who decided and why (operator, check, producer, batch)
 ``ts``  broker time of the decision, ms
 ======  ========================================================================
@@ -150,6 +152,13 @@ class OpRecordError(ValueError):
     """A body in the op topic that is not a readable op record."""
 
 
+def _position(value: Any) -> tuple[str, str, str] | None:
+    if value is None:
+        return None
+    pipeline, start, end = value
+    return (str(pipeline), str(start), str(end))
+
+
 @dataclass(frozen=True)
 class OpRecord:
     """One decision, as stored in ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (the table at the top of this
@@ -169,6 +178,8 @@ class OpRecord:
     batch_key: str | None = None
     #: BATCH: the committed transactions
     committed: tuple[str, ...] = ()
+    #: BATCH: ``(pipeline, start, end)``, the input range a pipeline's batch consumed
+    position: tuple[str, str, str] | None = None
 
     @property
     def by(self) -> str:
@@ -190,6 +201,8 @@ class OpRecord:
             doc["bk"] = self.batch_key
         if self.kind is OpKind.BATCH:
             doc["c"] = list(self.committed)
+            if self.position is not None:
+                doc["pp"] = list(self.position)
         packed: bytes = msgpack.packb(doc, use_bin_type=True)
         return packed
 
@@ -214,6 +227,7 @@ class OpRecord:
                 ts=int(doc.get("ts", 0)),
                 batch_key=None if bk is None else str(bk),
                 committed=tuple(str(t) for t in doc.get("c", [])) if kind is OpKind.BATCH else (),
+                position=_position(doc.get("pp")) if kind is OpKind.BATCH else None,
             )
         except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise OpRecordError(f"malformed op record: {exc!r}") from None
