@@ -8,6 +8,7 @@ beside RocketMQ 5's in ``docs/operations.md``."""
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -143,13 +144,22 @@ class BrokerMetrics:
         self.in_sync_replicas = g("txmq_in_sync_replicas", "Replicas in the group's in-sync set")
         self.elections = c("txmq_elections", "Elections this broker process has won")
 
-        # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call,
-        # and the send path counts one request and one put per message.
+        # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call.
         self._request_counters: dict[int | str, Any] = {}
         self._error_counters: dict[int, Any] = {}
         self._put_counters: dict[str, Any] = {}
         self._out_counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[int | str, Any] = {}
+        # What the request path counts (requests by code, messages by topic, bytes, latencies
+        # by code), in plain integers and lists on the event loop: folded into the Prometheus
+        # objects above when the metrics are read (:meth:`fold`, first of the registry's
+        # refreshers), not one locked ``inc``/``observe`` per request.
+        self._requests_seen: dict[int | str, int] = {}
+        self._puts_seen: dict[str, int] = {}
+        self._bytes_seen = 0
+        #: code -> [count per bucket (the last: +Inf)..., sum of the seconds]
+        self._latency_seen: dict[int | str, list[float]] = {}
+        self.registry.refreshers.append(self.fold)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, doc, labels, registry=self.registry)
@@ -159,10 +169,8 @@ class BrokerMetrics:
 
     def record_request(self, code: int | str) -> None:
         """Count one request of ``code`` (a request code, or a name such as ``grpc:Send``)."""
-        child = self._request_counters.get(code)
-        if child is None:
-            child = self._request_counters[code] = self.requests.labels(str(code))
-        child.inc()
+        seen = self._requests_seen
+        seen[code] = seen.get(code, 0) + 1
 
     def record_error(self, code: int) -> None:
         """Count one error response with response code ``code``."""
@@ -173,13 +181,16 @@ class BrokerMetrics:
 
     def record_put(self, per_topic: dict[str, int], nbytes: int) -> None:
         """Count stored messages (``per_topic``: topic -> messages) and their bytes."""
-        children = self._put_counters
+        seen = self._puts_seen
         for topic, n in per_topic.items():
-            child = children.get(topic)
-            if child is None:
-                child = children[topic] = self.messages_put.labels(topic)
-            child.inc(n)
-        self.bytes_put.inc(nbytes)
+            seen[topic] = seen.get(topic, 0) + n
+        self._bytes_seen += nbytes
+
+    def record_put_one(self, topic: str, nbytes: int) -> None:
+        """Count one stored message of ``topic`` and its bytes."""
+        seen = self._puts_seen
+        seen[topic] = seen.get(topic, 0) + 1
+        self._bytes_seen += nbytes
 
     def record_out(self, topic: str, group: str, n: int) -> None:
         """Count ``n`` messages returned to ``group`` from ``topic`` (one call per answer)."""
@@ -189,12 +200,17 @@ class BrokerMetrics:
             child = self._out_counters[key] = self.messages_out.labels(topic, group)
         child.inc(n)
 
+    def _latency_of(self, code: int | str) -> list[float]:
+        seen = self._latency_seen.get(code)
+        if seen is None:
+            seen = self._latency_seen[code] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        return seen
+
     def observe_latency(self, code: int | str, seconds: float) -> None:
         """One request of ``code`` answered after ``seconds``."""
-        child = self._latency.get(code)
-        if child is None:
-            child = self._latency[code] = self.request_latency.labels(str(code))
-        child.observe(seconds)
+        seen = self._latency_of(code)
+        seen[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        seen[-1] += seconds
 
     def timed(self, processors: dict[int, P]) -> dict[int, P]:
         """``processors`` (request code -> ``async (conn, cmd)``), each timed into
@@ -202,17 +218,55 @@ class BrokerMetrics:
         return {code: self._timed(code, proc) for code, proc in processors.items()}
 
     def _timed(self, code: int, proc: P) -> P:
-        observe = self.request_latency.labels(str(code)).observe
+        seen = self._latency_of(code)
         clock = time.perf_counter
+        bounds = LATENCY_BUCKETS
 
         async def timed(*args: Any) -> Any:
             t0 = clock()
             try:
                 return await proc(*args)
             finally:
-                observe(clock() - t0)
+                seconds = clock() - t0
+                seen[bisect_left(bounds, seconds)] += 1
+                seen[-1] += seconds
 
         return timed  # type: ignore[return-value]
+
+    def fold(self) -> None:
+        """Add what was counted since the last fold to the Prometheus objects (on the event
+        loop; every read of the metrics runs it first, through the registry's refreshers)."""
+        if self._requests_seen:
+            seen, self._requests_seen = self._requests_seen, {}
+            for code, n in seen.items():
+                child = self._request_counters.get(code)
+                if child is None:
+                    child = self._request_counters[code] = self.requests.labels(str(code))
+                child.inc(n)
+        if self._puts_seen:
+            puts, self._puts_seen = self._puts_seen, {}
+            for topic, n in puts.items():
+                child = self._put_counters.get(topic)
+                if child is None:
+                    child = self._put_counters[topic] = self.messages_put.labels(topic)
+                child.inc(n)
+        if self._bytes_seen:
+            self.bytes_put.inc(self._bytes_seen)
+            self._bytes_seen = 0
+        for code, counts in self._latency_seen.items():
+            observed = sum(counts[:-1])
+            if not observed:
+                continue
+            child = self._latency.get(code)
+            if child is None:
+                child = self._latency[code] = self.request_latency.labels(str(code))
+            # The histogram child's own buckets (per bucket, not cumulative) and sum, as
+            # ``observe`` fills them one observation at a time.
+            for i, count in enumerate(counts[:-1]):
+                if count:
+                    child._buckets[i].inc(count)
+            child._sum.inc(counts[-1])
+            counts[:] = [0.0] * len(counts)
 
     def watch(self, figures: Any) -> None:
         """Add scrape-time figures (:mod:`.metrics_scrape`: ``refresh()`` on the event loop,
