@@ -7,9 +7,10 @@ beside RocketMQ 5's in ``docs/operations.md``."""
 
 from __future__ import annotations
 
+import threading
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -42,11 +43,19 @@ P = TypeVar("P", bound=Callable[..., Awaitable[Any]])
 
 class MetricsRegistry(CollectorRegistry):
     """A registry whose scrape-time figures are brought up to date by :meth:`refresh` (run on
-    the event loop that owns what they read: the operations port asks the loop to run it)."""
+    the event loop that owns what they read: the operations port asks the loop to run it), and
+    whose counts kept in plain integers are folded in by every :meth:`collect` (``folds``:
+    safe from any thread)."""
 
     def __init__(self) -> None:
         super().__init__(auto_describe=True)
         self.refreshers: list[Callable[[], None]] = []
+        self.folds: list[Callable[[], None]] = []
+
+    def collect(self) -> Iterator[Any]:
+        for fn in self.folds:
+            fn()
+        yield from super().collect()
 
     def refresh(self) -> None:
         for fn in list(self.refreshers):
@@ -151,15 +160,22 @@ class BrokerMetrics:
         self._out_counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[int | str, Any] = {}
         # What the request path counts (requests by code, messages by topic, bytes, latencies
-        # by code), in plain integers and lists on the event loop: folded into the Prometheus
-        # objects above when the metrics are read (:meth:`fold`, first of the registry's
-        # refreshers), not one locked ``inc``/``observe`` per request.
+        # by code), in plain integers and lists since the start, on the event loop: what they
+        # grew by since the last read is added to the Prometheus objects above when the
+        # metrics are read (:meth:`fold`, by every ``registry.collect()``), not one locked
+        # ``inc``/``observe`` per request.
         self._requests_seen: dict[int | str, int] = {}
         self._puts_seen: dict[str, int] = {}
         self._bytes_seen = 0
         #: code -> [count per bucket (the last: +Inf)..., sum of the seconds]
         self._latency_seen: dict[int | str, list[float]] = {}
-        self.registry.refreshers.append(self.fold)
+        # What was added to the Prometheus objects so far (the same shapes).
+        self._requests_folded: dict[int | str, int] = {}
+        self._puts_folded: dict[str, int] = {}
+        self._bytes_folded = 0
+        self._latency_folded: dict[int | str, list[float]] = {}
+        self._fold_lock = threading.Lock()
+        self.registry.folds.append(self.fold)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, doc, labels, registry=self.registry)
@@ -234,39 +250,49 @@ class BrokerMetrics:
         return timed  # type: ignore[return-value]
 
     def fold(self) -> None:
-        """Add what was counted since the last fold to the Prometheus objects (on the event
-        loop; every read of the metrics runs it first, through the registry's refreshers)."""
-        if self._requests_seen:
-            seen, self._requests_seen = self._requests_seen, {}
-            for code, n in seen.items():
-                child = self._request_counters.get(code)
+        """Add what was counted since the last fold to the Prometheus objects.  Any thread:
+        the counts only grow (on the loop) and are read here with one copy each, and folds
+        take turns."""
+        with self._fold_lock:
+            folded = self._requests_folded
+            for code, total in list(self._requests_seen.items()):
+                n = total - folded.get(code, 0)
+                if n:
+                    child = self._request_counters.get(code)
+                    if child is None:
+                        child = self._request_counters[code] = self.requests.labels(str(code))
+                    child.inc(n)
+                    folded[code] = total
+            puts = self._puts_folded
+            for topic, total in list(self._puts_seen.items()):
+                n = total - puts.get(topic, 0)
+                if n:
+                    child = self._put_counters.get(topic)
+                    if child is None:
+                        child = self._put_counters[topic] = self.messages_put.labels(topic)
+                    child.inc(n)
+                    puts[topic] = total
+            nbytes = self._bytes_seen
+            if nbytes != self._bytes_folded:
+                self.bytes_put.inc(nbytes - self._bytes_folded)
+                self._bytes_folded = nbytes
+            for code, seen in list(self._latency_seen.items()):
+                counts = list(seen)
+                before = self._latency_folded.get(code)
+                if before is None:
+                    before = self._latency_folded[code] = [0.0] * len(counts)
+                if counts[:-1] == before[:-1]:
+                    continue
+                child = self._latency.get(code)
                 if child is None:
-                    child = self._request_counters[code] = self.requests.labels(str(code))
-                child.inc(n)
-        if self._puts_seen:
-            puts, self._puts_seen = self._puts_seen, {}
-            for topic, n in puts.items():
-                child = self._put_counters.get(topic)
-                if child is None:
-                    child = self._put_counters[topic] = self.messages_put.labels(topic)
-                child.inc(n)
-        if self._bytes_seen:
-            self.bytes_put.inc(self._bytes_seen)
-            self._bytes_seen = 0
-        for code, counts in self._latency_seen.items():
-            observed = sum(counts[:-1])
-            if not observed:
-                continue
-            child = self._latency.get(code)
-            if child is None:
-                child = self._latency[code] = self.request_latency.labels(str(code))
-            # The histogram child's own buckets (per bucket, not cumulative) and sum, as
-            # ``observe`` fills them one observation at a time.
-            for i, count in enumerate(counts[:-1]):
-                if count:
-                    child._buckets[i].inc(count)
-            child._sum.inc(counts[-1])
-            counts[:] = [0.0] * len(counts)
+                    child = self._latency[code] = self.request_latency.labels(str(code))
+                # The histogram child's own buckets (per bucket, not cumulative) and sum, as
+                # ``observe`` fills them one observation at a time.
+                for i in range(len(counts) - 1):
+                    if counts[i] != before[i]:
+                        child._buckets[i].inc(counts[i] - before[i])
+                child._sum.inc(counts[-1] - before[-1])
+                self._latency_folded[code] = counts
 
     def watch(self, figures: Any) -> None:
         """Add scrape-time figures (:mod:`.metrics_scrape`: ``refresh()`` on the event loop,

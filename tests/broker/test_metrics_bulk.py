@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -111,3 +112,32 @@ def test_timed_processors_count_answers_and_failures() -> None:
     snap = metrics.snapshot()
     assert snap["txmq_messages_put_total{topic=t}"] == 2
     assert snap["txmq_bytes_put_total"] == 150
+
+
+def test_reads_from_another_thread_lose_and_repeat_nothing() -> None:
+    metrics = BrokerMetrics()
+    stop = threading.Event()
+    reads = [0]
+
+    def reader() -> None:
+        while not stop.is_set():
+            list(metrics.registry.collect())
+            reads[0] += 1
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(60_000):
+            metrics.record_request(310)
+            metrics.record_put_one("t", 3)
+            metrics.observe_latency(310, 0.0001 * (i % 7))
+    finally:
+        stop.set()
+        t.join(10)
+    assert not t.is_alive(), "the reader did not stop"
+    assert reads[0] > 1, "the reader never ran while counting went on"
+    snap = metrics.snapshot()
+    assert snap["txmq_requests_total{code=310}"] == 60_000
+    assert snap["txmq_messages_put_total{topic=t}"] == 60_000
+    assert snap["txmq_bytes_put_total"] == 180_000
+    assert snap["txmq_request_latency_seconds_count{code=310}"] == 60_000
