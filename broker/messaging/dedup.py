@@ -137,6 +137,11 @@ class DedupIndex:
         self.metrics.dedup_hits.inc()
         return entry[1]
 
+    def known(self, topic: str, uniq: str) -> bool:
+        """Whether ``uniq`` is remembered for ``topic`` (perhaps past its window)."""
+        ids = self._topics.get(topic)
+        return ids is not None and uniq in ids
+
     def any_known(self, topic: str, uniqs: list[str]) -> bool:
         """Whether any of ``uniqs`` is remembered for ``topic`` (perhaps past its window): one
         pass in C, what a batch of new messages costs."""
