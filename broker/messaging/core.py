@@ -100,6 +100,8 @@ class StoredBatch:
 
     def msg_ids(self) -> str:
         """The offsetMsgIds of the batch joined by commas (formatted in C)."""
+        if len(self.placed) == 1:
+            return f"{self.msg_id_prefix}{self.placed[0][0]:016X}"
         fmt = self.msg_id_prefix.replace("%", "%%") + "%016X"
         return ",".join(map(fmt.__mod__, map(_first, self.placed)))
 
@@ -326,6 +328,12 @@ class MessagingCore:
             end_offset=r.end_offset,
             commit_log_offset=r.commit_log_offset,
         )
+
+    def durable_at_once(self) -> bool:
+        """Whether what a send stores is durable as soon as it is written (ASYNC_FLUSH, no
+        replication, no trace records to wait for): :meth:`durable` would return at once."""
+        flush = self.ctx.flush
+        return self.trace_waits is None and not flush.sync and flush.replication is None
 
     async def durable(self, outcome: SendOutcome) -> SendOutcome:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the

@@ -55,6 +55,8 @@ class SendMessageProcessor:
             qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
             outcome = core.send_plain_now(p, qid, conn.peer)
             if outcome is not None:
+                if core.durable_at_once():
+                    return self._answer(cmd, outcome)
                 return self._answer(cmd, await core.durable(outcome))
         h = self._header(cmd)
         if h.batch:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.fastpath import BrokerPair, broker_pair, comparable
 from txmq.broker.messaging import SendOutcome, SendReceipt
+from txmq.broker.messaging.core import StoredBatch
 from txmq.broker.processors.send import SendMessageProcessor
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -278,3 +279,20 @@ def test_the_answer_holds_the_response_headers_fields(txid: str | None) -> None:
             ResponseCode.SUCCESS if error is None else ResponseCode.FLUSH_DISK_TIMEOUT
         )
         assert ans.opaque == 9
+
+
+async def test_under_sync_flush_the_answer_waits_for_the_fsync(make_broker_config: Any) -> None:
+    async with broker_pair(make_broker_config, flush_disk_type="SYNC_FLUSH") as sync_pair:
+        ext = header(True, "direct-sync", sdk_props(11))
+        assert await same_answers(sync_pair, True, ext, b"durable"), "not stored directly"
+        b = sync_pair.fast
+        assert not b.core.durable_at_once()
+        # Answered only once the commit log was fsynced past the record.
+        assert b.store.flushed_offset >= b.store.max_phy_offset
+
+
+def test_the_message_id_of_one_record_is_formatted_as_of_several() -> None:
+    one = StoredBatch("7F%01", [(255, 10, 0)], ["u"], 0, None, 300)
+    two = StoredBatch("7F%01", [(255, 10, 0), (4096, 10, 1)], ["u", "v"], 0, None, 300)
+    assert one.msg_ids() == "7F%0100000000000000FF"
+    assert two.msg_ids() == "7F%0100000000000000FF,7F%010000000000001000"
