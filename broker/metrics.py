@@ -65,11 +65,37 @@ class MetricsRegistry(CollectorRegistry):
                 log.warning("metrics_refresh_failed", error=repr(exc))
 
 
+class _FoldedCounter(Counter):
+    """A counter the request path counts in plain integers: reading a child through
+    :meth:`labels` folds those in first (``fold_first``), so code that reads the Prometheus
+    objects directly sees every count."""
+
+    fold_first: Callable[[], None] | None = None
+
+    def labels(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fold_first is not None:
+            self.fold_first()
+        return super().labels(*args, **kwargs)
+
+
+class _FoldedHistogram(Histogram):
+    """:class:`_FoldedCounter`'s histogram."""
+
+    fold_first: Callable[[], None] | None = None
+
+    def labels(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fold_first is not None:
+            self.fold_first()
+        return super().labels(*args, **kwargs)
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = MetricsRegistry()
         c, g = self._counter, self._gauge
-        self.messages_put = c("txmq_messages_put", "Messages stored", ["topic"])
+        self.messages_put = _FoldedCounter(
+            "txmq_messages_put", "Messages stored", ["topic"], registry=self.registry
+        )
         self.bytes_put = c("txmq_bytes_put", "Message bytes stored")
         self.messages_pulled = c("txmq_messages_pulled", "Messages returned by pulls")
         self.messages_out = c(
@@ -77,9 +103,11 @@ class BrokerMetrics:
             "Messages returned to consumers (remoting pulls, gRPC receives)",
             ["topic", "group"],
         )
-        self.requests = c("txmq_requests", "Requests handled", ["code"])
+        self.requests = _FoldedCounter(
+            "txmq_requests", "Requests handled", ["code"], registry=self.registry
+        )
         self.request_errors = c("txmq_request_errors", "Error responses", ["code"])
-        self.request_latency = Histogram(
+        self.request_latency = _FoldedHistogram(
             "txmq_request_latency_seconds",
             "Time from a request's dispatch to its answer, by request code (gRPC: grpc:Method); "
             "long-polled pulls include the time they were held",
@@ -174,8 +202,11 @@ class BrokerMetrics:
         self._puts_folded: dict[str, int] = {}
         self._bytes_folded = 0
         self._latency_folded: dict[int | str, list[float]] = {}
-        self._fold_lock = threading.Lock()
+        self._fold_lock = threading.RLock()
         self.registry.folds.append(self.fold)
+        self.requests.fold_first = self.fold
+        self.messages_put.fold_first = self.fold
+        self.request_latency.fold_first = self.fold
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, doc, labels, registry=self.registry)
@@ -260,7 +291,9 @@ class BrokerMetrics:
                 if n:
                     child = self._request_counters.get(code)
                     if child is None:
-                        child = self._request_counters[code] = self.requests.labels(str(code))
+                        child = self._request_counters[code] = Counter.labels(
+                            self.requests, str(code)
+                        )
                     child.inc(n)
                     folded[code] = total
             puts = self._puts_folded
@@ -269,7 +302,7 @@ class BrokerMetrics:
                 if n:
                     child = self._put_counters.get(topic)
                     if child is None:
-                        child = self._put_counters[topic] = self.messages_put.labels(topic)
+                        child = self._put_counters[topic] = Counter.labels(self.messages_put, topic)
                     child.inc(n)
                     puts[topic] = total
             nbytes = self._bytes_seen
@@ -285,7 +318,7 @@ class BrokerMetrics:
                     continue
                 child = self._latency.get(code)
                 if child is None:
-                    child = self._latency[code] = self.request_latency.labels(str(code))
+                    child = self._latency[code] = Histogram.labels(self.request_latency, str(code))
                 # The histogram child's own buckets (per bucket, not cumulative) and sum, as
                 # ``observe`` fills them one observation at a time.
                 for i in range(len(counts) - 1):

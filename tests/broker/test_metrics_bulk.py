@@ -141,3 +141,15 @@ def test_reads_from_another_thread_lose_and_repeat_nothing() -> None:
     assert snap["txmq_messages_put_total{topic=t}"] == 60_000
     assert snap["txmq_bytes_put_total"] == 180_000
     assert snap["txmq_request_latency_seconds_count{code=310}"] == 60_000
+
+
+def test_a_child_read_through_labels_sees_the_counts() -> None:
+    metrics = BrokerMetrics()
+    for _ in range(3):
+        metrics.record_request(320)
+        metrics.record_put_one("t", 5)
+        metrics.observe_latency(320, 0.002)
+    assert metrics.requests.labels("320")._value.get() == 3
+    assert metrics.messages_put.labels("t")._value.get() == 3
+    assert metrics.request_latency.labels("320")._sum.get() == 0.006
+    assert metrics.registry.get_sample_value("txmq_bytes_put_total") == 15
