@@ -37,7 +37,6 @@ from txmq.protocol.message import (
     MessageConst,
     MessageExt,
     MessageSysFlag,
-    batch_entry_at,
     pack_host,
     properties_to_string,
     stored_topic_part,
@@ -64,6 +63,11 @@ class HalfBook(Protocol):
 
 
 _I16 = struct.Struct(">h")
+#: A SEND_BATCH_MESSAGE entry's head (total size, magic, CRC, flag, body length) and its
+#: properties length (:class:`~txmq.protocol.message.BatchBody`'s layout).
+_ENTRY_HEAD = struct.Struct(">iiiii")
+_ENTRY_HEAD_SIZE = _ENTRY_HEAD.size
+_ENTRY_OVERHEAD = _ENTRY_HEAD_SIZE + _I16.size
 _new_tuple = tuple.__new__
 _KV = b"\x01"
 _SEP = b"\x02"
@@ -423,7 +427,8 @@ class FastPaths:
     def store(self, batch: FastBatch) -> AppendResult:
         """Store a parsed batch: its records, and for halves the transaction table and the
         committed copies to come, exactly as the generic path makes them."""
-        res = self.ctx.write.put_encoded(batch.records)
+        # A batch's records share their topic, queue and sys flag (see parse_batch).
+        res = self.ctx.write.put_encoded(batch.records, one_run=True)
         if batch.halves is not None:
             self.tx.on_fast_halves_stored(batch, res)
             self._counted[PATH_HALVES].inc()
@@ -448,7 +453,10 @@ def parse_batch(
     if body.__class__ is not bytes or not body:
         return None
     size = len(body)
-    entry_at = batch_entry_at
+    unpack_head = _ENTRY_HEAD.unpack_from
+    unpack_plen = _I16.unpack_from
+    hsize = _ENTRY_HEAD_SIZE
+    overhead = _ENTRY_OVERHEAD
     find = body.find
     startswith = body.startswith
     ulen = len(_UNIQ)
@@ -474,10 +482,16 @@ def parse_batch(
     pos = 0
     try:
         while pos < size:
-            entry = entry_at(body, pos, max_body)
-            if entry is None:
+            # The entry at pos, read inline (as batch_entry_at reads it, no call per entry).
+            total, _magic, _crc, flag, blen = unpack_head(body, pos)
+            if blen < 0 or blen > max_body or total < overhead or pos + total > size:
                 return None
-            total, flag, b, p, end = entry
+            p = pos + hsize + blen
+            end = p + 2 + unpack_plen(body, p)[0]
+            if end - pos != total or end < p + 2:
+                return None
+            b = body[pos + hsize : p]
+            p += 2
             if startswith(_UNIQ, p, end):
                 at = p
             else:
