@@ -637,7 +637,7 @@ class CommitLog:
         try:
             for offset, size in entries:
                 end = offset + hsize + size
-                if offset < lo or end > hi:
+                if offset < lo or end > hi or size < FIXED_SIZE:  # (a damaged entry's size)
                     found = self._locate(offset, size)
                     if found is None:
                         return None
