@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, data: list[bytes]) -> dict[str, float]:
     store = MessageStore(StoreConfig(folder), ("127.0.0.1", 10911))
     store.load()
     window_ms = 0 if args.no_dedup else 120_000
-    dedup = DedupIndex(window_ms, 1_000_000, BrokerMetrics())
+    dedup = DedupIndex(window_ms, args.window_ids, BrokerMetrics())
     header = SendMessageRequestHeader(
         producer_group="g",
         topic=TOPIC,
@@ -114,6 +114,12 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-dedup", action="store_true", help="duplicate window off")
+    ap.add_argument(
+        "--window-ids",
+        type=int,
+        default=200_000,
+        help="duplicateWindowMaxEntries (default 200,000, the broker's)",
+    )
     ap.add_argument("--profile", action="store_true", help="also count calls per message")
     args = ap.parse_args()
     data = bodies(args.batches, args.per_batch, args.size)
