@@ -7,8 +7,10 @@ beside RocketMQ 5's in ``docs/operations.md``."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -41,11 +43,19 @@ P = TypeVar("P", bound=Callable[..., Awaitable[Any]])
 
 class MetricsRegistry(CollectorRegistry):
     """A registry whose scrape-time figures are brought up to date by :meth:`refresh` (run on
-    the event loop that owns what they read: the operations port asks the loop to run it)."""
+    the event loop that owns what they read: the operations port asks the loop to run it), and
+    whose counts kept in plain integers are folded in by every :meth:`collect` (``folds``:
+    safe from any thread)."""
 
     def __init__(self) -> None:
         super().__init__(auto_describe=True)
         self.refreshers: list[Callable[[], None]] = []
+        self.folds: list[Callable[[], None]] = []
+
+    def collect(self) -> Iterator[Any]:
+        for fn in self.folds:
+            fn()
+        yield from super().collect()
 
     def refresh(self) -> None:
         for fn in list(self.refreshers):
@@ -55,11 +65,37 @@ class MetricsRegistry(CollectorRegistry):
                 log.warning("metrics_refresh_failed", error=repr(exc))
 
 
+class _FoldedCounter(Counter):
+    """A counter the request path counts in plain integers: reading a child through
+    :meth:`labels` folds those in first (``fold_first``), so code that reads the Prometheus
+    objects directly sees every count."""
+
+    fold_first: Callable[[], None] | None = None
+
+    def labels(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fold_first is not None:
+            self.fold_first()
+        return super().labels(*args, **kwargs)
+
+
+class _FoldedHistogram(Histogram):
+    """:class:`_FoldedCounter`'s histogram."""
+
+    fold_first: Callable[[], None] | None = None
+
+    def labels(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fold_first is not None:
+            self.fold_first()
+        return super().labels(*args, **kwargs)
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = MetricsRegistry()
         c, g = self._counter, self._gauge
-        self.messages_put = c("txmq_messages_put", "Messages stored", ["topic"])
+        self.messages_put = _FoldedCounter(
+            "txmq_messages_put", "Messages stored", ["topic"], registry=self.registry
+        )
         self.bytes_put = c("txmq_bytes_put", "Message bytes stored")
         self.messages_pulled = c("txmq_messages_pulled", "Messages returned by pulls")
         self.messages_out = c(
@@ -67,9 +103,11 @@ class BrokerMetrics:
             "Messages returned to consumers (remoting pulls, gRPC receives)",
             ["topic", "group"],
         )
-        self.requests = c("txmq_requests", "Requests handled", ["code"])
+        self.requests = _FoldedCounter(
+            "txmq_requests", "Requests handled", ["code"], registry=self.registry
+        )
         self.request_errors = c("txmq_request_errors", "Error responses", ["code"])
-        self.request_latency = Histogram(
+        self.request_latency = _FoldedHistogram(
             "txmq_request_latency_seconds",
             "Time from a request's dispatch to its answer, by request code (gRPC: grpc:Method); "
             "long-polled pulls include the time they were held",
@@ -143,13 +181,32 @@ class BrokerMetrics:
         self.in_sync_replicas = g("txmq_in_sync_replicas", "Replicas in the group's in-sync set")
         self.elections = c("txmq_elections", "Elections this broker process has won")
 
-        # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call,
-        # and the send path counts one request and one put per message.
+        # Labelled children, cached: ``Counter.labels(...)`` validates and locks on every call.
         self._request_counters: dict[int | str, Any] = {}
         self._error_counters: dict[int, Any] = {}
         self._put_counters: dict[str, Any] = {}
         self._out_counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[int | str, Any] = {}
+        # What the request path counts (requests by code, messages by topic, bytes, latencies
+        # by code), in plain integers and lists since the start, on the event loop: what they
+        # grew by since the last read is added to the Prometheus objects above when the
+        # metrics are read (:meth:`fold`, by every ``registry.collect()``), not one locked
+        # ``inc``/``observe`` per request.
+        self._requests_seen: dict[int | str, int] = {}
+        self._puts_seen: dict[str, int] = {}
+        self._bytes_seen = 0
+        #: code -> [count per bucket (the last: +Inf)..., sum of the seconds]
+        self._latency_seen: dict[int | str, list[float]] = {}
+        # What was added to the Prometheus objects so far (the same shapes).
+        self._requests_folded: dict[int | str, int] = {}
+        self._puts_folded: dict[str, int] = {}
+        self._bytes_folded = 0
+        self._latency_folded: dict[int | str, list[float]] = {}
+        self._fold_lock = threading.RLock()
+        self.registry.folds.append(self.fold)
+        self.requests.fold_first = self.fold
+        self.messages_put.fold_first = self.fold
+        self.request_latency.fold_first = self.fold
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, doc, labels, registry=self.registry)
@@ -159,10 +216,8 @@ class BrokerMetrics:
 
     def record_request(self, code: int | str) -> None:
         """Count one request of ``code`` (a request code, or a name such as ``grpc:Send``)."""
-        child = self._request_counters.get(code)
-        if child is None:
-            child = self._request_counters[code] = self.requests.labels(str(code))
-        child.inc()
+        seen = self._requests_seen
+        seen[code] = seen.get(code, 0) + 1
 
     def record_error(self, code: int) -> None:
         """Count one error response with response code ``code``."""
@@ -173,13 +228,16 @@ class BrokerMetrics:
 
     def record_put(self, per_topic: dict[str, int], nbytes: int) -> None:
         """Count stored messages (``per_topic``: topic -> messages) and their bytes."""
-        children = self._put_counters
+        seen = self._puts_seen
         for topic, n in per_topic.items():
-            child = children.get(topic)
-            if child is None:
-                child = children[topic] = self.messages_put.labels(topic)
-            child.inc(n)
-        self.bytes_put.inc(nbytes)
+            seen[topic] = seen.get(topic, 0) + n
+        self._bytes_seen += nbytes
+
+    def record_put_one(self, topic: str, nbytes: int) -> None:
+        """Count one stored message of ``topic`` and its bytes."""
+        seen = self._puts_seen
+        seen[topic] = seen.get(topic, 0) + 1
+        self._bytes_seen += nbytes
 
     def record_out(self, topic: str, group: str, n: int) -> None:
         """Count ``n`` messages returned to ``group`` from ``topic`` (one call per answer)."""
@@ -189,12 +247,17 @@ class BrokerMetrics:
             child = self._out_counters[key] = self.messages_out.labels(topic, group)
         child.inc(n)
 
+    def _latency_of(self, code: int | str) -> list[float]:
+        seen = self._latency_seen.get(code)
+        if seen is None:
+            seen = self._latency_seen[code] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        return seen
+
     def observe_latency(self, code: int | str, seconds: float) -> None:
         """One request of ``code`` answered after ``seconds``."""
-        child = self._latency.get(code)
-        if child is None:
-            child = self._latency[code] = self.request_latency.labels(str(code))
-        child.observe(seconds)
+        seen = self._latency_of(code)
+        seen[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        seen[-1] += seconds
 
     def timed(self, processors: dict[int, P]) -> dict[int, P]:
         """``processors`` (request code -> ``async (conn, cmd)``), each timed into
@@ -202,17 +265,67 @@ class BrokerMetrics:
         return {code: self._timed(code, proc) for code, proc in processors.items()}
 
     def _timed(self, code: int, proc: P) -> P:
-        observe = self.request_latency.labels(str(code)).observe
+        seen = self._latency_of(code)
         clock = time.perf_counter
+        bounds = LATENCY_BUCKETS
 
         async def timed(*args: Any) -> Any:
             t0 = clock()
             try:
                 return await proc(*args)
             finally:
-                observe(clock() - t0)
+                seconds = clock() - t0
+                seen[bisect_left(bounds, seconds)] += 1
+                seen[-1] += seconds
 
         return timed  # type: ignore[return-value]
+
+    def fold(self) -> None:
+        """Add what was counted since the last fold to the Prometheus objects.  Any thread:
+        the counts only grow (on the loop) and are read here with one copy each, and folds
+        take turns."""
+        with self._fold_lock:
+            folded = self._requests_folded
+            for code, total in list(self._requests_seen.items()):
+                n = total - folded.get(code, 0)
+                if n:
+                    child = self._request_counters.get(code)
+                    if child is None:
+                        child = self._request_counters[code] = Counter.labels(
+                            self.requests, str(code)
+                        )
+                    child.inc(n)
+                    folded[code] = total
+            puts = self._puts_folded
+            for topic, total in list(self._puts_seen.items()):
+                n = total - puts.get(topic, 0)
+                if n:
+                    child = self._put_counters.get(topic)
+                    if child is None:
+                        child = self._put_counters[topic] = Counter.labels(self.messages_put, topic)
+                    child.inc(n)
+                    puts[topic] = total
+            nbytes = self._bytes_seen
+            if nbytes != self._bytes_folded:
+                self.bytes_put.inc(nbytes - self._bytes_folded)
+                self._bytes_folded = nbytes
+            for code, seen in list(self._latency_seen.items()):
+                counts = list(seen)
+                before = self._latency_folded.get(code)
+                if before is None:
+                    before = self._latency_folded[code] = [0.0] * len(counts)
+                if counts[:-1] == before[:-1]:
+                    continue
+                child = self._latency.get(code)
+                if child is None:
+                    child = self._latency[code] = Histogram.labels(self.request_latency, str(code))
+                # The histogram child's own buckets (per bucket, not cumulative) and sum, as
+                # ``observe`` fills them one observation at a time.
+                for i in range(len(counts) - 1):
+                    if counts[i] != before[i]:
+                        child._buckets[i].inc(counts[i] - before[i])
+                child._sum.inc(counts[-1] - before[-1])
+                self._latency_folded[code] = counts
 
     def watch(self, figures: Any) -> None:
         """Add scrape-time figures (:mod:`.metrics_scrape`: ``refresh()`` on the event loop,

@@ -2,17 +2,19 @@
 
 A :class:`Connection` reads frames with :class:`~txmq.protocol.frame.FrameDecoder`, resolves
 responses to the futures of their requests (by ``opaque``), and runs incoming requests through a
-handler, each in its own task, so a long-polling pull never delays a send on the same
-connection.  It serves both directions: the broker also sends requests to clients
-(CHECK_TRANSACTION_STATE).
+handler.  A handler runs at once, in the read that brought its request; one that has to wait
+(a long-polling pull, a flush) goes on in a task of its own from there, so it never delays a
+send on the same connection.  The answers of one read leave in one write at its end.  It serves
+both directions: the broker also sends requests to clients (CHECK_TRANSACTION_STATE).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +69,45 @@ def _expire(fut: asyncio.Future[Any], code: int, peer: tuple[str, int], timeout:
                 f"no answer to request code {code} from {peer[0]}:{peer[1]} within {timeout:.3f}s"
             )
         )
+
+
+class _Resumed:
+    """Awaitable that goes on with a coroutine already started outside any task: it yields the
+    future the coroutine is waiting on (so the task running it waits on that future) and then
+    keeps driving the coroutine, passing a cancellation (or any exception thrown into the task)
+    on to it; its result is the coroutine's."""
+
+    __slots__ = ("_coro", "_waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self._coro = coro
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        coro = self._coro
+        waiting = self._waiting
+        self._waiting = None
+        while True:
+            try:
+                yield waiting
+            except BaseException as exc:  # the task was cancelled (or something thrown in)
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                waiting = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _resume(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+    await _Resumed(coro, waiting)
+
+
+async def _reraise(exc: BaseException) -> None:
+    raise exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +169,8 @@ class Connection(asyncio.Protocol):
         #: its end: one send() for all the answers (or requests) of a turn instead of one each.
         self._wbuf: list[bytes] = []
         self._wbuf_bytes = 0
+        #: True while a read is being handled: frames written meanwhile go out at its end.
+        self._reading = False
         self._closed = asyncio.get_running_loop().create_future()
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -154,22 +197,28 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
         decoded = 0
-        while True:
-            try:
-                cmd = self._decoder.next_command()
-            except FrameTooLargeError as exc:
-                self._report(exc)
-                self._write_error(0, str(exc), SerializeType.MSGPACK)
-                self.close()
-                return
-            except MalformedFrameError as exc:
-                self._report(exc)
-                self._write_error(0, f"malformed frame: {exc}", SerializeType.MSGPACK)
-                continue
-            if cmd is None:
-                break
-            decoded += 1
-            self._dispatch(cmd)
+        self._reading = True
+        try:
+            while True:
+                try:
+                    cmd = self._decoder.next_command()
+                except FrameTooLargeError as exc:
+                    self._report(exc)
+                    self._write_error(0, str(exc), SerializeType.MSGPACK)
+                    self.close()
+                    return
+                except MalformedFrameError as exc:
+                    self._report(exc)
+                    self._write_error(0, f"malformed frame: {exc}", SerializeType.MSGPACK)
+                    continue
+                if cmd is None:
+                    break
+                decoded += 1
+                self._dispatch(cmd)
+        finally:
+            self._reading = False
+            if self._wbuf:  # the answers of this read, in one write
+                self._flush_writes()
         limits = self.limits
         if limits is not None and limits.frame_timeout > 0:
             self._watch_partial_frame(limits.frame_timeout, decoded)
@@ -266,7 +315,21 @@ class Connection(asyncio.Protocol):
                     )
                 )
             return
-        task = asyncio.get_running_loop().create_task(self._handle(cmd))
+        # The handler runs now, not in a task of its own: most answer without waiting, and
+        # then no task is made and no turn of the loop passes.  One that waits goes on in a
+        # task from where it stopped (counted in ``_tasks`` as before).
+        coro = self._handle(cmd)
+        context = contextvars.copy_context()
+        try:
+            waiting = context.run(coro.send, None)
+        except StopIteration:
+            return
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # as a task would have ended (and reported) it
+            task = asyncio.get_running_loop().create_task(_reraise(exc), context=context)
+        else:
+            task = asyncio.get_running_loop().create_task(_resume(coro, waiting), context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -330,12 +393,13 @@ class Connection(asyncio.Protocol):
         return len(self._tasks)
 
     def write(self, cmd: RemotingCommand) -> None:
-        """Queue one frame; it goes to the transport at the end of this turn of the event loop
-        (in order, with the other frames of the turn)."""
+        """Queue one frame; it goes to the transport at the end of the read being handled, or
+        else at the end of this turn of the event loop (in order, with the other frames of the
+        read or turn)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
         buf = self._wbuf
-        if not buf:
+        if not buf and not self._reading:
             asyncio.get_running_loop().call_soon(self._flush_writes)
         if len(cmd.body) < LARGE_BODY:
             frame = encode_frame(cmd)

@@ -177,8 +177,65 @@ def _remark_from(doc: dict[Any, Any]) -> str | None:
 _SERIALIZE_TYPES: dict[int, SerializeType] = {int(t): t for t in SerializeType}
 
 
+#: What an extFields value may be in the common case (anything else: the checks of
+#: :func:`_ext_from` judge it).
+_PLAIN_VALUES = frozenset({str, int, bool, float, bytes, type(None)})
+_STR_ONLY = frozenset({str})
+_MSGPACK = SerializeType.MSGPACK
+_unpackb = msgpack.unpackb
+
+
+def _plain_msgpack(doc: Any, body: bytes) -> RemotingCommand | None:
+    """The command of a msgpack header whose fields all have their usual types (ints, a
+    string or no remark, a map of strings to scalars), read in a few C calls; None: anything
+    else, which :func:`decode_header` reads field by field (the same result, or its error)."""
+    if doc.__class__ is not dict:
+        return None
+    get = doc.get
+    code = get("code")
+    opaque = get("opaque", 0)
+    flag = get("flag", 0)
+    version = get("version", 0)
+    lang = get("language", LanguageCode.OTHER)
+    remark = get("remark")
+    ext = get("extFields")
+    if (
+        code.__class__ is not int
+        or opaque.__class__ is not int
+        or flag.__class__ is not int
+        or version.__class__ is not int
+        or lang.__class__ is not int
+        or (remark is not None and remark.__class__ is not str)
+    ):
+        return None
+    if not ext:
+        if ext is not None and ext.__class__ is not dict:
+            return None
+        ext = {}
+    elif (
+        ext.__class__ is not dict
+        or not _STR_ONLY.issuperset(map(type, ext))
+        or not _PLAIN_VALUES.issuperset(map(type, ext.values()))
+    ):
+        return None
+    return RemotingCommand(code, opaque, flag, remark, ext, body, lang, version, _MSGPACK)
+
+
 def decode_header(st_byte: int, header: bytes, body: bytes) -> RemotingCommand:
     """Decode one header; raises :class:`MalformedFrameError` on anything wrong."""
+    if st_byte == 2:  # MSGPACK, with its fields as usual: read at once
+        try:
+            doc = _unpackb(header, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises a zoo of types on garbage
+            raise MalformedFrameError(f"cannot decode MSGPACK header: {exc}") from None
+        cmd = _plain_msgpack(doc, body)
+        if cmd is not None:
+            return cmd
+    return decode_header_fields(st_byte, header, body)
+
+
+def decode_header_fields(st_byte: int, header: bytes, body: bytes) -> RemotingCommand:
+    """:func:`decode_header`, every field checked one by one (what it falls back to)."""
     st = _SERIALIZE_TYPES.get(st_byte)
     if st is None:
         raise MalformedFrameError(f"unknown serialize type {st_byte}")

@@ -22,6 +22,7 @@ from txmq.protocol.message import (
     MessageExt,
     MessageSysFlag,
     decode_batch,
+    pack_host,
 )
 
 from ..context import BrokerContext
@@ -30,7 +31,7 @@ from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
 from .dedup import DedupIndex, Key, Stored, dedup_topic
-from .fastpath import FastPaths
+from .fastpath import FastPaths, PlainSend
 from .timer import (
     START_DELIVER_TIME,
     TIMER_DELAY_MS,
@@ -99,6 +100,8 @@ class StoredBatch:
 
     def msg_ids(self) -> str:
         """The offsetMsgIds of the batch joined by commas (formatted in C)."""
+        if len(self.placed) == 1:
+            return f"{self.msg_id_prefix}{self.placed[0][0]:016X}"
         fmt = self.msg_id_prefix.replace("%", "%%") + "%016X"
         return ",".join(map(fmt.__mod__, map(_first, self.placed)))
 
@@ -326,6 +329,12 @@ class MessagingCore:
             commit_log_offset=r.commit_log_offset,
         )
 
+    def durable_at_once(self) -> bool:
+        """Whether what a send stores is durable as soon as it is written (ASYNC_FLUSH, no
+        replication, no trace records to wait for): :meth:`durable` would return at once."""
+        flush = self.ctx.flush
+        return self.trace_waits is None and not flush.sync and flush.replication is None
+
     async def durable(self, outcome: SendOutcome) -> SendOutcome:
         """Wait until everything ``outcome`` stored is durable (flushed, replicated) under the
         flush mode in force; a timeout is reported in the outcome, not raised."""
@@ -424,6 +433,30 @@ class MessagingCore:
         if key is not None:  # remembered at its store timestamp, as a rebuild finds it
             dedup.add(key, stored[0].commit_log_offset, msg.store_timestamp)
         return await self.durable(SendOutcome(stored))
+
+    def send_plain_now(
+        self, p: PlainSend, queue_id: int, born_host: tuple[str, int]
+    ) -> SendOutcome | None:
+        """:meth:`send` of one plain message read by :meth:`FastPaths.parse_one`, stored from
+        its header (the same record, the same answer); not yet durable (see :meth:`durable`).
+        None: the generic path must take it (a resend within the duplicate window, a trace to
+        write); nothing was stored then."""
+        if self.trace is not None:
+            return None
+        dedup = self.dedup
+        topic = p.topic
+        remember = dedup.enabled and dedup_topic(topic)
+        if remember and dedup.known(topic, p.uniq):
+            return None  # perhaps a resend: the generic path looks up the first send
+        res = self.fast.store_one(p.record(queue_id, pack_host(born_host)))
+        phy = res.placed[0][0]
+        if remember:  # remembered at its store timestamp, as a rebuild finds it
+            dedup.add((topic, p.uniq), phy, res.store_timestamp)
+        return SendOutcome(
+            batch=StoredBatch(
+                self.ctx.store.msg_id_prefix, res.placed, [p.uniq], queue_id, None, res.end_offset
+            )
+        )
 
     async def send_batch(
         self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]

@@ -37,7 +37,6 @@ from txmq.protocol.message import (
     MessageConst,
     MessageExt,
     MessageSysFlag,
-    batch_entry_at,
     pack_host,
     properties_to_string,
     stored_topic_part,
@@ -64,6 +63,11 @@ class HalfBook(Protocol):
 
 
 _I16 = struct.Struct(">h")
+#: A SEND_BATCH_MESSAGE entry's head (total size, magic, CRC, flag, body length) and its
+#: properties length (:class:`~txmq.protocol.message.BatchBody`'s layout).
+_ENTRY_HEAD = struct.Struct(">iiiii")
+_ENTRY_HEAD_SIZE = _ENTRY_HEAD.size
+_ENTRY_OVERHEAD = _ENTRY_HEAD_SIZE + _I16.size
 _new_tuple = tuple.__new__
 _KV = b"\x01"
 _SEP = b"\x02"
@@ -82,6 +86,36 @@ HALF_ONLY_PROPERTIES = (
     MessageConst.TRANSACTION_CHECK_TIMES,
     MessageConst.TXMQ_BATCH_KEY,
 )
+
+#: A SEND_MESSAGE header's fields with their wire names (SEND_MESSAGE_V2's single letters, the
+#: long ones) and the one native type each may have here (anything else, and any other key: the
+#: generic path reads the header): producerGroup, topic, defaultTopic, defaultTopicQueueNums,
+#: queueId, sysFlag, bornTimestamp, flag, properties, reconsumeTimes, unitMode,
+#: maxReconsumeTimes, batch, brokerName.
+_ONE_FIELDS = (
+    ("a", "producerGroup", str),
+    ("b", "topic", str),
+    ("c", "defaultTopic", str),
+    ("d", "defaultTopicQueueNums", int),
+    ("e", "queueId", int),
+    ("f", "sysFlag", int),
+    ("g", "bornTimestamp", int),
+    ("h", "flag", int),
+    ("i", "properties", str),
+    ("j", "reconsumeTimes", int),
+    ("k", "unitMode", bool),
+    ("l", "maxReconsumeTimes", int),
+    ("m", "batch", bool),
+    ("n", "brokerName", str),
+)
+#: wire key -> (field index, type), for SEND_MESSAGE_V2 and for SEND_MESSAGE.
+_ONE_V2 = {v2: (i, tp) for i, (v2, _, tp) in enumerate(_ONE_FIELDS)}
+_ONE_V1 = {name: (i, tp) for i, (_, name, tp) in enumerate(_ONE_FIELDS)}
+_ONE_V2_KEYS = frozenset(_ONE_V2)
+_ONE_V1_KEYS = frozenset(_ONE_V1)
+#: Forms of plain messages kept (per topic, sys flag and properties around the UNIQ_KEY).
+_ONE_FORMS_MAX = 4096
+_TX_MASK = MessageSysFlag.TRANSACTION_MASK
 
 #: Which path a batch took (the ``path`` label of ``txmq_batch_path_total``).
 PATH_PLAIN, PATH_HALVES, PATH_GENERIC, PATH_DISABLED = "plain", "halves", "generic", "disabled"
@@ -224,6 +258,48 @@ class FastBatch:
         return self.halves[0].txid if self.halves else None
 
 
+@dataclass(slots=True)
+class PlainSend:
+    """A SEND_MESSAGE (or _V2) of one plain message, read straight from its header: what its
+    topic lookup, its store and its duplicate check need (see :meth:`FastPaths.parse_one`)."""
+
+    topic: str
+    group: str
+    #: the queue asked for (-1: any) and the queues a topic created by this send gets
+    queue_id: int
+    queue_nums: int
+    body: bytes
+    #: the UNIQ_KEY, as text and as sent
+    uniq: str
+    uniq_raw: bytes
+    #: topic, properties length and properties up to the UNIQ_KEY's value; the rest
+    head: bytes
+    form: StoredForm
+    flag: int
+    born_timestamp: int
+    reconsume_times: int
+
+    def record(self, queue_id: int, born_host: bytes) -> tuple[Any, ...]:
+        """The fields of its :class:`EncodedMessage`, as the generic path encodes it."""
+        form = self.form
+        body = self.body
+        return (
+            self.topic,
+            queue_id,
+            form.magic,
+            zlib.crc32(body) & 0x7FFFFFFF,
+            body,
+            b"".join((self.head, self.uniq_raw, form.tail)),
+            self.flag,
+            form.sys_flag,
+            self.born_timestamp,
+            born_host,
+            self.reconsume_times,
+            0,
+            form.tags_code,
+        )
+
+
 class FastPaths:
     """The entry point: :meth:`parse` says whether a fast path can store a batch (else the
     caller takes the generic path), :meth:`store` stores it; behind ``batchFastPathEnable``."""
@@ -238,8 +314,93 @@ class FastPaths:
             for path in (PATH_PLAIN, PATH_HALVES, PATH_GENERIC, PATH_DISABLED)
         }
 
+        self._one_forms: dict[tuple[str, int, bytes, bytes], StoredForm | None] = {}
+        #: Single sends stored from their header (:meth:`store_one`).
+        self.direct_sends = 0
+
     def count(self, path: str) -> None:
         self._counted[path].inc()
+
+    def parse_one(self, v2: bool, ext: dict[str, Any], body: bytes) -> PlainSend | None:
+        """A SEND_MESSAGE(_V2) request's plain message, when it can be stored from its header
+        as it is: every header field present with its native type, a UNIQ_KEY, canonical
+        properties with no transaction, delay or delivery time, a body within
+        ``maxMessageSize``.  None: the generic path reads it (and gives any error)."""
+        if not self.enabled or body.__class__ is not bytes:
+            return None
+        if v2:
+            if not _ONE_V2_KEYS.issuperset(ext):
+                return None
+            fields = _ONE_V2
+        else:
+            if not _ONE_V1_KEYS.issuperset(ext):
+                return None
+            fields = _ONE_V1
+        vals: list[Any] = [None] * 14
+        for k, v in ext.items():
+            if v is None:
+                continue
+            i, tp = fields[k]
+            if v.__class__ is not tp:
+                return None
+            vals[i] = v
+        (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
+        if group is None or topic is None or props is None or vals[12]:
+            return None
+        if sys_flag is None:
+            sys_flag = 0
+        elif sys_flag & _TX_MASK:
+            return None  # the generic path judges (and refuses) a transaction flag
+        if len(body) > self.ctx.config.max_message_size:
+            return None
+        try:
+            raw = props.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        if raw.startswith(_UNIQ):
+            at = 0
+        else:
+            at = raw.find(_UNIQ_INSIDE) + 1
+            if at == 0:
+                return None
+        sep = raw.find(_SEP, at + len(_UNIQ))
+        if sep < 0:
+            return None
+        uniq_raw = raw[at + len(_UNIQ) : sep]
+        if not uniq_raw or _KV in uniq_raw:
+            return None
+        before, after = raw[:at], raw[sep:]
+        key = (topic, sys_flag, before, after)
+        forms = self._one_forms
+        form = forms.get(key, _MISSING)
+        if form is _MISSING:
+            if len(forms) >= _ONE_FORMS_MAX:
+                forms.clear()
+            form = forms[key] = _plain_form(topic, sys_flag, before, after)
+        if form is None:
+            return None
+        head = form.head(len(uniq_raw))
+        if head is None:
+            return None
+        return PlainSend(
+            topic,
+            group,
+            -1 if qid is None else qid,
+            4 if nums is None else nums,
+            body,
+            uniq_raw.decode("utf-8"),
+            uniq_raw,
+            head,
+            form,
+            0 if flag is None else flag,
+            0 if born_ts is None else born_ts,
+            0 if reconsume is None else reconsume,
+        )
+
+    def store_one(self, record: tuple[Any, ...]) -> AppendResult:
+        """Store the record of a :class:`PlainSend` (through the write path)."""
+        self.direct_sends += 1
+        return self.ctx.write.put_encoded([record])  # type: ignore[list-item]
 
     def _half_template(
         self, rest: bytes, h: SendMessageRequestHeader, queue_id: int
@@ -266,7 +427,8 @@ class FastPaths:
     def store(self, batch: FastBatch) -> AppendResult:
         """Store a parsed batch: its records, and for halves the transaction table and the
         committed copies to come, exactly as the generic path makes them."""
-        res = self.ctx.write.put_encoded(batch.records)
+        # A batch's records share their topic, queue and sys flag (see parse_batch).
+        res = self.ctx.write.put_encoded(batch.records, one_run=True)
         if batch.halves is not None:
             self.tx.on_fast_halves_stored(batch, res)
             self._counted[PATH_HALVES].inc()
@@ -291,7 +453,10 @@ def parse_batch(
     if body.__class__ is not bytes or not body:
         return None
     size = len(body)
-    entry_at = batch_entry_at
+    unpack_head = _ENTRY_HEAD.unpack_from
+    unpack_plen = _I16.unpack_from
+    hsize = _ENTRY_HEAD_SIZE
+    overhead = _ENTRY_OVERHEAD
     find = body.find
     startswith = body.startswith
     ulen = len(_UNIQ)
@@ -317,10 +482,16 @@ def parse_batch(
     pos = 0
     try:
         while pos < size:
-            entry = entry_at(body, pos, max_body)
-            if entry is None:
+            # The entry at pos, read inline (as batch_entry_at reads it, no call per entry).
+            total, _magic, _crc, flag, blen = unpack_head(body, pos)
+            if blen < 0 or blen > max_body or total < overhead or pos + total > size:
                 return None
-            total, flag, b, p, end = entry
+            p = pos + hsize + blen
+            end = p + 2 + unpack_plen(body, p)[0]
+            if end - pos != total or end < p + 2:
+                return None
+            b = body[pos + hsize : p]
+            p += 2
             if startswith(_UNIQ, p, end):
                 at = p
             else:
@@ -422,6 +593,28 @@ def _template(
         return None
 
 
+_MISSING: Any = object()
+
+
+def _plain_form(topic: str, sys_flag: int, before: bytes, after: bytes) -> StoredForm | None:
+    """How a plain message with properties ``before`` + UNIQ_KEY + ``after`` is stored, or
+    None when the generic path must judge it (as :func:`_template`, the sys flag as sent)."""
+    rest = after[1:]
+    try:
+        text = (before + rest).decode("utf-8")
+        props = string_to_properties(text)
+        if properties_to_string(props) != text:
+            return None
+    except (UnicodeDecodeError, ProtocolError):
+        return None
+    if any(k in props for k in _NOT_PLAIN):
+        return None
+    try:
+        return stored_form(topic, -1, before, after, sys_flag, props.get(MessageConst.TAGS))
+    except ProtocolError:
+        return None
+
+
 def make_half_template(
     rest: bytes,
     h: SendMessageRequestHeader,
@@ -502,6 +695,7 @@ __all__ = [
     "PATH_GENERIC",
     "PATH_HALVES",
     "PATH_PLAIN",
+    "PlainSend",
     "StoredForm",
     "check_immunity_ms",
     "committed_properties",

@@ -58,10 +58,10 @@ class WritePath:
         self._appended(per_dest, sum([r.size for r in results]))
         return results
 
-    def put_encoded(self, records: list[EncodedMessage]) -> AppendResult:
+    def put_encoded(self, records: list[EncodedMessage], *, one_run: bool = False) -> AppendResult:
         """:meth:`put_messages` of records already encoded for the store (see
-        :meth:`MessageStore.put_encoded`)."""
-        res = self.store.put_encoded(records)
+        :meth:`MessageStore.put_encoded`; ``one_run``: all to one queue with one sys flag)."""
+        res = self.store.put_encoded(records, one_run=one_run)
         self._appended(res.per_destination, res.payload_bytes)
         return res
 

@@ -10,7 +10,6 @@ from txmq.protocol.errors import MessageIllegalError, ProtocolError, QueryNotFou
 from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
-    SendMessageResponseHeader,
 )
 from txmq.protocol.message import MessageExt, string_to_properties
 
@@ -34,20 +33,34 @@ class SendMessageProcessor:
         """One answer for a request's receipts (a batch: its message ids joined by commas, the
         first message's queue offset)."""
         msg_ids, queue_id, queue_offset, txid = outcome.answer()
-        header = SendMessageResponseHeader(
-            msg_id=msg_ids, queue_id=queue_id, queue_offset=queue_offset, transaction_id=txid
-        )
+        # SendMessageResponseHeader's fields, in its order, made here (no header object).
+        ext: dict[str, object] = {
+            "msgId": msg_ids,
+            "queueId": queue_id,
+            "queueOffset": queue_offset,
+        }
+        if txid is not None:
+            ext["transactionId"] = txid
         if outcome.flush_error is not None:
-            return cmd.response(
-                ResponseCode.FLUSH_DISK_TIMEOUT, str(outcome.flush_error), header.to_ext_fields()
-            )
-        return cmd.response(ResponseCode.SUCCESS, None, header.to_ext_fields())
+            return cmd.response(ResponseCode.FLUSH_DISK_TIMEOUT, str(outcome.flush_error), ext)
+        return cmd.response(ResponseCode.SUCCESS, None, ext)
 
     async def send_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        core = self.core
+        # One plain message: stored straight from its header when it qualifies (the same
+        # record and answer as below, which takes anything else).
+        p = core.fast.parse_one(cmd.code == RequestCode.SEND_MESSAGE_V2, cmd.ext_fields, cmd.body)
+        if p is not None:
+            tc = await core.topic_for_send(p.topic, p.queue_nums)
+            qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
+            outcome = core.send_plain_now(p, qid, conn.peer)
+            if outcome is not None:
+                if core.durable_at_once():
+                    return self._answer(cmd, outcome)
+                return self._answer(cmd, await core.durable(outcome))
         h = self._header(cmd)
         if h.batch:
             return await self.send_batch(conn, cmd, h)
-        core = self.core
         core.check_body(cmd.body)
         tc = await core.topic_for_send(h.topic, h.default_topic_queue_nums)
         try:

@@ -78,6 +78,8 @@ RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
 # Positions inside the payload (the stored message), see txmq.protocol.message.
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+#: A stored message's TOTALSIZE and MAGICCODE, its first two fields.
+_TOTAL_AND_MAGIC = struct.Struct(">ii")
 _I16 = struct.Struct(">h")
 _POS_TOTALSIZE = 0
 _POS_MAGIC = 4
@@ -620,19 +622,46 @@ class CommitLog:
         """
         parts: list[memoryview] = []
         views: dict[int, memoryview] = {}  # one view of each segment touched
+        append = parts.append
+        crc32 = zlib.crc32
+        unpack_header = RECORD_HEADER.unpack_from
+        unpack_head = _TOTAL_AND_MAGIC.unpack_from
+        unpack_i64 = _I64.unpack_from
+        magics = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+        hsize = RECORD_HEADER_SIZE
+        write_pos = self.write_pos
+        # The segment of the record before: records read together are mostly in one, so each
+        # is checked inline (what _locate and _payload_matches check, without their calls).
+        view: memoryview | None = None
+        lo = hi = 0  # store offsets [lo, hi) the segment's view covers
         try:
             for offset, size in entries:
-                found = self._locate(offset, size)
-                if found is None:
+                end = offset + hsize + size
+                if offset < lo or end > hi or size < FIXED_SIZE:  # (a damaged entry's size)
+                    found = self._locate(offset, size)
+                    if found is None:
+                        return None
+                    seg = found[0]
+                    view = views.get(seg.start)
+                    if view is None:
+                        assert seg.mm is not None
+                        view = views[seg.start] = memoryview(seg.mm)
+                    lo, hi = seg.start, min(seg.start + seg.capacity, write_pos)
+                assert view is not None
+                rel = offset - lo
+                magic, length, crc = unpack_header(view, rel)
+                if magic != RECORD_MAGIC or length != size or length < FIXED_SIZE:
                     return None
-                seg, start, stop, crc, length = found
-                view = views.get(seg.start)
-                if view is None:
-                    assert seg.mm is not None
-                    view = views[seg.start] = memoryview(seg.mm)
-                payload = view[start:stop]
-                parts.append(payload)
-                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+                payload = view[rel + hsize : rel + hsize + length]
+                append(payload)
+                if crc32(payload) != crc:
+                    return None
+                total, pmagic = unpack_head(payload)
+                if (
+                    total != length
+                    or pmagic not in magics
+                    or unpack_i64(payload, _POS_PHYSICAL_OFFSET)[0] != offset
+                ):
                     return None
             return b"".join(parts)
         finally:  # no view of a mapping outlives the call (a segment is unmapped when deleted)
