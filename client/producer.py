@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -235,29 +236,56 @@ def _plain_properties(msg: Message, uniq: str) -> str:
     return f"{head}{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
 
 
+def _answer_fields(ext: dict[str, Any]) -> tuple[str, int, int, str | None] | None:
+    """``msgId``, ``queueId``, ``queueOffset`` and ``transactionId`` of a send answer whose
+    values are already of their types (what the broker's msgpack answers hold), read without
+    the typed header; None for anything else (string values, a missing field), which
+    :meth:`SendMessageResponseHeader.from_ext_fields` then reads."""
+    get = ext.get
+    mid, qid, qoff, tid = get("msgId"), get("queueId"), get("queueOffset"), get("transactionId")
+    if (
+        type(mid) is str
+        and type(qid) is int
+        and type(qoff) is int
+        and (tid is None or type(tid) is str)
+        and type(get("batchUniqId", "")) is str
+    ):
+        return mid, qid, qoff, tid
+    return None
+
+
 def _result(
     resp: RemotingCommand, topic: str, uniq_ids: list[str], status: SendStatus, broker: str
 ) -> SendResult:
-    try:
-        header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
-    except InvalidParameterError:
-        if status is SendStatus.SEND_OK:
-            raise ProtocolError(
-                f"send answer without a valid header: {resp.ext_fields!r}"
-            ) from None
-        header = SendMessageResponseHeader(msg_id="", queue_id=-1, queue_offset=-1)
-    offset_ids = [i for i in header.msg_id.split(",") if i] if header.msg_id else []
+    fields = _answer_fields(resp.ext_fields)
+    if fields is None:
+        try:
+            header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
+        except InvalidParameterError:
+            if status is SendStatus.SEND_OK:
+                raise ProtocolError(
+                    f"send answer without a valid header: {resp.ext_fields!r}"
+                ) from None
+            header = SendMessageResponseHeader(msg_id="", queue_id=-1, queue_offset=-1)
+        fields = (header.msg_id, header.queue_id, header.queue_offset, header.transaction_id)
+    msg_id, queue_id, queue_offset, transaction_id = fields
+    if not msg_id:
+        offset_ids = []
+    elif "," in msg_id:
+        offset_ids = [i for i in msg_id.split(",") if i]
+    else:
+        offset_ids = [msg_id]
     return SendResult(
-        status=status,
-        msg_id=",".join(uniq_ids),
-        offset_msg_id=header.msg_id,
-        topic=topic,
-        queue_id=header.queue_id,
-        queue_offset=header.queue_offset,
-        transaction_id=header.transaction_id,
-        msg_ids=list(uniq_ids),
-        offset_msg_ids=offset_ids,
-        broker_name=broker,
+        status,
+        ",".join(uniq_ids) if len(uniq_ids) != 1 else uniq_ids[0],
+        msg_id,
+        topic,
+        queue_id,
+        queue_offset,
+        transaction_id,
+        list(uniq_ids),
+        offset_ids,
+        broker,
     )
 
 
@@ -321,6 +349,8 @@ class AsyncProducer(ConnectedClient):
         #: auto_batch: sends on their way alone (made when nothing else was).
         self._direct = 0
         self._trace = ProducerTrace(self) if self.config.enable_trace else None
+        #: Per topic, the SEND_MESSAGE_V2 fields every send of this producer shares.
+        self._v2_templates: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -629,11 +659,8 @@ class AsyncProducer(ConnectedClient):
         probe = msgs[0]
 
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
-            header = self._header(probe, route, qid, header_props, sys_flag)
-            header.batch = True
-            return RemotingCommand.request(
-                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
-            )
+            fields = self._v2_fields(topic, qid, header_props, sys_flag, probe.flag, True)
+            return RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, ext_fields=fields, body=body)
 
         return await self._send_with_retries(probe, uniq_ids, build, target)
 
@@ -653,21 +680,28 @@ class AsyncProducer(ConnectedClient):
         #: The group a retry must go to: the one that may have stored the message already.
         pinned = target.broker
         started = time.monotonic()
+        topic = msg.topic
         for attempt in range(attempts):
-            try:
-                route = await self._route_for(msg.topic)
-            except TxmqError as exc:
-                if not exc.retriable or attempt + 1 == attempts:
-                    raise
-                last_error = exc
-                log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
-                continue
+            route = self._routes.get(topic)
+            if route is None or (
+                time.monotonic() - route.fetched_at >= self.config.route_refresh_interval
+            ):
+                try:
+                    route = await self._route_for(topic)
+                except TxmqError as exc:
+                    if not exc.retriable or attempt + 1 == attempts:
+                        raise
+                    last_error = exc
+                    log.info("route_retried", topic=topic, attempt=attempt + 1, error=str(exc))
+                    continue
             mq = self._select_queue(
                 route, msg, target.queue_id, target.sharding_key, target.selector, pinned, failed
             )
             cmd = build(route, mq.queue_id)
             try:
-                conn = await self._connection_for(route, mq)
+                conn = self.connection
+                if conn.group_name is not None and mq.broker and mq.broker != conn.group_name:
+                    conn = await self._connection_for(route, mq)
                 resp = await conn.request(cmd, timeout)
             except TxmqError as exc:
                 if not exc.retriable:
@@ -738,16 +772,52 @@ class AsyncProducer(ConnectedClient):
             return properties_to_string(self._wire_properties(msg, uniq, extra))
         return _plain_properties(msg, uniq)
 
+    def _v2_fields(
+        self, topic: str, qid: int, properties: str, sys_flag: int, flag: int, batch: bool
+    ) -> dict[str, Any]:
+        """``self._header(...).to_v2_ext_fields()`` (with ``batch``), from a per-topic copy of
+        the fields a producer's sends share: same keys, same order, same values, so the same
+        bytes on the wire (``tests/client/test_client_send_path.py`` compares them)."""
+        template = self._v2_templates.get(topic)
+        if template is None:
+            template = SendMessageRequestHeader(
+                producer_group=self.group,
+                topic=topic,
+                default_topic=AUTO_CREATE_TOPIC_KEY_TOPIC,
+                default_topic_queue_nums=self.config.default_topic_queue_nums,
+                properties="",
+                reconsume_times=0,
+                unit_mode=False,
+                batch=False,
+            ).to_v2_ext_fields()
+            if len(self._v2_templates) >= 1024:
+                self._v2_templates.clear()
+            self._v2_templates[topic] = template
+        fields = template.copy()
+        fields["e"] = qid
+        fields["f"] = sys_flag
+        fields["g"] = int(time.time() * 1000)
+        fields["h"] = flag
+        fields["i"] = properties
+        if batch:
+            fields["m"] = True
+        return fields
+
     def _send_command(
         self, msg: Message, route: TopicRoute, qid: int, props: str, *, sys_flag: int
     ) -> RemotingCommand:
-        body = msg.payload
+        body = msg.body
+        if type(body) is not bytes:
+            body = msg.payload
         over = self.config.compress_over
         if over and len(body) >= over:
             body = compress_body(body, self.config.compress_level)
             sys_flag |= ZLIB_COMPRESSED
-        header = self._header(msg, route, qid, props, sys_flag)
-        return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body)
+        return RemotingCommand(
+            RequestCode.SEND_MESSAGE_V2,
+            ext_fields=self._v2_fields(msg.topic, qid, props, sys_flag, msg.flag, False),
+            body=body,
+        )
 
     def _select_queue(
         self,
@@ -767,9 +837,19 @@ class AsyncProducer(ConnectedClient):
         are its queue ids); ``queue_id`` is a queue id in ``broker``'s group (needed then).
         Round robin skips the group ``avoid`` (the last one that failed) while another exists.
         """
+        queues: Sequence[MessageQueue] = route.write_queues
+        if (
+            queues
+            and route.writable
+            and queue_id is None
+            and sharding_key is None
+            and selector is None
+            and broker is None
+            and avoid is None
+        ):  # round robin over every writable queue: what most sends ask
+            return queues[next(self._rr) % len(queues)]
         if not route.writable:
             raise NoPermissionError(f"topic {route.topic!r} is not writable")
-        queues: Sequence[MessageQueue] = route.write_queues
         if broker is not None and route.exists:
             queues = [q for q in queues if q.broker == broker]
             if not queues:

@@ -1,0 +1,182 @@
+"""The producer's per-send shortcuts put the same bytes on the wire, and read the same answer,
+as the typed headers they stand in for."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.client.helpers import FAST_CLIENT, create_topic
+from txmq.broker.server import BrokerController
+from txmq.client import AsyncProducer, AsyncPullConsumer, Message, SendStatus
+from txmq.client.producer import SendResult, _answer_fields, _result
+from txmq.client.route import TopicRoute
+from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import InvalidParameterError
+from txmq.protocol.frame import encode_frame
+from txmq.protocol.headers import SendMessageResponseHeader
+
+_names = st.text(string.ascii_letters + string.digits + "_-%|", min_size=1, max_size=40)
+_props = st.text(
+    st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), max_size=60
+)
+
+
+def _plain_fields(
+    p: AsyncProducer, topic: str, qid: int, props: str, sys_flag: int, flag: int, batch: bool
+) -> tuple[dict[str, Any], int]:
+    """The fields the typed header gives, with the born timestamp to put in them."""
+    header = p._header(
+        Message(topic, b"x", flag=flag), TopicRoute(topic, 1, 1), qid, props, sys_flag
+    )
+    header.batch = batch
+    return header.to_v2_ext_fields(), header.born_timestamp
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    group=_names,
+    topics=st.lists(_names, min_size=1, max_size=3),
+    qid=st.integers(-1, 1 << 20),
+    props=_props,
+    sys_flag=st.integers(0, (1 << 31) - 1),
+    flag=st.integers(-(1 << 31), (1 << 31) - 1),
+    batch=st.booleans(),
+    serialize=st.sampled_from(list(SerializeType)),
+)
+def test_send_fields_from_the_template_encode_as_the_typed_header(
+    group: str,
+    topics: list[str],
+    qid: int,
+    props: str,
+    sys_flag: int,
+    flag: int,
+    batch: bool,
+    serialize: SerializeType,
+) -> None:
+    p = AsyncProducer(group, config=FAST_CLIENT)
+    for topic in topics * 2:  # the second round reads the cached templates
+        fast = p._v2_fields(topic, qid, props, sys_flag, flag, batch)
+        plain, _ = _plain_fields(p, topic, qid, props, sys_flag, flag, batch)
+        plain["g"] = fast["g"]  # the born timestamp: read from the clock by each
+        assert list(fast.items()) == list(plain.items())
+        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        a = RemotingCommand(code, 7, ext_fields=fast, body=b"body", serialize_type=serialize)
+        b = RemotingCommand.request(code, plain, b"body", serialize_type=serialize)
+        b.opaque = 7
+        assert encode_frame(a) == encode_frame(b)
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 40), 1 << 40),
+    st.text(max_size=8),
+    st.sampled_from(["", "12", "-3", "true", "0A0B"]),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    ext=st.dictionaries(
+        st.sampled_from(["msgId", "queueId", "queueOffset", "transactionId", "batchUniqId"]),
+        _values,
+    )
+)
+def test_send_answer_read_without_the_header_matches_the_header(ext: dict[str, Any]) -> None:
+    fast = _answer_fields(ext)
+    try:
+        h = SendMessageResponseHeader.from_ext_fields(ext)
+    except InvalidParameterError:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == (h.msg_id, h.queue_id, h.queue_offset, h.transaction_id)
+
+
+def _result_by_header(resp: RemotingCommand, topic: str, ids: list[str], broker: str) -> SendResult:
+    """What the answer reads as through the typed header (the plain path)."""
+    h = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
+    return SendResult(
+        status=SendStatus.SEND_OK,
+        msg_id=",".join(ids),
+        offset_msg_id=h.msg_id,
+        topic=topic,
+        queue_id=h.queue_id,
+        queue_offset=h.queue_offset,
+        transaction_id=h.transaction_id,
+        msg_ids=list(ids),
+        offset_msg_ids=[i for i in h.msg_id.split(",") if i] if h.msg_id else [],
+        broker_name=broker,
+    )
+
+
+async def test_broker_stores_and_answers_the_shortcut_as_the_typed_header(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> None:
+    """A send built from the template and one built from the typed header, to a real broker:
+    the same stored message, and each answer reads the same either way."""
+    topic = unique("send-path")
+    await create_topic(broker.address, topic, queues=2)
+    async with (
+        AsyncProducer(unique("g"), broker.address, config=FAST_CLIENT) as p,
+        AsyncPullConsumer(unique("c"), broker.address, config=FAST_CLIENT) as c,
+    ):
+        route = await p._route_for(topic)
+        for i, (msg, sys_flag) in enumerate(
+            [
+                (Message(topic, b"plain"), 0),
+                (Message(topic, b"tagged", tags="t", keys="k1 k2", flag=5), 0),
+                (Message(topic, b"props", properties={"a": "1", "b": "2"}), 0),
+            ]
+        ):
+            # Each its own UNIQ_KEY: the broker's duplicate window would answer the second
+            # send of one id without storing it.
+            for path, uniq in (("fast", f"{2 * i:032X}"), ("plain", f"{2 * i + 1:032X}")):
+                props = p._wire_string(msg, uniq, None)
+                if path == "fast":
+                    cmd = p._send_command(msg, route, 0, props, sys_flag=sys_flag)
+                else:
+                    header = p._header(msg, route, 0, props, sys_flag)
+                    cmd = RemotingCommand.request(
+                        RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), msg.payload
+                    )
+                resp = await p.connection.request(cmd, 3.0)
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+                ids = [uniq]
+                assert _result(resp, topic, ids, SendStatus.SEND_OK, "b") == _result_by_header(
+                    resp, topic, ids, "b"
+                )
+        stored: list[Any] = []
+        for _ in range(50):  # bounded: six messages, read a few at a time
+            pr = await c.pull(topic, 0, len(stored), max_nums=6)
+            stored += pr.messages
+            if len(stored) >= 6:
+                break
+        assert len(stored) == 6, f"queue 0 holds {len(stored)} of the 6 messages sent"
+        pulled = [stored[k : k + 2] for k in range(0, 6, 2)]
+        for a, b in pulled:
+            pa, pb = dict(a.properties), dict(b.properties)
+            assert int(pa.pop("UNIQ_KEY"), 16) + 1 == int(pb.pop("UNIQ_KEY"), 16)
+            assert (a.body, a.flag, a.sys_flag, pa) == (b.body, b.flag, b.sys_flag, pb)
+            assert a.queue_offset + 1 == b.queue_offset
+
+
+async def test_round_robin_sends_and_batches_through_the_shortcuts(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> None:
+    topic = unique("send-rr")
+    await create_topic(broker.address, topic, queues=4)
+    async with AsyncProducer(unique("g"), broker.address, config=FAST_CLIENT) as p:
+        results = [await p.send(Message(topic, b"m%d" % i)) for i in range(8)]
+        batch = await p.send_batch([Message(topic, b"b%d" % i) for i in range(3)], queue_id=1)
+    assert sorted(r.queue_id for r in results) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(r.status is SendStatus.SEND_OK and r.msg_ids == [r.msg_id] for r in results)
+    assert all(r.offset_msg_ids == [r.offset_msg_id] for r in results)
+    assert batch.queue_id == 1 and len(batch.offset_msg_ids) == 3 and len(batch.msg_ids) == 3
+    assert batch.msg_id == ",".join(batch.msg_ids)
