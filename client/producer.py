@@ -222,6 +222,14 @@ _WAIT_TAIL = (
 )
 
 
+#: The request codes as plain ints (what RemotingCommand.request makes of them).
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
+
+#: Extra properties that take the place of one a send always writes (so not simply appended).
+_UNIQ_OR_WAIT = frozenset((MessageConst.UNIQ_KEY, MessageConst.WAIT_STORE_MSG_OK))
+
+
 def _plain_properties(msg: Message, uniq: str) -> str:
     """The wire properties of a message with no user properties (nor delay): its tags and keys,
     UNIQ_KEY and WAIT_STORE_MSG_OK, as ``properties_to_string`` would write them."""
@@ -660,7 +668,7 @@ class AsyncProducer(ConnectedClient):
 
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
             fields = self._v2_fields(topic, qid, header_props, sys_flag, probe.flag, True)
-            return RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, ext_fields=fields, body=body)
+            return RemotingCommand(_SEND_BATCH_MESSAGE, ext_fields=fields, body=body)
 
         return await self._send_with_retries(probe, uniq_ids, build, target)
 
@@ -768,9 +776,14 @@ class AsyncProducer(ConnectedClient):
 
     def _wire_string(self, msg: Message, uniq: str, extra: dict[str, str] | None) -> str:
         """The message's properties on the wire, with ``uniq`` as its UNIQ_KEY."""
-        if msg.properties or extra or msg.delay_level:
+        if msg.properties or msg.delay_level:
             return properties_to_string(self._wire_properties(msg, uniq, extra))
-        return _plain_properties(msg, uniq)
+        if not extra:
+            return _plain_properties(msg, uniq)
+        if msg.tags or msg.keys or _UNIQ_OR_WAIT & extra.keys():
+            return properties_to_string(self._wire_properties(msg, uniq, extra))
+        # A half message's (TRAN_MSG, PGROUP, ...): they follow UNIQ_KEY and WAIT in order.
+        return f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{properties_to_string(extra)}"
 
     def _v2_fields(
         self, topic: str, qid: int, properties: str, sys_flag: int, flag: int, batch: bool
@@ -814,7 +827,7 @@ class AsyncProducer(ConnectedClient):
             body = compress_body(body, self.config.compress_level)
             sys_flag |= ZLIB_COMPRESSED
         return RemotingCommand(
-            RequestCode.SEND_MESSAGE_V2,
+            _SEND_MESSAGE_V2,
             ext_fields=self._v2_fields(msg.topic, qid, props, sys_flag, msg.flag, False),
             body=body,
         )

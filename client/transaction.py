@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+_END_TRANSACTION = int(RequestCode.END_TRANSACTION)
+
 #: Default bound on concurrent ``check_local_transaction`` calls.
 DEFAULT_CHECK_THREADS = 4
 #: Default bound on checks accepted but not yet answered.
@@ -129,6 +131,28 @@ class LocalTransactionState(enum.Enum):
             "COMMIT_MESSAGE": MessageSysFlag.TRANSACTION_COMMIT_TYPE,
             "ROLLBACK_MESSAGE": MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
         }.get(self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
+
+
+def end_transaction_fields(
+    group: str,
+    half: SendResult,
+    state: LocalTransactionState,
+    from_check: bool = False,
+    transaction_id: str | None = None,
+) -> dict[str, Any]:
+    """The END_TRANSACTION fields deciding ``half``: what
+    ``EndTransactionRequestHeader(...).to_ext_fields()`` gives (same keys, order and values;
+    ``tests/client/test_client_send_path.py`` compares them), without the typed header."""
+    _, offset = decode_offset_msg_id(half.offset_msg_id)
+    return {
+        "producerGroup": group,
+        "tranStateTableOffset": half.queue_offset,
+        "commitLogOffset": offset,
+        "commitOrRollback": state.wire_value,
+        "fromTransactionCheck": from_check,
+        "msgId": half.msg_id,
+        "transactionId": transaction_id or half.transaction_id or half.msg_id,
+    }
 
 
 class TransactionListener:
@@ -323,18 +347,15 @@ class AsyncTransactionProducer(AsyncClient):
         transaction_id: str | None = None,
     ) -> None:
         """Send END_TRANSACTION for the half ``half`` and wait for the broker's answer."""
-        _, offset = decode_offset_msg_id(half.offset_msg_id)
-        header = EndTransactionRequestHeader(
-            producer_group=self.group,
-            tran_state_table_offset=half.queue_offset,
-            commit_log_offset=offset,
-            commit_or_rollback=state.wire_value,
-            from_transaction_check=from_check,
-            msg_id=half.msg_id,
-            transaction_id=transaction_id or half.transaction_id or half.msg_id,
-        )
+        fields = end_transaction_fields(self.group, half, state, from_check, transaction_id)
         # The decision goes to the broker group that stored the half.
-        await self._end(header, remark, await self.producer.connection_for_group(half.broker_name))
+        conn = self.producer.connection
+        if conn.group_name is not None and half.broker_name != conn.group_name:
+            conn = await self.producer.connection_for_group(half.broker_name)
+        cmd = RemotingCommand(_END_TRANSACTION, remark=remark, ext_fields=fields)
+        resp = await conn.request(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
 
     async def _end(
         self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection

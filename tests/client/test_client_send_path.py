@@ -7,19 +7,31 @@ import string
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.client.helpers import FAST_CLIENT, create_topic
 from txmq.broker.server import BrokerController
-from txmq.client import AsyncProducer, AsyncPullConsumer, Message, SendStatus
+from txmq.client import (
+    AsyncProducer,
+    AsyncPullConsumer,
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    SendStatus,
+    TransactionListener,
+)
 from txmq.client.producer import SendResult, _answer_fields, _result
 from txmq.client.route import TopicRoute
+from txmq.client.transaction import end_transaction_fields
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import InvalidParameterError
 from txmq.protocol.frame import encode_frame
-from txmq.protocol.headers import SendMessageResponseHeader
+from txmq.protocol.headers import EndTransactionRequestHeader, SendMessageResponseHeader
+from txmq.protocol.message import create_offset_msg_id
 
 _names = st.text(string.ascii_letters + string.digits + "_-%|", min_size=1, max_size=40)
 _props = st.text(
@@ -180,3 +192,126 @@ async def test_round_robin_sends_and_batches_through_the_shortcuts(
     assert all(r.offset_msg_ids == [r.offset_msg_id] for r in results)
     assert batch.queue_id == 1 and len(batch.offset_msg_ids) == 3 and len(batch.msg_ids) == 3
     assert batch.msg_id == ",".join(batch.msg_ids)
+
+
+_prop_text = st.text(
+    st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12
+)  # separators included: both ways must refuse them alike
+_extra_keys = st.one_of(
+    st.sampled_from(
+        ["TRAN_MSG", "PGROUP", "__transactionId__", "UNIQ_KEY", "WAIT", "TAGS", "KEYS", "DELAY"]
+    ),
+    _prop_text,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    tags=st.one_of(st.none(), st.just(""), _prop_text),
+    keys=st.one_of(st.none(), _prop_text),
+    user=st.dictionaries(_prop_text, _prop_text, max_size=2),
+    delay=st.sampled_from([0, 0, 3]),
+    extra=st.one_of(st.none(), st.dictionaries(_extra_keys, _prop_text, max_size=4)),
+)
+def test_wire_properties_shortcuts_match_the_general_writer(
+    tags: str | None,
+    keys: str | None,
+    user: dict[str, str],
+    delay: int,
+    extra: dict[str, str] | None,
+) -> None:
+    from txmq.protocol.message import properties_to_string
+
+    p = AsyncProducer("g", config=FAST_CLIENT)
+    msg = Message("t", b"x", tags=tags, keys=keys, properties=user, delay_level=delay)
+    uniq = "0A0B0C0D0E0F00000000000000000001"
+
+    def outcome(f: Callable[[], str]) -> object:
+        try:
+            return f()
+        except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+            return ("error", str(exc))
+
+    fast = outcome(lambda: p._wire_string(msg, uniq, extra))
+    plain = outcome(lambda: properties_to_string(p._wire_properties(msg, uniq, extra)))
+    if isinstance(plain, tuple):  # refused: the shortcut refuses too (tags/keys: in its words)
+        assert isinstance(fast, tuple)
+    else:
+        assert fast == plain
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    group=_names,
+    queue_offset=st.integers(0, 1 << 40),
+    commit_log_offset=st.integers(0, 1 << 50),
+    state=st.sampled_from(list(LocalTransactionState)),
+    from_check=st.booleans(),
+    txid=st.one_of(st.none(), st.just(""), _names),
+    half_txid=st.one_of(st.none(), _names),
+)
+def test_end_transaction_fields_match_the_typed_header(
+    group: str,
+    queue_offset: int,
+    commit_log_offset: int,
+    state: LocalTransactionState,
+    from_check: bool,
+    txid: str | None,
+    half_txid: str | None,
+) -> None:
+    offset_id = create_offset_msg_id(("10.1.2.3", 10911), commit_log_offset)
+    half = SendResult(
+        SendStatus.SEND_OK, "A" * 32, offset_id, "t", 1, queue_offset, half_txid, ["A" * 32]
+    )
+    fast = end_transaction_fields(group, half, state, from_check, txid)
+    plain = EndTransactionRequestHeader(
+        producer_group=group,
+        tran_state_table_offset=queue_offset,
+        commit_log_offset=commit_log_offset,
+        commit_or_rollback=state.wire_value,
+        from_transaction_check=from_check,
+        msg_id=half.msg_id,
+        transaction_id=txid or half_txid or half.msg_id,
+    ).to_ext_fields()
+    assert list(fast.items()) == list(plain.items())
+    for st_ in SerializeType:
+        a = RemotingCommand(
+            int(RequestCode.END_TRANSACTION), 3, ext_fields=fast, serialize_type=st_
+        )
+        b = RemotingCommand.request(RequestCode.END_TRANSACTION, plain, serialize_type=st_)
+        b.opaque = 3
+        assert encode_frame(a) == encode_frame(b)
+
+
+async def test_transactions_commit_and_roll_back_through_the_shortcuts(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> None:
+    topic = unique("send-tx")
+    await create_topic(broker.address, topic, queues=2)
+
+    class Listener(TransactionListener):
+        def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+            return LocalTransactionState(arg)
+
+        def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+            return LocalTransactionState.ROLLBACK_MESSAGE
+
+    async with (
+        AsyncTransactionProducer(unique("tx"), Listener(), broker.address, config=FAST_CLIENT) as p,
+        AsyncPullConsumer(unique("c"), broker.address, config=FAST_CLIENT) as c,
+    ):
+        for i in range(4):
+            async with p.transaction() as txn:
+                await txn.send(Message(topic, b"c%d" % i, tags="t" if i % 2 else None))
+        with pytest.raises(RuntimeError):
+            async with p.transaction() as txn:
+                await txn.send(Message(topic, b"rolled back"))
+                raise RuntimeError("local failure")
+        one = await p.send_message_in_transaction(
+            Message(topic, b"one"), LocalTransactionState.COMMIT_MESSAGE
+        )
+        assert one.local_transaction_state is LocalTransactionState.COMMIT_MESSAGE
+        bodies: list[bytes] = []
+        for q in range(2):  # a commit is answered once its messages are stored
+            bodies += [m.body for m in (await c.pull(topic, q, 0, max_nums=32)).messages]
+    assert sorted(bodies) == sorted([b"c0", b"c1", b"c2", b"c3", b"one"])
