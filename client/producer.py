@@ -73,7 +73,7 @@ def _id_generator() -> UniqIdGenerator:
 
 def new_uniq_id() -> str:
     """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
-    return _id_generator().next_id()
+    return (_uniq_ids or _id_generator()).next_id()
 
 
 def new_uniq_ids(n: int) -> list[str]:
@@ -173,6 +173,18 @@ def validate_message(msg: Message, max_size: int) -> None:
     Raises:
         InvalidMessageError: what is wrong, in words.
     """
+    if (
+        type(msg) is Message
+        and msg.topic in _VALID_TOPICS
+        and type(msg.body) is bytes
+        and 0 < len(msg.body) <= max_size
+        and msg.tags is None
+        and msg.keys is None
+        and msg.msg_id is None
+        and not msg.properties
+        and msg.delay_level >= 0
+    ):
+        return  # a message with a body and nothing else, to a topic already checked
     if not isinstance(msg, Message):
         raise InvalidMessageError(f"expected a txmq Message, got {type(msg).__name__}")
     validate_topic(msg.topic)

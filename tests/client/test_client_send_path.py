@@ -315,3 +315,39 @@ async def test_transactions_commit_and_roll_back_through_the_shortcuts(
         for q in range(2):  # a commit is answered once its messages are stored
             bodies += [m.body for m in (await c.pull(topic, q, 0, max_nums=32)).messages]
     assert sorted(bodies) == sorted([b"c0", b"c1", b"c2", b"c3", b"one"])
+
+
+class _Checked(Message):
+    """A Message the shortcut of validate_message does not take: the full checks run."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    topic=st.one_of(_names, st.just(""), st.just("bad topic"), st.text(max_size=5)),
+    body=st.one_of(st.binary(max_size=20), st.text(max_size=5), st.just(b"x" * 40)),
+    tags=st.one_of(st.none(), _prop_text),
+    msg_id=st.one_of(st.none(), st.just(""), _names),
+    props=st.dictionaries(_prop_text, _prop_text, max_size=1),
+    delay=st.integers(-2, 3),
+)
+def test_validation_shortcut_accepts_only_what_the_full_checks_accept(
+    topic: str,
+    body: bytes | str,
+    tags: str | None,
+    msg_id: str | None,
+    props: dict[str, str],
+    delay: int,
+) -> None:
+    from txmq.client.producer import validate_message
+
+    def outcome(m: Message) -> object:
+        try:
+            validate_message(m, 32)
+        except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+            return (type(exc), str(exc))
+        return None
+
+    fields = dict(tags=tags, msg_id=msg_id, properties=props, delay_level=delay)
+    full = outcome(_Checked(topic, body, **fields))  # type: ignore[arg-type]
+    for _ in range(2):  # the second time the topic is known valid (if it is)
+        assert outcome(Message(topic, body, **fields)) == full  # type: ignore[arg-type]
