@@ -466,7 +466,9 @@ class TransactionalMessageService:
         if self.trace is not None:
             done = TxEvent.COMMITTED if op.kind is OpKind.COMMIT else TxEvent.ROLLED_BACK
             self.trace.tx_event(rec, done, f"{by}: {remark}".strip(": "))
-        log.info(
+        # DEBUG: one line per transaction is the broker's hot path, not an event (the
+        # txmq_transaction_commits/rollbacks counters and `txmq trace` keep the account).
+        log.debug(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
             transaction_id=rec.transaction_id,
             group=rec.producer_group,
