@@ -651,25 +651,13 @@ class AsyncProducer(ConnectedClient):
             raise InvalidMessageError("a batch needs at least one message")
         topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
-        batch = BatchBody()
-        add = batch.add
         uniq_ids = [
             getattr(m, "msg_id", None) or u
             for m, u in zip(msgs, new_uniq_ids(len(msgs)), strict=True)
         ]
-        for m, uniq in zip(msgs, uniq_ids, strict=True):
-            if not validated:
-                validate_message(m, limit)
-            if m.topic != topic:
-                raise InvalidMessageError(
-                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
-                )
-            if not allow_delay and m.delay_level > 0:
-                raise InvalidMessageError("messages of a batch cannot have a delay level")
-            props = self._wire_string(m, uniq, extra_properties)
-            body = m.body
-            add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
-        body = batch.encode()
+        body = self._batch_body(
+            msgs, uniq_ids, extra_properties, allow_delay=allow_delay, validated=validated
+        ).encode()
         if len(body) > limit:
             raise InvalidMessageError(
                 f"the batch is {len(body)} bytes, over the limit of {limit} bytes; send it in "
@@ -683,6 +671,43 @@ class AsyncProducer(ConnectedClient):
             return RemotingCommand(_SEND_BATCH_MESSAGE, ext_fields=fields, body=body)
 
         return await self._send_with_retries(probe, uniq_ids, build, target)
+
+    def _batch_body(
+        self,
+        msgs: list[Message],
+        uniq_ids: list[str],
+        extra: dict[str, str] | None,
+        *,
+        allow_delay: bool = False,
+        validated: bool = False,
+    ) -> BatchBody:
+        """The entries of a batch (checked unless ``validated``), each message's properties as
+        :meth:`_wire_string` writes them; the extra properties (a transaction's halves share
+        theirs) are written once for the batch."""
+        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
+        limit = self.config.max_message_size
+        batch = BatchBody()
+        add = batch.add
+        shared = bool(extra) and not (_UNIQ_OR_WAIT & extra.keys())  # type: ignore[union-attr]
+        tail: str | None = None  # properties_to_string(extra), once it is needed
+        for m, uniq in zip(msgs, uniq_ids, strict=True):
+            if not validated:
+                validate_message(m, limit)
+            if m.topic != topic:
+                raise InvalidMessageError(
+                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
+                )
+            if not allow_delay and m.delay_level > 0:
+                raise InvalidMessageError("messages of a batch cannot have a delay level")
+            if shared and not (m.properties or m.delay_level or m.tags or m.keys):
+                if tail is None:
+                    tail = properties_to_string(extra)  # type: ignore[arg-type]
+                props = f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{tail}"  # as _wire_string writes it
+            else:
+                props = self._wire_string(m, uniq, extra)
+            body = m.body
+            add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
+        return batch
 
     async def _send_with_retries(
         self,

@@ -351,3 +351,47 @@ def test_validation_shortcut_accepts_only_what_the_full_checks_accept(
     full = outcome(_Checked(topic, body, **fields))  # type: ignore[arg-type]
     for _ in range(2):  # the second time the topic is known valid (if it is)
         assert outcome(Message(topic, body, **fields)) == full  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    msgs=st.lists(
+        st.builds(
+            Message,
+            topic=st.just("t"),
+            body=st.binary(min_size=1, max_size=8),
+            tags=st.one_of(st.none(), _prop_text),
+            properties=st.dictionaries(_prop_text, _prop_text, max_size=1),
+            flag=st.integers(0, 9),
+            delay_level=st.sampled_from([0, 0, 0, 2]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    extra=st.one_of(st.none(), st.dictionaries(_extra_keys, _prop_text, max_size=3)),
+)
+def test_batch_entries_carry_the_properties_the_general_writer_gives(
+    msgs: list[Message], extra: dict[str, str] | None
+) -> None:
+    from txmq.client.producer import validate_message
+    from txmq.protocol.message import BatchBody
+
+    p = AsyncProducer("g", config=FAST_CLIENT)
+    ids = [f"{i:032X}" for i in range(len(msgs))]
+
+    def plain() -> bytes:
+        batch = BatchBody()
+        for m, uniq in zip(msgs, ids, strict=True):
+            validate_message(m, p.config.max_message_size)
+            props = p._wire_string(m, uniq, extra)  # per message, as batches were written
+            batch.add(m.payload, props.encode("utf-8"), m.flag)
+        return batch.encode()
+
+    def outcome(f: Callable[[], bytes]) -> object:
+        try:
+            return f()
+        except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+            return ("error", type(exc))
+
+    fast = outcome(lambda: p._batch_body(msgs, ids, extra, allow_delay=True).encode())
+    assert fast == outcome(plain)
