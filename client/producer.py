@@ -682,14 +682,14 @@ class AsyncProducer(ConnectedClient):
         validated: bool = False,
     ) -> BatchBody:
         """The entries of a batch (checked unless ``validated``), each message's properties as
-        :meth:`_wire_string` writes them; the extra properties (a transaction's halves share
-        theirs) are written once for the batch."""
+        :meth:`_wire_string` writes them; for a message with no properties of its own, written
+        here, the extra properties (a transaction's halves share theirs) once for the batch."""
         topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
         batch = BatchBody()
         add = batch.add
-        shared = bool(extra) and not (_UNIQ_OR_WAIT & extra.keys())  # type: ignore[union-attr]
-        tail: str | None = None  # properties_to_string(extra), once it is needed
+        shared = not extra or not (_UNIQ_OR_WAIT & extra.keys())
+        tail: str | None = None if extra else ""  # properties_to_string(extra), once needed
         for m, uniq in zip(msgs, uniq_ids, strict=True):
             if not validated:
                 validate_message(m, limit)
@@ -701,7 +701,7 @@ class AsyncProducer(ConnectedClient):
                 raise InvalidMessageError("messages of a batch cannot have a delay level")
             if shared and not (m.properties or m.delay_level or m.tags or m.keys):
                 if tail is None:
-                    tail = properties_to_string(extra)  # type: ignore[arg-type]
+                    tail = properties_to_string(extra or {})
                 props = f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{tail}"  # as _wire_string writes it
             else:
                 props = self._wire_string(m, uniq, extra)
