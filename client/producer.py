@@ -343,6 +343,10 @@ class _Target:
     broker: str | None = None
 
 
+#: A send with every choice left to the producer.
+_NO_TARGET = _Target()
+
+
 class AsyncProducer(ConnectedClient):
     """Sends messages; every method is a coroutine.
 
@@ -453,7 +457,10 @@ class AsyncProducer(ConnectedClient):
                 # batched.
                 self._direct += 1
                 try:
-                    return await self.send_message(msg, timeout=timeout)
+                    # send_message(msg, timeout=timeout), one coroutine less
+                    uniq, build = self._prepare(msg, 0, None)
+                    target = _NO_TARGET if timeout is None else _Target(timeout=timeout)
+                    return await self._send_with_retries(msg, [uniq], build, target)
                 finally:
                     self._direct -= 1
             # Auto batching: queue ``msg`` with the other sends of its topic made in this turn
@@ -600,6 +607,15 @@ class AsyncProducer(ConnectedClient):
         ``extra_properties`` may set ``UNIQ_KEY`` to choose the message id; ``broker`` keeps
         the message in that broker group (the halves of one transaction stay together).
         """
+        uniq, build = self._prepare(msg, sys_flag, extra_properties)
+        target = _Target(queue_id, sharding_key, selector, timeout, broker)
+        return await self._send_with_retries(msg, [uniq], build, target)
+
+    def _prepare(
+        self, msg: Message, sys_flag: int, extra_properties: dict[str, str] | None
+    ) -> tuple[str, Callable[[TopicRoute, int], RemotingCommand]]:
+        """Check ``msg`` and fix its id and wire properties: the id and how to build each
+        attempt's request."""
         validate_message(msg, self.config.max_message_size)
         uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or msg.msg_id or new_uniq_id()
         props = self._wire_string(msg, uniq, extra_properties)
@@ -607,8 +623,7 @@ class AsyncProducer(ConnectedClient):
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
             return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
 
-        target = _Target(queue_id, sharding_key, selector, timeout, broker)
-        return await self._send_with_retries(msg, [uniq], build, target)
+        return uniq, build
 
     async def send_messages(
         self,
