@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -72,7 +73,7 @@ def _id_generator() -> UniqIdGenerator:
 
 def new_uniq_id() -> str:
     """A new client-side message id (``UNIQ_KEY``), as RocketMQ's MessageClientIDSetter."""
-    return _id_generator().next_id()
+    return (_uniq_ids or _id_generator()).next_id()
 
 
 def new_uniq_ids(n: int) -> list[str]:
@@ -172,6 +173,18 @@ def validate_message(msg: Message, max_size: int) -> None:
     Raises:
         InvalidMessageError: what is wrong, in words.
     """
+    if (
+        type(msg) is Message
+        and msg.topic in _VALID_TOPICS
+        and type(msg.body) is bytes
+        and 0 < len(msg.body) <= max_size
+        and msg.tags is None
+        and msg.keys is None
+        and msg.msg_id is None
+        and not msg.properties
+        and msg.delay_level >= 0
+    ):
+        return  # a message with a body and nothing else, to a topic already checked
     if not isinstance(msg, Message):
         raise InvalidMessageError(f"expected a txmq Message, got {type(msg).__name__}")
     validate_topic(msg.topic)
@@ -221,6 +234,14 @@ _WAIT_TAIL = (
 )
 
 
+#: The request codes as plain ints (what RemotingCommand.request makes of them).
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
+
+#: Extra properties that take the place of one a send always writes (so not simply appended).
+_UNIQ_OR_WAIT = frozenset((MessageConst.UNIQ_KEY, MessageConst.WAIT_STORE_MSG_OK))
+
+
 def _plain_properties(msg: Message, uniq: str) -> str:
     """The wire properties of a message with no user properties (nor delay): its tags and keys,
     UNIQ_KEY and WAIT_STORE_MSG_OK, as ``properties_to_string`` would write them."""
@@ -235,29 +256,56 @@ def _plain_properties(msg: Message, uniq: str) -> str:
     return f"{head}{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}"
 
 
+def _answer_fields(ext: dict[str, Any]) -> tuple[str, int, int, str | None] | None:
+    """``msgId``, ``queueId``, ``queueOffset`` and ``transactionId`` of a send answer whose
+    values are already of their types (what the broker's msgpack answers hold), read without
+    the typed header; None for anything else (string values, a missing field), which
+    :meth:`SendMessageResponseHeader.from_ext_fields` then reads."""
+    get = ext.get
+    mid, qid, qoff, tid = get("msgId"), get("queueId"), get("queueOffset"), get("transactionId")
+    if (
+        type(mid) is str
+        and type(qid) is int
+        and type(qoff) is int
+        and (tid is None or type(tid) is str)
+        and type(get("batchUniqId", "")) is str
+    ):
+        return mid, qid, qoff, tid
+    return None
+
+
 def _result(
     resp: RemotingCommand, topic: str, uniq_ids: list[str], status: SendStatus, broker: str
 ) -> SendResult:
-    try:
-        header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
-    except InvalidParameterError:
-        if status is SendStatus.SEND_OK:
-            raise ProtocolError(
-                f"send answer without a valid header: {resp.ext_fields!r}"
-            ) from None
-        header = SendMessageResponseHeader(msg_id="", queue_id=-1, queue_offset=-1)
-    offset_ids = [i for i in header.msg_id.split(",") if i] if header.msg_id else []
+    fields = _answer_fields(resp.ext_fields)
+    if fields is None:
+        try:
+            header = SendMessageResponseHeader.from_ext_fields(resp.ext_fields)
+        except InvalidParameterError:
+            if status is SendStatus.SEND_OK:
+                raise ProtocolError(
+                    f"send answer without a valid header: {resp.ext_fields!r}"
+                ) from None
+            header = SendMessageResponseHeader(msg_id="", queue_id=-1, queue_offset=-1)
+        fields = (header.msg_id, header.queue_id, header.queue_offset, header.transaction_id)
+    msg_id, queue_id, queue_offset, transaction_id = fields
+    if not msg_id:
+        offset_ids = []
+    elif "," in msg_id:
+        offset_ids = [i for i in msg_id.split(",") if i]
+    else:
+        offset_ids = [msg_id]
     return SendResult(
-        status=status,
-        msg_id=",".join(uniq_ids),
-        offset_msg_id=header.msg_id,
-        topic=topic,
-        queue_id=header.queue_id,
-        queue_offset=header.queue_offset,
-        transaction_id=header.transaction_id,
-        msg_ids=list(uniq_ids),
-        offset_msg_ids=offset_ids,
-        broker_name=broker,
+        status,
+        ",".join(uniq_ids) if len(uniq_ids) != 1 else uniq_ids[0],
+        msg_id,
+        topic,
+        queue_id,
+        queue_offset,
+        transaction_id,
+        list(uniq_ids),
+        offset_ids,
+        broker,
     )
 
 
@@ -295,6 +343,10 @@ class _Target:
     broker: str | None = None
 
 
+#: A send with every choice left to the producer.
+_NO_TARGET = _Target()
+
+
 class AsyncProducer(ConnectedClient):
     """Sends messages; every method is a coroutine.
 
@@ -321,6 +373,8 @@ class AsyncProducer(ConnectedClient):
         #: auto_batch: sends on their way alone (made when nothing else was).
         self._direct = 0
         self._trace = ProducerTrace(self) if self.config.enable_trace else None
+        #: Per topic, the SEND_MESSAGE_V2 fields every send of this producer shares.
+        self._v2_templates: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -403,7 +457,10 @@ class AsyncProducer(ConnectedClient):
                 # batched.
                 self._direct += 1
                 try:
-                    return await self.send_message(msg, timeout=timeout)
+                    # send_message(msg, timeout=timeout), one coroutine less
+                    uniq, build = self._prepare(msg, 0, None)
+                    target = _NO_TARGET if timeout is None else _Target(timeout=timeout)
+                    return await self._send_with_retries(msg, [uniq], build, target)
                 finally:
                     self._direct -= 1
             # Auto batching: queue ``msg`` with the other sends of its topic made in this turn
@@ -550,6 +607,15 @@ class AsyncProducer(ConnectedClient):
         ``extra_properties`` may set ``UNIQ_KEY`` to choose the message id; ``broker`` keeps
         the message in that broker group (the halves of one transaction stay together).
         """
+        uniq, build = self._prepare(msg, sys_flag, extra_properties)
+        target = _Target(queue_id, sharding_key, selector, timeout, broker)
+        return await self._send_with_retries(msg, [uniq], build, target)
+
+    def _prepare(
+        self, msg: Message, sys_flag: int, extra_properties: dict[str, str] | None
+    ) -> tuple[str, Callable[[TopicRoute, int], RemotingCommand]]:
+        """Check ``msg`` and fix its id and wire properties: the id and how to build each
+        attempt's request."""
         validate_message(msg, self.config.max_message_size)
         uniq = (extra_properties or {}).get(MessageConst.UNIQ_KEY) or msg.msg_id or new_uniq_id()
         props = self._wire_string(msg, uniq, extra_properties)
@@ -557,8 +623,7 @@ class AsyncProducer(ConnectedClient):
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
             return self._send_command(msg, route, qid, props, sys_flag=sys_flag)
 
-        target = _Target(queue_id, sharding_key, selector, timeout, broker)
-        return await self._send_with_retries(msg, [uniq], build, target)
+        return uniq, build
 
     async def send_messages(
         self,
@@ -601,25 +666,13 @@ class AsyncProducer(ConnectedClient):
             raise InvalidMessageError("a batch needs at least one message")
         topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
         limit = self.config.max_message_size
-        batch = BatchBody()
-        add = batch.add
         uniq_ids = [
             getattr(m, "msg_id", None) or u
             for m, u in zip(msgs, new_uniq_ids(len(msgs)), strict=True)
         ]
-        for m, uniq in zip(msgs, uniq_ids, strict=True):
-            if not validated:
-                validate_message(m, limit)
-            if m.topic != topic:
-                raise InvalidMessageError(
-                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
-                )
-            if not allow_delay and m.delay_level > 0:
-                raise InvalidMessageError("messages of a batch cannot have a delay level")
-            props = self._wire_string(m, uniq, extra_properties)
-            body = m.body
-            add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
-        body = batch.encode()
+        body = self._batch_body(
+            msgs, uniq_ids, extra_properties, allow_delay=allow_delay, validated=validated
+        ).encode()
         if len(body) > limit:
             raise InvalidMessageError(
                 f"the batch is {len(body)} bytes, over the limit of {limit} bytes; send it in "
@@ -629,13 +682,47 @@ class AsyncProducer(ConnectedClient):
         probe = msgs[0]
 
         def build(route: TopicRoute, qid: int) -> RemotingCommand:
-            header = self._header(probe, route, qid, header_props, sys_flag)
-            header.batch = True
-            return RemotingCommand.request(
-                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
-            )
+            fields = self._v2_fields(topic, qid, header_props, sys_flag, probe.flag, True)
+            return RemotingCommand(_SEND_BATCH_MESSAGE, ext_fields=fields, body=body)
 
         return await self._send_with_retries(probe, uniq_ids, build, target)
+
+    def _batch_body(
+        self,
+        msgs: list[Message],
+        uniq_ids: list[str],
+        extra: dict[str, str] | None,
+        *,
+        allow_delay: bool = False,
+        validated: bool = False,
+    ) -> BatchBody:
+        """The entries of a batch (checked unless ``validated``), each message's properties as
+        :meth:`_wire_string` writes them; for a message with no properties of its own, written
+        here, the extra properties (a transaction's halves share theirs) once for the batch."""
+        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
+        limit = self.config.max_message_size
+        batch = BatchBody()
+        add = batch.add
+        shared = not extra or not (_UNIQ_OR_WAIT & extra.keys())
+        tail: str | None = None if extra else ""  # properties_to_string(extra), once needed
+        for m, uniq in zip(msgs, uniq_ids, strict=True):
+            if not validated:
+                validate_message(m, limit)
+            if m.topic != topic:
+                raise InvalidMessageError(
+                    f"all messages of a batch must have the same topic ({topic!r} and {m.topic!r})"
+                )
+            if not allow_delay and m.delay_level > 0:
+                raise InvalidMessageError("messages of a batch cannot have a delay level")
+            if shared and not (m.properties or m.delay_level or m.tags or m.keys):
+                if tail is None:
+                    tail = properties_to_string(extra or {})
+                props = f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{tail}"  # as _wire_string writes it
+            else:
+                props = self._wire_string(m, uniq, extra)
+            body = m.body
+            add(body if type(body) is bytes else m.payload, props.encode("utf-8"), m.flag)
+        return batch
 
     async def _send_with_retries(
         self,
@@ -653,21 +740,28 @@ class AsyncProducer(ConnectedClient):
         #: The group a retry must go to: the one that may have stored the message already.
         pinned = target.broker
         started = time.monotonic()
+        topic = msg.topic
         for attempt in range(attempts):
-            try:
-                route = await self._route_for(msg.topic)
-            except TxmqError as exc:
-                if not exc.retriable or attempt + 1 == attempts:
-                    raise
-                last_error = exc
-                log.info("route_retried", topic=msg.topic, attempt=attempt + 1, error=str(exc))
-                continue
+            route = self._routes.get(topic)
+            if route is None or (
+                time.monotonic() - route.fetched_at >= self.config.route_refresh_interval
+            ):
+                try:
+                    route = await self._route_for(topic)
+                except TxmqError as exc:
+                    if not exc.retriable or attempt + 1 == attempts:
+                        raise
+                    last_error = exc
+                    log.info("route_retried", topic=topic, attempt=attempt + 1, error=str(exc))
+                    continue
             mq = self._select_queue(
                 route, msg, target.queue_id, target.sharding_key, target.selector, pinned, failed
             )
             cmd = build(route, mq.queue_id)
             try:
-                conn = await self._connection_for(route, mq)
+                conn = self.connection
+                if conn.group_name is not None and mq.broker and mq.broker != conn.group_name:
+                    conn = await self._connection_for(route, mq)
                 resp = await conn.request(cmd, timeout)
             except TxmqError as exc:
                 if not exc.retriable:
@@ -734,20 +828,61 @@ class AsyncProducer(ConnectedClient):
 
     def _wire_string(self, msg: Message, uniq: str, extra: dict[str, str] | None) -> str:
         """The message's properties on the wire, with ``uniq`` as its UNIQ_KEY."""
-        if msg.properties or extra or msg.delay_level:
+        if msg.properties or msg.delay_level:
             return properties_to_string(self._wire_properties(msg, uniq, extra))
-        return _plain_properties(msg, uniq)
+        if not extra:
+            return _plain_properties(msg, uniq)
+        if msg.tags or msg.keys or _UNIQ_OR_WAIT & extra.keys():
+            return properties_to_string(self._wire_properties(msg, uniq, extra))
+        # A half message's (TRAN_MSG, PGROUP, ...): they follow UNIQ_KEY and WAIT in order.
+        return f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{properties_to_string(extra)}"
+
+    def _v2_fields(
+        self, topic: str, qid: int, properties: str, sys_flag: int, flag: int, batch: bool
+    ) -> dict[str, Any]:
+        """``self._header(...).to_v2_ext_fields()`` (with ``batch``), from a per-topic copy of
+        the fields a producer's sends share: same keys, same order, same values, so the same
+        bytes on the wire (``tests/client/test_client_send_path.py`` compares them)."""
+        template = self._v2_templates.get(topic)
+        if template is None:
+            template = SendMessageRequestHeader(
+                producer_group=self.group,
+                topic=topic,
+                default_topic=AUTO_CREATE_TOPIC_KEY_TOPIC,
+                default_topic_queue_nums=self.config.default_topic_queue_nums,
+                properties="",
+                reconsume_times=0,
+                unit_mode=False,
+                batch=False,
+            ).to_v2_ext_fields()
+            if len(self._v2_templates) >= 1024:
+                self._v2_templates.clear()
+            self._v2_templates[topic] = template
+        fields = template.copy()
+        fields["e"] = qid
+        fields["f"] = sys_flag
+        fields["g"] = int(time.time() * 1000)
+        fields["h"] = flag
+        fields["i"] = properties
+        if batch:
+            fields["m"] = True
+        return fields
 
     def _send_command(
         self, msg: Message, route: TopicRoute, qid: int, props: str, *, sys_flag: int
     ) -> RemotingCommand:
-        body = msg.payload
+        body = msg.body
+        if type(body) is not bytes:
+            body = msg.payload
         over = self.config.compress_over
         if over and len(body) >= over:
             body = compress_body(body, self.config.compress_level)
             sys_flag |= ZLIB_COMPRESSED
-        header = self._header(msg, route, qid, props, sys_flag)
-        return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body)
+        return RemotingCommand(
+            _SEND_MESSAGE_V2,
+            ext_fields=self._v2_fields(msg.topic, qid, props, sys_flag, msg.flag, False),
+            body=body,
+        )
 
     def _select_queue(
         self,
@@ -767,9 +902,19 @@ class AsyncProducer(ConnectedClient):
         are its queue ids); ``queue_id`` is a queue id in ``broker``'s group (needed then).
         Round robin skips the group ``avoid`` (the last one that failed) while another exists.
         """
+        queues: Sequence[MessageQueue] = route.write_queues
+        if (
+            queues
+            and route.writable
+            and queue_id is None
+            and sharding_key is None
+            and selector is None
+            and broker is None
+            and avoid is None
+        ):  # round robin over every writable queue: what most sends ask
+            return queues[next(self._rr) % len(queues)]
         if not route.writable:
             raise NoPermissionError(f"topic {route.topic!r} is not writable")
-        queues: Sequence[MessageQueue] = route.write_queues
         if broker is not None and route.exists:
             queues = [q for q in queues if q.broker == broker]
             if not queues:

@@ -341,10 +341,20 @@ class BrokerConnection:
             ConnectionClosedError: no connection, or it closed before the answer.
             RequestTimeoutError: no answer within ``timeout``.
         """
-        timeout = self.config.request_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        conn = await self.wait_connected(timeout)
-        remaining = max(deadline - time.monotonic(), 0.001)
+        if timeout is None:
+            timeout = self.config.request_timeout
+        conn = self._conn
+        if (
+            conn is not None
+            and not conn.closed
+            and not self._closing
+            and self._connected is not None
+        ):
+            remaining = timeout  # connected: no wait for a reconnect
+        else:
+            deadline = time.monotonic() + timeout
+            conn = await self.wait_connected(timeout)
+            remaining = max(deadline - time.monotonic(), 0.001)
         try:
             return await conn.request(cmd, remaining)
         except RequestTimeoutError:

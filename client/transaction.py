@@ -30,8 +30,8 @@ import inspect
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,8 @@ if TYPE_CHECKING:
     from .orderly import AsyncOrderlyPushConsumer
 
 log = get_logger(__name__)
+
+_END_TRANSACTION = int(RequestCode.END_TRANSACTION)
 
 #: Default bound on concurrent ``check_local_transaction`` calls.
 DEFAULT_CHECK_THREADS = 4
@@ -129,6 +131,64 @@ class LocalTransactionState(enum.Enum):
             "COMMIT_MESSAGE": MessageSysFlag.TRANSACTION_COMMIT_TYPE,
             "ROLLBACK_MESSAGE": MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
         }.get(self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
+
+
+class _TransactionBlock:
+    """``async with producer.transaction()``: the transaction is made on entry (a transaction
+    across groups checks for a cluster then), committed after a clean exit, rolled back after
+    an exception, which then goes on (what an ``asynccontextmanager`` around a ``yield``
+    does, without a generator per transaction)."""
+
+    __slots__ = ("_producer", "_transaction_id", "_across_groups", "_txn")
+
+    def __init__(
+        self, producer: AsyncTransactionProducer, transaction_id: str | None, across_groups: bool
+    ) -> None:
+        self._producer = producer
+        self._transaction_id = transaction_id
+        self._across_groups = across_groups
+        self._txn: AsyncTransaction | None = None
+
+    async def __aenter__(self) -> AsyncTransaction:
+        if self._across_groups:
+            self._producer.require_cluster()
+        self._txn = AsyncTransaction(
+            self._producer,
+            self._transaction_id or new_uniq_id(),
+            across_groups=self._across_groups,
+        )
+        return self._txn
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        assert self._txn is not None
+        if exc_type is not None and exc is None:
+            exc = exc_type()
+        await self._txn.finish(exc)
+        return False  # an exception goes on
+
+
+def end_transaction_fields(
+    group: str,
+    half: SendResult,
+    state: LocalTransactionState,
+    from_check: bool = False,
+    transaction_id: str | None = None,
+) -> dict[str, Any]:
+    """The END_TRANSACTION fields deciding ``half``: what
+    ``EndTransactionRequestHeader(...).to_ext_fields()`` gives (same keys, order and values;
+    ``tests/client/test_client_send_path.py`` compares them), without the typed header."""
+    _, offset = decode_offset_msg_id(half.offset_msg_id)
+    return {
+        "producerGroup": group,
+        "tranStateTableOffset": half.queue_offset,
+        "commitLogOffset": offset,
+        "commitOrRollback": state.wire_value,
+        "fromTransactionCheck": from_check,
+        "msgId": half.msg_id,
+        "transactionId": transaction_id or half.transaction_id or half.msg_id,
+    }
 
 
 class TransactionListener:
@@ -323,18 +383,15 @@ class AsyncTransactionProducer(AsyncClient):
         transaction_id: str | None = None,
     ) -> None:
         """Send END_TRANSACTION for the half ``half`` and wait for the broker's answer."""
-        _, offset = decode_offset_msg_id(half.offset_msg_id)
-        header = EndTransactionRequestHeader(
-            producer_group=self.group,
-            tran_state_table_offset=half.queue_offset,
-            commit_log_offset=offset,
-            commit_or_rollback=state.wire_value,
-            from_transaction_check=from_check,
-            msg_id=half.msg_id,
-            transaction_id=transaction_id or half.transaction_id or half.msg_id,
-        )
+        fields = end_transaction_fields(self.group, half, state, from_check, transaction_id)
         # The decision goes to the broker group that stored the half.
-        await self._end(header, remark, await self.producer.connection_for_group(half.broker_name))
+        conn = self.producer.connection
+        if conn.group_name is not None and half.broker_name != conn.group_name:
+            conn = await self.producer.connection_for_group(half.broker_name)
+        cmd = RemotingCommand(_END_TRANSACTION, remark=remark, ext_fields=fields)
+        resp = await conn.request(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise error_for_code(resp.code, resp.remark)
 
     async def _end(
         self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection
@@ -349,10 +406,9 @@ class AsyncTransactionProducer(AsyncClient):
 
     # -- multi-message transactions -----------------------------------------------------------
 
-    @asynccontextmanager
-    async def transaction(
+    def transaction(
         self, transaction_id: str | None = None, *, across_groups: bool = False
-    ) -> AsyncIterator[AsyncTransaction]:
+    ) -> _TransactionBlock:
         """Several messages, one decision: commit on a clean exit, roll back on an exception.
 
         By default every half goes to the broker group of the first one (one END_TRANSACTION
@@ -371,16 +427,7 @@ class AsyncTransactionProducer(AsyncClient):
             TransactionInDoubtError: (at the commit) the decision across groups could not be
                 confirmed; see the class.
         """
-        if across_groups:
-            self.require_cluster()
-        txn = AsyncTransaction(self, transaction_id or new_uniq_id(), across_groups=across_groups)
-        try:
-            yield txn
-        except BaseException as exc:
-            await txn.finish(exc)
-            raise
-        else:
-            await txn.finish(None)
+        return _TransactionBlock(self, transaction_id, across_groups)
 
     def require_cluster(self) -> None:
         """Raise unless the producer is connected to a cluster (brokers with etcd).

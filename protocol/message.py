@@ -604,18 +604,92 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Message
 
 
 def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
-    """Decode a PULL body: stored messages back to back."""
+    """Decode a PULL body: stored messages back to back.
+
+    The records of a pull are read here in one loop (what :func:`_decode_at` does for one,
+    without a call per record); a record this loop does not take as it is (a RocketMQ 5
+    two-byte topic length, anything malformed) is decoded by :func:`_decode_at`, which gives
+    the same message or raises the same error.  ``tests/protocol/test_pull_decoding.py``
+    compares the two.
+    """
     if not isinstance(buf, bytes):
         buf = bytes(buf)  # one copy here rather than one per field
     out: list[MessageExt] = []
     append = out.append
-    decode = _decode_at
+    unpack = _FIXED.unpack_from
+    unpack16 = _I16.unpack_from
+    host = _unpacked_host
+    new = MessageExt.__new__
+    topics: dict[bytes, str] = {}
     pos = 0
     n = len(buf)
+    fixed = FIXED_SIZE
     while pos < n:
-        m = decode(buf, pos)
+        try:
+            (
+                total,
+                magic,
+                body_crc,
+                queue_id,
+                flag,
+                queue_offset,
+                phys,
+                sys_flag,
+                born_ts,
+                born_host,
+                store_ts,
+                store_host,
+                reconsume,
+                prepared,
+                body_len,
+            ) = unpack(buf, pos)
+            end = pos + total
+            p = pos + fixed + body_len
+            if (
+                magic != MESSAGE_MAGIC_CODE
+                or sys_flag & _V6_HOSTS
+                or total < fixed
+                or end > n
+                or body_len < 0
+                or p >= end
+            ):
+                raise ValueError
+            tlen = buf[p]
+            raw_topic = buf[p + 1 : p + 1 + tlen]
+            topic = topics.get(raw_topic)
+            if topic is None:
+                topic = topics[raw_topic] = str(raw_topic, "utf-8")
+            p += 1 + tlen
+            (plen,) = unpack16(buf, p)
+            p += 2
+            if p + plen != end or plen < 0:
+                raise ValueError
+            props = str(buf[p:end], "utf-8")
+        except (struct.error, IndexError, UnicodeDecodeError, ValueError):
+            m = _decode_at(buf, pos)  # the general decoder: its message, or its error
+            append(m)
+            pos += m.store_size
+            continue
+        m = new(MessageExt)
+        m.topic = topic
+        m.body = buf[pos + fixed : pos + fixed + body_len]
+        m.queue_id = queue_id
+        m.flag = flag
+        m.queue_offset = queue_offset
+        m.commit_log_offset = phys
+        m.sys_flag = sys_flag
+        m.born_timestamp = born_ts
+        m.born_host = host(born_host)
+        m.store_timestamp = store_ts
+        m.store_host = host(store_host)
+        m.reconsume_times = reconsume
+        m.prepared_transaction_offset = prepared
+        m._properties = None
+        m._wire_properties = props
+        m.body_crc = body_crc
+        m.store_size = total
         append(m)
-        pos += m.store_size
+        pos = end
     return out
 
 

@@ -37,6 +37,37 @@ def _decision(value: int, allowed: str) -> Decision:
         raise InvalidParameterError(f"commitOrRollback must be {allowed}, got {value}") from None
 
 
+_END_FIELDS = (
+    "producerGroup",
+    "tranStateTableOffset",
+    "commitLogOffset",
+    "commitOrRollback",
+    "fromTransactionCheck",
+    "msgId",
+    "transactionId",
+)
+
+
+def end_transaction_header(ext: dict[str, Any]) -> EndTransactionRequestHeader:
+    """``EndTransactionRequestHeader.from_ext_fields(ext)``: taken as it is when every field
+    already has its type (what the SDK's msgpack requests carry), else read by the typed header
+    (strings of stock clients, anything missing or wrong, with its error);
+    ``tests/broker/test_end_transaction_header.py`` compares the two."""
+    if len(ext) == 7:
+        group, qoff, off, decision, check, msg_id, txid = map(ext.get, _END_FIELDS)
+        if (
+            type(group) is str
+            and type(qoff) is int
+            and type(off) is int
+            and type(decision) is int
+            and type(check) is bool
+            and type(msg_id) is str
+            and type(txid) is str
+        ):
+            return EndTransactionRequestHeader(group, qoff, off, decision, check, msg_id, txid)
+    return EndTransactionRequestHeader.from_ext_fields(ext)
+
+
 class TransactionProcessor:
     def __init__(self, core: MessagingCore, cluster: ClusterPort | None = None) -> None:
         self.core = core
@@ -45,7 +76,7 @@ class TransactionProcessor:
         self.cluster = cluster
 
     async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        h = EndTransactionRequestHeader.from_ext_fields(cmd.ext_fields)
+        h = end_transaction_header(cmd.ext_fields)
         decision = _decision(h.commit_or_rollback, "0, 8 or 12")
         rec = self.tx.find(h.transaction_id, h.commit_log_offset)
         half = next((x for x in rec.halves if x.commit_log_offset == h.commit_log_offset), None)

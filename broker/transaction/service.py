@@ -103,6 +103,8 @@ class TransactionalMessageService:
         #: commit-log offset -> the half's committed message encoded for the store, for the
         #: halves stored lately (oldest first): a commit that follows soon appends these
         #: instead of reading, decoding and encoding the halves again.
+        #: The op records' constant parts: (store host, magic, tail, tag code, packed host).
+        self._op_form: tuple[tuple[str, int], int, bytes, int, bytes] | None = None
         self._recent_halves: OrderedDict[int, EncodedMessage] = OrderedDict()
         self._recent_bytes = 0
         self._recent_max_bytes = cfg.transaction_recent_halves_bytes
@@ -409,18 +411,38 @@ class TransactionalMessageService:
             self._recent_bytes -= freed
         return out
 
+    def op_record(self, body: bytes, born_ms: int) -> EncodedMessage:
+        """The op record holding ``body``, encoded for the store: what ``encode_for_store`` of
+        a MessageExt of the op topic, queue 0, tagged OP_TAG, born here at ``born_ms`` gives
+        (``tests/broker/test_op_record_form.py`` compares them), its constant parts (topic,
+        properties, tag code, host) encoded once."""
+        form = self._op_form
+        host = self.ctx.store_host
+        if form is None or form[0] != host:
+            magic, tail = encode_tail_of(self.op_topic, {MessageConst.TAGS: OP_TAG})
+            form = self._op_form = (host, magic, tail, tags_code_of(OP_TAG), pack_host(host))
+        _, magic, tail, tags_code, packed_host = form
+        return EncodedMessage(
+            self.op_topic,
+            0,
+            magic,
+            zlib.crc32(body) & 0x7FFFFFFF,
+            body,
+            tail,
+            0,
+            0,
+            born_ms,
+            packed_host,
+            0,
+            0,
+            tags_code,
+        )
+
     def _append(self, op: OpRecord, extra: list[EncodedMessage] | None = None) -> int:
         """Append ``op`` (and ``extra`` right after it, in the same append) and apply it;
         returns the commit-log offset that must be durable before anyone is told."""
-        record = MessageExt(
-            topic=self.op_topic,
-            body=op.encode(),
-            queue_id=0,
-            born_timestamp=self.now_ms(),
-            born_host=self.ctx.store_host,
-            properties={MessageConst.TAGS: OP_TAG},
-        )
-        end = self.ctx.write.put_encoded([encode_for_store(record), *(extra or [])]).end_offset
+        record = self.op_record(op.encode(), self.now_ms())
+        end = self.ctx.write.put_encoded([record, *(extra or [])]).end_offset
         for rec in self.machine.apply(op, end):
             self._count(rec)
         self.persistence.mark_check_state_dirty()
@@ -466,7 +488,9 @@ class TransactionalMessageService:
         if self.trace is not None:
             done = TxEvent.COMMITTED if op.kind is OpKind.COMMIT else TxEvent.ROLLED_BACK
             self.trace.tx_event(rec, done, f"{by}: {remark}".strip(": "))
-        log.info(
+        # DEBUG: one line per transaction is the broker's hot path, not an event (the
+        # txmq_transaction_commits/rollbacks counters and `txmq trace` keep the account).
+        log.debug(
             "transaction_committed" if op.kind is OpKind.COMMIT else "transaction_rolled_back",
             transaction_id=rec.transaction_id,
             group=rec.producer_group,
