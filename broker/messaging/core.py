@@ -439,10 +439,8 @@ class MessagingCore:
     ) -> SendOutcome | None:
         """:meth:`send` of one plain message read by :meth:`FastPaths.parse_one`, stored from
         its header (the same record, the same answer); not yet durable (see :meth:`durable`).
-        None: the generic path must take it (a resend within the duplicate window, a trace to
-        write); nothing was stored then."""
-        if self.trace is not None:
-            return None
+        None: the generic path must take it (a resend within the duplicate window); nothing
+        was stored then."""
         dedup = self.dedup
         topic = p.topic
         remember = dedup.enabled and dedup_topic(topic)
@@ -452,10 +450,11 @@ class MessagingCore:
         phy = res.placed[0][0]
         if remember:  # remembered at its store timestamp, as a rebuild finds it
             dedup.add((topic, p.uniq), phy, res.store_timestamp)
+        prefix = self.ctx.store.msg_id_prefix
+        if self.trace is not None:
+            self.trace.stored_plain(p, phy, res.store_timestamp, prefix)
         return SendOutcome(
-            batch=StoredBatch(
-                self.ctx.store.msg_id_prefix, res.placed, [p.uniq], queue_id, None, res.end_offset
-            )
+            batch=StoredBatch(prefix, res.placed, [p.uniq], queue_id, None, res.end_offset)
         )
 
     async def send_batch(

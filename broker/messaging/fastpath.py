@@ -162,6 +162,9 @@ class StoredForm:
     sys_flag: int
     tags_code: int
     heads: dict[int, bytes] = field(default_factory=dict)
+    #: the producer-group property, tags and keys of its entries, for the message trace
+    #: (read once per form, when a trace first needs them)
+    trace_fields: tuple[str, str, str] | None = None
 
     def head(self, n: int) -> bytes | None:
         """Topic, properties length, the properties before the UNIQ_KEY and ``UNIQ_KEY<01>``
@@ -278,6 +281,23 @@ class PlainSend:
     flag: int
     born_timestamp: int
     reconsume_times: int
+
+    def trace_fields(self) -> tuple[str, str, str]:
+        """Its ``PGROUP``, ``TAGS`` and ``KEYS`` properties ('' when absent), for the message
+        trace: the same for every send of its form, so read once per form."""
+        form = self.form
+        got = form.trace_fields
+        if got is None:
+            props = string_to_properties(
+                b"".join((form.before, _UNIQ, self.uniq_raw, form.tail)).decode("utf-8")
+            )
+            get = props.get
+            got = form.trace_fields = (
+                get(MessageConst.PGROUP, ""),
+                get(MessageConst.TAGS, ""),
+                get(MessageConst.KEYS, ""),
+            )
+        return got
 
     def record(self, queue_id: int, born_host: bytes) -> tuple[Any, ...]:
         """The fields of its :class:`EncodedMessage`, as the generic path encodes it."""

@@ -54,6 +54,7 @@ from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 if TYPE_CHECKING:
     from ..context import BrokerContext
     from ..transaction.state import HalfRef, TxRecord
+    from .fastpath import PlainSend
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +110,9 @@ class BrokerTrace:
         self.store_host = f"{host}:{port}"
         #: stored messages, made into records when written: (messages, receipts)
         self._stored: list[tuple[list[MessageExt], Sequence[SendReceipt]]] = []
+        #: single sends stored from their header: (store timestamp, the send, its offset,
+        #: the message-id prefix)
+        self._plain: list[tuple[int, PlainSend, int, str]] = []
         #: batches the fast paths stored: (time, topic, group, batch)
         self._batches: list[tuple[int, str, str, StoredBatch]] = []
         #: pull answers served: (time, consumer group, the stored records sent)
@@ -130,6 +134,13 @@ class BrokerTrace:
         """A request stored ``msgs`` (in the store's form: halves in the half topic)."""
         if msgs[0].topic != self.topic:  # a client's own trace messages are not traced
             self._stored.append((msgs, receipts))  # timed by their store timestamps
+            if self._written is None:
+                self._schedule()
+
+    def stored_plain(self, p: PlainSend, phy: int, store_timestamp: int, prefix: str) -> None:
+        """The single-send path stored ``p`` at commit-log offset ``phy`` (no message object)."""
+        if p.topic != self.topic:
+            self._plain.append((store_timestamp, p, phy, prefix))
             if self._written is None:
                 self._schedule()
 
@@ -268,6 +279,7 @@ class BrokerTrace:
             log.warning("trace_write_failed", error=repr(exc))
         finally:
             self._stored, self._batches, self._delivered, self._records = [], [], [], []
+            self._plain = []
             if fut is not None and not fut.done():
                 fut.set_result(end)
         return end
@@ -325,6 +337,14 @@ class BrokerTrace:
                     f"\x01{kind}\x01{offset_id}\x01true\x02"
                 )
                 key(f"{msg_id} {keys} {txid or ''}" if keys or txid else msg_id)
+        for ts, p, phy, prefix in self._plain:  # as above, for a plain message (kind 0)
+            group, tags, keys = p.trace_fields()
+            msg_id = p.uniq
+            text(
+                f"Pub\x01{ts}\x01{DEFAULT_REGION}\x01{group}\x01{p.topic}\x01{msg_id}\x01{tags}"
+                f"\x01{keys}{tail}{len(p.body)}\x010\x010\x01{prefix}{phy:016X}\x01true\x02"
+            )
+            key(f"{msg_id} {keys} " if keys else msg_id)
         for now, topic, group, b in self._batches:
             kind = 0 if b.transaction_id is None else 1
             txid = b.transaction_id or ""

@@ -28,6 +28,7 @@ from txmq.protocol.message import (
     decode_offset_msg_id,
     properties_to_string,
 )
+from txmq.protocol.trace import TRACE_TOPIC, TraceType, decode
 
 C = MessageConst
 MAX_BODY = 300
@@ -296,3 +297,44 @@ def test_the_message_id_of_one_record_is_formatted_as_of_several() -> None:
     two = StoredBatch("7F%01", [(255, 10, 0), (4096, 10, 1)], ["u", "v"], 0, None, 300)
     assert one.msg_ids() == "7F%0100000000000000FF"
     assert two.msg_ids() == "7F%0100000000000000FF,7F%010000000000001000"
+
+
+async def test_with_the_trace_on_sends_are_stored_directly_and_traced_alike(
+    make_broker_config: Any,
+) -> None:
+    """``traceTopicEnable``: the direct path still takes a plain send, and its Pub record is the
+    generic path's (the fields two brokers cannot share, times and hosts, set aside)."""
+    async with broker_pair(
+        make_broker_config, max_message_size=MAX_BODY, trace_topic_enable=True
+    ) as pair:
+        shapes = [
+            sdk_props(700),
+            sdk_props(701, (C.TAGS, "TagA"), (C.KEYS, "k1 k2")),
+            sdk_props(702, (C.TAGS, "TagA"), (C.KEYS, "k1 k2")),  # the form's fields reused
+            properties_to_string({C.UNIQ_KEY: "703", C.PGROUP: "pg", C.KEYS: "k3"}),
+        ]
+        for i, props in enumerate(shapes):
+            assert await same_answers(pair, True, header(True, "direct-tr", props), b"x" * i), (
+                f"send {i} left the direct path with the trace on"
+            )
+            for b in (pair.fast, pair.generic):  # one trace message per send on both, so the
+                assert b.core.trace is not None  # next sends' offsets agree too
+                b.core.trace.flush()
+        records = []
+        for b, c in zip((pair.fast, pair.generic), pair.clients, strict=True):
+            assert b.core.trace is not None
+            b.core.trace.flush()
+            got = [
+                r
+                for m in await c.pull_all(TRACE_TOPIC, queues=1)
+                for r in decode(m.body)
+                if r.type is TraceType.PUB
+            ]
+            for r in got:
+                r.timestamp, r.store_host = 0, ""
+                r.offset_msg_id = str(decode_offset_msg_id(r.offset_msg_id)[1])
+            records.append(sorted(got, key=lambda r: r.msg_id))
+        fast, generic = records
+        assert [r.msg_id for r in fast] == [f"{700 + i:032X}" for i in range(3)] + ["703"]
+        assert fast == generic
+        assert (fast[1].tags, fast[1].keys, fast[3].group) == ("TagA", "k1 k2", "pg")
