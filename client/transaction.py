@@ -392,6 +392,10 @@ class AsyncTransactionProducer(AsyncClient):
         resp = await conn.request(cmd)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for_code(resp.code, resp.remark)
+        if self.producer._trace is not None:
+            self.producer._trace.ended(
+                EndTransactionRequestHeader.from_ext_fields(fields), conn.address
+            )
 
     async def _end(
         self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection
