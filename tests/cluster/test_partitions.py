@@ -30,6 +30,7 @@ from tests.support.partitions import (
     Nemesis,
     Workload,
     build,
+    built_network,
     commit_log_bytes,
     drain,
     group_in_namespaces,
@@ -44,16 +45,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def net() -> Iterator[Network]:
-    why = netns.unavailable()
-    if why is not None:
-        pytest.skip(f"network partition tests need namespaces: {why}")
-    n = Network("p")
-    try:
-        n.setup()
-        build(n)
+    with built_network("p") as n:
         yield n
-    finally:
-        n.teardown()
 
 
 def reaches(n: Network, src: str, dst: str) -> bool:

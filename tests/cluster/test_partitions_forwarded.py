@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import netns
 from tests.support.history import History, check
 from tests.support.netns import Network
 from tests.support.partitions import (
@@ -23,7 +22,7 @@ from tests.support.partitions import (
     TOPIC,
     Nemesis,
     Workload,
-    build,
+    built_network,
     commit_log_bytes,
     drain,
     group_in_namespaces,
@@ -38,16 +37,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def net() -> Iterator[Network]:
-    why = netns.unavailable()
-    if why is not None:
-        pytest.skip(f"network partition tests need namespaces: {why}")
-    n = Network("w")
-    try:
-        n.setup()
-        build(n)
+    with built_network("w") as n:
         yield n
-    finally:
-        n.teardown()
 
 
 @dataclass

@@ -20,11 +20,14 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.support import netns
 from tests.support.cluster import BrokerCluster, Replica
 from tests.support.etcd import etcd_binary
 from tests.support.history import History, Op, leader_events
@@ -203,6 +206,18 @@ class NsBrokerCluster(BrokerCluster):
                 continue
             out[r.replica] = (rss, fds)
         return out
+
+
+@contextlib.contextmanager
+def built_network(prefix: str) -> Iterator[Network]:
+    """A :class:`Network` of namespaces named ``prefix``… with the cluster's members built in
+    (:func:`build`), torn down at the end; the test is skipped where namespaces are missing."""
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"network partition tests need namespaces: {why}")
+    with netns.network(prefix) as n:
+        build(n)
+        yield n
 
 
 def build(net: Network) -> None:
