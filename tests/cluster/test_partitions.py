@@ -20,21 +20,18 @@ from pathlib import Path
 import pytest
 
 from tests.support import netns
-from tests.support.history import History, check
 from tests.support.netns import Network
 from tests.support.partitions import (
     BROKERS,
     ETCD,
     GROUP,
     TOPIC,
-    Nemesis,
     Workload,
     build,
     built_network,
     commit_log_bytes,
-    drain,
     group_in_namespaces,
-    no_pending_transactions,
+    nemesis_run,
 )
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -112,33 +109,9 @@ def test_network_is_private_and_torn_down(tmp_path: Path) -> None:
 
 async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    history = History()
-    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
-        work = Workload(history, bc.seeds(GROUP))
-        await work.start()
-        nemesis = Nemesis(net, bc, history, work, hold=7.0)
-        try:
-            await nemesis.recovered("start")
-            await nemesis.run()
-        finally:
-            await work.stop_writers()
-            history.dump(tmp_path / "history.jsonl")
-        leader = await nemesis.leader()
-        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
-
-        async def resolved() -> bool:
-            return await no_pending_transactions(leader.addr)
-
-        await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
-        await drain(history, leader.addr, 4)
-        history.dump(tmp_path / "history.jsonl")
-        await work.shutdown()
-
-        async def same_logs() -> bool:
-            return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
-
-        await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
-    result = check(history, bc.leader_events())
+    _history, work, result, events = await nemesis_run(
+        net, tmp_path, lambda h, bc: Workload(h, bc.seeds(GROUP))
+    )
     print(f"{time.monotonic() - t0:.0f}s: {result.stats}")
     where = f"history: {tmp_path / 'history.jsonl'}, logs: {tmp_path / 'logs'}"
     assert result.valid, f"{result.report()}\n{where}"
@@ -147,7 +120,7 @@ async def test_partitions_kills_and_pauses_lose_nothing(net: Network, tmp_path: 
     st = result.stats
     assert st["sends_ok"] >= 200 and st["txns_committed_ok"] >= 20, st
     assert st["consumed"] > 0 and st["stored"] >= st["sends_ok"], st
-    assert len({e["epoch"] for e in bc.leader_events()}) >= 4, "too few elections for the faults"
+    assert len({e["epoch"] for e in events}) >= 4, "too few elections for the faults"
 
 
 async def test_a_message_a_consumer_read_survives_its_leaders_fall(

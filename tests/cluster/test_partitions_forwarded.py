@@ -15,18 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.history import History, check
+from tests.support.cluster import BrokerCluster
+from tests.support.history import History
 from tests.support.netns import Network
 from tests.support.partitions import (
     GROUP,
     TOPIC,
-    Nemesis,
     Workload,
     built_network,
-    commit_log_bytes,
-    drain,
-    group_in_namespaces,
-    no_pending_transactions,
+    nemesis_run,
 )
 from tests.support.raw import RawClient
 from txmq.protocol.codes import ResponseCode
@@ -90,34 +87,12 @@ async def test_forwarded_sends_under_partitions_kills_and_pauses_lose_nothing(
     net: Network, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
-    history = History()
-    async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
+
+    def workload(h: History, bc: BrokerCluster) -> Workload:
         addresses = tuple(r.addr for r in bc.replicas.values())
-        work = ForwardingWorkload(history, bc.seeds(GROUP), addresses=addresses)
-        await work.start()
-        nemesis = Nemesis(net, bc, history, work, hold=7.0)
-        try:
-            await nemesis.recovered("start")
-            await nemesis.run()
-        finally:
-            await work.stop_writers()
-            history.dump(tmp_path / "history.jsonl")
-        leader = await nemesis.leader()
-        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+        return ForwardingWorkload(h, bc.seeds(GROUP), addresses=addresses)
 
-        async def resolved() -> bool:
-            return await no_pending_transactions(leader.addr)
-
-        await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
-        await drain(history, leader.addr, 4)
-        history.dump(tmp_path / "history.jsonl")
-        await work.shutdown()
-
-        async def same_logs() -> bool:
-            return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
-
-        await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
-    result = check(history, bc.leader_events())
+    history, work, result, _events = await nemesis_run(net, tmp_path, workload)
     forwarded_ok = sum(
         1 for op in history.ops if op.type == "ok" and op.f == "send" and op.process == "f0"
     )

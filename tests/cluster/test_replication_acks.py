@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import BrokerCluster, Replica
+from tests.support.waiting import wait_until
 from txmq.client import AsyncProducer, Message, SendStatus
 
 pytestmark = pytest.mark.slow
@@ -107,12 +108,20 @@ async def test_fetches_wait_at_the_leaders_end_and_wake_on_an_append(make_cluste
     await p.start()
     try:
         await p.send(Message(TOPIC, b"warm-up"))
-        # Idle: each fetch waits up to 0.5 s at the leader's end (2 a second, not a spin).
+        # Idle: each fetch waits up to 0.5 s at the leader's end (2 a second, not a spin):
+        # two more fetches of each follower take at least one full wait.
         before = [await fetch_count(bc, f) for f in followers]
-        await asyncio.sleep(2.0)
-        after = [await fetch_count(bc, f) for f in followers]
-        idle = [a - b for a, b in zip(after, before, strict=True)]
-        assert all(1 <= n <= 8 for n in idle), f"fetches in 2 idle seconds: {idle}"
+        t0 = time.monotonic()
+
+        async def two_more_each() -> list[int]:
+            now = [await fetch_count(bc, f) for f in followers]
+            idle = [a - b for a, b in zip(now, before, strict=True)]
+            return idle if all(n >= 2 for n in idle) else []
+
+        idle = await wait_until(two_more_each, 30, "two idle fetches of each follower")
+        waited = time.monotonic() - t0
+        assert all(n <= 4 * waited + 4 for n in idle), f"fetches in {waited:.2f} s idle: {idle}"
+        assert waited >= 0.4, f"{idle} idle fetches in {waited:.2f} s: the fetches spin"
         # An append wakes the parked fetches at once: a send is not answered after the
         # fetch's wait but well before it.
         took = []

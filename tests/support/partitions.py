@@ -30,7 +30,7 @@ import pytest
 from tests.support import netns
 from tests.support.cluster import BrokerCluster, Replica
 from tests.support.etcd import etcd_binary
-from tests.support.history import History, Op, leader_events
+from tests.support.history import CheckResult, History, Op, check, leader_events
 from tests.support.netns import Network, entered
 from tests.support.raw import RawClient
 from txmq.client import (
@@ -578,3 +578,43 @@ def copy_logs(bc: NsBrokerCluster, etcd_base: Path, dest: Path) -> None:
 
 def dump_json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+
+async def nemesis_run(
+    net: Network,
+    base: Path,
+    workload: Callable[[History, NsBrokerCluster], Workload],
+) -> tuple[History, Workload, CheckResult, list[dict[str, Any]]]:
+    """The partition test's run: the group in its namespaces, ``workload(history, cluster)``
+    running while the nemesis applies every fault and heals; then every pending transaction
+    resolved, everything read back, every replica's commit log the same; the history (also
+    dumped to ``base/history.jsonl``), the workload, the checker's verdict and the replicas'
+    leader events."""
+    history = History()
+    async with group_in_namespaces(net, base) as (_etcd, bc):
+        work = workload(history, bc)
+        await work.start()
+        nemesis = Nemesis(net, bc, history, work, hold=7.0)
+        try:
+            await nemesis.recovered("start")
+            await nemesis.run()
+        finally:
+            await work.stop_writers()
+            history.dump(base / "history.jsonl")
+        leader = await nemesis.leader()
+        await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
+
+        async def resolved() -> bool:
+            return await no_pending_transactions(leader.addr)
+
+        await bc.wait(resolved, 90, "every pending transaction resolved by check-back")
+        await drain(history, leader.addr, 4)
+        history.dump(base / "history.jsonl")
+        await work.shutdown()
+
+        async def same_logs() -> bool:
+            return len({commit_log_bytes(r) for r in bc.replicas.values()}) == 1
+
+        await bc.wait(same_logs, 60, "every replica holds the same commit log after heal")
+    events = list(bc.leader_events())
+    return history, work, check(history, events), events
