@@ -30,6 +30,21 @@ class ClusterPort(Protocol):
     ) -> list[str]:
         """The decision of a batch that may span broker groups: the first one recorded."""
 
+    async def pipeline_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        position: tuple[str, str, str],
+    ) -> tuple[list[str], tuple[str, str, str] | None]:
+        """A pipeline batch's decision and the position it recorded (the first ones)."""
+
+    async def pipeline_where(
+        self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
+    ) -> dict[str, Any]:
+        """Where a pipeline is (``end``, ``batchKey``, ``next`` after ``start``, ``position``
+        of ``batch_key``)."""
+
 
 class ReplicationPort(Protocol):
     """A leader's replication: told of every append, waited on for durability, and serving

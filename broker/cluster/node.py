@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -34,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from txmq.protocol.aio import Connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
+from txmq.protocol.errors import IllegalOperationError
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
@@ -59,6 +62,10 @@ log = structlog.get_logger(__name__)
 
 #: Seconds a cross-group batch decision stays in etcd: every group applies it long before.
 BATCH_RECORD_TTL = 3600
+#: Where pipelines' positions are kept in etcd (outside every cluster's watched prefix).
+PIPELINE_ROOT = "/txmq-pipelines/"
+#: Compare-and-swap attempts of a pipeline decision whose head moves under it.
+PIPELINE_CAS_ATTEMPTS = 5
 #: Longest wait between two attempts to reach etcd at start.
 ETCD_RETRY_MAX_S = 5.0
 #: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
@@ -67,6 +74,11 @@ FOLLOW_RETRY_S = 0.1
 #: How long one attempt to record a vote against the leader may take before it is made again
 #: (a call stuck on a dead etcd member, or in etcd's own election, is not waited for).
 VOTE_ATTEMPT_S = 0.5
+
+
+def _position(value: Any) -> tuple[str, str, str]:
+    pipeline, start, end = value
+    return (str(pipeline), str(start), str(end))
 
 
 class ClusterHooks:
@@ -98,6 +110,20 @@ class ClusterHooks:
         self, producer_group: str, batch_key: str, commit: list[str]
     ) -> list[str]:
         return await self.node.batch_decision(producer_group, batch_key, commit)
+
+    async def pipeline_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        position: tuple[str, str, str],
+    ) -> tuple[list[str], tuple[str, str, str] | None]:
+        return await self.node.pipeline_decision(producer_group, batch_key, commit, position)
+
+    async def pipeline_where(
+        self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
+    ) -> dict[str, Any]:
+        return await self.node.pipeline_where(producer_group, pipeline, start, batch_key)
 
 
 class FollowerRole:
@@ -846,6 +872,124 @@ class ClusterNode:
         if got is None:
             raise EtcdError(f"batch decision {key} vanished while it was read")
         return [str(t) for t in got[0]["commit"]]
+
+    # -- pipeline positions -----------------------------------------------------------------
+
+    def _pipeline_key(self, producer_group: str, pipeline: str, leaf: str) -> str:
+        """A key of a pipeline's position records: ``/txmq-pipelines/<cluster>/<producer
+        group>/<pipeline>/<leaf>``, outside the prefix every broker watches (a pipeline keeps
+        one range per batch decided within ``transactionBatchRetention``)."""
+        cluster, group, name = (
+            quote(x, safe="") for x in (self.config.broker_cluster_name, producer_group, pipeline)
+        )
+        return f"{PIPELINE_ROOT}{cluster}/{group}/{name}/{leaf}"
+
+    def _range_key(self, producer_group: str, pipeline: str, start: str) -> str:
+        digest = hashlib.sha256(start.encode()).hexdigest()
+        return self._pipeline_key(producer_group, pipeline, f"ranges/{digest}")
+
+    async def pipeline_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        position: tuple[str, str, str],
+    ) -> tuple[list[str], tuple[str, str, str] | None]:
+        """The commit point of a pipeline's batch: one etcd transaction creates the batch's
+        decision record (as :meth:`batch_decision`), moves the pipeline's head (the end of its
+        last decided batch and that batch's key, kept forever) from ``start`` to ``end`` by a
+        compare-and-swap of its revision, and records the decided range ``start -> end`` on a
+        lease of ``transactionBatchRetention``.  Returns the decision in force and the position
+        it recorded (the first decision's, for a batch decided before).
+
+        Raises:
+            IllegalOperationError: the pipeline is not at ``start`` (another query runs it, or
+                its source did not resume from it); nothing was recorded.
+        """
+        pipeline, start, end = position
+        batch = self.keys.batch(producer_group, batch_key)
+        head_key = self._pipeline_key(producer_group, pipeline, "head")
+        range_key = self._range_key(producer_group, pipeline, start)
+        commit = sorted(set(commit))
+        for _ in range(PIPELINE_CAS_ATTEMPTS):
+            head = await self.etcd.get(head_key)
+            if head is not None and head[0]["end"] != start:
+                before = await self._recorded_batch(batch)
+                if before is not None:
+                    return before
+                raise IllegalOperationError(
+                    f"pipeline {pipeline!r} of producer group {producer_group} is at "
+                    f"{head[0]['end']} (batch {head[0]['batchKey']!r}); batch {batch_key!r} starts "
+                    f"at {start}: another query runs this pipeline, or its source does not resume "
+                    "from the pipeline"
+                )
+            ts = int(self.clock() * 1000)
+            retention = max(1, -(-self.config.transaction_batch_retention // 1000))
+            lease = await self.etcd.grant(BATCH_RECORD_TTL)
+            kept = await self.etcd.grant(retention)
+            created = await self.etcd.txn(
+                "pipeline batch decision",
+                [
+                    (batch, "version", 0),
+                    (head_key, "version", 0) if head is None else (head_key, "mod", head[1]),
+                ],
+                [
+                    (batch, {"commit": commit, "ts": ts, "position": list(position)}, lease),
+                    (head_key, {"end": end, "batchKey": batch_key, "ts": ts}, None),
+                    (range_key, {"start": start, "end": end, "batchKey": batch_key}, kept),
+                ],
+            )
+            if created:
+                log.info(
+                    "pipeline_commit_point",
+                    producer_group=producer_group,
+                    batch_key=batch_key,
+                    pipeline=pipeline,
+                )
+                return commit, position
+            for unused in (lease, kept):
+                await self.etcd.revoke(unused)
+            before = await self._recorded_batch(batch)
+            if before is not None:
+                return before
+            # The head moved meanwhile: look again (refused unless it moved to ``start``).
+        raise IllegalOperationError(
+            f"pipeline {pipeline!r} of producer group {producer_group} kept moving while batch "
+            f"{batch_key!r} was decided; nothing was recorded"
+        )
+
+    async def _recorded_batch(
+        self, key: str
+    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
+        got = await self.etcd.get(key)
+        if got is None:
+            return None
+        pos = got[0].get("position")
+        return [str(t) for t in got[0]["commit"]], None if pos is None else _position(pos)
+
+    async def pipeline_where(
+        self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
+    ) -> dict[str, Any]:
+        """Where a pipeline is, read from etcd: ``end`` and ``batchKey`` of its last decided
+        batch, ``next``: the end of the decided batch that started at ``start`` (while its
+        range is kept), ``position``: the range ``batch_key`` recorded (while its decision
+        record is kept)."""
+        head = await self.etcd.get(self._pipeline_key(producer_group, pipeline, "head"))
+        found: dict[str, Any] = {
+            "end": head[0]["end"] if head else None,
+            "batchKey": head[0]["batchKey"] if head else None,
+            "next": None,
+            "position": None,
+        }
+        if start is not None:
+            got = await self.etcd.get(self._range_key(producer_group, pipeline, start))
+            if got is not None and got[0]["start"] == start:
+                found["next"] = got[0]["end"]
+        if batch_key is not None:
+            before = await self._recorded_batch(self.keys.batch(producer_group, batch_key))
+            if before is not None:
+                found["position"] = before[1]
+        return found
 
     async def _apply_batches(self, broker: Any) -> None:
         """Apply every batch decision recorded in etcd that this group holds pending members

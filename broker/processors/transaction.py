@@ -131,7 +131,14 @@ class TransactionProcessor:
                 "pending": machine.pending_in_batch(*key),
                 "position": _position(machine.batch_positions.get(key)),
             }
-            if pipeline is not None:
+            if pipeline is not None and self.cluster is not None:
+                # A cluster keeps pipelines' positions in etcd: any group's leader answers.
+                where = await self.cluster.pipeline_where(
+                    h.producer_group, str(pipeline), doc.get("start"), h.batch_key
+                )
+                answer["position"] = _position(where.pop("position"))
+                answer["pipeline"] = where
+            elif pipeline is not None:
                 head = machine.pipelines.get((h.producer_group, str(pipeline)))
                 start = doc.get("start")
                 answer["pipeline"] = {
@@ -143,14 +150,23 @@ class TransactionProcessor:
                 }
             return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
-        if cluster is not None and position is not None:
-            # The commit point of a cluster's batch is its etcd record, which has no position.
-            raise InvalidParameterError("a broker cluster does not record pipeline positions yet")
+        recorded: tuple[str, str, str] | None = None
         if cluster is not None and key not in self.tx.batches:
             # The batch may span broker groups: its decision is one create-if-absent record in
             # etcd (the first decision wins everywhere); this group applies its part of it.
-            decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
+            # A pipeline's position moves in the same etcd transaction (a compare-and-swap
+            # from the batch's start), which is where the cluster keeps it.
+            if position is not None:
+                decided_commit, recorded = await cluster.pipeline_decision(
+                    h.producer_group, h.batch_key, commit, position
+                )
+            else:
+                decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
             commit = self.tx.local_batch_part(h.producer_group, decided_commit)
+            position = None
+        elif cluster is not None and position is not None:
+            where = await cluster.pipeline_where(h.producer_group, position[0], None, h.batch_key)
+            recorded, position = where["position"], None
         end = self.tx.decide_batch(h.producer_group, h.batch_key, commit, position)
         decided = self.tx.batches[key]
         durable = end
@@ -176,7 +192,9 @@ class TransactionProcessor:
                 "committed": decided["committed"],
                 "rolledBack": decided["rolledBack"],
                 "first": end is not None,
-                "position": _position(machine.batch_positions.get(key)),
+                "position": _position(
+                    recorded if cluster is not None else machine.batch_positions.get(key)
+                ),
             }
         ).encode()
         return cmd.response(body=body)
