@@ -39,6 +39,11 @@ class ClusterPort(Protocol):
     ) -> tuple[list[str], tuple[str, str, str] | None]:
         """A pipeline batch's decision and the position it recorded (the first ones)."""
 
+    async def recorded_batch(
+        self, producer_group: str, batch_key: str
+    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
+        """A batch's recorded decision (what it commits in every group, its position)."""
+
     async def pipeline_where(
         self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
     ) -> dict[str, Any]:

@@ -528,7 +528,8 @@ def decide_batch(
             )
 
     answer = run(go)
-    committed = set(answer.get("committed") or [])
+    # A cluster answers what the decision commits in every group besides its own part.
+    committed = set(answer.get("batchCommitted") or answer.get("committed") or [])
     missing = [t for t in commit if t not in committed]
     if missing:
         raise TxmqError(

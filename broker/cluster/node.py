@@ -120,6 +120,11 @@ class ClusterHooks:
     ) -> tuple[list[str], tuple[str, str, str] | None]:
         return await self.node.pipeline_decision(producer_group, batch_key, commit, position)
 
+    async def recorded_batch(
+        self, producer_group: str, batch_key: str
+    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
+        return await self.node.recorded_batch(producer_group, batch_key)
+
     async def pipeline_where(
         self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
     ) -> dict[str, Any]:
@@ -966,6 +971,13 @@ class ClusterNode:
             return None
         pos = got[0].get("position")
         return [str(t) for t in got[0]["commit"]], None if pos is None else _position(pos)
+
+    async def recorded_batch(
+        self, producer_group: str, batch_key: str
+    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
+        """A batch's decision as etcd records it (while its record is kept): the transactions
+        it commits in every group, and the pipeline position it recorded."""
+        return await self._recorded_batch(self.keys.batch(producer_group, batch_key))
 
     async def pipeline_where(
         self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None

@@ -151,6 +151,8 @@ class TransactionProcessor:
             return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
         recorded: tuple[str, str, str] | None = None
+        #: In a cluster: what the batch's decision commits in every group.
+        whole: list[str] | None = None
         if cluster is not None and key not in self.tx.batches:
             # The batch may span broker groups: its decision is one create-if-absent record in
             # etcd (the first decision wins everywhere); this group applies its part of it.
@@ -162,11 +164,14 @@ class TransactionProcessor:
                 )
             else:
                 decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
+            whole = decided_commit
             commit = self.tx.local_batch_part(h.producer_group, decided_commit)
             position = None
-        elif cluster is not None and position is not None:
-            where = await cluster.pipeline_where(h.producer_group, position[0], None, h.batch_key)
-            recorded, position = where["position"], None
+        elif cluster is not None:
+            before = await cluster.recorded_batch(h.producer_group, h.batch_key)
+            if before is not None:
+                whole, recorded = before
+            position = None
         end = self.tx.decide_batch(h.producer_group, h.batch_key, commit, position)
         decided = self.tx.batches[key]
         durable = end
@@ -195,6 +200,8 @@ class TransactionProcessor:
                 "position": _position(
                     recorded if cluster is not None else machine.batch_positions.get(key)
                 ),
+                # A cluster's batch may span groups: "committed" is this group's part.
+                **({} if whole is None else {"batchCommitted": whole}),
             }
         ).encode()
         return cmd.response(body=body)

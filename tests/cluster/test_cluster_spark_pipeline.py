@@ -1,0 +1,163 @@
+"""txmq -> Spark -> txmq with the option ``pipeline`` on a cluster of two broker groups: the
+topics have queues in both groups, the pipeline's positions are etcd records.  The checkpoint
+loses the offsets and commits of its last batches, g1's leader is SIGKILLed, more input
+arrives and the query restarts with larger micro-batches; later the whole checkpoint is
+deleted and it starts again.  Every input id is in the output exactly once and no half is left
+pending.  Real etcd members, real broker processes, a real Spark ``local[2]`` session."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.test_cluster_failover import txmq_cli
+from tests.spark.helpers import by_state, pull_all, running_spark, transactions
+from tests.support.cluster import BrokerCluster
+from txmq.client import Message, Producer
+from txmq.protocol.message import MessageExt
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SOURCE, OUT, PIPE = "pipe-in", "pipe-out", "copy-cluster"
+#: Bound of one query run.
+RUN_TIMEOUT = 240.0
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    with running_spark("local[2]", "txmq-cluster-pipeline-tests") as session:
+        yield session
+
+
+def _publish(seeds: str, ids: range) -> None:
+    with Producer("pipeline-cluster-seed", broker=seeds) as producer:
+        for i in ids:
+            producer.send(Message(SOURCE, f"id-{i}".encode()))
+
+
+def _ids(messages: list[MessageExt]) -> list[int]:
+    return sorted(int(m.body.decode().split("-")[1]) for m in messages)
+
+
+def _run(spark: Any, seeds: str, ckpt: Path, per_batch: int) -> Any:
+    """Copy the source to the output in micro-batches of ``per_batch`` messages until the
+    source's end; returns the ended query.  Called on the test's own thread (the brokers are
+    other processes): Spark finds the session's Python data sources from the thread that
+    registered them."""
+    df = (
+        spark.readStream.format("txmq")
+        .option("broker", seeds)
+        .option("topic", SOURCE)
+        .option("pipeline", PIPE)
+        .option("maxMessagesPerTrigger", str(per_batch))
+        .load()
+    )
+    query = (
+        df.select("body")
+        .writeStream.format("txmq")
+        .option("broker", seeds)
+        .option("topic", OUT)
+        .option("pipeline", PIPE)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(RUN_TIMEOUT), f"the query did not end in {RUN_TIMEOUT}s"
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def _batches(query: Any) -> list[tuple[int, int]]:
+    return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
+
+
+def _forget_batches(ckpt: Path, offsets: list[int], commits: list[int]) -> None:
+    for folder, ids in (("offsets", offsets), ("commits", commits)):
+        for n in ids:
+            (ckpt / folder / str(n)).unlink()
+            (ckpt / folder / f".{n}.crc").unlink(missing_ok=True)
+
+
+async def _start(make_cluster: Any) -> BrokerCluster:
+    """g1 (two replicas, in sync) and g2 (one), both topics placed in both groups."""
+    bc: BrokerCluster = make_cluster(groups={"g1": 2, "g2": 1}, settings={"minInSyncReplicas": 1})
+    bc.start_all()
+    l1 = await bc.wait_leader("g1")
+    await bc.wait_leader("g2")
+    await bc.wait_in_sync("g1", [0, 1])
+    for topic in (SOURCE, OUT):
+        for group in ("g1", "g2"):
+            await asyncio.to_thread(
+                txmq_cli, "cluster", "place", topic, "--group", group, "--queues", "2",
+                "--broker", l1.addr,
+            )  # fmt: skip
+
+    async def copied() -> bool:
+        # Every g1 replica holds the topic table with both topics (a new leader serves them).
+        for r in bc.replicas.values():
+            table = r.store / "config" / "topics.json"
+            if r.group == "g1" and not (table.exists() and SOURCE in table.read_text()):
+                return False
+            if r.group == "g1" and OUT not in table.read_text():
+                return False
+        return True
+
+    await bc.wait(copied, 30, "both topics in every g1 replica's copied topic table")
+    return bc
+
+
+async def test_pipeline_on_a_cluster_neither_repeats_nor_skips(
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
+    bc = await _start(make_cluster)
+    seeds = bc.seeds("g1")  # g1's replicas: the query finds g1's leader, and g2 through it
+    ckpt = tmp_path / "ckpt"
+    await asyncio.to_thread(_publish, seeds, range(0, 600))
+    first = _run(spark, seeds, ckpt, 100)
+    ran = _batches(first)
+    assert sum(n for _, n in ran) == 600 and len(ran) >= 6, ran
+    got = await asyncio.to_thread(pull_all, seeds, OUT)
+    assert _ids(got) == list(range(600))
+    assert len({m.store_host for m in got}) == 2, "the output should be in both groups"
+
+    # Spark runs the next-to-last batch again from its logged offsets and plans the last one
+    # anew, against g1's next leader, with batches of 250 (a batch planned anew would end
+    # later than it did).
+    last = max(b for b, _ in ran)
+    _forget_batches(ckpt, offsets=[last], commits=[last - 1, last])
+    l1 = await bc.wait_leader("g1")
+    bc.kill("g1", l1.replica)
+    await bc.wait_leader("g1", not_replica=l1.replica)
+    await asyncio.to_thread(_publish, seeds, range(600, 900))
+    again = _run(spark, seeds, ckpt, 250)
+    assert again.id == first.id
+    ran = _batches(again)
+    assert [b for b, _ in ran[:2]] == [last - 1, last], ran
+    assert [n for _, n in ran[:2]] == [n for b, n in _batches(first) if b >= last - 1], ran
+    assert sum(n for _, n in ran[2:]) == 300, ran
+
+    # A new checkpoint starts where the pipeline's last decided batch ended.
+    shutil.rmtree(ckpt)
+    await asyncio.to_thread(_publish, seeds, range(900, 1000))
+    fresh = _run(spark, seeds, ckpt, 250)
+    assert fresh.id != first.id
+    assert sum(n for _, n in _batches(fresh)) == 100, _batches(fresh)
+
+    assert _ids(await asyncio.to_thread(pull_all, seeds, OUT)) == list(range(1000))
+    states: dict[str, Any] = {}
+    for group in ("g1", "g2"):
+        leader = await bc.wait_leader(group)
+        for state, records in by_state(
+            await asyncio.to_thread(transactions, leader.addr, f"txmq-spark-{PIPE}")
+        ).items():
+            states.setdefault(state, []).extend(records)
+    assert "PENDING" not in states, states.get("PENDING")
+    # The two batches run again wrote halves, rolled back by their replayed decisions.
+    assert states.get("ROLLED_BACK"), states.keys()
