@@ -204,3 +204,31 @@ async def test_racing_decisions_from_one_start(make_cluster: Any) -> None:
     decided = [sorted(a["committed"]) for _, a in twice]
     assert decided[0] == ["same-g1"] and decided[1] in ([], ["same-g2"]), decided
     assert (await where(leaders["g2"].addr))["pipeline"]["end"] == end
+
+
+async def test_ranges_are_kept_for_the_batch_retention(make_cluster: Any) -> None:
+    """The decided ranges live as long as ``transactionBatchRetention`` (here 3 s) and are then
+    pruned by etcd; where the pipeline is stays, so the next batch is decided from there and
+    one planned again from a forgotten start is refused rather than delivered twice."""
+    bc: BrokerCluster = make_cluster(
+        groups={"g1": 1}, settings={"minInSyncReplicas": 1, "transactionBatchRetention": 3000}
+    )
+    bc.start_all()
+    leader = await bc.wait_leader("g1")
+    only = {"g1": leader}
+    ends = [offsets(10), offsets(20)]
+    code, answer = await decide(leader.addr, "b0", await halves(only, "b0", "k0"), "", ends[0])
+    assert code == ResponseCode.SUCCESS, answer
+    assert (await where(leader.addr, ""))["pipeline"]["next"] == ends[0]
+
+    async def pruned() -> bool:
+        return bool((await where(leader.addr, ""))["pipeline"]["next"] is None)
+
+    await bc.wait(pruned, 30, "the decided range pruned after the batch retention")
+    head = (await where(leader.addr))["pipeline"]
+    assert (head["end"], head["batchKey"]) == (ends[0], "b0")
+    code, remark = await decide(leader.addr, "b0-again", [], "", ends[0])
+    assert code == ResponseCode.ILLEGAL_OPERATION and f"is at {ends[0]}" in remark, remark
+    code, answer = await decide(leader.addr, "b1", await halves(only, "b1", "k1"), *ends)
+    assert code == ResponseCode.SUCCESS, answer
+    assert (await where(leader.addr, ends[0]))["pipeline"]["next"] == ends[1]
