@@ -18,6 +18,7 @@ from tests.cluster.test_cluster_failover import stored_bodies, text
 from tests.support.cluster import BrokerCluster, Replica
 from tests.support.raw import RawClient
 from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.spark_connector.session import BrokerSession
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +132,18 @@ async def test_positions_across_leader_kills(make_cluster: Any) -> None:
     await bc.wait(applied, 40, "batch 1 committed in both groups, g2's part by its new leader")
     assert bc.events("g2", new2.replica, "batch_applied_from_commit_point")
     await check_answers(new2, ends[:2], keys[1])
+    # A client given a follower's address (as a Spark source may be) gets the same answer
+    # through the group's leader.
+    follower = next(
+        r for r in bc.replicas.values() if r.group == "g1" and r.replica != leaders["g1"].replica
+    )
+
+    async def through_follower() -> Any:
+        async with BrokerSession(follower.addr, 10.0) as s:
+            return await s.decide_batch(GROUP, "q", query_only=True, pipeline=PIPE, start=ends[0])
+
+    answer = (await through_follower())["pipeline"]
+    assert (answer["end"], answer["batchKey"], answer["next"]) == (ends[1], keys[1], ends[1])
 
     bc.kill("g1", leaders["g1"].replica)
     new1 = await bc.wait_leader("g1", not_replica=leaders["g1"].replica)
