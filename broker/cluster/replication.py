@@ -459,6 +459,8 @@ class LeaderReplication:
             return None
         if "stream" in fields:
             self._progress(replica, pos)
+            if pos < self.store.min_phy_offset and pos == 0:
+                pos = self.store.min_phy_offset  # an empty follower starts at the oldest segment
             return self._open_stream(conn, cmd, replica, pos)
         if "probe" in fields:  # an idle streaming follower: where the log ends, no bytes
             self._progress(replica, pos)
