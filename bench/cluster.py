@@ -11,7 +11,8 @@
 
 Besides the rates, each phase reports the CPU each broker process spent per acknowledged send or
 transaction (``/proc/PID/stat`` utime + stime around the phase: it survives a busy machine where
-the rates do not) and, for the group, the fetch requests each follower made per send.
+the rates do not) and, for the group, the transfers each follower took per send (pushes of a
+streaming follower, fetches otherwise) and the chunks the leader read for them.
 
 Needs etcd (``make etcd``).  Run from the repository root::
 
@@ -127,14 +128,19 @@ class ProfiledCluster(BrokerCluster):
         return [cmd[0], "-c", PROFILE_RUN, str(out), *cmd[3:]]
 
 
-async def fetch_counts(bc: BrokerCluster, group: str) -> dict[int, int]:
-    """Fetch requests each following replica of ``group`` has made to its current leader."""
-    out: dict[int, int] = {}
+async def fetch_counts(bc: BrokerCluster, group: str) -> dict[int | str, int]:
+    """Transfers (pushes taken, or fetches) each following replica of ``group`` has had from its
+    current leader, and under ``"reads"`` the chunks the leader read for them (a chunk pushed
+    to both followers is read once)."""
+    out: dict[int | str, int] = {}
     for r in bc.replicas.values():
         if r.group == group and r.running:
             st = await bc.status(r.addr)
             if st is not None and st["self"]["role"] == "follower":
                 out[r.replica] = int(st["self"].get("fetches", 0))
+            elif st is not None and st["self"]["role"] == "leader":
+                me = st["self"]
+                out["reads"] = int(me.get("fetchesServed", 0)) - int(me.get("chunksShared", 0))
     return out
 
 
@@ -155,7 +161,11 @@ async def measured(
         for rid in sorted(procs)
     }
     fetches = {
-        f"follower{rid}": round((f1[rid] - f0.get(rid, 0)) / ops, 3) for rid in f1 if rid in f0
+        (f"follower{rid}" if rid != "reads" else "leader_reads"): round(
+            (f1[rid] - f0[rid]) / ops, 3
+        )
+        for rid in f1
+        if rid in f0
     }
     return rate, {"cpu_us_per_op": cpu, "fetches_per_op": fetches}
 

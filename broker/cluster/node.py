@@ -1107,6 +1107,7 @@ class ClusterNode:
         fetcher = self.follower.fetcher if self.follower is not None else None
         if fetcher is not None:
             st["self"]["fetches"] = fetcher.fetches
+            st["self"]["streaming"] = fetcher.streaming
         rep = self.hooks.replication if self.hooks is not None and self.role == "leader" else None
         if rep is not None:
             st["self"]["fetchesServed"] = rep.fetches_served

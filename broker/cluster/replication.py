@@ -1,9 +1,15 @@
 """Commit-log replication inside a broker group.
 
-Followers pull (like a Kafka follower): a follower asks its leader for the commit-log bytes from
-its own end offset, writes them at the same offsets (the logs stay byte-identical, so
-commit-log offsets, offsetMsgIds and consume-queue positions mean the same on every replica)
-and asks again.  The offset a follower asks from acknowledges everything below it.
+A follower opens one connection to its leader, shakes hands (cutting its log back to where it
+diverged) and then asks for a stream: from then on the leader pushes the commit-log bytes it
+appends, as it appends them (one push per turn of its event loop, whatever the number of writes
+in it; at most :data:`PUSH_WINDOW` pushes not yet acknowledged), and the follower writes them
+at the same offsets (the logs stay byte-identical, so commit-log offsets, offsetMsgIds and
+consume-queue positions mean the same on every replica) and acknowledges each push with the
+end of its log, a oneway request of a few fields.  That end acknowledges everything below it.
+An idle follower asks the leader for its end every :data:`FETCH_WAIT_MS` (its liveness, and
+the leader's).  A leader that does not offer streams is followed the old way, a fetch request
+per chunk.
 
 A write is acknowledged to its client once every member of the in-sync set (ISR) has it and the
 ISR holds at least ``minInSyncReplicas`` replicas (the leader included).  A follower that has
@@ -37,6 +43,7 @@ from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
+    ConnectionClosedError,
     FlushSlaveTimeoutError,
     ServiceNotAvailableError,
     SlaveNotAvailableError,
@@ -52,8 +59,11 @@ log = structlog.get_logger(__name__)
 
 #: Most bytes one fetch answer carries.
 FETCH_MAX_BYTES = 4 * 1024 * 1024
-#: How long a fetch waits for new data at the leader's end.
+#: How long a fetch waits for new data at the leader's end; how long a streaming follower
+#: waits for a push before it asks the leader for its end.
 FETCH_WAIT_MS = 500
+#: Pushes a leader sends a follower before the first of them is acknowledged.
+PUSH_WINDOW = 2
 #: How often the leader looks for writes that waited for their replicas too long (their
 #: ``syncFlushTimeout`` is honoured to within this).
 EXPIRE_EVERY_S = 0.1
@@ -112,6 +122,18 @@ def divergence(mine: list[tuple[int, int]], leader: list[tuple[int, int]]) -> in
         if epoch > last:
             return start
     return None
+
+
+@dataclass(eq=False)
+class _Stream:
+    """A follower's streaming connection, on the leader."""
+
+    conn: Connection
+    replica: int
+    #: Bytes pushed up to here.
+    sent: int
+    #: Pushes not acknowledged yet.
+    unacked: int = 0
 
 
 @dataclass
@@ -183,6 +205,10 @@ class LeaderReplication:
         self.chunks_shared = 0
         #: Appends consumers may not see yet: (end offset, queues written), oldest first.
         self._unconfirmed: deque[tuple[int, Iterable[tuple[str, int]]]] = deque()
+        #: The followers' streaming connections, by replica.
+        self._streams: dict[int, _Stream] = {}
+        #: A push to the streams is scheduled for the end of this turn of the loop.
+        self._push_due = False
         self._confirm()
 
     # -- acknowledgements -------------------------------------------------------------------
@@ -282,6 +308,9 @@ class LeaderReplication:
         """The write path's subscriber: the parked fetches have more to send; the pulls parked
         on the queues written wake once the in-sync replicas confirm the append."""
         self._wake_fetches()
+        if self._streams and not self._push_due:
+            self._push_due = True
+            asyncio.get_running_loop().call_soon(self._push)
         if self.store.visible_end is None:
             self.broker.hold.on_append(destinations)
         else:
@@ -327,6 +356,70 @@ class LeaderReplication:
         self._closed = reason
         self._fail_all(ServiceNotAvailableError(f"this broker no longer leads: {reason}"))
         self._wake_fetches()
+        self._streams.clear()  # nothing more is pushed; the followers' next request is refused
+
+    # -- streams ----------------------------------------------------------------------------
+
+    def _push(self) -> None:
+        """Push what the streams lack, each within its window; followers at the same offset
+        get the same bytes, read once."""
+        self._push_due = False
+        if self._closed is not None:
+            return
+        end = self.store.max_phy_offset
+        chunk: tuple[int, bytes, int] | None = None
+        for replica, s in list(self._streams.items()):
+            if s.sent >= end or s.unacked >= PUSH_WINDOW:
+                continue
+            if s.conn.closed:
+                del self._streams[replica]
+                continue
+            if chunk is not None and chunk[0] == s.sent:
+                self.chunks_shared += 1
+            else:
+                try:
+                    data, nxt = self.store.read_replica_chunk(s.sent, FETCH_MAX_BYTES)
+                except ValueError as exc:
+                    log.warning("replica_stream_dropped", replica=replica, error=str(exc))
+                    del self._streams[replica]
+                    s.conn.close()  # it reconnects and fetches the old way
+                    continue
+                chunk = (s.sent, data, nxt)
+            fields = {"offset": s.sent, "next": chunk[2], "leaderEnd": end, "epoch": self.epoch}
+            s.conn.send_oneway(RemotingCommand.request(RequestCode.TXMQ_HA_FETCH, fields, chunk[1]))
+            s.sent = chunk[2]
+            s.unacked += 1
+            self.fetches_served += 1
+
+    def _open_stream(
+        self, conn: Connection, cmd: RemotingCommand, replica: int, pos: int
+    ) -> RemotingCommand:
+        """A follower at ``pos`` asks for a stream on ``conn``: it replaces the one it had."""
+        old = self._streams.get(replica)
+        if old is not None and old.conn is not conn:
+            old.conn.close()
+        self._streams[replica] = _Stream(conn, replica, pos)
+        if not self._push_due:
+            self._push_due = True
+            asyncio.get_running_loop().call_soon(self._push)
+        end = self.store.max_phy_offset
+        return cmd.response(
+            ext_fields={
+                "offset": pos,
+                "next": pos,
+                "leaderEnd": end,
+                "epoch": self.epoch,
+                "stream": 1,
+            }
+        )
+
+    def _acked(self, conn: Connection, replica: int, offset: int) -> None:
+        s = self._streams.get(replica)
+        if s is not None and s.conn is conn and s.unacked:
+            s.unacked -= 1
+        self._progress(replica, offset)
+        if s is not None and s.unacked < PUSH_WINDOW and s.sent < self.store.max_phy_offset:
+            self._push()
 
     # -- requests from followers ------------------------------------------------------------
 
@@ -357,9 +450,25 @@ class LeaderReplication:
         }
         return cmd.response(body=json.dumps(body).encode())
 
-    async def fetch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    async def fetch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         replica = self._check_follower(cmd)
-        pos = int(cmd.ext_fields["offset"])
+        fields = cmd.ext_fields
+        pos = int(fields["offset"])
+        if "ack" in fields:  # a streaming follower has appended up to pos (oneway)
+            self._acked(conn, replica, pos)
+            return None
+        if "stream" in fields:
+            self._progress(replica, pos)
+            if pos < self.store.min_phy_offset and pos == 0:
+                pos = self.store.min_phy_offset  # an empty follower starts at the oldest segment
+            return self._open_stream(conn, cmd, replica, pos)
+        if "probe" in fields:  # an idle streaming follower: where the log ends, no bytes
+            self._progress(replica, pos)
+            self.fetches_served += 1
+            end = self.store.max_phy_offset
+            return cmd.response(
+                ext_fields={"offset": pos, "next": pos, "leaderEnd": end, "epoch": self.epoch}
+            )
         wait = min(int(cmd.ext_fields.get("waitMs", FETCH_WAIT_MS)), 5000) / 1000.0
         self._progress(replica, pos)
         if pos >= self.store.max_phy_offset and wait > 0 and self._closed is None:
@@ -537,26 +646,120 @@ class ReplicaFetcher:
     #: When a fetch last reached the leader's end (``time.monotonic()``).
     caught_up_at: float = field(default_factory=time.monotonic, init=False)
     _leader_epochs: list[tuple[int, int]] = field(default_factory=list, init=False)
+    #: The leader pushes to this follower (else it fetches chunk by chunk).
+    streaming: bool = field(default=False, init=False)
+    #: Done when the connection closed or a push could not be taken (its result: why).
+    _broken: asyncio.Future[BaseException] | None = field(default=None, init=False)
 
     def _fields(self, **more: Any) -> dict[str, Any]:
         return {"brokerName": self.group, "replicaId": self.replica, "epoch": self.epoch, **more}
 
     async def run(self) -> None:
         host, _, port = self.leader_addr.rpartition(":")
-        conn = await open_connection(host, int(port), timeout=3.0, ssl=self.ssl, signer=self.signer)
+        self._broken = asyncio.get_running_loop().create_future()
+        conn = await open_connection(
+            host,
+            int(port),
+            self._on_push,
+            timeout=3.0,
+            ssl=self.ssl,
+            signer=self.signer,
+            on_close=self._on_close,
+        )
         try:
             await self._handshake(conn)
             if self.on_connected is not None:
                 self.on_connected()
+            self.streaming = await self._open_stream(conn)
             last_meta = 0.0
             while True:
-                await self._fetch_once(conn)
+                if self.streaming:
+                    await self._stream_wait(conn)
+                else:
+                    await self._fetch_once(conn)
                 now = time.monotonic()
                 if now - last_meta >= 1.0:
                     last_meta = now
                     await self._meta(conn)
         finally:
             conn.close()
+
+    def _on_close(self, conn: Connection) -> None:
+        self._break(ConnectionClosedError(f"the leader {self.leader_addr} closed the connection"))
+
+    def _break(self, exc: BaseException) -> None:
+        if self._broken is not None and not self._broken.done():
+            self._broken.set_result(exc)
+
+    async def _open_stream(self, conn: Connection) -> bool:
+        """Ask for a stream; False if the leader answered a plain fetch instead (it offers no
+        streams: its bytes are taken, and the follower fetches from then on)."""
+        resp = await self._request(
+            conn,
+            RequestCode.TXMQ_HA_FETCH,
+            5.0,
+            offset=self.store.max_phy_offset,
+            waitMs=0,
+            stream=1,
+        )
+        if "stream" not in resp.ext_fields:
+            await self._take(resp)
+            return False
+        self.leader_end = int(resp.ext_fields["leaderEnd"])
+        self._note_end()
+        return True
+
+    async def _stream_wait(self, conn: Connection) -> None:
+        """One wait of a streaming follower: the pushes are taken meanwhile by
+        :meth:`_on_push`; after a wait without any, ask the leader where its log ends (the
+        leader sees this follower is alive, and it sees the leader is)."""
+        broken = self._broken
+        assert broken is not None
+        seen = self.fetches
+        await asyncio.wait({broken}, timeout=FETCH_WAIT_MS / 1000.0)
+        if broken.done():
+            raise broken.result()
+        if self.fetches == seen:
+            resp = await self._request(
+                conn,
+                RequestCode.TXMQ_HA_FETCH,
+                5.0,
+                offset=self.store.max_phy_offset,
+                probe=1,
+            )
+            self.fetches += 1
+            self.leader_end = int(resp.ext_fields["leaderEnd"])
+            self._note_end()
+
+    async def _on_push(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """Bytes the leader pushed: write them, then acknowledge the new end of the log."""
+        if cmd.code != RequestCode.TXMQ_HA_FETCH:
+            return None
+        try:
+            f = cmd.ext_fields
+            start, nxt = int(f["offset"]), int(f["next"])
+            end = self.store.append_replicated(start, cmd.body, nxt)
+            self.leader_end = int(f["leaderEnd"])
+            self.fetches += 1
+            if self.sync:
+                await self.run_blocking(self.store.flush)
+            self.epochs.adopt(self._leader_epochs, end)
+            self._note_end()
+            conn.send_oneway(
+                RemotingCommand.request(
+                    RequestCode.TXMQ_HA_FETCH, self._fields(offset=end, ack=1), oneway=True
+                )
+            )
+        except Exception as exc:  # a push that does not continue this log, a full disk
+            log.warning("replica_push_refused", leader=self.leader_addr, error=str(exc))
+            self._break(exc)
+            conn.close()
+        return None
+
+    def _note_end(self) -> None:
+        if self.store.max_phy_offset >= self.leader_end:
+            self.caught_up_at = time.monotonic()
+            self.caught_up.set()
 
     async def _request(self, conn: Connection, code: int, timeout: float, **fields: Any) -> Any:
         resp = await conn.request(RemotingCommand.request(code, self._fields(**fields)), timeout)
@@ -610,6 +813,10 @@ class ReplicaFetcher:
             offset=pos,
             waitMs=FETCH_WAIT_MS,
         )
+        await self._take(resp)
+
+    async def _take(self, resp: RemotingCommand) -> None:
+        """Write the bytes of a fetch answer."""
         f = resp.ext_fields
         start, nxt = int(f["offset"]), int(f["next"])
         self.leader_end = int(f["leaderEnd"])
@@ -619,9 +826,7 @@ class ReplicaFetcher:
             if self.sync:
                 await self.run_blocking(self.store.flush)
             self.epochs.adopt(self._leader_epochs, end)
-        if self.store.max_phy_offset >= self.leader_end:
-            self.caught_up_at = time.monotonic()
-            self.caught_up.set()
+        self._note_end()
 
     async def _meta(self, conn: Connection) -> None:
         resp = await self._request(conn, RequestCode.TXMQ_HA_META, 5.0)

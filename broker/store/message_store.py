@@ -409,6 +409,31 @@ class _RecoveryDispatcher:
         cq.append(offset, size, info.tags_code)
         self.redispatched += 1
 
+    def dispatch_many(self, records: list[tuple[int, int, DispatchInfo]]) -> None:
+        """As a call per record, the entries that go on where their queue ends (a follower's
+        replicated chunk) written in one write per queue instead of one each."""
+        cqs = self.store._cqs
+        runs: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]] = {}
+        for offset, size, info in records:
+            if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
+                continue
+            run = runs.get(key := (info.topic, info.queue_id))
+            cq = run[0] if run is not None else cqs.get(key)
+            if cq is not None and info.queue_offset == cq.max_offset + (len(run[1]) if run else 0):
+                (run or runs.setdefault(key, (cq, [])))[1].append(
+                    CQ_ENTRY.pack(offset, size, info.tags_code)
+                )
+                continue
+            self._write_runs(runs)  # anything else: in order, the careful way
+            self(offset, size, info)
+        self._write_runs(runs)
+
+    def _write_runs(self, runs: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]]) -> None:
+        for cq, entries in runs.values():
+            cq.append_many(b"".join(entries))
+            self.redispatched += len(entries)
+        runs.clear()
+
 
 class MessageStore:
     """The durable store: commit log, consume queues, checkpoint.
@@ -1026,8 +1051,7 @@ class MessageStore:
             cl.write_replicated(pos, data, next_pos)
             if self._replica_dispatcher is None:
                 self._replica_dispatcher = _RecoveryDispatcher(self, 0, cl.min_offset)
-            for offset, size, info in records:
-                self._replica_dispatcher(offset, size, info)
+            self._replica_dispatcher.dispatch_many(records)
             self._put_count += len(records)
             self._put_bytes += len(data)
             return cl.write_pos
