@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -66,6 +66,7 @@ from ..store import (
 )
 from ..store.tags import tags_code_of
 from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
+from .direct import HalfSend, HalfSends, committed_record
 from .machine import TransactionStateMachine
 from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
@@ -129,6 +130,8 @@ class TransactionalMessageService:
             limits=CheckLimits.of(cfg),
             on_check_sent=self.trace.check_sent if self.trace is not None else None,
         )
+        #: halves sent alone, stored from their request header (:mod:`.direct`)
+        self.direct = HalfSends(self)
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
 
@@ -349,6 +352,20 @@ class TransactionalMessageService:
             tags_code_of(props.get(MessageConst.TAGS)),
         )
         self._recent_bytes += len(body)
+        self._evict_recent()
+
+    def remember_committed(self, phy: int, form: Any, p: HalfSend, crc: int, host: bytes) -> None:
+        """:meth:`_remember_half` of a half stored by :mod:`.direct` at ``phy``: its committed
+        copy from the shape's committed form (``form``), within the same bounds."""
+        limit = self._recent_max_bytes
+        n = len(p.body)
+        if limit <= 0 or n > limit // 64:
+            return
+        r = committed_record(form, p, crc, host, phy)
+        if r is None:
+            return  # the commit reads it back and refuses it
+        self._recent_halves[phy] = r
+        self._recent_bytes += n
         self._evict_recent()
 
     def _evict_recent(self) -> None:
