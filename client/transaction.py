@@ -648,13 +648,27 @@ class AsyncTransaction:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
             )
-        loop = asyncio.get_running_loop()
-        pending = _PendingHalf(msg, queue_id, sharding_key, loop.create_future())
+        pending = _PendingHalf(
+            msg, queue_id, sharding_key, asyncio.get_running_loop().create_future()
+        )
         self._pending.append(pending)
         if not self._flush_scheduled:
-            # Sends started in this turn of the loop are sent together once it ends.
+            # Sends started in this turn of the loop are sent together once it ends: the first
+            # one waits for the next turn and sends them (its own half from this task when it
+            # is alone, as ``await txn.send(m)`` is: no task, no extra turn).
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pending.result.cancel()
+                self._flush()  # the others still go
+                raise
+            if len(self._pending) == 1 and not self.across_groups:
+                self._flush_scheduled = False
+                self._pending = []
+                await self._send_group([pending])
+            else:
+                self._flush()
         result = await pending.result
         if result.status is not SendStatus.SEND_OK:
             raise TransactionFailedError(
@@ -687,10 +701,8 @@ class AsyncTransaction:
             return None  # each half goes where a plain send would
         if self._pinning is None:
             if self.producer.producer.connection.group_name is None:  # one broker: no choice
-                self._pinning = asyncio.get_running_loop().create_future()
-                self._pinning.set_result(None)
-            else:
-                self._pinning = asyncio.ensure_future(self._choose_broker(first))
+                return None
+            self._pinning = asyncio.ensure_future(self._choose_broker(first))
         self.broker = await asyncio.shield(self._pinning)
         return self.broker
 
@@ -719,6 +731,9 @@ class AsyncTransaction:
             _fail_halves(group, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            return
+        if len(group) == 1:
+            await self._send_one(first, extra, broker)
             return
         batch = [p for p in group if self._batchable(p.msg)]
         single = [p for p in group if not self._batchable(p.msg)]
@@ -806,7 +821,7 @@ class AsyncTransaction:
         if self.state is not None or not (self.halves or self._offsets):
             return
         if exc is None:
-            await self.commit()
+            await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
             return
         try:
             await self.rollback(f"rolled back on {type(exc).__name__}: {exc}")
