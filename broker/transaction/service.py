@@ -51,6 +51,8 @@ from txmq.protocol.trace import TxEvent
 
 from ..messaging.fastpath import (
     FastBatch,
+    HalfTemplate,
+    StoredForm,
     check_immunity_ms,
     committed_properties,
     committed_sys_flag,
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from ..context import BrokerContext
 
 log = structlog.get_logger(__name__)
+_new_tuple = tuple.__new__
 
 #: Most in-memory copies of recently stored halves (see
 #: :meth:`TransactionalMessageService._remember_half`); their body bytes are bounded by
@@ -269,26 +272,48 @@ class TransactionalMessageService:
             recent = self._recent_halves
             added = 0
             too_big = limit // 64
+            join = b"".join
+            # The committed form of the current template in locals: each record is a tuple
+            # made in C (what ``StoredForm.record`` makes), no call per half.
+            last: HalfTemplate | None = None
+            form: StoredForm | None = None
+            heads: dict[int, bytes] = {}
+            topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
             for (phy, _n, _qo), r, t, u in zip(
                 placed, batch.records, halves, batch.raw_uniqs, strict=True
             ):
                 b = r.body
                 if len(b) > too_big:
                     continue
-                form = t.committed
-                head = form.head(len(u))
+                if t is not last:
+                    last = t
+                    form = t.committed
+                    heads = form.heads
+                    topic, qid, magic, tail = form.topic, form.queue_id, form.magic, form.tail
+                    sys_flag, tags_code = form.sys_flag, form.tags_code
+                head = heads.get(len(u))
                 if head is None:
-                    continue  # the commit reads it back and refuses it, as the generic path
-                recent[phy] = form.record(
-                    r.body_crc,
-                    b,
-                    head,
-                    u,
-                    r.flag,
-                    r.born_timestamp,
-                    r.born_host,
-                    r.reconsume_times,
-                    phy,
+                    assert form is not None
+                    head = form.head(len(u))
+                    if head is None:
+                        continue  # the commit reads it back and refuses it, as the generic path
+                recent[phy] = _new_tuple(
+                    EncodedMessage,
+                    (
+                        topic,
+                        qid,
+                        magic,
+                        r.body_crc,
+                        b,
+                        join((head, u, tail)),
+                        r.flag,
+                        sys_flag,
+                        r.born_timestamp,
+                        r.born_host,
+                        r.reconsume_times,
+                        phy,
+                        tags_code,
+                    ),
                 )
                 added += len(b)
             self._recent_bytes += added
@@ -420,7 +445,14 @@ class TransactionalMessageService:
                 r = pop(h.commit_log_offset, None)
                 if r is not None:
                     freed += len(r.body)
-                    if r.prepared_transaction_offset >= min_phy and not _timed(r.tail):
+                    # A half whose properties may ask for a delivery time is read back (the
+                    # timer holds its committed message until then).
+                    tail = r.tail
+                    if (
+                        r.prepared_transaction_offset >= min_phy
+                        and b"TIMER_" not in tail
+                        and b"__STARTDELIVERTIME" not in tail
+                    ):
                         append(r)
                         continue
                 append(encode_for_store(self._real_message(h)))
@@ -722,8 +754,3 @@ class TransactionalMessageService:
 
 
 __all__ = ["CheckSender", "RemotingCheckSender", "TransactionalMessageService"]
-
-
-def _timed(tail: bytes) -> bool:
-    """Whether an encoded message's properties may ask for a delivery time."""
-    return b"TIMER_" in tail or b"__STARTDELIVERTIME" in tail
