@@ -210,6 +210,8 @@ def main() -> None:
                     print(top(table(st), args.count, args.top, dump))
             if out:
                 st = pstats.Stats(out)
+                if args.dump:
+                    shutil.copy(out, f"{args.dump}.{name}.prof")
                 broker_calls[name] = calls(st)
                 stats[name] = st
         if args.profile:

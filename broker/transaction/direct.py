@@ -328,7 +328,7 @@ class HalfSends:
             ),
         )
         tx.remember_committed(phy, shape.committed, p, crc, host)
-        tx.ctx.metrics.tx_half.inc()
+        tx.counts.halves += 1
         if remember:  # remembered at its store timestamp, as a rebuild finds it
             dedup.add((topic, p.uniq), phy, now)
         return SendOutcome(

@@ -20,6 +20,7 @@ messages right after them, in the same append) and then applies them.  The table
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,7 @@ from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, TxRecord, TxStat
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
+    from ..metrics import BrokerMetrics
 
 log = structlog.get_logger(__name__)
 _new_tuple = tuple.__new__
@@ -86,6 +88,38 @@ _new_tuple = tuple.__new__
 #: ``transactionRecentHalvesBytes``.
 RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
+
+
+class TxCounts:
+    """Halves stored, commits and rollbacks counted in plain integers on the event loop, and
+    added to their Prometheus counters (``txmq_transaction_halves``, ``_commits``,
+    ``_rollbacks``) whenever the metrics are read (:meth:`fold`, from any thread), as the
+    broker's request counts are: no Prometheus call per transaction."""
+
+    __slots__ = ("halves", "commits", "rollbacks", "_metrics", "_folded", "_lock")
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self.halves = self.commits = self.rollbacks = 0
+        self._metrics = metrics
+        self._folded = [0, 0, 0]
+        self._lock = threading.Lock()
+        metrics.registry.folds.append(self.fold)
+
+    def fold(self) -> None:
+        m = self._metrics
+        with self._lock:
+            folded = self._folded
+            for i, (counter, total) in enumerate(
+                (
+                    (m.tx_half, self.halves),
+                    (m.tx_commits, self.commits),
+                    (m.tx_rollbacks, self.rollbacks),
+                )
+            ):
+                n = total - folded[i]
+                if n:
+                    counter.inc(n)
+                    folded[i] = total
 
 
 class TransactionalMessageService:
@@ -133,6 +167,8 @@ class TransactionalMessageService:
             limits=CheckLimits.of(cfg),
             on_check_sent=self.trace.check_sent if self.trace is not None else None,
         )
+        #: halves stored, commits and rollbacks, counted in plain integers
+        self.counts = TxCounts(ctx.metrics)
         #: halves sent alone, stored from their request header (:mod:`.direct`)
         self.direct = HalfSends(self)
 
@@ -216,7 +252,7 @@ class TransactionalMessageService:
             half = add_half(msg, result.offset_msg_id)
             if half is not None:
                 remember(msg, half)
-        self.ctx.metrics.tx_half.inc(len(msgs))
+        self.counts.halves += len(msgs)
 
     def _add_half(self, msg: MessageExt, offset_msg_id: str) -> HalfRef | None:
         props = msg.properties
@@ -318,7 +354,7 @@ class TransactionalMessageService:
                 added += len(b)
             self._recent_bytes += added
             self._evict_recent()
-        self.ctx.metrics.tx_half.inc(len(batch.records))
+        self.counts.halves += len(batch.records)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -498,13 +534,13 @@ class TransactionalMessageService:
         return end
 
     def _count(self, rec: TxRecord) -> None:
-        m = self.ctx.metrics
-        if rec.state is TxState.COMMITTED:
-            m.tx_commits.inc()
-        elif rec.state is TxState.ROLLED_BACK:
-            m.tx_rollbacks.inc()
-        elif rec.state is TxState.DISCARDED:
-            m.tx_discards.inc()
+        state = rec.state
+        if state is TxState.COMMITTED:
+            self.counts.commits += 1
+        elif state is TxState.ROLLED_BACK:
+            self.counts.rollbacks += 1
+        elif state is TxState.DISCARDED:
+            self.ctx.metrics.tx_discards.inc()
 
     def decide(self, rec: TxRecord, decision: Decision, by: str, remark: str = "") -> int:
         """Commit or roll back ``rec`` (synchronously: no await between the state check and the

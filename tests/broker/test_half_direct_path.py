@@ -178,6 +178,11 @@ async def test_the_sdks_half_is_stored_directly_and_commits_the_same(
     for resp, decision in answers:
         await end_both(pair, resp, decision)
     assert table(pair.fast) == table(pair.generic)
+    for b in (pair.fast, pair.generic):  # counted in plain integers, folded when read
+        snap = b.metrics.snapshot()
+        assert snap["txmq_transaction_halves_total"] == 13
+        assert snap["txmq_transaction_commits_total"] == 8
+        assert snap["txmq_transaction_rollbacks_total"] == 4
     # A consumer reads the same committed messages from both, byte for byte.
     got_a = await pair.clients[0].pull_all(topic)
     got_b = await pair.clients[1].pull_all(topic)
