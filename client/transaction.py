@@ -735,8 +735,10 @@ class AsyncTransaction:
         if len(group) == 1:
             await self._send_one(first, extra, broker)
             return
-        batch = [p for p in group if self._batchable(p.msg)]
-        single = [p for p in group if not self._batchable(p.msg)]
+        batch: list[_PendingHalf] = []
+        single: list[_PendingHalf] = []
+        for p in group:
+            (batch if self._batchable(p.msg) else single).append(p)
         if len(batch) == 1:
             single, batch = [*single, *batch], []
         if batch:
