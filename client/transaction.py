@@ -133,6 +133,10 @@ class LocalTransactionState(enum.Enum):
         }.get(self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
 
 
+#: ``state.wire_value`` of each state, without the property's call.
+_WIRE_VALUES = {s: s.wire_value for s in LocalTransactionState}
+
+
 class _TransactionBlock:
     """``async with producer.transaction()``: the transaction is made on entry (a transaction
     across groups checks for a cluster then), committed after a clean exit, rolled back after
@@ -184,7 +188,7 @@ def end_transaction_fields(
         "producerGroup": group,
         "tranStateTableOffset": half.queue_offset,
         "commitLogOffset": offset,
-        "commitOrRollback": state.wire_value,
+        "commitOrRollback": _WIRE_VALUES[state],
         "fromTransactionCheck": from_check,
         "msgId": half.msg_id,
         "transactionId": transaction_id or half.transaction_id or half.msg_id,
