@@ -319,7 +319,8 @@ class TransactionalMessageService:
                 placed, batch.records, halves, batch.raw_uniqs, strict=True
             ):
                 b = r.body
-                if len(b) > too_big:
+                n = len(b)
+                if n > too_big:
                     continue
                 if t is not last:
                     last = t
@@ -351,7 +352,7 @@ class TransactionalMessageService:
                         tags_code,
                     ),
                 )
-                added += len(b)
+                added += n
             self._recent_bytes += added
             self._evict_recent()
         self.counts.halves += len(batch.records)
