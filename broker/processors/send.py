@@ -14,6 +14,7 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageExt, string_to_properties
 
 from ..messaging import MessagingCore, SendOutcome
+from ..messaging.core import StoredBatch
 from ..messaging.fastpath import PlainSend
 
 
@@ -57,11 +58,14 @@ class SendMessageProcessor:
         if p is not None:
             tc = await core.topic_for_send(p.topic, p.queue_nums)
             qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
-            outcome = (
-                core.send_plain_now(p, qid, conn.peer)
-                if isinstance(p, PlainSend)
-                else core.tx.direct.store(p, qid, conn.peer, core.dedup)
-            )
+            if isinstance(p, PlainSend):
+                outcome = core.send_plain_now(p, qid, conn.peer)
+            elif (res := core.tx.direct.store(p, qid, conn.peer, core.dedup)) is not None:
+                prefix = core.ctx.store.msg_id_prefix
+                batch = StoredBatch(prefix, res.placed, [p.uniq], qid, p.txid, res.end_offset)
+                outcome = SendOutcome(batch=batch)
+            else:
+                outcome = None
             if outcome is not None:
                 if core.durable_at_once():
                     return self._answer(cmd, outcome)

@@ -26,7 +26,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import (
@@ -38,15 +38,16 @@ from txmq.protocol.message import (
     string_to_properties,
 )
 
+from ..messaging.dedup import dedup_topic
 from ..messaging.fastpath import _ONE_V1, _ONE_V1_KEYS, _ONE_V2, _ONE_V2_KEYS, make_half_template
 from ..messaging.timer import TIMER_PROPERTIES
-from ..store import EncodedMessage
+from ..store import AppendResult, EncodedMessage
 from .state import HalfRef, TxState
 
 if TYPE_CHECKING:
-    from ..messaging.core import SendOutcome
+    from ..context import BrokerContext
     from ..messaging.dedup import DedupIndex
-    from .service import TransactionalMessageService
+    from .machine import TransactionStateMachine
 
 _I16 = struct.Struct(">h")
 _new_tuple = tuple.__new__
@@ -70,7 +71,7 @@ _MISSING: Any = object()
 
 
 @dataclass(slots=True)
-class _Form:
+class HalfForm:
     """How one shape's record is stored: ``topic_part + plen + UNIQ_KEY<01> + uniq + a +
     txid + b`` for the properties, the other fields fixed."""
 
@@ -96,8 +97,8 @@ class _Shape:
     real_topic: str
     real_queue_id: int
     immunity_ms: int | None
-    half: _Form
-    committed: _Form
+    half: HalfForm
+    committed: HalfForm
 
 
 @dataclass(slots=True)
@@ -123,14 +124,14 @@ class HalfSend:
     reconsume_times: int
 
 
-def _split(form: Any, real_topic: str | None = None) -> _Form | None:
+def _split(form: Any, real_topic: str | None = None) -> HalfForm | None:
     """A :class:`~txmq.broker.messaging.fastpath.StoredForm` made with the stand-in, cut
     around it."""
     tail: bytes = form.tail
     at = tail.find(_STAND_IN_B)
     if at < 0 or tail.find(_STAND_IN_B, at + 1) >= 0 or form.before:
         return None
-    return _Form(
+    return HalfForm(
         form.topic,
         form.queue_id,
         form.magic,
@@ -142,10 +143,39 @@ def _split(form: Any, real_topic: str | None = None) -> _Form | None:
     )
 
 
+class _Counts(Protocol):
+    halves: int
+
+
+class HalfBook(Protocol):
+    """What the direct path needs of the transaction service."""
+
+    @property
+    def ctx(self) -> BrokerContext: ...
+
+    @property
+    def machine(self) -> TransactionStateMachine: ...
+
+    @property
+    def trace(self) -> object | None: ...
+
+    @property
+    def counts(self) -> _Counts: ...
+
+    def prepare_half(self, msg: MessageExt, header_group: str) -> None: ...
+
+    @staticmethod
+    def transaction_id_of(props: dict[str, str]) -> str | None: ...
+
+    def remember_committed(
+        self, phy: int, form: HalfForm, p: HalfSend, crc: int, host: bytes
+    ) -> None: ...
+
+
 class HalfSends:
     """Halves sent alone, stored from their header; counted in :attr:`stored`."""
 
-    def __init__(self, tx: TransactionalMessageService) -> None:
+    def __init__(self, tx: HalfBook) -> None:
         self.tx = tx
         self.cfg = tx.ctx.config
         self._shapes: dict[tuple[str, int, int, str, bytes, bytes], _Shape | None] = {}
@@ -263,12 +293,11 @@ class HalfSends:
 
     def store(
         self, p: HalfSend, queue_id: int, born_host: tuple[str, int], dedup: DedupIndex
-    ) -> SendOutcome | None:
+    ) -> AppendResult | None:
         """Store the half ``p`` in the half queue, join it to its transaction and remember its
-        committed copy, as the generic path does; the answer (not yet durable).  None: the
-        generic path must take it (nothing was stored)."""
-        from ..messaging.core import SendOutcome, StoredBatch
-        from ..messaging.dedup import dedup_topic
+        committed copy, as the generic path does; where it was stored (not yet durable: the
+        answer is the one of a batch of one, with ``p.txid``).  None: the generic path must
+        take it (nothing was stored)."""
 
         shape = self._shape(p, queue_id)
         if shape is None:
@@ -331,13 +360,11 @@ class HalfSends:
         tx.counts.halves += 1
         if remember:  # remembered at its store timestamp, as a rebuild finds it
             dedup.add((topic, p.uniq), phy, now)
-        return SendOutcome(
-            batch=StoredBatch(prefix, placed, [p.uniq], queue_id, txid, res.end_offset)
-        )
+        return res
 
 
 def committed_record(
-    form: _Form, p: HalfSend, crc: int, host: bytes, phy: int
+    form: HalfForm, p: HalfSend, crc: int, host: bytes, phy: int
 ) -> EncodedMessage | None:
     """The committed copy of the half ``p`` stored at ``phy`` (None: its properties are too
     long; the commit reads it back and refuses it, as the generic path)."""
@@ -364,4 +391,4 @@ def committed_record(
     )
 
 
-__all__ = ["HalfSend", "HalfSends", "committed_record"]
+__all__ = ["HalfBook", "HalfForm", "HalfSend", "HalfSends", "committed_record"]

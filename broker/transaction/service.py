@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -69,7 +69,7 @@ from ..store import (
 )
 from ..store.tags import tags_code_of
 from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
-from .direct import HalfSend, HalfSends, committed_record
+from .direct import HalfForm, HalfSend, HalfSends, committed_record
 from .machine import TransactionStateMachine
 from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
@@ -416,7 +416,9 @@ class TransactionalMessageService:
         self._recent_bytes += len(body)
         self._evict_recent()
 
-    def remember_committed(self, phy: int, form: Any, p: HalfSend, crc: int, host: bytes) -> None:
+    def remember_committed(
+        self, phy: int, form: HalfForm, p: HalfSend, crc: int, host: bytes
+    ) -> None:
         """:meth:`_remember_half` of a half stored by :mod:`.direct` at ``phy``: its committed
         copy from the shape's committed form (``form``), within the same bounds."""
         limit = self._recent_max_bytes
