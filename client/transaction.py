@@ -133,6 +133,10 @@ class LocalTransactionState(enum.Enum):
         }.get(self.value, MessageSysFlag.TRANSACTION_NOT_TYPE)
 
 
+#: ``state.wire_value`` of each state, without the property's call.
+_WIRE_VALUES = {s: s.wire_value for s in LocalTransactionState}
+
+
 class _TransactionBlock:
     """``async with producer.transaction()``: the transaction is made on entry (a transaction
     across groups checks for a cluster then), committed after a clean exit, rolled back after
@@ -184,7 +188,7 @@ def end_transaction_fields(
         "producerGroup": group,
         "tranStateTableOffset": half.queue_offset,
         "commitLogOffset": offset,
-        "commitOrRollback": state.wire_value,
+        "commitOrRollback": _WIRE_VALUES[state],
         "fromTransactionCheck": from_check,
         "msgId": half.msg_id,
         "transactionId": transaction_id or half.transaction_id or half.msg_id,
@@ -648,13 +652,27 @@ class AsyncTransaction:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
             )
-        loop = asyncio.get_running_loop()
-        pending = _PendingHalf(msg, queue_id, sharding_key, loop.create_future())
+        pending = _PendingHalf(
+            msg, queue_id, sharding_key, asyncio.get_running_loop().create_future()
+        )
         self._pending.append(pending)
         if not self._flush_scheduled:
-            # Sends started in this turn of the loop are sent together once it ends.
+            # Sends started in this turn of the loop are sent together once it ends: the first
+            # one waits for the next turn and sends them (its own half from this task when it
+            # is alone, as ``await txn.send(m)`` is: no task, no extra turn).
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pending.result.cancel()
+                self._flush()  # the others still go
+                raise
+            if len(self._pending) == 1 and not self.across_groups:
+                self._flush_scheduled = False
+                self._pending = []
+                await self._send_group([pending])
+            else:
+                self._flush()
         result = await pending.result
         if result.status is not SendStatus.SEND_OK:
             raise TransactionFailedError(
@@ -687,10 +705,8 @@ class AsyncTransaction:
             return None  # each half goes where a plain send would
         if self._pinning is None:
             if self.producer.producer.connection.group_name is None:  # one broker: no choice
-                self._pinning = asyncio.get_running_loop().create_future()
-                self._pinning.set_result(None)
-            else:
-                self._pinning = asyncio.ensure_future(self._choose_broker(first))
+                return None
+            self._pinning = asyncio.ensure_future(self._choose_broker(first))
         self.broker = await asyncio.shield(self._pinning)
         return self.broker
 
@@ -720,8 +736,13 @@ class AsyncTransaction:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        batch = [p for p in group if self._batchable(p.msg)]
-        single = [p for p in group if not self._batchable(p.msg)]
+        if len(group) == 1:
+            await self._send_one(first, extra, broker)
+            return
+        batch: list[_PendingHalf] = []
+        single: list[_PendingHalf] = []
+        for p in group:
+            (batch if self._batchable(p.msg) else single).append(p)
         if len(batch) == 1:
             single, batch = [*single, *batch], []
         if batch:
@@ -806,7 +827,7 @@ class AsyncTransaction:
         if self.state is not None or not (self.halves or self._offsets):
             return
         if exc is None:
-            await self.commit()
+            await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
             return
         try:
             await self.rollback(f"rolled back on {type(exc).__name__}: {exc}")

@@ -14,6 +14,8 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageExt, string_to_properties
 
 from ..messaging import MessagingCore, SendOutcome
+from ..messaging.core import StoredBatch
+from ..messaging.fastpath import PlainSend
 
 
 class SendMessageProcessor:
@@ -49,11 +51,21 @@ class SendMessageProcessor:
         core = self.core
         # One plain message: stored straight from its header when it qualifies (the same
         # record and answer as below, which takes anything else).
-        p = core.fast.parse_one(cmd.code == RequestCode.SEND_MESSAGE_V2, cmd.ext_fields, cmd.body)
+        v2 = cmd.code == RequestCode.SEND_MESSAGE_V2
+        p = core.fast.parse_one(v2, cmd.ext_fields, cmd.body) or core.tx.direct.parse(
+            v2, cmd.ext_fields, cmd.body
+        )  # a plain message, or a half alone (transaction/direct.py)
         if p is not None:
             tc = await core.topic_for_send(p.topic, p.queue_nums)
             qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
-            outcome = core.send_plain_now(p, qid, conn.peer)
+            if isinstance(p, PlainSend):
+                outcome = core.send_plain_now(p, qid, conn.peer)
+            elif (res := core.tx.direct.store(p, qid, conn.peer, core.dedup)) is not None:
+                prefix = core.ctx.store.msg_id_prefix
+                batch = StoredBatch(prefix, res.placed, [p.uniq], qid, p.txid, res.end_offset)
+                outcome = SendOutcome(batch=batch)
+            else:
+                outcome = None
             if outcome is not None:
                 if core.durable_at_once():
                     return self._answer(cmd, outcome)

@@ -30,11 +30,19 @@ from ..transaction.state import Decision, TxState
 log = structlog.get_logger(__name__)
 
 
+_DECISIONS = {int(d): d for d in Decision}
+
+
 def _decision(value: int, allowed: str) -> Decision:
-    try:
-        return Decision(value)
-    except ValueError:
-        raise InvalidParameterError(f"commitOrRollback must be {allowed}, got {value}") from None
+    d = _DECISIONS.get(value) if value.__class__ is int else None
+    if d is None:
+        try:
+            return Decision(value)
+        except ValueError:
+            raise InvalidParameterError(
+                f"commitOrRollback must be {allowed}, got {value}"
+            ) from None
+    return d
 
 
 _END_FIELDS = (
@@ -79,7 +87,11 @@ class TransactionProcessor:
         h = end_transaction_header(cmd.ext_fields)
         decision = _decision(h.commit_or_rollback, "0, 8 or 12")
         rec = self.tx.find(h.transaction_id, h.commit_log_offset)
-        half = next((x for x in rec.halves if x.commit_log_offset == h.commit_log_offset), None)
+        half = None
+        for x in rec.halves:
+            if x.commit_log_offset == h.commit_log_offset:
+                half = x
+                break
         if rec.producer_group != h.producer_group:
             raise BrokerSystemError(
                 f"The producer group wrong: transaction {rec.transaction_id} belongs to "

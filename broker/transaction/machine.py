@@ -261,7 +261,7 @@ class TransactionStateMachine:
             kind=OpKind.COMMIT if target is TxState.COMMITTED else OpKind.ROLLBACK,
             group=rec.producer_group,
             txids=(rec.transaction_id,),
-            halves=tuple(h.commit_log_offset for h in rec.halves),
+            halves=tuple([h.commit_log_offset for h in rec.halves]),
             remark=remark,
             ts=ts,
         )

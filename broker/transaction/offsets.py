@@ -62,7 +62,11 @@ class TxnOffsetsLedger:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def has_offsets(self, rec: TxRecord) -> bool:
-        return any(h.real_topic == self.topic for h in rec.halves)
+        topic = self.topic
+        for h in rec.halves:
+            if h.real_topic == topic:
+                return True
+        return False
 
     def _docs(self, rec: TxRecord) -> list[TxnOffsets]:
         """Raises:

@@ -20,6 +20,7 @@ messages right after them, in the same append) and then applies them.  The table
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -51,6 +52,8 @@ from txmq.protocol.trace import TxEvent
 
 from ..messaging.fastpath import (
     FastBatch,
+    HalfTemplate,
+    StoredForm,
     check_immunity_ms,
     committed_properties,
     committed_sys_flag,
@@ -66,6 +69,7 @@ from ..store import (
 )
 from ..store.tags import tags_code_of
 from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
+from .direct import HalfForm, HalfSend, HalfSends, committed_record
 from .machine import TransactionStateMachine
 from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
@@ -74,14 +78,48 @@ from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, TxRecord, TxStat
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
+    from ..metrics import BrokerMetrics
 
 log = structlog.get_logger(__name__)
+_new_tuple = tuple.__new__
 
 #: Most in-memory copies of recently stored halves (see
 #: :meth:`TransactionalMessageService._remember_half`); their body bytes are bounded by
 #: ``transactionRecentHalvesBytes``.
 RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
+
+
+class TxCounts:
+    """Halves stored, commits and rollbacks counted in plain integers on the event loop, and
+    added to their Prometheus counters (``txmq_transaction_halves``, ``_commits``,
+    ``_rollbacks``) whenever the metrics are read (:meth:`fold`, from any thread), as the
+    broker's request counts are: no Prometheus call per transaction."""
+
+    __slots__ = ("halves", "commits", "rollbacks", "_metrics", "_folded", "_lock")
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self.halves = self.commits = self.rollbacks = 0
+        self._metrics = metrics
+        self._folded = [0, 0, 0]
+        self._lock = threading.Lock()
+        metrics.registry.folds.append(self.fold)
+
+    def fold(self) -> None:
+        m = self._metrics
+        with self._lock:
+            folded = self._folded
+            for i, (counter, total) in enumerate(
+                (
+                    (m.tx_half, self.halves),
+                    (m.tx_commits, self.commits),
+                    (m.tx_rollbacks, self.rollbacks),
+                )
+            ):
+                n = total - folded[i]
+                if n:
+                    counter.inc(n)
+                    folded[i] = total
 
 
 class TransactionalMessageService:
@@ -129,6 +167,10 @@ class TransactionalMessageService:
             limits=CheckLimits.of(cfg),
             on_check_sent=self.trace.check_sent if self.trace is not None else None,
         )
+        #: halves stored, commits and rollbacks, counted in plain integers
+        self.counts = TxCounts(ctx.metrics)
+        #: halves sent alone, stored from their request header (:mod:`.direct`)
+        self.direct = HalfSends(self)
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
 
@@ -210,7 +252,7 @@ class TransactionalMessageService:
             half = add_half(msg, result.offset_msg_id)
             if half is not None:
                 remember(msg, half)
-        self.ctx.metrics.tx_half.inc(len(msgs))
+        self.counts.halves += len(msgs)
 
     def _add_half(self, msg: MessageExt, offset_msg_id: str) -> HalfRef | None:
         props = msg.properties
@@ -266,31 +308,54 @@ class TransactionalMessageService:
             recent = self._recent_halves
             added = 0
             too_big = limit // 64
+            join = b"".join
+            # The committed form of the current template in locals: each record is a tuple
+            # made in C (what ``StoredForm.record`` makes), no call per half.
+            last: HalfTemplate | None = None
+            form: StoredForm | None = None
+            heads: dict[int, bytes] = {}
+            topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
             for (phy, _n, _qo), r, t, u in zip(
                 placed, batch.records, halves, batch.raw_uniqs, strict=True
             ):
                 b = r.body
-                if len(b) > too_big:
+                n = len(b)
+                if n > too_big:
                     continue
-                form = t.committed
-                head = form.head(len(u))
+                if t is not last:
+                    last = t
+                    form = t.committed
+                    heads = form.heads
+                    topic, qid, magic, tail = form.topic, form.queue_id, form.magic, form.tail
+                    sys_flag, tags_code = form.sys_flag, form.tags_code
+                head = heads.get(len(u))
                 if head is None:
-                    continue  # the commit reads it back and refuses it, as the generic path
-                recent[phy] = form.record(
-                    r.body_crc,
-                    b,
-                    head,
-                    u,
-                    r.flag,
-                    r.born_timestamp,
-                    r.born_host,
-                    r.reconsume_times,
-                    phy,
+                    assert form is not None
+                    head = form.head(len(u))
+                    if head is None:
+                        continue  # the commit reads it back and refuses it, as the generic path
+                recent[phy] = _new_tuple(
+                    EncodedMessage,
+                    (
+                        topic,
+                        qid,
+                        magic,
+                        r.body_crc,
+                        b,
+                        join((head, u, tail)),
+                        r.flag,
+                        sys_flag,
+                        r.born_timestamp,
+                        r.born_host,
+                        r.reconsume_times,
+                        phy,
+                        tags_code,
+                    ),
                 )
-                added += len(b)
+                added += n
             self._recent_bytes += added
             self._evict_recent()
-        self.ctx.metrics.tx_half.inc(len(batch.records))
+        self.counts.halves += len(batch.records)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -351,6 +416,22 @@ class TransactionalMessageService:
         self._recent_bytes += len(body)
         self._evict_recent()
 
+    def remember_committed(
+        self, phy: int, form: HalfForm, p: HalfSend, crc: int, host: bytes
+    ) -> None:
+        """:meth:`_remember_half` of a half stored by :mod:`.direct` at ``phy``: its committed
+        copy from the shape's committed form (``form``), within the same bounds."""
+        limit = self._recent_max_bytes
+        n = len(p.body)
+        if limit <= 0 or n > limit // 64:
+            return
+        r = committed_record(form, p, crc, host, phy)
+        if r is None:
+            return  # the commit reads it back and refuses it
+        self._recent_halves[phy] = r
+        self._recent_bytes += n
+        self._evict_recent()
+
     def _evict_recent(self) -> None:
         recent = self._recent_halves
         while len(recent) > RECENT_HALVES_MAX or self._recent_bytes > self._recent_max_bytes:
@@ -403,7 +484,14 @@ class TransactionalMessageService:
                 r = pop(h.commit_log_offset, None)
                 if r is not None:
                     freed += len(r.body)
-                    if r.prepared_transaction_offset >= min_phy and not _timed(r.tail):
+                    # A half whose properties may ask for a delivery time is read back (the
+                    # timer holds its committed message until then).
+                    tail = r.tail
+                    if (
+                        r.prepared_transaction_offset >= min_phy
+                        and b"TIMER_" not in tail
+                        and b"__STARTDELIVERTIME" not in tail
+                    ):
                         append(r)
                         continue
                 append(encode_for_store(self._real_message(h)))
@@ -449,13 +537,13 @@ class TransactionalMessageService:
         return end
 
     def _count(self, rec: TxRecord) -> None:
-        m = self.ctx.metrics
-        if rec.state is TxState.COMMITTED:
-            m.tx_commits.inc()
-        elif rec.state is TxState.ROLLED_BACK:
-            m.tx_rollbacks.inc()
-        elif rec.state is TxState.DISCARDED:
-            m.tx_discards.inc()
+        state = rec.state
+        if state is TxState.COMMITTED:
+            self.counts.commits += 1
+        elif state is TxState.ROLLED_BACK:
+            self.counts.rollbacks += 1
+        elif state is TxState.DISCARDED:
+            self.ctx.metrics.tx_discards.inc()
 
     def decide(self, rec: TxRecord, decision: Decision, by: str, remark: str = "") -> int:
         """Commit or roll back ``rec`` (synchronously: no await between the state check and the
@@ -705,8 +793,3 @@ class TransactionalMessageService:
 
 
 __all__ = ["CheckSender", "RemotingCheckSender", "TransactionalMessageService"]
-
-
-def _timed(tail: bytes) -> bool:
-    """Whether an encoded message's properties may ask for a delivery time."""
-    return b"TIMER_" in tail or b"__STARTDELIVERTIME" in tail

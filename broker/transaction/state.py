@@ -53,9 +53,13 @@ class TxState(enum.Enum):
     ROLLED_BACK = "ROLLED_BACK"
     DISCARDED = "DISCARDED"
 
-    @property
-    def decided(self) -> bool:
-        return self in (TxState.COMMITTED, TxState.ROLLED_BACK)
+    #: COMMITTED or ROLLED_BACK (an attribute of each member, read on every decision)
+    decided: bool
+
+
+for _state in TxState:
+    _state.decided = _state in (TxState.COMMITTED, TxState.ROLLED_BACK)
+del _state
 
 
 class Decision(enum.IntEnum):

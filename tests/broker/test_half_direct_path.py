@@ -1,0 +1,272 @@
+"""A half message sent alone (SEND_MESSAGE_V2 / SEND_MESSAGE, what ``producer.transaction()``
+with one message sends) is stored straight from its header (``broker/transaction/direct.py``).
+Two real brokers get the same requests over sockets, one with ``batchFastPathEnable`` off (the
+generic path): they must answer the same, store the same half bytes, hold the same transaction
+table, and, once END_TRANSACTION commits or rolls back, store the same committed messages.
+Halves the direct path must leave (no transaction id, a batch key, a delay, a timer, the
+UNIQ_KEY not first, a resend, a decided transaction, ...) are answered as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.support.fastpath import BrokerPair, broker_pair, comparable
+from txmq.broker.server import BrokerController
+from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
+from txmq.protocol.headers import EndTransactionRequestHeader, SendMessageRequestHeader
+from txmq.protocol.message import (
+    MessageConst,
+    decode_message,
+    decode_offset_msg_id,
+    properties_to_string,
+)
+
+C = MessageConst
+MAX_BODY = 300
+GROUP = "half-g"
+#: The bytes of a stored record that differ between two brokers (BORNHOST, STORETIMESTAMP,
+#: STOREHOST).
+_PER_BROKER_BYTES = slice(48, 72)
+
+
+@pytest.fixture
+async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
+    async with broker_pair(make_broker_config, max_message_size=MAX_BODY) as p:
+        yield p
+
+
+def stored_directly(b: BrokerController) -> int:
+    return b.core.tx.direct.stored
+
+
+def _raw(b: BrokerController, offset: int) -> bytes:
+    raw = bytearray(b.store.read_message_bytes(offset))
+    raw[_PER_BROKER_BYTES] = bytes(24)
+    return bytes(raw)
+
+
+def header(
+    v2: bool, topic: str, props: str | None, qid: int = 1, sys_flag: int = 4, **more: Any
+) -> dict[str, Any]:
+    h = SendMessageRequestHeader(
+        producer_group=GROUP,
+        topic=topic,
+        queue_id=qid,
+        sys_flag=sys_flag,
+        born_timestamp=1_700_000_000_123,
+        flag=more.pop("flag", 0),
+        properties=props,
+        **more,
+    )
+    return h.to_v2_ext_fields() if v2 else h.to_ext_fields()
+
+
+def half_props(uniq: str, txid: str | None, *extra: tuple[str, str], lead: bool = True) -> str:
+    """What the SDK sends for a half: UNIQ_KEY, WAIT, TRAN_MSG, PGROUP, the transaction id."""
+    items = [(C.WAIT_STORE_MSG_OK, "true"), (C.TRAN_MSG, "true"), (C.PGROUP, GROUP), *extra]
+    if txid is not None:
+        items.append((C.TRANSACTION_ID, txid))
+    if lead:
+        items.insert(0, (C.UNIQ_KEY, uniq))
+    else:
+        items.append((C.UNIQ_KEY, uniq))
+    return properties_to_string(dict(items))
+
+
+async def send_both(
+    pair: BrokerPair, v2: bool, ext: dict[str, Any], body: bytes
+) -> tuple[RemotingCommand, bool]:
+    """Send to both, compare answers and stored halves; (the fast broker's answer, whether the
+    direct path took it)."""
+    code = RequestCode.SEND_MESSAGE_V2 if v2 else RequestCode.SEND_MESSAGE
+    before = stored_directly(pair.fast)
+    a, b = await pair.call(code, ext, body)
+    took = stored_directly(pair.fast) > before
+    assert stored_directly(pair.generic) == 0
+    assert (a.code, a.remark) == (b.code, b.remark), (ext, body[:20])
+    if a.code == ResponseCode.SUCCESS:
+        ea, eb = dict(a.ext_fields), dict(b.ext_fields)
+        (_, off), (_, off_b) = (
+            decode_offset_msg_id(ea.pop("msgId")),
+            decode_offset_msg_id(eb.pop("msgId")),
+        )
+        assert (off, ea) == (off_b, eb)
+        assert _raw(pair.fast, off) == _raw(pair.generic, off)
+        assert comparable(decode_message(pair.fast.store.read_message_bytes(off))) == comparable(
+            decode_message(pair.generic.store.read_message_bytes(off))
+        )
+    return a, took
+
+
+async def end_both(pair: BrokerPair, resp: RemotingCommand, decision: int) -> None:
+    h = pair.clients[0].send_header(resp)
+    _, offset = decode_offset_msg_id(h.msg_id)
+    eh = EndTransactionRequestHeader(
+        producer_group=GROUP,
+        tran_state_table_offset=h.queue_offset,
+        commit_log_offset=offset,
+        commit_or_rollback=decision,
+        from_transaction_check=False,
+        msg_id=h.msg_id,
+        transaction_id=h.transaction_id,
+    )
+    a, b = await pair.call(RequestCode.END_TRANSACTION, eh.to_ext_fields(), b"")
+    assert (a.code, a.remark) == (b.code, b.remark)
+    assert a.code == ResponseCode.SUCCESS, a.remark
+
+
+def table(b: BrokerController) -> dict[str, Any]:
+    """The transaction table without what differs between two brokers."""
+    return {
+        txid: (
+            rec.producer_group,
+            rec.state,
+            rec.batch_key,
+            [
+                (
+                    h.commit_log_offset,
+                    h.queue_offset,
+                    h.real_topic,
+                    h.real_queue_id,
+                    h.uniq_key,
+                    decode_offset_msg_id(h.offset_msg_id)[1],
+                    h.immunity_ms,
+                )
+                for h in rec.halves
+            ],
+        )
+        for txid, rec in b.core.tx.records.items()
+    }
+
+
+@pytest.mark.parametrize("v2", [True, False], ids=["V2", "V1"])
+async def test_the_sdks_half_is_stored_directly_and_commits_the_same(
+    pair: BrokerPair, v2: bool
+) -> None:
+    topic = "half-t"
+    variants = [
+        lambda u, t: half_props(u, t),
+        lambda u, t: half_props(u, t, (C.TAGS, "TagA"), (C.KEYS, "k1 k2")),
+        lambda u, t: half_props(u, t, (C.CHECK_IMMUNITY_TIME_IN_SECONDS, "60"), ("é", "Zürich ✓")),
+        # the transaction id right after the UNIQ_KEY
+        lambda u, t: properties_to_string(
+            {C.UNIQ_KEY: u, C.TRANSACTION_ID: t, C.TRAN_MSG: "true", C.PGROUP: GROUP}
+        ),
+    ]
+    answers: list[tuple[RemotingCommand, int]] = []
+    n = 0
+    for i, make in enumerate(variants):
+        for r in range(3):  # later sends of a shape reuse its forms
+            n += 1
+            txid = f"tx-{v2}-{i}-{r}"
+            ext = header(v2, topic, make(f"{n:032X}", txid), qid=n % 4)
+            resp, took = await send_both(pair, v2, ext, f"body-{i}-{r}".encode() * 3)
+            assert took, make(f"{n:032X}", txid)
+            answers.append((resp, 8 if r != 1 else 12))
+    # a second half of a pending transaction, sent alone, joins it
+    n += 1
+    resp, took = await send_both(
+        pair, v2, header(v2, topic, half_props(f"{n:032X}", f"tx-{v2}-0-0"), qid=2), b"second"
+    )
+    assert took
+    assert table(pair.fast) == table(pair.generic)
+    assert len(pair.fast.core.tx.records[f"tx-{v2}-0-0"].halves) == 2
+    for resp, decision in answers:
+        await end_both(pair, resp, decision)
+    assert table(pair.fast) == table(pair.generic)
+    for b in (pair.fast, pair.generic):  # counted in plain integers, folded when read
+        snap = b.metrics.snapshot()
+        assert snap["txmq_transaction_halves_total"] == 13
+        assert snap["txmq_transaction_commits_total"] == 8
+        assert snap["txmq_transaction_rollbacks_total"] == 4
+    # A consumer reads the same committed messages from both, byte for byte.
+    got_a = await pair.clients[0].pull_all(topic)
+    got_b = await pair.clients[1].pull_all(topic)
+    assert len(got_a) == len(got_b) == 4 * 2 + 1
+    assert [comparable(m) for m in got_a] == [comparable(m) for m in got_b]
+    for m in got_a:
+        assert _raw(pair.fast, m.commit_log_offset) == _raw(pair.generic, m.commit_log_offset)
+    for q in range(4):
+        cq_a, cq_b = pair.fast.store._cqs[(topic, q)], pair.generic.store._cqs[(topic, q)]
+        assert [cq_a.entry(i) for i in range(cq_a.max_offset)] == [
+            cq_b.entry(i) for i in range(cq_b.max_offset)
+        ]
+
+
+def _left_to_the_generic_path() -> dict[str, tuple[dict[str, Any], bytes]]:
+    t = "half-l"
+    return {
+        "no transaction id": (header(True, t, half_props("A1", None)), b"a"),
+        "an empty transaction id": (header(True, t, half_props("A2", "")), b"a"),
+        "the UNIQ_KEY not first": (header(True, t, half_props("A3", "tx-3", lead=False)), b"a"),
+        "a batch key": (header(True, t, half_props("A4", "tx-4", (C.TXMQ_BATCH_KEY, "b"))), b"a"),
+        "a delay": (header(True, t, half_props("A5", "tx-5", (C.DELAY, "3"))), b"a"),
+        "a second transaction id": (
+            header(True, t, half_props("A6", "tx-6") + f"{C.TRANSACTION_ID}\x01tx-66\x02"),
+            b"a",
+        ),
+        "no TRAN_MSG": (
+            header(True, t, properties_to_string({C.UNIQ_KEY: "A7", C.TRANSACTION_ID: "tx-7"})),
+            b"a",
+        ),
+        "TRAN_MSG without the flag": (header(True, t, half_props("A8", "tx-8"), sys_flag=0), b"a"),
+        "no PGROUP nor header group": (
+            {
+                **header(True, t, half_props("A9", "tx-9").replace(GROUP, "")),
+                "a": "",
+            },
+            b"a",
+        ),
+        "a body over maxMessageSize": (
+            header(True, t, half_props("A10", "tx-10")),
+            b"x" * (MAX_BODY + 1),
+        ),
+        "a header field as text": ({**header(True, t, half_props("A11", "tx-11")), "e": "1"}, b"a"),
+        "a separator in the transaction id": (
+            header(True, t, half_props("A12", "tx-12").replace("tx-12", "tx\x0112")),
+            b"a",
+        ),
+        "a queue that does not exist": (header(True, t, half_props("A13", "tx-13"), qid=99), b"a"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_left_to_the_generic_path()))
+async def test_halves_the_direct_path_leaves_are_answered_as_before(
+    pair: BrokerPair, case: str
+) -> None:
+    ext, body = _left_to_the_generic_path()[case]
+    _resp, took = await send_both(pair, True, ext, body)
+    assert not took, f"{case}: the direct path took it"
+    assert table(pair.fast) == table(pair.generic)
+
+
+async def test_a_resent_half_and_a_half_of_a_decided_transaction_are_answered_as_before(
+    pair: BrokerPair,
+) -> None:
+    ext = header(True, "half-r", half_props("B1", "tx-r"))
+    first, took = await send_both(pair, True, ext, b"first")
+    assert took
+    again, took = await send_both(pair, True, ext, b"first")
+    assert not took, "a resend was stored directly"
+    assert first.ext_fields == again.ext_fields
+    assert pair.fast.store._cqs[(pair.fast.core.tx.half_topic, 0)].max_offset == 1
+    await end_both(pair, first, 8)
+    late, took = await send_both(pair, True, header(True, "half-r", half_props("B2", "tx-r")), b"x")
+    assert not took
+    assert late.code == ResponseCode.ILLEGAL_OPERATION, late.remark
+    assert table(pair.fast) == table(pair.generic)
+
+
+async def test_transactions_refused_on_the_broker_are_refused_alike(
+    make_broker_config: Any,
+) -> None:
+    async with broker_pair(make_broker_config, reject_transaction_message=True) as pair:
+        resp, took = await send_both(
+            pair, True, header(True, "half-n", half_props("C1", "tx")), b"a"
+        )
+        assert not took
+        assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
