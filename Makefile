@@ -7,7 +7,11 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client grpc-gen etcd spark35 chromium
 
-$(STAMP): pyproject.toml
+## The modules setup.py compiles (txmq.a.b -> a/b.py): an edit to one reinstalls, which compiles
+## it again (until then it runs as Python: txmq/_compiled.py).
+COMPILED_SRC := $(shell sed -n 's/^    "txmq\.\(.*\)",$$/\1/p' setup.py | tr . / | sed 's/$$/.py/')
+
+$(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -1,0 +1,82 @@
+"""Compiles the request path with Cython (pure-Python mode: the same ``.py`` sources).
+
+Everything else is in pyproject.toml.  Each compiled module keeps its ``.py`` as the fallback:
+``TXMQ_PURE_PYTHON=1`` imports only the ``.py`` files, and a module whose ``.py`` no longer
+matches the hash recorded here at build time is imported from its ``.py`` (see
+``txmq/_compiled.py``).  ``TXMQ_NO_COMPILE=1`` builds without compiling anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+
+#: The modules compiled, chosen by profile (the request path of a send, a transaction and a
+#: pull on the broker, and the SDK's send).  Each must stay importable as plain Python.
+COMPILED = [
+    "txmq.protocol.aio",
+    "txmq.protocol.frame",
+    "txmq.protocol.headers",
+    "txmq.protocol.message",
+    "txmq.protocol.command",
+    "txmq.broker.messaging.fastpath",
+    "txmq.broker.messaging.core",
+    "txmq.broker.messaging.write",
+    "txmq.broker.messaging.dedup",
+    "txmq.broker.messaging.index",
+    "txmq.broker.processors.send",
+    "txmq.broker.store.commit_log",
+    "txmq.broker.store.message_store",
+    "txmq.broker.store.consume_queue",
+    "txmq.broker.metrics",
+    "txmq.broker.transaction.machine",
+    "txmq.client.remoting",
+    "txmq.client.producer",
+]
+
+#: Written beside the package at build time: module name -> SHA-256 of the .py compiled.
+MANIFEST = HERE / "txmq" / "_compiled_manifest.json"
+
+DIRECTIVES = {
+    "language_level": 3,
+    "binding": True,
+    # annotations are documentation and mypy's: they never change what the code does
+    "annotation_typing": False,
+    "embedsignature": False,
+    "always_allow_keywords": True,
+}
+
+
+def _source(module: str) -> Path:
+    return HERE.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def _extensions() -> list:  # type: ignore[type-arg]
+    if os.environ.get("TXMQ_NO_COMPILE") == "1":
+        MANIFEST.unlink(missing_ok=True)
+        return []
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    exts = [
+        Extension(m, [str(_source(m).relative_to(HERE))], extra_compile_args=["-O2", "-g0"])
+        for m in COMPILED
+    ]
+    built = cythonize(
+        exts,
+        compiler_directives=DIRECTIVES,
+        nthreads=int(os.environ.get("TXMQ_COMPILE_JOBS", "0")) or (os.cpu_count() or 1),
+        quiet=True,
+    )
+    manifest = {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in COMPILED}
+    MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return built
+
+
+setup(ext_modules=_extensions())
