@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,8 +43,10 @@ COMPILED = [
     "txmq.client.producer",
 ]
 
-#: Written beside the package at build time: module name -> SHA-256 of the .py compiled.
-MANIFEST = HERE / "txmq" / "_compiled_manifest.json"
+#: Written beside the compiled modules at build time: module name -> SHA-256 of the .py
+#: each was compiled from.
+MANIFEST_NAME = "_compiled_manifest.json"
+HASHES: dict[str, str] = {}
 
 DIRECTIVES = {
     "language_level": 3,
@@ -59,8 +64,7 @@ def _source(module: str) -> Path:
 
 def _extensions() -> list:  # type: ignore[type-arg]
     if os.environ.get("TXMQ_NO_COMPILE") == "1":
-        MANIFEST.unlink(missing_ok=True)
-        return []
+        return []  # a plain py3-none-any wheel
     from Cython.Build import cythonize
     from setuptools import Extension
 
@@ -74,9 +78,32 @@ def _extensions() -> list:  # type: ignore[type-arg]
         nthreads=int(os.environ.get("TXMQ_COMPILE_JOBS", "0")) or (os.cpu_count() or 1),
         quiet=True,
     )
-    manifest = {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in COMPILED}
-    MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    HASHES.update({m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in COMPILED})
     return built
 
 
-setup(ext_modules=_extensions())
+class BuildExt(build_ext):
+    """Writes the manifest beside the compiled modules it describes, once they are built: in
+    the build folder (what a wheel packs) and, built in place (``make install``), beside the
+    sources.  A manifest never describes compiled files of another build."""
+
+    def copy_file(self, infile: str, outfile: str, *args: Any, **kwargs: Any) -> Any:
+        # A compiled module copied beside the sources replaces the old file rather than
+        # writing into it: a process that has the old one loaded keeps its pages.
+        if outfile.endswith(tuple(EXTENSION_SUFFIXES)) and os.path.isfile(outfile):
+            os.unlink(outfile)
+        return super().copy_file(infile, outfile, *args, **kwargs)
+
+    def run(self) -> None:
+        super().run()
+        if not HASHES:
+            return
+        text = json.dumps(HASHES, indent=1, sort_keys=True) + "\n"
+        built = Path(self.build_lib) / "txmq" / MANIFEST_NAME
+        built.parent.mkdir(parents=True, exist_ok=True)
+        built.write_text(text)
+        if self.inplace:
+            (HERE / "txmq" / MANIFEST_NAME).write_text(text)
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildExt})

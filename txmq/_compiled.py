@@ -120,7 +120,12 @@ def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
             details[module] = "source edited since the build"
             continue
         good.append(module)
-    reason = "" if good else "compiled modules missing or out of date"
+    if good:
+        reason = ""
+    elif stale:
+        reason = "every compiled module was edited since the build"
+    else:
+        reason = "not compiled: no compiled module beside the sources"
     return CompiledStatus(tuple(good), tuple(stale), reason, details)
 
 

@@ -1,0 +1,152 @@
+"""CPU per request of the one-at-a-time figures (the peers harness's ``pub.one`` and ``txn.1``,
+the same user code), on both sides: the SDK's process CPU and the broker's (/proc).
+
+    python bench/one_at_a_time.py                         # a broker of this checkout
+    TXMQ_PURE_PYTHON=1 python bench/one_at_a_time.py      # SDK and broker as plain Python
+    python bench/one_at_a_time.py --broker-pure           # only the broker as plain Python
+
+A fresh broker (ASYNC_FLUSH, its own store) per run; each figure runs ``--count`` requests
+after a warm-up and prints µs of CPU per request for the SDK process and the broker process.
+Medians of ``--rounds``.  Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TICKS = os.sysconf("SC_CLK_TCK")
+BODY = b"x" * 1024
+
+
+def broker_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@contextlib.contextmanager
+def broker(pure: bool) -> Iterator[tuple[str, int]]:
+    store = tempfile.mkdtemp(prefix="txmq-one-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    if pure:
+        env["TXMQ_PURE_PYTHON"] = "1"
+    cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float]]:
+    from txmq.client import (
+        AsyncProducer,
+        AsyncTransactionProducer,
+        LocalTransactionState,
+        Message,
+        SendStatus,
+        TransactionListener,
+    )
+    from txmq.client.admin import AsyncAdminClient
+
+    class Listener(TransactionListener):  # only consulted by check-back (should not happen)
+        def execute_local_transaction(self, message: Message, arg: object) -> Any:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+        def check_local_transaction(self, message: Any) -> Any:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+    topic = "one-at-a-time"
+    async with AsyncAdminClient(address, timeout=30.0) as admin:
+        await admin.create_topic(topic, queues=4)
+    producer = AsyncProducer("one-producer", address, request_timeout=30.0)
+    txp = AsyncTransactionProducer("one-tx", Listener(), address, request_timeout=30.0)
+    await producer.start()
+    await txp.start()
+
+    async def pub_one() -> None:
+        r = await producer.send(Message(topic, BODY))
+        if r.status is not SendStatus.SEND_OK:
+            raise RuntimeError(f"send answered {r.status}")
+
+    async def txn_one() -> None:
+        async with txp.transaction() as t:
+            await t.send(Message(topic, BODY))
+        if t.state is not LocalTransactionState.COMMIT_MESSAGE:
+            raise RuntimeError(f"transaction ended {t.state}")
+
+    async def timed(op: Callable[[], Awaitable[None]], n: int) -> tuple[float, float]:
+        for _ in range(min(200, n)):
+            await op()
+        c0, b0 = time.process_time(), broker_cpu(pid)
+        for _ in range(n):
+            await op()
+        c1, b1 = time.process_time(), broker_cpu(pid)
+        return (c1 - c0) / n * 1e6, (b1 - b0) / n * 1e6
+
+    try:
+        return {"pub.one": await timed(pub_one, count), "txn.1": await timed(txn_one, count)}
+    finally:
+        await producer.shutdown()
+        await txp.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--count", type=int, default=3000, help="requests per figure")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--broker-pure", action="store_true", help="the broker as plain Python")
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    from txmq import _compiled
+
+    print(f"SDK: {_compiled.STATUS.describe()}; broker pure: {args.broker_pure}")
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.rounds):
+        with broker(args.broker_pure) as (address, pid):
+            for name, value in asyncio.run(figures(address, pid, args.count)).items():
+                runs.setdefault(name, []).append(value)
+                print(f"  {name}: SDK {value[0]:.1f} µs, broker {value[1]:.1f} µs", flush=True)
+    for name, values in runs.items():
+        sdk = statistics.median(v[0] for v in values)
+        brk = statistics.median(v[1] for v in values)
+        print(f"{name}: median SDK {sdk:.1f} µs/request, broker {brk:.1f} µs/request")
+
+
+if __name__ == "__main__":
+    main()
