@@ -48,7 +48,8 @@ typecheck: $(STAMP)
 docker-setup:
 	@sh tests/support/docker_base.sh || [ $$? -eq 3 ]
 
-## txmq alone as a wheel, dist/txmq-<version>-py3-none-any.whl: what to `pip install` on Spark
+## txmq alone as a wheel, dist/txmq-<version>-<python>-<platform>.whl with the compiled request
+## path (TXMQ_NO_COMPILE=1: the plain dist/txmq-<version>-py3-none-any.whl): what to `pip install` on Spark
 ## nodes or anywhere else (txmq is not on PyPI; see docs/spark.md).
 wheel: $(STAMP)
 	rm -f dist/txmq-*.whl

@@ -1,13 +1,13 @@
 """CPU per request of the one-at-a-time figures (the peers harness's ``pub.one`` and ``txn.1``,
 the same user code), on both sides: the SDK's process CPU and the broker's (/proc).
 
-    python bench/one_at_a_time.py                         # a broker of this checkout
-    TXMQ_PURE_PYTHON=1 python bench/one_at_a_time.py      # SDK and broker as plain Python
-    python bench/one_at_a_time.py --broker-pure           # only the broker as plain Python
+    python bench/one_at_a_time.py                         # the SDK compiled
+    TXMQ_PURE_PYTHON=1 python bench/one_at_a_time.py      # the SDK as plain Python
 
-A fresh broker (ASYNC_FLUSH, its own store) per run; each figure runs ``--count`` requests
-after a warm-up and prints µs of CPU per request for the SDK process and the broker process.
-Medians of ``--rounds``.  Linux only.
+Each round runs two brokers of this checkout one after the other, one compiled and one with
+``TXMQ_PURE_PYTHON=1`` (ASYNC_FLUSH, a fresh store each); each figure runs ``--count`` requests
+after a warm-up and prints µs of CPU per request for the SDK process and the broker process
+(user time, and user + system).  Medians of ``--rounds``.  Linux only.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ TICKS = os.sysconf("SC_CLK_TCK")
 BODY = b"x" * 1024
 
 
-def broker_cpu(pid: int) -> float:
+def broker_cpu(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
 
 
 @contextlib.contextmanager
@@ -45,6 +46,7 @@ def broker(pure: bool) -> Iterator[tuple[str, int]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ)
+    env.pop("TXMQ_PURE_PYTHON", None)
     if pure:
         env["TXMQ_PURE_PYTHON"] = "1"
     cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
@@ -68,7 +70,7 @@ def broker(pure: bool) -> Iterator[tuple[str, int]]:
         shutil.rmtree(store, ignore_errors=True)
 
 
-async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float]]:
+async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float, float]]:
     from txmq.client import (
         AsyncProducer,
         AsyncTransactionProducer,
@@ -105,14 +107,14 @@ async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, 
         if t.state is not LocalTransactionState.COMMIT_MESSAGE:
             raise RuntimeError(f"transaction ended {t.state}")
 
-    async def timed(op: Callable[[], Awaitable[None]], n: int) -> tuple[float, float]:
+    async def timed(op: Callable[[], Awaitable[None]], n: int) -> tuple[float, float, float]:
         for _ in range(min(200, n)):
             await op()
-        c0, b0 = time.process_time(), broker_cpu(pid)
+        c0, (u0, s0) = time.process_time(), broker_cpu(pid)
         for _ in range(n):
             await op()
-        c1, b1 = time.process_time(), broker_cpu(pid)
-        return (c1 - c0) / n * 1e6, (b1 - b0) / n * 1e6
+        c1, (u1, s1) = time.process_time(), broker_cpu(pid)
+        return (c1 - c0) / n * 1e6, (u1 - u0) / n * 1e6, (u1 + s1 - u0 - s0) / n * 1e6
 
     try:
         return {"pub.one": await timed(pub_one, count), "txn.1": await timed(txn_one, count)}
@@ -125,7 +127,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", type=int, default=3000, help="requests per figure")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--broker-pure", action="store_true", help="the broker as plain Python")
     args = ap.parse_args()
     try:
         import uvloop
@@ -135,17 +136,24 @@ def main() -> None:
         pass
     from txmq import _compiled
 
-    print(f"SDK: {_compiled.STATUS.describe()}; broker pure: {args.broker_pure}")
-    runs: dict[str, list[tuple[float, float]]] = {}
+    print(f"SDK: {_compiled.STATUS.describe()}")
+    runs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(args.rounds):
-        with broker(args.broker_pure) as (address, pid):
-            for name, value in asyncio.run(figures(address, pid, args.count)).items():
-                runs.setdefault(name, []).append(value)
-                print(f"  {name}: SDK {value[0]:.1f} µs, broker {value[1]:.1f} µs", flush=True)
-    for name, values in runs.items():
-        sdk = statistics.median(v[0] for v in values)
-        brk = statistics.median(v[1] for v in values)
-        print(f"{name}: median SDK {sdk:.1f} µs/request, broker {brk:.1f} µs/request")
+        for kind in ("compiled", "pure"):
+            with broker(kind == "pure") as (address, pid):
+                for name, value in asyncio.run(figures(address, pid, args.count)).items():
+                    runs.setdefault((name, kind), []).append(value)
+                    print(
+                        f"  {name} broker {kind}: SDK {value[0]:.1f} µs, broker user "
+                        f"{value[1]:.1f} µs, user+sys {value[2]:.1f} µs",
+                        flush=True,
+                    )
+    for (name, kind), values in runs.items():
+        sdk, user, both = (statistics.median(v[i] for v in values) for i in range(3))
+        print(
+            f"{name} broker {kind}: median SDK {sdk:.1f} µs/request, broker user {user:.1f}, "
+            f"user+sys {both:.1f} µs/request"
+        )
 
 
 if __name__ == "__main__":
