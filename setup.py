@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sysconfig
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,19 @@ def _extensions() -> list:  # type: ignore[type-arg]
     return built
 
 
+def _built_in_place(module: str) -> Path | None:
+    """The module compiled in place from the same source, by this interpreter, if there is one."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = _source(module).with_name(module.rpartition(".")[2] + suffix)
+    try:
+        manifest = json.loads((HERE / "txmq" / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if built.is_file() and HASHES.get(module) and manifest.get(module) == HASHES[module]:
+        return built
+    return None
+
+
 class BuildExt(build_ext):
     """Writes the manifest beside the compiled modules it describes, once they are built: in
     the build folder (what a wheel packs) and, built in place (``make install``), beside the
@@ -104,6 +118,17 @@ class BuildExt(build_ext):
         super().finalize_options()
         if self.parallel is None:  # the modules compile one per core
             self.parallel = os.cpu_count() or 1
+
+    def build_extension(self, ext: Any) -> None:
+        # A wheel built after `make install` reuses the modules compiled in place when the
+        # manifest beside them says they come from the very sources of this build.
+        done = None if self.force else _built_in_place(ext.name)
+        if done is None:
+            super().build_extension(ext)
+            return
+        target = self.get_ext_fullpath(ext.name)
+        self.mkpath(os.path.dirname(target))
+        self.copy_file(str(done), target)
 
     def copy_file(self, infile: str, outfile: str, *args: Any, **kwargs: Any) -> Any:
         # A compiled module copied beside the sources replaces the old file rather than
