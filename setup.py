@@ -3,7 +3,12 @@
 Everything else is in pyproject.toml.  Each compiled module keeps its ``.py`` as the fallback:
 ``TXMQ_PURE_PYTHON=1`` imports only the ``.py`` files, and a module whose ``.py`` no longer
 matches the hash recorded here at build time is imported from its ``.py`` (see
-``txmq/_compiled.py``).  ``TXMQ_NO_COMPILE=1`` builds without compiling anything.
+``txmq/_compiled.py``).
+
+Compiling is opt-in: ``TXMQ_COMPILE=1 make install`` (or ``make wheel``, any ``pip install``).
+Measured on CPython 3.11 the modules compiled unchanged cost more CPU per request than the
+same modules run by the interpreter (docs/performance.md, "The compiled request path"), so a
+plain build stays pure Python: a py3-none-any wheel.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ def _source(module: str) -> Path:
 
 
 def _extensions() -> list:  # type: ignore[type-arg]
-    if os.environ.get("TXMQ_NO_COMPILE") == "1":
+    if os.environ.get("TXMQ_COMPILE") != "1":
         return []  # a plain py3-none-any wheel
     from Cython.Build import cythonize
     from setuptools import Extension

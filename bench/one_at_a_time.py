@@ -40,7 +40,7 @@ def broker_cpu(pid: int) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def broker(pure: bool) -> Iterator[tuple[str, int]]:
+def broker(pure: str) -> Iterator[tuple[str, int]]:
     store = tempfile.mkdtemp(prefix="txmq-one-")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,7 +48,7 @@ def broker(pure: bool) -> Iterator[tuple[str, int]]:
     env = dict(os.environ)
     env.pop("TXMQ_PURE_PYTHON", None)
     if pure:
-        env["TXMQ_PURE_PYTHON"] = "1"
+        env["TXMQ_PURE_PYTHON"] = pure
     cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -127,7 +127,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", type=int, default=3000, help="requests per figure")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--broker",
+        action="append",
+        metavar="NAME=SWITCH",
+        help="a broker to measure: TXMQ_PURE_PYTHON's value for it (empty: all compiled; "
+        "default: compiled= and pure=1)",
+    )
     args = ap.parse_args()
+    kinds = dict(b.partition("=")[::2] for b in args.broker or ["compiled=", "pure=1"])
     try:
         import uvloop
 
@@ -139,8 +147,8 @@ def main() -> None:
     print(f"SDK: {_compiled.STATUS.describe()}")
     runs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(args.rounds):
-        for kind in ("compiled", "pure"):
-            with broker(kind == "pure") as (address, pid):
+        for kind, switch in kinds.items():
+            with broker(switch) as (address, pid):
                 for name, value in asyncio.run(figures(address, pid, args.count)).items():
                     runs.setdefault((name, kind), []).append(value)
                     print(

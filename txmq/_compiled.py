@@ -98,8 +98,11 @@ def read_manifest(path: Path = MANIFEST) -> dict[str, str] | None:
 def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
     """Which compiled modules this process may import (nothing is imported here)."""
     env = os.environ if environ is None else environ
-    if env.get(PURE_ENV, "") not in ("", "0"):
-        return CompiledStatus(pure_reason=f"{PURE_ENV}={env[PURE_ENV]}")
+    switch = env.get(PURE_ENV, "").strip()
+    if switch in ("1", "all"):
+        return CompiledStatus(pure_reason=f"{PURE_ENV}={switch}")
+    # anything else but 0: the modules (or packages) named, comma-separated, run as Python
+    chosen = () if switch in ("", "0") else tuple(p.strip() for p in switch.split(",") if p)
     manifest = read_manifest()
     if manifest is None:
         return CompiledStatus(pure_reason="not compiled: no build manifest")
@@ -107,6 +110,9 @@ def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
     stale: list[str] = []
     details: dict[str, str] = {}
     for module, digest in sorted(manifest.items()):
+        if any(module == p or module.startswith(p + ".") for p in chosen):
+            details[module] = f"{PURE_ENV} names it"
+            continue
         if extension_path(module) is None:
             details[module] = "no compiled module"
             continue
@@ -122,6 +128,8 @@ def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
         good.append(module)
     if good:
         reason = ""
+    elif chosen:
+        reason = f"{PURE_ENV}={switch}"
     elif stale:
         reason = "every compiled module was edited since the build"
     else:
