@@ -7,7 +7,14 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client grpc-gen etcd spark35 chromium
 
-$(STAMP): pyproject.toml
+## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
+## docs/performance.md).  Then an edit to a compiled module (txmq.a.b -> a/b.py) reinstalls,
+## which compiles it again (until then it runs as Python: txmq/_compiled.py).
+ifeq ($(TXMQ_COMPILE),1)
+COMPILED_SRC := $(shell sed -n 's/^    "txmq\.\(.*\)",$$/\1/p' setup.py | tr . / | sed 's/$$/.py/')
+endif
+
+$(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -44,7 +51,8 @@ typecheck: $(STAMP)
 docker-setup:
 	@sh tests/support/docker_base.sh || [ $$? -eq 3 ]
 
-## txmq alone as a wheel, dist/txmq-<version>-py3-none-any.whl: what to `pip install` on Spark
+## txmq alone as a wheel, dist/txmq-<version>-py3-none-any.whl (TXMQ_COMPILE=1: a platform wheel
+## with the request path compiled): what to `pip install` on Spark
 ## nodes or anywhere else (txmq is not on PyPI; see docs/spark.md).
 wheel: $(STAMP)
 	rm -f dist/txmq-*.whl

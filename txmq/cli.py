@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import click
 
+from txmq import _compiled
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -152,7 +154,9 @@ def _output_options(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="txmq")
+@click.version_option(
+    package_name="txmq", message=f"%(prog)s, version %(version)s ({_compiled.STATUS.describe()})"
+)
 @_env_option("--access-key", help="ACL account to sign requests with")
 @click.option(
     "--secret-key",
@@ -205,6 +209,19 @@ def main(
 
 
 # --- broker -----------------------------------------------------------------------------------
+
+
+def _log_code_path() -> None:
+    """One line at start: which code path runs (compiled modules, or pure Python and why)."""
+    import structlog
+
+    status = _compiled.STATUS
+    structlog.get_logger("txmq.broker").info(
+        "code_path",
+        path=status.describe(),
+        compiled=len(status.modules),
+        stale=list(status.stale),
+    )
 
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -300,6 +317,7 @@ def broker(
         _echo_json(config.as_rocketmq_dict())
         return
     configure_logging(log_level)
+    _log_code_path()
     from txmq.broker.server import PortInUseError, serve
     from txmq.broker.store import StoreLockedError
 

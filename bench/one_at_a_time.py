@@ -1,0 +1,168 @@
+"""CPU per request of the one-at-a-time figures (the peers harness's ``pub.one`` and ``txn.1``,
+the same user code), on both sides: the SDK's process CPU and the broker's (/proc).
+
+    python bench/one_at_a_time.py                         # the SDK compiled
+    TXMQ_PURE_PYTHON=1 python bench/one_at_a_time.py      # the SDK as plain Python
+
+Each round runs two brokers of this checkout one after the other, one compiled and one with
+``TXMQ_PURE_PYTHON=1`` (ASYNC_FLUSH, a fresh store each); each figure runs ``--count`` requests
+after a warm-up and prints µs of CPU per request for the SDK process and the broker process
+(user time, and user + system).  Medians of ``--rounds``.  Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TICKS = os.sysconf("SC_CLK_TCK")
+BODY = b"x" * 1024
+
+
+def broker_cpu(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+@contextlib.contextmanager
+def broker(pure: str) -> Iterator[tuple[str, int]]:
+    store = tempfile.mkdtemp(prefix="txmq-one-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    env.pop("TXMQ_PURE_PYTHON", None)
+    if pure:
+        env["TXMQ_PURE_PYTHON"] = pure
+    cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float, float]]:
+    from txmq.client import (
+        AsyncProducer,
+        AsyncTransactionProducer,
+        LocalTransactionState,
+        Message,
+        SendStatus,
+        TransactionListener,
+    )
+    from txmq.client.admin import AsyncAdminClient
+
+    class Listener(TransactionListener):  # only consulted by check-back (should not happen)
+        def execute_local_transaction(self, message: Message, arg: object) -> Any:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+        def check_local_transaction(self, message: Any) -> Any:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+    topic = "one-at-a-time"
+    async with AsyncAdminClient(address, timeout=30.0) as admin:
+        await admin.create_topic(topic, queues=4)
+    producer = AsyncProducer("one-producer", address, request_timeout=30.0)
+    txp = AsyncTransactionProducer("one-tx", Listener(), address, request_timeout=30.0)
+    await producer.start()
+    await txp.start()
+
+    async def pub_one() -> None:
+        r = await producer.send(Message(topic, BODY))
+        if r.status is not SendStatus.SEND_OK:
+            raise RuntimeError(f"send answered {r.status}")
+
+    async def txn_one() -> None:
+        async with txp.transaction() as t:
+            await t.send(Message(topic, BODY))
+        if t.state is not LocalTransactionState.COMMIT_MESSAGE:
+            raise RuntimeError(f"transaction ended {t.state}")
+
+    async def timed(op: Callable[[], Awaitable[None]], n: int) -> tuple[float, float, float]:
+        for _ in range(min(200, n)):
+            await op()
+        c0, (u0, s0) = time.process_time(), broker_cpu(pid)
+        for _ in range(n):
+            await op()
+        c1, (u1, s1) = time.process_time(), broker_cpu(pid)
+        return (c1 - c0) / n * 1e6, (u1 - u0) / n * 1e6, (u1 + s1 - u0 - s0) / n * 1e6
+
+    try:
+        return {"pub.one": await timed(pub_one, count), "txn.1": await timed(txn_one, count)}
+    finally:
+        await producer.shutdown()
+        await txp.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--count", type=int, default=3000, help="requests per figure")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--broker",
+        action="append",
+        metavar="NAME=SWITCH",
+        help="a broker to measure: TXMQ_PURE_PYTHON's value for it (empty: all compiled; "
+        "default: compiled= and pure=1)",
+    )
+    args = ap.parse_args()
+    kinds = dict(b.partition("=")[::2] for b in args.broker or ["compiled=", "pure=1"])
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    from txmq import _compiled
+
+    print(f"SDK: {_compiled.STATUS.describe()}")
+    runs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for _ in range(args.rounds):
+        for kind, switch in kinds.items():
+            with broker(switch) as (address, pid):
+                for name, value in asyncio.run(figures(address, pid, args.count)).items():
+                    runs.setdefault((name, kind), []).append(value)
+                    print(
+                        f"  {name} broker {kind}: SDK {value[0]:.1f} µs, broker user "
+                        f"{value[1]:.1f} µs, user+sys {value[2]:.1f} µs",
+                        flush=True,
+                    )
+    for (name, kind), values in runs.items():
+        sdk, user, both = (statistics.median(v[i] for v in values) for i in range(3))
+        print(
+            f"{name} broker {kind}: median SDK {sdk:.1f} µs/request, broker user {user:.1f}, "
+            f"user+sys {both:.1f} µs/request"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Which of txmq's modules run compiled, and the switch back to plain Python.
+
+``setup.py`` compiles the request path with Cython from the same ``.py`` sources and writes
+``_compiled_manifest.json`` beside this file: each compiled module's name and the SHA-256 of the
+``.py`` it was compiled from.  Python prefers an extension module to the ``.py`` of the same
+name, so a finder placed first on ``sys.meta_path`` (installed by ``txmq/__init__.py`` before any
+sub-package is imported) decides instead, module by module:
+
+* ``TXMQ_PURE_PYTHON=1`` in the environment: every txmq module is imported from its ``.py``.
+* A compiled module whose ``.py`` no longer has the recorded hash (edited since the build) is
+  imported from its ``.py``, with one warning naming it: an edit is never shadowed by a stale
+  build.
+* A compiled module the manifest does not list (no manifest, or an older one) is not trusted
+  either: its ``.py`` is imported.
+
+:data:`STATUS` says what was decided; ``txmq broker`` logs it at start and ``txmq --version``
+prints it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+PURE_ENV = "TXMQ_PURE_PYTHON"
+PACKAGE = "txmq"
+PACKAGE_DIR = Path(__file__).resolve().parent
+MANIFEST = PACKAGE_DIR / "_compiled_manifest.json"
+
+log = logging.getLogger("txmq.compiled")
+
+
+@dataclass(frozen=True)
+class CompiledStatus:
+    """What this process imports compiled.  ``modules``: the compiled modules whose source
+    matches the build (imported compiled); ``stale``: compiled but edited since (imported from
+    their ``.py``); ``pure_reason``: why nothing is compiled, or empty."""
+
+    modules: tuple[str, ...] = ()
+    stale: tuple[str, ...] = ()
+    pure_reason: str = ""
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.modules)
+
+    def describe(self) -> str:
+        if not self.modules:
+            return f"pure Python ({self.pure_reason})"
+        text = f"compiled: {len(self.modules)} modules"
+        if self.stale:
+            text += f", {len(self.stale)} edited since the build run as Python: "
+            text += ", ".join(self.stale)
+        return text
+
+
+def source_path(module: str) -> Path:
+    """The ``.py`` of ``txmq.a.b`` (``txmq/a/b.py``)."""
+    parts = module.split(".")
+    return PACKAGE_DIR.joinpath(*parts[1:]).with_suffix(".py")
+
+
+def extension_path(module: str) -> Path | None:
+    """The compiled module beside the ``.py`` of ``module``, if there is one."""
+    src = source_path(module)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = src.with_suffix(suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def source_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_manifest(path: Path = MANIFEST) -> dict[str, str] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
+    """Which compiled modules this process may import (nothing is imported here)."""
+    env = os.environ if environ is None else environ
+    switch = env.get(PURE_ENV, "").strip()
+    if switch in ("1", "all"):
+        return CompiledStatus(pure_reason=f"{PURE_ENV}={switch}")
+    # anything else but 0: the modules (or packages) named, comma-separated, run as Python
+    chosen = () if switch in ("", "0") else tuple(p.strip() for p in switch.split(",") if p)
+    manifest = read_manifest()
+    if manifest is None:
+        return CompiledStatus(pure_reason="not compiled: no build manifest")
+    good: list[str] = []
+    stale: list[str] = []
+    details: dict[str, str] = {}
+    for module, digest in sorted(manifest.items()):
+        if any(module == p or module.startswith(p + ".") for p in chosen):
+            details[module] = f"{PURE_ENV} names it"
+            continue
+        if extension_path(module) is None:
+            details[module] = "no compiled module"
+            continue
+        try:
+            current = source_hash(source_path(module))
+        except OSError as exc:
+            details[module] = f"source unreadable: {exc}"
+            continue
+        if current != digest:
+            stale.append(module)
+            details[module] = "source edited since the build"
+            continue
+        good.append(module)
+    if good:
+        reason = ""
+    elif chosen:
+        reason = f"{PURE_ENV}={switch}"
+    elif stale:
+        reason = "every compiled module was edited since the build"
+    else:
+        reason = "not compiled: no compiled module beside the sources"
+    return CompiledStatus(tuple(good), tuple(stale), reason, details)
+
+
+class SourceFirstFinder(importlib.abc.MetaPathFinder):
+    """Imports a txmq module from its ``.py`` unless it is one of ``trusted`` (whose compiled
+    module then loads the usual way)."""
+
+    def __init__(self, trusted: Sequence[str]) -> None:
+        self.trusted = frozenset(trusted)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is None or fullname in self.trusted or not fullname.startswith(PACKAGE + "."):
+            return None
+        leaf = fullname.rpartition(".")[2]
+        for entry in path:
+            src = os.path.join(entry, leaf + ".py")
+            if not os.path.isfile(src):
+                continue
+            base = src[:-3]
+            if not any(os.path.isfile(base + s) for s in importlib.machinery.EXTENSION_SUFFIXES):
+                return None  # nothing compiled here: the usual import is the .py already
+            return importlib.util.spec_from_file_location(fullname, src)
+        return None
+
+
+STATUS = CompiledStatus()
+
+
+def install() -> CompiledStatus:
+    """Decide once and put the finder first on ``sys.meta_path`` (idempotent)."""
+    global STATUS
+    for finder in sys.meta_path:
+        if isinstance(finder, SourceFirstFinder):
+            return STATUS
+    STATUS = decide()
+    for module in STATUS.stale:
+        log.warning(
+            "txmq: %s was edited since it was compiled; importing its .py (rebuild with "
+            "`make install` to compile it again)",
+            module,
+        )
+    sys.meta_path.insert(0, SourceFirstFinder(STATUS.modules))
+    return STATUS
+
+
+def loaded_compiled() -> list[str]:
+    """The txmq modules imported so far from a compiled file."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(PACKAGE + "."):
+            continue
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            out.append(name)
+    return sorted(out)
