@@ -476,20 +476,20 @@ class MessagingCore:
             msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
             return await self.send(msgs, h.producer_group)
         dedup = self.dedup
-        remember = False
+        fresh = None
         uniqs = batch.uniq_keys
         topic = h.topic
         if dedup.enabled and dedup_topic(topic) and "" not in uniqs:
-            remember = True
-            if dedup.any_known(topic, uniqs) or len(set(uniqs)) < len(uniqs):
+            fresh = dedup.fresh(topic, uniqs)
+            if fresh is None:
                 # A resend (or partly one, or a message twice): the generic path stores what
                 # is new, once.
                 msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
                 return await self.send(msgs, h.producer_group)
         res = self.fast.store(batch)
         placed = res.placed
-        if remember:
-            dedup.add_many(topic, uniqs, list(map(_first, placed)), res.store_timestamp)
+        if fresh is not None:
+            dedup.add_fresh(topic, fresh, placed, res.store_timestamp)
         stored = StoredBatch(
             self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
         )

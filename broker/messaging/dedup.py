@@ -14,12 +14,20 @@ and stock clients get idempotence without changing anything.  Retry and dead-let
 the original's UNIQ_KEY on purpose.
 
 **The window** is ``duplicateWindowSeconds`` (default 120 s, NATS JetStream's default), bounded
-by ``duplicateWindowMaxEntries`` (the oldest are forgotten first; when that cuts the window
-short a warning and ``txmq_dedup_evicted_early_total`` say so).  0 seconds turns it off.  Per
-message it keeps the UNIQ_KEY string and the commit-log offset in a plain dict (about 160
-bytes, no object the garbage collector tracks), and the ids of each append in a list for their
-expiry; a resend -- rare -- reads its first copy back for the answer.  A batch's ids are checked
-and remembered in bulk (one set operation, one ``dict.update``), and forgotten in bulk.
+by ``duplicateWindowMaxEntries``; 0 seconds turns it off.  Ids are kept in two generations: the
+current one takes new ids and, once it is a window old or holds ``duplicateWindowMaxEntries``
+ids, becomes the previous one, the previous one being forgotten whole.  So every id is
+remembered for at least the window, or, when ids come faster than the bound allows, at least
+until ``duplicateWindowMaxEntries`` newer ones came (what is forgotten then inside its window
+is counted in ``txmq_dedup_evicted_early_total``, with one warning); and at most about twice
+that (up to twice ``duplicateWindowMaxEntries`` ids are held).  Whether a resend is a resend is
+exact all the same: it is answered from its first copy only if that was stored within the
+window (its store timestamp).  Per message it keeps the 64-bit hash of the UNIQ_KEY and the
+commit-log offset in a plain dict (two ints, no object the garbage collector tracks, the
+UNIQ_KEY string not kept); a resend -- rare -- reads its first copy back for the answer and
+checks its UNIQ_KEY there (two UNIQ_KEYs of one hash are told apart).  A batch's ids are
+checked with one set and two ``isdisjoint`` and remembered with one ``dict.update``; a
+generation is forgotten by dropping its dict.
 
 **Durable and replicated without a file of its own**: the index is a view of the commit log.
 After a restart -- or on a follower that becomes leader, whose log is the leader's byte for
@@ -28,11 +36,10 @@ byte -- it is rebuilt from the messages stored within the window (:meth:`DedupIn
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from itertools import islice, repeat
-from typing import Any, NamedTuple
+from operator import itemgetter
+from typing import NamedTuple
 
 import structlog
 
@@ -53,8 +60,7 @@ from ..topics import (
 
 log = structlog.get_logger(__name__)
 
-#: Runs an iterator to its end, keeping nothing (in C).
-_drain: Callable[[Iterator[Any]], None] = deque[Any](maxlen=0).extend
+_first = itemgetter(0)
 
 #: Messages read per look at a queue while rebuilding.
 _REBUILD_CHUNK = 256
@@ -92,9 +98,20 @@ def dedup_topic(topic: str) -> bool:
 
 
 class DedupIndex:
-    """Per topic, the UNIQ_KEYs stored within the window and where (their commit-log offset):
-    an int a message, no object the garbage collector has to look at.  A hit -- a resend, rare
-    -- reads the first copy back from the store for its answer."""
+    """Per topic, the UNIQ_KEYs stored within the window and where (their commit-log offset),
+    each id as the 64-bit hash of its UNIQ_KEY, in two generations.
+
+    **Hashes, checked on a hit**: an id is remembered as ``hash(uniq)`` (an int; the UNIQ_KEY
+    string is not kept), so a batch's check, its insert and its forgetting touch small objects.
+    A hit -- a resend, rare -- reads the first copy back from the store, whose UNIQ_KEY must
+    match (:meth:`get`); two UNIQ_KEYs of one hash (one chance in 2**64 per pair) are told apart
+    there: the later one is remembered by its UNIQ_KEY itself, next to the hash.
+
+    **Generations**: ids go into the current generation; when it is ``window`` old or holds
+    ``max_entries`` ids, it becomes the previous one and the previous one is dropped whole.  So
+    each id is remembered for at least the window (or at least until ``max_entries`` newer ids
+    came, when that is sooner) and at most about twice that; the window itself is exact, since
+    a hit is a hit only when the first copy was stored within it (its store timestamp)."""
 
     def __init__(
         self,
@@ -102,6 +119,8 @@ class DedupIndex:
         max_entries: int,
         metrics: BrokerMetrics,
         lookup: Callable[[int], MessageExt] | None = None,
+        *,
+        key_hash: Callable[[str], int] = hash,
     ) -> None:
         self.window_ms = window_ms
         self.max_entries = max_entries
@@ -109,17 +128,21 @@ class DedupIndex:
         self.metrics = metrics
         #: Reads a stored message by commit-log offset (the store's ``lookup_message``).
         self.lookup = lookup
-        #: Per topic, UNIQ_KEY -> commit-log offset, in the order first stored (a plain dict:
-        #: its ``update`` from a batch runs in C at a fraction of an OrderedDict's cost).
-        self._topics: dict[str, dict[str, int]] = {}
-        #: ``[store timestamp, topic, ids]`` of each append, oldest first: what expires when
-        #: (``ids``: the ids it added, in order, a list this index owns).
-        self._marks: deque[list[Any]] = deque()
-        self._size = 0
+        #: How an id is remembered (``hash``: a test gives a worse one to make collisions).
+        self._hash = key_hash
+        #: The current and the previous generation: per topic, id -> commit-log offset.  An id
+        #: is its UNIQ_KEY's hash (an int), or for the rare second UNIQ_KEY of a hash, the
+        #: UNIQ_KEY itself (a str: never equal to an int).
+        self._cur: dict[str, dict[int | str, int]] = {}
+        self._prev: dict[str, dict[int | str, int]] = {}
+        #: When the current generation began (store ms) and how many ids each holds.
+        self._cur_since = 0
+        self._cur_size = 0
+        self._prev_size = 0
         self._warned = False
 
     def __len__(self) -> int:
-        return self._size
+        return self._cur_size + self._prev_size
 
     def key(self, topic: str, props: dict[str, str]) -> Key | None:
         """The key of a producer's send to ``topic``, or None when it is not de-duplicated."""
@@ -128,12 +151,21 @@ class DedupIndex:
             return None
         return (topic, uniq)
 
+    def _offset(self, topic: str, uniq: str) -> int | None:
+        """Where the first copy of ``uniq`` may be: remembered by the UNIQ_KEY itself (the
+        second of a hash), else by its hash; the newest generation first."""
+        gens = [ids for ids in (self._cur.get(topic), self._prev.get(topic)) if ids]
+        for ids in gens:
+            phy = ids.get(uniq)
+            if phy is not None:
+                return phy
+        return self._offset_of_hash(topic, self._hash(uniq)) if gens else None
+
     def get(self, key: Key | None, now_ms: int) -> Stored | None:
         """The first send of ``key`` if it was stored within the window (read back)."""
         if key is None:
             return None
-        ids = self._topics.get(key[0])
-        phy = ids.get(key[1]) if ids is not None else None
+        phy = self._offset(key[0], key[1])
         if phy is None or self.lookup is None:
             return None
         try:
@@ -147,113 +179,141 @@ class DedupIndex:
         return entry[1]
 
     def known(self, topic: str, uniq: str) -> bool:
-        """Whether ``uniq`` is remembered for ``topic`` (perhaps past its window)."""
-        ids = self._topics.get(topic)
-        return ids is not None and uniq in ids
+        """Whether ``uniq`` may be remembered for ``topic`` (perhaps past its window, perhaps
+        another UNIQ_KEY of its hash): a resend then if :meth:`get` says so."""
+        h = self._hash(uniq)
+        ids = self._cur.get(topic)
+        if ids is not None and h in ids:
+            return True
+        ids = self._prev.get(topic)
+        return ids is not None and h in ids
 
     def any_known(self, topic: str, uniqs: list[str]) -> bool:
-        """Whether any of ``uniqs`` is remembered for ``topic`` (perhaps past its window): one
-        pass in C, what a batch of new messages costs."""
-        ids = self._topics.get(topic)
-        return ids is not None and not ids.keys().isdisjoint(uniqs)
+        """Whether any of ``uniqs`` may be remembered for ``topic`` (see :meth:`known`)."""
+        return self.fresh(topic, uniqs, False) is None
+
+    def fresh(self, topic: str, uniqs: list[str], once: bool = True) -> list[int] | None:
+        """The ids of ``uniqs`` when none is remembered for ``topic`` (and, with ``once``, none
+        is there twice), else None: what a batch of new messages costs, a few passes in C.
+        Give the ids to :meth:`add_fresh` once they are stored."""
+        hs = list(map(self._hash, uniqs))
+        distinct = set(hs)
+        if once and len(distinct) < len(hs):
+            return None
+        ids = self._cur.get(topic)
+        if ids is not None and not ids.keys().isdisjoint(distinct):
+            return None
+        ids = self._prev.get(topic)
+        if ids is not None and not ids.keys().isdisjoint(distinct):
+            return None
+        return hs
+
+    def add_fresh(
+        self, topic: str, ids: list[int], placed: list[tuple[int, int, int]], now_ms: int
+    ) -> None:
+        """Remember the messages of a batch :meth:`fresh` gave ``ids`` for, stored where
+        ``placed`` says (the store's ``(commit-log offset, size, queue offset)`` of each)."""
+        self._turn(now_ms)
+        cur = self._cur.get(topic)
+        if cur is None:
+            cur = self._cur[topic] = {}
+        cur.update(zip(ids, map(_first, placed), strict=True))
+        self._cur_size += len(ids)
 
     def add_many(self, topic: str, uniqs: list[str], offsets: list[int], now_ms: int) -> None:
         """Remember first sends (in the order they were stored)."""
-        ids = self._topics.get(topic)
-        if ids is None:
-            ids = self._topics[topic] = {}
-        before = len(ids)
-        ids.update(zip(uniqs, offsets, strict=True))
-        added = len(ids) - before  # an id stored again after its window keeps its old place
-        if added == len(uniqs):
-            self._added(topic, list(uniqs), now_ms)  # all new (what a batch of sends is)
-        elif added:
-            # The new ids went to the end of the dict, in order.
-            fresh = list(islice(reversed(ids), added))
-            fresh.reverse()
-            self._added(topic, fresh, now_ms)
-        self._expire(now_ms)
+        hs = self.fresh(topic, uniqs)
+        if hs is not None:
+            self._turn(now_ms)
+            cur = self._cur.get(topic)
+            if cur is None:
+                cur = self._cur[topic] = {}
+            cur.update(zip(hs, offsets, strict=True))
+            self._cur_size += len(hs)
+            return
+        for uniq, offset in zip(uniqs, offsets, strict=True):
+            self.add((topic, uniq), offset, now_ms)
 
     def add(self, key: Key | None, offset: int, now_ms: int) -> None:
-        """:meth:`add_many` of one first send."""
+        """Remember one first send."""
         if key is None:
             return
         topic, uniq = key
-        ids = self._topics.get(topic)
-        if ids is None:
-            ids = self._topics[topic] = {}
-        if uniq in ids:
-            ids[uniq] = offset  # an id stored again after its window keeps its old place
+        self._turn(now_ms)
+        cur = self._cur.get(topic)
+        if cur is None:
+            cur = self._cur[topic] = {}
+        prev = self._prev.get(topic)
+        h = self._hash(uniq)
+        if h not in cur and (prev is None or h not in prev):
+            cur[h] = offset  # the usual: a new id
+            self._cur_size += 1
+            return
+        # Its hash is remembered: the same UNIQ_KEY stored again after its window (it answers
+        # from the new copy now), or another UNIQ_KEY of that hash, remembered by itself.
+        key_id: int | str
+        if uniq in cur or (prev is not None and uniq in prev):
+            key_id = uniq
         else:
-            ids[uniq] = offset
-            self._added(topic, [uniq], now_ms)
-        marks = self._marks
-        if marks and (self._size > self.max_entries or marks[0][0] < now_ms - self.window_ms):
-            self._expire(now_ms)
+            key_id = h if self._same_id(topic, uniq, self._offset_of_hash(topic, h)) else uniq
+        if key_id is uniq and h not in cur:
+            # The hash stays as long as the UNIQ_KEY it stands beside (what known() asks).
+            cur[h] = self._offset_of_hash(topic, h) or 0
+            self._cur_size += 1
+        if key_id not in cur:
+            self._cur_size += 1
+        cur[key_id] = offset
 
-    def _added(self, topic: str, fresh: list[str], now_ms: int) -> None:
-        """Note the new ids ``fresh`` of ``topic`` (a list this index keeps) stored at
-        ``now_ms``: one mark per topic and millisecond (consecutive appends in the same one
-        share it)."""
-        self._size += len(fresh)
-        marks = self._marks
-        if marks:
-            last = marks[-1]
-            if last[0] == now_ms and last[1] == topic:
-                last[2].extend(fresh)
-                return
-        marks.append([now_ms, topic, fresh])
+    def _offset_of_hash(self, topic: str, h: int) -> int | None:
+        for gen in (self._cur, self._prev):
+            ids = gen.get(topic)
+            if ids is not None and h in ids:
+                return ids[h]
+        return None
 
-    def _expire(self, now_ms: int) -> None:
-        """Forget the ids past the window, then the oldest while over the bound (counted,
-        with one warning: the window is cut short)."""
-        marks = self._marks
-        horizon = now_ms - self.window_ms
-        early = 0
-        kept_ms = 0
-        while marks:
-            mark = marks[0]
-            ts, topic, fresh = mark
-            n = len(fresh)
-            over = self._size - self.max_entries
-            if ts >= horizon and over <= 0:
-                break
-            drop = n if ts < horizon else min(n, over)
-            if ts >= horizon:
-                early += drop
-                kept_ms = now_ms - ts
-            gone = fresh if drop == n else fresh[:drop]
-            ids = self._topics.get(topic)
-            if ids is not None:
-                # Forgotten in bulk: the ids of the mark, oldest first, in one C loop.
-                _drain(map(ids.pop, gone, repeat(None)))
-                if not ids:
-                    del self._topics[topic]
-            self._size -= drop
-            if drop == n:
-                marks.popleft()
-            else:
-                mark[2] = fresh[drop:]
-        if early:
-            self.metrics.dedup_evicted_early.inc(early)
+    def _same_id(self, topic: str, uniq: str, phy: int | None) -> bool:
+        """Whether the message stored at ``phy`` is ``uniq`` sent to ``topic`` (True when it
+        cannot be read: gone with retention, so nothing is left to tell apart)."""
+        if phy is None or self.lookup is None:
+            return True
+        try:
+            entry = _entry_of(self.lookup(phy))
+        except (TxmqError, KeyError, ValueError):
+            return True
+        return entry is None or entry[0] == (topic, uniq)
+
+    def _turn(self, now_ms: int) -> None:
+        """Start a new generation when the current one is a window old or full; the previous
+        one is forgotten whole (its ids counted as cut short when it is dropped for size while
+        some were stored within the window)."""
+        if now_ms - self._cur_since < self.window_ms and self._cur_size < self.max_entries:
+            return
+        dropped = self._prev_size
+        if dropped and now_ms - self._cur_since < self.window_ms:
+            # Dropped for size: the previous generation ended when this one began, less than a
+            # window ago, so its newest ids were still inside their window.
+            self.metrics.dedup_evicted_early.inc(dropped)
             if not self._warned:
                 self._warned = True
                 log.warning(
                     "dedup_window_cut_short",
                     max_entries=self.max_entries,
                     window_seconds=self.window_ms / 1000,
-                    kept_seconds=round(kept_ms / 1000, 1),
+                    kept_seconds=round(max(0, now_ms - self._cur_since) / 1000, 1),
                     hint="raise duplicateWindowMaxEntries to keep the whole window",
                 )
+        self._prev, self._cur = self._cur, {}
+        self._prev_size, self._cur_size = self._cur_size, 0
+        self._cur_since = now_ms
 
     # -- the view of the commit log ---------------------------------------------------------------
 
     def rebuild(self, store: MessageStore, now_ms: int) -> int:
         """Rebuild the index from the messages a producer sent within the window (the first
         stored copy of each key wins); returns how many keys it holds."""
-        self._topics.clear()
-        self._marks.clear()
-        self._size = 0
+        self._cur, self._prev = {}, {}
+        self._cur_size = self._prev_size = 0
+        self._cur_since = 0
         if not self.enabled:
             return 0
         since = now_ms - self.window_ms
@@ -274,15 +334,15 @@ class DedupIndex:
         for phy, ts, key in found[-self.max_entries :] if found else ():
             if key not in seen:  # the first stored copy answers
                 seen.add(key)
-                self.add_many(key[0], [key[1]], [phy], ts)
-        self._expire(now_ms)
+                self.add(key, phy, ts)
+        self._turn(now_ms)
         log.info(
             "dedup_index_rebuilt",
-            keys=self._size,
+            keys=len(self),
             window_seconds=self.window_ms / 1000,
             scanned=len(found),
         )
-        return self._size
+        return len(self)
 
 
 def _stored_since(store: MessageStore, topic: str, qid: int, since_ms: int) -> Iterator[MessageExt]:

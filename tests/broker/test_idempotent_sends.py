@@ -253,11 +253,15 @@ def test_the_window_is_bounded_and_says_when_it_is_cut_short() -> None:
 
     metrics = BrokerMetrics()
     index = DedupIndex(window_ms=60_000, max_entries=3, metrics=metrics)
-    for i in range(5):  # five sends within the window: the two oldest are forgotten early
+    for i in range(7):  # seven sends within the window, three ids a generation at most
         index.add(("t", f"u{i}"), i * 100, 1_000 + i)
-    assert len(index) == 3
-    assert not index.any_known("t", ["u0", "u1"]) and index.any_known("t", ["u4"])
-    assert metrics.snapshot()["txmq_dedup_evicted_early_total"] == 2
-    # Past the window, ids are forgotten whatever the bound.
-    index.add(("t", "u5"), 500, 70_000)
-    assert len(index) == 1 and not index.any_known("t", ["u4"]) and index.any_known("t", ["u5"])
+    # Each id is remembered until at least three newer ones came; then its generation goes.
+    assert len(index) == 4
+    assert not index.any_known("t", ["u0", "u1", "u2"])
+    assert all(index.known("t", f"u{i}") for i in range(3, 7))
+    assert metrics.snapshot()["txmq_dedup_evicted_early_total"] == 3
+    # Past the window, ids are forgotten whatever the bound (a generation a window).
+    index.add(("t", "u7"), 700, 70_000)
+    index.add(("t", "u8"), 800, 130_001)
+    assert len(index) == 2 and not index.any_known("t", ["u6"])
+    assert index.known("t", "u7") and index.known("t", "u8")
