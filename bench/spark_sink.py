@@ -36,14 +36,18 @@ from _broker import spawn_broker  # noqa: E402
 ROW_BYTES = 1024
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by one process; 0 if it is gone."""
+def _proc_stat(pid: int) -> tuple[str, float] | None:
+    """(command name, CPU seconds) of one process: user + system, with the reaped children's
+    (a Python worker that ended is counted in its parent); None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            raw = f.read()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return None
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw.rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    return comm, ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(root: int) -> list[int]:
@@ -65,12 +69,48 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _cpu(broker_pid: int) -> tuple[float, float]:
-    """(broker CPU seconds, Spark CPU seconds: this process and its other descendants)."""
-    spark = _proc_cpu(os.getpid()) + sum(
-        _proc_cpu(p) for p in _descendants(os.getpid()) if p != broker_pid
-    )
-    return _proc_cpu(broker_pid), spark
+#: The parts whose CPU the bench reports: the broker, Spark's JVM (the rate source, the query's
+#: plan, Arrow out to the Python workers), the Python workers (the connector's writer and
+#: reader) and this driver program (Spark's Python driver: the commit, the planning calls).
+PARTS = ("broker", "jvm", "workers", "driver")
+
+
+def _cpu(broker_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of :data:`PARTS`."""
+    out = dict.fromkeys(PARTS, 0.0)
+    me = _proc_stat(os.getpid())
+    # This process's reaped children are Spark helpers too (not the broker, reaped at the end).
+    out["driver"] = me[1] if me else 0.0
+    for pid in _descendants(os.getpid()):
+        if pid == broker_pid:
+            stat = _proc_stat(pid)
+            out["broker"] += stat[1] if stat else 0.0
+            continue
+        stat = _proc_stat(pid)
+        if stat is None:
+            continue
+        out["jvm" if stat[0] == "java" else "workers"] += stat[1]
+    return out
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (every core, every process: /proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _split(c0: dict[str, float], c1: dict[str, float], wall: float, rows: int) -> dict[str, Any]:
+    """Each part's share of a core and its CPU microseconds per row between two samples."""
+    out: dict[str, Any] = {}
+    for part in PARTS:
+        sec = max(0.0, c1[part] - c0[part])
+        out[part] = {
+            "cpu_pct": round(100 * sec / wall) if wall else 0,
+            "us_per_row": round(1e6 * sec / rows, 1) if rows else None,
+        }
+    return out
 
 
 def delivered(address: str, topic: str) -> int:
@@ -134,10 +174,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             time.sleep(args.warmup)
             n0, t0 = delivered(address, "bench-spark"), time.time()
-            b0, s0 = _cpu(broker_pid)
+            c0, m0 = _cpu(broker_pid), _machine_busy()
             time.sleep(args.seconds)
             n1, t1 = delivered(address, "bench-spark"), time.time()
-            b1, s1 = _cpu(broker_pid)
+            c1, m1 = _cpu(broker_pid), _machine_busy()
             progress = list(query.recentProgress)
             spark.sparkContext.setLogLevel("OFF")  # stopping mid-batch logs cancelled tasks
             query.stop()
@@ -147,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = t1 - t0
+    ours = sum(c1.values()) - sum(c0.values())
     # Batches that ran entirely inside the window: their rows over their total time (the
     # micro-batches run back to back, so this is the sink's sustained rate).
     inside = []
@@ -168,8 +209,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batches_in_window": len(inside),
         "batch_rows": [p["numInputRows"] for _, _, p in inside],
         "batch_add_ms": [p["durationMs"].get("addBatch") for _, _, p in inside],
-        "broker_cpu_pct": round(100 * (b1 - b0) / wall),
-        "spark_cpu_pct": round(100 * (s1 - s0) / wall),
+        "broker_cpu_pct": round(100 * (c1["broker"] - c0["broker"]) / wall),
+        "spark_cpu_pct": round(100 * (ours - (c1["broker"] - c0["broker"])) / wall),
+        "cpu": _split(c0, c1, wall, n1 - n0),
+        "others_cpu_pct": round(100 * max(0.0, (m1 - m0) - ours) / wall),
         "cores": os.cpu_count(),
         **read,
     }
@@ -181,7 +224,7 @@ def read_back(
     """The source's read rate: everything the sink delivered, read with ``AvailableNow``
     into the ``noop`` sink (every row is pulled and turned into a Spark row, nothing kept)."""
     total = delivered(address, "bench-spark")
-    t0, (b0, s0) = time.time(), _cpu(broker_pid)
+    t0, c0, m0 = time.time(), _cpu(broker_pid), _machine_busy()
     query = (
         spark.readStream.format("txmq")
         .option("broker", address)
@@ -196,19 +239,23 @@ def read_back(
     if not query.awaitTermination(args.read_timeout):
         query.stop()
         raise SystemExit(f"reading {total} rows back took over {args.read_timeout}s")
-    t1, (b1, s1) = time.time(), _cpu(broker_pid)
+    t1, c1, m1 = time.time(), _cpu(broker_pid), _machine_busy()
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     if rows != total:
         raise SystemExit(f"the source read {rows} rows, the topic holds {total}")
     wall = t1 - t0
+    ours = sum(c1.values()) - sum(c0.values())
+    broker = c1["broker"] - c0["broker"]
     batch_s = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1000
     return {
         "read_rows": rows,
         "read_rows_per_s": round(rows / wall),
         "read_batch_rows_per_s": round(rows / batch_s) if batch_s else 0,
         "read_s": round(wall, 1),
-        "read_broker_cpu_pct": round(100 * (b1 - b0) / wall),
-        "read_spark_cpu_pct": round(100 * (s1 - s0) / wall),
+        "read_broker_cpu_pct": round(100 * broker / wall),
+        "read_spark_cpu_pct": round(100 * (ours - broker) / wall),
+        "read_cpu": _split(c0, c1, wall, rows),
+        "read_others_cpu_pct": round(100 * max(0.0, (m1 - m0) - ours) / wall),
     }
 
 
@@ -244,21 +291,34 @@ def main() -> None:
     result = run(args)
     print(json.dumps(result, indent=2))
     broker_cpu, spark_cpu = result["broker_cpu_pct"], result["spark_cpu_pct"]
+    others = result["others_cpu_pct"]
     if broker_cpu >= 85:
         bound = f"the broker's single event loop ({broker_cpu}% of a core)"
-    elif broker_cpu + spark_cpu >= 90 * (os.cpu_count() or 1):
-        bound = f"the machine's CPUs (broker {broker_cpu}% + Spark {spark_cpu}%)"
+    elif broker_cpu + spark_cpu + others >= 90 * (os.cpu_count() or 1):
+        bound = (
+            f"the machine's CPUs (broker {broker_cpu}% + Spark {spark_cpu}% "
+            f"+ other processes {others}%)"
+        )
     else:
         bound = f"latency, not CPU (broker {broker_cpu}%, Spark {spark_cpu}%)"
     print(
         f"sink: sustained {result['sustained_rows_per_s']} rows/s of 1 KiB rows "
         f"({result['mib_per_s']} MiB/s); bounded by {bound}"
     )
+    print(f"sink CPU per delivered row: {_per_row(result['cpu'])}")
     if args.read:
         print(
             f"source: read {result['read_rows']} rows at {result['read_rows_per_s']} rows/s "
-            f"(broker {result['read_broker_cpu_pct']}% CPU, Spark {result['read_spark_cpu_pct']}%)"
+            f"(broker {result['read_broker_cpu_pct']}% CPU, Spark {result['read_spark_cpu_pct']}%,"
+            f" other processes {result['read_others_cpu_pct']}%)"
         )
+        print(f"source CPU per row read: {_per_row(result['read_cpu'])}")
+
+
+def _per_row(split: dict[str, Any]) -> str:
+    parts = [f"{k} {v['us_per_row']} us" for k, v in split.items()]
+    total = sum(v["us_per_row"] or 0.0 for v in split.values())
+    return ", ".join(parts) + f" (total {total:.1f} us)"
 
 
 if __name__ == "__main__":
