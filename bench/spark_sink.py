@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -37,8 +38,7 @@ ROW_BYTES = 1024
 
 
 def _proc_stat(pid: int) -> tuple[str, float] | None:
-    """(command name, CPU seconds) of one process: user + system, with the reaped children's
-    (a Python worker that ended is counted in its parent); None if it is gone."""
+    """(command name, CPU seconds: user + system) of one process; None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             raw = f.read()
@@ -46,8 +46,7 @@ def _proc_stat(pid: int) -> tuple[str, float] | None:
         return None
     comm = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw.rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    return comm, ticks / os.sysconf("SC_CLK_TCK")
+    return comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(root: int) -> list[int]:
@@ -75,22 +74,55 @@ def _descendants(root: int) -> list[int]:
 PARTS = ("broker", "jvm", "workers", "driver")
 
 
-def _cpu(broker_pid: int) -> dict[str, float]:
-    """CPU seconds so far of each of :data:`PARTS`."""
-    out = dict.fromkeys(PARTS, 0.0)
-    me = _proc_stat(os.getpid())
-    # This process's reaped children are Spark helpers too (not the broker, reaped at the end).
-    out["driver"] = me[1] if me else 0.0
-    for pid in _descendants(os.getpid()):
-        if pid == broker_pid:
+class CpuWatch:
+    """CPU seconds of each of :data:`PARTS` over a window, per process: every process below
+    this one is sampled every ``interval`` seconds, so the Python workers Spark starts and ends
+    during the window count too (a process's CPU before the window is left out; one that ends
+    loses at most its last ``interval``)."""
+
+    def __init__(self, broker_pid: int, interval: float = 0.25) -> None:
+        self.broker_pid = broker_pid
+        self.interval = interval
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
+
+    def _sample(self, start: bool) -> None:
+        for pid in [os.getpid(), *_descendants(os.getpid())]:
             stat = _proc_stat(pid)
-            out["broker"] += stat[1] if stat else 0.0
-            continue
-        stat = _proc_stat(pid)
-        if stat is None:
-            continue
-        out["jvm" if stat[0] == "java" else "workers"] += stat[1]
-    return out
+            if stat is None:
+                continue
+            if pid not in self.first:
+                self.first[pid] = stat[1] if start else 0.0
+            self.last[pid] = stat
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample(False)
+
+    def __enter__(self) -> CpuWatch:
+        self._sample(True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample(False)
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds of each part in the window."""
+        out = dict.fromkeys(PARTS, 0.0)
+        for pid, (comm, cpu) in self.last.items():
+            if pid == os.getpid():
+                part = "driver"
+            elif pid == self.broker_pid:
+                part = "broker"
+            else:
+                part = "jvm" if comm == "java" else "workers"
+            out[part] += max(0.0, cpu - self.first.get(pid, 0.0))
+        return out
 
 
 def _machine_busy() -> float:
@@ -101,11 +133,11 @@ def _machine_busy() -> float:
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _split(c0: dict[str, float], c1: dict[str, float], wall: float, rows: int) -> dict[str, Any]:
-    """Each part's share of a core and its CPU microseconds per row between two samples."""
+def _split(cpu: dict[str, float], wall: float, rows: int) -> dict[str, Any]:
+    """Each part's share of a core and its CPU microseconds per row."""
     out: dict[str, Any] = {}
     for part in PARTS:
-        sec = max(0.0, c1[part] - c0[part])
+        sec = cpu[part]
         out[part] = {
             "cpu_pct": round(100 * sec / wall) if wall else 0,
             "us_per_row": round(1e6 * sec / rows, 1) if rows else None,
@@ -174,10 +206,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             time.sleep(args.warmup)
             n0, t0 = delivered(address, "bench-spark"), time.time()
-            c0, m0 = _cpu(broker_pid), _machine_busy()
-            time.sleep(args.seconds)
-            n1, t1 = delivered(address, "bench-spark"), time.time()
-            c1, m1 = _cpu(broker_pid), _machine_busy()
+            m0 = _machine_busy()
+            with CpuWatch(broker_pid) as watch:
+                time.sleep(args.seconds)
+                n1, t1 = delivered(address, "bench-spark"), time.time()
+            m1 = _machine_busy()
+            cpu = watch.seconds()
             progress = list(query.recentProgress)
             spark.sparkContext.setLogLevel("OFF")  # stopping mid-batch logs cancelled tasks
             query.stop()
@@ -187,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = t1 - t0
-    ours = sum(c1.values()) - sum(c0.values())
+    ours = sum(cpu.values())
     # Batches that ran entirely inside the window: their rows over their total time (the
     # micro-batches run back to back, so this is the sink's sustained rate).
     inside = []
@@ -209,9 +243,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batches_in_window": len(inside),
         "batch_rows": [p["numInputRows"] for _, _, p in inside],
         "batch_add_ms": [p["durationMs"].get("addBatch") for _, _, p in inside],
-        "broker_cpu_pct": round(100 * (c1["broker"] - c0["broker"]) / wall),
-        "spark_cpu_pct": round(100 * (ours - (c1["broker"] - c0["broker"])) / wall),
-        "cpu": _split(c0, c1, wall, n1 - n0),
+        "broker_cpu_pct": round(100 * cpu["broker"] / wall),
+        "spark_cpu_pct": round(100 * (ours - cpu["broker"]) / wall),
+        "cpu": _split(cpu, wall, n1 - n0),
         "others_cpu_pct": round(100 * max(0.0, (m1 - m0) - ours) / wall),
         "cores": os.cpu_count(),
         **read,
@@ -224,7 +258,8 @@ def read_back(
     """The source's read rate: everything the sink delivered, read with ``AvailableNow``
     into the ``noop`` sink (every row is pulled and turned into a Spark row, nothing kept)."""
     total = delivered(address, "bench-spark")
-    t0, c0, m0 = time.time(), _cpu(broker_pid), _machine_busy()
+    t0, m0 = time.time(), _machine_busy()
+    watch = CpuWatch(broker_pid).__enter__()
     query = (
         spark.readStream.format("txmq")
         .option("broker", address)
@@ -239,13 +274,14 @@ def read_back(
     if not query.awaitTermination(args.read_timeout):
         query.stop()
         raise SystemExit(f"reading {total} rows back took over {args.read_timeout}s")
-    t1, c1, m1 = time.time(), _cpu(broker_pid), _machine_busy()
+    watch.__exit__()
+    t1, m1, cpu = time.time(), _machine_busy(), watch.seconds()
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     if rows != total:
         raise SystemExit(f"the source read {rows} rows, the topic holds {total}")
     wall = t1 - t0
-    ours = sum(c1.values()) - sum(c0.values())
-    broker = c1["broker"] - c0["broker"]
+    ours = sum(cpu.values())
+    broker = cpu["broker"]
     batch_s = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1000
     return {
         "read_rows": rows,
@@ -254,7 +290,7 @@ def read_back(
         "read_s": round(wall, 1),
         "read_broker_cpu_pct": round(100 * broker / wall),
         "read_spark_cpu_pct": round(100 * (ours - broker) / wall),
-        "read_cpu": _split(c0, c1, wall, rows),
+        "read_cpu": _split(cpu, wall, rows),
         "read_others_cpu_pct": round(100 * max(0.0, (m1 - m0) - ours) / wall),
     }
 
