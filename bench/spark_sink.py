@@ -10,8 +10,10 @@ per second are counted at the broker.
 it takes them: ``sustained_rows_per_s`` is the sink's ceiling (rows of the batches that ran
 inside the window over their time; a batch is the halves' write plus the commit).  ``rate``
 offers rows at a fixed rate: if the sink keeps up, ``delivered_rows_per_s`` equals the rate.
-Alongside it prints the CPU used by the broker process and by Spark (the JVM, its Python
-workers and this driver), which shows what bounds the figure on this machine.
+Alongside it prints the CPU used by the broker process and by Spark, and per delivered row the
+CPU microseconds of the broker, Spark's JVM, its Python workers (where the connector's writer
+runs) and this driver, with the share of the machine other processes took meanwhile: on a
+shared machine rows per second vary with the neighbours, CPU per row much less.
 
 Then the source reads back what the sink delivered (``readStream.format("txmq")`` with
 ``Trigger.AvailableNow`` into Spark's ``noop`` sink) and prints its read rate in rows/s with the
