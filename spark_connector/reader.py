@@ -331,6 +331,10 @@ def plan_partitions(
 
 
 _ARROW_SCHEMA: Any = None
+#: Most rows of a record batch the source hands Spark (Spark's own Arrow batch size).
+BATCH_ROWS = 10_000
+#: A record batch is handed over once its bodies take this many bytes.
+BATCH_BYTES = 16 * 1024 * 1024
 
 
 def arrow_schema() -> Any:
@@ -342,6 +346,18 @@ def arrow_schema() -> Any:
 
         _ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
     return _ARROW_SCHEMA
+
+
+def concat_batches(batches: list[Any]) -> Any:
+    """Record batches of one schema as one (their columns copied once)."""
+    if len(batches) == 1:
+        return batches[0]
+    import pyarrow as pa
+
+    if hasattr(pa, "concat_batches"):  # pyarrow >= 19
+        return pa.concat_batches(batches)
+    table = pa.Table.from_batches(batches).combine_chunks()  # pragma: no cover - older pyarrow
+    return table.to_batches()[0]  # pragma: no cover
 
 
 def to_record_batch(messages: Sequence[MessageExt], topic: str, broker: str) -> Any:
@@ -397,9 +413,11 @@ def to_record_batch(messages: Sequence[MessageExt], topic: str, broker: str) -> 
 
 
 def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any]:
-    """The rows of one queue's range, pulled ``pullBatchSize`` messages at a time: one Arrow
-    record batch of :data:`SOURCE_SCHEMA` per pull.  The next pull is sent before a batch is
-    built and handed to Spark, so the broker's answer is under way meanwhile.
+    """The rows of one queue's range, pulled ``pullBatchSize`` messages at a time, as Arrow
+    record batches of :data:`SOURCE_SCHEMA` of up to :data:`BATCH_ROWS` rows (or about
+    :data:`BATCH_BYTES` of bodies): Spark and its JVM pay per batch, so a batch gathers several
+    pulls.  The next pull is sent before a batch is built and handed to Spark, so the broker's
+    answer is under way meanwhile.
 
     Raises:
         TxmqError: a pull failed, messages in the range were deleted (unless
@@ -426,6 +444,8 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any
         offset, end = part.start, part.end
         if offset < end:
             ahead = pull(offset)
+        gathered: list[Any] = []  # record batches, one per pull
+        gathered_rows = gathered_bytes = 0
         while ahead is not None:
             result, ahead = ahead.result(), None
             found: list[MessageExt] = []
@@ -464,7 +484,14 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any
             if offset < end:
                 ahead = pull(offset)
             if found:
-                yield to_record_batch(found, part.topic, broker)
+                gathered.append(to_record_batch(found, part.topic, broker))
+                gathered_rows += len(found)
+                gathered_bytes += sum(len(m.body) for m in found)
+            if gathered and (
+                ahead is None or gathered_rows >= BATCH_ROWS or gathered_bytes >= BATCH_BYTES
+            ):
+                batches, gathered, gathered_rows, gathered_bytes = gathered, [], 0, 0
+                yield concat_batches(batches)
     finally:
         try:
             if ahead is not None:  # the task stopped reading early
