@@ -6,20 +6,28 @@ CPU.
 
     python bench/sink_path.py                          # 6 batches of 2 x 50,000 rows
     python bench/sink_path.py --batches 3 --rows 20000
+    python bench/sink_path.py --writer --profile       # the sink's own encoder, profiled
 
 The request bodies of a batch are encoded before its clock starts, so the figure is the
-broker's (and the wire's), not the client's encoder.
+broker's (and the wire's), not the client's encoder.  ``--writer`` instead has the sink's
+``HalfWriter`` encode and send each partition from Arrow record batches of 10,000 rows (what
+Spark hands a Python data source's writer), on this process's event loop, and adds this
+process's CPU per row -- the Python worker's share of a Spark task; ``--profile`` prints a
+cProfile of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,12 +43,15 @@ from txmq.protocol.message import (  # noqa: E402
     UniqIdGenerator,
     properties_to_string,
 )
+from txmq.spark_connector.options import SinkOptions  # noqa: E402
 from txmq.spark_connector.session import BrokerSession  # noqa: E402
+from txmq.spark_connector.sink import HalfWriter, PlainRows, chunks  # noqa: E402
 
 TOPIC = "bench-sink-path"
 GROUP = "bench-sink-path"
 QUEUES = 4
 ROW_BYTES = 1024
+ARROW_BATCH_ROWS = 10_000
 
 
 def _proc_cpu(pid: int) -> float:
@@ -112,37 +123,92 @@ async def send_partition(
         await asyncio.gather(*tasks)
 
 
+def arrow_partition(rows: int, first: int) -> list[Any]:
+    """A partition's rows as Spark hands them to the writer: record batches of 10,000 rows
+    with one binary ``body`` column of 1 KiB values."""
+    import pyarrow as pa
+
+    out = []
+    for lo in range(first, first + rows, ARROW_BATCH_ROWS):
+        hi = min(first + rows, lo + ARROW_BATCH_ROWS)
+        bodies = [str(i).encode().ljust(ROW_BYTES, b"x") for i in range(lo, hi)]
+        out.append(pa.record_batch({"body": pa.array(bodies, pa.binary())}))
+    return out
+
+
+async def write_arrow(
+    address: str, batches: list[Any], batch_key: str, txid: str, part: int, args: Any
+) -> None:
+    """One partition through the sink's writer (what a Spark task's ``write`` runs)."""
+    options = SinkOptions(
+        broker=address,
+        topic=TOPIC,
+        batch_size=args.batch_size,
+        max_in_flight=args.max_in_flight,
+        request_timeout=60.0,
+    )
+    async with BrokerSession(address, 60.0) as session:
+        writer = HalfWriter(session, options, GROUP, txid, batch_key, part)
+        for chunk in chunks(batches, ("body",)):
+            if isinstance(chunk, PlainRows):
+                await writer.write_plain(chunk.body)
+            else:
+                await writer.write_chunk(chunk)
+        await writer.finish()
+
+
 async def run(args: argparse.Namespace, address: str, pid: int) -> dict[str, object]:
     per_part = args.rows // args.partitions
     times: list[float] = []
-    cpu = 0.0
+    cpu = own = 0.0
+    profile = cProfile.Profile() if args.profile else None
     async with BrokerSession(address, 120.0) as driver:
         for b in range(args.batches + args.warmup):
             key = f"sink-path-{uuid.uuid4().hex[:8]}-{b}"
             txids = [f"{key}-{p}" for p in range(args.partitions)]
-            parts = [
-                encode_partition(key, txids[p], per_part, p * per_part, args.batch_size, p)
-                for p in range(args.partitions)
-            ]
-            c0, t0 = _proc_cpu(pid), time.monotonic()
-            await asyncio.gather(
-                *(send_partition(address, reqs, args.max_in_flight) for reqs in parts)
-            )
+            if args.writer:
+                inputs = [arrow_partition(per_part, p * per_part) for p in range(args.partitions)]
+            else:
+                parts = [
+                    encode_partition(key, txids[p], per_part, p * per_part, args.batch_size, p)
+                    for p in range(args.partitions)
+                ]
+            c0, t0, o0 = _proc_cpu(pid), time.monotonic(), time.process_time()
+            if profile is not None and b >= args.warmup:
+                profile.enable()
+            if args.writer:
+                await asyncio.gather(
+                    *(
+                        write_arrow(address, inputs[p], key, txids[p], p, args)
+                        for p in range(args.partitions)
+                    )
+                )
+            else:
+                await asyncio.gather(
+                    *(send_partition(address, reqs, args.max_in_flight) for reqs in parts)
+                )
             answer = await driver.decide_batch(GROUP, key, txids)
-            t1, c1 = time.monotonic(), _proc_cpu(pid)
+            if profile is not None:
+                profile.disable()
+            t1, c1, o1 = time.monotonic(), _proc_cpu(pid), time.process_time()
             if sorted(answer["committed"]) != sorted(txids):
                 raise RuntimeError(f"batch not committed: {answer}")
             if b >= args.warmup:
                 times.append(t1 - t0)
                 cpu += c1 - c0
+                own += o1 - o0
     rows = per_part * args.partitions
     total = sum(times)
+    if profile is not None:
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     return {
         "rows_per_s": round(rows * len(times) / total),
         "batch_s": [round(t, 2) for t in times],
         "best_batch_rows_per_s": round(rows / min(times)),
         "broker_cpu_pct": round(100 * cpu / total),
         "broker_cpu_us_per_row": round(1e6 * cpu / (rows * len(times)), 1),
+        # This process: the sink's writer with --writer, else only sending ready bodies.
+        "client_cpu_us_per_row": round(1e6 * own / (rows * len(times)), 1),
     }
 
 
@@ -154,6 +220,10 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=512, help="entries per request")
     p.add_argument("--max-in-flight", type=int, default=8)
+    p.add_argument(
+        "--writer", action="store_true", help="encode with the sink's writer from Arrow batches"
+    )
+    p.add_argument("--profile", action="store_true", help="cProfile this process (stderr)")
     args = p.parse_args()
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="txmq-sink-path-") as tmp:

@@ -15,10 +15,11 @@ runs are read from offset 0.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import time
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -39,10 +40,10 @@ from pyspark.sql.types import (
 
 from txmq.client.bridge import LoopThread
 from txmq.client.logs import get_logger
-from txmq.client.pull_consumer import PullStatus
+from txmq.client.pull_consumer import PullResult, PullStatus
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.errors import TxmqError
-from txmq.protocol.message import MessageExt
+from txmq.protocol.message import MessageConst, MessageExt
 from txmq.protocol.topics import SYSTEM_TOPICS
 
 from .options import (
@@ -329,29 +330,94 @@ def plan_partitions(
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _ts(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+_ARROW_SCHEMA: Any = None
+#: Most rows of a record batch the source hands Spark (Spark's own Arrow batch size).
+BATCH_ROWS = 10_000
+#: A record batch is handed over once its bodies take this many bytes.
+BATCH_BYTES = 16 * 1024 * 1024
 
 
-def to_row(m: MessageExt, broker: str = "") -> tuple[Any, ...]:
-    """A stored message as a row of :data:`SOURCE_SCHEMA`."""
-    return (
-        m.topic,
-        m.queue_id,
-        m.queue_offset,
-        m.msg_id,
-        m.tags,
-        m.keys,
-        m.body,
-        m.user_properties,
-        _ts(m.born_timestamp),
-        _ts(m.store_timestamp),
-        broker,
-    )
+def arrow_schema() -> Any:
+    """:data:`SOURCE_SCHEMA` as the Arrow schema Spark expects of a reader's record batches
+    (made once per process: pyarrow is imported where the reader runs, not on import)."""
+    global _ARROW_SCHEMA
+    if _ARROW_SCHEMA is None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        _ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
+    return _ARROW_SCHEMA
 
 
-def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tuple[Any, ...]]:
-    """The rows of one queue's range, pulled ``pullBatchSize`` messages at a time.
+def concat_batches(batches: list[Any]) -> Any:
+    """Record batches of one schema as one (their columns copied once)."""
+    if len(batches) == 1:
+        return batches[0]
+    import pyarrow as pa
+
+    if hasattr(pa, "concat_batches"):  # pyarrow >= 19
+        return pa.concat_batches(batches)
+    table = pa.Table.from_batches(batches).combine_chunks()  # pragma: no cover - older pyarrow
+    return table.to_batches()[0]  # pragma: no cover
+
+
+def to_record_batch(messages: Sequence[MessageExt], topic: str, broker: str) -> Any:
+    """Stored messages of one topic as one Arrow record batch of :data:`SOURCE_SCHEMA`.
+
+    Each column is built from a list in one call (Spark takes the batch as it is), instead of a
+    tuple per message that Spark's worker converts value by value.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = arrow_schema()
+    n = len(messages)
+    system = MessageConst.SYSTEM_KEYS
+    tags_key, keys_key, uniq_key = MessageConst.TAGS, MessageConst.KEYS, MessageConst.UNIQ_KEY
+    queue_ids: list[int] = []
+    offsets: list[int] = []
+    ids: list[str] = []
+    tags: list[str | None] = []
+    keys: list[str | None] = []
+    bodies: list[bytes] = []
+    props: list[list[tuple[str, str]]] = []
+    born: list[int] = []
+    stored: list[int] = []
+    for m in messages:
+        p = m.properties
+        queue_ids.append(m.queue_id)
+        offsets.append(m.queue_offset)
+        ids.append(p.get(uniq_key) or m.offset_msg_id)
+        tags.append(p.get(tags_key))
+        keys.append(p.get(keys_key))
+        bodies.append(m.body)
+        props.append([(k, v) for k, v in p.items() if k not in system])
+        born.append(m.born_timestamp)
+        stored.append(m.store_timestamp)
+    ms = pa.int64()
+    ts_type = schema.field("born_timestamp").type
+    thousand = pa.scalar(1000, ms)
+    columns = [
+        pa.array([topic] * n, pa.string()),
+        pa.array(queue_ids, pa.int32()),
+        pa.array(offsets, ms),
+        pa.array(ids, pa.string()),
+        pa.array(tags, pa.string()),
+        pa.array(keys, pa.string()),
+        pa.array(bodies, pa.binary()),
+        pa.array(props, schema.field("properties").type),
+        pc.multiply(pa.array(born, ms), thousand).cast(ts_type),
+        pc.multiply(pa.array(stored, ms), thousand).cast(ts_type),
+        pa.array([broker] * n, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any]:
+    """The rows of one queue's range, pulled ``pullBatchSize`` messages at a time, as Arrow
+    record batches of :data:`SOURCE_SCHEMA` of up to :data:`BATCH_ROWS` rows (or about
+    :data:`BATCH_BYTES` of bodies): Spark and its JVM pay per batch, so a batch gathers several
+    pulls.  The next pull is sent before a batch is built and handed to Spark, so the broker's
+    answer is under way meanwhile.
 
     Raises:
         TxmqError: a pull failed, messages in the range were deleted (unless
@@ -361,22 +427,32 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
         options.broker, options.request_timeout, options.credentials, options.tls
     )
     runner = LoopThread(name="txmq-spark-read")
+    ahead: concurrent.futures.Future[PullResult] | None = None
+
+    def pull(at: int) -> concurrent.futures.Future[PullResult]:
+        want = min(options.pull_batch_size, part.end - at)
+        return asyncio.run_coroutine_threadsafe(
+            session.pull(part.topic, part.queue, at, want), runner.loop
+        )
+
     try:
         runner.run(session.__aenter__())
         broker = part.broker
         if broker is None:  # a topic in one group (or a single broker): its route names it
             route = runner.run(session.route(part.topic))
             broker = route.groups[0] if route is not None and route.groups else ""
-        offset = part.start
-        while offset < part.end:
-            want = min(options.pull_batch_size, part.end - offset)
-            result = runner.run(session.pull(part.topic, part.queue, offset, want))
+        offset, end = part.start, part.end
+        if offset < end:
+            ahead = pull(offset)
+        gathered: list[Any] = []  # record batches, one per pull
+        gathered_rows = gathered_bytes = 0
+        while ahead is not None:
+            result, ahead = ahead.result(), None
+            found: list[MessageExt] = []
             if result.status is PullStatus.FOUND:
-                for m in result.messages:
-                    if m.queue_offset >= part.end:
-                        break
-                    if m.queue_offset >= offset:
-                        yield to_row(m, broker)
+                found = result.messages
+                if found and (found[0].queue_offset < offset or found[-1].queue_offset >= end):
+                    found = [m for m in found if offset <= m.queue_offset < end]
                 next_offset = result.next_begin_offset
             elif result.status is PullStatus.NO_MATCHED_MSG:
                 next_offset = result.next_begin_offset
@@ -405,8 +481,23 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[tup
                     f"{part.topic}/{part.queue}: the broker did not move past offset {offset}"
                 )
             offset = next_offset
+            if offset < end:
+                ahead = pull(offset)
+            if found:
+                gathered.append(to_record_batch(found, part.topic, broker))
+                gathered_rows += len(found)
+                gathered_bytes += sum(len(m.body) for m in found)
+            if gathered and (
+                ahead is None or gathered_rows >= BATCH_ROWS or gathered_bytes >= BATCH_BYTES
+            ):
+                batches, gathered, gathered_rows, gathered_bytes = gathered, [], 0, 0
+                yield concat_batches(batches)
     finally:
         try:
+            if ahead is not None:  # the task stopped reading early
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    ahead.result(options.request_timeout)
             runner.run(session.__aexit__(None, None, None))
         finally:
             runner.stop()
@@ -523,7 +614,7 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return plan_partitions(start, end, self.options.min_partitions)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, TxmqInputPartition):
             return iter(())  # nothing to read: Spark runs one empty partition of its own
         return read_range(self.options, partition)
@@ -544,7 +635,7 @@ class TxmqBatchReader(DataSourceReader):
         end = ending_offsets(self.options, latest_offsets(self.options))
         return plan_partitions(start, plan_end(start, end, None), self.options.min_partitions)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, TxmqInputPartition):
             return iter(())  # nothing to read: Spark runs one empty partition of its own
         return read_range(self.options, partition)

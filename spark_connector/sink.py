@@ -66,6 +66,10 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 ROW_CHUNK = 1024
 #: The most bytes the properties of one message may take (a signed 16-bit length).
 MAX_PROPERTIES_BYTES = 32767
+#: Most rows encoded column-wise at once (:class:`PlainRows`).
+PLAIN_SLICE = 32768
+#: Characters of a message id (:class:`~txmq.protocol.message.UniqIdGenerator`).
+ID_LENGTH = 32
 
 _KV = NAME_VALUE_SEPARATOR.encode()
 _SEP = PROPERTY_SEPARATOR.encode()
@@ -128,13 +132,63 @@ def new_transaction_id(batch_key: str, partition_id: int, attempt: int) -> str:
 Chunk = dict[str, list[Any]]
 
 
-def chunks(batches: Iterable[Any], columns: tuple[str, ...]) -> Iterator[Chunk]:
+@dataclass(frozen=True)
+class PlainRows:
+    """Rows of an Arrow batch that carry nothing but a body (no topic, tags, keys, properties
+    or queue-column value): their messages differ only in body and message id, so they are
+    encoded column-wise (:meth:`HalfWriter.write_plain`), not row by row.
+
+    Attributes:
+        body: the body column, a ``large_binary`` pyarrow array without nulls.
+    """
+
+    body: Any
+
+
+#: The columns that make a row more than a body (besides the ``queueColumn``).
+_ROW_EXTRAS = ("topic", "tags", "keys", "properties")
+
+
+def plain_rows(batch: Any, columns: tuple[str, ...]) -> PlainRows | None:
+    """``batch`` (a pyarrow RecordBatch) as :class:`PlainRows`, or None when a row has more
+    than a body, or a null or non-binary body (the row-wise path handles, or refuses, those)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    if "body" not in names or batch.num_rows == 0:
+        return None
+    for c in columns:
+        if c != "body" and c in names and batch.column(c).null_count != batch.num_rows:
+            return None
+    body = batch.column("body")
+    if body.null_count:
+        return None
+    t = body.type
+    if not (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+    ):
+        return None
+    return PlainRows(body.cast(pa.large_binary()))
+
+
+def chunks(batches: Iterable[Any], columns: tuple[str, ...]) -> Iterator[Chunk | PlainRows]:
     """Column lists from what Spark gives ``write()``: pyarrow RecordBatches (the Arrow
-    writers) or Rows (the row writers and ``foreachBatch``)."""
+    writers) or Rows (the row writers and ``foreachBatch``); an Arrow batch of bodies alone as
+    :class:`PlainRows`."""
     it = iter(batches)
     buffered: list[Any] = []
     for item in it:
         if hasattr(item, "schema") and hasattr(item, "num_rows"):  # pyarrow.RecordBatch
+            plain = plain_rows(item, columns)
+            if plain is not None:
+                # Message ids are made per slice with one clock reading: their 16-bit counter
+                # must not wrap inside one.
+                for at in range(0, len(plain.body), PLAIN_SLICE):
+                    yield PlainRows(plain.body.slice(at, PLAIN_SLICE))
+                continue
             names = set(item.schema.names)
             yield {c: item.column(c).to_pylist() for c in columns if c in names}
             continue
@@ -324,6 +378,88 @@ class HalfWriter:
         self.rows += n
         await self._send_ready()
 
+    async def write_plain(self, bodies: Any) -> None:
+        """Encode rows of nothing but a body (``bodies``: a ``large_binary`` pyarrow array
+        without nulls) into the per-queue buffers and send the full ones.
+
+        The entries are the ones :meth:`write_chunk` makes, byte for byte (bar the message
+        ids): Arrow joins each entry's head, body and properties in one call, the message ids
+        are made at once, and each request takes a slice of the joined entries.
+        """
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        topic = self.options.topic
+        if topic is None:
+            raise TxmqOptionError(
+                "a row has no topic: its 'topic' column is null and no 'topic' option is set"
+            )
+        await self._queues(topic)
+        n = len(bodies)
+        # The properties of every entry: its length, UNIQ_KEY=<id>, then the constant ones.
+        head = _UNIQ_PREFIX
+        tail = _SEP + self._const
+        plen = len(head) + ID_LENGTH + len(tail)
+        if plen > MAX_PROPERTIES_BYTES:
+            raise ValueError(
+                f"a row's properties take {plen} bytes, over the limit of {MAX_PROPERTIES_BYTES}"
+            )
+        ids = "".join(self._ids.next_ids(n)).encode("ascii")
+        if len(ids) != n * ID_LENGTH:  # pragma: no cover - the id format is fixed
+            raise AssertionError("message ids of unexpected length")
+        props = np.empty((n, 2 + plen), np.uint8)
+        props[:, :2] = np.frombuffer(plen.to_bytes(2, "big"), np.uint8)
+        props[:, 2 : 2 + len(head)] = np.frombuffer(head, np.uint8)
+        at = 2 + len(head)
+        props[:, at : at + ID_LENGTH] = np.frombuffer(ids, np.uint8).reshape(n, ID_LENGTH)
+        props[:, at + ID_LENGTH :] = np.frombuffer(tail, np.uint8)
+        # Each entry's head: total size, magic and CRC (0), flag (0), body length.
+        lengths = pc.binary_length(bodies).to_numpy().astype(np.int64)
+        sizes = BATCH_ENTRY_OVERHEAD + plen + lengths
+        heads = np.zeros((n, 5), ">i4")
+        heads[:, 0] = sizes
+        heads[:, 4] = lengths
+        fixed = pa.large_binary()
+        joined = pc.binary_join_element_wise(
+            _fixed_rows(heads.tobytes(), n, 20).cast(fixed),
+            bodies,
+            _fixed_rows(props.tobytes(), n, 2 + plen).cast(fixed),
+            pa.scalar(b"", fixed),
+        )
+        offsets = np.frombuffer(joined.buffers()[1], np.int64, n + 1, joined.offset * 8)
+        data = memoryview(joined.buffers()[2])
+        ends = np.cumsum(sizes)
+        batch_size = self.options.batch_size
+        max_bytes = self.options.max_request_bytes
+        buffers = self._buffers
+        i = 0
+        while i < n:
+            key = (topic, self._cursor[topic])
+            buf = buffers.get(key)
+            before = int(ends[i - 1]) if i else 0
+            if buf is not None and buf.size + int(sizes[i]) > max_bytes:
+                # As write_chunk: the row that does not fit starts the queue's next request.
+                self._take(key, buf)
+                buf = buffers[key] = BatchBody()
+                j = i + 1
+            else:
+                if buf is None:
+                    buf = buffers[key] = BatchBody()
+                # Row i goes in; so do the next ones while they fit in count and bytes.
+                room = batch_size - buf.count
+                fit = int(np.searchsorted(ends, before + max_bytes - buf.size, side="right"))
+                j = max(i + 1, min(n, i + room, fit))
+            buf.parts.append(data[int(offsets[i]) : int(offsets[j])].tobytes())
+            buf.count += j - i
+            buf.size += int(ends[j - 1]) - before
+            i = j
+            if buf.count >= batch_size or buf.size >= max_bytes:
+                self._take(key, buf)
+                del buffers[key]
+        self.rows += n
+        await self._send_ready()
+
     def _take(self, key: tuple[str, int], buf: BatchBody) -> None:
         topic, qid = key
         self._ready.append((topic, qid, buf))
@@ -402,6 +538,13 @@ class HalfWriter:
 
 
 #: Columns a writer reads from its input.
+def _fixed_rows(raw: bytes, n: int, width: int) -> Any:
+    """``raw`` as a pyarrow array of ``n`` values of ``width`` bytes each."""
+    import pyarrow as pa
+
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw)])
+
+
 def input_columns(options: SinkOptions) -> tuple[str, ...]:
     cols = ["body", "topic", "tags", "keys", "properties"]
     if options.queue_column is not None and options.queue_column not in cols:
@@ -453,6 +596,9 @@ def write_partition(
             started = time.monotonic()
             try:
                 for chunk in chunks(batches, columns):
+                    if isinstance(chunk, PlainRows):
+                        await writer.write_plain(chunk.body)
+                        continue
                     if "body" not in chunk:
                         raise TxmqOptionError("the DataFrame written to txmq has no 'body' column")
                     await writer.write_chunk(chunk)
