@@ -113,6 +113,22 @@ async def _start(make_cluster: Any) -> BrokerCluster:
     return bc
 
 
+async def _output(bc: BrokerCluster, seeds: str, count: int) -> list[int]:
+    """The ids in the output topic once ``count`` distinct ones are readable: a batch decided
+    through one group commits its halves in the other groups when they apply the etcd record,
+    and reads in a group stop at what its in-sync replicas confirmed, so the last rows may be
+    readable a moment after the query returns."""
+    got: list[int] = []
+
+    async def settled() -> bool:
+        nonlocal got
+        got = _ids(await asyncio.to_thread(pull_all, seeds, OUT))
+        return len(set(got)) >= count
+
+    await bc.wait(settled, 60, f"{count} distinct ids readable in {OUT}")
+    return got
+
+
 async def test_pipeline_on_a_cluster_neither_repeats_nor_skips(
     spark: Any, make_cluster: Any, tmp_path: Path
 ) -> None:
@@ -123,8 +139,8 @@ async def test_pipeline_on_a_cluster_neither_repeats_nor_skips(
     first = _run(spark, seeds, ckpt, 100)
     ran = _batches(first)
     assert sum(n for _, n in ran) == 600 and len(ran) >= 6, ran
+    assert await _output(bc, seeds, 600) == list(range(600))
     got = await asyncio.to_thread(pull_all, seeds, OUT)
-    assert _ids(got) == list(range(600))
     assert len({m.store_host for m in got}) == 2, "the output should be in both groups"
 
     # Spark runs the next-to-last batch again from its logged offsets and plans the last one
@@ -150,7 +166,7 @@ async def test_pipeline_on_a_cluster_neither_repeats_nor_skips(
     assert fresh.id != first.id
     assert sum(n for _, n in _batches(fresh)) == 100, _batches(fresh)
 
-    assert _ids(await asyncio.to_thread(pull_all, seeds, OUT)) == list(range(1000))
+    assert await _output(bc, seeds, 1000) == list(range(1000))
     states: dict[str, Any] = {}
     for group in ("g1", "g2"):
         leader = await bc.wait_leader(group)
