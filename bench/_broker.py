@@ -32,6 +32,51 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` in clock ticks (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@contextlib.contextmanager
+def running(
+    cmd: list[str],
+    port: int,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float = 30.0,
+    name: str = "broker",
+    stop: int = signal.SIGTERM,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` (a broker) until the block ends: yields the process once it listens on
+    ``port`` (fails if it exits first or does not listen within ``timeout`` seconds); then
+    stops it with ``stop`` (SIGINT lets a broker under cProfile write its profile), SIGKILL
+    after ``timeout``."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name}: the broker exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: the broker did not listen in {timeout} s")
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.send_signal(stop)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 @contextlib.contextmanager
 def spawn_broker(
     store: str,
@@ -57,22 +102,8 @@ def spawn_broker(
     ]
     for k, v in (settings or {}).items():
         cmd += ["--set", f"{k}={v}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the broker did not start")
-            time.sleep(0.1)
+    with running(cmd, port) as proc:
         yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @contextlib.contextmanager

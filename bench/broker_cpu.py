@@ -33,14 +33,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from _broker import cpu_ticks, free_port, running
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -75,19 +75,6 @@ def parse_target(text: str) -> Target:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks (fields 14 and 15 of /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 @contextlib.contextmanager
 def broker(target: Target, timeout: float) -> Iterator[tuple[str, int]]:
     """A broker of ``target`` on a fresh store: yields its address and pid; stopped at the end
@@ -103,27 +90,10 @@ def broker(target: Target, timeout: float) -> Iterator[tuple[str, int]]:
     for s in target.settings:
         cmd += ["--set", s]
     cwd = target.pythonpath or tempfile.gettempdir()
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None:
-                raise RuntimeError(f"{target.name}: the broker exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{target.name}: the broker did not listen in {timeout} s")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}", proc.pid
+        with running(cmd, port, env=env, cwd=cwd, timeout=timeout, name=target.name) as proc:
+            yield f"127.0.0.1:{port}", proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
         shutil.rmtree(store, ignore_errors=True)
 
 

@@ -17,9 +17,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,32 +39,19 @@ def broker_cpu(pid: int) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def broker(pure: str) -> Iterator[tuple[str, int]]:
+    from _broker import free_port, running  # the SDK is imported once the switch is set
+
     store = tempfile.mkdtemp(prefix="txmq-one-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ)
     env.pop("TXMQ_PURE_PYTHON", None)
     if pure:
         env["TXMQ_PURE_PYTHON"] = pure
     cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the broker did not start")
-            time.sleep(0.05)
-        yield f"127.0.0.1:{port}", proc.pid
+        with running(cmd, port, env=env) as proc:
+            yield f"127.0.0.1:{port}", proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
         shutil.rmtree(store, ignore_errors=True)
 
 

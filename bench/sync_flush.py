@@ -20,16 +20,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 
-from broker_cpu import Target, cpu_ticks, free_port, parse_target
+from _broker import cpu_ticks, free_port, running
+from broker_cpu import Target, parse_target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -59,31 +58,11 @@ def broker(target: Target, root: str, timeout: float) -> Iterator[tuple[str, int
     cmd += ["--flush", "SYNC_FLUSH", "--log-level", "WARNING", "--set", f"metricsPort={mport}"]
     for s in target.settings:
         cmd += ["--set", s]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=target.pythonpath or tempfile.gettempdir(),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    cwd = target.pythonpath or tempfile.gettempdir()
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None:
-                raise RuntimeError(f"{target.name}: the broker exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{target.name}: the broker did not listen in {timeout} s")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}", proc.pid, mport
+        with running(cmd, port, env=env, cwd=cwd, timeout=timeout, name=target.name) as proc:
+            yield f"127.0.0.1:{port}", proc.pid, mport
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
         shutil.rmtree(store, ignore_errors=True)
 
 

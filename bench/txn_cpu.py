@@ -27,8 +27,6 @@ import os
 import pstats
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,20 +36,10 @@ TICKS = os.sysconf("SC_CLK_TCK")
 BODY = b"x" * 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 @contextlib.contextmanager
 def broker(profile_to: str | None) -> Iterator[tuple[str, int]]:
+    from _broker import free_port, running
+
     store = tempfile.mkdtemp(prefix="txmq-txncpu-")
     port = free_port()
     cmd = [sys.executable]
@@ -59,23 +47,10 @@ def broker(profile_to: str | None) -> Iterator[tuple[str, int]]:
         cmd += ["-m", "cProfile", "-o", profile_to]
     cmd += ["-m", "txmq", "broker", "--bind", "127.0.0.1", "--port", str(port)]
     cmd += ["--store-dir", store, "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the broker did not start")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}", proc.pid
+        with running(cmd, port, timeout=60, stop=signal.SIGINT) as proc:
+            yield f"127.0.0.1:{port}", proc.pid
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
         shutil.rmtree(store, ignore_errors=True)
 
 
@@ -83,6 +58,7 @@ async def drive(address: str, pid: int, k: int, warmup: int, count: int, profile
     import logging
 
     import structlog
+    from _broker import cpu_ticks
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from txmq.client import (
