@@ -320,6 +320,29 @@ class PlainSend:
         )
 
 
+def header_values(v2: bool, ext: dict[str, Any]) -> list[Any] | None:
+    """The fields of a SEND_MESSAGE(_V2) header by position (``_ONE_V1``/``_ONE_V2``), when
+    every field is one the direct paths know and has its native type; None otherwise (the
+    generic path reads the request)."""
+    if v2:
+        if not _ONE_V2_KEYS.issuperset(ext):
+            return None
+        fields = _ONE_V2
+    else:
+        if not _ONE_V1_KEYS.issuperset(ext):
+            return None
+        fields = _ONE_V1
+    vals: list[Any] = [None] * 14
+    for k, v in ext.items():
+        if v is None:
+            continue
+        i, tp = fields[k]
+        if v.__class__ is not tp:
+            return None
+        vals[i] = v
+    return vals
+
+
 class FastPaths:
     """The entry point: :meth:`parse` says whether a fast path can store a batch (else the
     caller takes the generic path), :meth:`store` stores it; behind ``batchFastPathEnable``."""
@@ -348,22 +371,9 @@ class FastPaths:
         ``maxMessageSize``.  None: the generic path reads it (and gives any error)."""
         if not self.enabled or body.__class__ is not bytes:
             return None
-        if v2:
-            if not _ONE_V2_KEYS.issuperset(ext):
-                return None
-            fields = _ONE_V2
-        else:
-            if not _ONE_V1_KEYS.issuperset(ext):
-                return None
-            fields = _ONE_V1
-        vals: list[Any] = [None] * 14
-        for k, v in ext.items():
-            if v is None:
-                continue
-            i, tp = fields[k]
-            if v.__class__ is not tp:
-                return None
-            vals[i] = v
+        vals = header_values(v2, ext)
+        if vals is None:
+            return None
         (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
         if group is None or topic is None or props is None or vals[12]:
             return None

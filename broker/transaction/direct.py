@@ -39,7 +39,7 @@ from txmq.protocol.message import (
 )
 
 from ..messaging.dedup import dedup_topic
-from ..messaging.fastpath import _ONE_V1, _ONE_V1_KEYS, _ONE_V2, _ONE_V2_KEYS, make_half_template
+from ..messaging.fastpath import header_values, make_half_template
 from ..messaging.timer import TIMER_PROPERTIES
 from ..store import AppendResult, EncodedMessage
 from .state import HalfRef, TxState
@@ -195,22 +195,9 @@ class HalfSends:
             or body.__class__ is not bytes
         ):
             return None
-        if v2:
-            if not _ONE_V2_KEYS.issuperset(ext):
-                return None
-            fields = _ONE_V2
-        else:
-            if not _ONE_V1_KEYS.issuperset(ext):
-                return None
-            fields = _ONE_V1
-        vals: list[Any] = [None] * 14
-        for k, v in ext.items():
-            if v is None:
-                continue
-            i, tp = fields[k]
-            if v.__class__ is not tp:
-                return None
-            vals[i] = v
+        vals = header_values(v2, ext)
+        if vals is None:
+            return None
         (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
         if (
             group is None
