@@ -17,9 +17,10 @@ import pytest
 
 from tests.cluster.test_cluster_failover import txmq_cli
 from tests.spark.helpers import by_state, pull_all, running_spark, transactions
+from tests.spark.test_spark_pipeline import _batches, _forget_batches, _ids
+from tests.spark.test_spark_pipeline import _run as run_pipeline
 from tests.support.cluster import BrokerCluster
 from txmq.client import Message, Producer
-from txmq.protocol.message import MessageExt
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
@@ -42,47 +43,8 @@ def _publish(seeds: str, ids: range) -> None:
             producer.send(Message(SOURCE, f"id-{i}".encode()))
 
 
-def _ids(messages: list[MessageExt]) -> list[int]:
-    return sorted(int(m.body.decode().split("-")[1]) for m in messages)
-
-
 def _run(spark: Any, seeds: str, ckpt: Path, per_batch: int) -> Any:
-    """Copy the source to the output in micro-batches of ``per_batch`` messages until the
-    source's end; returns the ended query.  Called on the test's own thread (the brokers are
-    other processes): Spark finds the session's Python data sources from the thread that
-    registered them."""
-    df = (
-        spark.readStream.format("txmq")
-        .option("broker", seeds)
-        .option("topic", SOURCE)
-        .option("pipeline", PIPE)
-        .option("maxMessagesPerTrigger", str(per_batch))
-        .load()
-    )
-    query = (
-        df.select("body")
-        .writeStream.format("txmq")
-        .option("broker", seeds)
-        .option("topic", OUT)
-        .option("pipeline", PIPE)
-        .option("checkpointLocation", str(ckpt))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(RUN_TIMEOUT), f"the query did not end in {RUN_TIMEOUT}s"
-    assert query.exception() is None, query.exception()
-    return query
-
-
-def _batches(query: Any) -> list[tuple[int, int]]:
-    return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
-
-
-def _forget_batches(ckpt: Path, offsets: list[int], commits: list[int]) -> None:
-    for folder, ids in (("offsets", offsets), ("commits", commits)):
-        for n in ids:
-            (ckpt / folder / str(n)).unlink()
-            (ckpt / folder / f".{n}.crc").unlink(missing_ok=True)
+    return run_pipeline(spark, seeds, SOURCE, OUT, ckpt, PIPE, per_batch, timeout=RUN_TIMEOUT)
 
 
 async def _start(make_cluster: Any) -> BrokerCluster:

@@ -46,10 +46,18 @@ def _ids(messages: list[MessageExt]) -> list[int]:
 
 
 def _run(
-    spark: Any, address: str, source: str, out: str, ckpt: Path, pipeline: str, per_batch: int
+    spark: Any,
+    address: str,
+    source: str,
+    out: str,
+    ckpt: Path,
+    pipeline: str,
+    per_batch: int,
+    timeout: float = RUN_TIMEOUT,
 ) -> Any:
     """Copy ``source`` to ``out`` in micro-batches of ``per_batch`` messages until the source's
-    end (``Trigger.AvailableNow``); returns the ended query."""
+    end (``Trigger.AvailableNow``); returns the ended query.  Called on the test's own thread:
+    Spark finds the session's Python data sources from the thread that registered them."""
     df = (
         spark.readStream.format("txmq")
         .option("broker", address)
@@ -68,7 +76,7 @@ def _run(
         .trigger(availableNow=True)
         .start()
     )
-    assert query.awaitTermination(RUN_TIMEOUT), f"the query did not end in {RUN_TIMEOUT}s"
+    assert query.awaitTermination(timeout), f"the query did not end in {timeout}s"
     assert query.exception() is None, query.exception()
     return query
 
