@@ -248,3 +248,40 @@ async def test_a_snapshot_past_a_replica_cut_is_set_aside_there(
     assert not path.exists() and path.with_name("snapshot.msgpack.stale").exists()
     assert _in(logs, "transaction_snapshot_stale")
     assert not set_aside_snapshot_past(cfg.store_path_root_dir, start)  # none left
+
+
+async def test_a_snapshot_past_the_recovered_log_is_set_aside_for_good(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    """A torn tail cut at start leaves the log short of a snapshot written before (one without a
+    tip, as older brokers wrote them): it is set aside, not just ignored, so the log growing
+    past it again with other records before the next snapshot cannot revive it."""
+    cfg = make_broker_config(transaction_check_interval=600_000)
+    b = BrokerController(cfg)
+    await b.start()
+    c = await RawClient.connect(b.address)
+    try:
+        x = b.store.max_phy_offset
+        assert (await c.send(TOPIC, b"a", group=G, transactional=True)).code == 0
+    finally:
+        await c.close()
+    await b.shutdown()
+    path = Path(cfg.store_path_root_dir, "transaction", "snapshot.msgpack")
+    _strip_tip(path)
+    store = MessageStore(store_config(cfg), ("127.0.0.1", b.port))
+    store.load()
+    try:
+        assert store.truncate(x) > 0
+    finally:
+        store.close()
+    with capture_logs() as logs:
+        b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
+        await b.start()
+    try:
+        assert b.recovery["transactions"]["snapshot"] == 0
+        assert b.transactions.records == {}
+        assert not path.exists() and path.with_name("snapshot.msgpack.stale").exists()
+        [line] = _in(logs, "transaction_snapshot_stale")
+        assert "more than the recovered commit log" in line["reason"]
+    finally:
+        await b.shutdown()
