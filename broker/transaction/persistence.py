@@ -157,7 +157,7 @@ class TransactionPersistence:
             if end <= 0:
                 continue
             r = self.store.get_messages(topic, 0, end - 1, 1)
-            if r.status is GetMessageStatus.FOUND:
+            if r.status is GetMessageStatus.FOUND and r.messages:
                 tips.append(record_tip(r.messages[0]))
         return max(tips, default=None)
 
