@@ -50,6 +50,7 @@ from txmq.protocol.errors import (
 )
 
 from ..store import MessageStore, atomic_write
+from ..transaction.persistence import set_aside_snapshot_past
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
@@ -787,12 +788,12 @@ class ReplicaFetcher:
                 end=end,
                 reason="records past the point where this log diverged from the leader's",
             )
-            await self.run_blocking(lambda: self.store.truncate(cut))
+            await self.run_blocking(lambda: self._cut(cut))
             end = self.store.max_phy_offset
         elif end > int(info["end"]):
             log.warning("replica_truncating", offset=int(info["end"]), end=end, reason="ahead")
             leader_end = int(info["end"])
-            await self.run_blocking(lambda: self.store.truncate(leader_end))
+            await self.run_blocking(lambda: self._cut(leader_end))
             end = self.store.max_phy_offset
         self._leader_epochs = leader_epochs
         self.epochs.adopt(leader_epochs, end)
@@ -803,6 +804,12 @@ class ReplicaFetcher:
             offset=end,
             leader_end=int(info["end"]),
         )
+
+    def _cut(self, offset: int) -> None:
+        """Cut the log back to ``offset``; a transaction snapshot covering the cut part is set
+        aside (the log grows again with other records at those offsets)."""
+        self.store.truncate(offset)
+        set_aside_snapshot_past(self.store.config.store_path_root_dir, offset)
 
     async def _fetch_once(self, conn: Connection) -> None:
         pos = self.store.max_phy_offset

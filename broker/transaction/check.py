@@ -35,7 +35,7 @@ from txmq.protocol.message import MessageConst, MessageExt, encode_message
 from ..clients import ClientChannel
 from ..metrics import BrokerMetrics
 from .machine import TransactionStateMachine
-from .state import TxRecord, TxState
+from .state import TxRecord, TxState, half_mismatch, log_half_mismatch
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -415,6 +415,10 @@ class CheckService:
                 transaction_id=rec.transaction_id,
                 offset=half.commit_log_offset,
             )
+            return False
+        why = half_mismatch(stored, half, rec.transaction_id)
+        if why is not None:  # the log was cut back and written again: not this half
+            log_half_mismatch(rec.transaction_id, half, why, "no check is sent")
             return False
         stored.topic = half.real_topic
         stored.queue_id = half.real_queue_id

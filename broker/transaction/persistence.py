@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
-from txmq.protocol.errors import MALFORMED_DOCUMENT
+from txmq.protocol.errors import MALFORMED_DOCUMENT, QueryNotFoundError
+from txmq.protocol.message import POS_PHYSICAL_OFFSET, POS_STORE_TIMESTAMP
 from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 
-from ..store import atomic_write
+from ..store import GetMessageStatus, atomic_write
 from . import snapshot
 from .machine import TransactionStateMachine
 
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 CHECK_STATE_VERSION = 1
+_I64 = struct.Struct(">q")
 
 
 class CheckStateError(ValueError):
@@ -76,7 +80,7 @@ class TransactionPersistence:
 
     def __post_init__(self, store_root: str) -> None:
         self.check_state_path = os.path.join(store_root, "transaction", "checkState.json")
-        self.snapshot_path = os.path.join(store_root, "transaction", "snapshot.msgpack")
+        self.snapshot_path = snapshot_path_of(store_root)
 
     def mark_check_state_dirty(self) -> None:
         self.check_state_dirty = True
@@ -125,12 +129,10 @@ class TransactionPersistence:
         thread once the commit log is flushed past what it covers."""
         store = self.store
         clog = store.max_phy_offset
-        snap = snapshot.take(
-            self.machine,
-            clog,
-            store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0),
-            store.get_max_offset_in_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, 0),
-        )
+        half_from = store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0)
+        op_from = store.get_max_offset_in_queue(RMQ_SYS_TRANS_OP_HALF_TOPIC, 0)
+        tip = self._tip(half_from, op_from)
+        snap = snapshot.take(self.machine, clog, half_from, op_from, tip)
         self.last_snapshot_ms = self.now_ms()
         if await self.flush_now() < clog:
             log.warning("transaction_snapshot_skipped", reason="commit log not flushed")
@@ -143,6 +145,32 @@ class TransactionPersistence:
 
         await self.in_background(write)
         log.debug("transaction_snapshot_written", records=len(snap.records), clog_offset=clog)
+
+    def _tip(self, half_from: int, op_from: int) -> tuple[int, int, int, int] | None:
+        """The newest half or op record before queue offsets ``half_from`` / ``op_from``, as
+        :attr:`.snapshot.Snapshot.tip` (None: neither queue holds one)."""
+        tips = []
+        for topic, end in (
+            (RMQ_SYS_TRANS_HALF_TOPIC, half_from),
+            (RMQ_SYS_TRANS_OP_HALF_TOPIC, op_from),
+        ):
+            if end <= 0:
+                continue
+            r = self.store.get_messages(topic, 0, end - 1, 1)
+            if r.status is GetMessageStatus.FOUND and r.messages:
+                tips.append(record_tip(r.messages[0]))
+        return max(tips, default=None)
+
+    def _holds(self, tip: tuple[int, int, int, int]) -> str | None:
+        """Why the commit log does not hold the record ``tip`` names; None when it does."""
+        try:
+            payload = self.store.read_message_bytes(tip[0])
+        except QueryNotFoundError:
+            return f"no record starts at commit-log offset {tip[0]} any more"
+        found = record_tip(payload)
+        if found != tip:
+            return f"the record at commit-log offset {tip[0]} is another one now"
+        return None
 
     def load_snapshot(self) -> tuple[int | None, int | None]:
         """Restore the last snapshot into the (empty) machine if it is usable; the half and op
@@ -159,19 +187,41 @@ class TransactionPersistence:
             self._set_aside(exc)
             return None, None
         if snap.clog_offset > self.store.max_phy_offset:
-            log.warning(
-                "transaction_snapshot_ignored",
-                reason="it covers more than the recovered commit log",
+            # Set aside, not just ignored: once the log grows past it again (with other
+            # records) a snapshot without a tip could not tell.
+            self._set_aside_stale(
+                "it covers more than the recovered commit log",
                 snapshot_offset=snap.clog_offset,
                 commit_log_offset=self.store.max_phy_offset,
             )
             return None, None
+        if snap.tip is not None:
+            why = self._holds(snap.tip)
+            if why is not None:
+                self._set_aside_stale(
+                    f"it was taken from another commit log: {why}",
+                    snapshot_offset=snap.clog_offset,
+                    tip_offset=snap.tip[0],
+                )
+                return None, None
         try:
             snapshot.restore(self.machine, snap)
         except snapshot.SnapshotError as exc:
             self._set_aside(exc)
             return None, None
         return snap.half_from, snap.op_from
+
+    def _set_aside_stale(self, reason: str, **where: int) -> None:
+        """A snapshot of another commit log (cut back since) is renamed, never read again, and
+        the table rebuilt from the half and op queues in full."""
+        log.warning(
+            "transaction_snapshot_stale",
+            path=self.snapshot_path,
+            set_aside_as=set_aside(self.snapshot_path),
+            reason=reason,
+            action="rebuilding the transaction table from the half and op queues",
+            **where,
+        )
 
     def _set_aside(self, exc: Exception) -> None:
         """A damaged snapshot is renamed (kept for an operator, never read again) and the
@@ -188,3 +238,55 @@ class TransactionPersistence:
             error=str(exc),
             action="rebuilding the transaction table from the half and op queues",
         )
+
+
+def record_tip(payload: bytes) -> tuple[int, int, int, int]:
+    """``(commit-log offset, size, CRC, store timestamp)`` of a stored message's payload: what
+    identifies its record (the CRC is the one its record header holds)."""
+    return (
+        _I64.unpack_from(payload, POS_PHYSICAL_OFFSET)[0],
+        len(payload),
+        zlib.crc32(payload),
+        _I64.unpack_from(payload, POS_STORE_TIMESTAMP)[0],
+    )
+
+
+def set_aside(snapshot_path: str, suffix: str = ".stale") -> str:
+    """Rename a snapshot so it is never read again; the new name (or why it could not be)."""
+    aside = f"{snapshot_path}{suffix}"
+    try:
+        os.replace(snapshot_path, aside)
+    except FileNotFoundError:
+        return "(no snapshot)"
+    except OSError as err:
+        return f"(could not be renamed: {err})"
+    return aside
+
+
+def snapshot_path_of(store_root: str) -> str:
+    return os.path.join(store_root, "transaction", "snapshot.msgpack")
+
+
+def set_aside_snapshot_past(store_root: str, offset: int) -> bool:
+    """After the commit log of the store at ``store_root`` was cut back to ``offset``: set its
+    transaction snapshot aside if the snapshot covers records past the cut (they are gone, and
+    the log will grow again with others).  Reads only the head of the file.  True if it did."""
+    path = snapshot_path_of(store_root)
+    try:
+        clog = snapshot.peek_clog(path)
+    except FileNotFoundError:
+        return False
+    except (OSError, snapshot.SnapshotError) as exc:
+        clog, why = None, str(exc)
+    else:
+        why = f"it covers the commit log up to {clog}, the log was cut back to {offset}"
+    if clog is not None and clog <= offset:
+        return False
+    log.warning(
+        "transaction_snapshot_stale",
+        path=path,
+        set_aside_as=set_aside(path),
+        reason=why,
+        action="the next start rebuilds the transaction table from the half and op queues",
+    )
+    return True

@@ -74,7 +74,18 @@ from .machine import TransactionStateMachine
 from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
 from .recovery import TransactionRecovery
-from .state import OP_TAG, Decision, HalfRef, OpKind, OpRecord, TxRecord, TxState
+from .state import (
+    OP_TAG,
+    Decision,
+    HalfMismatchError,
+    HalfRef,
+    OpKind,
+    OpRecord,
+    TxRecord,
+    TxState,
+    half_mismatch,
+    log_half_mismatch,
+)
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
@@ -360,7 +371,25 @@ class TransactionalMessageService:
     # -- lookups --------------------------------------------------------------------------------
 
     def find(self, txid: str | None, commit_log_offset: int | None) -> TxRecord:
+        """The transaction an END_TRANSACTION names: by its id, else by its half's commit-log
+        offset -- but not another transaction's half found at that offset (the log was cut
+        back and written again since the producer's send): a transaction id that is neither
+        the record's nor a UNIQ_KEY of its halves is answered as an unknown transaction."""
         rec = self.machine.find(txid, commit_log_offset)
+        if (
+            rec is not None
+            and txid
+            and rec.transaction_id != txid
+            and not any(h.uniq_key == txid for h in rec.halves)
+        ):
+            log.error(
+                "half_message_mismatch",
+                transaction_id=txid,
+                offset=commit_log_offset,
+                found=f"a half of transaction {rec.transaction_id!r}",
+                action="the decision is refused",
+            )
+            rec = None
         if rec is None:
             raise BrokerSystemError("Find prepared transaction message failed")
         return rec
@@ -444,14 +473,37 @@ class TransactionalMessageService:
             if m is not None:
                 self._recent_bytes -= len(m.body)
 
-    def _real_message(self, half: HalfRef) -> MessageExt:
+    def _stored_half(self, half: HalfRef, txid: str | None, action: str) -> MessageExt:
+        """The half's own record, read from the store and checked to be that half (of
+        ``txid``; None: of the transaction the table names at its offset).
+
+        Raises:
+            QueryNotFoundError: the half is no longer stored.
+            HalfMismatchError: its offset holds another record now (logged, ``action`` saying
+                what is not done); a :class:`QueryNotFoundError`, so callers answer as for a
+                half no longer stored.
+        """
+        h = self.ctx.store.lookup_message(half.commit_log_offset)
+        if txid is None:
+            txid = self.machine.by_half_offset.get(half.commit_log_offset)
+        why = half_mismatch(h, half, txid)
+        if why is not None:
+            log_half_mismatch(txid, half, why, action)
+            raise HalfMismatchError(
+                f"the record at commit-log offset {half.commit_log_offset} is not the half of "
+                f"transaction {txid}: {why}"
+            )
+        return h
+
+    def _real_message(self, half: HalfRef, txid: str | None = None) -> MessageExt:
         """The message a commit delivers, read from the store: the half with its real topic
         and queue restored, without the half-only properties.
 
         Raises:
-            QueryNotFoundError: the half is no longer stored.
+            QueryNotFoundError: the half is no longer stored, or its offset holds another
+                record (:class:`HalfMismatchError`): nothing is committed from it.
         """
-        h = self.ctx.store.lookup_message(half.commit_log_offset)
+        h = self._stored_half(half, txid, "no committed copy is written")
         msg = redelivered(
             h,
             half.real_topic,
@@ -469,11 +521,20 @@ class TransactionalMessageService:
             route_to_timer(msg, deliver)
         return msg
 
-    def _committed_records(self, halves: list[HalfRef]) -> list[EncodedMessage]:
-        """The committed messages of ``halves``, encoded for the store: the in-memory copy of
-        each half while there is one and the commit log still holds that offset, else
-        :meth:`_real_message` (read back from the store; always for a half with a delivery
-        time, which the timer holds until then)."""
+    def _committed_records(
+        self, halves: list[HalfRef], txid: str | None = None
+    ) -> list[EncodedMessage]:
+        """The committed messages of ``halves`` (of transaction ``txid``; None: each of the
+        transaction the table names at its offset), encoded for the store: the in-memory copy
+        of each half while there is one, the commit log still holds that offset and the copy
+        carries the half's UNIQ_KEY, else :meth:`_real_message` (read back from the store and
+        checked to be that half; always for a half with a delivery time, which the timer holds
+        until then).
+
+        Raises:
+            QueryNotFoundError: a half is no longer stored, or its offset holds another record
+                (nothing is appended then).
+        """
         pop = self._recent_halves.pop
         min_phy = self.ctx.store.min_phy_offset
         out: list[EncodedMessage] = []
@@ -491,10 +552,11 @@ class TransactionalMessageService:
                         r.prepared_transaction_offset >= min_phy
                         and b"TIMER_" not in tail
                         and b"__STARTDELIVERTIME" not in tail
+                        and h.uniq_key.encode() in tail
                     ):
                         append(r)
                         continue
-                append(encode_for_store(self._real_message(h)))
+                append(encode_for_store(self._real_message(h, txid)))
         finally:
             self._recent_bytes -= freed
         return out
@@ -566,7 +628,7 @@ class TransactionalMessageService:
                     f"fenced: {fenced}; transaction {rec.transaction_id} was rolled back"
                 )
         if op.kind is OpKind.COMMIT:
-            extra = self._committed_records(rec.halves)
+            extra = self._committed_records(rec.halves, rec.transaction_id)
         else:
             extra = []
             self._forget_halves(rec)
@@ -657,7 +719,7 @@ class TransactionalMessageService:
         copies = []
         for h in rec.halves:
             try:
-                m = self.ctx.store.lookup_message(h.commit_log_offset)
+                m = self._stored_half(h, rec.transaction_id, "no copy is parked")
             except (QueryNotFoundError, KeyError):
                 continue
             m.topic = TRANS_CHECK_MAX_TIME_TOPIC

@@ -14,7 +14,8 @@ a worker thread.
 
 File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
 
-    {"v": 1, "clog": int, "halfFrom": int, "opFrom": int,
+    {"v": 1, "clog": int, "tip": [clOffset, size, crc, storeTs],
+     "halfFrom": int, "opFrom": int,
      "records": [[txid, group, state, batchKey, checkTimes, lastCheckMs, decidedMs, decidedBy,
                   decisionEndOffset, remark, [[clOffset, qOffset, topic, queueId, storeTs,
                                                uniqKey, offsetMsgId, immunityMs], ...]], ...],
@@ -25,6 +26,18 @@ File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
 A batch row has the input range its pipeline consumed as a sixth element when the decision
 recorded one; ``pipelines`` (optional: older snapshots have none) holds where each pipeline
 is, which outlives the batch decisions.
+
+``tip`` identifies the newest half or op record the snapshot covers: its commit-log offset,
+its payload size, the CRC its record header stores and its store timestamp.  It is absent when
+the snapshot covers no such record (an empty table) and in snapshots written before it was
+recorded: those are used as before, unless they reach past the recovered commit log, which
+sets them aside for good (see :mod:`.persistence`).  A snapshot is only used on the
+log it was taken from: when the commit log was cut back below that record and written again
+(a replica cutting its divergent tail, a torn tail cut at start followed by new appends), the
+offset holds another record or none, and the snapshot is set aside (:mod:`.persistence`).
+Records after the tip and before ``clog`` hold no half or op record, so a cut among them
+changes nothing the snapshot stands for: the queues are replayed from ``halfFrom`` and
+``opFrom`` whatever follows.
 """
 
 from __future__ import annotations
@@ -52,6 +65,10 @@ class Snapshot:
     records: list[list[Any]]
     batches: list[list[Any]]
     pipelines: list[list[Any]] = field(default_factory=list)
+    #: The newest half or op record the snapshot covers, ``(commit-log offset, size, CRC,
+    #: store timestamp)``: the snapshot is used only while the commit log holds exactly that
+    #: record there (None: it covers none, or it was written before tips were recorded).
+    tip: tuple[int, int, int, int] | None = None
 
 
 def _record_row(r: TxRecord) -> list[Any]:
@@ -82,8 +99,15 @@ def _record_row(r: TxRecord) -> list[Any]:
     ]
 
 
-def take(m: TransactionStateMachine, clog_offset: int, half_from: int, op_from: int) -> Snapshot:
-    """What the table holds now (on the event loop: pending records are copied here)."""
+def take(
+    m: TransactionStateMachine,
+    clog_offset: int,
+    half_from: int,
+    op_from: int,
+    tip: tuple[int, int, int, int] | None = None,
+) -> Snapshot:
+    """What the table holds now (on the event loop: pending records are copied here);
+    ``tip``: the newest half or op record it covers (see :attr:`Snapshot.tip`)."""
     records: list[Any] = []
     for r in m.records.values():
         # Decided records never change again: the row is built on the writer's thread.
@@ -96,7 +120,7 @@ def take(m: TransactionStateMachine, clog_offset: int, half_from: int, op_from: 
         for (g, bk), d in m.batches.items()
     ]
     pipelines = [[g, p, end, bk] for (g, p), (end, bk) in m.pipelines.items()]
-    return Snapshot(clog_offset, half_from, op_from, records, batches, pipelines)
+    return Snapshot(clog_offset, half_from, op_from, records, batches, pipelines, tip)
 
 
 def encode(s: Snapshot) -> bytes:
@@ -106,11 +130,12 @@ def encode(s: Snapshot) -> bytes:
     packer = msgpack.Packer(use_bin_type=True)
     pack = packer.pack
     parts = [
-        packer.pack_map_header(7 if s.pipelines else 6),
+        packer.pack_map_header(6 + bool(s.pipelines) + (s.tip is not None)),
         pack("v"),
         pack(SNAPSHOT_VERSION),
         pack("clog"),
         pack(s.clog_offset),
+        *((pack("tip"), pack(list(s.tip))) if s.tip is not None else ()),
         pack("halfFrom"),
         pack(s.half_from),
         pack("opFrom"),
@@ -138,6 +163,7 @@ def decode(data: bytes) -> Snapshot:
         doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
         if not isinstance(doc, dict) or doc.get("v") != SNAPSHOT_VERSION:
             raise SnapshotError("not a version-1 transaction snapshot")
+        tip = doc.get("tip")
         return Snapshot(
             int(doc["clog"]),
             int(doc["halfFrom"]),
@@ -145,11 +171,36 @@ def decode(data: bytes) -> Snapshot:
             list(doc["records"]),
             list(doc["batches"]),
             list(doc.get("pipelines", [])),
+            None if tip is None else (int(tip[0]), int(tip[1]), int(tip[2]), int(tip[3])),
         )
     except SnapshotError:
         raise
     except Exception as exc:  # msgpack and the conversions raise many types on garbage
         raise SnapshotError(f"unreadable transaction snapshot: {exc!r}") from None
+
+
+def peek_clog(path: str) -> int:
+    """The commit-log offset the snapshot file at ``path`` covers, read from the head of the
+    file (``clog`` comes before the records).
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError: there is none).
+        SnapshotError: it is not a version-1 snapshot.
+    """
+    with open(path, "rb") as fh:
+        try:
+            unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False)
+            for _ in range(unpacker.read_map_header()):
+                key = unpacker.unpack()
+                if key == "v" and unpacker.unpack() != SNAPSHOT_VERSION:
+                    break
+                if key == "clog":
+                    return int(unpacker.unpack())
+                if key != "v":
+                    unpacker.skip()
+        except Exception as exc:  # msgpack raises many types on garbage
+            raise SnapshotError(f"unreadable transaction snapshot: {exc!r}") from None
+    raise SnapshotError("not a version-1 transaction snapshot")
 
 
 def restore(m: TransactionStateMachine, s: Snapshot) -> None:

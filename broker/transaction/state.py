@@ -42,6 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import structlog
+
+from txmq.protocol.errors import QueryNotFoundError
+from txmq.protocol.message import MessageConst, MessageExt
+from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC
+
+log = structlog.get_logger(__name__)
 
 OP_FORMAT_VERSION = 1
 OP_TAG = "d"
@@ -82,6 +89,40 @@ class HalfRef:
     uniq_key: str
     offset_msg_id: str
     immunity_ms: int | None = None
+
+
+class HalfMismatchError(QueryNotFoundError):
+    """The record at a half's commit-log offset is another message: the log was cut back below
+    the half and written again while the table still names the offset.  Treated as a half that
+    is no longer stored (nothing is committed from it, no check is sent for it)."""
+
+
+def half_mismatch(stored: MessageExt, half: HalfRef, txid: str | None) -> str | None:
+    """Why ``stored``, the record read at ``half``'s commit-log offset, is not that half (of
+    transaction ``txid`` when given); None when it is.  A half is identified by its topic, its
+    UNIQ_KEY and its transaction id (``__transactionId__``, else the UNIQ_KEY)."""
+    props = stored.properties
+    uniq = props.get(MessageConst.UNIQ_KEY, "")
+    if stored.topic != RMQ_SYS_TRANS_HALF_TOPIC:
+        return f"a message of topic {stored.topic} (UNIQ_KEY {uniq!r}), not a half"
+    if uniq != half.uniq_key:
+        return f"the half with UNIQ_KEY {uniq!r}, not {half.uniq_key!r}"
+    found = props.get(MessageConst.TRANSACTION_ID) or uniq
+    if txid is not None and found != txid:
+        return f"a half of transaction {found!r}"
+    return None
+
+
+def log_half_mismatch(txid: str | None, half: HalfRef, found: str, action: str) -> None:
+    """The ERROR line of a half whose offset holds another record."""
+    log.error(
+        "half_message_mismatch",
+        transaction_id=txid,
+        offset=half.commit_log_offset,
+        uniq_key=half.uniq_key,
+        found=found,
+        action=action,
+    )
 
 
 @dataclass(slots=True)
