@@ -115,13 +115,18 @@ class QueueFile:
         the directory entry durable."""
         path = os.path.join(directory, name)
         files.make_room()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        except BaseException:
+            files.unreserve()
+            raise
         try:
             if os.fstat(fd).st_size:
                 os.ftruncate(fd, 0)  # leftovers from an earlier life must not read as data
             preallocate(fd, capacity)
         except BaseException:
             os.close(fd)
+            files.unreserve()
             raise
         f = cls(path, start, capacity, files, fd)
         f._synced_once = False
@@ -131,7 +136,11 @@ class QueueFile:
     def open_existing(cls, path: str, start: int, min_capacity: int, files: OpenFiles) -> QueueFile:
         """Open an existing segment; one shorter than ``min_capacity`` is extended with zeros."""
         files.make_room()
-        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        except BaseException:
+            files.unreserve()
+            raise
         try:
             size = os.fstat(fd).st_size
             if size < min_capacity:
@@ -139,6 +148,7 @@ class QueueFile:
                 size = min_capacity
         except BaseException:
             os.close(fd)
+            files.unreserve()
             raise
         return cls(path, start, size, files, fd)
 
@@ -152,7 +162,11 @@ class QueueFile:
             if self.deleted:
                 raise FileNotFoundError(f"consume-queue file was deleted: {self.path}")
             self._files.make_room()
-            fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+            try:
+                fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+            except BaseException:
+                self._files.unreserve()
+                raise
             self.fd = fd
             self._files.opened(self)
         else:
@@ -248,6 +262,9 @@ class OpenFiles:
         self.bound = bound if bound > 0 else derived
         self._lru: OrderedDict[QueueFile, None] = OrderedDict()
         self._lock = threading.Lock()
+        #: Slots taken by :meth:`make_room` for files being opened and not yet
+        #: :meth:`opened` (another thread opening meanwhile must not take them too).
+        self._reserved = 0
         #: Files closed to make room (a counter for stats and tests).
         self.evictions = 0
 
@@ -255,14 +272,22 @@ class OpenFiles:
         return len(self._lru)
 
     def make_room(self) -> None:
-        """Close files until one more may be opened."""
+        """Close files until one more may be opened, and keep that slot for the file being
+        opened: :meth:`opened` takes it, :meth:`unreserve` gives it back if the open failed."""
         with self._lock:
-            while len(self._lru) >= self.bound:
+            while self._lru and len(self._lru) + self._reserved >= self.bound:
                 self._evict_one(None)
+            self._reserved += 1
+
+    def unreserve(self) -> None:
+        """Give back the slot of a :meth:`make_room` whose open failed."""
+        with self._lock:
+            self._reserved = max(0, self._reserved - 1)
 
     def opened(self, f: QueueFile) -> None:
         """Count ``f`` as open (most recently used); called after :meth:`make_room`."""
         with self._lock:
+            self._reserved = max(0, self._reserved - 1)
             self._lru[f] = None
             self._lru.move_to_end(f)
             while len(self._lru) > self.bound:
