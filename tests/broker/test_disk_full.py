@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker.test_ops_port import get
-from tests.support.etcd import free_port
+from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController

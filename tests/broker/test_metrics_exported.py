@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import yaml
 
-from tests.support.etcd import free_port
+from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.scrape import ALERTS, CLUSTER_ONLY, Samples, names, referenced, scrape, value
 from tests.support.waiting import wait_until

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from tests.support.etcd import free_port
+from tests.support.ports import free_port
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.broker.test_ops_port import get
-from tests.support.etcd import free_port
+from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.server import BrokerController
@@ -327,12 +328,9 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
 
 
 async def test_metrics_over_http_and_as_json(make_broker_config):
-    import socket
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctl = BrokerController(make_broker_config(metrics_port=port))
     await ctl.start()
     try:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.certs import Certs, issue, make_certs
+from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig, ConfigError, load_config
@@ -367,13 +368,10 @@ async def test_a_missing_certificate_file_stops_the_start_with_its_name(
 async def test_with_tls_enforced_the_metrics_endpoint_is_https(
     certs: Certs, start_broker: Callable[..., Any], client_auth: str
 ) -> None:
-    import socket
     import urllib.error
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     await start_broker(metrics_port=port, **certs.broker_settings("enforcing", client_auth))
     url = f"https://127.0.0.1:{port}/metrics"
     mutual = client_auth == "require"

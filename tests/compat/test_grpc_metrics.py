@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.etcd import free_port
+from tests.support.ports import free_port
 from tests.support.scrape import scrape, value
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")

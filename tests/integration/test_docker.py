@@ -14,7 +14,6 @@ import os
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any, NoReturn
 
 import pytest
 
+from tests.support.ports import free_port
 from txmq.client import Message, Producer, PullConsumer, PullStatus, SendStatus
 
 pytestmark = pytest.mark.slow
@@ -89,13 +89,6 @@ def docker_ready() -> None:
     if result.returncode == CANNOT:
         _cannot_run(result.stderr.strip())
     assert result.returncode == 0, f"{SETUP_SCRIPT.name} failed:\n{result.stdout}{result.stderr}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Compose:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 #: Variables of the test process that must not leak into a Spark program it starts (a gateway
 #: port would make a driver attach to the test's own JVM).
@@ -21,13 +22,6 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def clean_env(*, home: bool = True, **extra: str) -> dict[str, str]:

@@ -28,7 +28,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
 
-from .etcd import free_port
+from .ports import free_port
 
 #: Test timers: short lease (quick failover), short lag limit, fast transaction checks.
 FAST_CLUSTER = {

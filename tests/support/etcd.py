@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from .ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,12 +31,6 @@ def etcd_binary() -> str:
     if os.environ.get("CI"):
         pytest.fail(why)
     pytest.skip(why)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
