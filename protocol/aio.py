@@ -400,6 +400,16 @@ class Connection(asyncio.Protocol):
             raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
         buf = self._wbuf
         if not buf and not self._reading:
+            if self.limits is None and len(self._pending) <= 1:
+                # A client's only request in flight: nothing to gather it with, so it goes out
+                # now (the peer starts on it while this side gets ready for the answer).
+                transport = self._transport
+                assert transport is not None
+                if len(cmd.body) < LARGE_BODY:
+                    transport.write(encode_frame(cmd))
+                else:
+                    transport.writelines((encode_frame_head(cmd), cmd.body))
+                return
             asyncio.get_running_loop().call_soon(self._flush_writes)
         if len(cmd.body) < LARGE_BODY:
             frame = encode_frame(cmd)
