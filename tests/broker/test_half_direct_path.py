@@ -13,14 +13,20 @@ from typing import Any
 
 import pytest
 
-from tests.support.fastpath import BrokerPair, broker_pair, comparable
+from tests.support.fastpath import (
+    BrokerPair,
+    broker_pair,
+    comparable,
+    record_bytes,
+    same_record,
+    send_to_both,
+)
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.headers import EndTransactionRequestHeader, SendMessageRequestHeader
 from txmq.protocol.message import (
     MessageConst,
-    decode_message,
     decode_offset_msg_id,
     properties_to_string,
 )
@@ -28,9 +34,6 @@ from txmq.protocol.message import (
 C = MessageConst
 MAX_BODY = 300
 GROUP = "half-g"
-#: The bytes of a stored record that differ between two brokers (BORNHOST, STORETIMESTAMP,
-#: STOREHOST).
-_PER_BROKER_BYTES = slice(48, 72)
 
 
 @pytest.fixture
@@ -41,12 +44,6 @@ async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
 
 def stored_directly(b: BrokerController) -> int:
     return b.core.tx.direct.stored
-
-
-def _raw(b: BrokerController, offset: int) -> bytes:
-    raw = bytearray(b.store.read_message_bytes(offset))
-    raw[_PER_BROKER_BYTES] = bytes(24)
-    return bytes(raw)
 
 
 def header(
@@ -82,23 +79,9 @@ async def send_both(
 ) -> tuple[RemotingCommand, bool]:
     """Send to both, compare answers and stored halves; (the fast broker's answer, whether the
     direct path took it)."""
-    code = RequestCode.SEND_MESSAGE_V2 if v2 else RequestCode.SEND_MESSAGE
-    before = stored_directly(pair.fast)
-    a, b = await pair.call(code, ext, body)
-    took = stored_directly(pair.fast) > before
-    assert stored_directly(pair.generic) == 0
-    assert (a.code, a.remark) == (b.code, b.remark), (ext, body[:20])
-    if a.code == ResponseCode.SUCCESS:
-        ea, eb = dict(a.ext_fields), dict(b.ext_fields)
-        (_, off), (_, off_b) = (
-            decode_offset_msg_id(ea.pop("msgId")),
-            decode_offset_msg_id(eb.pop("msgId")),
-        )
-        assert (off, ea) == (off_b, eb)
-        assert _raw(pair.fast, off) == _raw(pair.generic, off)
-        assert comparable(decode_message(pair.fast.store.read_message_bytes(off))) == comparable(
-            decode_message(pair.generic.store.read_message_bytes(off))
-        )
+    a, took, off, _ = await send_to_both(pair, v2, ext, body, stored_directly)
+    if off is not None:
+        same_record(pair, off)
     return a, took
 
 
@@ -189,7 +172,9 @@ async def test_the_sdks_half_is_stored_directly_and_commits_the_same(
     assert len(got_a) == len(got_b) == 4 * 2 + 1
     assert [comparable(m) for m in got_a] == [comparable(m) for m in got_b]
     for m in got_a:
-        assert _raw(pair.fast, m.commit_log_offset) == _raw(pair.generic, m.commit_log_offset)
+        assert record_bytes(pair.fast, m.commit_log_offset) == record_bytes(
+            pair.generic, m.commit_log_offset
+        )
     for q in range(4):
         cq_a, cq_b = pair.fast.store._cqs[(topic, q)], pair.generic.store._cqs[(topic, q)]
         assert [cq_a.entry(i) for i in range(cq_a.max_offset)] == [

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.fastpath import BrokerPair, broker_pair, comparable
+from tests.support.fastpath import (
+    BrokerPair,
+    broker_pair,
+    comparable,
+    same_record,
+    send_to_both,
+)
 from txmq.broker.messaging import SendOutcome, SendReceipt
 from txmq.broker.messaging.core import StoredBatch
 from txmq.broker.processors.send import SendMessageProcessor
@@ -24,7 +30,6 @@ from txmq.protocol.errors import FlushDiskTimeoutError
 from txmq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
 from txmq.protocol.message import (
     MessageConst,
-    decode_message,
     decode_offset_msg_id,
     properties_to_string,
 )
@@ -32,9 +37,6 @@ from txmq.protocol.trace import TRACE_TOPIC, TraceType, decode
 
 C = MessageConst
 MAX_BODY = 300
-#: The bytes of a stored record that differ between two brokers (BORNHOST, STORETIMESTAMP,
-#: STOREHOST).
-_PER_BROKER_BYTES = slice(48, 72)
 
 
 @pytest.fixture
@@ -45,12 +47,6 @@ async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
 
 def direct(b: BrokerController) -> int:
     return b.core.fast.direct_sends
-
-
-def _raw(b: BrokerController, offset: int) -> bytes:
-    raw = bytearray(b.store.read_message_bytes(offset))
-    raw[_PER_BROKER_BYTES] = bytes(24)
-    return bytes(raw)
 
 
 def header(
@@ -74,29 +70,12 @@ async def same_answers(
 ) -> bool:
     """Send to both, compare answers and stored records; whether the direct path took it.
     ``same_clock`` False: a timer's delivery time is each broker's clock ahead, not compared."""
-    code = RequestCode.SEND_MESSAGE_V2 if v2 else RequestCode.SEND_MESSAGE
-    before = direct(pair.fast)
-    a, b = await pair.call(code, ext, body)
-    took = direct(pair.fast) > before
-    assert direct(pair.generic) == 0
-    assert (a.code, a.remark) == (b.code, b.remark), (ext, body[:20])
-    if a.code == ResponseCode.SUCCESS:
-        # Equal answers: the same commit-log offset in the msgId (its host part is each
-        # broker's own), the same queue and queue offset, nothing else.
-        ea, eb = dict(a.ext_fields), dict(b.ext_fields)
-        (_, off), (_, off_b) = (
-            decode_offset_msg_id(ea.pop("msgId")),
-            decode_offset_msg_id(eb.pop("msgId")),
-        )
-        assert (off, ea) == (off_b, eb)
+    _, took, off, fields = await send_to_both(pair, v2, ext, body, direct)
+    if off is not None:
         if took:  # a plain message's answer
-            assert set(ea) == {"queueId", "queueOffset"}
-        if not same_clock:
-            return took
-        assert _raw(pair.fast, off) == _raw(pair.generic, off)
-        assert comparable(decode_message(pair.fast.store.read_message_bytes(off))) == comparable(
-            decode_message(pair.generic.store.read_message_bytes(off))
-        )
+            assert set(fields) == {"queueId", "queueOffset"}
+        if same_clock:
+            same_record(pair, off)
     return took
 
 

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tests.support.raw import RawClient
 from txmq.broker.server import BrokerController
-from txmq.protocol.codes import RequestCode
+from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.headers import SendMessageRequestHeader
-from txmq.protocol.message import BatchBody, MessageConst, MessageExt, properties_to_string
+from txmq.protocol.message import (
+    BatchBody,
+    MessageConst,
+    MessageExt,
+    decode_message,
+    decode_offset_msg_id,
+    properties_to_string,
+)
 
 #: The ``path`` labels of the fast paths in ``txmq_batch_path_total``.
 FAST_PATHS = ("plain", "halves")
@@ -98,3 +105,52 @@ def batch_header(group: str, topic: str, qid: int, sys_flag: int) -> dict[str, A
         batch=True,
         reconsume_times=0,
     ).to_v2_ext_fields()
+
+
+#: The bytes of a stored record that differ between two brokers for the same request
+#: (BORNHOST, STORETIMESTAMP, STOREHOST).
+PER_BROKER_BYTES = slice(48, 72)
+
+
+def record_bytes(b: BrokerController, offset: int) -> bytes:
+    """The record stored at ``offset``, its per-broker bytes zeroed."""
+    raw = bytearray(b.store.read_message_bytes(offset))
+    raw[PER_BROKER_BYTES] = bytes(24)
+    return bytes(raw)
+
+
+def same_record(pair: BrokerPair, offset: int) -> None:
+    """Both brokers stored the same record at ``offset`` (bytes and decoded fields)."""
+    assert record_bytes(pair.fast, offset) == record_bytes(pair.generic, offset)
+    assert comparable(decode_message(pair.fast.store.read_message_bytes(offset))) == comparable(
+        decode_message(pair.generic.store.read_message_bytes(offset))
+    )
+
+
+async def send_to_both(
+    pair: BrokerPair,
+    v2: bool,
+    ext: dict[str, Any],
+    body: bytes,
+    taken: Callable[[BrokerController], int],
+) -> tuple[RemotingCommand, bool, int | None, dict[str, Any]]:
+    """Send one SEND_MESSAGE(_V2) to both brokers and check that they answer alike (code,
+    remark, the commit-log offset in the msgId, whose host part is each broker's own, and every
+    other field); ``taken`` counts a broker's direct-path sends, which the generic broker never
+    takes. Returns the fast broker's answer, whether its direct path took the request, and for
+    a stored message its commit-log offset and the answer's other fields."""
+    code = RequestCode.SEND_MESSAGE_V2 if v2 else RequestCode.SEND_MESSAGE
+    before = taken(pair.fast)
+    a, b = await pair.call(code, ext, body)
+    took = taken(pair.fast) > before
+    assert taken(pair.generic) == 0
+    assert (a.code, a.remark) == (b.code, b.remark), (ext, body[:20])
+    if a.code != ResponseCode.SUCCESS:
+        return a, took, None, {}
+    ea, eb = dict(a.ext_fields), dict(b.ext_fields)
+    (_, off), (_, off_b) = (
+        decode_offset_msg_id(ea.pop("msgId")),
+        decode_offset_msg_id(eb.pop("msgId")),
+    )
+    assert (off, ea) == (off_b, eb)
+    return a, took, off, ea
