@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -45,9 +47,41 @@ def fds(pid: int) -> tuple[int, int]:
     return total, cq
 
 
+def _all_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (state T in /proc/PID/task/*/stat)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            continue  # the thread ended
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def frozen_fds(pid: int) -> tuple[int, int] | None:
+    """:func:`fds` of ``pid`` read while the process is stopped (SIGSTOP, then SIGCONT), so
+    that no descriptor closes or opens while the listing is read; None when its threads did not
+    all stop within a second (one in an uninterruptible wait, such as a long fsync). Listing a
+    running process can count a descriptor closed after it was read and another opened after
+    that, which is not a state the process was ever in."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 1.0
+        while not _all_stopped(pid):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.0002)
+        return fds(pid)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 class FdWatch:
-    """Samples the broker's descriptors every few milliseconds while it runs and keeps the
-    peaks; reads its log meanwhile (a full pipe would block it)."""
+    """Samples the broker's descriptors every few milliseconds while it runs (each sample read
+    with the broker stopped for a moment) and keeps the peaks; reads its log meanwhile (a full
+    pipe would block it)."""
 
     def __init__(self, bp: BrokerProcess) -> None:
         assert bp.proc is not None
@@ -62,7 +96,11 @@ class FdWatch:
 
     async def _run(self) -> None:
         while True:
-            total, cq = fds(self.pid)
+            sample = frozen_fds(self.pid)
+            if sample is None:
+                await asyncio.sleep(0.005)
+                continue
+            total, cq = sample
             self.peak_total = max(self.peak_total, total)
             self.peak_cq = max(self.peak_cq, cq)
             self.samples += 1

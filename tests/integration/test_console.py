@@ -270,6 +270,26 @@ def open_page(driver: Any, url: str, marker: str) -> str:
     return str(driver.find_element(By.TAG_NAME, "body").text)
 
 
+def gone(element: Any) -> Callable[[Any], bool]:
+    """A wait condition: ``element``'s document was replaced (a new page loaded). Chromium
+    reports an element of a document being torn down either as stale or, while the new one
+    loads, as a node that "does not belong to the document": both mean it is gone."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    def check(_driver: Any) -> bool:
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
+    return check
+
+
 def click_and_wait(driver: Any, element_id: str, marker: str) -> str:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -277,7 +297,7 @@ def click_and_wait(driver: Any, element_id: str, marker: str) -> str:
 
     old = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.ID, element_id).click()
-    WebDriverWait(driver, PAGE_TIMEOUT).until(ec.staleness_of(old), f"#{element_id} did nothing")
+    WebDriverWait(driver, PAGE_TIMEOUT).until(gone(old), f"#{element_id} did nothing")
     WebDriverWait(driver, PAGE_TIMEOUT).until(
         ec.presence_of_element_located((By.ID, marker)),
         f"after #{element_id}: no element #{marker}; the page says: "
