@@ -240,9 +240,7 @@ class MessageIndexService:
                     t0 = time.monotonic()
                     moved = self.build_step()
                     self._check_rebuilt()
-                    if not moved or self.files.position >= self.store.max_phy_offset:
-                        # Caught up: the next appends wake it (WAKE_DELAY after the first of
-                        # them), to be indexed together rather than one step per request.
+                    if not moved:
                         break
                     took = time.monotonic() - t0
                     if self._appends != appends:
