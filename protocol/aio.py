@@ -399,18 +399,13 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} is closed")
         buf = self._wbuf
+        now = False
         if not buf and not self._reading:
-            if self.limits is None and len(self._pending) <= 1:
-                # A client's only request in flight: nothing to gather it with, so it goes out
-                # now (the peer starts on it while this side gets ready for the answer).
-                transport = self._transport
-                assert transport is not None
-                if len(cmd.body) < LARGE_BODY:
-                    transport.write(encode_frame(cmd))
-                else:
-                    transport.writelines((encode_frame_head(cmd), cmd.body))
-                return
-            asyncio.get_running_loop().call_soon(self._flush_writes)
+            # A client's only request in flight has nothing to be gathered with: it goes out
+            # now (the peer starts on it while this side gets ready for the answer).
+            now = self.limits is None and len(self._pending) <= 1
+            if not now:
+                asyncio.get_running_loop().call_soon(self._flush_writes)
         if len(cmd.body) < LARGE_BODY:
             frame = encode_frame(cmd)
             buf.append(frame)
@@ -419,6 +414,8 @@ class Connection(asyncio.Protocol):
             head = encode_frame_head(cmd)
             buf += (head, cmd.body)
             self._wbuf_bytes += len(head) + len(cmd.body)
+        if now:
+            self._flush_writes()
 
     def _flush_writes(self) -> None:
         buf = self._wbuf

@@ -114,12 +114,7 @@ class QueueFile:
         """Create (or reset to zeros) a segment file of ``capacity`` bytes.  The caller makes
         the directory entry durable."""
         path = os.path.join(directory, name)
-        files.make_room()
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-        except BaseException:
-            files.unreserve()
-            raise
+        fd = files.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC)
         try:
             if os.fstat(fd).st_size:
                 os.ftruncate(fd, 0)  # leftovers from an earlier life must not read as data
@@ -135,12 +130,7 @@ class QueueFile:
     @classmethod
     def open_existing(cls, path: str, start: int, min_capacity: int, files: OpenFiles) -> QueueFile:
         """Open an existing segment; one shorter than ``min_capacity`` is extended with zeros."""
-        files.make_room()
-        try:
-            fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
-        except BaseException:
-            files.unreserve()
-            raise
+        fd = files.open(path, os.O_RDWR | _O_CLOEXEC)
         try:
             size = os.fstat(fd).st_size
             if size < min_capacity:
@@ -161,12 +151,7 @@ class QueueFile:
         if fd is None:
             if self.deleted:
                 raise FileNotFoundError(f"consume-queue file was deleted: {self.path}")
-            self._files.make_room()
-            try:
-                fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
-            except BaseException:
-                self._files.unreserve()
-                raise
+            fd = self._files.open(self.path, os.O_RDWR | _O_CLOEXEC)
             self.fd = fd
             self._files.opened(self)
         else:
@@ -278,6 +263,16 @@ class OpenFiles:
             while self._lru and len(self._lru) + self._reserved >= self.bound:
                 self._evict_one(None)
             self._reserved += 1
+
+    def open(self, path: str, flags: int) -> int:
+        """:meth:`make_room`, then open ``path``: the descriptor, its slot kept until
+        :meth:`opened` (given back here if the open fails)."""
+        self.make_room()
+        try:
+            return os.open(path, flags, 0o644)
+        except BaseException:
+            self.unreserve()
+            raise
 
     def unreserve(self) -> None:
         """Give back the slot of a :meth:`make_room` whose open failed."""

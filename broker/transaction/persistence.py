@@ -226,15 +226,10 @@ class TransactionPersistence:
     def _set_aside(self, exc: Exception) -> None:
         """A damaged snapshot is renamed (kept for an operator, never read again) and the
         table rebuilt from the half and op queues in full."""
-        aside = f"{self.snapshot_path}.damaged"
-        try:
-            os.replace(self.snapshot_path, aside)
-        except OSError as err:
-            aside = f"(could not be renamed: {err})"
         log.warning(
             "transaction_snapshot_damaged",
             path=self.snapshot_path,
-            set_aside_as=aside,
+            set_aside_as=set_aside(self.snapshot_path, ".damaged"),
             error=str(exc),
             action="rebuilding the transaction table from the half and op queues",
         )

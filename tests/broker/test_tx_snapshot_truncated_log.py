@@ -240,22 +240,28 @@ async def test_a_half_offset_holding_another_record_is_never_committed_nor_check
         await b.shutdown()
 
 
+async def _one_half_stored(cfg: BrokerConfig, body: bytes) -> tuple[BrokerController, int, Path]:
+    """Start a broker on ``cfg``, store one transactional half, stop it: the stopped broker,
+    the commit-log end before the half, and the transaction snapshot its stop wrote."""
+    b = BrokerController(cfg)
+    await b.start()
+    c = await RawClient.connect(b.address)
+    try:
+        before = b.store.max_phy_offset
+        assert (await c.send(TOPIC, body, group=G, transactional=True)).code == 0
+    finally:
+        await c.close()
+    await b.shutdown()
+    return b, before, Path(cfg.store_path_root_dir, "transaction", "snapshot.msgpack")
+
+
 async def test_a_snapshot_past_a_replica_cut_is_set_aside_there(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     """What replication calls after cutting its log: a snapshot covering the cut part is set
     aside at once; one within the kept part stays."""
     cfg = make_broker_config(transaction_check_interval=600_000)
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        start = b.store.max_phy_offset
-        assert (await c.send(TOPIC, b"x", group=G, transactional=True)).code == 0
-    finally:
-        await c.close()
-    await b.shutdown()
-    path = Path(cfg.store_path_root_dir, "transaction", "snapshot.msgpack")
+    _, start, path = await _one_half_stored(cfg, b"x")
     clog = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)["clog"]
     assert clog > start
     assert not set_aside_snapshot_past(cfg.store_path_root_dir, clog)
@@ -274,16 +280,7 @@ async def test_a_snapshot_past_the_recovered_log_is_set_aside_for_good(
     tip, as older brokers wrote them): it is set aside, not just ignored, so the log growing
     past it again with other records before the next snapshot cannot revive it."""
     cfg = make_broker_config(transaction_check_interval=600_000)
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        x = b.store.max_phy_offset
-        assert (await c.send(TOPIC, b"a", group=G, transactional=True)).code == 0
-    finally:
-        await c.close()
-    await b.shutdown()
-    path = Path(cfg.store_path_root_dir, "transaction", "snapshot.msgpack")
+    b, x, path = await _one_half_stored(cfg, b"a")
     _strip_tip(path)
     store = MessageStore(store_config(cfg), ("127.0.0.1", b.port))
     store.load()
