@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import faulthandler
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
@@ -79,6 +81,49 @@ class _PhaseGuard:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+
+
+#: Free space the run needs in the temporary folder (its peak use, measured, with room to spare).
+#: Below it the run stops at once with one clear line instead of hundreds of brokers failing to
+#: start on a full disk.  TXMQ_TEST_MIN_FREE_GB overrides it.
+MIN_FREE_GB = float(os.environ.get("TXMQ_TEST_MIN_FREE_GB", "3"))
+_scratch: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check the disk, and give the JVMs of the run (Spark drivers and executors, the stock
+    Java clients) a scratch folder of the run's own for what they would leave in /tmp (Spark's
+    block managers and artifacts, native libraries unpacked by lz4 and snappy), removed when the
+    run ends: a driver a test SIGKILLs never cleans up after itself."""
+    global _scratch
+    if hasattr(config, "workerinput"):
+        return
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    if free < MIN_FREE_GB:
+        pytest.exit(
+            f"only {free:.1f} GiB free in {tmp}; the suite needs about {MIN_FREE_GB:.0f} GiB "
+            "(brokers' stores, Spark, Docker builds): free some space, or point TMPDIR at a "
+            "bigger disk",
+            returncode=3,
+        )
+    _scratch = tempfile.mkdtemp(prefix="txmq-test-scratch-")
+    os.environ["TXMQ_TEST_SCRATCH"] = _scratch  # for the folders tests make outside tmp_path
+    java_tmp = os.path.join(_scratch, "java")
+    os.makedirs(java_tmp)
+    os.environ["SPARK_LOCAL_DIRS"] = os.path.join(_scratch, "spark")
+    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Djava.io.tmpdir={java_tmp}".strip()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _scratch is not None:
+        shutil.rmtree(_scratch, ignore_errors=True)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    tmp = tempfile.gettempdir()
+    return f"temporary folder: {tmp}, {shutil.disk_usage(tmp).free / 2**30:.1f} GiB free"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -80,7 +80,7 @@ async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
 
 @functools.cache
 def template() -> Template:
-    root = tempfile.mkdtemp(prefix="txmq-damage-")
+    root = tempfile.mkdtemp(prefix="damage-", dir=os.environ.get("TXMQ_TEST_SCRATCH"))
     records, rolled_back = asyncio.run(_fill(root))
     files = []
     for dirpath, _dirs, names in os.walk(root):

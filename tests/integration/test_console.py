@@ -52,7 +52,7 @@ SHOTS = ROOT / "docs" / "console"
 SHOTS_OUT = (
     SHOTS
     if os.environ.get("TXMQ_UPDATE_SCREENSHOTS") == "1"
-    else Path(tempfile.mkdtemp(prefix="txmq-console-shots-"))
+    else Path(tempfile.mkdtemp(prefix="console-shots-", dir=os.environ.get("TXMQ_TEST_SCRATCH")))
 )
 
 TOPIC = "orders"
