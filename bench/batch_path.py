@@ -18,13 +18,13 @@ import argparse
 import cProfile
 import inspect
 import pstats
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
+
+from _scratch import scratch_dir
 
 from txmq.broker.messaging.dedup import DedupIndex
 from txmq.broker.messaging.fastpath import parse_batch
@@ -53,7 +53,12 @@ def bodies(batches: int, per_batch: int, size: int) -> list[bytes]:
 
 def run(args: argparse.Namespace, data: list[bytes]) -> dict[str, float]:
     """One pass over ``data`` on a fresh store: CPU seconds per stage."""
-    folder = tempfile.mkdtemp(prefix="txmq-batchpath-")
+    with scratch_dir("txmq-batchpath-") as folder:
+        return run_in(args, data, str(folder))
+
+
+def run_in(args: argparse.Namespace, data: list[bytes], folder: str) -> dict[str, float]:
+    """:func:`run` on a store in ``folder``."""
     store = MessageStore(StoreConfig(folder), ("127.0.0.1", 10911))
     store.load()
     window_ms = 0 if args.no_dedup else 120_000
@@ -106,7 +111,6 @@ def run(args: argparse.Namespace, data: list[bytes]) -> dict[str, float]:
         spent["send"], spent["drain"] = t1 - t0, clock() - t1
     finally:
         store.close()
-        shutil.rmtree(folder, ignore_errors=True)
     return spent
 
 

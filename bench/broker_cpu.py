@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from _broker import cpu_ticks, free_port, running
+from _scratch import scratch_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -79,22 +79,20 @@ def parse_target(text: str) -> Target:
 def broker(target: Target, timeout: float) -> Iterator[tuple[str, int]]:
     """A broker of ``target`` on a fresh store: yields its address and pid; stopped at the end
     (SIGTERM, SIGKILL after ``timeout`` seconds)."""
-    store = tempfile.mkdtemp(prefix="txmq-brokercpu-")
     port = free_port()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if target.pythonpath:
         env["PYTHONPATH"] = target.pythonpath
-    cmd = [target.python, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
-    cmd += ["--log-level", "WARNING"]
-    for s in target.settings:
-        cmd += ["--set", s]
     cwd = target.pythonpath or tempfile.gettempdir()
-    try:
+    with scratch_dir("txmq-brokercpu-") as scratch:
+        store = str(scratch)
+        cmd = [target.python, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
+        cmd += ["--log-level", "WARNING"]
+        for s in target.settings:
+            cmd += ["--set", s]
         with running(cmd, port, env=env, cwd=cwd, timeout=timeout, name=target.name) as proc:
             yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def measure(target: Target, mode: str, seconds: float, timeout: float) -> dict[str, float]:

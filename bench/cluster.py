@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 from _broker import CommitAll, quiet_logs, run_for, spawn_broker  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 from tests.support.cluster import BrokerCluster, Replica  # noqa: E402
 from tests.support.etcd import EtcdCluster  # noqa: E402
@@ -195,10 +195,9 @@ async def failover(bc: BrokerCluster, kills: int) -> list[float]:
     return times
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"config": vars(args)}
     parts = set(args.parts.split(","))
-    base = Path(tempfile.mkdtemp(prefix="txmq-bench-cluster-"))
     settings: dict[str, object] = {"flushIntervalCommitLog": 200}
     single_send = single_tx = 0.0
     if "single" in parts:
@@ -324,7 +323,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     quiet_logs()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    with scratch_dir("txmq-bench-cluster-") as base:
+        out = asyncio.run(main_async(args, base))
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

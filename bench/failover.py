@@ -33,7 +33,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 from _broker import quiet_logs  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 from tests.support.cluster import FAST_CLUSTER, BrokerCluster  # noqa: E402
 from tests.support.etcd import EtcdCluster  # noqa: E402
@@ -171,8 +171,7 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    base = Path(tempfile.mkdtemp(prefix="txmq-bench-failover-"))
+async def main_async(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     etcd = EtcdCluster(base / "etcd", 3).start()
     settings = default_settings()
     for kv in args.set or []:
@@ -230,7 +229,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     quiet_logs()
-    out = asyncio.run(main_async(args))
+    with scratch_dir("txmq-bench-failover-") as base:
+        out = asyncio.run(main_async(args, base))
     for client in ("sdk", "cpp"):
         s = out.get(f"{client}_s")
         if s:

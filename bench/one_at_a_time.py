@@ -16,13 +16,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+
+from _scratch import scratch_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,18 +41,16 @@ def broker_cpu(pid: int) -> tuple[float, float]:
 def broker(pure: str) -> Iterator[tuple[str, int]]:
     from _broker import free_port, running  # the SDK is imported once the switch is set
 
-    store = tempfile.mkdtemp(prefix="txmq-one-")
     port = free_port()
     env = dict(os.environ)
     env.pop("TXMQ_PURE_PYTHON", None)
     if pure:
         env["TXMQ_PURE_PYTHON"] = pure
-    cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
-    try:
+    with scratch_dir("txmq-one-") as scratch:
+        store = str(scratch)
+        cmd = [sys.executable, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
         with running(cmd, port, env=env) as proc:
             yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
 
 
 async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float, float]]:

@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _broker import CommitAll, emit, quiet_logs, send_raw, spawn_broker  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 from txmq.client import AsyncTransactionProducer  # noqa: E402
 from txmq.client.admin import AsyncAdminClient  # noqa: E402
@@ -158,12 +157,8 @@ def main() -> None:
     ap.add_argument("--store", help="store folder (default: a temporary one)")
     args = ap.parse_args()
     quiet_logs()
-    root = args.store or tempfile.mkdtemp(prefix="txmq-pending-")
-    try:
-        run(args, root)
-    finally:
-        if not args.store:
-            shutil.rmtree(root, ignore_errors=True)
+    with scratch_dir("txmq-pending-", keep=args.store) as root:
+        run(args, str(root))
 
 
 def run(args: argparse.Namespace, root: str) -> None:

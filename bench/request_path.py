@@ -21,15 +21,16 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
+
+from _scratch import scratch_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-async def measure(count: int) -> dict[str, float]:
+async def measure(count: int, store: str) -> dict[str, float]:
     from tests.support.raw import RawClient
     from txmq.broker.config import BrokerConfig
     from txmq.broker.server import BrokerController
@@ -39,7 +40,6 @@ async def measure(count: int) -> dict[str, float]:
     from txmq.protocol.message import MessageConst as C
     from txmq.protocol.message import decode_offset_msg_id, properties_to_string
 
-    store = tempfile.mkdtemp(prefix="txmq-reqpath-")
     b = BrokerController(BrokerConfig(store_path_root_dir=store, listen_port=0))
     await b.start()
     client = await RawClient.connect(b.address)
@@ -152,7 +152,8 @@ def main() -> None:
 
         configure_logging("WARNING")
         logging.disable(logging.WARNING)
-        result = uvloop.run(measure(args.count))
+        with scratch_dir("txmq-reqpath-") as store:
+            result = uvloop.run(measure(args.count, str(store)))
         if args.json:
             print(json.dumps(result))
         else:

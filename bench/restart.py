@@ -19,12 +19,12 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _broker import quiet_logs  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 from txmq.broker.config import BrokerConfig  # noqa: E402
 from txmq.broker.server import BrokerController, new_event_loop  # noqa: E402
@@ -112,7 +112,14 @@ def main() -> None:
     ap.add_argument("--fill-and-die", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     quiet_logs()
-    root = args.store or tempfile.mkdtemp(prefix="txmq-restart-")
+    if args.fill_and_die:  # the child of --crash: fills the store its parent named
+        run(args, args.store)
+        return
+    with scratch_dir("txmq-restart-", keep=args.store) as root:
+        run(args, str(root))
+
+
+def run(args: argparse.Namespace, root: str) -> None:
     cfg = BrokerConfig(listen_port=0, store_path_root_dir=root)
     if args.fill_and_die:
         loop = new_event_loop()

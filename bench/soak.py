@@ -19,7 +19,6 @@ import asyncio
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 from _broker import quiet_logs  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 from tests.support import netns  # noqa: E402
 from tests.support.history import READ_LOST, History, check  # noqa: E402
@@ -138,7 +138,8 @@ async def soak(args: argparse.Namespace, base: Path) -> int:
     for a in other[:20]:
         print(a)
     print("\n" + table(samples))
-    print(f"\nhistory, logs and samples in {base}")
+    if args.dir or other:  # else a temp folder, removed (or named on stderr if kept)
+        print(f"\nhistory, logs and samples in {base}")
     return 1 if other else 0
 
 
@@ -148,16 +149,22 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=60.0, help="seconds between resource samples")
     ap.add_argument("--hold", type=float, default=8.0, help="seconds each fault lasts")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--dir", help="where the history and logs go (default: a new temp folder)")
+    ap.add_argument(
+        "--dir",
+        help="where the history and logs go, never removed (default: a new temp folder, removed "
+        "at the end unless the check finds anomalies or TXMQ_BENCH_KEEP=1)",
+    )
     args = ap.parse_args()
     why = netns.unavailable()
     if why is not None:
         print(f"soak needs network namespaces: {why}", file=sys.stderr)
         return 2
     quiet_logs()
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="txmq-soak-"))
-    base.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(soak(args, base))
+    with scratch_dir("txmq-soak-", keep=args.dir) as base:
+        base.mkdir(parents=True, exist_ok=True)
+        if asyncio.run(soak(args, base)):
+            raise SystemExit(1)  # anomalies: the history stays for a look (a temp folder too)
+    return 0
 
 
 if __name__ == "__main__":

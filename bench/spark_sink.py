@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -35,6 +33,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _broker import spawn_broker  # noqa: E402
+from _scratch import scratch_dir  # noqa: E402
 
 ROW_BYTES = 1024
 
@@ -169,8 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from txmq.spark_connector import register
 
-    tmp = tempfile.mkdtemp(prefix="txmq-spark-bench-")
-    try:
+    with scratch_dir("txmq-spark-bench-") as scratch:
+        tmp = str(scratch)
         with spawn_broker(os.path.join(tmp, "store")) as (address, broker_pid):
             spark = (
                 SparkSession.builder.master(args.master)
@@ -220,8 +219,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spark.sparkContext.setLogLevel("ERROR")
             read = read_back(spark, args, address, broker_pid, tmp) if args.read else {}
             spark.stop()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     wall = t1 - t0
     ours = sum(cpu.values())
     # Batches that ran entirely inside the window: their rows over their total time (the

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 
 from _broker import cpu_ticks, free_port, running
+from _scratch import scratch_dir
 from broker_cpu import Target, parse_target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,22 +48,20 @@ def flushes(metrics_port: int) -> float:
 @contextlib.contextmanager
 def broker(target: Target, root: str, timeout: float) -> Iterator[tuple[str, int, int]]:
     """A SYNC_FLUSH broker of ``target`` on a fresh store: its address, pid and metrics port."""
-    store = tempfile.mkdtemp(prefix="txmq-syncflush-", dir=root)
     port, mport = free_port(), free_port()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if target.pythonpath:
         env["PYTHONPATH"] = target.pythonpath
-    cmd = [target.python, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
-    cmd += ["--flush", "SYNC_FLUSH", "--log-level", "WARNING", "--set", f"metricsPort={mport}"]
-    for s in target.settings:
-        cmd += ["--set", s]
     cwd = target.pythonpath or tempfile.gettempdir()
-    try:
+    with scratch_dir("txmq-syncflush-", dir=root) as scratch:  # in root, which stays
+        store = str(scratch)
+        cmd = [target.python, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
+        cmd += ["--flush", "SYNC_FLUSH", "--log-level", "WARNING", "--set", f"metricsPort={mport}"]
+        for s in target.settings:
+            cmd += ["--set", s]
         with running(cmd, port, env=env, cwd=cwd, timeout=timeout, name=target.name) as proc:
             yield f"127.0.0.1:{port}", proc.pid, mport
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def measure(target: Target, args: argparse.Namespace) -> dict[str, float]:

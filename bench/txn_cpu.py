@@ -28,9 +28,10 @@ import pstats
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
+
+from _scratch import scratch_dir
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BODY = b"x" * 1024
@@ -40,18 +41,15 @@ BODY = b"x" * 1024
 def broker(profile_to: str | None) -> Iterator[tuple[str, int]]:
     from _broker import free_port, running
 
-    store = tempfile.mkdtemp(prefix="txmq-txncpu-")
     port = free_port()
     cmd = [sys.executable]
     if profile_to:
         cmd += ["-m", "cProfile", "-o", profile_to]
     cmd += ["-m", "txmq", "broker", "--bind", "127.0.0.1", "--port", str(port)]
-    cmd += ["--store-dir", store, "--log-level", "WARNING"]
-    try:
+    with scratch_dir("txmq-txncpu-") as store:
+        cmd += ["--store-dir", str(store), "--log-level", "WARNING"]
         with running(cmd, port, timeout=60, stop=signal.SIGINT) as proc:
             yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
 
 
 async def drive(address: str, pid: int, k: int, warmup: int, count: int, profile: bool):
@@ -158,8 +156,7 @@ def main() -> None:
     args = ap.parse_args()
     k = args.messages
     doc: dict[str, object] = {"messages": k, "count": args.count}
-    tmp = tempfile.mkdtemp(prefix="txmq-txncpu-prof-")
-    try:
+    with scratch_dir("txmq-txncpu-prof-") as tmp:
         runs = [(args.warmup + args.count, "full")]
         if args.profile:
             runs.append((args.warmup, "warm"))
@@ -196,8 +193,6 @@ def main() -> None:
             print("broker, per transaction (tottime, less a run of the warm-up alone):")
             dump = args.dump and args.dump + ".broker"
             print(top(table(stats["full"], stats["warm"]), args.count, args.top, dump))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     for key, v in doc.items():
         print(f"{key:24} {v}")
     print("JSON " + json.dumps(doc))

@@ -20,13 +20,12 @@ import cProfile
 import itertools
 import logging
 import pstats
-import shutil
-import tempfile
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import structlog
+from _scratch import scratch_dir
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -112,8 +111,7 @@ def commit(answer: RemotingCommand, txid: str) -> RemotingCommand:
     )
 
 
-async def run(args: argparse.Namespace) -> dict[str, float]:
-    folder = tempfile.mkdtemp(prefix="txmq-txnhandlers-")
+async def run(args: argparse.Namespace, folder: str) -> dict[str, float]:
     broker = BrokerController(BrokerConfig(store_path_root_dir=folder, listen_port=0))
     await broker.start()
     conn: Any = SimpleNamespace(peer=("127.0.0.1", 40000), context={})
@@ -151,7 +149,6 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             cpu += await one(i, prof)
     finally:
         await broker.shutdown()
-        shutil.rmtree(folder, ignore_errors=True)
     out = {
         "us_per_txn": round(cpu / args.count * 1e6, 1),
         "us_per_msg": round(cpu / args.count / k * 1e6, 2),
@@ -175,7 +172,9 @@ def main() -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         cache_logger_on_first_use=True,
     )
-    for key, v in asyncio.run(run(args)).items():
+    with scratch_dir("txmq-txnhandlers-") as folder:
+        out = asyncio.run(run(args, str(folder)))
+    for key, v in out.items():
         print(f"{key:16} {v}")
 
 
