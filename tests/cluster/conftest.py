@@ -22,6 +22,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 3).start()
     yield cluster
     cluster.stop()
+    cluster.remove_data()
 
 
 @pytest.fixture

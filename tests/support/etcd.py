@@ -211,3 +211,10 @@ class EtcdCluster:
                 except subprocess.TimeoutExpired:
                     m.proc.kill()
                     m.proc.wait(timeout=15)
+
+    def remove_data(self) -> None:
+        """Delete the stopped members' data folders (about 60 MiB each, mostly the WAL etcd
+        preallocates); their logs stay."""
+        for m in self.members:
+            assert m.proc is None or m.proc.poll() is not None, f"{m.name} still runs"
+            shutil.rmtree(m.data_dir, ignore_errors=True)
