@@ -315,7 +315,9 @@ def acl_file(data: bytes) -> None:
     only."""
     global _ACL_DIR
     if _ACL_DIR is None:
-        _ACL_DIR = tempfile.mkdtemp(prefix="txmq-fuzz-acl-")
+        _ACL_DIR = tempfile.mkdtemp(
+            prefix="txmq-fuzz-acl-", dir=os.environ.get("TXMQ_TEST_SCRATCH")
+        )
     path = os.path.join(_ACL_DIR, "plain_acl.yml")
     with open(path, "wb") as fh:
         fh.write(data)
@@ -345,7 +347,9 @@ def store_files(data: bytes) -> None:
     if not data:
         return
     if _STORE_DIR is None:
-        _STORE_DIR = tempfile.mkdtemp(prefix="txmq-fuzz-store-")
+        _STORE_DIR = tempfile.mkdtemp(
+            prefix="txmq-fuzz-store-", dir=os.environ.get("TXMQ_TEST_SCRATCH")
+        )
     kind = data[0] % 3
     path = os.path.join(_STORE_DIR, ("topics.json", "consumerOffset.json", "checkpoint")[kind])
     with open(path, "wb") as fh:

@@ -93,7 +93,11 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
         f"--window-size={width},{height}",
     ):
         options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    # Chromium's own temporary files (its singleton socket folder) go to the run's scratch
+    # folder, removed at the end of the run, instead of /tmp.
+    scratch = os.environ.get("TXMQ_TEST_SCRATCH")
+    env = dict(os.environ, TMPDIR=scratch) if scratch else None
+    driver = webdriver.Chrome(options=options, service=Service(driver_path, env=env))
     driver.set_page_load_timeout(PAGE_TIMEOUT)
     try:
         yield driver
