@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.support import scratch
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController, new_event_loop
 
@@ -96,8 +97,6 @@ def pytest_configure(config: pytest.Config) -> None:
     block managers and artifacts, native libraries unpacked by lz4 and snappy), removed when the
     run ends: a driver a test SIGKILLs never cleans up after itself."""
     global _scratch
-    if hasattr(config, "workerinput"):
-        return
     tmp = tempfile.gettempdir()
     free = shutil.disk_usage(tmp).free / 2**30
     if free < MIN_FREE_GB:
@@ -108,12 +107,11 @@ def pytest_configure(config: pytest.Config) -> None:
             returncode=3,
         )
     _scratch = tempfile.mkdtemp(prefix="txmq-test-scratch-")
-    os.environ["TXMQ_TEST_SCRATCH"] = _scratch  # for the folders tests make outside tmp_path
-    java_tmp = os.path.join(_scratch, "java")
-    os.makedirs(java_tmp)
-    os.environ["SPARK_LOCAL_DIRS"] = os.path.join(_scratch, "spark")
-    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Djava.io.tmpdir={java_tmp}".strip()
+    os.makedirs(os.path.join(_scratch, "java"))
+    os.environ[scratch.ENV] = _scratch
+    for name, value in scratch.jvm_env(_scratch).items():
+        before = os.environ.get(name, "") if name.endswith("_OPTS") else ""
+        os.environ[name] = f"{before} {value}".strip()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support import scratch
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -80,7 +81,7 @@ async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
 
 @functools.cache
 def template() -> Template:
-    root = tempfile.mkdtemp(prefix="damage-", dir=os.environ.get("TXMQ_TEST_SCRATCH"))
+    root = scratch.mkdtemp("damage-")
     records, rolled_back = asyncio.run(_fill(root))
     files = []
     for dirpath, _dirs, names in os.walk(root):
@@ -126,8 +127,8 @@ def test_damage_to_any_file_costs_at_most_the_records_it_hit(data: st.DataObject
     pos = data.draw(st.integers(0, max(0, written - 1)), label="position")
     how = data.draw(st.sampled_from(["flip", "cut"]), label="how")
     garbage = data.draw(st.binary(min_size=1, max_size=48), label="garbage")
-    with tempfile.TemporaryDirectory() as scratch:
-        root = os.path.join(scratch, "store")
+    with tempfile.TemporaryDirectory() as folder:
+        root = os.path.join(folder, "store")
         shutil.copytree(t.root, root)
         path = os.path.join(root, rel)
         with open(path, "r+b") as fh:

@@ -11,12 +11,12 @@ import re
 import signal
 import sys
 import threading
-import time
 
 import pytest
 
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until_sync
 from txmq.protocol.codes import ResponseCode
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/fd")
@@ -60,19 +60,18 @@ def _all_stopped(pid: int) -> bool:
     return True
 
 
-def frozen_fds(pid: int) -> tuple[int, int] | None:
+def frozen_fds(pid: int) -> tuple[int, int]:
     """:func:`fds` of ``pid`` read while the process is stopped (SIGSTOP, then SIGCONT), so
-    that no descriptor closes or opens while the listing is read; None when its threads did not
-    all stop within a second (one in an uninterruptible wait, such as a long fsync). Listing a
-    running process can count a descriptor closed after it was read and another opened after
-    that, which is not a state the process was ever in."""
+    that no descriptor closes or opens while the listing is read. Listing a running process can
+    count a descriptor closed after it was read and another opened after that, which is not a
+    state the process was ever in. The wait for every thread to stop is polled finely: the
+    broker stands still for as long as it lasts (a thread in an uninterruptible wait, such as
+    a long fsync, stops only when it returns)."""
     os.kill(pid, signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 1.0
-        while not _all_stopped(pid):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.0002)
+        wait_until_sync(
+            lambda: _all_stopped(pid), 30, "every thread of the broker stopped", interval=0.0002
+        )
         return fds(pid)
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -96,15 +95,11 @@ class FdWatch:
 
     async def _run(self) -> None:
         while True:
-            sample = frozen_fds(self.pid)
-            if sample is None:
-                await asyncio.sleep(0.005)
-                continue
-            total, cq = sample
+            total, cq = frozen_fds(self.pid)
             self.peak_total = max(self.peak_total, total)
             self.peak_cq = max(self.peak_cq, cq)
             self.samples += 1
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the sampling period: the broker runs between samples
 
     def _read_log(self) -> None:
         while not self._stop.is_set():
@@ -119,10 +114,12 @@ class FdWatch:
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None and self._reader is not None
         self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        (ended,) = await asyncio.gather(self._task, return_exceptions=True)
         self._stop.set()
         await asyncio.to_thread(self._reader.join, 10)
         assert not self._reader.is_alive(), "log reader did not stop"
+        if isinstance(ended, BaseException) and not isinstance(ended, asyncio.CancelledError):
+            raise ended  # the sampler failed (a broker that did not stop): the test fails
 
 
 def body(topic: int, queue: int, round_: int) -> bytes:

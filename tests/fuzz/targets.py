@@ -13,12 +13,12 @@ The targets run under atheris (``bench/fuzz.py``) and, without it, in the corpus
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any, cast
 
 from google.protobuf.message import DecodeError
 
+from tests.support import scratch
 from txmq.broker.acl import AclConfigError, load_acl_file, requirements
 from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
@@ -315,9 +315,7 @@ def acl_file(data: bytes) -> None:
     only."""
     global _ACL_DIR
     if _ACL_DIR is None:
-        _ACL_DIR = tempfile.mkdtemp(
-            prefix="txmq-fuzz-acl-", dir=os.environ.get("TXMQ_TEST_SCRATCH")
-        )
+        _ACL_DIR = scratch.mkdtemp("txmq-fuzz-acl-")
     path = os.path.join(_ACL_DIR, "plain_acl.yml")
     with open(path, "wb") as fh:
         fh.write(data)
@@ -347,9 +345,7 @@ def store_files(data: bytes) -> None:
     if not data:
         return
     if _STORE_DIR is None:
-        _STORE_DIR = tempfile.mkdtemp(
-            prefix="txmq-fuzz-store-", dir=os.environ.get("TXMQ_TEST_SCRATCH")
-        )
+        _STORE_DIR = scratch.mkdtemp("txmq-fuzz-store-")
     kind = data[0] % 3
     path = os.path.join(_STORE_DIR, ("topics.json", "consumerOffset.json", "checkpoint")[kind])
     with open(path, "wb") as fh:

@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support import scratch
 from tests.support.browser import PAGE_TIMEOUT, ConsoleProcess, chromium, need_chromium
 from tests.support.cluster import BrokerCluster
 from tests.support.etcd import EtcdCluster, etcd_binary
@@ -52,7 +52,7 @@ SHOTS = ROOT / "docs" / "console"
 SHOTS_OUT = (
     SHOTS
     if os.environ.get("TXMQ_UPDATE_SCREENSHOTS") == "1"
-    else Path(tempfile.mkdtemp(prefix="console-shots-", dir=os.environ.get("TXMQ_TEST_SCRATCH")))
+    else Path(scratch.mkdtemp("console-shots-"))
 )
 
 TOPIC = "orders"

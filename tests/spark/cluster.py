@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support import scratch
 from tests.support.ports import free_port
 
 #: Variables of the test process that must not leak into a Spark program it starts (a gateway
@@ -28,11 +29,9 @@ def clean_env(*, home: bool = True, **extra: str) -> dict[str, str]:
     """The test's environment without Spark's variables, plus ``extra``; with ``home``,
     ``SPARK_HOME`` is this pyspark's distribution (without, a pyspark finds its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SPARK_VARIABLES)}
-    scratch = os.environ.get("TXMQ_TEST_SCRATCH")
-    if scratch:  # the run's scratch folder (tests/conftest.py), removed when the run ends
-        env["SPARK_LOCAL_DIRS"] = os.path.join(scratch, "spark")
-        java = f"-Djava.io.tmpdir={os.path.join(scratch, 'java')}"
-        env["SPARK_SUBMIT_OPTS"] = env["SPARK_DAEMON_JAVA_OPTS"] = java
+    run_scratch = scratch.root()
+    if run_scratch:
+        env.update(scratch.jvm_env(run_scratch))
     if home:
         env["SPARK_HOME"] = str(spark_home())
     env.update(SPARK_LOCAL_IP="127.0.0.1", **extra)

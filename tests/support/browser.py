@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import scratch
+
 #: Seconds a page may take to show what a test waits for.
 PAGE_TIMEOUT = 30.0
 
@@ -95,8 +97,8 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
         options.add_argument(arg)
     # Chromium's own temporary files (its singleton socket folder) go to the run's scratch
     # folder, removed at the end of the run, instead of /tmp.
-    scratch = os.environ.get("TXMQ_TEST_SCRATCH")
-    env = dict(os.environ, TMPDIR=scratch) if scratch else None
+    run_scratch = scratch.root()
+    env = dict(os.environ, TMPDIR=run_scratch) if run_scratch else None
     driver = webdriver.Chrome(options=options, service=Service(driver_path, env=env))
     driver.set_page_load_timeout(PAGE_TIMEOUT)
     try:

@@ -40,17 +40,28 @@ def _timed_out(timeout: float, what: str, predicate: Callable[..., Any], last: o
 
 @overload
 async def wait_until(
-    predicate: Callable[[], Awaitable[T]], timeout: float = ..., what: str = ...
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float = ...,
+    what: str = ...,
+    interval: float = ...,
 ) -> T: ...
 
 
 @overload
-async def wait_until(predicate: Callable[[], T], timeout: float = ..., what: str = ...) -> T: ...
+async def wait_until(
+    predicate: Callable[[], T], timeout: float = ..., what: str = ..., interval: float = ...
+) -> T: ...
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something true, and return that;
-    fail the test after ``timeout`` naming ``what`` and the last value seen."""
+async def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "",
+    interval: float = POLL_INTERVAL,
+) -> Any:
+    """Poll ``predicate`` (sync or async), every ``interval`` seconds, until it returns
+    something true, and return that; fail the test after ``timeout`` naming ``what`` and the
+    last value seen."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -60,10 +71,15 @@ async def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: 
             return value
         if time.monotonic() > deadline:
             _timed_out(timeout, what, predicate, value)
-        await asyncio.sleep(POLL_INTERVAL)
+        await asyncio.sleep(interval)
 
 
-def wait_until_sync(predicate: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
+def wait_until_sync(
+    predicate: Callable[[], T],
+    timeout: float = 30.0,
+    what: str = "",
+    interval: float = POLL_INTERVAL,
+) -> T:
     """Blocking :func:`wait_until` for tests of the sync facade and of subprocesses."""
     deadline = time.monotonic() + timeout
     while True:
@@ -72,7 +88,7 @@ def wait_until_sync(predicate: Callable[[], T], timeout: float = 30.0, what: str
             return value
         if time.monotonic() > deadline:
             _timed_out(timeout, what, predicate, value)
-        time.sleep(POLL_INTERVAL)
+        time.sleep(interval)
 
 
 async def rounds_pass(rounds: Callable[[], int], n: int, what: str = "check rounds") -> None:
