@@ -41,7 +41,7 @@ from txmq.protocol.message import (
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
-from ..messaging import MessagingCore, SendOutcome
+from ..messaging import MessagingCore
 from ..messaging.core import DeliveryTimeError
 from ..quota import QuotaManager
 from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
@@ -541,13 +541,13 @@ class MessagingService:
             tc = await core.topic_for_send(msg.topic, self.cfg.default_topic_queue_nums)
             group = msg.properties.get(convert.SHARDING_KEY)
             msg.queue_id = self._pick_queue(tc.write_queue_nums, group)
-            core.prepare(msg, msg.topic)
-            if msg.topic == self.tx.half_topic:
-                real = msg.properties[MessageConst.REAL_TOPIC]
-                if real not in c.topics:
-                    c.topics.add(real)
-                    self._register_producer(c)
-        outcome = await core.durable(SendOutcome(core.store_prepared(prepared)))
+            if MessageConst.TRAN_MSG in msg.properties and msg.topic not in c.topics:
+                c.topics.add(msg.topic)  # a producer of the topic's halves: check-backs reach it
+                self._register_producer(c)
+        # The send use case, as a remoting send takes it: a resend (the same message id within
+        # the duplicate window, a lost answer) is answered with the first send's receipt.
+        # A half's group is in its PGROUP property (set above).
+        outcome = await core.send(prepared, "")
         entries = [
             spb.SendResultEntry(
                 status=status(),

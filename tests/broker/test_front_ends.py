@@ -812,6 +812,55 @@ async def pull(fe: FrontEnd) -> Observed:
     return {"received": got}
 
 
+async def resend(fe: FrontEnd) -> Observed:
+    """The same message sent twice (its first answer lost in transit, the client sends it again
+    with the same id): stored once, both answers the first send's."""
+    m = Msg(b"sent twice", uniq(71), tag="TagAgain", keys=("r-1",))
+    first = await fe.send(TOPIC, [m])
+    again = await fe.send(TOPIC, [m])
+    assert first == again == [Sent(True, m.uniq, 0, "")], (
+        f"{fe}: answered {first}, then {again} to the resend"
+    )
+    stored = [r.msg_id for r in fe.stored(TOPIC)]
+    assert stored == [m.uniq], f"{fe}: {TOPIC} holds {stored} after a resend"
+    return {"answers": first + again}
+
+
+async def resend_batch(fe: FrontEnd) -> Observed:
+    """A batch sent again, then a batch holding one message already stored and a new one:
+    only the new one is stored, each message answered with its first send."""
+    a, b, c = (Msg(f"batch {i}".encode(), uniq(80 + i), tag="TagB") for i in range(3))
+    first = await fe.send(TOPIC, [a, b])
+    again = await fe.send(TOPIC, [a, b])
+    mixed = await fe.send(TOPIC, [b, c])
+    assert first == again == [Sent(True, a.uniq, 0, ""), Sent(True, b.uniq, 1, "")], (
+        f"{fe}: answered {first}, then {again} to the resend"
+    )
+    assert [s.message_id for s in mixed] == [b.uniq, c.uniq] and all(s.ok for s in mixed), (
+        f"{fe}: answered {mixed} to a batch of a resent and a new message"
+    )
+    stored = [r.msg_id for r in fe.stored(TOPIC)]
+    assert stored == [a.uniq, b.uniq, c.uniq], f"{fe}: {TOPIC} holds {stored}"
+    return {"answers": first + again, "mixed": [(s.message_id, s.ok) for s in mixed]}
+
+
+async def resend_half(fe: FrontEnd) -> Observed:
+    """A half sent twice: one half stored, one transaction, committed once."""
+    m = Msg(b"half sent twice", uniq(91), tag="TagTx")
+    sent, half = await fe.send_half(TOPIC, m)
+    again, _ = await fe.send_half(TOPIC, m)
+    assert sent == again == Sent(True, m.uniq, 0, m.uniq), (
+        f"{fe}: half answered {sent}, then {again} to the resend"
+    )
+    halves = [r.msg_id for r in fe.stored(fe.broker.transactions.half_topic)]
+    assert halves == [m.uniq], f"{fe}: the half topic holds {halves}"
+    ended = await fe.end(TOPIC, half, "COMMIT")
+    assert ended.ok, f"{fe}: COMMIT answered {ended}"
+    delivered = [r.msg_id for r in fe.stored(TOPIC)]
+    assert delivered == [m.uniq], f"{fe}: {TOPIC} holds {delivered} after the commit"
+    return {"half answers": (sent, again), "transaction": fe.tx_view(m.uniq)}
+
+
 @dataclass(frozen=True)
 class Scenario:
     run: Callable[[FrontEnd], Awaitable[Observed]]
@@ -838,6 +887,9 @@ SCENARIOS: dict[str, Scenario] = {
     # Queue has no such field, so the copy adds RETRY_TOPIC, then ORIGIN_MESSAGE_ID.
     "dead letter": Scenario(dead_letter, unordered=frozenset({C.ORIGIN_MESSAGE_ID})),
     "pull": Scenario(pull),
+    "resend": Scenario(resend),
+    "resend batch": Scenario(resend_batch),
+    "resend half": Scenario(resend_half),
 }
 
 
