@@ -428,7 +428,7 @@ class BrokerController:
 
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
-        g = GroupViewProcessor(self.ctx, self.update_config)
+        g = GroupViewProcessor(self.ctx, self.update_config, self.core.pop.reset)
         R = RequestCode
         return {
             R.SEND_MESSAGE: s.send_message,

@@ -16,6 +16,7 @@ from txmq.protocol.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
     INTERNAL_TOPICS,
+    POP_STATE_TOPIC,
     RETRY_GROUP_TOPIC_PREFIX,
     RMQ_SYS_TRANS_HALF_TOPIC,
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
@@ -75,6 +76,7 @@ class TopicManager:
             # the committed copies of consumer offsets sent inside transactions
             (TXN_OFFSETS_TOPIC, 1),
             (TIMER_TOPIC, 2),
+            (POP_STATE_TOPIC, 1),
         ):
             tc = table.get(name)
             if tc is None or tc.read_queue_nums < queues:

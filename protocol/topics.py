@@ -24,9 +24,13 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 #: ``%DLQ%<group>``: messages a consumer group gave up on.
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
+#: POP consumption's state (receipt handles, invisible times, attempts), replayed at start.
+POP_STATE_TOPIC = "TXMQ_SYS_POP_STATE"
+
 #: Topics the broker owns; clients cannot send to them.
 SYSTEM_TOPICS = frozenset(
     {
+        POP_STATE_TOPIC,
         RMQ_SYS_TRANS_HALF_TOPIC,
         RMQ_SYS_TRANS_OP_HALF_TOPIC,
         TRANS_CHECK_MAX_TIME_TOPIC,
@@ -68,6 +72,7 @@ __all__ = [
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",
     "SCHEDULE_TOPIC",
     "INTERNAL_TOPICS",
+    "POP_STATE_TOPIC",
     "SYSTEM_TOPICS",
     "TIMER_TOPIC",
     "TOPIC_MAX_LENGTH",

@@ -17,7 +17,7 @@ Modules:
 
 * :mod:`.v2` - the generated protobuf/gRPC modules (from ``protos/``, see :mod:`.codegen`);
 * :mod:`.convert` - protobuf messages to stored messages and back, status codes;
-* :mod:`.consumption` - receipt handles and invisibility for ReceiveMessage/Ack;
+* POP consumption (receipt handles, invisibility) is the core's: :mod:`..messaging.pop`;
 * :mod:`.service` - the servicer, the client registry and the check-back sender;
 * :mod:`.server` - start and bounded stop of the ``grpc.aio`` server.
 """

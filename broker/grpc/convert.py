@@ -35,6 +35,7 @@ from txmq.protocol.errors import (
 from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag
 
 from ..messaging.core import TIMER_DELIVER_MS
+from ..messaging.pop import ReceiptHandleError
 from .v2 import definition_pb2 as pb
 
 #: RocketMQ's property for the message group of a FIFO message.
@@ -73,6 +74,7 @@ def status(code: int = Code.OK, message: str = "OK") -> pb.Status:
 
 #: The ``Code`` of a broker-side error, the first type that matches (most specific first).
 _ERROR_CODES: tuple[tuple[type[TxmqError], int], ...] = (
+    (ReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
     (TopicNotExistError, Code.TOPIC_NOT_FOUND),
     (NoPermissionError, Code.FORBIDDEN),
     (FlushDiskTimeoutError, Code.MASTER_PERSISTENCE_TIMEOUT),

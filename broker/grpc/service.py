@@ -36,16 +36,15 @@ from txmq.protocol.message import (
     decode_message,
     java_string_hash,
     parse_subscription,
-    tags_code,
 )
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
 from ..messaging import MessagingCore
 from ..messaging.core import DeliveryTimeError
+from ..messaging.pop import Delivery, ReceiptHandleError
 from ..quota import QuotaManager
 from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
-from ..store import GetMessageStatus
 from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
 from ..transaction.service import CheckSender
 from ..transaction.state import Decision
@@ -53,7 +52,6 @@ from . import convert
 from .auth import CALLER, Context, GrpcAccess
 from .auth import metadata as _metadata
 from .auth import peer_address as _peer_address
-from .consumption import ConsumptionState, QueueView, make_handle, parse_handle
 from .convert import Code, GrpcStatusError, status, status_of
 from .v2 import definition_pb2 as pb
 from .v2 import service_pb2 as spb
@@ -197,8 +195,6 @@ class MessagingService:
         self.tx = core.tx
         self.port = port
         self.clients: dict[str, GrpcClient] = {}
-        self.consumption = ConsumptionState(self._initial_offset, self._commit_offset)
-        self.consumption.trace = core.trace
         self.closing = False
         self._rr = 0
         #: The ACL check of every call (``aclEnable``); None when off.
@@ -650,16 +646,6 @@ class MessagingService:
 
     # -- consumption ------------------------------------------------------------------------
 
-    def _initial_offset(self, group: str, topic: str, qid: int) -> int:
-        off = self.ctx.offsets.query(group, topic, qid)
-        store = self.ctx.store
-        if off < 0:
-            return store.get_min_offset_in_queue(topic, qid)
-        return off
-
-    def _commit_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
-        self.ctx.offsets.commit(group, topic, qid, offset)
-
     async def QueryAssignment(self, request: Any, context: Context) -> Any:
         self._count("QueryAssignment")
         try:
@@ -696,11 +682,6 @@ class MessagingService:
             )
             return
         yield spb.ReceiveMessageResponse(status=status())
-        self.ctx.metrics.record_out(
-            convert.resource_name(request.message_queue.topic),
-            convert.resource_name(request.group),
-            len(found),
-        )
         for m in found:
             yield spb.ReceiveMessageResponse(message=m)
         ts = spb.ReceiveMessageResponse()
@@ -724,19 +705,16 @@ class MessagingService:
         return parse_subscription(expr or "*"), None
 
     async def _receive(self, request: Any, context: Context) -> list[Any]:
+        """ReceiveMessage translated to the core's receive (:mod:`..messaging.pop`)."""
         self._client(context)
         group = convert.resource_name(request.group)
         if not group:
             raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
         topic = convert.resource_name(request.message_queue.topic)
-        tc = self._topic_config(topic, create=False)
-        if not tc.perm & PERM_READ:
-            raise GrpcStatusError(Code.FORBIDDEN, f"the topic[{topic}] receiving is forbidden")
         tags, sql = self._filter(request)
         batch = request.batch_size
         if batch <= 0:
             raise GrpcStatusError(Code.BAD_REQUEST, "batch_size must be positive")
-        batch = min(batch, MAX_RECEIVE_BATCH)
         invisible = (
             convert.duration_s(request.invisible_duration)
             if request.HasField("invisible_duration")
@@ -755,159 +733,24 @@ class MessagingService:
         remaining = context.time_remaining()
         if remaining is not None:
             poll = min(poll, max(0.0, remaining - 0.5))
-        group_config = self.ctx.groups.effective(group)
-        if not group_config.consume_enable:
-            raise GrpcStatusError(Code.FORBIDDEN, f"subscription group no permission, {group}")
-        # FIFO when the group is orderly (consumeMessageOrderly), whatever the client asked.
-        fifo = group_config.consume_message_orderly
-        max_reconsume = group_config.retry_max_times
-        deadline = time.monotonic() + poll
-        qids = list(range(tc.read_queue_nums))
-        self._rr += 1
-        start = self._rr % max(1, len(qids))
-        qids = qids[start:] + qids[:start]
-        while True:
-            out = self._collect(
-                group, topic, qids, tags, batch, invisible, fifo, sql, max_reconsume
-            )
-            now = time.monotonic()
-            if out or now >= deadline or self._shutting_down():
-                return out
-            # at most 1 s: a ChangeInvisibleDuration made meanwhile may shorten the wait
-            wait = min(deadline - now, 1.0)
-            for qid in qids:
-                v = self.consumption.existing(group, topic, qid)
-                nv = v.next_visible() if v is not None else None
-                if nv is not None:
-                    wait = min(wait, max(0.01, nv - now))
-            await self._wait_any(topic, qids, wait)
+        found = await self.core.pop.receive(
+            group,
+            topic,
+            batch=min(batch, MAX_RECEIVE_BATCH),
+            invisible_ms=int(invisible * 1000),
+            poll_s=poll,
+            tags=tags,
+            sql=sql,
+            stopping=self._shutting_down,
+        )
+        return [self._delivered(d) for d in found]
 
-    async def _wait_any(self, topic: str, qids: list[int], timeout: float) -> None:
-        hold = self.ctx.hold
-        waiters = [asyncio.ensure_future(hold.wait(topic, q, timeout)) for q in qids]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
-
-    def _collect(
-        self,
-        group: str,
-        topic: str,
-        qids: list[int],
-        tags: frozenset[str] | None,
-        batch: int,
-        invisible: float,
-        fifo: bool,
-        sql: StoredFilter | None = None,
-        max_reconsume: int | None = None,
-    ) -> list[Any]:
-        out: list[Any] = []
-        now = time.monotonic()
-        limit = self.cfg.max_reconsume_times if max_reconsume is None else max_reconsume
-        tag_codes = None if tags is None else frozenset(tags_code(t) for t in tags)
-        for qid in qids:
-            if len(out) >= batch:
-                break
-            v = self.consumption.view(group, topic, qid)
-            if fifo and v.blocked(now):
-                continue
-            for x in v.due(now):
-                if len(out) >= batch:
-                    break
-                m = self._read_one(topic, qid, x.offset)
-                if m is None:
-                    v.ack(x.offset)
-                    continue
-                if x.attempts > limit:
-                    self.core.dead_letter_now(group, m, x.attempts)
-                    self.consumption.dead_lettered(group, m)
-                    if v.ack(x.offset):
-                        self._commit_offset(group, topic, qid, v.committed)
-                    continue
-                x2 = v.hand_out(x.offset, now, invisible, x.attempts + 1)
-                out.append(self._delivered(m, qid, x2.attempts, invisible, make_handle(qid, x2)))
-            if fifo and v.inflight:
-                continue
-            self._collect_new(
-                v, group, topic, qid, tags, tag_codes, batch, invisible, now, out, sql
-            )
-            if fifo and v.inflight:
-                continue
-        return out
-
-    def _collect_new(
-        self,
-        v: QueueView,
-        group: str,
-        topic: str,
-        qid: int,
-        tags: frozenset[str] | None,
-        tag_codes: frozenset[int] | None,
-        batch: int,
-        invisible: float,
-        now: float,
-        out: list[Any],
-        sql: StoredFilter | None = None,
-    ) -> None:
-        store = self.ctx.store
-        committed_before = v.committed
-        while len(out) < batch:
-            r = store.get_messages(
-                topic,
-                qid,
-                v.next,
-                batch - len(out),
-                tag_codes,
-                message_filter=sql,
-                for_consumer=True,
-            )
-            if r.status is GetMessageStatus.FOUND:
-                if self.core.trace is not None:  # SubBefore records, as for a remoting pull
-                    self.core.trace.delivered(group, b"".join(r.messages))
-                for raw in r.messages:
-                    m = decode_message(raw)
-                    v.skip_to(m.queue_offset)
-                    v.next = m.queue_offset + 1
-                    if tags is not None and m.tags not in tags:
-                        v.acked.add(m.queue_offset)
-                        continue
-                    x = v.hand_out(m.queue_offset, now, invisible, 1)
-                    out.append(self._delivered(m, qid, 1, invisible, make_handle(qid, x)))
-                v.skip_to(r.next_begin_offset)
-            elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL,):
-                v.reset(r.next_begin_offset)
-            elif r.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
-                v.reset(r.next_begin_offset)
-                break
-            elif r.next_begin_offset > v.next:
-                v.skip_to(r.next_begin_offset)
-            else:
-                break
-        while v.committed in v.acked:
-            v.acked.discard(v.committed)
-            v.committed += 1
-        if v.committed != committed_before:
-            self._commit_offset(group, topic, qid, v.committed)
-
-    def _read_one(self, topic: str, qid: int, offset: int) -> MessageExt | None:
-        r = self.ctx.store.get_messages(topic, qid, offset, 1)
-        if r.status is not GetMessageStatus.FOUND:
-            return None
-        m = decode_message(r.messages[0])
-        return m if m.queue_offset == offset else None
-
-    def _delivered(
-        self, m: MessageExt, qid: int, attempts: int, invisible: float, handle: str
-    ) -> Any:
-        self.ctx.metrics.messages_pulled.inc()
-        p = convert.to_proto(m, self.ctx.store_host)
+    def _delivered(self, d: Delivery) -> Any:
+        p = convert.to_proto(d.message, self.ctx.store_host)
         sp = p.system_properties
-        sp.receipt_handle = handle
-        sp.delivery_attempt = attempts
-        convert.set_duration(sp.invisible_duration, invisible)
+        sp.receipt_handle = d.handle
+        sp.delivery_attempt = d.attempts
+        convert.set_duration(sp.invisible_duration, d.invisible_ms / 1000)
         return p
 
     async def AckMessage(self, request: Any, context: Context) -> Any:
@@ -917,18 +760,20 @@ class MessagingService:
             topic = convert.resource_name(request.topic)
             if not request.entries:
                 raise GrpcStatusError(Code.BAD_REQUEST, "no entry to ack")
-            results = []
-            for e in request.entries:
-                try:
-                    self.consumption.ack(group, topic, e.receipt_handle, e.message_id)
-                    st = status()
-                except GrpcStatusError as exc:
-                    st = status(exc.code, exc.message)
-                results.append(
-                    spb.AckMessageResultEntry(
-                        message_id=e.message_id, receipt_handle=e.receipt_handle, status=st
-                    )
+            refused = self.core.pop.ack(
+                group,
+                topic,
+                [e.receipt_handle for e in request.entries],
+                [e.message_id for e in request.entries],
+            )
+            results = [
+                spb.AckMessageResultEntry(
+                    message_id=e.message_id,
+                    receipt_handle=e.receipt_handle,
+                    status=status(Code.INVALID_RECEIPT_HANDLE, why) if why else status(),
                 )
+                for e, why in zip(request.entries, refused, strict=True)
+            ]
             codes = {r.status.code for r in results}
             top = (
                 results[0].status
@@ -947,12 +792,11 @@ class MessagingService:
                 raise GrpcStatusError(
                     Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 0..{MAX_INVISIBLE_S}s"
                 )
-            handle = self.consumption.change_invisible(
+            handle = self.core.pop.change_invisible(
                 convert.resource_name(request.group),
                 convert.resource_name(request.topic),
                 request.receipt_handle,
-                secs,
-                time.monotonic(),
+                int(secs * 1000),
                 request.message_id,
             )
             return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
@@ -966,13 +810,14 @@ class MessagingService:
         try:
             group = convert.resource_name(request.group)
             topic = convert.resource_name(request.topic)
-            qid, offset, _ = parse_handle(request.receipt_handle)
-            m = self._read_one(topic, qid, offset)
-            if m is None:
-                raise GrpcStatusError(Code.MESSAGE_NOT_FOUND, "the message is gone")
-            self.consumption.ack(group, topic, request.receipt_handle)
+            pop = self.core.pop
+            m = pop.message_of(group, topic, request.receipt_handle)
+            [why] = pop.ack(group, topic, [request.receipt_handle], [""])
+            if why:
+                raise ReceiptHandleError(why)
             await self.core.dead_letter(group, m, request.delivery_attempt)
-            self.consumption.dead_lettered(group, m)
+            if self.core.trace is not None:
+                self.core.trace.sent_back(group, m, dead_letter=True)
             return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
         except Exception as exc:
             return spb.ForwardMessageToDeadLetterQueueResponse(

@@ -32,6 +32,7 @@ from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
 from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths, PlainSend
+from .pop import PopService
 from .timer import (
     START_DELIVER_TIME,
     TIMER_DELAY_MS,
@@ -210,10 +211,13 @@ class MessagingCore:
             ctx.metrics,
             ctx.store.lookup_message,
         )
+        #: POP consumption (the read side of RocketMQ 5 clients, both front ends)
+        self.pop = PopService(ctx, self.dead_letter_now, self.trace)
 
     def recover(self) -> int:
         """After the store is open: rebuild what is derived from the commit log (the
-        idempotent-send window)."""
+        idempotent-send window, POP consumption's state)."""
+        self.pop.recover()
         return self.dedup.rebuild(self.ctx.store, self.ctx.now_ms())
 
     # -- validation and routing ----------------------------------------------------------------

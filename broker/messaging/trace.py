@@ -17,7 +17,7 @@ What is recorded, and where the hook is:
 * ``SubAfter`` (success false): a consumer group sent a message back (retry or dead letter),
   or a RocketMQ 5 client forwarded one to the dead-letter queue or changed its invisible
   duration (requestId ``invisible``: delivered again later) over gRPC; (success true, requestId
-  ``ack``) a RocketMQ 5 client acked it -- :mod:`txmq.broker.grpc.consumption`.
+  ``ack``) a RocketMQ 5 client acked it -- :mod:`txmq.broker.messaging.pop`.
 
 The hooks only append a small tuple or record to a list (when tracing is off they are not
 called: the owner holds None and checks it once); the records are encoded at the write, in

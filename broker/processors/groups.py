@@ -87,6 +87,9 @@ class GroupViewProcessor:
     ctx: BrokerContext
     #: Applies settings changed at run time (the broker's ``update_config``).
     reconfigure: Callable[[dict[str, str]], Awaitable[BrokerConfig]]
+    #: Told of every offset a reset moved (group, topic, queue, offset): POP consumption's live
+    #: views start again there (``MessagingCore.pop.reset``).
+    on_reset: Callable[[str, str, int, int], None] | None = None
 
     async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """The group's progress per queue: the queue's end (``brokerOffset``), the group's
@@ -280,6 +283,8 @@ class GroupViewProcessor:
             if not h.is_force and 0 <= current < target:
                 target = current
             offsets.commit(h.group, h.topic, qid, target)
+            if self.on_reset is not None:
+                self.on_reset(h.group, h.topic, qid, target)
             mq = {"topic": h.topic, "brokerName": self.ctx.config.broker_name, "queueId": qid}
             table.append((mq, target))
         body = dumps({"offsetTable": table}).encode()

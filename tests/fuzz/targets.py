@@ -22,9 +22,9 @@ from tests.support import scratch
 from txmq.broker.acl import AclConfigError, load_acl_file, requirements
 from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
-from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
 from txmq.broker.grpc.v2 import service_pb2 as spb
+from txmq.broker.messaging.pop import ReceiptHandleError, parse_handle
 from txmq.broker.sql_filter import SqlFilterError, compile_sql
 from txmq.broker.store.checkpoint import StoreCheckpoint
 from txmq.broker.store.commit_log import parse_dispatch_info
@@ -297,12 +297,11 @@ def _convert_message(m: pb.Message) -> None:
 
 
 def _receipt_handle(handle: str) -> None:
-    for h in (handle, f"{RUN_ID}-{handle.partition('-')[2]}"):
-        try:
-            qid, offset, _nonce = parse_handle(h)
-        except convert.GrpcStatusError:
-            continue
-        assert qid >= 0 and offset >= 0
+    try:
+        qid, offset, nonce = parse_handle(handle)
+    except ReceiptHandleError:
+        return
+    assert qid >= 0 and offset >= 0 and nonce
 
 
 # -- files -------------------------------------------------------------------------------------

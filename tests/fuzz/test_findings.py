@@ -16,8 +16,8 @@ from tests.fuzz.regressions import _stored_v2_negative_topic
 from txmq.broker.acl import AclConfigError, load_acl_file, requirements
 from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
-from txmq.broker.grpc.consumption import RUN_ID, parse_handle
 from txmq.broker.grpc.v2 import definition_pb2 as pb
+from txmq.broker.messaging.pop import ReceiptHandleError, parse_handle
 from txmq.broker.sql_filter import SqlFilterError, compile_sql
 from txmq.broker.store.checkpoint import StoreCheckpoint
 from txmq.broker.store.consumer_offset import ConsumerOffsetManager
@@ -76,10 +76,10 @@ def test_sql_record_with_negative_topic_length_matches_nothing() -> None:
 
 @pytest.mark.parametrize("middle", ["\u00b2-1", "1-\u0663", "\u0661-2"])
 def test_receipt_handle_with_non_ascii_digits_is_invalid(middle: str) -> None:
-    with pytest.raises(convert.GrpcStatusError) as info:
-        parse_handle(f"{RUN_ID}-{middle}-n")
-    assert info.value.code == convert.Code.INVALID_RECEIPT_HANDLE
-    assert parse_handle(f"{RUN_ID}-3-42-n") == (3, 42, "n")
+    with pytest.raises(ReceiptHandleError) as info:
+        parse_handle(f"{middle}-n")
+    assert convert.status_of(info.value).code == convert.Code.INVALID_RECEIPT_HANDLE
+    assert parse_handle("3-42-n") == (3, 42, "n")
 
 
 @pytest.mark.parametrize("message_id", ["a\x01b", "\x02", "U\x02K"])
