@@ -55,6 +55,7 @@ from .ports import ClusterPort, ReplicationPort
 from .processors.admin import AdminProcessor
 from .processors.groups import GroupViewProcessor
 from .processors.lock import LockProcessor
+from .processors.pop import PopMessageProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.send import SendMessageProcessor
@@ -429,6 +430,7 @@ class BrokerController:
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
         g = GroupViewProcessor(self.ctx, self.update_config, self.core.pop.reset)
+        pop = PopMessageProcessor(self.core)
         R = RequestCode
         return {
             R.SEND_MESSAGE: s.send_message,
@@ -471,6 +473,10 @@ class BrokerController:
             R.INVOKE_BROKER_TO_RESET_OFFSET: g.reset_offset,
             R.GET_BROKER_CONFIG: g.get_broker_config,
             R.UPDATE_BROKER_CONFIG: g.update_broker_config,
+            R.POP_MESSAGE: pop.pop_message,
+            R.ACK_MESSAGE: pop.ack_message,
+            R.CHANGE_MESSAGE_INVISIBLETIME: pop.change_invisible_time,
+            R.BATCH_ACK_MESSAGE: pop.batch_ack_message,
             R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
             R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,
         }

@@ -61,6 +61,13 @@ class RequestCode(IntEnum):
     #: One consumer group's settings (header ``group``; body: ``SubscriptionGroupConfig``).
     GET_SUBSCRIPTIONGROUP_CONFIG = 352
 
+    #: POP consumption (RocketMQ 5's remoting consumers): hand out messages invisible for a
+    #: while; ack them, change their invisible time, or ack many at once (body ``BatchAck``s).
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
+
     # --- txmq extensions (10000+) -------------------------------------------------------
     #: List transactions (pending, parked after the check budget, or decided).  Header:
     #: ``producerGroup`` (optional), ``topic`` (optional), ``state`` (optional), ``limit``.
@@ -112,6 +119,9 @@ class ResponseCode(IntEnum):
     SUBSCRIPTION_NOT_LATEST = 25
     SUBSCRIPTION_GROUP_NOT_EXIST = 26
     INVALID_PARAMETER = 29
+    NO_MESSAGE = 208
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
     ILLEGAL_OPERATION = 604
 
 

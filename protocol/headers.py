@@ -272,6 +272,73 @@ class PullMessageResponseHeader(Header):
     suggest_which_broker_id: int = 0
 
 
+# --- pop consumption --------------------------------------------------------------------------
+
+
+@dataclass
+class PopMessageRequestHeader(Header):
+    """POP_MESSAGE: up to ``max_msg_nums`` messages of ``topic`` (``queue_id`` -1: any queue),
+    invisible for ``invisible_time`` ms, long-polled up to ``poll_time`` ms."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    max_msg_nums: int
+    invisible_time: int
+    poll_time: int
+    born_time: int
+    init_mode: int
+    exp_type: str | None = None
+    exp: str | None = None
+    order: bool = False
+    attempt_id: str | None = None
+
+
+@dataclass
+class PopMessageResponseHeader(Header):
+    """What a pop consumer builds each message's ``extraInfo`` from: the pop time, the
+    invisible time, the revive queue, and per queue the first offset and the offsets handed
+    out (``"<retry> <queueId> <offset>;..."``, ``"<retry> <queueId> <o1>,<o2>;..."``)."""
+
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+    rest_num: int
+    start_offset_info: str | None = None
+    msg_offset_info: str | None = None
+    order_count_info: str | None = None
+
+
+@dataclass
+class AckMessageRequestHeader(Header):
+    """ACK_MESSAGE: the message at ``offset`` of the queue, named by the ``extraInfo`` its pop
+    gave (``"<startOffset> <popTime> <invisibleTime> <reviveQid> <retry> <brokerName>
+    <queueId> <offset>"``)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    extra_info: str
+    offset: int
+
+
+@dataclass
+class ChangeInvisibleTimeRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    extra_info: str
+    offset: int
+    invisible_time: int
+
+
+@dataclass
+class ChangeInvisibleTimeResponseHeader(Header):
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+
+
 # --- offsets ----------------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag
 
 from ..messaging.core import TIMER_DELIVER_MS
 from ..messaging.pop import ReceiptHandleError
+from ..messaging.read import FilterNotServedError, FilterSyntaxError
 from .v2 import definition_pb2 as pb
 
 #: RocketMQ's property for the message group of a FIFO message.
@@ -75,6 +76,8 @@ def status(code: int = Code.OK, message: str = "OK") -> pb.Status:
 #: The ``Code`` of a broker-side error, the first type that matches (most specific first).
 _ERROR_CODES: tuple[tuple[type[TxmqError], int], ...] = (
     (ReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
+    (FilterNotServedError, Code.ILLEGAL_FILTER_EXPRESSION),
+    (FilterSyntaxError, Code.ILLEGAL_FILTER_EXPRESSION),
     (TopicNotExistError, Code.TOPIC_NOT_FOUND),
     (NoPermissionError, Code.FORBIDDEN),
     (FlushDiskTimeoutError, Code.MASTER_PERSISTENCE_TIMEOUT),

@@ -35,7 +35,6 @@ from txmq.protocol.message import (
     MessageExt,
     decode_message,
     java_string_hash,
-    parse_subscription,
 )
 
 from ..acl import AclDenied
@@ -43,8 +42,8 @@ from ..clients import ClientChannel
 from ..messaging import MessagingCore
 from ..messaging.core import DeliveryTimeError
 from ..messaging.pop import Delivery, ReceiptHandleError
+from ..messaging.read import EVERYTHING, ReadFilter, read_filter
 from ..quota import QuotaManager
-from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
 from ..topics import PERM_READ, PERM_WRITE, retry_topic, validate_topic
 from ..transaction.service import CheckSender
 from ..transaction.state import Decision
@@ -688,21 +687,13 @@ class MessagingService:
         convert.set_timestamp(ts.delivery_timestamp, int(time.time() * 1000))
         yield ts
 
-    def _filter(self, request: Any) -> tuple[frozenset[str] | None, StoredFilter | None]:
-        """(tags to keep, SQL92 filter over stored records) of a receive."""
+    def _filter(self, request: Any) -> ReadFilter:
+        """The receive's filter (the remoting grammar and semantics)."""
+        if not request.HasField("filter_expression"):
+            return EVERYTHING
         fe = request.filter_expression
-        if request.HasField("filter_expression") and fe.type == pb.SQL:
-            if not self.cfg.enable_property_filter:
-                raise GrpcStatusError(
-                    Code.ILLEGAL_FILTER_EXPRESSION,
-                    "SQL92 filtering is off on this broker (enablePropertyFilter)",
-                )
-            try:
-                return None, compile_sql(fe.expression).matches_stored
-            except SqlFilterError as exc:
-                raise GrpcStatusError(Code.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
-        expr = fe.expression if request.HasField("filter_expression") else "*"
-        return parse_subscription(expr or "*"), None
+        kind = "SQL92" if fe.type == pb.SQL else "TAG"
+        return read_filter(kind, fe.expression, self.cfg.enable_property_filter)
 
     async def _receive(self, request: Any, context: Context) -> list[Any]:
         """ReceiveMessage translated to the core's receive (:mod:`..messaging.pop`)."""
@@ -711,7 +702,7 @@ class MessagingService:
         if not group:
             raise GrpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, "the group is empty")
         topic = convert.resource_name(request.message_queue.topic)
-        tags, sql = self._filter(request)
+        read = self._filter(request)
         batch = request.batch_size
         if batch <= 0:
             raise GrpcStatusError(Code.BAD_REQUEST, "batch_size must be positive")
@@ -739,8 +730,7 @@ class MessagingService:
             batch=min(batch, MAX_RECEIVE_BATCH),
             invisible_ms=int(invisible * 1000),
             poll_s=poll,
-            tags=tags,
-            sql=sql,
+            filter=read,
             stopping=self._shutting_down,
         )
         return [self._delivered(d) for d in found]

@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import structlog
 
-from txmq.protocol.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
-from txmq.protocol.message import MessageExt, decode_message, tags_code
+from txmq.protocol.errors import InvalidParameterError
+from txmq.protocol.message import MessageExt, decode_message
 from txmq.protocol.topics import POP_STATE_TOPIC
 
 from ..store import GetMessageStatus
-from ..topics import PERM_READ
+from .read import ReadFilter, readable_topic
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
@@ -213,6 +213,7 @@ class PopService:
         #: Records replayed by the last :meth:`recover`.
         self.replayed = 0
         self._rr = 0
+        self._last_pop_time = 0
 
     # -- durability -----------------------------------------------------------------------------
 
@@ -403,39 +404,53 @@ class PopService:
         batch: int,
         invisible_ms: int,
         poll_s: float,
-        tags: frozenset[str] | None,
-        sql: StoredFilter | None,
+        filter: ReadFilter,
         stopping: Callable[[], bool],
+        queue_id: int = -1,
+        nonce: str | None = None,
     ) -> list[Delivery]:
-        """One receive of a POP consumer: the permissions, the group's settings (FIFO when
+        """One receive of a POP consumer: the permissions (:func:`.read.readable_topic`), the
+        filter (:func:`.read.read_filter`), the group's settings (FIFO when
         ``consumeMessageOrderly``, its retry budget), then :meth:`collect` over every read
         queue of the topic, waiting up to ``poll_s`` for a message (a long poll); counted in
-        the pull metrics.
+        the pull metrics.  ``queue_id`` >= 0: that queue only.  ``nonce``: the nonce of every
+        handle of this receive (a remoting pop's ``popTime``), else one of its own each.
 
         Raises:
             TopicNotExistError: no such topic.
             NoPermissionError: the topic is not readable, or the group may not consume.
         """
         ctx = self.ctx
-        tc = ctx.topics.get(topic)
-        if tc is None:
-            raise TopicNotExistError(f"topic {topic} does not exist")
-        if not tc.perm & PERM_READ:
-            raise NoPermissionError(f"the topic[{topic}] receiving is forbidden")
+        tc = readable_topic(ctx, topic, group)
         settings = ctx.groups.effective(group)
-        if not settings.consume_enable:
-            raise NoPermissionError(f"subscription group no permission, {group}")
         fifo = settings.consume_message_orderly
         max_attempts = settings.retry_max_times + 1
-        tag_codes = None if tags is None else frozenset(tags_code(t) for t in tags)
+        tags, tag_codes, sql = filter.tags, filter.tag_codes, filter.sql
         qids = list(range(tc.read_queue_nums))
+        if queue_id >= 0:
+            if queue_id >= tc.read_queue_nums:
+                raise InvalidParameterError(
+                    f"queueId {queue_id} is not a queue of {topic} ({tc.read_queue_nums} read "
+                    "queues)"
+                )
+            qids = [queue_id]
         self._rr += 1
         start = self._rr % max(1, len(qids))
         qids = qids[start:] + qids[:start]
         deadline = time.monotonic() + poll_s
         while True:
             out = self.collect(
-                group, topic, qids, tags, tag_codes, sql, batch, invisible_ms, fifo, max_attempts
+                group,
+                topic,
+                qids,
+                tags,
+                tag_codes,
+                sql,
+                batch,
+                invisible_ms,
+                fifo,
+                max_attempts,
+                nonce,
             )
             left = deadline - time.monotonic()
             if out or left <= 0 or stopping():
@@ -472,6 +487,7 @@ class PopService:
         invisible_ms: int,
         fifo: bool,
         max_attempts: int,
+        nonce: str | None = None,
     ) -> list[Delivery]:
         """Hand out at most ``batch`` messages of ``topic``'s queues ``qids``: those whose
         invisible time passed first (a message delivered ``max_attempts`` times goes to the
@@ -501,12 +517,12 @@ class PopService:
                     if v.ack(x.offset):
                         self._commit(key, v)
                     continue
-                x2 = v.hand_out(x.offset, now + invisible_ms, x.attempts + 1, _nonce())
+                x2 = v.hand_out(x.offset, now + invisible_ms, x.attempts + 1, nonce or _nonce())
                 handed.append([x2.offset, x2.nonce, x2.attempts])
                 out.append(Delivery(m, qid, make_handle(qid, x2), x2.attempts, invisible_ms))
             if not (fifo and v.inflight):
                 self._collect_new(
-                    key, v, tags, tag_codes, sql, batch, now + invisible_ms, out, handed
+                    key, v, tags, tag_codes, sql, batch, now + invisible_ms, out, handed, nonce
                 )
             if acked:
                 self._append({"k": "ack", "g": group, "t": topic, "q": qid, "o": acked})
@@ -538,6 +554,7 @@ class PopService:
         visible_at: int,
         out: list[Delivery],
         handed: list[list[Any]],
+        nonce: str | None,
     ) -> None:
         group, topic, qid = key
         store = self.ctx.store
@@ -562,7 +579,7 @@ class PopService:
                     if tags is not None and m.tags not in tags:
                         v.acked.add(m.queue_offset)
                         continue
-                    x = v.hand_out(m.queue_offset, visible_at, 1, _nonce())
+                    x = v.hand_out(m.queue_offset, visible_at, 1, nonce or _nonce())
                     handed.append([x.offset, x.nonce, 1])
                     out.append(Delivery(m, qid, make_handle(qid, x), 1, 0))
                 v.skip_to(r.next_begin_offset)
@@ -630,7 +647,13 @@ class PopService:
         return results
 
     def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int, msg_id: str = ""
+        self,
+        group: str,
+        topic: str,
+        handle: str,
+        invisible_ms: int,
+        msg_id: str = "",
+        nonce: str | None = None,
     ) -> str:
         """Make a handed-out message visible again after ``invisible_ms`` from now; returns the
         new receipt handle (the old one no longer acks it).
@@ -643,7 +666,7 @@ class PopService:
         except _AlreadyAcked:
             raise ReceiptHandleError("receipt handle is already acked") from None
         x.visible_at = self.ctx.now_ms() + invisible_ms
-        x.nonce = _nonce()
+        x.nonce = nonce or _nonce()
         self._append(
             {
                 "k": "inv",
@@ -674,6 +697,13 @@ class PopService:
         if m is None:
             raise ReceiptHandleError(f"the message of {handle!r} is gone")
         return m
+
+    def pop_time(self) -> int:
+        """A remoting pop's ``popTime`` (epoch ms): the nonce of the handles it gives, so never
+        the same twice on this broker."""
+        t = max(self.ctx.now_ms(), self._last_pop_time + 1)
+        self._last_pop_time = t
+        return t
 
     def next_visible(self, group: str, topic: str, qids: list[int]) -> int | None:
         """The earliest time (epoch ms) an in-flight message of these queues becomes visible."""
