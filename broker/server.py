@@ -353,8 +353,7 @@ class BrokerController:
         # polls, the delay levels.
         self.write.subscribe(self.flush)
         self.sender = SendMessageProcessor(self.core)
-        self.puller = PullMessageProcessor(ctx)
-        self.puller.trace = self.core.trace
+        self.puller = PullMessageProcessor(ctx, self.core.reads)
         self.admin = AdminProcessor(ctx, self.transactions, self.advertised_address)
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.locks = QueueLockTable(ctx.clock)

@@ -33,6 +33,7 @@ from ..transaction.state import Decision, TxRecord
 from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths, PlainSend
 from .pop import PopService
+from .read import ReadSide
 from .timer import (
     START_DELIVER_TIME,
     TIMER_DELAY_MS,
@@ -211,8 +212,10 @@ class MessagingCore:
             ctx.metrics,
             ctx.store.lookup_message,
         )
+        #: the read side: pulls, and what every read counts (metrics, trace)
+        self.reads = ReadSide(ctx, self.trace)
         #: POP consumption (the read side of RocketMQ 5 clients, both front ends)
-        self.pop = PopService(ctx, self.dead_letter_now, self.trace)
+        self.pop = PopService(ctx, self.dead_letter_now, self.reads)
 
     def recover(self) -> int:
         """After the store is open: rebuild what is derived from the commit log (the

@@ -49,12 +49,11 @@ from txmq.protocol.message import MessageExt, decode_message
 from txmq.protocol.topics import POP_STATE_TOPIC
 
 from ..store import GetMessageStatus
-from .read import ReadFilter, readable_topic
+from .read import ReadFilter, ReadSide, readable_topic
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
     from ..sql_filter import StoredFilter
-    from .trace import BrokerTrace
 
 log = structlog.get_logger(__name__)
 
@@ -202,11 +201,12 @@ class PopService:
         self,
         ctx: BrokerContext,
         dead_letter: Callable[[str, MessageExt, int], object],
-        trace: BrokerTrace | None,
+        reads: ReadSide,
     ) -> None:
         self.ctx = ctx
         self._dead_letter = dead_letter
-        self.trace = trace
+        self.reads = reads
+        self.trace = reads.trace
         self.views: dict[Key, QueueView] = {}
         self._since_snapshot = 0
         self._snapshot_ms = 0
@@ -455,8 +455,7 @@ class PopService:
             left = deadline - time.monotonic()
             if out or left <= 0 or stopping():
                 if out:
-                    ctx.metrics.messages_pulled.inc(len(out))
-                    ctx.metrics.record_out(topic, group, len(out))
+                    self.reads.delivered(topic, group, len(out))
                 return out
             # at most 1 s: a ChangeInvisibleDuration made meanwhile may shorten the wait
             wait = min(left, 1.0)

@@ -5,11 +5,14 @@ each front end maps the errors to its codes."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from txmq.protocol.errors import (
     BrokerSystemError,
     InvalidParameterError,
+    MessageIllegalError,
     NoPermissionError,
     TopicNotExistError,
 )
@@ -17,8 +20,14 @@ from txmq.protocol.message import parse_subscription, tags_code
 
 from ..context import BrokerContext
 from ..sql_filter import SqlFilterError, StoredFilter, compile_sql
-from ..store import TopicConfig
+from ..store import GetMessageResult, GetMessageStatus, TopicConfig
 from ..topics import PERM_READ
+
+if TYPE_CHECKING:
+    from .trace import BrokerTrace
+
+#: The most a long poll is held, whatever the client asks (s).
+MAX_SUSPEND_S = 60.0
 
 
 class FilterNotServedError(BrokerSystemError):
@@ -87,7 +96,79 @@ def readable_topic(ctx: BrokerContext, topic: str, group: str) -> TopicConfig:
     return tc
 
 
+class ReadSide:
+    """The pull use case (remoting PULL_MESSAGE), and what every read that hands messages out
+    counts (metrics, SubBefore trace records)."""
+
+    def __init__(self, ctx: BrokerContext, trace: BrokerTrace | None) -> None:
+        self.ctx = ctx
+        self.trace = trace
+
+    def delivered(self, topic: str, group: str, n: int, raw: bytes | None = None) -> None:
+        """``n`` messages of ``topic`` went to ``group`` (``raw``: their stored records, traced
+        when the broker's trace is on)."""
+        metrics = self.ctx.metrics
+        metrics.messages_pulled.inc(n)
+        metrics.record_out(topic, group, n)
+        if raw is not None and self.trace is not None:
+            self.trace.delivered(group, raw)
+
+    async def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        filter: ReadFilter,
+        suspend_s: float = 0.0,
+        commit_offset: int | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_nums`` messages of the queue from ``offset`` that ``filter`` keeps,
+        waiting up to ``suspend_s`` (a long poll, when the broker allows it) for one to come.
+        ``commit_offset``: the group's progress the consumer reports with the pull.
+
+        Raises:
+            TopicNotExistError, NoPermissionError: see :func:`readable_topic`.
+            MessageIllegalError: no such queue.
+        """
+        ctx = self.ctx
+        tc = readable_topic(ctx, topic, group)
+        if not 0 <= queue_id < tc.read_queue_nums:
+            raise MessageIllegalError(
+                f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+                f"[{tc.read_queue_nums}]"
+            )
+        if commit_offset is not None and commit_offset > 0:
+            ctx.offsets.commit(group, topic, queue_id, commit_offset)
+        read = functools.partial(
+            ctx.store.get_messages,
+            topic,
+            queue_id,
+            offset,
+            max(1, min(max_nums, 1024)),
+            filter.tag_codes,
+            joined=True,
+            message_filter=filter.sql,
+            for_consumer=True,
+        )
+        result = read()
+        if (
+            suspend_s > 0
+            and ctx.config.long_polling_enable
+            and result.status
+            in (GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE)
+        ):
+            await ctx.hold.wait(topic, queue_id, min(suspend_s, MAX_SUSPEND_S))
+            result = read()
+        if result.status is GetMessageStatus.FOUND:
+            self.delivered(topic, group, result.count, result.joined)
+        return result
+
+
 __all__ = [
+    "MAX_SUSPEND_S",
+    "ReadSide",
     "EVERYTHING",
     "FilterNotServedError",
     "FilterSyntaxError",
