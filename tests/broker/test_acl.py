@@ -251,6 +251,12 @@ async def cases(broker: BrokerController) -> list[Case]:
             ADMIN_ONLY,
         ),
         Case(R.TXMQ_GET_METRICS, {}, b"", ADMIN_ONLY),
+        # ACL 2.0's user and policy requests (answered SYSTEM_ERROR when it is off)
+        *(
+            Case(code, {"username": "u", "subject": "User:u"}, b"{}", ADMIN_ONLY)
+            for code in R
+            if R.AUTH_CREATE_USER <= code <= R.AUTH_LIST_ACL
+        ),
         Case(R.RESUME_CHECK_HALF_MESSAGE, {"msgId": "nothing-like-it"}, b"", ADMIN_ONLY),
         Case(R.TXMQ_LIST_TRANSACTIONS, {"limit": 10}, b"", ADMIN_ONLY),
         Case(R.TXMQ_GET_TRANSACTION, {"transactionId": txid}, b"", ADMIN_ONLY),
