@@ -441,12 +441,23 @@ class Auth2Manager(AclManager):
 
     # -- the state ----------------------------------------------------------------------------
 
+    def _file_stamp(self) -> tuple[float, int] | None:
+        # every write replaces the file (a new inode), here and on a follower
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime, st.st_ino)
+
     def load(self) -> None:
         """Read the stored users and policies (blocking).  Raises :class:`AclConfigError`."""
-        try:
-            self._install(self.store.load())
-        except AuthStoreError as exc:
-            raise AclConfigError(str(exc)) from None
+        with self.store.lock:
+            stamp = self._file_stamp()
+            try:
+                self._install(self.store.load())
+            except AuthStoreError as exc:
+                raise AclConfigError(str(exc)) from None
+            self._stamp = stamp
         log.info("auth_loaded", file=self.path, users=len(self.state.users))
 
     def _install(self, state: AuthState) -> None:
@@ -461,7 +472,22 @@ class Auth2Manager(AclManager):
         )
 
     def poll(self) -> AclConfig | None:
-        return None  # changes arrive as requests, not as file edits
+        """Read the file again when it changed since this broker last wrote or read it (in a
+        cluster, a follower's copy is rewritten from its leader's); puts it in force itself
+        and returns None (blocking).  A file that cannot be read leaves the state in force."""
+        with self.store.lock:
+            stamp = self._file_stamp()
+            if stamp == self._stamp or stamp is None:
+                return None
+            self._stamp = stamp
+            try:
+                self._install(self.store.load())
+            except AuthStoreError as exc:
+                log.error("auth_reload_failed", error=str(exc), keeping="users in force")
+                return None
+        self.reloads += 1
+        log.info("auth_reloaded", file=self.path, users=len(self.state.users))
+        return None
 
     def quota_of(self, access_key: str) -> QuotaLimits | None:
         return None  # users carry no quotas: the broker's defaults apply
@@ -484,6 +510,7 @@ class Auth2Manager(AclManager):
             state.users[user.username] = User(user.username, user.password, SUPER)
             self.store.save(state)
             self._install(state)
+            self._stamp = self._file_stamp()
         log.info("auth_init_user_created", username=user.username)
 
     def change(self, edit: Callable[[AuthState], T]) -> T:
@@ -494,6 +521,7 @@ class Auth2Manager(AclManager):
             result = edit(state)
             self.store.save(state)
             self._install(state)
+            self._stamp = self._file_stamp()
             return result
 
     # -- the check ----------------------------------------------------------------------------

@@ -1,16 +1,20 @@
 """``txmq acl``: ACL 2.0's users and policies on a broker with ``authenticationEnabled``
 (``user create|update|list|delete``, ``policy create|list|delete``), and ``acl migrate`` to
 turn a ``plain_acl.yml``'s accounts into users and policies.  Run as a super user (the
-top-level ``--access-key``/``--secret-key``), or a user with Update on the cluster."""
+top-level ``--access-key``/``--secret-key``), or a user with Update on the cluster.  In a
+cluster, changes go to every broker group's leader."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import click
 
-from .cli import _admin, _emit, _env_option, _output_options
+from .cli import _admin, _emit, _env_option, _leaders, _output_options
+
+T = TypeVar("T")
 
 # txmq.cli's --broker (made here again: the two modules import each other)
 BROKER_OPTION = _env_option(
@@ -29,6 +33,12 @@ PASSWORD_OPTION = click.option(
     confirmation_prompt=False,
     help="The user's password, its secret key (env TXMQ_ACL_PASSWORD; asked when not given).",
 )
+
+
+def _everywhere(broker: str, call: Callable[[Any], Awaitable[T]]) -> list[T]:
+    """Make a change on every broker group's leader (a single broker: on it): each group
+    keeps the users and policies in its store and replicates them to its followers."""
+    return [_admin(addr, call) for _, addr in _leaders(broker)]
 
 
 def _subject(user: str) -> str:
@@ -58,7 +68,7 @@ def user_create(
     broker: str, username: str, password: str, super_user: bool, disabled: bool
 ) -> None:
     """Create USERNAME."""
-    _admin(
+    _everywhere(
         broker,
         lambda a: a.create_user(username, password, super_user=super_user, enabled=not disabled),
     )
@@ -84,7 +94,7 @@ def user_update(
     enabled: bool | None,
 ) -> None:
     """Change USERNAME's password, type or status."""
-    _admin(
+    _everywhere(
         broker,
         lambda a: a.update_user(
             username, password=password, super_user=super_user, enabled=enabled
@@ -112,7 +122,7 @@ def user_list(broker: str, name_filter: str, as_json: bool) -> None:
 @click.argument("username")
 def user_delete(broker: str, username: str) -> None:
     """Delete USERNAME and its policies."""
-    _admin(broker, lambda a: a.delete_user(username))
+    _everywhere(broker, lambda a: a.delete_user(username))
     click.echo(f"deleted user {username}")
 
 
@@ -170,7 +180,7 @@ def policy_create(
         for r in resources
     ]
     policies = [{"policyType": policy_type, "entries": entries}]
-    _admin(broker, lambda a: a.create_acl(_subject(username), policies))
+    _everywhere(broker, lambda a: a.create_acl(_subject(username), policies))
     click.echo(f"{decision} {','.join(actions)} on {', '.join(resources)} for {username}")
 
 
@@ -215,7 +225,7 @@ def policy_delete(
     broker: str, username: str, resource: str | None, policy_type: str | None
 ) -> None:
     """Delete USERNAME's entries (of one resource, or all)."""
-    _admin(broker, lambda a: a.delete_acl(_subject(username), resource, policy_type))
+    _everywhere(broker, lambda a: a.delete_acl(_subject(username), resource, policy_type))
     click.echo(f"deleted {resource or 'every'} entry of {username}")
 
 
@@ -266,7 +276,7 @@ def migrate(broker: str, source: str, dry_run: bool, as_json: bool) -> None:
             rows.append({"username": name, "userType": u["userType"], "result": "created"})
         return rows
 
-    rows = _admin(broker, go)
+    rows = [r for done in _everywhere(broker, go) for r in done]
     _emit(
         rows,
         "json" if as_json else "table",
