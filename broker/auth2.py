@@ -54,6 +54,7 @@ from .acl import (
     load_acl_file,
     perm_name,
 )
+from .acl import DENY as PERM_DENY
 from .quota import QuotaLimits
 from .store.fileio import atomic_write, keep_backup, read_after_interrupted_writes
 
@@ -816,42 +817,83 @@ def _perm_entry(resource: str, perm: str, ips: list[str]) -> dict[str, Any]:
     return {"resource": resource, "actions": actions, "sourceIps": ips, "decision": ALLOW}
 
 
-def migrate_plain_acl(path: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+@dataclass(frozen=True)
+class Migrated:
+    """What one ``plain_acl.yml`` account becomes."""
+
+    user: dict[str, Any]  # UserInfo
+    acl: dict[str, Any] | None  # AclInfo (None: a super user needs none)
+    #: Where ACL 2.0 allows more than ACL 1.0 did, in words.
+    notes: tuple[str, ...] = ()
+
+
+def _widened(kind: str, listed: dict[str, int], default: int) -> list[str]:
+    """A listed PUB or SUB grants only its actions, but a request for another one falls to the
+    Default policy (RocketMQ's rules), which may allow what ACL 1.0 refused."""
+    notes = []
+    for name, perm in listed.items():
+        extra = 0 if perm & PERM_DENY or default & PERM_DENY else default & ~perm & (PUB | SUB)
+        if extra:
+            notes.append(
+                f"{kind}:{name}: ACL 1.0 allowed {perm_name(perm)} only; the Default policy now "
+                f"also allows {perm_name(extra)}"
+            )
+    return notes
+
+
+def migrate_plain_acl(path: str) -> list[Migrated]:
     """The users and ACLs a ``plain_acl.yml``'s accounts become, as RocketMQ 5.3's
-    ``AuthMigrator`` makes them: ``(UserInfo, AclInfo or None)`` per account.  An ``admin``
-    account becomes a super user; ``topicPerms``/``groupPerms`` the ``Custom`` policy (literal
-    ``Topic:``/``Group:`` resources), ``defaultTopicPerm``/``defaultGroupPerm`` the ``Default``
-    policy (``Topic:*``/``Group:*``); a ``whiteRemoteAddress`` becomes the ``sourceIps`` of the
-    allowing entries.  ``globalWhiteRemoteAddresses`` has no ACL 2.0 counterpart.
+    ``AuthMigrator`` makes them.  ``topicPerms``/``groupPerms`` become the ``Custom`` policy
+    (literal ``Topic:``/``Group:`` resources), ``defaultTopicPerm``/``defaultGroupPerm`` the
+    ``Default`` policy (``Topic:*``/``Group:*``); a ``whiteRemoteAddress`` becomes the
+    ``sourceIps`` of the allowing entries.  An ``admin`` account becomes a super user, unless
+    that would let it do more than it could: one with a ``whiteRemoteAddress`` or its own
+    ``topicPerms`` / ``groupPerms`` becomes a normal user whose ``Default`` policy allows
+    everything (``*``, the operator requests included) from its addresses.
+    ``globalWhiteRemoteAddresses`` has no ACL 2.0 counterpart.
 
     Raises:
         AclConfigError: the file cannot be read.
     """
     cfg = load_acl_file(path)
-    out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    out: list[Migrated] = []
     for ak, account in cfg.accounts.items():
-        user = {
-            "username": ak,
-            "password": account.secret_key,
-            "userType": SUPER if account.admin else NORMAL,
-            "userStatus": ENABLE,
-        }
         wra = account.white_remote_address
-        ips = [x.strip() for x in wra.spec.split(",")] if wra is not None and not wra.blank else []
+        ips: list[str] = []
+        if wra is not None and not wra.blank:
+            # one pattern per entry, but a {a,b} group stays whole
+            ips = [wra.spec] if "{" in wra.spec else [x.strip() for x in wra.spec.split(",")]
         custom = [
             _perm_entry(f"Topic:{t}", perm_name(p), ips) for t, p in account.topic_perms.items()
         ]
         custom += [
             _perm_entry(f"Group:{g}", perm_name(p), ips) for g, p in account.group_perms.items()
         ]
-        default = [
-            _perm_entry("Topic:*", perm_name(account.default_topic_perm), ips),
-            _perm_entry("Group:*", perm_name(account.default_group_perm), ips),
-        ]
+        super_user = account.admin and not ips and not custom
+        user = {
+            "username": ak,
+            "password": account.secret_key,
+            "userType": SUPER if super_user else NORMAL,
+            "userStatus": ENABLE,
+        }
+        if super_user:
+            out.append(Migrated(user, None))
+            continue
+        if account.admin:
+            default = [{"resource": "*", "actions": ["All"], "sourceIps": ips, "decision": ALLOW}]
+            topic_default = group_default = PUB | SUB
+        else:
+            default = [
+                _perm_entry("Topic:*", perm_name(account.default_topic_perm), ips),
+                _perm_entry("Group:*", perm_name(account.default_group_perm), ips),
+            ]
+            topic_default, group_default = account.default_topic_perm, account.default_group_perm
         policies = []
         if custom:
             policies.append({"policyType": CUSTOM, "entries": custom})
         policies.append({"policyType": DEFAULT, "entries": default})
-        acl = None if account.admin else {"subject": f"User:{ak}", "policies": policies}
-        out.append((user, acl))
+        notes = _widened("Topic", account.topic_perms, topic_default)
+        notes += _widened("Group", account.group_perms, group_default)
+        acl = {"subject": f"User:{ak}", "policies": policies}
+        out.append(Migrated(user, acl, tuple(notes)))
     return out

@@ -245,10 +245,11 @@ def policy_delete(
 @_output_options
 def migrate(broker: str, source: str, dry_run: bool, as_json: bool) -> None:
     """Create a user and its policies for each account of a plain_acl.yml, as RocketMQ's own
-    migration does: an admin account becomes a super user, topicPerms and groupPerms the Custom
-    policy, defaultTopicPerm and defaultGroupPerm the Default policy (Topic:*, Group:*), and a
-    whiteRemoteAddress the sourceIps of the allowing entries.  A user that exists already is
-    left as it is."""
+    migration does: topicPerms and groupPerms become the Custom policy, defaultTopicPerm and
+    defaultGroupPerm the Default policy (Topic:*, Group:*), a whiteRemoteAddress the sourceIps
+    of the allowing entries; an admin account becomes a super user (or, with a
+    whiteRemoteAddress or perms of its own, a user allowed everything from its addresses).  A
+    user that exists already is left as it is.  Warns where ACL 2.0 would allow more."""
     from txmq.broker.acl import AclConfigError
     from txmq.broker.auth2 import migrate_plain_acl
 
@@ -256,23 +257,29 @@ def migrate(broker: str, source: str, dry_run: bool, as_json: bool) -> None:
         plan = migrate_plain_acl(source)
     except AclConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    for m in plan:
+        for note in m.notes:
+            click.echo(f"warning: {m.user['username']}: {note}", err=True)
     if dry_run:
-        doc = [{"user": {k: v for k, v in u.items() if k != "password"}, "acl": a} for u, a in plan]
+        doc = [
+            {"user": {k: v for k, v in m.user.items() if k != "password"}, "acl": m.acl}
+            for m in plan
+        ]
         click.echo(json.dumps(doc, indent=2))
         return
 
     async def go(admin: Any) -> list[dict[str, Any]]:
         rows = []
-        for u, a in plan:
-            name = u["username"]
+        for m in plan:
+            u, name = m.user, m.user["username"]
             if await admin.get_user(name) is not None:
                 rows.append({"username": name, "userType": u["userType"], "result": "exists"})
                 continue
             await admin.create_user(
                 name, u["password"], super_user=u["userType"] == "Super", enabled=True
             )
-            if a is not None:
-                await admin.create_acl(a["subject"], a["policies"])
+            if m.acl is not None:
+                await admin.create_acl(m.acl["subject"], m.acl["policies"])
             rows.append({"username": name, "userType": u["userType"], "result": "created"})
         return rows
 

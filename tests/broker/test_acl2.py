@@ -274,3 +274,40 @@ def test_the_most_specific_entry_decides_and_deny_wins_a_tie() -> None:
     assert decide(two, "Topic", "a", ["Pub"], "h") == two["Custom"][0]
     assert decide(two, "Topic", "b", ["Pub"], "h") == two["Default"][0]
     assert Resource.parse("topic:x*") == Resource("Topic", "x", "prefixed")
+
+
+async def test_every_request_code_is_decided_as_acl1_decided_it_after_migration(
+    auth_broker: BrokerController, tmp_path: Path
+) -> None:
+    """test_acl.py's file, migrated to users and policies, allows and refuses every request
+    code as ACL 1.0 did (the user and policy requests themselves are covered above)."""
+    from tests.broker import test_acl as v1
+    from txmq.broker.auth2 import migrate_plain_acl
+
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(v1.ACL_FILE, encoding="utf-8")
+    async with admin(auth_broker) as a:
+        for m in migrate_plain_acl(str(path)):
+            assert not m.notes
+            name = m.user["username"]
+            await a.create_user(name, m.user["password"], super_user=m.user["userType"] == "Super")
+            if m.acl is not None:
+                await a.create_acl(m.acl["subject"], m.acl["policies"])
+    auth_codes = {c for c in RequestCode if 3001 <= c <= 3010}
+    table = [c for c in await v1.cases(auth_broker) if c.code not in auth_codes]
+    assert {c.code for c in table} | auth_codes == set(auth_broker._processors)
+    clients = {
+        cred.access_key: await RawClient.connect(auth_broker.address, credentials=cred)
+        for cred in (v1.P, v1.B, v1.C, v1.ADMIN)
+    }
+    try:
+        for case in table:
+            for key, client in clients.items():
+                resp = await client.call(case.code, dict(case.ext), case.body)
+                if key in case.allowed:
+                    assert resp.code != ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+                else:
+                    assert resp.code == ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+    finally:
+        for client in clients.values():
+            await client.close()

@@ -47,8 +47,14 @@ accounts:
   - accessKey: faraway
     secretKey: faraway-secret-1
     whiteRemoteAddress: 10.20.30.*
+    admin: true
     topicPerms:
       - orders=PUB
+  - accessKey: newsdesk
+    secretKey: newsdesk-secret-1
+    defaultTopicPerm: SUB
+    topicPerms:
+      - news=PUB
 """
 
 
@@ -163,22 +169,31 @@ def test_migrate_a_plain_acl_file(bt: BrokerThread, tmp_path: Path) -> None:
     path.write_text(PLAIN_ACL, encoding="utf-8")
     create_topics(bt, "orders", "audit", "payroll", "news")
 
-    plan = json.loads(ok(txmq(bt, "acl", "migrate", "--from", str(path), "--dry-run")))
+    dry = txmq(bt, "acl", "migrate", "--from", str(path), "--dry-run")
+    plan = json.loads(ok(dry))
     assert [p["user"]["username"] for p in plan] == [
         "shop-producer",
         "billing-reader",
         "operator",
         "faraway",
+        "newsdesk",
     ]
     assert all("password" not in p["user"] for p in plan)
     assert plan[2]["user"]["userType"] == "Super" and plan[2]["acl"] is None
+    # an admin bound to addresses is no super user: super users are checked nowhere
+    assert plan[3]["user"]["userType"] == "Normal"
+    assert dry.stderr.strip().splitlines() == [
+        f"warning: {who}: Topic:{topic}: ACL 1.0 allowed PUB only; the Default policy now also "
+        "allows SUB"
+        for who, topic in (("faraway", "orders"), ("newsdesk", "news"))
+    ]
     users = json.loads(ok(txmq(bt, "acl", "user", "list", "-o", "json")))
     assert [u["username"] for u in users] == ["root-user"]  # a dry run changes nothing
 
     rows = json.loads(ok(txmq(bt, "acl", "migrate", "--from", str(path), "-o", "json")))
-    assert [r["result"] for r in rows] == ["created"] * 4
+    assert [r["result"] for r in rows] == ["created"] * 5
     rows = json.loads(ok(txmq(bt, "acl", "migrate", "--from", str(path), "-o", "json")))
-    assert [r["result"] for r in rows] == ["exists"] * 4
+    assert [r["result"] for r in rows] == ["exists"] * 5
 
     producer = Credentials("shop-producer", "shop-secret-1")
     reader = Credentials("billing-reader", "billing-secret-1")
@@ -197,12 +212,20 @@ def test_migrate_a_plain_acl_file(bt: BrokerThread, tmp_path: Path) -> None:
     assert send(bt, reader, "orders") == no
     assert send(bt, operator, "payroll") == ResponseCode.SUCCESS  # admin: a super user
     assert send(bt, faraway, "orders") == no  # only from 10.20.30.*
+    assert send(bt, faraway, "payroll") == no  # its admin rights too
 
     acls: Any = json.loads(ok(txmq(bt, "acl", "policy", "list", "--user", "faraway", "-o", "json")))
-    (entry,) = [e for p in acls[0]["policies"] if p["policyType"] == "Custom" for e in p["entries"]]
-    assert entry == {
-        "resource": "Topic:orders",
-        "actions": ["Pub"],
-        "sourceIps": ["10.20.30.*"],
-        "decision": "Allow",
+    entries = {p["policyType"]: p["entries"] for p in acls[0]["policies"]}
+    assert entries == {
+        "Custom": [
+            {
+                "resource": "Topic:orders",
+                "actions": ["Pub"],
+                "sourceIps": ["10.20.30.*"],
+                "decision": "Allow",
+            }
+        ],
+        "Default": [
+            {"resource": "*", "actions": ["All"], "sourceIps": ["10.20.30.*"], "decision": "Allow"}
+        ],
     }
