@@ -139,3 +139,51 @@ def test_stock_client_with_a_user_of_acl2(bt: BrokerThread, py5: Path) -> None:
         access_key="bob-user",
         secret_key=KEYS["bob-user"],
     )
+
+
+def test_every_rpc_is_decided_as_acl1_decided_it_after_migration(
+    broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path
+) -> None:
+    """test_grpc_acl.py's file, migrated to users and policies, allows and refuses every RPC
+    as ACL 1.0 did."""
+    from tests.compat import test_grpc_acl as v1
+    from txmq.broker.auth2 import migrate_plain_acl
+
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(v1.ACL_FILE, encoding="utf-8")
+    b = broker_thread_factory(
+        grpc_server_enable=True,
+        grpc_server_port=0,
+        authentication_enabled=True,
+        authorization_enabled=True,
+        transaction_check_max=10_000,
+        init_authentication_user=json.dumps({"username": "root", "password": KEYS["root"]}),
+    )
+    assert b.controller is not None
+    address = b.controller.address
+
+    async def migrate() -> None:
+        async with AsyncAdminClient(address, access_key="root", secret_key=KEYS["root"]) as a:
+            for m in migrate_plain_acl(str(path)):
+                assert not m.notes
+                await a.create_user(
+                    m.user["username"],
+                    m.user["password"],
+                    super_user=m.user["userType"] == "Super",
+                )
+                if m.acl is not None:
+                    await a.create_acl(m.acl["subject"], m.acl["policies"])
+
+    asyncio.run(migrate())
+    with grpc.insecure_channel(endpoint(b)) as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        for rpc, request, allowed in v1.TABLE:
+            for who in sorted(v1.ALL):
+                st = v1.call(stub, rpc, request, v1.md(who, client_id=f"raw-{who}"))
+                if who in allowed:
+                    assert st.code not in (pb.UNAUTHORIZED, pb.FORBIDDEN), (rpc, who, st)
+                else:
+                    assert st.code == pb.FORBIDDEN, (rpc, who, st)
+                    assert "no permission" in st.message, (rpc, who, st)
+            st = v1.call(stub, rpc, request, v1.md(None, client_id="raw-none"))
+            assert st.code == pb.UNAUTHORIZED, (rpc, st)
