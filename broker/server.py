@@ -424,6 +424,12 @@ class BrokerController:
                 )
         except AclConfigError as exc:
             raise ConfigError(f"authenticationEnabled: {exc}") from None
+        if not any(u.super for u in auth.state.users.values()):
+            log.warning(
+                "auth_no_super_user",
+                file=auth.path,
+                hint="no user can manage users and policies: set initAuthenticationUser",
+            )
         return auth
 
     def _quotas(self) -> QuotaManager | None:
