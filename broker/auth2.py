@@ -56,7 +56,7 @@ from .acl import (
 )
 from .acl import DENY as PERM_DENY
 from .quota import QuotaLimits
-from .store.fileio import atomic_write, keep_backup, read_after_interrupted_writes
+from .store.fileio import atomic_write, keep_backup, read_after_interrupted_writes, set_aside
 
 if TYPE_CHECKING:
     from txmq.protocol.aio import Connection
@@ -364,7 +364,16 @@ class AuthStore:
                     state = self._decode(fh.read(), backup)
             except (OSError, AuthStoreError):
                 raise exc from None
-            log.warning("auth_read_from_backup", file=self.path, error=str(exc))
+            # the damaged file is kept for the operator, never read or backed up again
+            aside = set_aside(self.path)
+            self.save(state)
+            log.warning(
+                "auth_read_from_backup",
+                file=self.path,
+                set_aside=aside,
+                error=str(exc),
+                hint="changes after the backup was written are lost",
+            )
             return state
 
     def save(self, state: AuthState) -> None:

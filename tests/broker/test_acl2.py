@@ -221,6 +221,11 @@ async def test_users_and_policies_survive_a_restart(
         assert "Topic:secret" not in json.dumps(acl)  # the last change was lost with the file
     finally:
         await b.shutdown()
+    # the damaged file was set aside and the state written again, the backup left as it was
+    assert [p.name.split("-")[0] for p in stored.parent.glob("auth.json.damaged-*")] == [
+        "auth.json.damaged"
+    ]
+    assert "Topic:secret" not in stored.read_text(encoding="utf-8")
     # with the backup damaged too, the broker does not start
     Path(str(stored) + ".bak").write_text("{}", encoding="utf-8")
     stored.write_text("{", encoding="utf-8")
