@@ -316,3 +316,48 @@ async def test_every_request_code_is_decided_as_acl1_decided_it_after_migration(
     finally:
         for client in clients.values():
             await client.close()
+
+
+async def test_malformed_user_and_policy_requests_are_answered_and_change_nothing(
+    auth_broker: BrokerController,
+) -> None:
+    await setup_users(auth_broker)
+    R = RequestCode
+    bad: list[tuple[int, dict[str, Any], bytes]] = [
+        (R.AUTH_CREATE_USER, {"username": "x"}, b"not json"),
+        (R.AUTH_CREATE_USER, {"username": "x"}, b"[]"),
+        (R.AUTH_CREATE_USER, {"username": "x"}, b'{"password": ""}'),
+        (R.AUTH_CREATE_USER, {"username": "x"}, b'{"password": "p", "userType": "Root"}'),
+        (R.AUTH_CREATE_USER, {}, b'{"password": "p"}'),
+        (R.AUTH_CREATE_ACL, {"subject": "User:alice"}, b"{}"),
+        (R.AUTH_CREATE_ACL, {"subject": "alice"}, b'{"policies": [{"entries": []}]}'),
+        (R.AUTH_CREATE_ACL, {"subject": "User:alice"}, b'{"policies": [{"entries": [5]}]}'),
+        *(
+            (
+                R.AUTH_CREATE_ACL,
+                {"subject": "User:alice"},
+                json.dumps({"policies": [{"entries": [e]}]}).encode(),
+            )
+            for e in (
+                entry("Queue:q", ["Pub"]),
+                entry("Topic:", ["Pub"]),
+                entry("Topic:t", []),
+                entry("Topic:t", ["Publish"]),
+                entry("Topic:t", ["Pub"], "Maybe"),
+                entry("Topic:t", ["Pub"], ips=["not-an-address"]),
+                {"resource": "Topic:t", "actions": "Pub", "decision": "Allow"},
+            )
+        ),
+        (R.AUTH_DELETE_ACL, {"subject": "User:alice", "resource": "Nothing"}, b""),
+        (R.AUTH_GET_ACL, {"subject": "Group:g"}, b""),
+    ]
+    before = json.dumps(auth_broker.acl.state.to_json())  # type: ignore[union-attr]
+    c = await RawClient.connect(auth_broker.address, credentials=ROOT)
+    try:
+        for code, ext, body in bad:
+            resp = await c.call(code, ext, body)
+            assert resp.code == ResponseCode.INVALID_PARAMETER, (code, ext, body, resp)
+    finally:
+        await c.close()
+    assert json.dumps(auth_broker.acl.state.to_json()) == before  # type: ignore[union-attr]
+    await check_policies(auth_broker)
