@@ -445,6 +445,25 @@ def _transaction_needs(
     return needs
 
 
+def _batch_ack_needs(body: bytes) -> list[Need]:
+    """BATCH_ACK_MESSAGE acks for the groups and topics its body names: SUB on each.
+
+    Raises:
+        InvalidParameterError: the body is not a BatchAckMessageRequestBody."""
+    try:
+        doc = json.loads(body.decode("utf-8")) if body else {}
+        acks = doc.get("acks") or []
+        pairs = {
+            (str(a.get("c", a.get("consumerGroup"))), str(a.get("t", a.get("topic")))) for a in acks
+        }
+    except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"BATCH_ACK_MESSAGE body is not valid: {exc}") from None
+    needs: list[Need] = []
+    for group, topic in sorted(pairs):
+        needs += [Need(group, True, SUB), topic_or_group(topic, SUB)]
+    return needs
+
+
 def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple[bool, list[Need]]:
     """``(admin_only, resources)`` for one request.
 
@@ -468,7 +487,16 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         if b.origin_topic:
             needs.append(topic_or_group(b.origin_topic, SUB))
         return False, needs
-    if code in (R.PULL_MESSAGE, R.QUERY_CONSUMER_OFFSET, R.UPDATE_CONSUMER_OFFSET):
+    if code == R.BATCH_ACK_MESSAGE:
+        return False, _batch_ack_needs(cmd.body)
+    if code in (
+        R.PULL_MESSAGE,
+        R.QUERY_CONSUMER_OFFSET,
+        R.UPDATE_CONSUMER_OFFSET,
+        R.POP_MESSAGE,
+        R.ACK_MESSAGE,
+        R.CHANGE_MESSAGE_INVISIBLETIME,
+    ):
         group, topic = _field(ext, "consumerGroup"), _field(ext, "topic")
         needs = []
         if group:

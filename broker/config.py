@@ -172,6 +172,15 @@ class BrokerConfig:
     #: The accounts, in RocketMQ's plain_acl.yml format (relative to the working directory,
     #: like storePathRootDir).
     plain_acl_file: str = "config/plain_acl.yml"
+    #: ACL 2.0 (RocketMQ 5.3's users and policies, managed with the AUTH_* requests): every
+    #: request must be signed by a known, enabled user.
+    authentication_enabled: bool = False
+    #: ACL 2.0: every request is checked against its user's policies (needs
+    #: authenticationEnabled).
+    authorization_enabled: bool = False
+    #: ACL 2.0: a super user created at start when there is none of its name (a UserInfo
+    #: JSON, ``{"username": "admin", "password": "..."}``), to create the others with.
+    init_authentication_user: str = ""
     #: Quotas (docs/operations.md): the default produce and consume byte rates (bytes/s) and
     #: open connections of an ACL account without its own (``produceByteRate``,
     #: ``consumeByteRate``, ``maxConnections`` in its entry), and of each client address when
@@ -255,6 +264,12 @@ class BrokerConfig:
                 raise ConfigError(
                     f"minInSyncReplicas must be at least 1, got {self.min_in_sync_replicas}"
                 )
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise ConfigError("authorizationEnabled needs authenticationEnabled")
+        if self.acl_enable and self.authentication_enabled:
+            raise ConfigError(
+                "aclEnable (ACL 1.0) and authenticationEnabled (ACL 2.0) cannot both be on"
+            )
         if not 0 <= self.grpc_server_port <= 65535:
             raise ConfigError(f"grpcServerPort must be 0..65535, got {self.grpc_server_port}")
         if self.mapped_file_size_commit_log < 4096:

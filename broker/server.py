@@ -39,6 +39,7 @@ from txmq.protocol.topics import INTERNAL_TOPICS
 from . import runtime_config
 from .acl import CONTEXT_KEY as ACL_KEY
 from .acl import AclConfigError, AclManager
+from .auth2 import Auth2Manager, Auth2Processor
 from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, attr_name, delay_levels
 from .context import BrokerContext, Lifecycle
@@ -269,6 +270,8 @@ class BrokerController:
             except AclConfigError as exc:
                 raise ConfigError(f"aclEnable: {exc}") from None
             self.acl = acl
+        elif cfg.authentication_enabled:
+            self.acl = await self._auth2(cfg)
         if cfg.tls_server_mode != "disabled":
             tls = ServerTls(tls_files(cfg))
             try:
@@ -406,6 +409,29 @@ class BrokerController:
             pending_transactions=len(self.transactions.pending),
         )
 
+    async def _auth2(self, cfg: BrokerConfig) -> Auth2Manager:
+        """ACL 2.0's users and policies, read from the store (and the initial super user)."""
+        auth = Auth2Manager(
+            os.path.join(cfg.store_path_root_dir, "config", "auth.json"),
+            authorization=cfg.authorization_enabled,
+            cluster=cfg.broker_cluster_name,
+        )
+        try:
+            await self.in_background(auth.load)
+            if cfg.init_authentication_user:
+                await self.in_background(
+                    functools.partial(auth.init_user, cfg.init_authentication_user)
+                )
+        except AclConfigError as exc:
+            raise ConfigError(f"authenticationEnabled: {exc}") from None
+        if not any(u.super for u in auth.state.users.values()):
+            log.warning(
+                "auth_no_super_user",
+                file=auth.path,
+                hint="no user can manage users and policies: set initAuthenticationUser",
+            )
+        return auth
+
     def _quotas(self) -> QuotaManager | None:
         cfg, acl = self.config, self.acl
         defaults = QuotaLimits(
@@ -431,7 +457,8 @@ class BrokerController:
         g = GroupViewProcessor(self.ctx, self.update_config, self.core.pop.reset)
         pop = PopMessageProcessor(self.core)
         R = RequestCode
-        return {
+        auth = self.acl if isinstance(self.acl, Auth2Manager) else None
+        return Auth2Processor(auth, self.in_background).processors() | {
             R.SEND_MESSAGE: s.send_message,
             R.SEND_MESSAGE_V2: s.send_message,
             R.SEND_BATCH_MESSAGE: s.send_batch,

@@ -521,6 +521,92 @@ class AsyncAdminClient:
             msgs = [m for m in msgs if m.msg_id == key][:max_num]
         return QueryResult(msgs, rh.index_last_update_timestamp, rh.index_last_update_phyoffset)
 
+    # -- ACL 2.0: users and policies ------------------------------------------------------------
+
+    async def create_user(
+        self, username: str, password: str, *, super_user: bool = False, enabled: bool = True
+    ) -> None:
+        """AUTH_CREATE_USER (a super user can only be created by a super user)."""
+        info = {
+            "username": username,
+            "password": password,
+            "userType": "Super" if super_user else "Normal",
+            "userStatus": "enable" if enabled else "disable",
+        }
+        await self._call(
+            RequestCode.AUTH_CREATE_USER, {"username": username}, json.dumps(info).encode()
+        )
+
+    async def update_user(
+        self,
+        username: str,
+        *,
+        password: str | None = None,
+        super_user: bool | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        """AUTH_UPDATE_USER: what is given changes, the rest stays."""
+        info: dict[str, Any] = {"username": username}
+        if password is not None:
+            info["password"] = password
+        if super_user is not None:
+            info["userType"] = "Super" if super_user else "Normal"
+        if enabled is not None:
+            info["userStatus"] = "enable" if enabled else "disable"
+        await self._call(
+            RequestCode.AUTH_UPDATE_USER, {"username": username}, json.dumps(info).encode()
+        )
+
+    async def delete_user(self, username: str) -> None:
+        """AUTH_DELETE_USER (its policies go with it)."""
+        await self._call(RequestCode.AUTH_DELETE_USER, {"username": username})
+
+    async def get_user(self, username: str) -> dict[str, Any] | None:
+        """The user's ``UserInfo`` (no password), None when there is no such user."""
+        doc = await self._json(RequestCode.AUTH_GET_USER, {"username": username})
+        return dict(doc) if doc else None
+
+    async def list_users(self, filter: str = "") -> list[dict[str, Any]]:
+        ext = {"filter": filter} if filter else {}
+        return list(await self._json(RequestCode.AUTH_LIST_USER, ext) or [])
+
+    async def create_acl(self, subject: str, policies: list[dict[str, Any]]) -> None:
+        """AUTH_CREATE_ACL: ``subject`` is ``User:<name>``; ``policies`` RocketMQ's
+        ``PolicyInfo`` (``{"policyType": "Custom", "entries": [{"resource": "Topic:orders",
+        "actions": ["Pub"], "sourceIps": [], "decision": "Allow"}]}``).  An entry replaces the
+        user's entry of the same resource."""
+        body = json.dumps({"subject": subject, "policies": policies}).encode()
+        await self._call(RequestCode.AUTH_CREATE_ACL, {"subject": subject}, body)
+
+    async def update_acl(self, subject: str, policies: list[dict[str, Any]]) -> None:
+        body = json.dumps({"subject": subject, "policies": policies}).encode()
+        await self._call(RequestCode.AUTH_UPDATE_ACL, {"subject": subject}, body)
+
+    async def delete_acl(
+        self, subject: str, resource: str | None = None, policy_type: str | None = None
+    ) -> None:
+        """AUTH_DELETE_ACL: the entries of ``resource`` (all of them when None)."""
+        ext = {"subject": subject}
+        if resource:
+            ext["resource"] = resource
+        if policy_type:
+            ext["policyType"] = policy_type
+        await self._call(RequestCode.AUTH_DELETE_ACL, ext)
+
+    async def get_acl(self, subject: str) -> dict[str, Any] | None:
+        doc = await self._json(RequestCode.AUTH_GET_ACL, {"subject": subject})
+        return dict(doc) if doc else None
+
+    async def list_acls(
+        self, subject_filter: str = "", resource_filter: str = ""
+    ) -> list[dict[str, Any]]:
+        ext = {}
+        if subject_filter:
+            ext["subjectFilter"] = subject_filter
+        if resource_filter:
+            ext["resourceFilter"] = resource_filter
+        return list(await self._json(RequestCode.AUTH_LIST_ACL, ext) or [])
+
 
 def _config_text(value: Any) -> str:
     """A setting as RocketMQ's properties text writes it (``true``, not ``True``)."""

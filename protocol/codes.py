@@ -68,6 +68,24 @@ class RequestCode(IntEnum):
     CHANGE_MESSAGE_INVISIBLETIME = 200053
     BATCH_ACK_MESSAGE = 200151
 
+    # --- ACL 2.0 (RocketMQ 5.3's users and ACL policies, docs/security.md) --------------
+    #: Header ``username``; body: ``UserInfo`` JSON.
+    AUTH_CREATE_USER = 3001
+    AUTH_UPDATE_USER = 3002
+    #: Header ``username``.
+    AUTH_DELETE_USER = 3003
+    AUTH_GET_USER = 3004
+    #: Header ``filter`` (optional); answer: a JSON list of ``UserInfo`` (no passwords).
+    AUTH_LIST_USER = 3005
+    #: Header ``subject`` (``User:<name>``); body: ``AclInfo`` JSON.
+    AUTH_CREATE_ACL = 3006
+    AUTH_UPDATE_ACL = 3007
+    #: Header ``subject``, optional ``policyType`` and ``resource``.
+    AUTH_DELETE_ACL = 3008
+    AUTH_GET_ACL = 3009
+    #: Headers ``subjectFilter``, ``resourceFilter`` (optional); answer: a JSON list of AclInfo.
+    AUTH_LIST_ACL = 3010
+
     # --- txmq extensions (10000+) -------------------------------------------------------
     #: List transactions (pending, parked after the check budget, or decided).  Header:
     #: ``producerGroup`` (optional), ``topic`` (optional), ``state`` (optional), ``limit``.

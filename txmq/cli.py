@@ -1665,6 +1665,8 @@ def dlq_resend(
     )
 
 
+from .cli_acl import acl  # noqa: E402  (the commands use the helpers above)
 from .cli_trace import trace  # noqa: E402  (the command uses the helpers above)
 
 main.add_command(trace)
+main.add_command(acl)

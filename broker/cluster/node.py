@@ -162,6 +162,18 @@ class FollowerRole:
             acl = AclManager(self.node.config.plain_acl_file)
             await self.run_blocking(acl.load)
             self.acl = acl
+        elif self.node.config.authentication_enabled:
+            from ..auth2 import Auth2Manager
+
+            # ACL 2.0: the users and policies its leader's copy (replicated with the other
+            # state files) holds
+            auth = Auth2Manager(
+                os.path.join(self.node.config.store_path_root_dir, "config", "auth.json"),
+                authorization=self.node.config.authorization_enabled,
+                cluster=self.node.config.broker_cluster_name,
+            )
+            await self.run_blocking(auth.load)
+            self.acl = auth
         cfg = self.node.config
         tls = None
         if cfg.tls_server_mode != "disabled":
@@ -268,6 +280,8 @@ class FollowerRole:
 
             ext = cmd.ext_fields
             ak = ext.get(ACCESS_KEY)
+            if not node.config.acl_enable:
+                await self.run_blocking(self.acl.poll)  # ACL 2.0: the leader's latest copy
             try:
                 self.acl.authenticate(
                     conn.peer[0],
@@ -1118,6 +1132,8 @@ class ClusterNode:
         """With ``aclEnable``, replicas sign replication requests with an admin account of the
         group's shared ``plainAclFile`` (the first one, by AccessKey, not tied to addresses)."""
         cfg = self.config
+        if cfg.authentication_enabled:
+            return self._auth2_signer()
         if not cfg.acl_enable:
             return None
         from txmq.protocol.acl import Credentials
@@ -1135,6 +1151,22 @@ class ClusterNode:
                 "whiteRemoteAddress, which replicas sign replication requests with"
             )
         return Credentials(admins[0].access_key, admins[0].secret_key).sign
+
+    def _auth2_signer(self) -> Callable[[RemotingCommand], None]:
+        """ACL 2.0: replicas sign replication requests as ``initAuthenticationUser``, the super
+        user every replica of the group creates at its first start (RocketMQ's brokers sign
+        their own requests with configured inner credentials alike)."""
+        from txmq.protocol.acl import Credentials
+
+        try:
+            doc = json.loads(self.config.init_authentication_user or "null")
+            user, password = str(doc["username"]), str(doc["password"])
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(
+                "authenticationEnabled in cluster mode needs initAuthenticationUser (a UserInfo "
+                "JSON with username and password), which replicas sign replication requests with"
+            ) from None
+        return Credentials(user, password).sign
 
     def client_ssl(self) -> Any:
         """The TLS context a follower connects to its leader with, when TLS is enforced."""

@@ -74,6 +74,7 @@ META_FILES = (
     "config/subscriptionGroup.json",
     "config/topics.json",
     "transaction/checkState.json",
+    "config/auth.json",  # ACL 2.0's users and policies
 )
 
 

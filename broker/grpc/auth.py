@@ -1,5 +1,7 @@
 """ACL 1.0 on the gRPC port: the same accounts, file, reload, address rules and permissions as
-the remoting port (:mod:`txmq.broker.acl`), with the signature RocketMQ 5 clients send.
+the remoting port (:mod:`txmq.broker.acl`), with the signature RocketMQ 5 clients send.  With
+ACL 2.0 on, the broker's manager is a :class:`~txmq.broker.auth2.Auth2Manager`: the same
+checks below are then answered from its users and policies.
 
 Every call is checked before its method runs: the caller is authenticated from the call's
 metadata (``authorization`` and ``x-mq-date-time``, :mod:`txmq.protocol.acl`), then the request

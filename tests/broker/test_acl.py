@@ -195,6 +195,39 @@ async def cases(broker: BrokerController) -> list[Case]:
             b"",
             SUBSCRIBER,
         ),
+        Case(
+            R.POP_MESSAGE,
+            {
+                **offset_fields,
+                "maxMsgNums": 1,
+                "invisibleTime": 60000,
+                "pollTime": 0,
+                "bornTime": 0,
+                "initMode": 0,
+            },
+            b"",
+            SUBSCRIBER,
+        ),
+        Case(
+            R.ACK_MESSAGE,
+            {**offset_fields, "extraInfo": "0 1 2 0 0 b 0 0", "offset": 0},
+            b"",
+            SUBSCRIBER,
+        ),
+        Case(
+            R.CHANGE_MESSAGE_INVISIBLETIME,
+            {**offset_fields, "extraInfo": "0 1 2 0 0 b 0 0", "offset": 0, "invisibleTime": 1000},
+            b"",
+            SUBSCRIBER,
+        ),
+        Case(
+            R.BATCH_ACK_MESSAGE,
+            {},
+            json.dumps(
+                {"acks": [{"c": "cgroup", "t": "orders", "so": 0, "q": 0, "pt": 1, "b": ""}]}
+            ).encode(),
+            SUBSCRIBER,
+        ),
         Case(R.HEART_BEAT, {}, heartbeat_body("cgroup"), SUBSCRIBER),
         Case(R.UNREGISTER_CLIENT, {"clientID": "x", "consumerGroup": "cgroup"}, b"", SUBSCRIBER),
         Case(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cgroup"}, b"", SUBSCRIBER),
@@ -251,6 +284,12 @@ async def cases(broker: BrokerController) -> list[Case]:
             ADMIN_ONLY,
         ),
         Case(R.TXMQ_GET_METRICS, {}, b"", ADMIN_ONLY),
+        # ACL 2.0's user and policy requests (answered SYSTEM_ERROR when it is off)
+        *(
+            Case(code, {"username": "u", "subject": "User:u"}, b"{}", ADMIN_ONLY)
+            for code in R
+            if R.AUTH_CREATE_USER <= code <= R.AUTH_LIST_ACL
+        ),
         Case(R.RESUME_CHECK_HALF_MESSAGE, {"msgId": "nothing-like-it"}, b"", ADMIN_ONLY),
         Case(R.TXMQ_LIST_TRANSACTIONS, {"limit": 10}, b"", ADMIN_ONLY),
         Case(R.TXMQ_GET_TRANSACTION, {"transactionId": txid}, b"", ADMIN_ONLY),

@@ -196,6 +196,10 @@ CLAIMS: list[Claim] = [
     Claim("docs/security.md", "[operations]\naclEnable", "toml"),
     Claim("docs/security.md", "txmq broker --set tls.server.mode=enforcing", "shell"),
     Claim("docs/security.md", "# Peers at these addresses", "acl", after=("[operations]\naclEnable",)),
+    Claim("docs/security.md", "[operations]\nauthenticationEnabled", "toml"),
+    Claim("docs/security.md", "export TXMQ_ACCESS_KEY=admin", "mapped",
+          tests=("tests/broker/test_acl2_cli.py::test_cli_manages_users_and_policies",),
+          reason="needs a broker with ACL 2.0 on and its initial user"),
     # docs/spark.md
     Claim("docs/spark.md", "git clone <the txmq repository>", "shell", mapped={
         "git clone": FRESH_CLONE, "python3 -m venv": FRESH_CLONE, "pip install -e": FRESH_CLONE,
