@@ -43,6 +43,7 @@ from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     CreateTopicRequestHeader,
     EndTransactionRequestHeader,
+    ResetOffsetRequestHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
 )
@@ -247,6 +248,34 @@ class FrontEnd(abc.ABC):
     async def dead_letter(self, topic: str, group: str, m: Received) -> Answer:
         """The consumer gives up on ``m``: to ``%DLQ%<group>`` at once."""
 
+    @abc.abstractmethod
+    async def _consume(self, topic: str, group: str, tag: str) -> list[Received]:
+        """One read as a live consumer of ``group`` keeping ``tag`` ("*": every tag), each
+        message it got settled (remoting: the group's offset committed past it; gRPC: acked)."""
+
+    async def consume(self, topic: str, group: str, n: int, tag: str = "*") -> list[Received]:
+        """Consume until ``n`` messages came (bounded)."""
+        got: list[Received] = []
+
+        async def more() -> Progress:
+            got.extend(await self._consume(topic, group, tag))
+            return Progress(len(got) >= n, f"got {got}")
+
+        await wait_until(more, WAIT_S, f"{self}: {n} messages of {topic} as {group}")
+        return got
+
+    async def reset_to_earliest(self, topic: str, group: str) -> Answer:
+        """What ``txmq group reset-offset --to-earliest`` asks (INVOKE_BROKER_TO_RESET_OFFSET),
+        over remoting whatever the front end: an operator's request."""
+        admin = await RawClient.connect(self.broker.address)
+        try:
+            h = ResetOffsetRequestHeader(topic=topic, group=group, timestamp=0, is_force=True)
+            r = await admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, h.to_ext_fields())
+        finally:
+            await admin.close()
+        ok = r.code == ResponseCode.SUCCESS
+        return Answer(ok, error="" if ok else f"{r.code}: {r.remark}")
+
     # -- the broker's side, read directly ------------------------------------------------------
 
     def tx_view(self, txid: str) -> Any:
@@ -416,6 +445,39 @@ class Remoting(FrontEnd):
         ok = r.code == ResponseCode.SUCCESS
         return Answer(ok, error="" if ok else f"{r.code}: {r.remark}")
 
+    async def _consume(self, topic: str, group: str, tag: str) -> list[Received]:
+        q = await self.client.call(
+            RequestCode.QUERY_CONSUMER_OFFSET,
+            {"consumerGroup": group, "topic": topic, "queueId": 0},
+        )
+        offset = int(q.ext_fields["offset"]) if q.code == ResponseCode.SUCCESS else 0
+        resp, msgs = await self.client.pull(
+            topic, 0, max(offset, 0), group=group, expression=tag, suspend_ms=200
+        )
+        assert resp.code in (
+            ResponseCode.SUCCESS,
+            ResponseCode.PULL_NOT_FOUND,
+            ResponseCode.PULL_RETRY_IMMEDIATELY,
+        ), f"{self}: PULL_MESSAGE answered {resp.code}: {resp.remark}"
+        nxt = int(resp.ext_fields.get("nextBeginOffset", offset))
+        if nxt > offset:
+            u = await self.client.call(
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": nxt},
+            )
+            assert u.code == ResponseCode.SUCCESS, f"{self}: offset commit answered {u.remark}"
+        return [
+            Received(
+                m.body,
+                m.tags,
+                tuple(m.keys.split(" ")) if m.keys else (),
+                m.msg_id,
+                m.queue_offset,
+                m,
+            )
+            for m in msgs
+        ]
+
 
 class Grpc(FrontEnd):
     name = "gRPC"
@@ -543,12 +605,12 @@ class Grpc(FrontEnd):
                 )
             )
 
-    async def _read(self, topic: str, group: str, offset: int) -> list[Received]:
+    async def _read(self, topic: str, group: str, offset: int, tag: str = "*") -> list[Received]:
         req = spb.ReceiveMessageRequest(
             group=pb.Resource(name=group),
             message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
             batch_size=32,
-            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression=tag),
         )
         req.invisible_duration.FromSeconds(60)
         req.long_polling_timeout.FromMilliseconds(200)
@@ -570,6 +632,26 @@ class Grpc(FrontEnd):
                         r.message,
                     )
                 )
+        return got
+
+    async def _consume(self, topic: str, group: str, tag: str) -> list[Received]:
+        got = await self._read(topic, group, 0, tag)
+        for m in got:
+            sp = m.raw.system_properties
+            r = await self.stub.AckMessage(
+                spb.AckMessageRequest(
+                    group=pb.Resource(name=group),
+                    topic=pb.Resource(name=topic),
+                    entries=[
+                        spb.AckMessageEntry(
+                            message_id=sp.message_id, receipt_handle=sp.receipt_handle
+                        )
+                    ],
+                ),
+                metadata=MD,
+                timeout=WAIT_S,
+            )
+            assert r.status.code == pb.OK, f"{self}: AckMessage answered {r.status}"
         return got
 
     async def dead_letter(self, topic: str, group: str, m: Received) -> Answer:
@@ -868,6 +950,50 @@ async def resend_half(fe: FrontEnd) -> Observed:
     return {"half answers": (sent, again), "transaction": fe.tx_view(m.uniq)}
 
 
+def bodies(got: list[Received]) -> list[bytes]:
+    return [r.body for r in got]
+
+
+async def reset_offset(fe: FrontEnd) -> Observed:
+    """A live group consumed three messages; an operator resets its offsets to the earliest:
+    the group gets the three again (gRPC: its POP view starts again there instead of writing
+    its old position back with the next ack)."""
+    msgs = [Msg(f"r{i}".encode(), uniq(100 + i), tag="TagR") for i in range(3)]
+    for m in msgs:
+        [sent] = await fe.send(TOPIC, [m])
+        assert sent.ok, f"{fe}: send answered {sent}"
+    first = await fe.consume(TOPIC, GROUP, 3)
+    assert bodies(first) == [m.body for m in msgs], f"{fe}: consumed {first}"
+    reset = await fe.reset_to_earliest(TOPIC, GROUP)
+    assert reset.ok, f"{fe}: reset answered {reset}"
+    assert fe.broker.offsets.query(GROUP, TOPIC, 0) == 0, f"{fe}: the reset did not commit 0"
+    again = await fe.consume(TOPIC, GROUP, 3)
+    assert bodies(again) == [m.body for m in msgs], f"{fe}: after the reset consumed {again}"
+    return {"first": first, "reset": reset, "again": again}
+
+
+async def filtered_read(fe: FrontEnd) -> Observed:
+    """A group keeping tag TagA of a topic holding TagA, TagB and untagged messages gets the
+    TagA ones, in order, and its offset passes the others."""
+    msgs = [
+        Msg(b"a0", uniq(111), tag="TagA"),
+        Msg(b"b0", uniq(112), tag="TagB"),
+        Msg(b"none", uniq(113)),
+        Msg(b"a1", uniq(114), tag="TagA"),
+    ]
+    for m in msgs:
+        [sent] = await fe.send(TOPIC, [m])
+        assert sent.ok, f"{fe}: send answered {sent}"
+    got = await fe.consume(TOPIC, GROUP, 2, tag="TagA")
+    assert bodies(got) == [b"a0", b"a1"], f"{fe}: TagA consumed {got}"
+    await wait_until(
+        lambda: fe.broker.offsets.query(GROUP, TOPIC, 0) == len(msgs),
+        WAIT_S,
+        f"{fe}: the group's offset past the filtered-out messages",
+    )
+    return {"received": got}
+
+
 @dataclass(frozen=True)
 class Scenario:
     run: Callable[[FrontEnd], Awaitable[Observed]]
@@ -897,6 +1023,8 @@ SCENARIOS: dict[str, Scenario] = {
     "resend": Scenario(resend),
     "resend batch": Scenario(resend_batch),
     "resend half": Scenario(resend_half),
+    "reset offset on a live group": Scenario(reset_offset),
+    "filtered read": Scenario(filtered_read),
 }
 
 
