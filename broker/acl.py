@@ -394,6 +394,16 @@ ADMIN_CODES = frozenset(
         RequestCode.DELETE_SUBSCRIPTIONGROUP,
         RequestCode.DELETE_TOPIC_IN_BROKER,
         RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+        # the name server's and the admin tools' views (mqadmin, rocketmq-dashboard)
+        RequestCode.GET_BROKER_CLUSTER_INFO,
+        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+        RequestCode.GET_TOPICS_BY_CLUSTER,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER,
+        RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+        RequestCode.QUERY_TOPICS_BY_CONSUMER,
+        RequestCode.VIEW_BROKER_STATS_DATA,
+        RequestCode.GET_TOPIC_CONFIG,
     }
 )
 

@@ -194,6 +194,8 @@ class BrokerMetrics:
         # ``inc``/``observe`` per request.
         self._requests_seen: dict[int | str, int] = {}
         self._puts_seen: dict[str, int] = {}
+        #: (topic, group) -> messages returned since the start (RocketMQ's GROUP_GET_NUMS).
+        self._out_seen: dict[tuple[str, str], int] = {}
         self._bytes_seen = 0
         #: code -> [count per bucket (the last: +Inf)..., sum of the seconds]
         self._latency_seen: dict[int | str, list[float]] = {}
@@ -242,10 +244,20 @@ class BrokerMetrics:
     def record_out(self, topic: str, group: str, n: int) -> None:
         """Count ``n`` messages returned to ``group`` from ``topic`` (one call per answer)."""
         key = (topic, group)
+        out = self._out_seen
+        out[key] = out.get(key, 0) + n
         child = self._out_counters.get(key)
         if child is None:
             child = self._out_counters[key] = self.messages_out.labels(topic, group)
         child.inc(n)
+
+    def puts_by_topic(self) -> dict[str, int]:
+        """Messages stored per topic since the start (a copy)."""
+        return dict(self._puts_seen)
+
+    def out_by_topic_group(self) -> dict[tuple[str, str], int]:
+        """Messages returned per ``(topic, group)`` since the start (a copy)."""
+        return dict(self._out_seen)
 
     def _latency_of(self, code: int | str) -> list[float]:
         seen = self._latency_seen.get(code)

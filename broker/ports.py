@@ -18,6 +18,13 @@ class ClusterPort(Protocol):
     def route(self, topic: str) -> dict[str, Any] | None:
         """The topic's route over every broker group (RocketMQ's TopicRouteData), or None."""
 
+    def broker_addrs(self) -> dict[str, dict[int, str]]:
+        """Every broker group: its broker ids (the leader 0, followers 1, 2, ...) and their
+        addresses, as routes give them."""
+
+    def topic_names(self, groups: list[str] | None = None) -> set[str]:
+        """The topics of ``groups`` (every group when None)."""
+
     def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
         """``(group, queue config, leader's gRPC host:port)`` of every group that has
         ``topic`` and a leader serving gRPC."""

@@ -60,9 +60,11 @@ from .processors.pop import PopMessageProcessor
 from .processors.pull import PullMessageProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.send import SendMessageProcessor
+from .processors.tool_views import ToolViewProcessor
 from .processors.transaction import TransactionProcessor
 from .quota import QuotaLimits, QuotaManager
 from .schedule import ScheduleMessageService
+from .stats import BrokerStats, Counts
 from .store import (
     AppendResult,
     ConsumerOffsetManager,
@@ -366,6 +368,7 @@ class BrokerController:
         self.recovery["dedup_keys"] = self.core.recover()
         self.timer = TimerService(ctx)
         self.recovery["timers"] = self.timer.recover()
+        self.stats = BrokerStats(self._traffic_counts)
         self._processors = self.metrics.timed(self._build_processors())
         self.quota = self._quotas()
         if self.make_replication is not None:
@@ -447,6 +450,18 @@ class BrokerController:
             self.metrics.registry,
         )
 
+    def _traffic_counts(self) -> Counts:
+        """What :class:`BrokerStats` samples: the store's puts and reads, the messages stored
+        per topic and returned per topic and group."""
+        st = self.store.stats()
+        return Counts(
+            put=int(st["put_messages_total"]),
+            get_found=int(st["get_found_total"]),
+            get_miss=int(st["get_miss_total"]),
+            put_by_topic=self.metrics.puts_by_topic(),
+            out_by_key={f"{t}@{g}": n for (t, g), n in self.metrics.out_by_topic_group().items()},
+        )
+
     def served_request_codes(self) -> frozenset[int]:
         """The remoting request codes this broker serves (every other one is answered
         REQUEST_CODE_NOT_SUPPORTED, naming it)."""
@@ -456,6 +471,7 @@ class BrokerController:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
         g = GroupViewProcessor(self.ctx, self.update_config, self.core.pop.reset)
         pop = PopMessageProcessor(self.core)
+        v = ToolViewProcessor(self.ctx, self.transactions, self.advertised_address, self.stats)
         R = RequestCode
         auth = self.acl if isinstance(self.acl, Auth2Manager) else None
         return Auth2Processor(auth, self.in_background).processors() | {
@@ -479,7 +495,16 @@ class BrokerController:
             R.GET_ALL_TOPIC_CONFIG: a.get_all_topic_config,
             R.GET_ROUTEINFO_BY_TOPIC: a.get_route_info_by_topic,
             R.GET_TOPIC_STATS_INFO: a.get_topic_stats_info,
-            R.GET_BROKER_RUNTIME_INFO: a.get_broker_runtime_info,
+            R.GET_BROKER_RUNTIME_INFO: v.get_broker_runtime_info,
+            R.GET_BROKER_CLUSTER_INFO: v.get_broker_cluster_info,
+            R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: v.get_all_topic_list,
+            R.GET_TOPICS_BY_CLUSTER: v.get_topics_by_cluster,
+            R.GET_SYSTEM_TOPIC_LIST_FROM_NS: v.get_system_topic_list_from_ns,
+            R.GET_SYSTEM_TOPIC_LIST_FROM_BROKER: v.get_system_topic_list_from_broker,
+            R.QUERY_TOPIC_CONSUME_BY_WHO: v.query_topic_consume_by_who,
+            R.QUERY_TOPICS_BY_CONSUMER: v.query_topics_by_consumer,
+            R.VIEW_BROKER_STATS_DATA: v.view_broker_stats_data,
+            R.GET_TOPIC_CONFIG: v.get_topic_config,
             R.TXMQ_GET_METRICS: a.get_metrics,
             R.END_TRANSACTION: t.end_transaction,
             R.RESUME_CHECK_HALF_MESSAGE: t.resume_check_half_message,
@@ -706,6 +731,7 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
+                self.stats.tick()
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
                 for reason in ("disk_full", "read_only"):

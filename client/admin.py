@@ -181,8 +181,11 @@ class AsyncAdminClient:
     # -- broker ---------------------------------------------------------------------------------
 
     async def runtime_info(self) -> dict[str, Any]:
+        """The broker's runtime table.  On the wire every value is a string (RocketMQ's
+        ``KVTable``); txmq's own figures (``uptimeMs``, ``store.*``, ``txn.*``, ...) are JSON
+        text there and are given back typed."""
         doc = await self._json(RequestCode.GET_BROKER_RUNTIME_INFO)
-        return dict(doc["table"])
+        return {k: _typed(k, v) for k, v in dict(doc["table"]).items()}
 
     async def cluster_status(self) -> dict[str, Any]:
         """Cluster mode: groups, leaders, in-sync sets, lag and epochs as this broker sees
@@ -616,3 +619,17 @@ def _config_text(value: Any) -> str:
     if "\n" in text or "\r" in text:
         raise ValueError(f"a setting's value cannot span lines: {text!r}")
     return text
+
+
+#: The runtime table's keys that are txmq's own typed figures (JSON text on the wire).
+_TYPED_KEYS = frozenset({"uptimeMs", "topics", "connections", "producerGroups", "consumerGroups"})
+_TYPED_PREFIXES = ("store.", "txn.")
+
+
+def _typed(key: str, value: Any) -> Any:
+    if not isinstance(value, str) or not (key in _TYPED_KEYS or key.startswith(_TYPED_PREFIXES)):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value  # a text figure (a path)

@@ -60,6 +60,19 @@ class RequestCode(IntEnum):
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     #: One consumer group's settings (header ``group``; body: ``SubscriptionGroupConfig``).
     GET_SUBSCRIPTIONGROUP_CONFIG = 352
+    #: Name-server views a broker answers as its own name server (bodies: ``ClusterInfo``,
+    #: ``TopicList``), and the admin tools' views of one broker (``GroupList``, ``TopicList``,
+    #: ``BrokerStatsData``, ``TopicConfigAndQueueMapping``); see
+    #: :mod:`txmq.broker.processors.tool_views`.
+    GET_BROKER_CLUSTER_INFO = 106
+    GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+    GET_TOPICS_BY_CLUSTER = 224
+    QUERY_TOPIC_CONSUME_BY_WHO = 300
+    GET_SYSTEM_TOPIC_LIST_FROM_NS = 304
+    GET_SYSTEM_TOPIC_LIST_FROM_BROKER = 305
+    VIEW_BROKER_STATS_DATA = 315
+    QUERY_TOPICS_BY_CONSUMER = 343
+    GET_TOPIC_CONFIG = 351
 
     #: POP consumption (RocketMQ 5's remoting consumers): hand out messages invisible for a
     #: while; ack them, change their invisible time, or ack many at once (body ``BatchAck``s).

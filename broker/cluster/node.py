@@ -33,6 +33,7 @@ from urllib.parse import quote
 import structlog
 from prometheus_client import CollectorRegistry
 
+from txmq.protocol import fastjson
 from txmq.protocol.aio import Connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -42,6 +43,7 @@ from ..config import BrokerConfig
 from ..context import BrokerContext
 from ..metrics_scrape import follower_registry
 from ..ops import OpsServer, start_ops_server
+from ..processors.tool_views import cluster_info_body, follower_runtime_table, topic_list_body
 from ..server import (
     BrokerController,
     _ipv4_of,
@@ -76,6 +78,21 @@ FOLLOW_RETRY_S = 0.1
 VOTE_ATTEMPT_S = 0.5
 
 
+#: What a follower answers itself (any other request is forwarded, or told where the leader
+#: is): routes, the cluster's status, the name server's views and its own runtime figures.
+_FOLLOWER_VIEWS = frozenset(
+    {
+        RequestCode.GET_ROUTEINFO_BY_TOPIC,
+        RequestCode.TXMQ_CLUSTER_STATUS,
+        RequestCode.GET_BROKER_CLUSTER_INFO,
+        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+        RequestCode.GET_TOPICS_BY_CLUSTER,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
+        RequestCode.GET_BROKER_RUNTIME_INFO,
+    }
+)
+
+
 def _position(value: Any) -> tuple[str, str, str]:
     pipeline, start, end = value
     return (str(pipeline), str(start), str(end))
@@ -90,6 +107,12 @@ class ClusterHooks:
 
     def route(self, topic: str) -> dict[str, Any] | None:
         return self.node.view.route(topic)
+
+    def broker_addrs(self) -> dict[str, dict[int, str]]:
+        return self.node.view.broker_addrs()
+
+    def topic_names(self, groups: list[str] | None = None) -> set[str]:
+        return self.node.view.topic_names(groups)
 
     def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
         """``(group, queue config, leader's gRPC host:port)`` of every group that has
@@ -266,11 +289,10 @@ class FollowerRole:
     async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         node = self.node
         if self.acl is not None and (
-            cmd.code in (RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.TXMQ_CLUSTER_STATUS)
-            or (self.forwarder is not None and cmd.code in FORWARDED)
+            cmd.code in _FOLLOWER_VIEWS or (self.forwarder is not None and cmd.code in FORWARDED)
         ):
-            # A follower serves no messages; routes and the cluster status go to any valid
-            # account (the leader checks topic permissions on everything else). A request it
+            # A follower serves no messages; routes, the cluster status and the name server's
+            # views go to any valid account (the leader checks topic permissions on everything else). A request it
             # forwards is authenticated here against the client's own address first: the
             # leader sees the follower's address, which must not stand in for the client's
             # (whiteRemoteAddress, globalWhiteRemoteAddresses).
@@ -303,6 +325,9 @@ class FollowerRole:
             return cmd.response(body=json.dumps(route).encode())
         if cmd.code == RequestCode.TXMQ_CLUSTER_STATUS:
             return cmd.response(body=json.dumps(node.status()).encode())
+        named = self._name_server_view(cmd)
+        if named is not None:
+            return named
         if cmd.code in (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT):
             return cmd.response()
         if self.forwarder is not None and cmd.code in FORWARDED:
@@ -313,6 +338,28 @@ class FollowerRole:
             ResponseCode.SERVICE_NOT_AVAILABLE,
             f"this broker is a follower in broker group {node.group!r}; {where}",
         )
+
+    def _name_server_view(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        """A follower is a name server too (clients may list any replica's address): the
+        cluster's views from the watched copy, and its own runtime figures (it serves no
+        clients: ``brokerActive`` false, no traffic)."""
+        view, cfg = self.node.view, self.node.config
+        code = cmd.code
+        if code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            return cmd.response(body=cluster_info_body(view.cluster, view.broker_addrs()))
+        if code == RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
+            return cmd.response(body=topic_list_body(view.topic_names()))
+        if code == RequestCode.GET_TOPICS_BY_CLUSTER:
+            known = cmd.ext_fields.get("cluster") == view.cluster
+            return cmd.response(body=topic_list_body(view.topic_names() if known else ()))
+        if code == RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS:
+            groups = view.broker_addrs()
+            leader = next((a[0] for _, a in sorted(groups.items()) if 0 in a), None)
+            return cmd.response(body=topic_list_body([view.cluster, *groups], leader))
+        if code == RequestCode.GET_BROKER_RUNTIME_INFO:
+            table = follower_runtime_table(cfg, self.store)
+            return cmd.response(body=fastjson.dumps({"table": table}).encode())
+        return None
 
     async def stop(self) -> None:
         if self.forwarder is not None:

@@ -188,6 +188,39 @@ class ClusterView:
         e = self.table.get(self.keys.batch(group, batch_key))
         return dict(e.value) if e is not None else None
 
+    def _addrs(self, group: str) -> tuple[dict[int, str], list[tuple[int, str]]]:
+        """The group's broker ids as routes give them (its leader 0, its followers 1, 2, ...
+        by replica id) and its followers as ``(replicaId, address)``."""
+        addrs: dict[int, str] = {}
+        leader = self.leader(group)
+        if leader is not None:
+            addrs[0] = leader.addr
+        followers = [
+            (rid, addr)
+            for rid, addr in sorted(self.members(group).items())
+            if leader is None or rid != leader.replica
+        ]
+        for n, (_, addr) in enumerate(followers, start=1):
+            addrs[n] = addr
+        return addrs, followers
+
+    def broker_addrs(self) -> dict[str, dict[int, str]]:
+        """Every group with a leader or a member: its broker ids and addresses, as routes
+        give them (the leader 0, followers 1, 2, ...)."""
+        out = {}
+        for group in self.groups():
+            addrs, _ = self._addrs(group)
+            if addrs:
+                out[group] = addrs
+        return out
+
+    def topic_names(self, groups: list[str] | None = None) -> set[str]:
+        """The topics of ``groups`` (every group when None) as their leaders published them."""
+        names: set[str] = set()
+        for group in self.groups() if groups is None else groups:
+            names.update(self.topics(group))
+        return names
+
     def route(self, topic: str) -> dict[str, Any] | None:
         """RocketMQ's TopicRouteData for ``topic`` over every group that has it: each group's
         queues, and its leader as broker id 0 (followers as 1, 2, ... for information).
@@ -213,19 +246,13 @@ class ClusterView:
                     "topicSysFlag": int(tc.get("sysFlag", 0)),
                 }
             )
-            addrs: dict[str, str] = {}
-            leader = self.leader(group)
-            if leader is not None:
-                addrs["0"] = leader.addr
-            followers = [
-                (rid, addr)
-                for rid, addr in sorted(self.members(group).items())
-                if leader is None or rid != leader.replica
-            ]
-            for n, (_, addr) in enumerate(followers, start=1):
-                addrs[str(n)] = addr
+            addrs, followers = self._addrs(group)
             broker_datas.append(
-                {"cluster": self.cluster, "brokerName": group, "brokerAddrs": addrs}
+                {
+                    "cluster": self.cluster,
+                    "brokerName": group,
+                    "brokerAddrs": {str(n): a for n, a in addrs.items()},
+                }
             )
             if not (self.write_replicas and int(tc["perm"]) & PERM_WRITE):
                 continue

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from txmq import __version__
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -36,7 +34,7 @@ from ..context import BrokerContext
 from ..sql_filter import SUBSCRIPTION_PARSE_FAILED, SqlFilterError, compile_sql
 from ..store import TopicConfig
 from ..store.errors import StoreIOError
-from ..topics import INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX, SYSTEM_TOPICS, retry_topic
+from ..topics import INTERNAL_TOPICS, SYSTEM_TOPICS, retry_topic
 from ..transaction.service import TransactionalMessageService
 
 log = structlog.get_logger(__name__)
@@ -51,7 +49,6 @@ class AdminProcessor:
     ctx: BrokerContext
     transactions: TransactionalMessageService
     advertised_address: str
-    started_monotonic: float = field(init=False, default_factory=time.monotonic)
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -304,32 +301,6 @@ class AdminProcessor:
         return cmd.response(
             body=json_body({"topic": h.topic, "offsetTable": table, "consumerOffsets": groups})
         )
-
-    async def get_broker_runtime_info(
-        self, conn: Connection, cmd: RemotingCommand
-    ) -> RemotingCommand:
-        b = self.ctx
-        table: dict[str, Any] = {
-            "brokerName": b.config.broker_name,
-            "brokerVersion": __version__,
-            "address": self.advertised_address,
-            "uptimeMs": int((time.monotonic() - self.started_monotonic) * 1000),
-            "flushDiskType": b.config.flush_disk_type,
-            "storePathRootDir": b.config.store_path_root_dir,
-            "topics": len(
-                [
-                    t
-                    for t in b.topics.all()
-                    if t not in INTERNAL_TOPICS and not t.startswith(RETRY_GROUP_TOPIC_PREFIX)
-                ]
-            ),
-            "connections": b.clients.channel_count,
-            "producerGroups": b.clients.producer_groups(),
-            "consumerGroups": b.clients.consumer_groups(),
-        }
-        table.update({f"store.{k}": v for k, v in b.store.stats().items()})
-        table.update({f"txn.{k}": v for k, v in self.transactions.summary().items()})
-        return cmd.response(body=json_body({"table": table}))
 
     async def get_metrics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         self.transactions.update_gauges()

@@ -262,6 +262,21 @@ async def cases(broker: BrokerController) -> list[Case]:
             EVERYONE,
         ),
         Case(R.GET_BROKER_RUNTIME_INFO, {}, b"", ADMIN_ONLY),
+        # the admin tools' views (mqadmin, the dashboard): an operator's
+        Case(R.GET_BROKER_CLUSTER_INFO, {}, b"", ADMIN_ONLY),
+        Case(R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, {}, b"", ADMIN_ONLY),
+        Case(R.GET_TOPICS_BY_CLUSTER, {"cluster": "DefaultCluster"}, b"", ADMIN_ONLY),
+        Case(R.GET_SYSTEM_TOPIC_LIST_FROM_NS, {}, b"", ADMIN_ONLY),
+        Case(R.GET_SYSTEM_TOPIC_LIST_FROM_BROKER, {}, b"", ADMIN_ONLY),
+        Case(R.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": "orders"}, b"", ADMIN_ONLY),
+        Case(R.QUERY_TOPICS_BY_CONSUMER, {"group": "cgroup"}, b"", ADMIN_ONLY),
+        Case(
+            R.VIEW_BROKER_STATS_DATA,
+            {"statsName": "TOPIC_PUT_NUMS", "statsKey": "orders"},
+            b"",
+            ADMIN_ONLY,
+        ),
+        Case(R.GET_TOPIC_CONFIG, {"topic": "orders"}, b"", ADMIN_ONLY),
         Case(R.GET_BROKER_CONFIG, {}, b"", ADMIN_ONLY),
         Case(R.UPDATE_BROKER_CONFIG, {}, b"maxReconsumeTimes=16\n", ADMIN_ONLY),
         Case(
