@@ -157,9 +157,13 @@ class ToolViewProcessor:
         return {self.ctx.config.broker_name: {0: self.advertised_address}}
 
     def _topics(self) -> set[str]:
+        """Every topic with a route: the auto-create template too while it serves one."""
         if self.ctx.cluster is not None:
             return self.ctx.cluster.topic_names()
-        return set(self.ctx.topics.all())
+        names = set(self.ctx.topics.all())
+        if self.ctx.topics.route_config(AUTO_CREATE_TOPIC_KEY_TOPIC) is not None:
+            names.add(AUTO_CREATE_TOPIC_KEY_TOPIC)
+        return names
 
     async def get_broker_cluster_info(
         self, conn: Connection, cmd: RemotingCommand
