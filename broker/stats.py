@@ -133,6 +133,14 @@ class BrokerStats:
         """RocketMQ's TPS triple: the rates over 10 s, 1 min and 10 min, space-separated."""
         return " ".join(repr(self.window(w, pick).tps) for w in TPS_WINDOWS)
 
+    def out_tps(self, key: str) -> float:
+        """Messages per second returned to ``topic@group`` over the last minute."""
+
+        def pick(c: Counts) -> int:
+            return c.out_by_key.get(key, 0)
+
+        return self.window(MINUTE, pick).tps
+
     def stats_data(self, name: str, key: str) -> dict[str, Any] | None:
         """RocketMQ's ``BrokerStatsData`` of ``name`` / ``key`` (minute, hour, day), or None
         when the broker has counted nothing under that key since its start."""

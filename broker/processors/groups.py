@@ -39,6 +39,7 @@ from ..clients import ClientChannel
 from ..config import BrokerConfig, ConfigError
 from ..context import BrokerContext
 from ..runtime_config import NotRuntimeChangeable, parse_properties
+from ..stats import BrokerStats
 from ..store.subscription_group import SubscriptionGroupConfig
 
 log = structlog.get_logger(__name__)
@@ -90,6 +91,8 @@ class GroupViewProcessor:
     #: Told of every offset a reset moved (group, topic, queue, offset): POP consumption's live
     #: views start again there (``MessagingCore.pop.reset``).
     on_reset: Callable[[str, str, int, int], None] | None = None
+    #: The sampled traffic figures (``consumeTps``); None: 0.0.
+    stats: BrokerStats | None = None
 
     async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """The group's progress per queue: the queue's end (``brokerOffset``), the group's
@@ -127,8 +130,15 @@ class GroupViewProcessor:
                         },
                     )
                 )
-        body = {"offsetTable": table, "consumeTps": 0.0}
+        body = {"offsetTable": table, "consumeTps": self._consume_tps(h.consumer_group, topics)}
         return cmd.response(body=dumps(body).encode())
+
+    def _consume_tps(self, group: str, topics: list[str]) -> float:
+        """RocketMQ's ``consumeTps``: the messages per second the group was given from
+        ``topics`` over the last minute (its GROUP_GET_NUMS)."""
+        if self.stats is None:
+            return 0.0
+        return sum(self.stats.out_tps(f"{t}@{group}") for t in topics)
 
     async def get_consumer_connection_list(
         self, conn: Connection, cmd: RemotingCommand

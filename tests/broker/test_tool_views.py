@@ -161,6 +161,15 @@ async def test_broker_views_at_the_wire(broker: BrokerController) -> None:
             )
         )
         assert data["statsMinute"]["sum"] == 5 and data["statsDay"]["sum"] == 5
+        # consumerProgress's TPS: the same count over the last minute
+        stats = loads(
+            await _ok(c, R.GET_CONSUME_STATS, {"consumerGroup": "billing", "topic": "orders"})
+        )
+        assert stats["consumeTps"] > 0
+        idle = loads(
+            await _ok(c, R.GET_CONSUME_STATS, {"consumerGroup": "audit", "topic": "orders"})
+        )
+        assert idle["consumeTps"] == 0.0
         resp = await c.call(
             R.VIEW_BROKER_STATS_DATA, {"statsName": "TOPIC_PUT_NUMS", "statsKey": "nowhere"}
         )
