@@ -496,7 +496,7 @@ class BrokerController:
             R.UPDATE_AND_CREATE_TOPIC: a.update_and_create_topic,
             R.GET_ALL_TOPIC_CONFIG: a.get_all_topic_config,
             R.GET_ROUTEINFO_BY_TOPIC: a.get_route_info_by_topic,
-            R.GET_TOPIC_STATS_INFO: a.get_topic_stats_info,
+            R.GET_TOPIC_STATS_INFO: v.get_topic_stats_info,
             R.GET_BROKER_RUNTIME_INFO: v.get_broker_runtime_info,
             R.GET_BROKER_CLUSTER_INFO: v.get_broker_cluster_info,
             R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: v.get_all_topic_list,

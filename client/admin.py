@@ -249,11 +249,20 @@ class AsyncAdminClient:
         return dict(doc["topicConfigTable"])
 
     async def topic_stats(self, topic: str) -> dict[str, Any]:
-        return dict(
-            await self._json(
-                RequestCode.GET_TOPIC_STATS_INFO, GetRouteInfoRequestHeader(topic).to_ext_fields()
-            )
+        """``topic``, ``offsetTable`` (per queue: ``queueId``, ``minOffset``, ``maxOffset``,
+        ``lastUpdateTimestamp``), ``consumerOffsets`` (group -> queue id as text -> committed
+        offset) and ``topicPutTps``.  The broker answers RocketMQ's ``TopicStatsTable``
+        (queues as object keys); this gives the queues as a list, by queue id."""
+        resp = await self._call(
+            RequestCode.GET_TOPIC_STATS_INFO, GetRouteInfoRequestHeader(topic).to_ext_fields()
         )
+        doc = dict(fastjson.loads(resp.body))
+        table = doc.get("offsetTable") or []
+        if isinstance(table, fastjson.ObjectKeyMap | dict):  # {MessageQueue: TopicOffset}
+            pairs = table.items() if isinstance(table, dict) else table
+            queues = [{"queueId": mq["queueId"], **dict(offsets)} for mq, offsets in pairs]
+            doc["offsetTable"] = sorted(queues, key=lambda q: int(q["queueId"]))
+        return doc
 
     async def route(self, topic: str) -> dict[str, Any] | None:
         """The broker's route answer for ``topic`` (RocketMQ's TopicRouteData: ``queueDatas``,

@@ -278,30 +278,6 @@ class AdminProcessor:
             )
         return cmd.response(body=json_body(self.ctx.cluster.status()))
 
-    async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        h = GetRouteInfoRequestHeader.from_ext_fields(cmd.ext_fields)
-        tc = self.ctx.topics.get(h.topic)
-        if tc is None:
-            raise TopicNotExistError(f"topic[{h.topic}] not exist")
-        store = self.ctx.store
-        table = []
-        for qid in range(tc.read_queue_nums):
-            table.append(
-                {
-                    "queueId": qid,
-                    "minOffset": store.get_min_offset_in_queue(h.topic, qid),
-                    "maxOffset": store.get_max_offset_in_queue(h.topic, qid),
-                }
-            )
-        groups = {}
-        for g in self.ctx.offsets.groups():
-            offs = self.ctx.offsets.offsets(g, h.topic)
-            if offs:
-                groups[g] = {str(q): o for q, o in offs.items()}
-        return cmd.response(
-            body=json_body({"topic": h.topic, "offsetTable": table, "consumerOffsets": groups})
-        )
-
     async def get_metrics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         self.transactions.update_gauges()
         return cmd.response(body=json_body(self.ctx.metrics.snapshot()))

@@ -26,7 +26,7 @@ from txmq import __version__
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import InvalidParameterError, QueryNotFoundError
+from txmq.protocol.errors import InvalidParameterError, QueryNotFoundError, TopicNotExistError
 from txmq.protocol.fastjson import ObjectKeyMap, dumps
 from txmq.protocol.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
@@ -36,7 +36,7 @@ from txmq.protocol.topics import (
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
-from ..stats import BrokerStats, boot_millis, human_bytes, runtime_text
+from ..stats import MINUTE, BrokerStats, boot_millis, human_bytes, runtime_text
 from ..store import MessageStore
 from ..transaction.service import TransactionalMessageService
 
@@ -238,6 +238,40 @@ class ToolViewProcessor:
                 ResponseCode.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}"
             )
         doc = dict(sorted({**tc.to_json(), "attributes": {}}.items()))
+        return cmd.response(body=dumps(doc).encode())
+
+    async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """RocketMQ's ``TopicStatsTable`` (mqadmin topicStatus, the dashboard's topic status):
+        per queue its first and next offset and the store time of its last message, and the
+        topic's stores per second over the last minute.  Beside them, txmq's own
+        ``consumerOffsets`` (group -> queue -> committed offset) and ``topic``, which the txmq
+        SDK reads and RocketMQ's tools pass over."""
+        topic = _field(cmd, "topic")
+        tc = self.ctx.topics.get(topic)
+        if tc is None:
+            raise TopicNotExistError(f"topic[{topic}] not exist")
+        store, name = self.ctx.store, self.ctx.config.broker_name
+        table = ObjectKeyMap()
+        for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+            low = max(0, store.get_min_offset_in_queue(topic, qid))
+            high = max(0, store.get_max_offset_in_queue(topic, qid))
+            last = store.store_time_at(topic, qid, high - 1) if high > 0 else None
+            mq = {"brokerName": name, "queueId": qid, "topic": topic}
+            table.append(
+                (mq, {"lastUpdateTimestamp": last or 0, "maxOffset": high, "minOffset": low})
+            )
+        offsets = self.ctx.offsets
+        groups = {}
+        for g in sorted(offsets.groups()):
+            committed = offsets.offsets(g, topic)
+            if committed:
+                groups[g] = {str(q): o for q, o in sorted(committed.items())}
+        doc = {
+            "consumerOffsets": groups,
+            "offsetTable": table,
+            "topic": topic,
+            "topicPutTps": self.stats.window(MINUTE, lambda c: c.put_by_topic.get(topic, 0)).tps,
+        }
         return cmd.response(body=dumps(doc).encode())
 
     async def get_broker_runtime_info(

@@ -141,6 +141,30 @@ async def test_broker_views_at_the_wire(broker: BrokerController) -> None:
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         assert resp.remark == "No topic in this broker. topic: nowhere"
 
+        # topicStatus, the dashboard's topic status: TopicStatsTable (queues as object keys),
+        # with txmq's own consumerOffsets and topic beside
+        body = await _ok(c, R.GET_TOPIC_STATS_INFO, {"topic": "orders"})
+        doc = loads(body)
+        last = [w["lastUpdateTimestamp"] for _, w in doc["offsetTable"]]
+        assert all(t > 0 for t in last) and doc["topicPutTps"] > 0
+        bn = broker.config.broker_name
+        queues = ",".join(
+            f'{{"brokerName":"{bn}","queueId":{q},"topic":"orders"}}:'
+            f'{{"lastUpdateTimestamp":{last[q]},"maxOffset":{n},"minOffset":0}}'
+            for q, n in ((0, 3), (1, 2))
+        )
+        assert body.decode() == (
+            f'{{"consumerOffsets":{{"audit":{{"1":1}}}},"offsetTable":{{{queues}}},'
+            f'"topic":"orders","topicPutTps":{doc["topicPutTps"]!r}}}'
+        )
+        async with AsyncAdminClient(broker.address) as admin:
+            stats = await admin.topic_stats("orders")
+        assert [(q["queueId"], q["minOffset"], q["maxOffset"]) for q in stats["offsetTable"]] == [
+            (0, 0, 3),
+            (1, 0, 2),
+        ]
+        assert stats["consumerOffsets"] == {"audit": {"1": 1}}
+
         # statsAll, the dashboard's topic and consumer figures: BrokerStatsData
         body = await _ok(
             c, R.VIEW_BROKER_STATS_DATA, {"statsName": "TOPIC_PUT_NUMS", "statsKey": "orders"}
