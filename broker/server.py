@@ -454,12 +454,14 @@ class BrokerController:
         """What :class:`BrokerStats` samples: the store's puts and reads, the messages stored
         per topic and returned per topic and group."""
         st = self.store.stats()
+        out = {f"{t}@{g}": n for (t, g), n in self.metrics.out_by_topic_group().items()}
         return Counts(
             put=int(st["put_messages_total"]),
+            out=sum(out.values()),
             get_found=int(st["get_found_total"]),
             get_miss=int(st["get_miss_total"]),
             put_by_topic=self.metrics.puts_by_topic(),
-            out_by_key={f"{t}@{g}": n for (t, g), n in self.metrics.out_by_topic_group().items()},
+            out_by_key=out,
         )
 
     def served_request_codes(self) -> frozenset[int]:
@@ -733,7 +735,6 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
-                self.stats.tick()
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
                 for reason in ("disk_full", "read_only"):
@@ -764,6 +765,10 @@ class BrokerController:
                     last_clean = now
             except Exception as exc:
                 log.error("housekeeping_failed", error=repr(exc))
+            try:
+                self.stats.tick()
+            except Exception as exc:
+                log.error("stats_sampling_failed", error=repr(exc))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

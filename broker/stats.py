@@ -15,12 +15,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any
 
 #: (seconds between samples, seconds kept) of each tier.
 TIERS = ((10.0, 610.0), (600.0, 4200.0), (3600.0, 90000.0))
+#: Samples of the first tier older than this keep only the totals (the 10-minute TPS figure
+#: needs no more): the per-key tables of a broker with many topics and groups are kept in
+#: about as many copies as RocketMQ keeps samples (7 a minute, 7 an hour, 25 a day).
+PER_KEY_KEPT = 75.0
 #: The windows of RocketMQ's TPS triples (``putTps`` = "10 s, 1 min, 10 min").
 TPS_WINDOWS = (10.0, 60.0, 600.0)
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
@@ -36,6 +40,8 @@ class Counts:
 
     #: messages stored (every record, the broker's own included)
     put: int
+    #: messages returned to consumers
+    out: int
     #: store reads that found messages, and that found none
     get_found: int
     get_miss: int
@@ -44,9 +50,9 @@ class Counts:
     #: messages returned per ``topic@group``
     out_by_key: dict[str, int]
 
-    @property
-    def out(self) -> int:
-        return sum(self.out_by_key.values())
+    def totals(self) -> Counts:
+        """These counts without the per-key tables."""
+        return replace(self, put_by_topic={}, out_by_key={})
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,14 @@ class BrokerStats:
             tier.append(sample)
             while len(tier) > 1 and now - tier[0].at > keep:
                 tier.popleft()
+        fine = self._tiers[0]
+        for i in range(len(fine) - 1, -1, -1):
+            old = fine[i]
+            if now - old.at <= PER_KEY_KEPT:
+                continue
+            if not (old.counts.put_by_topic or old.counts.out_by_key):
+                break  # those before were slimmed already
+            fine[i] = Sample(old.at, old.counts.totals())
         day = self.today()
         if day != self._day:
             counts = sample.counts if sample is not None else self.read()

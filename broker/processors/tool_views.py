@@ -353,5 +353,5 @@ class ToolViewProcessor:
             return -1
         try:
             return int(store.lookup_message(low).store_timestamp)
-        except QueryNotFoundError:
+        except (QueryNotFoundError, OSError):
             return -1
