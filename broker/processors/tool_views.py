@@ -9,8 +9,8 @@ followers 1, 2, ... in cluster mode, as routes give them), GET_ALL_TOPIC_LIST_FR
 GET_TOPICS_BY_CLUSTER and GET_SYSTEM_TOPIC_LIST_FROM_NS (``TopicList``).  And one broker's:
 GET_BROKER_RUNTIME_INFO (``KVTable``, string values, RocketMQ's keys and txmq's own),
 GET_SYSTEM_TOPIC_LIST_FROM_BROKER, QUERY_TOPIC_CONSUME_BY_WHO (``GroupList``),
-QUERY_TOPICS_BY_CONSUMER, VIEW_BROKER_STATS_DATA (``BrokerStatsData``) and GET_TOPIC_CONFIG
-(``TopicConfigAndQueueMapping``).
+QUERY_TOPICS_BY_CONSUMER, VIEW_BROKER_STATS_DATA (``BrokerStatsData``), GET_TOPIC_CONFIG
+(``TopicConfigAndQueueMapping``) and GET_TOPIC_STATS_INFO (``TopicStatsTable``).
 """
 
 from __future__ import annotations
@@ -42,11 +42,6 @@ from ..transaction.service import TransactionalMessageService
 
 #: What ``brokerVersionDesc`` says (RocketMQ writes ``V5_3_2``; the tools only print it).
 VERSION_DESC = f"txmq-{__version__}"
-
-#: Keys of the runtime table that are txmq's own and typed: written as JSON text in the
-#: string-valued table, read back by the txmq SDK (``AsyncAdminClient.runtime_info``).
-TYPED_PREFIXES = ("store.", "txn.")
-TYPED_KEYS = frozenset({"uptimeMs", "topics", "connections", "producerGroups", "consumerGroups"})
 
 #: Runtime figures of RocketMQ's thread pools, which txmq (one event loop) does not have:
 #: always ``0``.
