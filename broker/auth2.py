@@ -408,6 +408,16 @@ _CLUSTER_READS = frozenset(
         RequestCode.AUTH_LIST_USER,
         RequestCode.AUTH_GET_ACL,
         RequestCode.AUTH_LIST_ACL,
+        # the name server's and the admin tools' views (mqadmin, rocketmq-dashboard)
+        RequestCode.GET_BROKER_CLUSTER_INFO,
+        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+        RequestCode.GET_TOPICS_BY_CLUSTER,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER,
+        RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+        RequestCode.QUERY_TOPICS_BY_CONSUMER,
+        RequestCode.VIEW_BROKER_STATS_DATA,
+        RequestCode.GET_TOPIC_CONFIG,
     }
 )
 

@@ -471,9 +471,7 @@ class BrokerController:
 
     def _build_processors(self) -> dict[int, Processor]:
         s, p, a, t = self.sender, self.puller, self.admin, self.tx_processor
-        g = GroupViewProcessor(
-            self.ctx, self.update_config, self.core.pop.reset, stats=self.stats
-        )
+        g = GroupViewProcessor(self.ctx, self.update_config, self.core.pop.reset, stats=self.stats)
         pop = PopMessageProcessor(self.core)
         v = ToolViewProcessor(self.ctx, self.transactions, self.advertised_address, self.stats)
         R = RequestCode
