@@ -292,10 +292,10 @@ class FollowerRole:
             cmd.code in _FOLLOWER_VIEWS or (self.forwarder is not None and cmd.code in FORWARDED)
         ):
             # A follower serves no messages; routes, the cluster status and the name server's
-            # views go to any valid account (the leader checks topic permissions on everything else). A request it
-            # forwards is authenticated here against the client's own address first: the
-            # leader sees the follower's address, which must not stand in for the client's
-            # (whiteRemoteAddress, globalWhiteRemoteAddresses).
+            # views go to any valid account (the leader checks topic permissions on everything
+            # else). A request it forwards is authenticated here against the client's own
+            # address first: the leader sees the follower's address, which must not stand in
+            # for the client's (whiteRemoteAddress, globalWhiteRemoteAddresses).
             from txmq.protocol.acl import ACCESS_KEY, verify_signature
 
             from ..acl import AclDenied
