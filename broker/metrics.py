@@ -98,6 +98,12 @@ class BrokerMetrics:
         )
         self.bytes_put = c("txmq_bytes_put", "Message bytes stored")
         self.messages_pulled = c("txmq_messages_pulled", "Messages returned by pulls")
+        self.queue_offsets_skipped = c(
+            "txmq_queue_offsets_skipped",
+            "Queue offsets skipped at start: consumers had committed past the end the commit "
+            "log kept (never handed out twice)",
+            ["topic", "queue_id"],
+        )
         self.messages_out = c(
             "txmq_messages_out",
             "Messages returned to consumers (remoting pulls, gRPC receives)",

@@ -301,6 +301,12 @@ class BrokerController:
         self.recovery["store"] = report
         self.offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
         self.offsets.load()
+        # Offsets consumers committed are offsets handed out: never again (a log cut shorter
+        # than them by a failed disk goes on above them).
+        skipped = self.store.raise_queue_floors(self.offsets.highest(), source="consumer offsets")
+        for (topic, qid), n in skipped.items():
+            self.metrics.queue_offsets_skipped.labels(topic, str(qid)).inc(n)
+        self.recovery["queue_offsets_skipped"] = sum(skipped.values())
         groups = SubscriptionGroupManager(
             os.path.join(root, "config", "subscriptionGroup.json"),
             default_retry_max_times=lambda: self.config.max_reconsume_times,

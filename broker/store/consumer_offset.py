@@ -83,6 +83,20 @@ class ConsumerOffsetManager(VersionedJsonTable[dict[int, int]]):
             - {TXN_APPLIED_GROUP}
         )
 
+    def highest(self) -> dict[tuple[str, int], int]:
+        """Per (topic, queue id), the highest offset any group committed (the transactional
+        offsets' own bookkeeping left out)."""
+        out: dict[tuple[str, int], int] = {}
+        with self._lock:
+            for key, queues in self._table.items():
+                topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+                if group == TXN_APPLIED_GROUP:
+                    continue
+                for qid, off in queues.items():
+                    if off > out.get((topic, qid), -1):
+                        out[(topic, qid)] = off
+        return out
+
     def topics_of(self, group: str) -> list[str]:
         """Topics ``group`` committed offsets for, sorted."""
         suffix = TOPIC_GROUP_SEPARATOR + group

@@ -618,6 +618,38 @@ class MessageStore:
         log.info("store_recovered", path=self._root, **dataclasses.asdict(report))
         return report
 
+    def raise_queue_floors(
+        self, floors: dict[tuple[str, int], int], source: str
+    ) -> dict[tuple[str, int], int]:
+        """Offsets already handed out must never be handed out again: a queue whose next offset
+        is below its floor (a consumer committed past the end the log kept: an unsynced tail
+        lost with a failed disk under ASYNC_FLUSH) goes on from the floor, the offsets between
+        filled as holes (reads skip them).  Logged per queue as an error naming the gap and
+        ``source``; returns the offsets skipped per queue."""
+        skipped: dict[tuple[str, int], int] = {}
+        with self._lock:
+            for key, floor in sorted(floors.items()):
+                if not _valid_destination(*key):
+                    continue
+                cq = self._cqs.get(key) or self._new_cq(key)
+                if cq.max_offset >= floor:
+                    continue
+                _queue_log(key).error(
+                    "queue_offsets_gap",
+                    from_offset=cq.max_offset,
+                    to_offset=floor,
+                    source=source,
+                    action="new messages start above every offset handed out",
+                )
+                skipped[key] = floor - cq.max_offset
+                if cq.last_entry() is None:
+                    cq.reset_to(floor)
+                else:
+                    cq.fill_holes(floor, self._commit_log.write_pos)
+        if skipped:
+            self._flush_consume_queues()
+        return skipped
+
     def _load_consume_queues(self, logic: int) -> None:
         """Open every ``consumequeue/<topic>/<queueId>`` folder, keeping entries below
         ``logic``."""
