@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client grpc-gen etcd spark35 chromium
+	docker-image py5-client node5-client grpc-gen etcd spark35 chromium
 
 ## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
 ## docs/performance.md).  Then an edit to a compiled module (txmq.a.b -> a/b.py) reinstalls,
@@ -30,7 +30,7 @@ run: $(STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client etcd spark35 chromium
+pytest: $(STAMP) docker-setup py5-client node5-client etcd spark35 chromium
 	$(PY) -m pytest
 
 gates: lint typecheck
@@ -94,6 +94,21 @@ py5-client:
 		&& $(PY5)/bin/python -m pip install --quiet '$(PY5_CLIENT)' \
 		&& echo '$(PY5_CLIENT)' > $(PY5)/.installed; } \
 		|| echo "py5-client: $(PY5_CLIENT) could not be installed; the gRPC client tests say why"
+
+## The official RocketMQ 5 Node.js client (npm rocketmq-client-nodejs) in build/clients/node5
+## for tests/compat/test_grpc_node5.py: `npm ci` of the package.json and package-lock.json
+## committed in tests/compat/node5 (the client and every dependency at the locked version).
+## Made again when the committed lock changes; when it cannot be installed the step says so and
+## the test reports the reason (fails under CI).
+NODE5 := build/clients/node5
+NODE5_LOCK := tests/compat/node5/package-lock.json
+node5-client:
+	@{ [ -f $(NODE5)/.installed ] && cmp -s $(NODE5_LOCK) $(NODE5)/package-lock.json; } \
+		|| { rm -rf $(NODE5) && mkdir -p $(NODE5) \
+		&& cp tests/compat/node5/package.json $(NODE5_LOCK) $(NODE5)/ \
+		&& (cd $(NODE5) && npm ci --quiet --no-audit --no-fund --ignore-scripts) \
+		&& touch $(NODE5)/.installed; } \
+		|| echo "node5-client: rocketmq-client-nodejs could not be installed in $(NODE5); the gRPC client tests say why"
 
 ## pyspark 3.5 in a venv of its own, with the pandas and pyarrow it supports and txmq from this
 ## checkout (editable, without the spark extra, which wants pyspark >= 4), for

@@ -19,6 +19,7 @@ protobuf (``SystemProperties``)     stored message
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import zlib
 from typing import Any, cast
@@ -279,7 +280,7 @@ def message_type_of(m: MessageExt) -> pb.MessageType:
 
 
 def to_proto(m: MessageExt, store_host: tuple[str, int]) -> Any:
-    """A protobuf ``Message`` of a stored message (body inflated, CRC32 digest)."""
+    """A protobuf ``Message`` of a stored message (body inflated, MD5 digest)."""
     body = bytes(m.body)
     if m.sys_flag & MessageSysFlag.COMPRESSED:
         try:
@@ -298,8 +299,10 @@ def to_proto(m: MessageExt, store_host: tuple[str, int]) -> Any:
         sp.tag = m.tags
     if m.keys:
         sp.keys.extend(k for k in m.keys.split(" ") if k)
-    sp.body_digest.type = pb.CRC32
-    sp.body_digest.checksum = format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
+    # MD5 in upper-case hex, as RocketMQ's proxy sends it: the one digest every official client
+    # checks the same way (their CRC32 strings differ: the Node.js client's is decimal).
+    sp.body_digest.type = pb.MD5
+    sp.body_digest.checksum = hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
     sp.body_encoding = pb.IDENTITY
     sp.message_type = message_type_of(m)
     set_timestamp(sp.born_timestamp, m.born_timestamp)
