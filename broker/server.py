@@ -693,7 +693,12 @@ class BrokerController:
             if self.quota is not None:
                 return await self.quota.serve(conn, cmd, conn.context.get(ACL_KEY), proc)
             return await proc(conn, cmd)
-        except TxmqError as exc:
+        except (TxmqError, OSError) as failed:
+            # a store file (the log, the topic table, offsets, groups) the disk refused: the
+            # same retriable refusal, naming the cause, whichever file it was
+            exc = self.store.refusal(failed) or failed
+            if not isinstance(exc, TxmqError):
+                return self._crashed(cmd, exc)
             self.metrics.record_error(exc.code)
             log.info(
                 "request_failed",
@@ -704,9 +709,12 @@ class BrokerController:
             )
             return cmd.response(exc.code, str(exc) or type(exc).__name__)
         except Exception as exc:
-            self.metrics.record_error(ResponseCode.SYSTEM_ERROR)
-            log.exception("request_crashed", code=cmd.code)
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            return self._crashed(cmd, exc)
+
+    def _crashed(self, cmd: RemotingCommand, exc: BaseException) -> RemotingCommand:
+        self.metrics.record_error(ResponseCode.SYSTEM_ERROR)
+        log.error("request_crashed", code=cmd.code, exc_info=exc)
+        return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
     # -- the write path (see :class:`~txmq.broker.messaging.WritePath`) -----------------------
 

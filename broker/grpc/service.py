@@ -843,6 +843,10 @@ class MessagingService:
     # -- errors -----------------------------------------------------------------------------
 
     def _failed(self, method: str, exc: Exception) -> Any:
+        # a store file the disk refused: the store's one refusal, naming the cause
+        refused = self.ctx.store.refusal(exc)
+        if refused is not None:
+            exc = refused
         st = status_of(exc)
         if isinstance(exc, (GrpcStatusError, TxmqError, QueryNotFoundError)):
             log.info("grpc_request_failed", method=method, code=st.code, error=st.message)

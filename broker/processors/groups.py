@@ -183,6 +183,9 @@ class GroupViewProcessor:
                 groups.delete(config.group_name)
             else:
                 groups.put(before)
+            refused = self.ctx.store.refusal(exc)
+            if refused is not None:  # the disk takes no writes: the same answer as a send's
+                raise refused from exc
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"the group config could not be kept in the store: {exc}"
             )
@@ -347,6 +350,9 @@ class GroupViewProcessor:
         except ConfigError as exc:
             return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc))
         except OSError as exc:
+            refused = self.ctx.store.refusal(exc)
+            if refused is not None:
+                raise refused from exc
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"the change could not be kept in the store: {exc}"
             )

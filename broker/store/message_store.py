@@ -110,12 +110,21 @@ DELETE_FILES_BATCH_MAX = 10
 
 def _read_only_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is EROFS."""
+    return _disk_errno(exc) == errno.EROFS
+
+
+#: The errors of a disk that takes no writes: read-only, no space, over quota.
+_REFUSING_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def _disk_errno(exc: BaseException) -> int | None:
+    """The errno of ``exc`` (or of what caused it) when it says the disk takes no writes."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.EROFS:
-            return True
+        if isinstance(seen, OSError) and seen.errno in _REFUSING_ERRNOS:
+            return seen.errno
         seen = seen.__cause__
-    return False
+    return None
 
 
 def _used_percent(used: int, total: int) -> float:
@@ -480,6 +489,8 @@ class MessageStore:
         #: (ext4's errors=remount-ro does that without statvfs saying so); cleared once a write
         #: probe succeeds again.
         self._read_only_seen = False
+        #: a write failed with ENOSPC/EDQUOT: writes stay refused until a probe fits
+        self._no_space_seen = False
         #: How the filesystem's flags are read (``os.statvfs``; a seam for tests).
         self.statvfs: Callable[[str], os.statvfs_result] = os.statvfs
         self._short_of_space_warned = False
@@ -929,10 +940,10 @@ class MessageStore:
         try:
             return self._append_records(records, total, counts)
         except OSError as exc:
-            if not _read_only_error(exc):
+            refused = self.refusal(exc)
+            if refused is None:
                 raise
-            self._note_read_only(exc)
-            raise ServiceNotAvailableError(self.writes_refused or str(exc)) from exc
+            raise refused from exc
 
     def _append_records(
         self,
@@ -1572,11 +1583,51 @@ class MessageStore:
 
     # -- a read-only filesystem -----------------------------------------------------------------
 
-    def _note_read_only(self, exc: OSError) -> None:
+    def _note_read_only(self, exc: BaseException) -> None:
         """A write failed with EROFS: refuse writes now, saying why."""
         self._read_only_seen = True
         if self.writes_refused_cause != "read_only":
             self._refuse_read_only(str(exc))
+
+    def refusal(self, exc: BaseException) -> ServiceNotAvailableError | None:
+        """The answer to a write of any store file (the commit log, the consume queues, the
+        topic table, offsets, subscription groups) that failed because the disk takes no
+        writes: a read-only filesystem, or no space left (ENOSPC, EDQUOT) even before the
+        sampled usage reached ``diskRefuseWritesRatio``.  Writes are turned off, saying why, and
+        the same retriable SERVICE_NOT_AVAILABLE is returned for every such failure; None for
+        any other error."""
+        code = _disk_errno(exc)
+        if code is None:
+            return None
+        if code == errno.EROFS:
+            self._note_read_only(exc)
+        elif self.writes_refused_cause != "read_only":
+            self._no_space_seen = True
+            if self.writes_refused_cause != "disk_full":
+                self.writes_refused = (
+                    f"the disk holding the store ({self._root}) has no space left "
+                    f"({errno.errorcode.get(code, code)}): writes are refused until space is freed"
+                )
+                self.writes_refused_cause = "disk_full"
+                log.error("writes_refused", cause="no_space", store=self._root, error=str(exc))
+        return ServiceNotAvailableError(self.writes_refused or str(exc))
+
+    def _space_back(self) -> bool:
+        """After a write failed for want of space: whether 1 MiB can be had again (a probe
+        file, allocated, synced and removed)."""
+        probe = os.path.join(self._root, ".space-probe")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, 1024 * 1024)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError:
+            return False
+        self._no_space_seen = False
+        return True
 
     def _refuse_read_only(self, detail: str) -> None:
         self.writes_refused = (
@@ -1632,6 +1683,8 @@ class MessageStore:
         used = _used_percent(usage.used - freed, usage.total)
         limit = self.config.disk_refuse_writes_ratio
         was = self.writes_refused
+        if self._no_space_seen and not self._space_back():
+            return self.writes_refused  # a write found no byte left: refused until one fits
         if used >= limit:
             self.writes_refused = (
                 f"the disk holding the store is {used:.0f}% full (diskRefuseWritesRatio {limit}%): "
