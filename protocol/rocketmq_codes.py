@@ -224,7 +224,8 @@ ROCKETMQ_MESSAGE_PROPERTIES: tuple[tuple[str, str, str, str], ...] = (
         "DELAY",
         "PROPERTY_DELAY_TIME_LEVEL",
         SERVED,
-        "delay levels; a level that is no number is refused",
+        "delay levels (on a half: that delay after the commit); a level that is no number is "
+        "refused",
     ),
     ("RETRY_TOPIC", "PROPERTY_RETRY_TOPIC", SERVED, "set on retry and dead-letter copies"),
     ("REAL_TOPIC", "PROPERTY_REAL_TOPIC", SERVED, "set on halves, delayed and timer messages"),
