@@ -97,25 +97,6 @@ async def test_ignored_properties_are_stored_and_delivered_as_sent(
     assert got.body == b"ignored"
 
 
-async def test_refused_properties_get_their_answer(broker: BrokerController) -> None:
-    refused = [key for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES if what == REFUSED]
-    assert refused == ["TIMER_DEL_UNIQKEY"]
-    c = await RawClient.connect(broker.address)
-    try:
-        resp = await c.send(
-            "audit-props",
-            b"cancel",
-            props={"TIMER_DEL_UNIQKEY": "audit-props_ABC", "TIMER_DELAY_SEC": "30"},
-        )
-        assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (resp.code, resp.remark)
-        assert "TIMER_DEL_UNIQKEY" in (resp.remark or "")
-        # a timer message without it is still a timer message
-        ok = await c.send("audit-props", b"later", props={"TIMER_DELAY_SEC": "30"})
-        assert ok.code == ResponseCode.SUCCESS, ok.remark
-    finally:
-        await c.close()
-
-
 def test_subscription_types_are_what_the_broker_does(
     broker_thread_factory: Callable[..., BrokerThread],
 ) -> None:
