@@ -305,14 +305,14 @@ class MessagingCore:
         queue ``level - 1``, the real topic and queue in properties), one with a delivery time
         still ahead to the timer topic."""
         props = msg.properties
+        if TIMER_DEL_UNIQKEY in props:  # a single send's marker recalls (:meth:`_send_one`)
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} (recalling a timer message) is served for one message "
+                "sent alone, not in a batch or a transaction"
+            )
         if MessageConst.DELAY not in props:
             if _TIMER_KEYS.isdisjoint(props):
                 return  # the usual message: no delay asked for
-            if TIMER_DEL_UNIQKEY in props:
-                raise MessageIllegalError(
-                    f"{TIMER_DEL_UNIQKEY} (recalling a timer message) is served for one message "
-                    "sent alone, not in a batch or a transaction"
-                )
             deliver = self._timer_deliver_ms(props)
             if deliver is None or deliver <= self.ctx.now_ms():
                 return  # no time asked, or due already

@@ -59,6 +59,7 @@ from ..messaging.fastpath import (
     committed_sys_flag,
 )
 from ..messaging.timer import (
+    TIMER_DEL_UNIQKEY,
     TIMER_PROPERTIES,
     check_timer_delay,
     route_to_timer,
@@ -239,6 +240,11 @@ class TransactionalMessageService:
         if not txid:
             raise MessageIllegalError("a transactional message needs a UNIQ_KEY or transaction id")
         self.machine.check_joinable(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY))
+        if TIMER_DEL_UNIQKEY in props:
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} (recalling a timer message) is served for one message "
+                "sent alone, not in a batch or a transaction"
+            )
         now = self.now_ms()
         if self._delay_level(props) > 0:
             # A delay level wins over a delivery time (RocketMQ clears the timer properties of
