@@ -1,5 +1,6 @@
 """Nothing silently mis-served: every RocketMQ 5.3 request code the broker does not serve is
-refused with REQUEST_CODE_NOT_SUPPORTED naming it, every gRPC RPC it does not serve answers
+refused with REQUEST_CODE_NOT_SUPPORTED naming it, every one it serves does its job on a running
+broker (``tests/support/request_probes.py``), every gRPC RPC it does not serve answers
 NOT_IMPLEMENTED naming it, and docs/compatibility.md's audit tables say exactly what the broker
 does (regenerate them with ``python -m tests.support.compat_audit``)."""
 
@@ -12,8 +13,10 @@ import pytest
 from tests.conftest import BrokerThread
 from tests.support.compat_audit import DOC, replace_section, tables
 from tests.support.raw import RawClient
+from tests.support.request_probes import PROBES
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
-from txmq.protocol.codes import ResponseCode
+from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.rocketmq_codes import ROCKETMQ_REQUEST_CODES
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -55,3 +58,35 @@ def test_the_compatibility_tables_are_what_the_broker_does(
             f"docs/compatibility.md's {name} table is not what the broker does: rewrite it "
             "with `.venv/bin/python -m tests.support.compat_audit`"
         )
+
+
+def test_every_served_request_code_has_a_probe(
+    broker_thread_factory: Callable[..., BrokerThread],
+) -> None:
+    """A request code the broker serves is tried (below): serving one without saying how to
+    try it fails here."""
+    bt = broker_thread_factory()
+    assert bt.controller is not None
+    served = bt.controller.served_request_codes()
+    missing = sorted(RequestCode(c).name for c in served if c not in PROBES)
+    assert not missing, (
+        f"served request codes without a probe in tests/support/request_probes.py: {missing}"
+    )
+    assert not set(PROBES) - served, "probes of request codes the broker does not serve"
+
+
+@pytest.mark.parametrize("code", sorted(PROBES), ids=lambda c: RequestCode(c).name)
+async def test_a_served_request_does_its_job(
+    make_broker_config: Callable[..., BrokerConfig], code: int
+) -> None:
+    """Each served request code sent to a broker, with the answer and the effect checked."""
+    b = BrokerController(make_broker_config())
+    await b.start()
+    try:
+        c = await RawClient.connect(b.address)
+        try:
+            await PROBES[code](b, c)
+        finally:
+            await c.close()
+    finally:
+        await b.shutdown()

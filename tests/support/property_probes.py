@@ -302,6 +302,8 @@ async def _timer_del_uniqkey(b: BrokerController, c: RawClient) -> None:
     refused = await c.send(TOPIC, b"0", props=marker, group="audit-tx", transactional=True)
     assert refused.code == ResponseCode.MESSAGE_ILLEGAL, refused.remark
     assert TIMER_DEL_UNIQKEY in (refused.remark or "")
+    no_time = await c.send(TOPIC, b"0", props={TIMER_DEL_UNIQKEY: marker[TIMER_DEL_UNIQKEY]})
+    assert no_time.code == ResponseCode.MESSAGE_ILLEGAL, no_time.remark
     ok(await c.send(TOPIC, b"0", props=marker))
     await wait_until(lambda: in_topic(c), 10, "the kept one delivered")
     await wait_until(lambda: b.timer.pending == 0, 10, "nothing pending")
