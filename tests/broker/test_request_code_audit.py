@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.compat_audit import DOC, replace_section, tables
+from tests.support.compat_audit import DOC, grpc_methods, probe_grpc, replace_section, tables
+from tests.support.grpc_probes import PROBES as GRPC_PROBES
 from tests.support.raw import RawClient
 from tests.support.request_probes import PROBES
 from txmq.broker.config import BrokerConfig
@@ -88,5 +89,34 @@ async def test_a_served_request_does_its_job(
             await PROBES[code](b, c)
         finally:
             await c.close()
+    finally:
+        await b.shutdown()
+
+
+def test_every_served_rpc_has_a_probe(broker_thread_factory: Callable[..., BrokerThread]) -> None:
+    bt = broker_thread_factory(grpc_server_enable=True, grpc_server_port=0)
+    assert bt.controller is not None
+    not_implemented = probe_grpc(bt.controller.grpc_port)
+    served = {m for m in grpc_methods() if m not in not_implemented}
+    missing = sorted(served - set(GRPC_PROBES))
+    assert not missing, f"served RPCs without a probe in tests/support/grpc_probes.py: {missing}"
+    assert not set(GRPC_PROBES) - served, "probes of RPCs the broker does not serve"
+
+
+@pytest.mark.parametrize("rpc", sorted(GRPC_PROBES))
+async def test_a_served_rpc_does_its_job(
+    make_broker_config: Callable[..., BrokerConfig], rpc: str
+) -> None:
+    """Each served RPC sent to a broker over grpc.aio, with the answer and the effect
+    checked."""
+    import grpc
+
+    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+
+    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
+    await b.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:
+            await GRPC_PROBES[rpc](b, sgrpc.MessagingServiceStub(ch))
     finally:
         await b.shutdown()
