@@ -14,7 +14,7 @@ from tests.conftest import BrokerThread
 from tests.support.compat_audit import DOC, grpc_methods, probe_grpc, replace_section, tables
 from tests.support.grpc_probes import PROBES as GRPC_PROBES
 from tests.support.raw import RawClient
-from tests.support.request_probes import PROBES
+from tests.support.request_probes import CONFIG, PROBES
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -81,7 +81,7 @@ async def test_a_served_request_does_its_job(
     make_broker_config: Callable[..., BrokerConfig], code: int
 ) -> None:
     """Each served request code sent to a broker, with the answer and the effect checked."""
-    b = BrokerController(make_broker_config())
+    b = BrokerController(make_broker_config(**CONFIG.get(code, {})))
     await b.start()
     try:
         c = await RawClient.connect(b.address)

@@ -5,19 +5,28 @@ runs one per served code and fails for a served code without a probe."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tests.broker.test_remoting_pop import GROUP as POP_GROUP
+from tests.broker.test_remoting_pop import TOPIC as POP_TOPIC
+from tests.broker.test_remoting_pop import ack as pop_ack
+from tests.broker.test_remoting_pop import create_topic as pop_create_topic
+from tests.broker.test_remoting_pop import extra_infos, pop
 from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok, stored
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.sql_filter import SUBSCRIPTION_PARSE_FAILED
 from txmq.broker.topics import TIMER_TOPIC
-from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol import fastjson
+from txmq.protocol.acl import Credentials
+from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.command import RemotingCommand
+from txmq.protocol.fastjson import ObjectKeyMap
 from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     CreateTopicRequestHeader,
@@ -47,8 +56,9 @@ Probe = Callable[[BrokerController, RawClient], Awaitable[None]]
 
 
 def body_json(resp: RemotingCommand) -> Any:
+    """The answer's body as RocketMQ's fastjson writes it (objects as map keys allowed)."""
     ok(resp)
-    return json.loads(resp.body.decode("utf-8"))
+    return fastjson.loads(resp.body)
 
 
 async def _sent(c: RawClient, n: int = 1, **kw: Any) -> list[RemotingCommand]:
@@ -320,6 +330,163 @@ async def _decide_batch(b: BrokerController, c: RawClient) -> None:
     assert b.transactions.records[drop_id].state.value == "ROLLED_BACK"
 
 
+async def _pop(b: BrokerController, c: RawClient) -> None:
+    """POP_MESSAGE hands messages out invisible; ACK_MESSAGE and BATCH_ACK_MESSAGE ack them;
+    CHANGE_MESSAGE_INVISIBLETIME renews one (its old extraInfo no longer acks): the group's
+    offset is the acked prefix."""
+    await pop_create_topic(c, queues=1)
+    for i in range(3):
+        ok(await c.send(POP_TOPIC, f"p{i}".encode()))
+    got: list[Any] = []
+    infos: dict[bytes, str] = {}
+
+    async def all_three() -> bool:
+        r, msgs = await pop(c, 3 - len(got), poll_ms=200)
+        if msgs:
+            infos.update(extra_infos(r, msgs))
+        got.extend(msgs)
+        return len(got) >= 3
+
+    await wait_until(all_three, 20, "three messages popped")
+    by = {m.body: m for m in got}
+    r, none = await pop(c, 3)
+    assert none == [], "handed out while invisible"
+    ok(await pop_ack(c, by[b"p0"], infos[b"p0"]))
+    p1 = by[b"p1"]
+    ext = {
+        "consumerGroup": POP_GROUP,
+        "topic": POP_TOPIC,
+        "queueId": str(p1.queue_id),
+        "extraInfo": infos[b"p1"],
+        "offset": str(p1.queue_offset),
+        "invisibleTime": "60000",
+    }
+    ok(await c.call(R.CHANGE_MESSAGE_INVISIBLETIME, ext, b"", SerializeType.JSON))
+    stale = await pop_ack(c, p1, infos[b"p1"])
+    assert stale.code == ResponseCode.NO_MESSAGE and "expired" in (stale.remark or "")
+    p2 = by[b"p2"]
+    one = {
+        "c": POP_GROUP,
+        "t": POP_TOPIC,
+        "r": "0",
+        "so": p2.queue_offset,
+        "q": p2.queue_id,
+        "rq": 0,
+        "pt": int(infos[b"p2"].split(" ")[1]),
+        "it": 60000,
+        "b": base64.b64encode(b"\x01").decode(),
+    }
+    body = json.dumps({"brokerName": b.config.broker_name, "acks": [one]}).encode()
+    ok(await c.call(R.BATCH_ACK_MESSAGE, {}, body, SerializeType.JSON))
+    assert b.offsets.query(POP_GROUP, POP_TOPIC, 0) == 1  # p1 is still out
+
+
+async def _name_server_views(b: BrokerController, c: RawClient) -> None:
+    """What mqadmin and the dashboard ask a name server, answered by the broker."""
+    ok(
+        await c.call(
+            R.UPDATE_AND_CREATE_TOPIC, CreateTopicRequestHeader(topic=TOPIC).to_ext_fields()
+        )
+    )
+    bn, cluster = b.config.broker_name, b.config.broker_cluster_name
+    info = body_json(await c.call(R.GET_BROKER_CLUSTER_INFO))
+    assert info["clusterAddrTable"] == {cluster: [bn]}
+    assert info["brokerAddrTable"][bn]["brokerAddrs"] == ObjectKeyMap([(0, b.advertised_address)])
+    topics = body_json(await c.call(R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))["topicList"]
+    assert TOPIC in topics
+    by_cluster = body_json(await c.call(R.GET_TOPICS_BY_CLUSTER, {"cluster": cluster}))
+    assert by_cluster["topicList"] == topics
+    ns = body_json(await c.call(R.GET_SYSTEM_TOPIC_LIST_FROM_NS))
+    assert ns["brokerAddr"] == b.advertised_address
+    system = body_json(await c.call(R.GET_SYSTEM_TOPIC_LIST_FROM_BROKER))["topicList"]
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" in system and TOPIC not in system
+
+
+async def _broker_views(b: BrokerController, c: RawClient) -> None:
+    """Who consumes a topic, what a group consumes, a topic's config, the put counts."""
+    await _sent(c, 2)
+    up = UpdateConsumerOffsetRequestHeader(
+        consumer_group=GROUP, topic=TOPIC, queue_id=0, commit_offset=1
+    )
+    ok(await c.call(R.UPDATE_CONSUMER_OFFSET, up.to_ext_fields()))
+    who = body_json(await c.call(R.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": TOPIC}))
+    assert who["groupList"] == [GROUP]
+    what = body_json(await c.call(R.QUERY_TOPICS_BY_CONSUMER, {"group": GROUP}))
+    assert what["topicList"] == [TOPIC]
+    tc = body_json(await c.call(R.GET_TOPIC_CONFIG, {"topic": TOPIC}))
+    assert (tc["topicName"], tc["writeQueueNums"]) == (TOPIC, b.config.default_topic_queue_nums)
+    missing = await c.call(R.GET_TOPIC_CONFIG, {"topic": "nowhere"})
+    assert missing.code == ResponseCode.TOPIC_NOT_EXIST
+    ext = {"statsName": "TOPIC_PUT_NUMS", "statsKey": TOPIC}
+    stats = body_json(await c.call(R.VIEW_BROKER_STATS_DATA, ext))
+    assert stats["statsMinute"]["sum"] == 2
+
+
+#: ACL 2.0 on, its first super user (the AUTH_* requests need both).
+ROOT = Credentials("audit-root", "audit-root-secret")
+AUTH_CONFIG: dict[str, Any] = {
+    "authentication_enabled": True,
+    "authorization_enabled": True,
+    "init_authentication_user": json.dumps(
+        {"username": ROOT.access_key, "password": ROOT.secret_key}
+    ),
+}
+
+
+async def _auth(b: BrokerController, _: RawClient) -> None:
+    """The ACL 2.0 requests: a user and its policy made, read, listed, changed and removed by
+    the super user, and the policy deciding the user's sends."""
+    root = await RawClient.connect(b.address, credentials=ROOT)
+    user = Credentials("audit-user", "audit-user-secret")
+    try:
+        ok(
+            await root.call(
+                R.UPDATE_AND_CREATE_TOPIC, CreateTopicRequestHeader(topic=TOPIC).to_ext_fields()
+            )
+        )
+        info = {"username": user.access_key, "password": user.secret_key, "userType": "Normal"}
+        ext = {"username": user.access_key}
+        ok(await root.call(R.AUTH_CREATE_USER, ext, json.dumps(info).encode()))
+        assert body_json(await root.call(R.AUTH_GET_USER, ext))["username"] == user.access_key
+        listed = body_json(await root.call(R.AUTH_LIST_USER, {}))
+        assert user.access_key in [u["username"] for u in listed]
+        subject = f"User:{user.access_key}"
+        pub = {"resource": f"Topic:{TOPIC}", "actions": ["Pub"], "decision": "Allow"}
+        policies = [{"policyType": "Custom", "entries": [pub]}]
+        doc = json.dumps({"subject": subject, "policies": policies}).encode()
+        ok(await root.call(R.AUTH_CREATE_ACL, {"subject": subject}, doc))
+
+        async def send_code() -> int:
+            u = await RawClient.connect(b.address, credentials=user)
+            try:
+                return int((await u.send(TOPIC, b"by-user")).code)
+            finally:
+                await u.close()
+
+        assert await send_code() == ResponseCode.SUCCESS
+        got = body_json(await root.call(R.AUTH_GET_ACL, {"subject": subject}))
+        assert "Topic:" + TOPIC in json.dumps(got)
+        assert subject in json.dumps(body_json(await root.call(R.AUTH_LIST_ACL, {})))
+        deny = dict(pub, decision="Deny")
+        denied = [{"policyType": "Custom", "entries": [deny]}]
+        doc = json.dumps({"subject": subject, "policies": denied}).encode()
+        ok(await root.call(R.AUTH_UPDATE_ACL, {"subject": subject}, doc))
+        assert await send_code() == ResponseCode.NO_PERMISSION
+        ok(await root.call(R.AUTH_DELETE_ACL, {"subject": subject}))
+        assert await send_code() == ResponseCode.NO_PERMISSION  # nothing allows it now
+        update = {"username": user.access_key, "userStatus": "disable"}
+        ok(await root.call(R.AUTH_UPDATE_USER, ext, json.dumps(update).encode()))
+        assert body_json(await root.call(R.AUTH_GET_USER, ext))["userStatus"] == "disable"
+        ok(await root.call(R.AUTH_DELETE_USER, ext))
+        listed = body_json(await root.call(R.AUTH_LIST_USER, {}))
+        assert user.access_key not in [u["username"] for u in listed]
+    finally:
+        await root.close()
+
+
+#: Settings a probe's broker needs (none: the tests' defaults).
+CONFIG: dict[int, dict[str, Any]] = {code: AUTH_CONFIG for code in range(3001, 3011)}
+
 PROBES: dict[int, Probe] = {
     R.SEND_MESSAGE: _send,
     R.SEND_MESSAGE_V2: _send,
@@ -364,4 +531,18 @@ PROBES: dict[int, Probe] = {
     R.TXMQ_FORCE_DECIDE: _transactions,
     R.RESUME_CHECK_HALF_MESSAGE: _resume,
     R.TXMQ_DECIDE_BATCH: _decide_batch,
+    R.POP_MESSAGE: _pop,
+    R.ACK_MESSAGE: _pop,
+    R.CHANGE_MESSAGE_INVISIBLETIME: _pop,
+    R.BATCH_ACK_MESSAGE: _pop,
+    R.GET_BROKER_CLUSTER_INFO: _name_server_views,
+    R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: _name_server_views,
+    R.GET_TOPICS_BY_CLUSTER: _name_server_views,
+    R.GET_SYSTEM_TOPIC_LIST_FROM_NS: _name_server_views,
+    R.GET_SYSTEM_TOPIC_LIST_FROM_BROKER: _name_server_views,
+    R.QUERY_TOPIC_CONSUME_BY_WHO: _broker_views,
+    R.QUERY_TOPICS_BY_CONSUMER: _broker_views,
+    R.GET_TOPIC_CONFIG: _broker_views,
+    R.VIEW_BROKER_STATS_DATA: _broker_views,
+    **{code: _auth for code in range(3001, 3011)},
 }
