@@ -494,7 +494,7 @@ class TimerService:
         None when the message was recalled before (nothing is stored again).
 
         Raises:
-            IllegalOperationError: its time has passed: it was delivered.
+            IllegalOperationError: its time has passed: it was delivered (or recalled before).
             QueryNotFoundError: no such timer message is pending.
         """
         key = (topic, uniq_key, deliver_ms)
@@ -534,8 +534,8 @@ class TimerService:
             return r
         if deliver_ms <= max(now, self.fired_ms):
             raise IllegalOperationError(
-                f"recall failed: message {uniq_key} of topic {topic} was due at {deliver_ms} "
-                "and has been delivered"
+                f"recall failed: message {uniq_key} of topic {topic} was due at {deliver_ms}, "
+                "which has passed: it has been delivered (or was recalled before)"
             )
         raise QueryNotFoundError(
             f"recall failed: no pending timer message {uniq_key} of topic {topic} due at "
