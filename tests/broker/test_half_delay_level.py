@@ -5,6 +5,7 @@ broker is SIGKILLed between the commit and the delivery; rolled back, never."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.broker.topics import TIMER_TOPIC
 from txmq.client.transaction import (
@@ -30,8 +32,10 @@ C, R, U = (
 )
 G = "delay-level-tx"
 TOPIC = "delay-level-orders"
-#: Level 10 of the test brokers' levels (tests/conftest.py) is 1 s.
-LEVEL, LEVEL_MS = 10, 1000
+#: The level these tests use: 3 s, long enough that "not delivered at the commit" holds on a
+#: loaded machine.
+LEVEL, LEVEL_MS = 2, 3000
+LEVELS = "100ms 3s"
 #: Margin for a loaded test machine (the timer's target is 100 ms).
 LATE_MS = 1000
 
@@ -98,9 +102,21 @@ def check_after_commit(got: list[MessageExt], committed_ms: dict[bytes, int], de
         assert late <= LATE_MS, f"{m.body!r} delivered {late} ms after its time"
 
 
+@pytest.fixture
+async def broker(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> AsyncIterator[BrokerController]:
+    b = BrokerController(make_broker_config(message_delay_level=LEVELS))
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.shutdown()
+
+
 async def test_delay_level_counts_from_the_commit(broker: BrokerController) -> None:
-    """The local transaction takes 800 ms, most of the level's 1 s: a delay counted from the
-    half would deliver before the commit's time + 1 s."""
+    """The local transaction takes 800 ms: a delay counted from the half would deliver before
+    the commit's time + the level's 3 s."""
     lst = Listener(C, hold_ms=800, check=U)  # only the producer's commit decides
     async with AsyncTransactionProducer(G, lst, broker.address) as p:
         r = await p.send_message_in_transaction(
@@ -112,7 +128,7 @@ async def test_delay_level_counts_from_the_commit(broker: BrokerController) -> N
     assert [m.body for m in held] == [b"one"]
     assert stored(broker, SCHEDULE_TOPIC) == []
     assert await pulled(broker.address) == [], "delivered at the commit"
-    await wait_until(lambda: pulled(broker.address), 10, "the committed message delivered")
+    await wait_until(lambda: pulled(broker.address), 15, "the committed message delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
     got = await pulled(broker.address)
     check_after_commit(got, lst.answered_ms, LEVEL_MS)
@@ -139,7 +155,7 @@ async def test_a_batch_of_halves_waits_its_delay_after_the_commit(
                 await txn.send(Message(TOPIC, body, keys="k", delay_level=LEVEL))
         committed = now_ms()  # the commit is answered once durable: it was before this
     assert await pulled(broker.address) == [], "delivered at the commit"
-    await wait_until(lambda: _n(pulled(broker.address), 3), 10, "all three delivered")
+    await wait_until(lambda: _n(pulled(broker.address), 3), 15, "all three delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
     got = await pulled(broker.address)
     assert sorted(m.body for m in got) == [b"b1", b"b2", b"b3"]
@@ -158,7 +174,7 @@ async def test_rolled_back_with_a_delay_level_is_never_delivered(
     async with AsyncTransactionProducer(G, Listener(R), broker.address) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"rolled", delay_level=1))
     async with AsyncTransactionProducer(G, Listener(C), broker.address) as p:
-        await p.send_message_in_transaction(Message(TOPIC, b"marker", delay_level=3))
+        await p.send_message_in_transaction(Message(TOPIC, b"marker", delay_level=LEVEL))
     await wait_until(lambda: pulled(broker.address), 10, "the marker delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
     assert [m.body for m in await pulled(broker.address)] == [b"marker"]

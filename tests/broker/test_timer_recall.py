@@ -61,7 +61,7 @@ async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerControl
     c = await RawClient.connect(broker.address)
     try:
         await c.send(TOPIC, b"warm-up")  # the topic exists
-        deliver = now_ms() + 1500
+        deliver = now_ms() + 2500
         h1 = handle_of(await c.send(TOPIC, b"recalled", props={"TIMER_DELIVER_MS": str(deliver)}))
         kept = await c.send(TOPIC, b"kept", props={"TIMER_DELIVER_MS": str(deliver)})
         h2 = handle_of(kept)
@@ -125,7 +125,7 @@ async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> N
     ``TIMER_DEL_UNIQKEY = <topic>+<message id>`` and the recalled message's time."""
     c = await RawClient.connect(broker.address)
     try:
-        deliver = now_ms() + 1200
+        deliver = now_ms() + 2000
         sent = await c.send(TOPIC, b"cancelled", props={"TIMER_DELIVER_MS": str(deliver)})
         msg_id = base64.urlsafe_b64decode(handle_of(sent)).decode().split(" ")[4]
         await c.send(TOPIC, b"marker-kept", props={"TIMER_DELIVER_MS": str(deliver + 100)})

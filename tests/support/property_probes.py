@@ -293,7 +293,7 @@ def _timer_probe(key: str, value: Callable[[int], str], wait_ms: int) -> Probe:
 
 async def _timer_del_uniqkey(b: BrokerController, c: RawClient) -> None:
     """The marker recalls the pending timer it names; in a transaction it is refused."""
-    deliver = now_ms() + 800
+    deliver = now_ms() + 2000
     sent = ok(await c.send(TOPIC, b"recalled", props={TIMER_DELIVER_MS: str(deliver)}))
     handle = str(sent.ext_fields["recallHandle"])
     msg_id = base64.urlsafe_b64decode(handle).decode().split(" ")[4]
@@ -327,8 +327,8 @@ PROBES: dict[str, Probe] = {
     C.TRANSACTION_ID: _transaction_id,
     C.TRANSACTION_CHECK_TIMES: _check_times_and_immunity,
     SHARDING_KEY: _sharding_key,
-    TIMER_DELAY_SEC: _timer_probe(TIMER_DELAY_SEC, lambda t: "1", 1000),
-    TIMER_DELIVER_MS: _timer_probe(TIMER_DELIVER_MS, lambda t: str(t + 700), 700),
-    TIMER_DELAY_MS: _timer_probe(TIMER_DELAY_MS, lambda t: "700", 700),
+    TIMER_DELAY_SEC: _timer_probe(TIMER_DELAY_SEC, lambda t: "2", 2000),
+    TIMER_DELIVER_MS: _timer_probe(TIMER_DELIVER_MS, lambda t: str(t + 2000), 2000),
+    TIMER_DELAY_MS: _timer_probe(TIMER_DELAY_MS, lambda t: "2000", 2000),
     TIMER_DEL_UNIQKEY: _timer_del_uniqkey,
 }
