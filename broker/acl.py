@@ -491,6 +491,9 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         if h.sys_flag & _TRANSACTION_PREPARED:
             needs.append(Need(h.producer_group, True, PUB))
         return False, needs
+    if code == R.RECALL_MESSAGE:  # what a send of its topic needs (RocketMQ: PUB)
+        topic = _field(ext, "topic")
+        return False, [topic_or_group(topic, PUB)] if topic else []
     if code == R.CONSUMER_SEND_MSG_BACK:
         b = ConsumerSendMsgBackRequestHeader.from_ext_fields(ext)
         needs = [Need(b.group, True, SUB)]

@@ -375,6 +375,7 @@ class BrokerController:
         self.timer = TimerService(ctx)
         self.recovery["timers"] = self.timer.recover()
         self.stats = BrokerStats(self._traffic_counts)
+        self.core.timer = self.timer
         self._processors = self.metrics.timed(self._build_processors())
         self.quota = self._quotas()
         if self.make_replication is not None:
@@ -487,6 +488,7 @@ class BrokerController:
             R.SEND_MESSAGE_V2: s.send_message,
             R.SEND_BATCH_MESSAGE: s.send_batch,
             R.CONSUMER_SEND_MSG_BACK: s.consumer_send_msg_back,
+            R.RECALL_MESSAGE: s.recall_message,
             R.PULL_MESSAGE: p.pull_message,
             R.HEART_BEAT: a.heart_beat,
             R.UNREGISTER_CLIENT: a.unregister_client,

@@ -36,7 +36,8 @@ from .store import TopicConfig, TopicConfigManager
 log = structlog.get_logger(__name__)
 
 # TIMER_TOPIC: queue 0 holds timer messages waiting for their delivery time, queue 1 the record
-# of which of them fired (see :mod:`txmq.broker.messaging.timer`).
+# of which of them fired, queue 2 the record of which were recalled (see
+# :mod:`txmq.broker.messaging.timer`).
 
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
@@ -75,7 +76,7 @@ class TopicManager:
             (SCHEDULE_TOPIC, delay_levels),
             # the committed copies of consumer offsets sent inside transactions
             (TXN_OFFSETS_TOPIC, 1),
-            (TIMER_TOPIC, 2),
+            (TIMER_TOPIC, 3),
             (POP_STATE_TOPIC, 1),
         ):
             tc = table.get(name)

@@ -322,8 +322,6 @@ class AsyncTransactionProducer(AsyncClient):
     ) -> SendResult:
         props = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: self.group}
         props.update(extra or {})
-        if msg.delay_level:
-            log.info("delay_level_ignored", topic=msg.topic, reason="transactional message")
         result = await self.producer.send_message(
             msg, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE, extra_properties=props, **kw
         )
@@ -775,9 +773,6 @@ class AsyncTransaction:
     ) -> None:
         tx = self.producer
         props = {MessageConst.TRAN_MSG: "true", MessageConst.PGROUP: tx.group, **extra}
-        for p in batch:
-            if p.msg.delay_level:
-                log.info("delay_level_ignored", topic=p.msg.topic, reason="transactional message")
         try:
             result = await tx.producer.send_messages(
                 [p.msg for p in batch],

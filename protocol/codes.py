@@ -41,6 +41,8 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     RESUME_CHECK_HALF_MESSAGE = 323
+    #: RocketMQ 5.3's recall of a pending timer message (header ``RecallMessageRequestHeader``).
+    RECALL_MESSAGE = 370
     UPDATE_BROKER_CONFIG = 25
     GET_BROKER_CONFIG = 26
     #: Create or replace a consumer group's settings (body: ``SubscriptionGroupConfig`` JSON).

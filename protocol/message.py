@@ -334,7 +334,8 @@ class Message:
         keys: business key(s), space separated, e.g. an order id.
         properties: user properties (string to string).
         flag: a user flag carried as is.
-        delay_level: deliver later (RocketMQ's delay levels); ignored for transactional sends.
+        delay_level: deliver later (RocketMQ's delay levels); a transactional message that
+            long after its commit.
         msg_id: the message's id (RocketMQ's UNIQ_KEY); None: the producer makes a new one for
             each send.  Set it to make a resend of your own idempotent (after a restart of the
             producer, say): the broker answers a message id it stored within its duplicate

@@ -1,6 +1,6 @@
-"""Every request code of Apache RocketMQ 5.3 (its ``RequestCode`` class) by number, so that a
-request txmq does not serve is answered with its RocketMQ name, and so that docs/compatibility.md
-can list what is served and what is not (``tests/broker/test_request_code_audit.py`` keeps the
+"""Every request code of Apache RocketMQ 5.3 (its ``RequestCode`` class, with 5.3.1's
+RECALL_MESSAGE) by number, so that a request txmq does not serve is answered with its RocketMQ
+name, and so that docs/compatibility.md can list what is served and what is not (``tests/broker/test_request_code_audit.py`` keeps the
 two in step).
 
 :class:`txmq.protocol.codes.RequestCode` holds the codes txmq itself uses; this table is the
@@ -120,6 +120,7 @@ ROCKETMQ_REQUEST_CODES: dict[int, str] = {
     353: "UPDATE_AND_GET_GROUP_FORBIDDEN",
     354: "CHECK_ROCKSDB_CQ_WRITE_PROGRESS",
     361: "LITE_PULL_MESSAGE",
+    370: "RECALL_MESSAGE",
     400: "QUERY_ASSIGNMENT",
     401: "SET_MESSAGE_REQUEST_MODE",
     402: "GET_ALL_MESSAGE_REQUEST_MODE",
@@ -224,7 +225,8 @@ ROCKETMQ_MESSAGE_PROPERTIES: tuple[tuple[str, str, str, str], ...] = (
         "DELAY",
         "PROPERTY_DELAY_TIME_LEVEL",
         SERVED,
-        "delay levels; a level that is no number is refused",
+        "delay levels (on a half: that delay after the commit); a level that is no number is "
+        "refused",
     ),
     ("RETRY_TOPIC", "PROPERTY_RETRY_TOPIC", SERVED, "set on retry and dead-letter copies"),
     ("REAL_TOPIC", "PROPERTY_REAL_TOPIC", SERVED, "set on halves, delayed and timer messages"),
@@ -448,8 +450,9 @@ ROCKETMQ_MESSAGE_PROPERTIES: tuple[tuple[str, str, str, str], ...] = (
     (
         "TIMER_DEL_UNIQKEY",
         "PROPERTY_TIMER_DEL_UNIQKEY",
-        REFUSED,
-        "on a timer message: `MESSAGE_ILLEGAL` (13), the remark names it (timer cancellation)",
+        SERVED,
+        "recalls the pending timer message `<topic>+<message id>` due at the marker's "
+        "`TIMER_DELIVER_MS` (sent alone; in a batch or a transaction: `MESSAGE_ILLEGAL`)",
     ),
     (
         "TIMER_DELAY_LEVEL",

@@ -33,7 +33,7 @@ from .view import ClusterView
 
 log = structlog.get_logger(__name__)
 
-#: The requests a follower forwards: sends, the decision of a half sent through it (stock
+#: The requests a follower forwards: sends, recalls of timer messages, the decision of a half sent through it (stock
 #: producers send END_TRANSACTION to the broker the half's queue names) and the consumer list
 #: (stock consumers ask a broker of the route picked at random, follower entries included).
 FORWARDED = frozenset(
@@ -41,6 +41,7 @@ FORWARDED = frozenset(
         RequestCode.SEND_MESSAGE,
         RequestCode.SEND_MESSAGE_V2,
         RequestCode.SEND_BATCH_MESSAGE,
+        RequestCode.RECALL_MESSAGE,
         RequestCode.END_TRANSACTION,
         RequestCode.GET_CONSUMER_LIST_BY_GROUP,
     }

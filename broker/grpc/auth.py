@@ -123,6 +123,11 @@ def _group_only(request: Any, tx: TransactionalMessageService) -> Needs:
     return False, _group(request)
 
 
+def _recall(request: Any, tx: TransactionalMessageService) -> Needs:
+    topic = convert.resource_name(request.topic)
+    return False, [topic_or_group(topic, PUB)] if topic else []
+
+
 def _signature_only(request: Any, tx: TransactionalMessageService) -> Needs:
     return False, []
 
@@ -168,7 +173,7 @@ RPC_NEEDS: dict[str, Callable[[Any, TransactionalMessageService], Needs]] = {
     "UpdateOffset": _signature_only,
     "GetOffset": _signature_only,
     "QueryOffset": _signature_only,
-    "RecallMessage": _signature_only,
+    "RecallMessage": _recall,
     "SyncLiteSubscription": _signature_only,
 }
 

@@ -549,6 +549,7 @@ class MessagingService:
                 message_id=r.uniq_key,
                 transaction_id=r.transaction_id or "",
                 offset=r.queue_offset,
+                recall_handle=r.recall_handle,
             )
             for r in outcome.receipts
         ]
@@ -833,7 +834,18 @@ class MessagingService:
         return spb.QueryOffsetResponse(status=self._not_implemented("QueryOffset"))
 
     async def RecallMessage(self, request: Any, context: Context) -> Any:
-        return spb.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
+        """A pending timer message, named by the recall handle its send answered, is never
+        delivered (RocketMQ 5.3)."""
+        self._count("RecallMessage")
+        try:
+            topic = convert.resource_name(request.topic)
+            msg_id = await self.core.recall(topic, request.recall_handle)
+            return spb.RecallMessageResponse(status=status(), message_id=msg_id)
+        except QueryNotFoundError as exc:
+            self._failed("RecallMessage", exc)  # logged; no such pending timer message
+            return spb.RecallMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, str(exc)))
+        except Exception as exc:
+            return spb.RecallMessageResponse(status=self._failed("RecallMessage", exc))
 
     async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
         return spb.SyncLiteSubscriptionResponse(

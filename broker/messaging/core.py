@@ -15,7 +15,14 @@ from operator import itemgetter
 
 import structlog
 
-from txmq.protocol.errors import FlushDiskTimeoutError, MessageIllegalError, ProtocolError
+from txmq.protocol.errors import (
+    FlushDiskTimeoutError,
+    IllegalOperationError,
+    MessageIllegalError,
+    ProtocolError,
+    ServiceNotAvailableError,
+    TopicNotExistError,
+)
 from txmq.protocol.headers import SendMessageRequestHeader
 from txmq.protocol.message import (
     MessageConst,
@@ -24,6 +31,7 @@ from txmq.protocol.message import (
     decode_batch,
     pack_host,
 )
+from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 
 from ..context import BrokerContext
 from ..store import PutMessageResult, TopicConfig
@@ -36,12 +44,16 @@ from .pop import PopService
 from .read import ReadSide
 from .timer import (
     START_DELIVER_TIME,
+    TIMER_DEL_UNIQKEY,
     TIMER_DELAY_MS,
     TIMER_DELAY_SEC,
     TIMER_DELIVER_MS,
     TIMER_PROPERTIES,
     DeliveryTimeError,
+    TimerService,
     check_timer_delay,
+    parse_recall_handle,
+    recall_handle,
     route_to_timer,
     timer_deliver_ms,
 )
@@ -59,8 +71,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: RocketMQ 5's timer cancellation (a timer message naming another's UNIQ_KEY): refused.
-TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 #: Any of these asks for a delivery time (a plain send has none: one set test skips the rest).
 _TIMER_KEYS = frozenset(TIMER_PROPERTIES)
 
@@ -82,6 +92,8 @@ class SendReceipt:
     end_offset: int
     #: Where the message's record starts in the commit log.
     commit_log_offset: int
+    #: A timer message's recall handle (RocketMQ 5.3's), else "".
+    recall_handle: str = ""
 
 
 _first = itemgetter(0)
@@ -200,6 +212,8 @@ class MessagingCore:
         self.ctx = ctx
         self.tx = transactions
         self.fast = FastPaths(ctx, transactions)
+        #: The timer service, once the broker has built it (recalls go to it).
+        self.timer: TimerService | None = None
         #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off
         self.trace = transactions.trace
         #: SYNC_FLUSH: a request's trace records are fsynced with it, before its answer (under
@@ -291,13 +305,14 @@ class MessagingCore:
         queue ``level - 1``, the real topic and queue in properties), one with a delivery time
         still ahead to the timer topic."""
         props = msg.properties
+        if TIMER_DEL_UNIQKEY in props:  # a single send's marker recalls (:meth:`_send_one`)
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} (recalling a timer message) is served for one message "
+                "sent alone, not in a batch or a transaction"
+            )
         if MessageConst.DELAY not in props:
             if _TIMER_KEYS.isdisjoint(props):
                 return  # the usual message: no delay asked for
-            if TIMER_DEL_UNIQKEY in props:
-                raise MessageIllegalError(
-                    f"{TIMER_DEL_UNIQKEY} (cancelling a timer message) is not supported by txmq"
-                )
             deliver = self._timer_deliver_ms(props)
             if deliver is None or deliver <= self.ctx.now_ms():
                 return  # no time asked, or due already
@@ -324,6 +339,14 @@ class MessagingCore:
     def _receipt(self, msg: MessageExt, r: PutMessageResult) -> SendReceipt:
         props = msg.properties
         half = msg.topic == self.tx.half_topic
+        handle = ""
+        if msg.topic == TIMER_TOPIC:
+            real = props.get(MessageConst.REAL_TOPIC, "")
+            uniq = props.get(MessageConst.UNIQ_KEY)
+            if uniq and not real.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                handle = recall_handle(
+                    real, self.ctx.config.broker_name, int(props[TIMER_DELIVER_MS]), uniq
+                )
         return SendReceipt(
             offset_msg_id=r.offset_msg_id,
             uniq_key=props.get(MessageConst.UNIQ_KEY, ""),
@@ -334,6 +357,7 @@ class MessagingCore:
             transaction_id=self.tx.transaction_id_of(props) if half else None,
             end_offset=r.end_offset,
             commit_log_offset=r.commit_log_offset,
+            recall_handle=handle,
         )
 
     def durable_at_once(self) -> bool:
@@ -429,6 +453,8 @@ class MessagingCore:
 
     async def _send_one(self, msg: MessageExt, producer_group: str) -> SendOutcome:
         """:meth:`send` of one message: one key, one lookup, one insert."""
+        if TIMER_DEL_UNIQKEY in msg.properties and not is_transactional(msg.properties):
+            return await self._recall_marker(msg)
         dedup = self.dedup
         key = dedup.key(msg.topic, msg.properties)
         if key is not None:
@@ -440,6 +466,75 @@ class MessagingCore:
         if key is not None:  # remembered at its store timestamp, as a rebuild finds it
             dedup.add(key, stored[0].commit_log_offset, msg.store_timestamp)
         return await self.durable(SendOutcome(stored))
+
+    async def _recall_marker(self, msg: MessageExt) -> SendOutcome:
+        """A message carrying ``TIMER_DEL_UNIQKEY`` (``<topic>+<UNIQ_KEY>``) and the recalled
+        timer's ``TIMER_DELIVER_MS``: RocketMQ 5's marker that recalls a pending timer
+        message.  The answer is the recall record's, with the recalled message's id."""
+        props = msg.properties
+        topic, sep, uniq = props[TIMER_DEL_UNIQKEY].partition("+")
+        if not sep or topic != msg.topic or not uniq:
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} {props[TIMER_DEL_UNIQKEY]!r} is not <topic>+<message id> "
+                f"of this message's topic {msg.topic}"
+            )
+        try:
+            deliver = int(props.get(TIMER_DELIVER_MS, ""))
+        except ValueError:
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} needs the recalled message's {TIMER_DELIVER_MS}"
+            ) from None
+        r = self._recall(topic, uniq, deliver)
+        receipt = SendReceipt(
+            r.offset_msg_id if r is not None else "",
+            uniq,
+            0,
+            r.queue_offset if r is not None else 0,
+            None,
+            r.end_offset if r is not None else self.ctx.store.max_phy_offset,
+            r.commit_log_offset if r is not None else 0,
+        )
+        return await self.durable(SendOutcome([receipt]))
+
+    def _recall(self, topic: str, uniq: str, deliver_ms: int) -> PutMessageResult | None:
+        timer = self.timer
+        if timer is None:
+            raise ServiceNotAvailableError("recall failed, the timer service is not running")
+        return timer.recall(topic, uniq, deliver_ms)
+
+    async def recall(self, topic: str, handle: str) -> str:
+        """Recall the pending timer message a recall handle names (RocketMQ 5.3's
+        RECALL_MESSAGE / RecallMessage): it is never delivered.  Returns its message id once
+        the recall is durable.
+
+        Raises:
+            TopicNotExistError: ``topic`` does not exist.
+            IllegalOperationError: the handle is invalid, of another topic or broker, or the
+                message's time has passed (it was delivered).
+            QueryNotFoundError: no such timer message is pending.
+            FlushDiskTimeoutError: the recall was not durable in time.
+        """
+        if self.ctx.topics.get(topic) is None:
+            raise TopicNotExistError(f"recall failed, the topic[{topic}] not exist")
+        h_topic, broker, ts, uniq = parse_recall_handle(handle)
+        if h_topic != topic:
+            raise IllegalOperationError(
+                f"recall failed, topic not match: the handle is of topic {h_topic}"
+            )
+        name = self.ctx.config.broker_name
+        if broker != name:
+            raise IllegalOperationError(
+                f"recall failed, the handle is of broker {broker}, this is {name}"
+            )
+        try:
+            deliver = int(ts)
+        except ValueError:
+            raise IllegalOperationError("recall failed, timestamp invalid") from None
+        r = self._recall(topic, uniq, deliver)
+        await self.ctx.flush.wait_durable(
+            r.end_offset if r is not None else self.ctx.store.max_phy_offset
+        )
+        return uniq
 
     def send_plain_now(
         self, p: PlainSend, queue_id: int, born_host: tuple[str, int]

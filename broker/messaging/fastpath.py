@@ -45,7 +45,7 @@ from txmq.protocol.message import (
 
 from ..store import AppendResult, EncodedMessage
 from ..store.tags import tags_code_of
-from .timer import TIMER_PROPERTIES
+from .timer import TIMER_DEL_UNIQKEY, TIMER_PROPERTIES
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
@@ -74,8 +74,14 @@ _SEP = b"\x02"
 _UNIQ = f"{MessageConst.UNIQ_KEY}\x01".encode()
 _UNIQ_INSIDE = _SEP + _UNIQ
 #: Properties a plain entry may not carry here: the generic path judges those (a delay it
-#: refuses in a batch; a second UNIQ_KEY; a delivery time, for the timer).
-_NOT_PLAIN = (MessageConst.TRAN_MSG, MessageConst.DELAY, MessageConst.UNIQ_KEY, *TIMER_PROPERTIES)
+#: refuses in a batch; a second UNIQ_KEY; a delivery time, for the timer; a recall marker).
+_NOT_PLAIN = (
+    MessageConst.TRAN_MSG,
+    MessageConst.DELAY,
+    MessageConst.UNIQ_KEY,
+    TIMER_DEL_UNIQKEY,
+    *TIMER_PROPERTIES,
+)
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 #: Properties of a half that its committed message does not carry.

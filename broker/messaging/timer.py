@@ -29,11 +29,21 @@ At start the index is rebuilt from the timer queue from ``lowWater``: a timer be
 is pending (and fires at once if overdue).  A copy and its fired-log entry are in one append,
 so a timer is either fired and listed, or neither: none is delivered twice or lost.  No
 checkpoint (a new store): the whole queue and log are read.
+
+**Recall** (RocketMQ 5.3's RecallMessage, its ``TIMER_DEL_UNIQKEY`` marker): a pending timer
+named by its real topic, UNIQ_KEY and delivery time (the recall handle a send answers, see
+:func:`recall_handle`) is taken out of the index and one record is appended to queue 2 of the
+timer topic (the *recall log*) holding its commit-log offset.  The checkpoint's ``recallLow``
+is the recall log's offset of the earliest recall whose timer's time is not yet behind
+``firedMs``; the rebuild reads the recall log from there and leaves every timer it lists out
+of the index, so a recalled timer is never delivered, also after a SIGKILL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import bisect
 import heapq
 import json
@@ -45,11 +55,16 @@ from typing import TYPE_CHECKING
 import structlog
 
 from txmq.protocol.aio import wait_event
-from txmq.protocol.errors import MessageIllegalError, TxmqError
+from txmq.protocol.errors import (
+    IllegalOperationError,
+    MessageIllegalError,
+    QueryNotFoundError,
+    TxmqError,
+)
 from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
 from ..redelivery import redelivered
-from ..store import GetMessageStatus
+from ..store import GetMessageStatus, PutMessageResult
 from ..store.fileio import atomic_write
 from ..store.reading import read_queue
 from ..topics import TIMER_TOPIC
@@ -70,6 +85,10 @@ TIMER_PROPERTIES = (TIMER_DELIVER_MS, START_DELIVER_TIME, TIMER_DELAY_SEC, TIMER
 #: The queues of the timer topic.
 TIMER_QUEUE = 0
 FIRED_QUEUE = 1
+RECALL_QUEUE = 2
+#: RocketMQ 5's timer cancellation property: ``<real topic>+<UNIQ_KEY>`` of the timer message
+#: a marker recalls (set on the recall log's records too).
+TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 
 #: Timers read from the queue per look (and looks per step), fired per step (one append).
 READ_CHUNK = 512
@@ -139,6 +158,30 @@ def route_to_timer(msg: MessageExt, deliver_ms: int) -> None:
     msg.queue_id = TIMER_QUEUE
 
 
+def recall_handle(topic: str, broker_name: str, deliver_ms: int, uniq_key: str) -> str:
+    """The recall handle of a timer message (RocketMQ 5.3's ``RecallMessageHandle.HandleV1``:
+    ``v1 <topic> <broker name> <timestamp> <message id>``, URL-safe base64); the timestamp is
+    the exact delivery time here."""
+    raw = " ".join(("v1", topic, broker_name, str(deliver_ms), uniq_key))
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii")
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str, str, str]:
+    """``(topic, broker name, timestamp, message id)`` of a recall handle.
+
+    Raises:
+        IllegalOperationError: it is not one (RocketMQ's answer and remark).
+    """
+    try:
+        raw = base64.urlsafe_b64decode(handle.encode("ascii")).decode("utf-8")
+    except (ValueError, binascii.Error, UnicodeError):
+        raise IllegalOperationError("recall handle is invalid") from None
+    items = raw.split(" ")
+    if not handle or items[0] != "v1" or len(items) < 5:
+        raise IllegalOperationError("recall handle is invalid")
+    return items[1], items[2], items[3], items[4]
+
+
 def fired_copy(m: MessageExt) -> MessageExt:
     """What a timer message delivers: the message in its real topic and queue."""
     props = dict(m.properties)
@@ -191,6 +234,38 @@ class TimerIndex:
             b.append(packed)
             if qoff < self._minq[sec]:
                 self._minq[sec] = qoff
+
+    def at(self, deliver_ms: int) -> list[int]:
+        """The commit-log offsets of the pending timers due exactly at ``deliver_ms`` (not
+        those already overdue when read: they fire at the next step)."""
+        sec, ms = divmod(deliver_ms, 1000)
+        if sec == self._cur_sec:
+            cur = self._cur
+            lo = bisect.bisect_left(cur, ms << _MS_SHIFT, lo=self._cur_i)
+            hi = bisect.bisect_right(cur, (ms << _MS_SHIFT) | _PHY_MASK, lo=lo)
+            return [p & _PHY_MASK for p in cur[lo:hi]]
+        b = self._buckets.get(sec)
+        if b is None:
+            return []
+        return [p & _PHY_MASK for p in b if p >> _MS_SHIFT == ms]
+
+    def remove(self, deliver_ms: int, phy: int) -> bool:
+        """Take the pending timer at ``phy`` due at ``deliver_ms`` out (its second's low-water
+        mark is kept); whether it was there."""
+        sec, ms = divmod(deliver_ms, 1000)
+        packed = ms << _MS_SHIFT | phy
+        if sec == self._cur_sec:
+            i = bisect.bisect_left(self._cur, packed, lo=self._cur_i)
+            if i >= len(self._cur) or self._cur[i] != packed:
+                return False
+            del self._cur[i]
+        else:
+            b = self._buckets.get(sec)
+            if b is None or packed not in b:
+                return False
+            b.remove(packed)
+        self._n -= 1
+        return True
 
     def requeue(self, phys: list[int]) -> None:
         """Timers taken but not fired (the append failed): due again (their queue offsets are
@@ -265,6 +340,10 @@ class TimerService:
         #: Every timer read, due at or before this, has fired.
         self.fired_ms = 0
         self.fired_total = 0
+        self.recalled_total = 0
+        #: Recalled timers whose time is not yet behind ``fired_ms``: (real topic, UNIQ_KEY,
+        #: delivery ms) -> (commit-log offset, the recall record's recall-log offset).
+        self.recalled: dict[tuple[str, str, int], tuple[int, int]] = {}
         #: Steps failed in a row (a full disk refuses the copies).
         self.failures = 0
         self._wake = asyncio.Event()
@@ -287,12 +366,14 @@ class TimerService:
         try:
             with open(self.path, encoding="utf-8") as f:
                 doc = json.load(f)
-            return {k: int(doc[k]) for k in ("scanned", "firedMs", "lowWater", "firedLog")}
+            ck = {k: int(doc[k]) for k in ("scanned", "firedMs", "lowWater", "firedLog")}
+            ck["recallLow"] = int(doc.get("recallLow", 0))  # a checkpoint from before recalls
+            return ck
         except FileNotFoundError:
-            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0}
+            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0, "recallLow": 0}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("timer_checkpoint_unreadable", path=self.path, error=repr(exc))
-            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0}
+            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0, "recallLow": 0}
 
     def recover(self) -> dict[str, int]:
         """Rebuild the pending index from the timer queue (before the broker serves)."""
@@ -302,6 +383,15 @@ class TimerService:
             self.store, TIMER_TOPIC, FIRED_QUEUE, ck["firedLog"], chunk=READ_CHUNK
         ):
             fired.update(array("q", bytes(rec.body)))
+        # Recalled timers: phy -> (the recall's key, its recall-log offset).
+        recalls: dict[int, tuple[tuple[str, str, int], int]] = {}
+        for rec in read_queue(
+            self.store, TIMER_TOPIC, RECALL_QUEUE, ck["recallLow"], chunk=READ_CHUNK
+        ):
+            key = _recall_key(rec)
+            for phy in array("q", bytes(rec.body)):
+                if key is not None:
+                    recalls[phy] = (key, rec.queue_offset)
         now = self.ctx.now_ms()
         index = self.index
         scanned_before, fired_ms = ck["scanned"], ck["firedMs"]
@@ -314,10 +404,20 @@ class TimerService:
             if m.queue_offset < scanned_before and deliver <= fired_ms:
                 skipped += 1
                 continue
+            recall = recalls.get(m.commit_log_offset)
+            if recall is not None:
+                self.recalled[recall[0]] = (m.commit_log_offset, recall[1])
+                skipped += 1
+                continue
             index.add(deliver, m.commit_log_offset, m.queue_offset, now)
         self.scanned = self.store.get_max_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE)
         self.fired_ms = max(fired_ms, 0)
-        report = {"pending": len(index), "fired_after_checkpoint": len(fired), "skipped": skipped}
+        report = {
+            "pending": len(index),
+            "fired_after_checkpoint": len(fired),
+            "recalled": len(self.recalled),
+            "skipped": skipped,
+        }
         log.info("timers_recovered", **report)
         return report
 
@@ -382,7 +482,65 @@ class TimerService:
             self._fire(phys)
         if complete:
             self.fired_ms = max(self.fired_ms, now)
+            if self.recalled:  # past their time: the checkpoint's firedMs covers them
+                fired_ms = self.fired_ms
+                for key in [k for k in self.recalled if k[2] <= fired_ms]:
+                    del self.recalled[key]
         return not (caught_up and complete)
+
+    def recall(self, topic: str, uniq_key: str, deliver_ms: int) -> PutMessageResult | None:
+        """Recall the pending timer message ``uniq_key`` of ``topic`` due at ``deliver_ms``: it
+        is never delivered.  Returns where the recall record was stored (not yet durable);
+        None when the message was recalled before (nothing is stored again).
+
+        Raises:
+            IllegalOperationError: its time has passed: it was delivered (or recalled before).
+            QueryNotFoundError: no such timer message is pending.
+        """
+        key = (topic, uniq_key, deliver_ms)
+        done = self.recalled.get(key)
+        if done is not None:
+            return None
+        now = self.ctx.now_ms()
+        while not self._load(now):  # the timers sent before the recall are in the index
+            pass
+        lookup = self.store.lookup_message
+        for phy in self.index.at(deliver_ms):
+            try:
+                m = lookup(phy)
+            except (TxmqError, KeyError, ValueError):
+                continue
+            props = m.properties
+            if props.get(MessageConst.UNIQ_KEY) != uniq_key:
+                continue
+            if props.get(MessageConst.REAL_TOPIC) != topic:
+                continue
+            record = MessageExt(
+                topic=TIMER_TOPIC,
+                body=array("q", (phy,)).tobytes(),
+                queue_id=RECALL_QUEUE,
+                born_timestamp=now,
+                born_host=self.ctx.store_host,
+                properties={
+                    TIMER_DEL_UNIQKEY: f"{topic}+{uniq_key}",
+                    TIMER_DELIVER_MS: str(deliver_ms),
+                },
+            )
+            [r] = self.ctx.write.put_messages([record])
+            self.index.remove(deliver_ms, phy)
+            self.recalled[key] = (phy, r.queue_offset)
+            self.recalled_total += 1
+            log.info("timer_message_recalled", topic=topic, msg_id=uniq_key, deliver_ms=deliver_ms)
+            return r
+        if deliver_ms <= max(now, self.fired_ms):
+            raise IllegalOperationError(
+                f"recall failed: message {uniq_key} of topic {topic} was due at {deliver_ms}, "
+                "which has passed: it has been delivered (or was recalled before)"
+            )
+        raise QueryNotFoundError(
+            f"recall failed: no pending timer message {uniq_key} of topic {topic} due at "
+            f"{deliver_ms}"
+        )
 
     def _fire(self, phys: list[int]) -> None:
         lookup = self.store.lookup_message
@@ -437,6 +595,10 @@ class TimerService:
             "firedMs": self.fired_ms,
             "lowWater": self.index.low_water(self.scanned),
             "firedLog": self.store.get_max_offset_in_queue(TIMER_TOPIC, FIRED_QUEUE),
+            "recallLow": min(
+                (q for _, q in self.recalled.values()),
+                default=self.store.get_max_offset_in_queue(TIMER_TOPIC, RECALL_QUEUE),
+            ),
         }
 
     async def _checkpoint(self) -> None:
@@ -465,3 +627,12 @@ def _deliver_ms(m: MessageExt) -> int | None:
         return int(v) if v is not None else None
     except ValueError:
         return None
+
+
+def _recall_key(m: MessageExt) -> tuple[str, str, int] | None:
+    """(real topic, UNIQ_KEY, delivery ms) a recall-log record names."""
+    topic, sep, uniq = m.properties.get(TIMER_DEL_UNIQKEY, "").partition("+")
+    deliver = _deliver_ms(m)
+    if not sep or deliver is None:
+        return None
+    return topic, uniq, deliver

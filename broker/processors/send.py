@@ -6,7 +6,12 @@ from __future__ import annotations
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import MessageIllegalError, ProtocolError, QueryNotFoundError
+from txmq.protocol.errors import (
+    InvalidParameterError,
+    MessageIllegalError,
+    ProtocolError,
+    QueryNotFoundError,
+)
 from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
@@ -43,6 +48,10 @@ class SendMessageProcessor:
         }
         if txid is not None:
             ext["transactionId"] = txid
+        if outcome.batch is None and cmd.code != RequestCode.SEND_BATCH_MESSAGE:
+            receipts = outcome.receipts
+            if len(receipts) == 1 and receipts[0].recall_handle:
+                ext["recallHandle"] = receipts[0].recall_handle  # a timer message's
         if outcome.flush_error is not None:
             return cmd.response(ResponseCode.FLUSH_DISK_TIMEOUT, str(outcome.flush_error), ext)
         return cmd.response(ResponseCode.SUCCESS, None, ext)
@@ -100,6 +109,17 @@ class SendMessageProcessor:
         tc = await core.topic_for_send(h.topic, h.default_topic_queue_nums)
         qid = core.queue_id(h.queue_id, tc.write_queue_nums, h.topic)
         return self._answer(cmd, await core.send_batch(h, qid, cmd.body, conn.peer))
+
+    async def recall_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """RECALL_MESSAGE (RocketMQ 5.3's ``RecallMessageRequestHeader``: ``producerGroup``,
+        ``topic``, ``recallHandle``): the pending timer message the handle names is never
+        delivered; answered with its ``msgId`` once the recall is durable."""
+        ext = cmd.ext_fields
+        topic, handle = ext.get("topic"), ext.get("recallHandle")
+        if not topic or not handle:
+            raise InvalidParameterError("RECALL_MESSAGE needs the topic and recallHandle fields")
+        msg_id = await self.core.recall(str(topic), str(handle))
+        return cmd.response(ResponseCode.SUCCESS, None, {"msgId": msg_id})
 
     async def consumer_send_msg_back(
         self, conn: Connection, cmd: RemotingCommand

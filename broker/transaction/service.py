@@ -58,7 +58,13 @@ from ..messaging.fastpath import (
     committed_properties,
     committed_sys_flag,
 )
-from ..messaging.timer import check_timer_delay, route_to_timer, timer_deliver_ms
+from ..messaging.timer import (
+    TIMER_DEL_UNIQKEY,
+    TIMER_PROPERTIES,
+    check_timer_delay,
+    route_to_timer,
+    timer_deliver_ms,
+)
 from ..messaging.trace import BrokerTrace
 from ..redelivery import redelivered
 from ..store import (
@@ -234,19 +240,49 @@ class TransactionalMessageService:
         if not txid:
             raise MessageIllegalError("a transactional message needs a UNIQ_KEY or transaction id")
         self.machine.check_joinable(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY))
+        if TIMER_DEL_UNIQKEY in props:
+            raise MessageIllegalError(
+                f"{TIMER_DEL_UNIQKEY} (recalling a timer message) is served for one message "
+                "sent alone, not in a batch or a transaction"
+            )
         now = self.now_ms()
+        if self._delay_level(props) > 0:
+            # A delay level wins over a delivery time (RocketMQ clears the timer properties of
+            # a message with a level): delivered that long after the commit.
+            for key in TIMER_PROPERTIES:
+                props.pop(key, None)
         deliver = timer_deliver_ms(props, now)
         if deliver is not None:  # delivered at its time once committed (checked now)
             check_timer_delay(deliver, now, cfg.timer_max_delay_sec)
         props[MessageConst.PGROUP] = group
         props[MessageConst.REAL_TOPIC] = msg.topic
         props[MessageConst.REAL_QID] = str(msg.queue_id)
-        props.pop(MessageConst.DELAY, None)  # a delay level on a transactional message is ignored
         msg.sys_flag = MessageSysFlag.reset_transaction_value(
             msg.sys_flag, MessageSysFlag.TRANSACTION_NOT_TYPE
         )
         msg.topic = self.half_topic
         msg.queue_id = 0
+
+    def _delay_level(self, props: dict[str, str]) -> int:
+        """A half's ``DELAY`` level, clamped to the levels there are (RocketMQ's rule), left in
+        ``props`` for the commit; 0 (and the property dropped) when it asks for none.
+
+        Raises:
+            MessageIllegalError: the level is not a number.
+        """
+        value = props.get(MessageConst.DELAY)
+        if value is None:
+            return 0
+        try:
+            level = int(value)
+        except ValueError:
+            raise MessageIllegalError(f"DELAY property {value!r} is not a level number") from None
+        if level <= 0:
+            del props[MessageConst.DELAY]
+            return 0
+        level = min(level, len(self.ctx.delay_levels))
+        props[MessageConst.DELAY] = str(level)
+        return level
 
     def on_half_stored(self, msg: MessageExt, result: PutMessageResult) -> None:
         msg.commit_log_offset = result.commit_log_offset
@@ -514,9 +550,22 @@ class TransactionalMessageService:
             ),
             prepared_transaction_offset=half.commit_log_offset,
         )
+        # A half with a delay level: its committed message waits in the timer for the level's
+        # delay, counted from the commit (RocketMQ's committed message goes through its delay
+        # levels from there); the timer fires it once, also across a crash.
+        props = msg.properties
+        level = props.pop(MessageConst.DELAY, None)
+        if level is not None:
+            try:
+                n = min(int(level), len(self.ctx.delay_levels))
+            except ValueError:
+                n = 0  # checked when the half was sent; a record from before is delivered now
+            if n > 0:
+                route_to_timer(msg, self.now_ms() + self.ctx.delay_levels[n - 1])
+                return msg
         # A half with a delivery time: its committed message waits in the timer until then
         # (relative times count from the half's store time).
-        deliver = timer_deliver_ms(msg.properties, h.store_timestamp)
+        deliver = timer_deliver_ms(props, h.store_timestamp)
         if deliver is not None and deliver > self.now_ms():
             route_to_timer(msg, deliver)
         return msg
@@ -552,6 +601,7 @@ class TransactionalMessageService:
                         r.prepared_transaction_offset >= min_phy
                         and b"TIMER_" not in tail
                         and b"__STARTDELIVERTIME" not in tail
+                        and b"DELAY\x01" not in tail
                         and h.uniq_key.encode() in tail
                     ):
                         append(r)

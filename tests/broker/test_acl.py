@@ -183,6 +183,7 @@ async def cases(broker: BrokerController) -> list[Case]:
             R.SEND_MESSAGE_V2, {"a": "g", "b": "orders", "e": 0, "g": 0, "f": 0}, b"x", PUBLISHERS
         ),
         Case(R.SEND_BATCH_MESSAGE, send, encode_batch([]), PUBLISHERS),
+        Case(R.RECALL_MESSAGE, {"topic": "orders", "recallHandle": "x"}, b"", PUBLISHERS),
         Case(
             R.CONSUMER_SEND_MSG_BACK,
             {"group": "cgroup", "offset": 0, "delayLevel": 0, "originTopic": "orders"},

@@ -1,14 +1,14 @@
 """Every RocketMQ 5.3 message property and subscription type is served, ignored on purpose or
 refused, as ``txmq.protocol.rocketmq_codes`` declares and docs/compatibility.md says: the
-document's tables are the declarations, an ignored property goes through a broker unchanged, a
-refused one gets its answer, and each subscription row is what a running broker does."""
+document's tables are the declarations; each served property does on a running broker what its
+row says (``tests/support/property_probes.py``), an ignored one goes through unchanged; each
+subscription row is what a running broker does."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +20,9 @@ from tests.support.compat_audit import (
     replace_section,
     subscription_table,
 )
+from tests.support.property_probes import PROBES
 from tests.support.raw import RawClient
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.rocketmq_codes import (
@@ -30,8 +32,6 @@ from txmq.protocol.rocketmq_codes import (
     SERVED,
     SUBSCRIPTION_TYPES,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_document_holds_the_declared_tables() -> None:
@@ -57,22 +57,39 @@ def test_every_property_is_declared_once_with_a_reason() -> None:
         assert what == SERVED or note, f"{key} is {what} without saying why"
 
 
-def _sources() -> str:
-    return "\n".join(
-        p.read_text(encoding="utf-8")
-        for folder in ("broker", "protocol")
-        for p in (ROOT / folder).rglob("*.py")
-        if p.name != "rocketmq_codes.py"
+SERVED_KEYS = [key for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES if what == SERVED]
+
+
+def test_every_served_property_has_a_probe() -> None:
+    """A property declared served is tried on a broker (below): declaring one without saying
+    how to try it fails here."""
+    missing = [key for key in SERVED_KEYS if key not in PROBES]
+    assert not missing, (
+        f"served properties without a probe in tests/support/property_probes.py: {missing}"
     )
+    assert not set(PROBES) - set(SERVED_KEYS), "probes of properties not declared served"
+    refused = [key for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES if what == REFUSED]
+    assert not refused, f"refused properties need a probe of their refusal: {refused}"
 
 
-def test_served_and_refused_properties_are_named_in_the_broker() -> None:
-    """A property the table says txmq acts on is spelt somewhere in the broker's code (the
-    declaration lives elsewhere): removing its handling makes this fail."""
-    src = _sources()
-    for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES:
-        if what != IGNORED:
-            assert f'"{key}"' in src, f"{key} is declared {what} but no broker code names it"
+@pytest.mark.parametrize("key", SERVED_KEYS)
+async def test_a_served_property_does_what_the_table_says(
+    make_broker_config: Callable[..., BrokerConfig], key: str
+) -> None:
+    """Each served property sent to a broker (or set by it) with the effect the table names;
+    the refusals it documents."""
+    if key == "__SHARDINGKEY":
+        pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
+    await b.start()
+    try:
+        c = await RawClient.connect(b.address)
+        try:
+            await PROBES[key](b, c)
+        finally:
+            await c.close()
+    finally:
+        await b.shutdown()
 
 
 async def test_ignored_properties_are_stored_and_delivered_as_sent(
@@ -95,25 +112,6 @@ async def test_ignored_properties_are_stored_and_delivered_as_sent(
     }
     assert not changed, f"ignored properties the broker changed or dropped: {changed}"
     assert got.body == b"ignored"
-
-
-async def test_refused_properties_get_their_answer(broker: BrokerController) -> None:
-    refused = [key for key, _, what, _ in ROCKETMQ_MESSAGE_PROPERTIES if what == REFUSED]
-    assert refused == ["TIMER_DEL_UNIQKEY"]
-    c = await RawClient.connect(broker.address)
-    try:
-        resp = await c.send(
-            "audit-props",
-            b"cancel",
-            props={"TIMER_DEL_UNIQKEY": "audit-props_ABC", "TIMER_DELAY_SEC": "30"},
-        )
-        assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (resp.code, resp.remark)
-        assert "TIMER_DEL_UNIQKEY" in (resp.remark or "")
-        # a timer message without it is still a timer message
-        ok = await c.send("audit-props", b"later", props={"TIMER_DELAY_SEC": "30"})
-        assert ok.code == ResponseCode.SUCCESS, ok.remark
-    finally:
-        await c.close()
 
 
 def test_subscription_types_are_what_the_broker_does(

@@ -126,7 +126,7 @@ def test_unknown_method_is_unimplemented(channel: Any) -> None:
 def test_unserved_rpcs_answer_not_implemented(stub: Any) -> None:
     r = stub.QueryOffset(spb.QueryOffsetRequest(), metadata=MD, timeout=10)
     assert r.status.code == pb.NOT_IMPLEMENTED and "QueryOffset" in r.status.message
-    r = stub.RecallMessage(spb.RecallMessageRequest(), metadata=MD, timeout=10)
+    r = stub.SyncLiteSubscription(spb.SyncLiteSubscriptionRequest(), metadata=MD, timeout=10)
     assert r.status.code == pb.NOT_IMPLEMENTED
     [p] = list(stub.PullMessage(spb.PullMessageRequest(), metadata=MD, timeout=10))
     assert p.status.code == pb.NOT_IMPLEMENTED
