@@ -169,6 +169,19 @@ class InvalidParameterError(BrokerResponseError, code=ResponseCode.INVALID_PARAM
     """A header field has an invalid value."""
 
 
+class NoMessageError(BrokerResponseError, code=ResponseCode.NO_MESSAGE):
+    """A pop consumer's ack or change of invisible time names no live delivery (acked,
+    replaced by a later delivery, or unknown)."""
+
+
+class PollingFullError(BrokerResponseError, code=ResponseCode.POLLING_FULL, retriable=True):
+    """Too many pops are parked on the queue; pop again later."""
+
+
+class PollingTimeoutError(BrokerResponseError, code=ResponseCode.POLLING_TIMEOUT, retriable=True):
+    """A long-polled pop found nothing before its poll time ended."""
+
+
 class IllegalOperationError(BrokerResponseError, code=ResponseCode.ILLEGAL_OPERATION):
     """The request is not allowed in the current state."""
 

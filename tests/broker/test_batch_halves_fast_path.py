@@ -72,7 +72,6 @@ VARIANTS: dict[str, Any] = {
         "empty": "",
         C.CHECK_IMMUNITY_TIME_IN_SECONDS: "30",
         **_sink_rest(txid, key),
-        C.DELAY: "3",
     },
     "no PGROUP, REAL_TOPIC sent by the client": lambda i, txid, key: {
         C.TRAN_MSG: "TRUE",

@@ -155,17 +155,6 @@ async def test_reject_transaction_message(make_broker_config):
         await b.shutdown()
 
 
-async def test_delay_level_is_ignored_on_transactional_messages(ctl):
-    c = await RawClient.connect(ctl["ctl"].address)
-    half = await c.send(
-        "orders", b"x", group=G, transactional=True, props={MessageConst.DELAY: "3"}
-    )
-    await c.end_transaction(G, half, COMMIT)
-    [m] = await c.pull_all("orders")  # at once, not 300 ms later
-    assert MessageConst.DELAY not in m.properties
-    await c.close()
-
-
 async def test_multi_message_transaction_is_all_or_nothing(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     txid = "TX-MULTI-1"
