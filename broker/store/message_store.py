@@ -94,6 +94,7 @@ from .config import StoreConfig
 from .consume_queue import CQ_ENTRY, FILLER_SIZE, HOLE_SIZE, ConsumeQueue, FlushTracker
 from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
+from .mapped_file import MappedFile
 from .tags import tags_code_of
 
 log = structlog.get_logger(__name__)
@@ -1197,6 +1198,10 @@ class MessageStore:
     def min_phy_offset(self) -> int:
         """Offset of the oldest message still stored."""
         return self._commit_log.min_offset
+
+    def commit_log_segments(self) -> list[MappedFile]:
+        """The commit-log segments, oldest first (a copy of the list; owner thread)."""
+        return self._commit_log.segments
 
     # -- reading --------------------------------------------------------------------------------
 
