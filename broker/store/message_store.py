@@ -1405,8 +1405,13 @@ class MessageStore:
         return offset, size
 
     def _log_read_failed(self, cq: ConsumeQueue, queue_offset: int, phy: int, size: int) -> None:
+        seg = self._commit_log._segment_for(phy)
         _queue_log((cq.topic, cq.queue_id)).error(
-            "message_read_failed", queue_offset=queue_offset, commit_log_offset=phy, size=size
+            "message_read_failed",
+            queue_offset=queue_offset,
+            commit_log_offset=phy,
+            size=size,
+            file=seg.path if seg is not None else "(no segment holds it)",
         )
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:

@@ -113,6 +113,11 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
             finally:
                 await c.close()
             assert sorted(got) == sorted(set(bodies) - {victim})
+            failed = _events(logs, "message_read_failed")  # the read names the file too
+            assert failed, "the damaged record was read"
+            assert {(e["file"], e["commit_log_offset"]) for e in failed} == {
+                (str(segment), offsets[victim])
+            }
         finally:
             await b.shutdown()
 
