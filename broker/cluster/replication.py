@@ -47,6 +47,7 @@ from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
+    MALFORMED_DOCUMENT,
     ConnectionClosedError,
     FlushSlaveTimeoutError,
     ServiceNotAvailableError,
@@ -105,7 +106,7 @@ class EpochHistory:
             doc, _ = checked_json(raw, self.path)
             rows = doc["epochs"] if isinstance(doc, dict) else doc  # a bare list: older files
             self.entries = [(int(e), int(o)) for e, o in rows]
-        except (ValueError, KeyError, TypeError) as exc:
+        except MALFORMED_DOCUMENT as exc:
             self.entries = []
             self.lost = True
             log.error(

@@ -60,6 +60,7 @@ import structlog
 
 from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import (
+    MALFORMED_DOCUMENT,
     IllegalOperationError,
     MessageIllegalError,
     QueryNotFoundError,
@@ -381,7 +382,7 @@ class TimerService:
             ck = {k: int(doc[k]) for k in ("scanned", "firedMs", "lowWater", "firedLog")}
             ck["recallLow"] = int(doc.get("recallLow", 0))  # a checkpoint from before recalls
             return ck
-        except (ValueError, KeyError, TypeError) as exc:
+        except MALFORMED_DOCUMENT as exc:
             log.warning(
                 "timer_checkpoint_damaged",
                 file=self.path,
