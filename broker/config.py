@@ -157,6 +157,11 @@ class BrokerConfig:
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0
+    #: The commit-log scrub (docs/operations.md) reads and checks every record below the
+    #: flushed offset again, at most this many bytes a second (0 = off).
+    commit_log_scrub_bytes_per_second: int = 1024 * 1024
+    #: Seconds from the start of one scrub pass to the start of the next (at least).
+    commit_log_scrub_interval_seconds: int = 3600
     #: Seconds a SIGTERM shutdown waits for in-flight requests.
     shutdown_timeout: float = 10.0
 
@@ -226,6 +231,10 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if not (1 <= self.max_hash_slot_num < 2**31 and 1 <= self.max_index_num < 2**31):
             raise ConfigError("maxHashSlotNum and maxIndexNum must be between 1 and 2^31 - 1")
+        if self.commit_log_scrub_bytes_per_second < 0 or self.commit_log_scrub_interval_seconds < 0:
+            raise ConfigError(
+                "commitLogScrubBytesPerSecond and commitLogScrubIntervalSeconds must be >= 0"
+            )
         self._check_tls()
         if self.flush_disk_type not in FLUSH_TYPES:
             raise ConfigError(

@@ -128,6 +128,12 @@ class BrokerMetrics:
             "Client connections dropped for holding too much (unread answers, a partial frame)",
         )
         self.flushes = c("txmq_flushes", "Commit-log fsyncs")
+        self.scrub_damaged = g(
+            "txmq_commit_log_damaged_records",
+            "Damaged commit-log records the scrub found (its last complete pass, or the pass "
+            "under way when that found more)",
+        )
+        self.scrub_bytes = c("txmq_commit_log_scrubbed_bytes", "Commit-log bytes the scrub checked")
         self.writes_refused = g(
             "txmq_writes_refused",
             "1 while writes are refused (the disk is full, or its filesystem is read-only)",

@@ -10,13 +10,16 @@ A change is kept across restarts: the changed keys are written to ``config/runti
 under the store root (an atomic replace) and applied over the configuration file at start,
 each with a WARNING naming the key, its value from the configuration and the value that
 replaces it -- so an operator who later edits the configuration file sees why the file's
-value is not the one in effect. Remove a key from that file while the broker is stopped to
-let the configuration file decide again. A damaged file is set aside, never a failed start.
+value is not the one in effect. The file carries ``txmqCrc32``, the CRC-32 of the rest in
+canonical JSON (:func:`.store.fileio.checked_json`). Remove a key from that file while the
+broker is stopped to let the configuration file decide again, and remove the ``txmqCrc32`` line
+with it (a file without one is read unchecked, as one written before checksums; the broker
+writes it again with one). A damaged file (a checksum that does not match) is set aside, never
+a failed start.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +27,7 @@ from typing import Any
 import structlog
 
 from .config import KEY_FIELDS, BrokerConfig, ConfigError, convert_value
-from .store.fileio import atomic_write, set_aside
+from .store.fileio import atomic_write, checked_json, dumps_with_checksum, set_aside
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +111,7 @@ def load_saved(config: BrokerConfig) -> BrokerConfig:
     except FileNotFoundError:
         return config
     try:
-        saved = json.loads(raw)
+        saved, _ = checked_json(raw, path)
         if not isinstance(saved, dict):
             raise ValueError("not a JSON object")
         new = updated(config, saved, path) if saved else config
@@ -132,8 +135,8 @@ def load_saved(config: BrokerConfig) -> BrokerConfig:
                 configured=before,
                 value=after,
                 file=path,
-                hint="changed at run time (txmq config set); remove it from the file while "
-                "the broker is stopped to use the configured value",
+                hint="changed at run time (txmq config set); remove it and the txmqCrc32 line "
+                "from the file while the broker is stopped to use the configured value",
             )
     return new
 
@@ -143,7 +146,7 @@ def save(config: BrokerConfig, changes: Mapping[str, Any]) -> None:
     path = runtime_file(config)
     try:
         with open(path, "rb") as fh:
-            saved = json.loads(fh.read())
+            saved, _ = checked_json(fh.read(), path)
         if not isinstance(saved, dict):
             saved = {}
     except (FileNotFoundError, ValueError):
@@ -151,4 +154,4 @@ def save(config: BrokerConfig, changes: Mapping[str, Any]) -> None:
     for key in changes:
         saved[key] = getattr(config, KEY_FIELDS[key].name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, (json.dumps(saved, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path, dumps_with_checksum(saved, indent=2, sort_keys=True) + b"\n")

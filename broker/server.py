@@ -64,6 +64,7 @@ from .processors.tool_views import ToolViewProcessor
 from .processors.transaction import TransactionProcessor
 from .quota import QuotaLimits, QuotaManager
 from .schedule import ScheduleMessageService
+from .scrub import CommitLogScrub
 from .stats import BrokerStats, Counts
 from .store import (
     AppendResult,
@@ -226,6 +227,8 @@ class BrokerController:
         #: The ACL in force (``aclEnable``); None when off, so the dispatch pays one check.
         self.acl: AclManager | None = None
         self.index: MessageIndexService | None = None
+        #: The commit-log scrub (None: commitLogScrubBytesPerSecond is 0).
+        self.scrub: CommitLogScrub | None = None
         #: Produce, consume and connection quotas; None when none can apply.
         self.quota: QuotaManager | None = None
 
@@ -399,6 +402,16 @@ class BrokerController:
         self.timer.start()
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
+        if cfg.commit_log_scrub_bytes_per_second > 0:
+            self.scrub = CommitLogScrub(
+                self.store,
+                self.in_background,
+                cfg.commit_log_scrub_bytes_per_second,
+                cfg.commit_log_scrub_interval_seconds,
+                on_damaged=self.metrics.scrub_damaged.set,
+                on_checked=self.metrics.scrub_bytes.inc,
+            )
+            self._tasks.append(loop.create_task(self.scrub.run(), name="txmq-scrub"))
         if self.cluster is None:  # a replica's node serves the port for all its roles
             self.ops = start_ops_server(cfg, lambda: self.metrics.registry, self.readiness)
         if grpc_server is not None:

@@ -22,7 +22,11 @@ Epochs: each election increments the group's epoch; the new leader records ``(ep
 end)`` in its epoch history (``<store>/ha/epochs.json``).  A replica that rejoins asks the leader
 for that history and cuts its own log back to where it diverged (the start of the first epoch
 newer than its own last one) before fetching: what a deposed leader wrote and nobody
-acknowledged is cut.
+acknowledged is cut.  The file is ``{"epochs": [[epoch, start], ...], "txmqCrc32": n}`` (the
+CRC-32 of the rest in canonical JSON); one written before checksums is the bare list, read as
+before.  A damaged history (not JSON, a checksum that does not match) is set aside with an ERROR
+and treated as unknown: the replica cannot tell where its log diverged, so when it rejoins it
+cuts its log back to the start of the leader's history and fetches it all again.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
+    MALFORMED_DOCUMENT,
     ConnectionClosedError,
     FlushSlaveTimeoutError,
     ServiceNotAvailableError,
@@ -50,6 +55,7 @@ from txmq.protocol.errors import (
 )
 
 from ..store import MessageStore, atomic_write
+from ..store.fileio import checked_json, dumps_with_checksum, set_aside_quietly
 from ..transaction.persistence import set_aside_snapshot_past
 
 if TYPE_CHECKING:
@@ -84,17 +90,43 @@ class EpochHistory:
     def __init__(self, root: str) -> None:
         self.path = os.path.join(root, "ha", "epochs.json")
         self.entries: list[tuple[int, int]] = []
+        #: The file was damaged: which leaders' writes this log holds is unknown until the
+        #: history is written again (:meth:`begin`, :meth:`adopt`).
+        self.lost = False
 
     def load(self) -> None:
+        self.lost = False
         try:
             with open(self.path, "rb") as f:
-                self.entries = [(int(e), int(o)) for e, o in json.loads(f.read())]
+                raw = f.read()
         except FileNotFoundError:
             self.entries = []
+            return
+        try:
+            doc, _ = checked_json(raw, self.path)
+            rows = doc["epochs"] if isinstance(doc, dict) else doc  # a bare list: older files
+            self.entries = [(int(e), int(o)) for e, o in rows]
+        except MALFORMED_DOCUMENT as exc:
+            self.entries = []
+            self.lost = True
+            log.error(
+                "epoch_history_damaged",
+                file=self.path,
+                set_aside=set_aside_quietly(self.path),
+                error=str(exc),
+                action="when it rejoins its group this replica cuts its log back to the start "
+                "of the leader's history and fetches it again",
+            )
+
+    def known(self) -> list[tuple[int, int]]:
+        """The history to compare with a leader's: one that diverges from any leader's at its
+        start when this one was lost."""
+        return [(-1, 0)] if self.lost else self.entries
 
     def save(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        atomic_write(self.path, json.dumps(self.entries).encode())
+        atomic_write(self.path, dumps_with_checksum({"epochs": self.entries}))
+        self.lost = False
 
     @property
     def last_epoch(self) -> int:
@@ -781,7 +813,7 @@ class ReplicaFetcher:
             )
         leader_epochs = [(int(e), int(o)) for e, o in info["epochs"]]
         end = self.store.max_phy_offset
-        cut = divergence(self.epochs.entries, leader_epochs)
+        cut = divergence(self.epochs.known(), leader_epochs)
         if cut is not None and cut < end:
             log.warning(
                 "replica_truncating",

@@ -21,7 +21,12 @@ second once what it covers is durable, says:
 * ``scanned``: the timer-queue offset the index had read up to;
 * ``firedMs``: every timer read before ``scanned`` due at or before this time has fired;
 * ``lowWater``: the lowest timer-queue offset still pending;
-* ``firedLog``: the fired log's length.
+* ``firedLog``: the fired log's length;
+* ``txmqCrc32``: the CRC-32 of the rest (canonical JSON, :func:`~..store.fileio.checked_json`).
+
+A checkpoint that does not read or whose checksum does not match is set aside
+(``timerCheckpoint.json.damaged-<time>``, a WARNING names it) and the timers rebuilt as without
+one; one without ``txmqCrc32`` (written before checksums) is read as before.
 
 At start the index is rebuilt from the timer queue from ``lowWater``: a timer before
 ``scanned`` due by ``firedMs`` fired before the checkpoint; one the fired log lists after
@@ -46,7 +51,6 @@ import base64
 import binascii
 import bisect
 import heapq
-import json
 import os
 from array import array
 from collections.abc import Iterable
@@ -56,6 +60,7 @@ import structlog
 
 from txmq.protocol.aio import wait_event
 from txmq.protocol.errors import (
+    MALFORMED_DOCUMENT,
     IllegalOperationError,
     MessageIllegalError,
     QueryNotFoundError,
@@ -65,7 +70,7 @@ from txmq.protocol.message import MessageConst, MessageExt, decode_message
 
 from ..redelivery import redelivered
 from ..store import GetMessageStatus, PutMessageResult
-from ..store.fileio import atomic_write
+from ..store.fileio import atomic_write, checked_json, dumps_with_checksum, set_aside_quietly
 from ..store.reading import read_queue
 from ..topics import TIMER_TOPIC
 
@@ -363,17 +368,29 @@ class TimerService:
     # -- recovery ----------------------------------------------------------------------------
 
     def _read_checkpoint(self) -> dict[str, int]:
+        none = {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0, "recallLow": 0}
         try:
-            with open(self.path, encoding="utf-8") as f:
-                doc = json.load(f)
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return none
+        except OSError as exc:
+            log.warning("timer_checkpoint_unreadable", path=self.path, error=repr(exc))
+            return none
+        try:
+            doc, _ = checked_json(raw, self.path)
             ck = {k: int(doc[k]) for k in ("scanned", "firedMs", "lowWater", "firedLog")}
             ck["recallLow"] = int(doc.get("recallLow", 0))  # a checkpoint from before recalls
             return ck
-        except FileNotFoundError:
-            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0, "recallLow": 0}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("timer_checkpoint_unreadable", path=self.path, error=repr(exc))
-            return {"scanned": 0, "firedMs": -1, "lowWater": 0, "firedLog": 0, "recallLow": 0}
+        except MALFORMED_DOCUMENT as exc:
+            log.warning(
+                "timer_checkpoint_damaged",
+                file=self.path,
+                set_aside=set_aside_quietly(self.path),
+                error=str(exc),
+                action="rebuilding the pending timers from the whole timer, fired and recall logs",
+            )
+            return none
 
     def recover(self) -> dict[str, int]:
         """Rebuild the pending index from the timer queue (before the broker serves)."""
@@ -608,7 +625,7 @@ class TimerService:
         # Never claim more than the commit log keeps: what the checkpoint covers is durable
         # first.
         await self.ctx.flush.wait_durable(self.store.max_phy_offset)
-        data = json.dumps(snap).encode()
+        data = dumps_with_checksum(snap)
         await self.ctx.in_background(lambda: atomic_write(self.path, data))
         self._last_checkpoint = snap
 

@@ -11,8 +11,14 @@ fsync of the directory), so it is either the old or the new one, never torn::
                                    # fsynced up to at least L
       "physicOffset": 123456,      # commit-log flushed offset when the checkpoint was written
       "timestamp": 1700000000000,  # ms, when it was written
-      "queues": {"TopicA": {"0": 17, "1": 4}}   # each queue's max offset at L
+      "queues": {"TopicA": {"0": 17, "1": 4}},  # each queue's max offset at L
+      "txmqCrc32": 305419896       # CRC-32 of the rest, canonical (fileio.checked_json)
     }
+
+A checkpoint that does not read, or whose checksum does not match, is set aside
+(``checkpoint.damaged-<time>``) with a WARNING naming it, and the store rebuilds the consume
+queues from the whole commit log, as without a checkpoint.  One without ``txmqCrc32`` was written
+before checksums: it is read as before (the next one written has it).
 
 Write order (``MessageStore.flush_consume_queues``): copy L and the queue table under the store
 lock, fsync the consume-queue files and directories, fsync the commit log, *then* write this
@@ -23,7 +29,6 @@ back.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +39,13 @@ from txmq.protocol.errors import MALFORMED_DOCUMENT
 
 from .commit_log import FORMAT_VERSION
 from .errors import StoreCorruptError
-from .fileio import atomic_write, read_after_interrupted_writes
+from .fileio import (
+    atomic_write,
+    checked_json,
+    dumps_with_checksum,
+    read_after_interrupted_writes,
+    set_aside_quietly,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -66,15 +77,16 @@ class StoreCheckpoint:
             "timestamp": self.timestamp_ms,
             "queues": table,
         }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return dumps_with_checksum(doc, separators=(",", ":"))
 
     def write(self, path: str) -> None:
         atomic_write(path, self.to_bytes())
 
     @classmethod
     def read(cls, path: str) -> StoreCheckpoint | None:
-        """The checkpoint at ``path``; None when it is missing or unreadable (the store then
-        re-dispatches the whole commit log).
+        """The checkpoint at ``path``; None when it is missing or damaged (unreadable, or its
+        checksum does not match: it is then set aside), so the store re-dispatches the whole
+        commit log.
 
         Raises:
             StoreCorruptError: the file is from a different store format version.
@@ -83,7 +95,8 @@ class StoreCheckpoint:
         if raw is None:
             return None
         try:
-            doc: Any = json.loads(raw)
+            doc: Any
+            doc, _ = checked_json(raw, path)
             version = int(doc["formatVersion"])
             queues: dict[tuple[str, int], int] = {}
             for topic, qs in doc.get("queues", {}).items():
@@ -93,7 +106,13 @@ class StoreCheckpoint:
                 int(doc["logicOffset"]), int(doc["physicOffset"]), int(doc["timestamp"]), queues
             )
         except MALFORMED_DOCUMENT as exc:
-            log.warning("checkpoint_read_failed", path=path, error=str(exc))
+            log.warning(
+                "checkpoint_damaged",
+                file=path,
+                set_aside=set_aside_quietly(path),
+                error=str(exc),
+                action="rebuilding the consume queues from the whole commit log",
+            )
             return None
         if version != FORMAT_VERSION:
             raise StoreCorruptError(

@@ -94,6 +94,7 @@ from .config import StoreConfig
 from .consume_queue import CQ_ENTRY, FILLER_SIZE, HOLE_SIZE, ConsumeQueue, FlushTracker
 from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
+from .mapped_file import MappedFile
 from .tags import tags_code_of
 
 log = structlog.get_logger(__name__)
@@ -1198,6 +1199,10 @@ class MessageStore:
         """Offset of the oldest message still stored."""
         return self._commit_log.min_offset
 
+    def commit_log_segments(self) -> list[MappedFile]:
+        """The commit-log segments, oldest first (a copy of the list; owner thread)."""
+        return self._commit_log.segments
+
     # -- reading --------------------------------------------------------------------------------
 
     def get_messages(
@@ -1400,8 +1405,13 @@ class MessageStore:
         return offset, size
 
     def _log_read_failed(self, cq: ConsumeQueue, queue_offset: int, phy: int, size: int) -> None:
+        seg = self._commit_log._segment_for(phy)
         _queue_log((cq.topic, cq.queue_id)).error(
-            "message_read_failed", queue_offset=queue_offset, commit_log_offset=phy, size=size
+            "message_read_failed",
+            queue_offset=queue_offset,
+            commit_log_offset=phy,
+            size=size,
+            file=seg.path if seg is not None else "(no segment holds it)",
         )
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:

@@ -1,6 +1,9 @@
 """A table kept whole in one JSON file of RocketMQ's config shape (``{table_key: {...},
-"dataVersion": {...}}``): read once at start, written atomically when it changed, the previous
-version kept as ``<file>.bak``.  A damaged file never stops a start: it is set aside
+"dataVersion": {...}, "txmqCrc32": n}``): read once at start, written atomically when it changed,
+the previous version kept as ``<file>.bak``.  ``txmqCrc32`` is the CRC-32 of the rest of the
+document in canonical form (:func:`.fileio.checked_json`); a file without it (written before
+checksums) is read as before and written with one at the next write.  A damaged file (not JSON,
+not such a table, or a checksum that does not match) never stops a start: it is set aside
 (``<file>.damaged-<time>``) and the table read from the backup, or started empty when that is
 damaged too (both logged, naming the files)."""
 
@@ -65,10 +68,11 @@ class VersionedJsonTable(Generic[V]):
         if loaded is None:
             return
         with self._lock:
-            self._table, self._counter = loaded
-            self._dirty = self.damaged
+            self._table, self._counter, checked = loaded
+            # a file without a checksum is written again with one
+            self._dirty = self.damaged or not checked
 
-    def _from_backup(self, exc: StoreCorruptError) -> tuple[dict[str, V], int] | None:
+    def _from_backup(self, exc: StoreCorruptError) -> tuple[dict[str, V], int, bool] | None:
         self.damaged = True
         aside = set_aside(self.path)
         backup = self.path + ".bak"

@@ -5,10 +5,16 @@ queues in the commit log say, so an unreadable file is logged and ignored.
 
 Files, under ``<store>/transaction/``:
 
-* ``checkState.json``: ``{"version": 1, "checks": {txid: [checkTimes, lastCheckMs], ...}}``,
-  the check counts of pending and parked transactions (halves are never rewritten to count
-  checks, as RocketMQ does);
-* ``snapshot.msgpack``: the whole table and the queue positions it covers (:mod:`.snapshot`).
+* ``checkState.json``: ``{"version": 1, "checks": {txid: [checkTimes, lastCheckMs], ...},
+  "txmqCrc32": n}``, the check counts of pending and parked transactions (halves are never
+  rewritten to count checks, as RocketMQ does); ``txmqCrc32`` is the CRC-32 of the rest
+  (canonical JSON, :func:`~..store.fileio.checked_json`; absent in files written before);
+* ``snapshot.msgpack``: the whole table and the queue positions it covers (:mod:`.snapshot`),
+  behind a CRC-32 of its own.
+
+A damaged one (unreadable, or a checksum that does not match) is renamed, never read again,
+with a WARNING naming it: the table is then rebuilt from the half and op queues in full (the
+snapshot), or its transactions' check counts start again from zero (the check-state index).
 
 The persistence gets only what it uses: the state machine, the store (to know what a snapshot
 covers), a flush of the commit log, the metadata thread and the clock.
@@ -16,7 +22,6 @@ covers), a flush of the commit log, the metadata thread and the clock.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import zlib
@@ -31,6 +36,7 @@ from txmq.protocol.message import POS_PHYSICAL_OFFSET, POS_STORE_TIMESTAMP
 from txmq.protocol.topics import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 
 from ..store import GetMessageStatus, atomic_write
+from ..store.fileio import checked_json, dumps_with_checksum, set_aside_quietly
 from . import snapshot
 from .machine import TransactionStateMachine
 
@@ -55,7 +61,7 @@ def parse_check_state(data: bytes) -> list[tuple[str, int, int]]:
         CheckStateError: the bytes are not such an index.
     """
     try:
-        doc = json.loads(data)
+        doc, _ = checked_json(data, "the check-state index")
         checks = doc.get("checks") or {}
         return [(str(txid), int(times), int(last)) for txid, (times, last) in checks.items()]
     except MALFORMED_DOCUMENT as exc:
@@ -94,7 +100,7 @@ class TransactionPersistence:
             return
         self.check_state_dirty = False
         doc = {"version": CHECK_STATE_VERSION, "checks": self.machine.check_counts()}
-        path, data = self.check_state_path, json.dumps(doc).encode()
+        path, data = self.check_state_path, dumps_with_checksum(doc)
 
         def write() -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -113,8 +119,17 @@ class TransactionPersistence:
                 rows = parse_check_state(fh.read())
         except FileNotFoundError:
             return
-        except (OSError, CheckStateError) as exc:
+        except OSError as exc:
             log.warning("check_state_unreadable", path=self.check_state_path, error=repr(exc))
+            return
+        except CheckStateError as exc:
+            log.warning(
+                "check_state_damaged",
+                file=self.check_state_path,
+                set_aside=set_aside_quietly(self.check_state_path),
+                error=str(exc),
+                action="the check counts of pending transactions start again from zero",
+            )
             return
         for txid, times, last in rows:
             self.machine.restore_check(txid, times, last)

@@ -12,7 +12,12 @@ Taking a snapshot (:func:`take`) runs on the event loop and copies only what can
 (pending records are copied; decided records never change again); encoding and writing run on
 a worker thread.
 
-File: ``<store>/transaction/snapshot.msgpack``, a msgpack map::
+File: ``<store>/transaction/snapshot.msgpack``: the 4 bytes ``TXS1``, the CRC-32 (``zlib.crc32``,
+4 bytes big-endian) of everything after these 8 bytes, then a msgpack map.  A snapshot written
+before the checksum is the map alone: a msgpack map starts with a map header (0x80-0x8f, 0xde,
+0xdf), never with ``T`` (0x54), so the first byte tells the two apart; the old form is read as
+before.  A checksum that does not match makes the snapshot damaged (:class:`SnapshotError`):
+it is set aside and the table rebuilt from the half and op queues.  The map::
 
     {"v": 1, "clog": int, "tip": [clOffset, size, crc, storeTs],
      "halfFrom": int, "opFrom": int,
@@ -42,6 +47,8 @@ changes nothing the snapshot stands for: the queues are replayed from ``halfFrom
 
 from __future__ import annotations
 
+import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +58,11 @@ from .machine import TransactionStateMachine
 from .state import HalfRef, TxRecord, TxState
 
 SNAPSHOT_VERSION = 1
+#: How a snapshot with a checksum starts; the CRC-32 of the rest follows (big-endian).
+CHECKSUM_MAGIC = b"TXS1"
+_CRC = struct.Struct(">I")
+#: Bytes before the msgpack map in a snapshot with a checksum.
+PREFIX_SIZE = len(CHECKSUM_MAGIC) + _CRC.size
 
 
 class SnapshotError(ValueError):
@@ -154,13 +166,39 @@ def encode(s: Snapshot) -> bytes:
     parts += (pack("batches"), pack(s.batches))
     if s.pipelines:  # only when a batch decision recorded a pipeline position
         parts += (pack("pipelines"), pack(s.pipelines))
-    return b"".join(parts)
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join([CHECKSUM_MAGIC, _CRC.pack(crc), *parts])
+
+
+def _map_bytes(data: bytes) -> memoryview:
+    """The msgpack map of a snapshot file, its checksum verified when it has one.
+
+    Raises:
+        SnapshotError: the checksum does not match, or the file is too short to hold one.
+    """
+    view = memoryview(data)
+    if not data.startswith(CHECKSUM_MAGIC):
+        return view  # written before snapshots had a checksum
+    if len(data) < PREFIX_SIZE:
+        raise SnapshotError("transaction snapshot cut short in its checksum")
+    (stored,) = _CRC.unpack_from(data, len(CHECKSUM_MAGIC))
+    actual = zlib.crc32(view[PREFIX_SIZE:])
+    if stored != actual:
+        raise SnapshotError(
+            f"transaction snapshot checksum mismatch (the file says {stored:#010x}, "
+            f"its content has {actual:#010x})"
+        )
+    return view[PREFIX_SIZE:]
 
 
 def decode(data: bytes) -> Snapshot:
-    """Raises :class:`SnapshotError` for anything but a version-1 snapshot."""
+    """Raises :class:`SnapshotError` for anything but a version-1 snapshot (with a checksum
+    that matches, or written before checksums)."""
+    body = _map_bytes(data)
     try:
-        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
         if not isinstance(doc, dict) or doc.get("v") != SNAPSHOT_VERSION:
             raise SnapshotError("not a version-1 transaction snapshot")
         tip = doc.get("tip")
@@ -188,6 +226,10 @@ def peek_clog(path: str) -> int:
         SnapshotError: it is not a version-1 snapshot.
     """
     with open(path, "rb") as fh:
+        if fh.read(len(CHECKSUM_MAGIC)) == CHECKSUM_MAGIC:
+            fh.seek(PREFIX_SIZE)  # the checksum is verified when the snapshot is read
+        else:
+            fh.seek(0)
         try:
             unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False)
             for _ in range(unpacker.read_map_header()):

@@ -55,6 +55,7 @@ async def test_a_change_takes_effect_at_once_and_survives_a_restart(
     finally:
         await asyncio.wait_for(first.shutdown(), 30)
     saved = json.loads(Path(runtime_file(config)).read_text())
+    assert saved.pop("txmqCrc32") > 0  # its checksum
     assert saved == {"autoCreateTopicEnable": False, "maxReconsumeTimes": 3}
 
     second = BrokerController(config)  # the same configuration file values

@@ -25,6 +25,7 @@ from txmq.broker.clients import ClientChannel
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController, store_config
 from txmq.broker.store import MessageStore
+from txmq.broker.transaction import snapshot
 from txmq.broker.transaction.persistence import set_aside_snapshot_past
 from txmq.broker.transaction.state import TxState
 from txmq.protocol.codes import ResponseCode
@@ -119,7 +120,7 @@ async def rewritten(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIte
         await c.close()
     await b.shutdown()  # writes the snapshot
     assert r.snapshot.exists()
-    clog = msgpack.unpackb(r.snapshot.read_bytes(), raw=False, strict_map_key=False)["clog"]
+    clog = snapshot.decode(r.snapshot.read_bytes()).clog_offset
 
     store = MessageStore(store_config(cfg), ("127.0.0.1", b.port), clock=r.clock)
     store.load()
@@ -186,8 +187,10 @@ async def test_a_snapshot_of_a_cut_log_is_set_aside_and_the_table_rebuilt(
 
 
 def _strip_tip(path: Path) -> None:
-    """The snapshot as a broker without the tip wrote it."""
-    doc = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+    """The snapshot as a broker without the tip wrote it (so without the checksum either)."""
+    data = path.read_bytes()
+    assert data.startswith(snapshot.CHECKSUM_MAGIC)
+    doc = msgpack.unpackb(data[snapshot.PREFIX_SIZE :], raw=False, strict_map_key=False)
     assert "tip" in doc
     del doc["tip"]
     path.write_bytes(msgpack.packb(doc, use_bin_type=True))
@@ -262,7 +265,7 @@ async def test_a_snapshot_past_a_replica_cut_is_set_aside_there(
     aside at once; one within the kept part stays."""
     cfg = make_broker_config(transaction_check_interval=600_000)
     _, start, path = await _one_half_stored(cfg, b"x")
-    clog = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)["clog"]
+    clog = snapshot.decode(path.read_bytes()).clog_offset
     assert clog > start
     assert not set_aside_snapshot_past(cfg.store_path_root_dir, clog)
     assert path.exists()

@@ -16,6 +16,7 @@ import pytest
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
+from txmq.broker.store.fileio import with_checksum
 from txmq.client import (
     AsyncOrderlyPushConsumer,
     AsyncProducer,
@@ -455,7 +456,7 @@ async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
     assert doc["offsetTable"][key] == {"0": 2}
     doc["offsetTable"][key] = {"0": 99}
     with open(path, "w") as f:
-        json.dump(doc, f)
+        json.dump(with_checksum(doc), f)  # a file the broker wrote, checksum and all
     second = BrokerController(config)
     await second.start()
     try:

@@ -274,6 +274,40 @@ async def test_follower_with_an_empty_disk_catches_up(make_cluster: Any) -> None
     await p.shutdown()
 
 
+async def test_follower_with_a_damaged_epoch_history_fetches_its_log_again(
+    make_cluster: Any,
+) -> None:
+    """A follower whose ``ha/epochs.json`` fails its checksum cannot tell where its log
+    diverged from the leader's: it sets the file aside, names it (ERROR), cuts its log back to
+    the start of the leader's history and fetches it all again."""
+    bc: BrokerCluster = make_cluster()
+    leader = await bc.start_group("g1")
+    p = AsyncProducer("epochs", bc.seeds("g1"), request_timeout=8.0)
+    await p.start()
+    await send_range(p, "m", range(50))
+    follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
+    await bc.wait(same_logs(follower, leader), 30, "the follower holds the leader's log")
+    bc.kill("g1", follower.replica)
+    path = follower.store / "ha" / "epochs.json"
+    doc = json.loads(path.read_bytes())
+    assert "txmqCrc32" in doc and doc["epochs"], doc
+    data = bytearray(path.read_bytes())
+    at = data.index(b"[[") + 2  # the first epoch number: another number, still JSON
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    json.loads(bytes(data))
+    await send_range(p, "n", range(20))
+    bc.start("g1", follower.replica)
+    await bc.wait_in_sync("g1", [0, 1, 2])
+    await bc.wait(same_logs(follower, leader), 30, "the follower holds the leader's log again")
+    log_text = follower.log.read_text(errors="replace")
+    assert "epoch_history_damaged" in log_text and str(path) in log_text
+    assert "replica_truncating" in log_text
+    assert list(path.parent.glob("epochs.json.damaged-*"))
+    assert "txmqCrc32" in json.loads(path.read_bytes())  # written again, from the leader's
+    await p.shutdown()
+
+
 async def test_etcd_member_kills_do_not_stop_the_cluster(
     make_cluster: Any, etcd: EtcdCluster
 ) -> None:

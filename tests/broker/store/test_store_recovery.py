@@ -27,6 +27,7 @@ from txmq.broker.store import (
 )
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE, encode_record
 from txmq.broker.store.consume_queue import CQ_ENTRY
+from txmq.broker.store.fileio import with_checksum
 from txmq.protocol.message import decode_message
 
 MakeStore = Callable[..., MessageStore]
@@ -138,7 +139,7 @@ def test_checkpoint_of_another_format_version_is_refused(
     path = tmp_path / "store" / "checkpoint"
     doc = json.loads(path.read_bytes())
     doc["formatVersion"] = 99
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(with_checksum(doc)))
     with pytest.raises(StoreCorruptError, match="version 99"):
         make_store()
     # the refused load released its lock: fix the file and open again
