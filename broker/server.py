@@ -744,6 +744,10 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
+                # Clients whose answers sit unread in their sockets (those whose writing
+                # paused are watched by their connections).
+                for conn in list(self._connections):
+                    conn.check_unread()
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
                 for reason in ("disk_full", "read_only"):

@@ -234,6 +234,9 @@ class Connection(asyncio.Protocol):
         #: held unacknowledged when the peer last was seen taking anything.
         self._stall_taken = 0
         self._stall_unacked = 0
+        #: While writing is not paused: loop time since which the kernel has held answers for
+        #: the peer that it takes none of (:meth:`check_unread`); None while it takes them.
+        self._unread_since: float | None = None
         #: Bytes handed to the transport since the start (what the peer took: this minus the
         #: transport's buffer).
         self._handed = 0
@@ -410,6 +413,40 @@ class Connection(asyncio.Protocol):
         """How often a paused connection is looked at: a stall is seen within this of its
         timeout (a quarter of it, at most a second)."""
         return min(timeout / 4, 1.0)
+
+    def check_unread(self) -> None:
+        """Server side, called by the owner about every second: a peer for which the kernel
+        holds answers it takes none of is dropped after ``write_stall_timeout``, also while
+        writing to it is not paused (its unread answers all fit in the socket's buffer, so
+        :meth:`pause_writing` never comes).  Costs one ioctl on a connection that was ever
+        written to."""
+        limits = self.limits
+        if (
+            limits is None
+            or limits.write_stall_timeout <= 0
+            or self._write_paused  # :meth:`_check_stall` watches it
+            or not self._handed
+            or self.closed
+        ):
+            return
+        unacked = socket_unacked(self._transport)
+        if not unacked:
+            self._unread_since = None
+            return
+        now = asyncio.get_running_loop().time()
+        taken = self.taken
+        since = self._unread_since
+        if since is None or taken > self._stall_taken or unacked < self._stall_unacked:
+            since = self._unread_since = now
+        self._stall_taken = taken
+        self._stall_unacked = unacked
+        stalled = now - since
+        if stalled >= limits.write_stall_timeout:
+            self.drop(
+                SLOW_READER,
+                f"answers not read for {stalled:.1f}s",
+                stalled_s=round(stalled, 3),
+            )
 
     def _check_stall(self) -> None:
         """While writing is paused: drop the peer once it has taken nothing of its answers for

@@ -152,6 +152,43 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_stall_timeout(
         await b.shutdown()
 
 
+async def test_a_client_whose_unread_answers_fit_in_its_socket_is_dropped(
+    make_broker_config: Callable[..., BrokerConfig], logs: list[MutableMapping[str, Any]]
+) -> None:
+    """Four pulls (about 512 KiB of answers) fit in the kernel's socket buffer: writing never
+    pauses, and the answers sit there unread."""
+    b = BrokerController(make_broker_config(client_write_stall_timeout=STALL_MS))
+    await b.start()
+    c = await RawClient.connect(b.address)
+    greedy: socket.socket | None = None
+    try:
+        greedy = _reader_of_nothing(b.address, await unread_pulls(c, "fits", count=4))
+        port = greedy.getsockname()[1]
+        sent = time.monotonic()
+        paused: list[bool] = []
+
+        def dropped() -> bool:
+            paused.append(_paused(b, greedy))
+            return _dropped(b, "slow_reader") >= 1
+
+        await wait_until(dropped, 30, "the client with unread answers dropped")
+        assert time.monotonic() - sent >= STALL_MS / 1000
+        assert not any(paused), "writing paused: the answers did not fit in the socket"
+        assert _closed_by_peer(greedy)
+        (line,) = _drop_lines(logs, "slow_reader")
+        assert line["peer"] == f"127.0.0.1:{port}"
+        assert line["stalled_s"] >= STALL_MS / 1000
+        assert line["pending_bytes"] > 0
+        # The client that reads its answers is kept.
+        assert (await c.send("fits", b"after")).code == ResponseCode.SUCCESS
+        await wait_until(lambda: len(b._connections) == 1, 10, "the dropped connection gone")
+    finally:
+        if greedy is not None:
+            greedy.close()
+        await c.close()
+        await b.shutdown()
+
+
 async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
