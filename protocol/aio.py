@@ -157,9 +157,11 @@ class ConnectionLimits:
         answer_window: bytes of answers not taken by the peer yet past which its next request
             waits for it to read them (0: no wait).  Requests already read are otherwise all
             answered at once, however many a peer that stopped reading pipelined.
-        write_stall_timeout: seconds writing to the peer may stay paused (the transport's
-            buffer above its high water mark) without the peer taking a byte of it before it is
-            dropped (0: never).  Counted from the pause, or from the last byte taken during it.
+        write_stall_timeout: seconds the peer may leave its answers untaken before it is
+            dropped (0: never): while writing to it is paused (the transport's buffer above its
+            high water mark), counted from the pause or from the last byte it acknowledged
+            since; while not, from when :meth:`Connection.check_unread` first saw the kernel
+            holding bytes for it that it then acknowledged none of.
         first_frame_timeout: seconds after the connection is made within which the peer must
             have sent a whole frame; it is dropped otherwise (0: never).
         on_dropped: told of every connection dropped: the connection and the :class:`Drop`.
@@ -230,10 +232,8 @@ class Connection(asyncio.Protocol):
         self._stall_timer: asyncio.TimerHandle | None = None
         #: Loop time since which the peer has taken nothing while writing is paused.
         self._stalled_since = 0.0
-        #: What the transport had passed to the socket (:attr:`taken`) and what the socket
-        #: held unacknowledged when the peer last was seen taking anything.
-        self._stall_taken = 0
-        self._stall_unacked = 0
+        #: :attr:`acked` when last looked at by a stall check.
+        self._stall_acked = 0
         #: While writing is not paused: loop time since which the kernel has held answers for
         #: the peer that it takes none of (:meth:`check_unread`); None while it takes them.
         self._unread_since: float | None = None
@@ -388,8 +388,7 @@ class Connection(asyncio.Protocol):
             if limits.write_stall_timeout > 0 and self._stall_timer is None:
                 loop = asyncio.get_running_loop()
                 self._stalled_since = loop.time()
-                self._stall_taken = self.taken
-                self._stall_unacked = socket_unacked(self._transport)
+                self._stall_acked = self.acked
                 self._stall_timer = loop.call_later(
                     self._stall_interval(limits.write_stall_timeout), self._check_stall
                 )
@@ -434,12 +433,11 @@ class Connection(asyncio.Protocol):
             self._unread_since = None
             return
         now = asyncio.get_running_loop().time()
-        taken = self.taken
+        acked = self.taken - unacked
         since = self._unread_since
-        if since is None or taken > self._stall_taken or unacked < self._stall_unacked:
+        if since is None or acked > self._stall_acked:
             since = self._unread_since = now
-        self._stall_taken = taken
-        self._stall_unacked = unacked
+        self._stall_acked = acked
         stalled = now - since
         if stalled >= limits.write_stall_timeout:
             self.drop(
@@ -451,9 +449,8 @@ class Connection(asyncio.Protocol):
     def _check_stall(self) -> None:
         """While writing is paused: drop the peer once it has taken nothing of its answers for
         ``write_stall_timeout``; a peer that takes some, however little, starts the count
-        again.  Taking is either the transport passing bytes to the socket or the socket's
-        unacknowledged bytes going down (the kernel may hold megabytes, and wakes the
-        transport only once a good part of them went)."""
+        again.  What it took is what it acknowledged (:attr:`acked`): the kernel may hold
+        megabytes for it, and wakes the transport only once a good part of them went."""
         self._stall_timer = None
         limits = self.limits
         if limits is None or not self._write_paused or self.closed:
@@ -461,12 +458,10 @@ class Connection(asyncio.Protocol):
         timeout = limits.write_stall_timeout
         loop = asyncio.get_running_loop()
         now = loop.time()
-        taken = self.taken
-        unacked = socket_unacked(self._transport)
-        if taken > self._stall_taken or unacked < self._stall_unacked:
+        acked = self.acked
+        if acked > self._stall_acked:
             self._stalled_since = now
-        self._stall_taken = taken
-        self._stall_unacked = unacked
+        self._stall_acked = acked
         stalled = now - self._stalled_since
         if stalled >= timeout:
             self.drop(
@@ -567,6 +562,13 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         pending = transport.get_write_buffer_size() if transport is not None else 0
         return self._handed - pending
+
+    @property
+    def acked(self) -> int:
+        """Bytes the peer has acknowledged since the start: :attr:`taken` less what the kernel
+        holds unacknowledged (where the system cannot tell, :attr:`taken`; under TLS the
+        kernel counts the records' few bytes of framing too, so this errs low)."""
+        return self.taken - socket_unacked(self._transport)
 
     @property
     def backlog(self) -> int:

@@ -189,6 +189,41 @@ async def test_a_client_whose_unread_answers_fit_in_its_socket_is_dropped(
         await b.shutdown()
 
 
+async def test_a_client_that_keeps_sending_and_never_reads_is_dropped(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    """Its reader is wedged, its heartbeats go on: each heartbeat's answer goes into the socket,
+    which takes it, but the client acknowledges nothing, so it is dropped all the same."""
+    b = BrokerController(make_broker_config(client_write_stall_timeout=STALL_MS))
+    await b.start()
+    c = await RawClient.connect(b.address)
+    wedged: socket.socket | None = None
+    try:
+        wedged = _reader_of_nothing(b.address, await unread_pulls(c, "wedged", count=4))
+        wedged.setblocking(False)
+        loop = asyncio.get_running_loop()
+        beat = encode_frame(_heartbeat())
+        started = time.monotonic()
+        deadline = started + 30
+        beats = 0
+        while _dropped(b, "slow_reader") < 1 and time.monotonic() < deadline:
+            try:
+                await loop.sock_sendall(wedged, beat)
+            except OSError:
+                break  # the broker reset the connection
+            beats += 1
+            await asyncio.sleep(0.1)  # pacing the heartbeats, not waiting for a result
+        # Dropped while its heartbeats went on (a drop counts before the reset is sent).
+        assert _dropped(b, "slow_reader") == 1, "not dropped in 30 s of heartbeats"
+        assert time.monotonic() - started >= STALL_MS / 1000
+        assert beats > 1
+    finally:
+        if wedged is not None:
+            wedged.close()
+        await c.close()
+        await b.shutdown()
+
+
 async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
