@@ -55,8 +55,9 @@ class BrokerConfig:
     #: A frame must arrive whole within this many ms of its first byte; a client holding a
     #: partial frame longer (a slow-loris) is dropped (0: no limit).
     frame_read_timeout: int = 30_000
-    #: A client whose answers stay unread this many ms (the broker's write buffer for it full
-    #: and none of it taken, counted from when writing to it paused) is dropped (0: never).
+    #: A client that acknowledges none of its answers for this many ms is dropped (0: never):
+    #: counted from when writing to it paused (its socket and the broker's buffer full), or
+    #: else from when the kernel was first seen holding answers for it.
     client_write_stall_timeout: int = 30_000
     #: A connection that has sent no whole frame this many ms after it was accepted is closed
     #: (0: never); also the gRPC port's HTTP/2 handshake deadline.
