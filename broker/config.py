@@ -55,6 +55,13 @@ class BrokerConfig:
     #: A frame must arrive whole within this many ms of its first byte; a client holding a
     #: partial frame longer (a slow-loris) is dropped (0: no limit).
     frame_read_timeout: int = 30_000
+    #: A client that acknowledges none of its answers for this many ms is dropped (0: never):
+    #: counted from when writing to it paused (its socket and the broker's buffer full), or
+    #: else from when the kernel was first seen holding answers for it.
+    client_write_stall_timeout: int = 30_000
+    #: A connection that has sent no whole frame this many ms after it was accepted is closed
+    #: (0: never); also the gRPC port's HTTP/2 handshake deadline.
+    client_first_frame_timeout: int = 60_000
 
     # -- store -------------------------------------------------------------------------------
     store_path_root_dir: str = "./data"
@@ -252,6 +259,9 @@ class BrokerConfig:
                 f"diskRefuseWritesRatio must be 1..100, got {self.disk_refuse_writes_ratio}"
             )
         for attr in (
+            "frame_read_timeout",
+            "client_write_stall_timeout",
+            "client_first_frame_timeout",
             "quota_produce_byte_rate",
             "quota_consume_byte_rate",
             "quota_max_connections",

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from txmq.protocol.aio import IDLE, PARTIAL_FRAME, SLOW_READER, WRITE_BUFFER
+
 log = structlog.get_logger(__name__)
 
 #: Request latency buckets (seconds): sub-millisecond sends to 60 s long polls.
@@ -39,6 +41,9 @@ LATENCY_BUCKETS = (
 )
 
 P = TypeVar("P", bound=Callable[..., Awaitable[Any]])
+
+#: The ``reason`` label values of ``txmq_connections_dropped_total``.
+DROP_REASONS = (SLOW_READER, IDLE, WRITE_BUFFER, PARTIAL_FRAME)
 
 
 class MetricsRegistry(CollectorRegistry):
@@ -125,8 +130,13 @@ class BrokerMetrics:
         self.connections = g("txmq_connections", "Open client connections")
         self.connections_dropped = c(
             "txmq_connections_dropped",
-            "Client connections dropped for holding too much (unread answers, a partial frame)",
+            "Client connections dropped by the broker, by reason: slow_reader (answers unread "
+            "for clientWriteStallTimeout), idle (no whole frame within clientFirstFrameTimeout), "
+            "write_buffer (past maxConnectionWriteBuffer), partial_frame (frameReadTimeout)",
+            ["reason"],
         )
+        for reason in DROP_REASONS:  # exported at 0 from the start, for rate() and alerts
+            self.connections_dropped.labels(reason)
         self.flushes = c("txmq_flushes", "Commit-log fsyncs")
         self.scrub_damaged = g(
             "txmq_commit_log_damaged_records",

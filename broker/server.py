@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from txmq import __version__
-from txmq.protocol.aio import Connection, ConnectionLimits
+from txmq.protocol.aio import Connection, ConnectionLimits, Drop
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
@@ -203,6 +203,8 @@ class BrokerController:
             max_write_buffer=config.max_connection_write_buffer,
             frame_timeout=config.frame_read_timeout / 1000.0,
             answer_window=min(config.max_connection_write_buffer, ANSWER_WINDOW),
+            write_stall_timeout=config.client_write_stall_timeout / 1000.0,
+            first_frame_timeout=config.client_first_frame_timeout / 1000.0,
             on_dropped=self._connection_dropped,
         )
         self.clock = clock
@@ -672,9 +674,18 @@ class BrokerController:
         self.metrics.connections.set(len(self._connections))
         return conn
 
-    def _connection_dropped(self, conn: Connection, reason: str) -> None:
-        self.metrics.connections_dropped.inc()
-        log.warning("connection_dropped", peer=f"{conn.peer[0]}:{conn.peer[1]}", reason=reason)
+    def _connection_dropped(self, conn: Connection, drop: Drop) -> None:
+        self.metrics.connections_dropped.labels(drop.reason).inc()
+        fields: dict[str, Any] = {"pending_bytes": drop.pending_bytes}
+        if drop.stalled_s is not None:
+            fields["stalled_s"] = drop.stalled_s
+        log.warning(
+            "connection_dropped",
+            peer=f"{conn.peer[0]}:{conn.peer[1]}",
+            reason=drop.reason,
+            detail=drop.detail,
+            **fields,
+        )
 
     def _connection_closed(self, conn: Connection) -> None:
         self._connections.discard(conn)
@@ -762,6 +773,10 @@ class BrokerController:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             try:
+                # Clients whose answers sit unread in their sockets (those whose writing
+                # paused are watched by their connections).
+                for conn in list(self._connections):
+                    conn.check_unread()
                 refused = self.store.check_space()
                 self.metrics.writes_refused.set(0 if refused is None else 1)
                 for reason in ("disk_full", "read_only"):

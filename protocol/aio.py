@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import fcntl
 import itertools
+import socket
 import ssl as _ssl
+import struct
+import termios
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +64,37 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+#: ioctl asking a socket for the bytes in its send queue not yet acknowledged by the peer.
+_OUTQ = getattr(termios, "TIOCOUTQ", None)
+
+
+def socket_unacked(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes the kernel holds for the peer of ``transport``: written to the socket and not
+    acknowledged yet (0 where the system cannot tell)."""
+    if transport is None or _OUTQ is None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        out = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", out)[0])
+
+
+def _reset_on_close(transport: asyncio.BaseTransport) -> None:
+    """Have closing the socket discard what the kernel still holds for the peer and reset the
+    connection, rather than keep it until the peer reads it all."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _expire(fut: asyncio.Future[Any], code: int, peer: tuple[str, int], timeout: float) -> None:
@@ -118,18 +153,53 @@ class ConnectionLimits:
         max_write_buffer: bytes of answers the peer has not read yet past which it is dropped
             (0: no bound).  Reading its requests pauses long before, at the transport's high
             water mark, so a peer that stops reading stops being served.
-        frame_timeout: seconds a frame may take from its first byte to its last (0: no bound);
-            also how long a peer may leave ``answer_window`` unread before it is dropped.
+        frame_timeout: seconds a frame may take from its first byte to its last (0: no bound).
         answer_window: bytes of answers not taken by the peer yet past which its next request
             waits for it to read them (0: no wait).  Requests already read are otherwise all
             answered at once, however many a peer that stopped reading pipelined.
-        on_dropped: told of every connection dropped, and why.
+        write_stall_timeout: seconds the peer may leave its answers untaken before it is
+            dropped (0: never): while writing to it is paused (the transport's buffer above its
+            high water mark), counted from the pause or from the last byte it acknowledged
+            since; while not, from when :meth:`Connection.check_unread` first saw the kernel
+            holding bytes for it that it then acknowledged none of.
+        first_frame_timeout: seconds after the connection is made within which the peer must
+            have sent a whole frame; it is dropped otherwise (0: never).
+        on_dropped: told of every connection dropped: the connection and the :class:`Drop`.
     """
 
     max_write_buffer: int = 0
     frame_timeout: float = 0.0
     answer_window: int = 0
-    on_dropped: Callable[[Connection, str], None] | None = None
+    write_stall_timeout: float = 0.0
+    first_frame_timeout: float = 0.0
+    on_dropped: Callable[[Connection, Drop], None] | None = None
+
+
+#: Why a connection was dropped (the ``reason`` of :class:`Drop`).
+SLOW_READER = "slow_reader"  # its answers stayed unread for write_stall_timeout
+IDLE = "idle"  # no whole frame within first_frame_timeout of being accepted
+WRITE_BUFFER = "write_buffer"  # more answers unread than max_write_buffer
+PARTIAL_FRAME = "partial_frame"  # a frame not whole within frame_timeout (a slow-loris)
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Why a server dropped a connection.
+
+    Attributes:
+        reason: one of :data:`SLOW_READER`, :data:`IDLE`, :data:`WRITE_BUFFER`,
+            :data:`PARTIAL_FRAME` (a metric label).
+        detail: the same in words, for the log.
+        stalled_s: seconds the peer took nothing of its answers (slow readers), or had sent no
+            whole frame (idle connections); None otherwise.
+        pending_bytes: bytes of answers written and not taken by the peer when it was dropped
+            (held by the broker, and by the kernel unacknowledged where it can tell).
+    """
+
+    reason: str
+    detail: str
+    stalled_s: float | None = None
+    pending_bytes: int = 0
 
 
 class Connection(asyncio.Protocol):
@@ -156,6 +226,20 @@ class Connection(asyncio.Protocol):
         self.handler = handler
         self.limits = limits
         self._frame_timer: asyncio.TimerHandle | None = None
+        #: Server side: drops the peer that sends no whole frame in time (first_frame_timeout).
+        self._idle_timer: asyncio.TimerHandle | None = None
+        #: Server side, while writing is paused: checks that the peer still takes bytes.
+        self._stall_timer: asyncio.TimerHandle | None = None
+        #: Loop time since which the peer has taken nothing while writing is paused.
+        self._stalled_since = 0.0
+        #: :attr:`acked` when last looked at by a stall check.
+        self._stall_acked = 0
+        #: While writing is not paused: loop time since which the kernel has held answers for
+        #: the peer that it takes none of (:meth:`check_unread`); None while it takes them.
+        self._unread_since: float | None = None
+        #: Bytes handed to the transport since the start (what the peer took: this minus the
+        #: transport's buffer).
+        self._handed = 0
         #: Applied to every request this side sends, just before it is written (a client's
         #: ACL credentials, :meth:`txmq.protocol.acl.Credentials.sign`).
         self.signer: Callable[[RemotingCommand], None] | None = None
@@ -193,6 +277,19 @@ class Connection(asyncio.Protocol):
             self.peer = (str(peer[0]), int(peer[1]))
         if isinstance(local, tuple):
             self.local = (str(local[0]), int(local[1]))
+        limits = self.limits
+        if limits is not None and limits.first_frame_timeout > 0:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                limits.first_frame_timeout, self._no_first_frame, limits.first_frame_timeout
+            )
+
+    def _no_first_frame(self, timeout: float) -> None:
+        self._idle_timer = None
+        self.drop(
+            IDLE,
+            f"no whole frame within {timeout:g}s of being accepted",
+            stalled_s=timeout,
+        )
 
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
@@ -219,6 +316,9 @@ class Connection(asyncio.Protocol):
             self._reading = False
             if self._wbuf:  # the answers of this read, in one write
                 self._flush_writes()
+        if decoded and self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         limits = self.limits
         if limits is not None and limits.frame_timeout > 0:
             self._watch_partial_frame(limits.frame_timeout, decoded)
@@ -235,26 +335,33 @@ class Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
             self._frame_timer = asyncio.get_running_loop().call_later(
-                timeout, self.drop, f"no whole frame within {timeout:g}s of its first byte"
+                timeout,
+                self.drop,
+                PARTIAL_FRAME,
+                f"no whole frame within {timeout:g}s of its first byte",
             )
 
-    def drop(self, reason: str) -> None:
-        """Close at once, discarding what is not written yet (a server protecting itself)."""
+    def drop(self, reason: str, detail: str, *, stalled_s: float | None = None) -> None:
+        """Close at once, discarding what is not written yet (a server protecting itself);
+        ``reason`` and ``detail`` as in :class:`Drop`."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         limits = self.limits
         if limits is not None and limits.on_dropped is not None:
-            limits.on_dropped(self, reason)
+            pending = self.backlog + socket_unacked(transport)
+            limits.on_dropped(self, Drop(reason, detail, stalled_s, pending))
         self._wbuf.clear()
         self._wbuf_bytes = 0
+        _reset_on_close(transport)
         transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        if self._frame_timer is not None:
-            self._frame_timer.cancel()
-            self._frame_timer = None
+        for timer in (self._frame_timer, self._idle_timer, self._stall_timer):
+            if timer is not None:
+                timer.cancel()
+        self._frame_timer = self._idle_timer = self._stall_timer = None
         self._wbuf.clear()
         self._wbuf_bytes = 0
         err = ConnectionClosedError(f"connection to {self.peer[0]}:{self.peer[1]} closed")
@@ -273,13 +380,24 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
-        if self.limits is not None and self._transport is not None:
+        limits = self.limits
+        if limits is not None and self._transport is not None:
             # A peer that does not read its answers gets no more of its requests read: what
             # the server holds for it stays bounded.
             self._transport.pause_reading()
+            if limits.write_stall_timeout > 0 and self._stall_timer is None:
+                loop = asyncio.get_running_loop()
+                self._stalled_since = loop.time()
+                self._stall_acked = self.acked
+                self._stall_timer = loop.call_later(
+                    self._stall_interval(limits.write_stall_timeout), self._check_stall
+                )
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self.limits is not None and self._transport is not None:
             self._transport.resume_reading()
         for w in self._drain_waiters:
@@ -288,6 +406,73 @@ class Connection(asyncio.Protocol):
         self._drain_waiters.clear()
 
     # -- internals ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _stall_interval(timeout: float) -> float:
+        """How often a paused connection is looked at: a stall is seen within this of its
+        timeout (a quarter of it, at most a second)."""
+        return min(timeout / 4, 1.0)
+
+    def check_unread(self) -> None:
+        """Server side, called by the owner about every second: a peer for which the kernel
+        holds answers it takes none of is dropped after ``write_stall_timeout``, also while
+        writing to it is not paused (its unread answers all fit in the socket's buffer, so
+        :meth:`pause_writing` never comes).  Costs one ioctl on a connection that was ever
+        written to."""
+        limits = self.limits
+        if (
+            limits is None
+            or limits.write_stall_timeout <= 0
+            or self._write_paused  # :meth:`_check_stall` watches it
+            or not self._handed
+            or self.closed
+        ):
+            return
+        unacked = socket_unacked(self._transport)
+        if not unacked:
+            self._unread_since = None
+            return
+        now = asyncio.get_running_loop().time()
+        acked = self.taken - unacked
+        since = self._unread_since
+        if since is None or acked > self._stall_acked:
+            since = self._unread_since = now
+        self._stall_acked = acked
+        stalled = now - since
+        if stalled >= limits.write_stall_timeout:
+            self.drop(
+                SLOW_READER,
+                f"answers not read for {stalled:.1f}s",
+                stalled_s=round(stalled, 3),
+            )
+
+    def _check_stall(self) -> None:
+        """While writing is paused: drop the peer once it has taken nothing of its answers for
+        ``write_stall_timeout``; a peer that takes some, however little, starts the count
+        again.  What it took is what it acknowledged (:attr:`acked`): the kernel may hold
+        megabytes for it, and wakes the transport only once a good part of them went."""
+        self._stall_timer = None
+        limits = self.limits
+        if limits is None or not self._write_paused or self.closed:
+            return
+        timeout = limits.write_stall_timeout
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        acked = self.acked
+        if acked > self._stall_acked:
+            self._stalled_since = now
+        self._stall_acked = acked
+        stalled = now - self._stalled_since
+        if stalled >= timeout:
+            self.drop(
+                SLOW_READER,
+                f"answers not read for {stalled:.1f}s",
+                stalled_s=round(stalled, 3),
+            )
+            return
+        self._stall_timer = loop.call_later(
+            min(self._stall_interval(timeout), timeout - stalled), self._check_stall
+        )
 
     def _report(self, exc: ProtocolError) -> None:
         if self.on_protocol_error is not None:
@@ -359,20 +544,31 @@ class Connection(asyncio.Protocol):
             self.write(resp)
 
     async def _room_for_answers(self, limits: ConnectionLimits) -> bool:
-        """Wait until the peer has read its answers down to ``answer_window``; a peer that
-        reads nothing for ``frame_timeout`` is dropped (False: the connection is gone)."""
+        """Wait until the peer has read its answers down to ``answer_window`` (False: the
+        connection is gone).  Writing is paused meanwhile, so a peer that reads nothing for
+        ``write_stall_timeout`` is dropped (:meth:`_check_stall`), which ends the wait."""
         while not self.closed and self.backlog > limits.answer_window:
             self._flush_writes()
             if not self._write_paused:
                 break  # the transport took them
             fut = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(fut)
-            timeout = limits.frame_timeout or None
-            await asyncio.wait({fut}, timeout=timeout)
-            if not fut.done():
-                fut.cancel()
-                self.drop(f"answers not read for {timeout:g}s")
+            await fut
         return not self.closed
+
+    @property
+    def taken(self) -> int:
+        """Bytes the transport has passed on to the peer's socket since the start."""
+        transport = self._transport
+        pending = transport.get_write_buffer_size() if transport is not None else 0
+        return self._handed - pending
+
+    @property
+    def acked(self) -> int:
+        """Bytes the peer has acknowledged since the start: :attr:`taken` less what the kernel
+        holds unacknowledged (where the system cannot tell, :attr:`taken`; under TLS the
+        kernel counts the records' few bytes of framing too, so this errs low)."""
+        return self.taken - socket_unacked(self._transport)
 
     @property
     def backlog(self) -> int:
@@ -422,10 +618,12 @@ class Connection(asyncio.Protocol):
         if not buf:
             return
         self._wbuf = []
+        handed = self._wbuf_bytes
         self._wbuf_bytes = 0
         transport = self._transport
         if transport is None or transport.is_closing():
             return  # the peer left; nobody to tell
+        self._handed += handed
         if len(buf) == 1:
             transport.write(buf[0])
         else:
@@ -435,8 +633,9 @@ class Connection(asyncio.Protocol):
             pending = transport.get_write_buffer_size()
             if pending > limits.max_write_buffer:
                 self.drop(
+                    WRITE_BUFFER,
                     f"{pending} bytes of answers not read by the peer "
-                    f"(the limit is {limits.max_write_buffer})"
+                    f"(the limit is {limits.max_write_buffer})",
                 )
 
     async def drain(self) -> None:

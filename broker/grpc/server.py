@@ -31,6 +31,7 @@ from .v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
     from ..acl import AclManager
+    from ..config import BrokerConfig
     from ..messaging import MessagingCore
     from ..quota import QuotaManager
     from ..tls import ServerTls, TlsMaterial
@@ -40,6 +41,28 @@ log = structlog.get_logger(__name__)
 
 #: Seconds in-flight RPCs get to finish when the broker stops.
 STOP_GRACE_S = 2.0
+
+
+#: Clients may ping this often (ms), also without calls in flight, without being told to
+#: stop (grpcio's default allows one ping in 5 minutes without data, then sends GOAWAY).
+CLIENT_PING_MIN_INTERVAL_MS = 10_000
+
+
+def connection_options(cfg: BrokerConfig) -> list[tuple[str, int]]:
+    """grpcio server options bounding what one connection may hold: message sizes (a request
+    may carry a body of maxMessageSize plus its properties and framing; a larger one is
+    refused by gRPC itself, RESOURCE_EXHAUSTED, before it is parsed), the HTTP/2 handshake
+    deadline (``clientFirstFrameTimeout``: a connection that sends not even its preface and
+    settings is closed), and the clients' keepalive pings let in."""
+    options = [
+        ("grpc.max_receive_message_length", cfg.max_message_size + 1024 * 1024),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_INTERVAL_MS),
+    ]
+    if cfg.client_first_frame_timeout > 0:
+        options.append(("grpc.server_handshake_timeout_ms", cfg.client_first_frame_timeout))
+    return options
 
 
 class GrpcServer:
@@ -66,16 +89,7 @@ class GrpcServer:
 
     async def start(self) -> int:
         cfg = self.ctx.config
-        # A request may carry a body of maxMessageSize plus its properties and framing; a
-        # larger one is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is parsed.
-        limit = cfg.max_message_size + 1024 * 1024
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
+        server = grpc.aio.server(options=[*connection_options(cfg), ("grpc.so_reuseport", 0)])
         address = f"{cfg.bind_address}:{self.port}"
         tls = self.tls
         if tls is not None and cfg.tls_server_mode == "enforcing":

@@ -18,8 +18,9 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
 
 
-def _dropped(b: BrokerController) -> float:
-    return float(b.metrics.snapshot().get("txmq_connections_dropped_total", 0.0))
+def _dropped(b: BrokerController, reason: str) -> float:
+    key = f"txmq_connections_dropped_total{{reason={reason}}}"
+    return float(b.metrics.snapshot().get(key, 0.0))
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -47,7 +48,9 @@ async def test_a_client_that_never_reads_is_dropped_and_others_are_served(
         greedy = socket.create_connection((host, int(port)))
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         greedy.sendall(frames)
-        await wait_until(lambda: _dropped(b) >= 1, 30, "the client that never reads dropped")
+        await wait_until(
+            lambda: _dropped(b, "write_buffer") >= 1, 30, "the client that never reads dropped"
+        )
         # Everyone else is served as before.
         assert (await c.send("flood", b"after", queue_id=1)).code == ResponseCode.SUCCESS
         _resp, got = await c.pull("flood", 1, 0)
@@ -78,7 +81,9 @@ async def test_a_partial_frame_held_too_long_is_dropped(
         for i in range(0, len(frame), 8):
             steady.sendall(frame[i : i + 8])
             await asyncio.sleep(0.01)  # pacing the pieces, not waiting for a result
-        await wait_until(lambda: _dropped(b) >= 20, 30, "the 20 slow-loris connections dropped")
+        await wait_until(
+            lambda: _dropped(b, "partial_frame") >= 20, 30, "the 20 slow-loris connections dropped"
+        )
         assert all(_closed_by_peer(s) for s in lorises)
         steady.settimeout(10)
         assert len(steady.recv(4096)) > 0, "the steady client got no answer"

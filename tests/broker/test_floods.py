@@ -141,8 +141,8 @@ async def test_clients_that_stop_reading_hold_a_bounded_backlog_and_are_dropped(
 ) -> None:
     """Each pipelines 200 pulls of about 128 KiB answers (25 MiB, under the default 64 MiB
     maxConnectionWriteBuffer) and reads nothing: the broker answers up to the answer window,
-    holds the rest of the requests unanswered, and drops them after frameReadTimeout."""
-    b = BrokerController(make_broker_config(frame_read_timeout=2000))
+    holds the rest of the requests unanswered, and drops them after clientWriteStallTimeout."""
+    b = BrokerController(make_broker_config(client_write_stall_timeout=2000))
     await b.start()
     c = await RawClient.connect(b.address)
     host, _, port = b.address.rpartition(":")
@@ -169,7 +169,8 @@ async def test_clients_that_stop_reading_hold_a_bounded_backlog_and_are_dropped(
         # Everyone else is served meanwhile.
         assert (await c.send("wide", b"after", queue_id=1)).code == ResponseCode.SUCCESS
         await wait_until(lambda: len(b._connections) == 1, 30, "the readers-of-nothing dropped")
-        dropped = b.metrics.snapshot().get("txmq_connections_dropped_total", 0.0)
+        key = "txmq_connections_dropped_total{reason=slow_reader}"
+        dropped = b.metrics.snapshot().get(key, 0.0)
         assert dropped == len(greedy), dropped
     finally:
         for s in greedy:
