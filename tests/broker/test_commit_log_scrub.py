@@ -10,8 +10,10 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
+from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -23,6 +25,11 @@ from txmq.protocol.message import decode_message
 TOPIC = "orders"
 SMALL = dict(mapped_file_size_commit_log=16 * 1024, max_message_size=4 * 1024)
 RATE = 64 * 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
+    fresh_loggers(monkeypatch)
 
 
 async def _filled(cfg: BrokerConfig) -> tuple[int, dict[bytes, int], int]:

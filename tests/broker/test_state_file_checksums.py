@@ -17,6 +17,7 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from txmq.broker import runtime_config
 from txmq.broker.cluster.replication import EpochHistory
@@ -28,6 +29,11 @@ from txmq.broker.transaction.persistence import CheckStateError, parse_check_sta
 
 COMMIT, ROLLBACK = 8, 12
 CRC = CHECKSUM_FIELD.encode()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
+    fresh_loggers(monkeypatch)
 
 
 def _flip(path: Path, at: int, mask: int) -> bytes:

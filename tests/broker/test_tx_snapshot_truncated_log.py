@@ -17,9 +17,9 @@ from typing import Any
 
 import msgpack
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
+from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from txmq.broker.clients import ClientChannel
 from txmq.broker.config import BrokerConfig
@@ -72,18 +72,7 @@ class Rewritten:
 
 @pytest.fixture(autouse=True)
 def _fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The transaction modules' loggers as new proxies for this test: a logger used earlier in
-    the session under ``cache_logger_on_first_use`` keeps the processors it was first used
-    with, which ``capture_logs`` cannot see into."""
-    import txmq.broker.cluster.replication as replication
-    import txmq.broker.transaction.check as check
-    import txmq.broker.transaction.persistence as persistence
-    import txmq.broker.transaction.recovery as recovery
-    import txmq.broker.transaction.service as service
-    import txmq.broker.transaction.state as state
-
-    for module in (check, persistence, recovery, service, state, replication):
-        monkeypatch.setattr(module, "log", structlog.get_logger(module.__name__))
+    fresh_loggers(monkeypatch)
 
 
 @pytest.fixture
