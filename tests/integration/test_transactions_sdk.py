@@ -215,10 +215,18 @@ async def test_rejected_transactions_run_no_local_transaction(make_broker_config
         await b.shutdown()
 
 
-async def test_delay_level_is_ignored(fast_broker):
+async def test_delay_level_waits_after_the_commit(fast_broker):
+    """A delay level on a transactional message counts from the commit (RocketMQ's rule): the
+    committed message waits in the timer for its level (500 ms here), then comes once."""
+    before = int(time.time() * 1000)
     async with AsyncTransactionProducer(G, Scripted(C), fast_broker.address) as p:
         await p.send_message_in_transaction(Message("orders", b"x", delay_level=5))
-    assert len(await delivered(fast_broker.address, "orders")) == 1
+    got = await wait_until(
+        lambda: delivered(fast_broker.address, "orders"), 20, "the delayed commit delivered"
+    )
+    [m] = got
+    assert m.store_timestamp >= before + 500, (m.store_timestamp - before, "ms after the send")
+    assert MessageConst.DELAY not in m.properties
 
 
 async def test_multi_message_transaction_all_or_nothing(fast_broker):
