@@ -8,6 +8,10 @@ with Spark)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ from txmq.spark_connector.sink import (
 
 GROUP, PIPE, TOPIC = "txmq-spark-orders-billing", "orders-billing", "pipe-orphans"
 OLD, NEW = "a1b2c3d4e5f6", "0f9e8d7c6b5a"
+ROOT = Path(__file__).resolve().parents[2]
 E0, E1 = offsets_text({"orders": {"0": 10}}), offsets_text({"orders": {"0": 20}})
 
 
@@ -225,10 +230,19 @@ def test_an_operator_aborts_the_batch_of_a_lost_query(broker: BrokerProcess) -> 
     address = broker.address
     group, key = "txmq-spark-q", stream_batch_key("8c1e54a0-1f2b-4c3d-9e8f-0a1b2c3d4e5f", 7)
     orphans = [_id(_write(address, key, a, group)) for a in (0, 1)]
+    done = subprocess.run(
+        [sys.executable, "-m", "txmq", "txn", "abort-batch", "-b", address, "-g", group]
+        + ["--batch-key", key, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["first"] and answer["committed"] == []
+    assert sorted(answer["rolledBack"]) == sorted(orphans)
     with AdminClient(address) as admin:
-        answer = admin.abort_batch(group, key)
-        assert answer["first"] and answer["committed"] == []
-        assert sorted(answer["rolledBack"]) == sorted(orphans)
         assert not admin.abort_batch(group, key)["first"]  # a repeat answers the decision
     assert _open(address, group) == []
     late = _write(address, key, 2, group)  # a zombie task finds the batch decided
