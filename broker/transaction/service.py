@@ -744,13 +744,15 @@ class TransactionalMessageService:
                     done = (
                         TxEvent.COMMITTED if rec.state is TxState.COMMITTED else TxEvent.ROLLED_BACK
                     )
-                    self.trace.tx_event(rec, done, "batch")
+                    orphan = txid in plan.op.orphans
+                    self.trace.tx_event(rec, done, rec.remark if orphan else "batch")
         log.info(
             "batch_decided",
             group=group,
             batch_key=batch_key,
             committed=len(plan.op.committed),
             rolled_back=len(plan.op.txids),
+            orphans=len(plan.op.orphans),
         )
         return end
 
