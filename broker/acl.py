@@ -48,6 +48,7 @@ from txmq.protocol.locks import LockBatchRequest
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 
 from .quota import QuotaLimits
+from .transaction.state import pipeline_run
 
 if TYPE_CHECKING:
     from txmq.protocol.aio import Connection
@@ -559,6 +560,14 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         try:
             doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
             listed = [str(x) for x in doc.get("commit", [])] if isinstance(doc, dict) else []
+            # A pipeline's decision, or a query naming its run, rolls back the orphans of the
+            # pipeline's other runs: the same rights as rolling them back one by one.
+            pipeline = doc.get("pipeline") if isinstance(doc, dict) else None
+            if pipeline is not None:
+                run = doc.get("run") if d.query_only else pipeline_run(str(pipeline), d.batch_key)
+                if run is not None:
+                    orphans = tx.machine.orphans_of(d.producer_group, str(pipeline), str(run))
+                    listed += [t for txids in orphans.values() for t in txids]
         except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
             listed = []  # the processor answers what is wrong with the body
         return False, _transaction_needs(tx, sorted(members) + listed, d.producer_group)

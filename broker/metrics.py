@@ -175,6 +175,10 @@ class BrokerMetrics:
         self.tx_discards = c(
             "txmq_transaction_discards", "Transactions parked after the check budget"
         )
+        self.tx_pipeline_orphans = c(
+            "txmq_transaction_pipeline_orphans",
+            "Pending transactions of a superseded Spark pipeline run rolled back",
+        )
         self.tx_pruned = c(
             "txmq_transaction_pruned",
             "Decided transactions forgotten after their idempotency window",

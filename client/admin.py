@@ -26,6 +26,7 @@ from txmq.protocol.errors import (
 from txmq.protocol.headers import (
     UNIQUE_MSG_QUERY_FLAG,
     CreateTopicRequestHeader,
+    DecideBatchRequestHeader,
     DeleteSubscriptionGroupRequestHeader,
     DeleteTopicRequestHeader,
     ForceDecideRequestHeader,
@@ -462,6 +463,17 @@ class AsyncAdminClient:
             RequestCode.TXMQ_FORCE_DECIDE, h.to_ext_fields(), remark=reason or None
         )
         return resp.remark or ""
+
+    async def abort_batch(self, group: str, batch_key: str) -> dict[str, Any]:
+        """Decide batch ``batch_key`` of producer group ``group`` with nothing committed
+        (TXMQ_DECIDE_BATCH): its pending transactions are rolled back and no half can join it
+        any more.  For the batches of a Spark query that will never run again (its checkpoint
+        is lost); a batch decided before keeps its first decision, which is answered."""
+        h = DecideBatchRequestHeader(producer_group=group, batch_key=batch_key)
+        body = json.dumps({"commit": []}).encode()
+        resp = await self._call(RequestCode.TXMQ_DECIDE_BATCH, h.to_ext_fields(), body)
+        answer: dict[str, Any] = json.loads(resp.body)
+        return answer
 
     # -- messages -------------------------------------------------------------------------------
 

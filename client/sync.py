@@ -231,5 +231,6 @@ class AdminClient(_SyncClient):
     get_transaction = blocking(AsyncAdminClient.get_transaction)
     resume_transaction = blocking(AsyncAdminClient.resume_transaction)
     force_decide = blocking(AsyncAdminClient.force_decide)
+    abort_batch = blocking(AsyncAdminClient.abort_batch)
     view_message = blocking(AsyncAdminClient.view_message)
     query_messages = blocking(AsyncAdminClient.query_messages)

@@ -201,6 +201,7 @@ def commit_pipeline_batch(
             options.request_timeout,
             options.credentials,
             options.tls,
+            pipeline=pipeline,
         )
     return decide_batch(
         options.broker,
@@ -211,6 +212,7 @@ def commit_pipeline_batch(
         options.credentials,
         options.tls,
         position=None if start == end else (pipeline, start, end),
+        pipeline=pipeline,
     )
 
 

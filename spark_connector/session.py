@@ -151,6 +151,7 @@ class BrokerSession:
         pipeline: str | None = None,
         start: str | None = None,
         end: str | None = None,
+        run: str | None = None,
     ) -> dict[str, Any]:
         """TXMQ_DECIDE_BATCH: commit ``commit`` and roll back every other pending transaction of
         ``group`` tagged ``batch_key`` (or, with ``query_only``, only report the decision).
@@ -159,6 +160,8 @@ class BrokerSession:
         consumed (canonical offset JSON, see :func:`.options.offsets_text`) and is refused
         unless ``start`` is where the pipeline's last decided batch ended; a query also answers
         ``pipeline``: where it is (``end``, ``batchKey``) and the ``next`` end after ``start``.
+        A query with ``run`` announces that run of the pipeline: the broker rolls back the
+        pending transactions of the pipeline's other runs first.
 
         Returns:
             The broker's JSON answer: ``decided``, ``committed``, ``rolledBack``, ``position``
@@ -177,6 +180,8 @@ class BrokerSession:
                 doc["start"] = start
             if end is not None:
                 doc["end"] = end
+            if run is not None:
+                doc["run"] = run
         body = json.dumps(doc).encode() if doc else b""
         resp = await self.connection.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body)
         answer: dict[str, Any] = json.loads(resp.body.decode("utf-8"))

@@ -562,6 +562,7 @@ def write_partition(
     partition_id: int = 0,
     attempt: int = 0,
     skip_if_decided: bool = True,
+    run_id: str | None = None,
 ) -> PartitionResult:
     """Write one task attempt's input as the halves of ``transaction_id``.
 
@@ -569,6 +570,9 @@ def write_partition(
         batches: pyarrow RecordBatches or Rows.
         skip_if_decided: first ask the broker whether ``batch_key`` is decided already; if so
             write nothing (the batch is a replay of one the sink committed before).
+        run_id: the run of ``options.pipeline`` that writes (the token in ``batch_key``): the
+            same question announces it, and the broker first rolls back the pending halves
+            of the pipeline's other runs (their batches are all run again by this one).
 
     Raises:
         TxmqError: a broker request failed (the task fails; Spark retries it).
@@ -581,7 +585,12 @@ def write_partition(
             options.broker, options.request_timeout, options.credentials, options.tls
         ) as session:
             if skip_if_decided:
-                answer = await session.decide_batch(group, batch_key, query_only=True)
+                if run_id is None:
+                    answer = await session.decide_batch(group, batch_key, query_only=True)
+                else:
+                    answer = await session.decide_batch(
+                        group, batch_key, query_only=True, pipeline=options.pipeline, run=run_id
+                    )
                 if answer.get("decided"):
                     log.info(
                         "sink_batch_already_decided",
@@ -640,6 +649,7 @@ def decide_batch(
     credentials: Credentials | None = None,
     tls: TlsOptions | None = None,
     position: tuple[str, str, str] | None = None,
+    pipeline: str | None = None,
 ) -> dict[str, Any]:
     """Commit the successful attempts' transactions of a batch and roll back the rest.
 
@@ -647,6 +657,8 @@ def decide_batch(
         results: the successful attempts' results (None entries are ignored).
         position: ``(pipeline, start, end)``: the input range the batch consumed, recorded
             with the decision (see :mod:`.pipeline`).
+        pipeline: the batch's pipeline, when ``position`` is None (the broker rolls back the
+            orphans of the pipeline's other runs with the decision).
 
     Returns:
         The broker's answer (``first`` is False when the batch had been decided before, which is
@@ -667,10 +679,10 @@ def decide_batch(
     async def go() -> dict[str, Any]:
         async with BrokerSession(broker, request_timeout, credentials, tls) as session:
             if position is None:
-                return await session.decide_batch(group, batch_key, commit)
-            pipeline, start, end = position
+                return await session.decide_batch(group, batch_key, commit, pipeline=pipeline)
+            name, start, end = position
             return await session.decide_batch(
-                group, batch_key, commit, pipeline=pipeline, start=start, end=end
+                group, batch_key, commit, pipeline=name, start=start, end=end
             )
 
     answer = run(go)

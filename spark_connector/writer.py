@@ -70,7 +70,8 @@ log = get_logger(__name__)
 #: streaming commit of that batch SIGKILL the process group of its session's leader at
 #: ``<point>`` -- with ``local[...]`` and the driver program started as a session leader, the
 #: driver program and its JVM, as a lost driver host would (the Python workers, in groups of
-#: their own, end when the JVM is gone): ``before_decide`` (the tasks' halves are stored, the batch is undecided) or
+#: their own, end when the JVM is gone; the one that commits kills itself too):
+#: ``before_decide`` (the tasks' halves are stored, the batch is undecided) or
 #: ``after_decide`` (the broker decided the batch; Spark has not written its commit log).
 CRASH_AT_ENV = "TXMQ_SPARK_CRASH_AT"
 
@@ -79,6 +80,9 @@ def _crash_point(point: str, batch_id: int) -> None:
     if os.environ.get(CRASH_AT_ENV) == f"{point}:{batch_id}":
         log.warning("sink_crash_point", point=point, batch_id=batch_id)
         os.killpg(os.getsid(0), signal.SIGKILL)
+        # The commit runs in a Python worker of a process group of its own: without this it
+        # would go on (and decide the batch) until it noticed the JVM was gone.
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 #: TaskContext local properties Spark sets for streaming micro-batches.
@@ -113,7 +117,8 @@ class TxmqStreamWriter(_StreamWriterBase):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         #: A pipeline's batch keys carry a token made at each query start (on the driver;
-        #: Spark ships this writer to every task and to the commit).
+        #: Spark ships this writer to every task; the commit runs in a writer of its own, so
+        #: it takes the key from the tasks' results).
         self.run_id = run_token()
         if options.pipeline is not None and options.checkpoint_location is None:
             raise TxmqOptionError(
@@ -149,6 +154,7 @@ class TxmqStreamWriter(_StreamWriterBase):
             transaction_id=new_transaction_id(batch_key, partition, attempt),
             partition_id=partition,
             attempt=attempt,
+            run_id=None if self.options.pipeline is None else self.run_id,
         )
         return TxmqCommitMessage(**asdict(result))
 

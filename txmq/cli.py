@@ -1397,6 +1397,28 @@ def txn_rollback(broker: str, transaction_id: str, reason: str) -> None:
     _force(broker, transaction_id, False, reason)
 
 
+@txn.command("abort-batch")
+@BROKER_OPTION
+@click.option("--group", "-g", required=True, help="The batch's producer group.")
+@click.option("--batch-key", "-k", required=True, help="The batch key (txmq txn list shows it).")
+@_output_options
+def txn_abort_batch(broker: str, group: str, batch_key: str, as_json: bool) -> None:
+    """Decide a batch with nothing committed: roll back its pending transactions (the
+    orphans of a Spark query that will never run again) and refuse any later half of it.  A
+    batch decided before keeps its decision."""
+    answer = _admin(broker, lambda admin: admin.abort_batch(group, batch_key))
+    if as_json:
+        _echo_json(answer)
+        return
+    if not answer.get("first", True):
+        click.echo(
+            f"batch {batch_key} was decided before: {len(answer['committed'])} committed, "
+            f"{len(answer['rolledBack'])} rolled back"
+        )
+    else:
+        click.echo(f"batch {batch_key} aborted: {len(answer['rolledBack'])} rolled back")
+
+
 # --- web console ------------------------------------------------------------------------------
 
 

@@ -1079,8 +1079,11 @@ class ClusterNode:
             if not tx.machine.pending_in_batch(producer_group, batch_key):
                 continue
             commit = tx.local_batch_part(producer_group, [str(t) for t in entry.value["commit"]])
+            # A pipeline's batch also rolls back the orphans of the pipeline's other runs here.
+            pos = entry.value.get("position")
+            pipeline = str(pos[0]) if isinstance(pos, list) and pos else None
             try:
-                end = tx.decide_batch(producer_group, batch_key, commit)
+                end = tx.decide_batch(producer_group, batch_key, commit, pipeline=pipeline)
             except Exception as exc:  # e.g. a listed transaction was rolled back meanwhile
                 log.error(
                     "batch_not_applied",

@@ -120,9 +120,11 @@ class TransactionProcessor:
             # A pipeline's batch names the input range it consumed (start and end as the
             # client's canonical text); a query may ask where a pipeline is.
             pipeline = doc.get("pipeline")
+            # A pipeline's decision without a range (a batch it runs again, or one that
+            # read nothing) names the pipeline only: its other runs' orphans are rolled back.
             position = (
                 (str(pipeline), str(doc["start"]), str(doc["end"]))
-                if pipeline is not None and not h.query_only
+                if pipeline is not None and not h.query_only and ("start" in doc or "end" in doc)
                 else None
             )
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
@@ -134,6 +136,12 @@ class TransactionProcessor:
         key = (h.producer_group, h.batch_key)
         machine = self.tx.machine
         if h.query_only:
+            run = doc.get("run")
+            orphans_end = None
+            if pipeline is not None and run is not None:
+                # A run of the pipeline announces itself as it starts: the pending halves of
+                # the pipeline's other runs are orphans (their batches are all run again).
+                orphans_end = self.tx.roll_back_orphans(h.producer_group, str(pipeline), str(run))
             decided = self.tx.batches.get(key)
             answer: dict[str, Any] = {
                 "batchKey": h.batch_key,
@@ -160,6 +168,8 @@ class TransactionProcessor:
                     if start is None
                     else machine.pipeline_ranges.get((h.producer_group, str(pipeline), start)),
                 }
+            if orphans_end is not None:
+                await self.flush.wait_durable(orphans_end)
             return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
         recorded: tuple[str, str, str] | None = None
@@ -184,7 +194,13 @@ class TransactionProcessor:
             if before is not None:
                 whole, recorded = before
             position = None
-        end = self.tx.decide_batch(h.producer_group, h.batch_key, commit, position)
+        end = self.tx.decide_batch(
+            h.producer_group,
+            h.batch_key,
+            commit,
+            position,
+            None if pipeline is None else str(pipeline),
+        )
         decided = self.tx.batches[key]
         durable = end
         if durable is None:

@@ -25,9 +25,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from txmq.protocol.errors import IllegalOperationError, InvalidParameterError
+from txmq.protocol.errors import FencedError, IllegalOperationError, InvalidParameterError
 
-from .state import Decision, HalfRef, OpKind, OpRecord, TxRecord, TxState
+from .state import (
+    Decision,
+    HalfRef,
+    OpKind,
+    OpRecord,
+    TxRecord,
+    TxState,
+    orphan_remark,
+    pipeline_run,
+)
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,36 @@ class TransactionStateMachine:
             return None
         return next((h for h in rec.halves if h.commit_log_offset == commit_log_offset), None)
 
+    def orphans_of(self, group: str, pipeline: str, run: str) -> dict[str, list[str]]:
+        """The pending transactions of ``group`` written by runs of ``pipeline`` other than
+        ``run``, by run: a pipeline has one live run (the newest), so they are the orphans of
+        runs that died or were superseded; every batch they belong to is run again."""
+        out: dict[str, list[str]] = {}
+        for txid, rec in self.pending.items():
+            if rec.producer_group != group:
+                continue
+            other = pipeline_run(pipeline, rec.batch_key)
+            if other is not None and other != run:
+                out.setdefault(other, []).append(txid)
+        for txids in out.values():
+            txids.sort()
+        return out
+
+    def plan_orphans(self, group: str, pipeline: str, run: str, ts: int) -> list[OpRecord]:
+        """Roll back the orphans of ``pipeline``'s runs other than ``run`` (one record per
+        old run, its remark naming both runs)."""
+        return [
+            OpRecord(
+                kind=OpKind.ROLLBACK,
+                group=group,
+                txids=tuple(txids),
+                halves=tuple(h.commit_log_offset for t in txids for h in self.records[t].halves),
+                remark=orphan_remark(pipeline, self.records[txids[0]].batch_key, run),
+                ts=ts,
+            )
+            for _, txids in sorted(self.orphans_of(group, pipeline, run).items())
+        ]
+
     def pending_in_batch(self, group: str, batch_key: str) -> list[str]:
         members = self.batch_members.get((group, batch_key), set())
         return sorted(t for t in members if self.records[t].state is TxState.PENDING)
@@ -273,8 +312,13 @@ class TransactionStateMachine:
         commit: list[str],
         ts: int,
         position: tuple[str, str, str] | None = None,
+        pipeline: str | None = None,
     ) -> BatchPlan:
         """Commit the listed transactions of a batch and roll back its other pending ones.
+
+        With ``pipeline`` (the batch key then is ``<pipeline>-<run>-<batchId>``), the same
+        record also rolls back the orphans of the pipeline's other runs
+        (:meth:`orphans_of`): a run decides only once it is the pipeline's live one.
 
         ``position`` is ``(pipeline, start, end)``: the input range the batch consumed.  The
         decision records it and moves the pipeline to ``end``; it is refused unless ``start``
@@ -286,6 +330,25 @@ class TransactionStateMachine:
             IllegalOperationError: a listed transaction is already rolled back, or the batch
                 does not start where its pipeline is.
         """
+        commit_recs = []
+        for txid in dict.fromkeys(commit):
+            rec = self.records.get(txid)
+            if rec is None or rec.producer_group != group:
+                raise InvalidParameterError(
+                    f"transaction {txid} has no half message in producer group {group}"
+                )
+            if rec.state is TxState.ROLLED_BACK and rec.remark.startswith("pipeline: orphan"):
+                raise FencedError(
+                    f"fenced: transaction {txid} was rolled back as an "
+                    f"{rec.remark.split(': ', 1)[1]}; batch {batch_key!r} was not decided "
+                    "and nothing of it was committed"
+                )
+            if rec.state is TxState.ROLLED_BACK:
+                raise IllegalOperationError(
+                    f"transaction {txid} is already ROLLED_BACK; batch {batch_key!r} was not "
+                    "decided"
+                )
+            commit_recs.append(rec)
         if position is not None:
             head = self.pipelines.get((group, position[0]))
             if head is not None and head[0] != position[1]:
@@ -294,19 +357,6 @@ class TransactionStateMachine:
                     f"(batch {head[1]!r}); batch {batch_key!r} starts at {position[1]}: another "
                     "query runs this pipeline, or its source does not resume from the pipeline"
                 )
-        commit_recs = []
-        for txid in dict.fromkeys(commit):
-            rec = self.records.get(txid)
-            if rec is None or rec.producer_group != group:
-                raise InvalidParameterError(
-                    f"transaction {txid} has no half message in producer group {group}"
-                )
-            if rec.state is TxState.ROLLED_BACK:
-                raise IllegalOperationError(
-                    f"transaction {txid} is already ROLLED_BACK; batch {batch_key!r} was not "
-                    "decided"
-                )
-            commit_recs.append(rec)
         commit_set = {r.transaction_id for r in commit_recs}
         rollback = [
             t
@@ -314,6 +364,17 @@ class TransactionStateMachine:
             if t not in commit_set and not self.records[t].state.decided
         ]
         to_commit = [h for r in commit_recs if not r.state.decided for h in r.halves]
+        run = None if pipeline is None else pipeline_run(pipeline, batch_key)
+        orphans: tuple[str, ...] = ()
+        if pipeline is not None and run is not None:
+            orphans = tuple(
+                sorted(
+                    t
+                    for txids in self.orphans_of(group, pipeline, run).values()
+                    for t in txids
+                    if t not in commit_set
+                )
+            )
         op = OpRecord(
             kind=OpKind.BATCH,
             group=group,
@@ -324,6 +385,8 @@ class TransactionStateMachine:
             batch_key=batch_key,
             committed=tuple(r.transaction_id for r in commit_recs),
             position=position,
+            pipeline=None if run is None else pipeline,
+            orphans=orphans,
         )
         return BatchPlan(op, to_commit)
 
@@ -366,7 +429,7 @@ class TransactionStateMachine:
         """
         changed: list[TxRecord] = []
 
-        def settle(txid: str, state: TxState) -> None:
+        def settle(txid: str, state: TxState, remark: str | None = None) -> None:
             rec = self._record(txid, op.group)
             if rec.state is state:
                 return
@@ -374,8 +437,8 @@ class TransactionStateMachine:
                 return
             rec.state = state
             rec.decided_ms = op.ts
-            rec.decided_by = sys.intern(op.by)
-            rec.remark = op.remark
+            rec.decided_by = sys.intern(op.by if remark is None else "pipeline")
+            rec.remark = op.remark if remark is None else remark
             rec.check_in_flight = False
             rec.decision_end_offset = end_offset
             self.pending.pop(txid, None)
@@ -394,6 +457,13 @@ class TransactionStateMachine:
                 settle(t, TxState.COMMITTED)
             for t in op.txids:
                 settle(t, TxState.ROLLED_BACK)
+            if op.pipeline is not None:
+                run = pipeline_run(op.pipeline, op.batch_key)
+                records = self.records
+                for t in op.orphans:
+                    old = records.get(t)
+                    remark = orphan_remark(op.pipeline, None if old is None else old.batch_key, run)
+                    settle(t, TxState.ROLLED_BACK, remark)
             key = (op.group, op.batch_key or "")
             if op.batch_key is not None and key not in self.batches:
                 self.batches[key] = {

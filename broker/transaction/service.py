@@ -723,31 +723,67 @@ class TransactionalMessageService:
         batch_key: str,
         commit: list[str],
         position: tuple[str, str, str] | None = None,
+        pipeline: str | None = None,
     ) -> int | None:
         """Commit ``commit`` and roll back the batch's other pending transactions, once per
         batch key; None when the batch was already decided.  ``position``: the pipeline input
-        range the batch consumed (see :meth:`~.machine.TransactionStateMachine.plan_batch`)."""
+        range the batch consumed; ``pipeline``: the batch's pipeline, whose other runs' pending
+        transactions the same record rolls back as orphans (see
+        :meth:`~.machine.TransactionStateMachine.plan_batch`)."""
         if (group, batch_key) in self.batches:
             return None
-        plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms(), position)
+        plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms(), position, pipeline)
         end = self._append(plan.op, self._committed_records(plan.to_commit))
+        if plan.op.orphans:
+            self._orphans_rolled_back(group, plan.op.orphans, batch_key)
         if self.trace is not None:
             records = self.machine.records
-            for txid in (*plan.op.committed, *plan.op.txids):
+            for txid in (*plan.op.committed, *plan.op.txids, *plan.op.orphans):
                 rec = records.get(txid)
                 if rec is not None:
                     done = (
                         TxEvent.COMMITTED if rec.state is TxState.COMMITTED else TxEvent.ROLLED_BACK
                     )
-                    self.trace.tx_event(rec, done, "batch")
+                    orphan = txid in plan.op.orphans
+                    self.trace.tx_event(rec, done, rec.remark if orphan else "batch")
         log.info(
             "batch_decided",
             group=group,
             batch_key=batch_key,
             committed=len(plan.op.committed),
             rolled_back=len(plan.op.txids),
+            orphans=len(plan.op.orphans),
         )
         return end
+
+    def roll_back_orphans(self, group: str, pipeline: str, run: str) -> int | None:
+        """Run ``run`` of ``pipeline`` started: roll back the pending transactions of its other
+        runs (they died or were superseded, and the new run writes every undecided batch
+        again).  Returns the commit-log offset that must be durable, None if there were none."""
+        end = None
+        for op in self.machine.plan_orphans(group, pipeline, run, self.now_ms()):
+            for t in op.txids:
+                self._forget_halves(self.machine.records[t])
+            end = self._append(op)
+            self._orphans_rolled_back(group, op.txids, f"run {run} of {pipeline!r} started")
+            if self.trace is not None:
+                for t in op.txids:
+                    self.trace.tx_event(self.machine.records[t], TxEvent.ROLLED_BACK, op.remark)
+        return end
+
+    def _orphans_rolled_back(self, group: str, txids: tuple[str, ...], by: str) -> None:
+        records = self.machine.records
+        self.ctx.metrics.tx_pipeline_orphans.inc(len(txids))
+        for t in txids:
+            rec = records.get(t)
+            log.warning(
+                "pipeline_orphan_rolled_back",
+                transaction_id=t,
+                group=group,
+                batch_key=None if rec is None else rec.batch_key,
+                remark=None if rec is None else rec.remark,
+                by=by,
+            )
 
     def local_batch_part(self, group: str, commit: list[str]) -> list[str]:
         """Cluster mode: the transactions of a batch decision that have their halves here (the

@@ -27,6 +27,9 @@ key     meaning
 ``c``   committed ids (kind ``batch``); ``t`` then lists the rolled-back ones
 ``pp``  pipeline position (kind ``batch``, optional): ``[pipeline, start, end]``, the input
         range the batch consumed, as the client's canonical text
+``pl``  pipeline (kind ``batch``, optional): the pipeline whose batch this is
+``o``   orphans (kind ``batch``, optional): pending transactions of the pipeline's other
+        runs the decision rolls back too (see :func:`pipeline_run`)
 ``r``   remark: who decided and why (operator, check, producer, batch)
 ``ts``  broker time of the decision, ms
 ======  ========================================================================
@@ -225,6 +228,10 @@ class OpRecord:
     committed: tuple[str, ...] = ()
     #: BATCH: ``(pipeline, start, end)``, the input range a pipeline's batch consumed
     position: tuple[str, str, str] | None = None
+    #: BATCH: the pipeline whose batch this is (also in a cluster, where ``position`` is not)
+    pipeline: str | None = None
+    #: BATCH: pending transactions of the pipeline's other runs, rolled back as orphans
+    orphans: tuple[str, ...] = ()
 
     @property
     def by(self) -> str:
@@ -248,6 +255,10 @@ class OpRecord:
             doc["c"] = list(self.committed)
             if self.position is not None:
                 doc["pp"] = list(self.position)
+            if self.pipeline is not None:
+                doc["pl"] = self.pipeline
+            if self.orphans:
+                doc["o"] = list(self.orphans)
         packed: bytes = msgpack.packb(doc, use_bin_type=True)
         return packed
 
@@ -263,6 +274,7 @@ class OpRecord:
         try:
             kind = OpKind(doc["k"])
             bk = doc.get("bk")
+            pl = doc.get("pl")
             return cls(
                 kind=kind,
                 group=str(doc.get("g", "")),
@@ -273,6 +285,30 @@ class OpRecord:
                 batch_key=None if bk is None else str(bk),
                 committed=tuple(str(t) for t in doc.get("c", [])) if kind is OpKind.BATCH else (),
                 position=_position(doc.get("pp")) if kind is OpKind.BATCH else None,
+                pipeline=None if pl is None or kind is not OpKind.BATCH else str(pl),
+                orphans=tuple(str(t) for t in doc.get("o", [])) if kind is OpKind.BATCH else (),
             )
         except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise OpRecordError(f"malformed op record: {exc!r}") from None
+
+
+def pipeline_run(pipeline: str, batch_key: str | None) -> str | None:
+    """The run of ``pipeline`` that wrote under ``batch_key`` (``<pipeline>-<run>-<batchId>``,
+    the run a token without ``-``, the batch id decimal digits), or None when the key is not
+    one of that pipeline's."""
+    if batch_key is None or not batch_key.startswith(pipeline + "-"):
+        return None
+    run, sep, batch_id = batch_key[len(pipeline) + 1 :].partition("-")
+    if not sep or not run or not batch_id.isdigit():
+        return None
+    return run
+
+
+def orphan_remark(pipeline: str, old_batch_key: str | None, run: str | None) -> str:
+    """The remark of a transaction rolled back as an orphan of a superseded pipeline run."""
+    old = pipeline_run(pipeline, old_batch_key)
+    return (
+        f"pipeline: orphan of pipeline {pipeline!r} run {old}, superseded by run {run}"
+        if old is not None
+        else f"pipeline: orphan of pipeline {pipeline!r}, superseded by run {run}"
+    )

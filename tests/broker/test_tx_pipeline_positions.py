@@ -9,8 +9,8 @@ import pytest
 
 from txmq.broker.transaction import snapshot
 from txmq.broker.transaction.machine import TransactionStateMachine
-from txmq.broker.transaction.state import OpRecord
-from txmq.protocol.errors import IllegalOperationError
+from txmq.broker.transaction.state import HalfRef, OpRecord
+from txmq.protocol.errors import FencedError, IllegalOperationError
 
 G = "g"
 
@@ -58,3 +58,62 @@ def test_positions_move_refuse_replay_restore_and_prune() -> None:
     assert again.pipelines == {(G, "p"): ("c", "k2")}
     with pytest.raises(IllegalOperationError):
         again.plan_batch(G, "k4", [], 11, ("p", "a", "x"))
+
+
+def _half(m: TransactionStateMachine, txid: str, key: str, offset: int, group: str = G) -> None:
+    m.add_half(txid, group, key, HalfRef(offset, offset, "t", 0, offset, txid, f"o{offset}"))
+
+
+def test_a_runs_decision_rolls_back_the_other_runs_orphans_in_its_record() -> None:
+    m = TransactionStateMachine()
+    _half(m, "old-a", "p-r1-1", 1)
+    _half(m, "old-b", "p-r0-7", 2)
+    _half(m, "mine", "p-r2-1", 3)
+    _half(m, "later", "p-r2-2", 4)  # the same run: not an orphan
+    _half(m, "eu", "p-eu-r1-1", 5)  # pipeline "p-eu"
+    _half(m, "plain", "p-r1", 6)  # not <pipeline>-<run>-<digits>
+    _half(m, "other", "p-r1-1", 7, group="other")
+    plan = m.plan_batch(G, "p-r2-1", ["mine"], 10, ("p", "", "a"), "p")
+    assert plan.op.orphans == ("old-a", "old-b") and plan.op.txids == ()
+    assert OpRecord.decode(plan.op.encode()) == plan.op
+    m.apply(plan.op, 100)
+    assert (
+        m.records["old-a"].remark == "pipeline: orphan of pipeline 'p' run r1, superseded by run r2"
+    )
+    assert m.records["old-b"].decided_by == "pipeline"
+    assert m.batches[(G, "p-r2-1")] == {"committed": ["mine"], "rolledBack": []}
+    assert sorted(m.pending) == ["eu", "later", "other", "plain"]
+    # A zombie of run r1 committing its orphan is fenced; nothing is planned.
+    with pytest.raises(
+        FencedError, match="fenced: transaction old-a .* run r1, superseded by run r2"
+    ):
+        m.plan_batch(G, "p-r1-1", ["old-a"], 11, ("p", "a", "b"), "p")
+
+    # Replayed from its record (recovery), the decision rolls back the same orphans.
+    replica = TransactionStateMachine()
+    for i, (t, k, g) in enumerate(
+        [("old-a", "p-r1-1", G), ("old-b", "p-r0-7", G), ("mine", "p-r2-1", G)]
+        + [("later", "p-r2-2", G), ("eu", "p-eu-r1-1", G), ("plain", "p-r1", G)]
+        + [("other", "p-r1-1", "other")]
+    ):
+        _half(replica, t, k, i + 1, group=g)
+    replica.apply(OpRecord.decode(plan.op.encode()), 100)
+    assert {t: (r.state, r.remark) for t, r in replica.records.items()} == {
+        t: (r.state, r.remark) for t, r in m.records.items()
+    }
+
+
+def test_a_runs_announcement_rolls_back_the_other_runs_orphans() -> None:
+    m = TransactionStateMachine()
+    _half(m, "a", "p-r1-1", 1)
+    _half(m, "b", "p-r1-1", 2)
+    _half(m, "c", "p-r0-3", 3)
+    _half(m, "mine", "p-r2-1", 4)
+    ops = m.plan_orphans(G, "p", "r2", 10)
+    assert [(op.txids, op.remark) for op in ops] == [
+        (("c",), "pipeline: orphan of pipeline 'p' run r0, superseded by run r2"),
+        (("a", "b"), "pipeline: orphan of pipeline 'p' run r1, superseded by run r2"),
+    ]
+    for op in ops:
+        m.apply(op, 10)
+    assert list(m.pending) == ["mine"] and m.plan_orphans(G, "p", "r2", 11) == []
