@@ -147,7 +147,10 @@ def test_no_orphan_outlives_its_run(broker: BrokerThread, tmp_path: Path) -> Non
             driver.wait()
         pending = _open(address)
         left.append(len(pending))
-        dead_runs |= {_run(t["batchKey"]) for t in pending}
+        if i == 0:
+            # killed before its decision was sent: these can only be resolved as orphans (a
+            # later kill may land while its decision is on its way, which then decides them)
+            dead_runs |= {_run(t["batchKey"]) for t in pending}
         # What the runs killed before left is gone: this run rolled it back as it started.
         assert not before & {t["transactionId"] for t in pending}, (seed, schedule)
     # The first kill left its batch 1 behind for sure: the test sees orphans resolved.
@@ -165,14 +168,15 @@ def test_no_orphan_outlives_its_run(broker: BrokerThread, tmp_path: Path) -> Non
     missing = len(set(range(IDS)) - set(ids))
     assert (duplicates, missing) == (0, 0), (seed, schedule, left)
     assert ids == list(range(IDS))
-    # Every half a killed run left was rolled back as an orphan of its run.
+    # What the first kill left was rolled back as an orphan of its run (what a later kill left
+    # is decided all the same: nothing is open above).
     orphans = [
         t
         for t in transactions(address, GROUP, "ROLLED_BACK")
         if t["remark"].startswith(f"pipeline: orphan of pipeline {PIPELINE!r}")
     ]
-    assert {_run(t["batchKey"]) for t in orphans} >= dead_runs
-    assert len(orphans) >= sum(left)
+    assert {_run(t["batchKey"]) for t in orphans} >= dead_runs, (seed, schedule, left)
+    assert len(orphans) >= left[0], (seed, schedule, left)
     print(
         f"seed {seed}: kills {schedule}; pending left per kill {left}; "
         f"orphans rolled back {len(orphans)}; duplicates {duplicates}; missing {missing}"
