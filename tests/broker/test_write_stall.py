@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
-import txmq.broker.server as server_module
+from tests.support.logs import fresh_loggers
 from tests.support.ports import free_port
 from tests.support.raw import RawClient, unread_pulls
 from tests.support.scrape import scrape, value
@@ -39,7 +38,7 @@ STALL_MS = 2000
 def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, Any]]]:
     """The broker's log lines of the test (a fresh logger: one cached earlier in the session
     keeps processors ``capture_logs`` cannot see into)."""
-    monkeypatch.setattr(server_module, "log", structlog.get_logger(server_module.__name__))
+    fresh_loggers(monkeypatch)
     with capture_logs() as captured:
         yield captured
 
@@ -128,7 +127,8 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_stall_timeout(
         await wait_until(lambda: _dropped(b, "slow_reader") >= 1, 30, "the stalled client dropped")
         held = time.monotonic() - paused_at  # at most the test's lag in seeing the pause short
         assert held >= STALL_MS / 1000 - 0.5, f"dropped {held:.2f}s after writing paused"
-        assert _closed_by_peer(greedy)
+        # the reset reaches the client a moment after the drop is counted
+        await wait_until(lambda: _closed_by_peer(greedy), 10, "the broker's reset at the client")
         await wait_until(lambda: len(b._connections) == 1, 10, "the dropped connection gone")
 
         (line,) = _drop_lines(logs, "slow_reader")
@@ -174,7 +174,8 @@ async def test_a_client_whose_unread_answers_fit_in_its_socket_is_dropped(
         await wait_until(dropped, 30, "the client with unread answers dropped")
         assert time.monotonic() - sent >= STALL_MS / 1000
         assert not any(paused), "writing paused: the answers did not fit in the socket"
-        assert _closed_by_peer(greedy)
+        # the reset reaches the client a moment after the drop is counted
+        await wait_until(lambda: _closed_by_peer(greedy), 10, "the broker's reset at the client")
         (line,) = _drop_lines(logs, "slow_reader")
         assert line["peer"] == f"127.0.0.1:{port}"
         assert line["stalled_s"] >= STALL_MS / 1000
