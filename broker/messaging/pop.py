@@ -217,35 +217,34 @@ class PopService:
 
     # -- durability -----------------------------------------------------------------------------
 
-    def _append(self, doc: dict[str, Any]) -> None:
-        msg = MessageExt(
+    def _record(self, doc: dict[str, Any], now: int) -> MessageExt:
+        return MessageExt(
             topic=POP_STATE_TOPIC,
             body=msgpack.packb(doc, use_bin_type=True),
-            queue_id=0,
-            born_timestamp=self.ctx.now_ms(),
-            born_host=("127.0.0.1", 0),
-        )
-        self.ctx.write.put_messages([msg])
-        self._since_snapshot += 1
-        now = self.ctx.now_ms()
-        if (
-            self._since_snapshot >= SNAPSHOT_EVERY_RECORDS
-            or now - self._snapshot_ms >= SNAPSHOT_EVERY_MS
-        ):
-            self._write_snapshot(now)
-
-    def _write_snapshot(self, now: int) -> None:
-        views = [[g, t, q, v.to_doc()] for (g, t, q), v in self.views.items()]
-        msg = MessageExt(
-            topic=POP_STATE_TOPIC,
-            body=msgpack.packb({"k": "snap", "views": views}, use_bin_type=True),
             queue_id=0,
             born_timestamp=now,
             born_host=("127.0.0.1", 0),
         )
-        self.ctx.write.put_messages([msg])
+
+    def _append(self, doc: dict[str, Any]) -> None:
+        """Append one change (the views already show it), with a snapshot after it in the same
+        append when one is due."""
+        now = self.ctx.now_ms()
+        records = [self._record(doc, now)]
+        self._since_snapshot += 1
+        if (
+            self._since_snapshot >= SNAPSHOT_EVERY_RECORDS
+            or now - self._snapshot_ms >= SNAPSHOT_EVERY_MS
+        ):
+            records.append(self._snapshot(now))
+        self.ctx.write.put_messages(records)
+
+    def _snapshot(self, now: int) -> MessageExt:
+        """A snapshot record of every view (counted as written)."""
+        views = [[g, t, q, v.to_doc()] for (g, t, q), v in self.views.items()]
         self._since_snapshot = 0
         self._snapshot_ms = now
+        return self._record({"k": "snap", "views": views}, now)
 
     def _records_from(self, offset: int) -> Iterator[tuple[int, dict[str, Any]]]:
         store = self.ctx.store
@@ -320,7 +319,7 @@ class PopService:
                 self.ctx.offsets.commit(group, topic, qid, v.committed)
         self.replayed = n
         if self.views:
-            self._write_snapshot(self.ctx.now_ms())
+            self.ctx.write.put_messages([self._snapshot(self.ctx.now_ms())])
             log.info(
                 "pop_state_recovered",
                 views=len(self.views),
