@@ -478,8 +478,10 @@ class IndexFiles:
             if how != "clean":
                 log.info("index_file_repaired", file=last.path, entries=last.count, how=how)
             self.last_timestamp = last.max_ts
-            if resume is None:
-                resume = last.end_phy
+            # After a damaged file, indexing goes on at its name only if the file before it
+            # says it covers that far: a kill while the damaged one was being created (sized,
+            # no header yet) leaves the older one unsealed, its header behind its entries.
+            resume = last.end_phy if resume is None else min(resume, last.end_phy)
         self.position = start_if_empty if resume is None else resume
 
     # -- appending ------------------------------------------------------------------------------

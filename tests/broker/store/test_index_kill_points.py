@@ -50,7 +50,14 @@ class Run:
             hashes = [self.rng.randrange(1, 2**32) for _ in range(self.rng.randint(1, 3))]
             self.messages.append((phy, ts, hashes))
             items += [(h, phy, ts) for h in hashes]
-        self.files.add_many(items)
+        if self.rng.random() < 0.5:
+            self.files.add_many(items)
+        else:  # message by message, killed inside each new file's creation too
+            for phy in sorted({phy for _h, phy, _ts in items}):
+                before = len(self.files.files)
+                self.files.add_many([it for it in items if it[1] == phy])
+                if len(self.files.files) > before:
+                    self.kill_point(creating=self.files.files[-1].path)
         self.kill_point()
         self.files.advance(len(self.messages) * RECORD)
 
@@ -68,10 +75,15 @@ class Run:
 
     # -- a SIGKILL here ---------------------------------------------------------------------
 
-    def kill_point(self) -> None:
+    def kill_point(self, creating: str | None = None) -> None:
+        """``creating``: killed while that (newest) file was being created, after it got its
+        size but before its first header: all zeros."""
         self.kills += 1
         copy = self.root / f"kill{self.kills}"
         shutil.copytree(self.root / "index", copy)
+        if creating is not None:
+            torn = copy / os.path.basename(creating)
+            torn.write_bytes(bytes(torn.stat().st_size))
         indexed = len(self.messages) * RECORD  # at most: advance() may not have run yet
         again = IndexFiles(str(copy), self.files.slot_num, self.files.max_entries)
         again.load(0)
