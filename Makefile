@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test pytest lint typecheck gates bench clean docker-setup wheel wheels \
+.PHONY: install run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client node5-client grpc-gen etcd spark35 chromium
 
 ## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
@@ -32,6 +32,13 @@ test: gates pytest
 
 pytest: $(STAMP) docker-setup py5-client node5-client etcd spark35 chromium
 	$(PY) -m pytest
+
+## The edit-test loop: the in-process tests (protocol, store, broker, SDK, fuzz corpus; no
+## process started, no Spark, etcd, Docker or browser) on every core, no gates.  `make test` stays
+## the whole suite.
+FAST_TIER := tests/protocol tests/broker tests/client tests/fuzz tests/test_layering.py
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n auto -m "not slow and not external and not spark" $(FAST_TIER)
 
 gates: lint typecheck
 

@@ -21,6 +21,8 @@ import pytest
 import txmq
 from txmq import _compiled
 
+pytestmark = pytest.mark.external
+
 PROBE = """
 import json, sys
 import txmq.broker.server, txmq.client.producer, txmq.client.transaction

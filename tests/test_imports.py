@@ -9,7 +9,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.test_layering import PACKAGES, ROOT, module_name
+
+pytestmark = pytest.mark.external
 
 
 def _modules() -> list[str]:

@@ -19,6 +19,8 @@ import pytest
 
 from txmq.broker.config import BrokerConfig, key_name, load_config
 
+pytestmark = pytest.mark.external
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "config" / "broker.toml"
 CONTAINER_CONFIG = "/etc/txmq/broker.toml"

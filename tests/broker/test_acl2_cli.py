@@ -20,6 +20,8 @@ from tests.support.raw import RawClient
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import ResponseCode
 
+pytestmark = pytest.mark.external
+
 ROOT_DIR = Path(__file__).resolve().parents[2]
 ROOT = Credentials("root-user", "root-secret-123")
 

@@ -30,6 +30,8 @@ from txmq.protocol.errors import NoPermissionError
 from txmq.protocol.fastjson import ObjectKeyMap, loads
 from txmq.protocol.message import MessageConst, decode_offset_msg_id
 
+pytestmark = pytest.mark.external
+
 #: How long one command may take (a loaded machine, a cold interpreter).
 CLI_TIMEOUT = 60.0
 

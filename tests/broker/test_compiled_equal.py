@@ -36,6 +36,8 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.message import properties_to_string as props_text
 
+pytestmark = pytest.mark.external
+
 C = MessageConst
 F = MessageSysFlag
 MAX_BODY = 2048

@@ -193,6 +193,7 @@ async def test_a_level_that_is_no_number_is_refused(broker: BrokerController) ->
     assert stored(broker, broker.transactions.half_topic) == []
 
 
+@pytest.mark.external
 @pytest.mark.slow
 async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay(
     tmp_path,

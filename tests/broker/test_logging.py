@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+pytestmark = pytest.mark.external
+
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a new interpreter with stdout and stderr as pipes."""

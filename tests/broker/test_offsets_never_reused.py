@@ -15,11 +15,15 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.broker.test_read_only_disk import _fail_filesystem, _run, ext4_disk  # noqa: F401
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
+
+pytestmark = pytest.mark.external
 
 MiB = 1024 * 1024
 TOPIC = "never-reused"

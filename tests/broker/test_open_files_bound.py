@@ -184,6 +184,7 @@ def check_bound(watch: FdWatch, idle: int, what: str) -> None:
     )
 
 
+@pytest.mark.external
 async def test_2000_consume_queues_within_64_open_files(tmp_path) -> None:
     bp = BrokerProcess(
         str(tmp_path / "store"),

@@ -9,9 +9,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+import pytest
+
 from tests.support.ports import free_port
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
+
+pytestmark = pytest.mark.external
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -28,6 +28,8 @@ from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 
+pytestmark = pytest.mark.external
+
 MiB = 1024 * 1024
 
 

@@ -146,6 +146,7 @@ async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> N
         await c.close()
 
 
+@pytest.mark.external
 @pytest.mark.slow
 async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
     """Twelve timers, six recalled; the broker is SIGKILLed before the checkpoint can hold

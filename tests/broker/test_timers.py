@@ -254,6 +254,7 @@ class CommitTx(TransactionListener):
         return self.execute_local_transaction(Message(TOPIC, message.body), None)
 
 
+@pytest.mark.external
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(

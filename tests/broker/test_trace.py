@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
@@ -102,6 +103,7 @@ def _cli(address: str, *args: str) -> Any:
     return res.output
 
 
+@pytest.mark.external
 def test_txmq_trace_shows_a_transactions_life(
     broker_thread_factory: Callable[..., BrokerThread],
 ) -> None:
@@ -187,6 +189,7 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
     assert broker.store.get_max_offset_in_queue(TRACE_TOPIC, 0) == 0
 
 
+@pytest.mark.external
 async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Path) -> None:
     # SYNC_FLUSH: an acknowledged send's trace record is fsynced with it, before its answer
     bp = BrokerProcess(
