@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from txmq import __version__
-from txmq.protocol.aio import Connection, ConnectionLimits, Drop
+from txmq.protocol.aio import AnswerTooLargeError, Connection, ConnectionLimits, Drop
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import ProtocolError, TxmqError
@@ -700,8 +700,12 @@ class BrokerController:
         self.metrics.protocol_errors.inc()
 
     def _protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
+        peer = f"{conn.peer[0]}:{conn.peer[1]}"
+        if isinstance(exc, AnswerTooLargeError):  # the request was answered with an error
+            log.warning("answer_too_large", peer=peer, error=str(exc))
+            return
         self.metrics.protocol_errors.inc()
-        log.warning("frame_rejected", peer=f"{conn.peer[0]}:{conn.peer[1]}", error=str(exc))
+        log.warning("frame_rejected", peer=peer, error=str(exc))
 
     async def handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         """Dispatch one request to its processor; every failure becomes a precise answer."""

@@ -102,6 +102,10 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: Transactions asked for in one answer (a transaction of 100 messages is about 30 KB of JSON).
+TRANSACTION_PAGE = 200
+
+
 class AsyncAdminClient:
     """One connection to a broker for operator requests.  Use as ``async with``.
 
@@ -437,10 +441,42 @@ class AsyncAdminClient:
         state: str | None = None,
         limit: int = 1000,
     ) -> list[dict[str, Any]]:
+        """Up to ``limit`` transactions (PENDING and DISCARDED unless ``state`` names others,
+        comma-separated), oldest first; asked for a page of :data:`TRANSACTION_PAGE` at a
+        time, so no answer passes the frame limit however many there are."""
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while len(out) < limit:
+            page, after = await self.list_transactions_page(
+                group=group,
+                topic=topic,
+                state=state,
+                limit=min(TRANSACTION_PAGE, limit - len(out)),
+                after=after,
+            )
+            out += page
+            if after is None:
+                break
+        return out
+
+    async def list_transactions_page(
+        self,
+        *,
+        group: str | None = None,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = TRANSACTION_PAGE,
+        after: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of :meth:`list_transactions`: the first ``limit`` after cursor ``after``,
+        and the cursor of the next page (None: this was the last)."""
         h = ListTransactionsRequestHeader(
-            producer_group=group, topic=topic, state=state, limit=limit
+            producer_group=group, topic=topic, state=state, limit=limit, after=after
         )
-        return list(await self._json(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields()))
+        resp = await self._call(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields())
+        page = list(json.loads(resp.body)) if resp.body else []
+        cursor = resp.ext_fields.get("nextCursor")
+        return page, str(cursor) if cursor else None
 
     async def get_transaction(self, transaction_id: str) -> dict[str, Any]:
         return dict(

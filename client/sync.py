@@ -228,6 +228,7 @@ class AdminClient(_SyncClient):
     broker_config = blocking(AsyncAdminClient.broker_config)
     update_broker_config = blocking(AsyncAdminClient.update_broker_config)
     list_transactions = blocking(AsyncAdminClient.list_transactions)
+    list_transactions_page = blocking(AsyncAdminClient.list_transactions_page)
     get_transaction = blocking(AsyncAdminClient.get_transaction)
     resume_transaction = blocking(AsyncAdminClient.resume_transaction)
     force_decide = blocking(AsyncAdminClient.force_decide)

@@ -145,6 +145,17 @@ async def _reraise(exc: BaseException) -> None:
     raise exc
 
 
+class AnswerTooLargeError(ProtocolError):
+    """Reported (``on_protocol_error``), never raised: an answer would pass the frame limit
+    the peer accepts and was replaced by an error answer naming the limit."""
+
+
+#: The largest answer body a connection sends (RocketMQ's clients and txmq's refuse frames
+#: above 16 MiB by default; a megabyte is left for the header).  A larger answer is replaced by
+#: an error naming the limit.
+ANSWER_BODY_LIMIT = DEFAULT_MAX_FRAME_SIZE - 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """A server's bounds on one connection.
@@ -537,11 +548,24 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # the peer gets an answer, the connection survives
             resp = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         if resp is not None and not cmd.is_oneway:
+            if len(resp.body) > ANSWER_BODY_LIMIT:
+                resp = self._answer_too_large(cmd, len(resp.body))
             resp.opaque = cmd.opaque
             resp.serialize_type = cmd.serialize_type
             if self.closed:
                 return  # the peer left before its answer was ready; nobody to tell
             self.write(resp)
+
+    def _answer_too_large(self, cmd: RemotingCommand, size: int) -> RemotingCommand:
+        """The error sent instead of an answer the peer would refuse (it closes a connection
+        that announces a larger frame, and the request would end without a word)."""
+        remark = (
+            f"the answer to request code {cmd.code} has a body of {size} bytes, more than the "
+            f"{ANSWER_BODY_LIMIT} bytes one answer may carry (a client refuses frames above "
+            f"{DEFAULT_MAX_FRAME_SIZE} bytes): ask for less (a lower limit, or the next page)"
+        )
+        self._report(AnswerTooLargeError(remark))
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark)
 
     async def _room_for_answers(self, limits: ConnectionLimits) -> bool:
         """Wait until the peer has read its answers down to ``answer_window`` (False: the

@@ -496,6 +496,8 @@ class ListTransactionsRequestHeader(Header):
     topic: str | None = None
     state: str | None = None
     limit: int = 1000
+    #: The cursor of the page before (the answer's ``nextCursor``): transactions after it.
+    after: str | None = None
 
 
 @dataclass

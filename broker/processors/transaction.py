@@ -6,6 +6,7 @@ state machine checks), and answers once the decision is durable under the flush 
 
 from __future__ import annotations
 
+import heapq
 import json
 from typing import Any
 
@@ -25,7 +26,7 @@ from txmq.protocol.headers import (
 
 from ..messaging import MessagingCore
 from ..ports import ClusterPort
-from ..transaction.state import Decision, TxState
+from ..transaction.state import Decision, TxRecord, TxState
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,11 @@ def end_transaction_header(ext: dict[str, Any]) -> EndTransactionRequestHeader:
         ):
             return EndTransactionRequestHeader(group, qoff, off, decision, check, msg_id, txid)
     return EndTransactionRequestHeader.from_ext_fields(ext)
+
+
+#: About the most JSON one page of a transaction listing carries (a page ends after the
+#: transaction that passes it; frames may carry 16 MiB).
+LIST_PAGE_BYTES = 4 * 1024 * 1024
 
 
 class TransactionProcessor:
@@ -251,7 +257,10 @@ class TransactionProcessor:
             if h.state
             else {TxState.PENDING.value, TxState.DISCARDED.value}
         )
-        out = []
+        if h.limit < 1:
+            raise InvalidParameterError(f"limit must be at least 1, got {h.limit}")
+        after = _cursor_key(h.after) if h.after else None
+        found: list[tuple[tuple[int, str], TxRecord]] = []
         for rec in self.tx.records.values():
             if rec.state.value not in states:
                 continue
@@ -259,10 +268,25 @@ class TransactionProcessor:
                 continue
             if h.topic and not any(x.real_topic == h.topic for x in rec.halves):
                 continue
-            out.append(rec.to_json(now))
-            if len(out) >= h.limit:
+            key = _list_key(rec)
+            if after is None or key > after:
+                found.append((key, rec))
+        # A page: the first ``limit`` in commit-log order after the cursor, and the cursor of
+        # the next page when more remain (stable while transactions come and go).
+        # A page is also cut at about LIST_PAGE_BYTES of JSON (always one transaction at least).
+        page = heapq.nsmallest(h.limit + 1, found, key=lambda kr: kr[0])
+        parts: list[str] = []
+        size = 0
+        for _key, rec in page[: h.limit]:
+            if parts and size > LIST_PAGE_BYTES:
                 break
-        return cmd.response(body=json.dumps(out).encode())
+            parts.append(json.dumps(rec.to_json(now)))
+            size += len(parts[-1]) + 1
+        resp = cmd.response(body=("[" + ",".join(parts) + "]").encode())
+        if len(page) > len(parts):
+            offset, txid = page[len(parts) - 1][0]
+            resp.ext_fields["nextCursor"] = f"{offset}/{txid}"
+        return resp
 
     async def get_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = GetTransactionRequestHeader.from_ext_fields(cmd.ext_fields)
@@ -294,6 +318,23 @@ class TransactionProcessor:
                 )
         text = await self.core.decide(rec, decision, "operator", cmd.remark or "")
         return cmd.response(remark=text)
+
+
+def _list_key(rec: TxRecord) -> tuple[int, str]:
+    """Where a transaction stands in a listing: its first half's commit-log offset."""
+    return (min((x.commit_log_offset for x in rec.halves), default=-1), rec.transaction_id)
+
+
+def _cursor_key(cursor: str) -> tuple[int, str]:
+    offset, sep, txid = cursor.partition("/")
+    try:
+        if not sep:
+            raise ValueError(cursor)
+        return (int(offset), txid)
+    except ValueError:
+        raise InvalidParameterError(
+            f"cursor {cursor!r} is not one a listing answered (<offset>/<transaction id>)"
+        ) from None
 
 
 def _position(position: tuple[str, str, str] | None) -> dict[str, str] | None:
