@@ -48,6 +48,7 @@ from txmq.protocol.message import (
     decode_offset_msg_id,
     inflate_body,
 )
+from txmq.protocol.topics import INTERNAL_TOPICS
 
 #: RocketMQ's ``SubscriptionGroupConfig`` defaults, for a group the broker does not know yet.
 GROUP_CONFIG_DEFAULTS: dict[str, Any] = {
@@ -101,6 +102,9 @@ def split_address(address: str) -> tuple[str, int]:
         raise ValueError(f"broker address must be host:port, got {address!r}")
     return host, int(port)
 
+
+#: Topics :meth:`AsyncAdminClient.find_message` looks through for a message id without a topic.
+FIND_TOPICS_MAX = 500
 
 #: Transactions asked for in one answer (a transaction of 100 messages is about 30 KB of JSON).
 TRANSACTION_PAGE = 200
@@ -544,6 +548,34 @@ class AsyncAdminClient:
             raise QueryNotFoundError(f"no message {msg_id} in topic {topic}")
         inflate_body(found.messages[0])
         return found.messages[0]
+
+    async def find_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """One stored message by either of its ids, the topic optional: an offsetMsgId is read
+        where it points; a message id (what producers and ``txmq consume`` show) is looked up
+        by the index in ``topic``, or without it in every topic a client can send to, until
+        found (:data:`FIND_TOPICS_MAX` at most).
+
+        Raises:
+            QueryNotFoundError: no such message (the answer says where it was looked for).
+        """
+        if topic is not None:
+            return await self.view_message(msg_id, topic=topic)
+        try:
+            return await self.view_message(msg_id)
+        except QueryNotFoundError:
+            pass  # not an offsetMsgId, or not one of this broker: a message id
+        topics = sorted(t for t in await self.list_topics() if t not in INTERNAL_TOPICS)
+        for name in topics[:FIND_TOPICS_MAX]:
+            found = await self.query_messages(name, msg_id, unique=True, max_num=1)
+            if found.messages:
+                inflate_body(found.messages[0])
+                return found.messages[0]
+        more = f" (the first {FIND_TOPICS_MAX} of {len(topics)}: give the topic)"
+        raise QueryNotFoundError(
+            f"no message {msg_id}: not an offsetMsgId of this broker, and no message with that "
+            f"id in {min(len(topics), FIND_TOPICS_MAX)} topics"
+            + (more if len(topics) > FIND_TOPICS_MAX else "")
+        )
 
     async def query_messages(
         self,

@@ -234,4 +234,5 @@ class AdminClient(_SyncClient):
     force_decide = blocking(AsyncAdminClient.force_decide)
     abort_batch = blocking(AsyncAdminClient.abort_batch)
     view_message = blocking(AsyncAdminClient.view_message)
+    find_message = blocking(AsyncAdminClient.find_message)
     query_messages = blocking(AsyncAdminClient.query_messages)

@@ -568,12 +568,15 @@ def action_result(transaction_id: str, ok: bool, text: str) -> str:
     return str(notice(kind, text)) + f"<p>{back} · {link('/transactions', 'all transactions')}</p>"
 
 
-def message_form(msg_id: str) -> str:
+def message_form(msg_id: str, topic: str) -> str:
     return (
         '<form method="get" action="/messages" id="lookup">'
-        '<label for="id">offset message id (32 hex digits, as the transaction page and '
-        "<code>txmq consume</code> show it)</label>"
+        '<label for="id">message id or offset message id (32 hex digits, as '
+        "<code>txmq send</code>, <code>txmq consume</code> and the transaction page show "
+        "them)</label>"
         f'<input type="text" id="id" name="id" value="{esc(msg_id)}"> '
+        '<label for="topic">topic (optional: without it every topic is searched)</label>'
+        f'<input type="text" id="topic" name="topic" value="{esc(topic)}"> '
         '<button type="submit">show</button></form>'
     )
 
@@ -604,7 +607,7 @@ def message(msg: MessageExt, msg_id: str) -> str:
     props = sorted(msg.properties.items())
     return "".join(
         [
-            message_form(msg_id),
+            message_form(msg_id, msg.topic),
             kv(pairs, "message"),
             "<h2>Properties</h2>",
             table(["key", "value"], props, css_id="properties", empty="no properties"),

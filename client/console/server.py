@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 import ssl
 import threading
@@ -29,7 +30,6 @@ from txmq.protocol.errors import (
     ServiceNotAvailableError,
     TxmqError,
 )
-from txmq.protocol.message import decode_offset_msg_id
 from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
 
 from ..admin import AsyncAdminClient
@@ -41,6 +41,8 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
+#: A message id (UNIQ_KEY) or an offset message id: 32 hex digits.
+_MSG_ID = re.compile(r"[0-9A-Fa-f]{32}")
 COOKIE = "txmq_console"
 #: Seconds a session lives without a request.
 SESSION_IDLE = 1800.0
@@ -578,17 +580,16 @@ class Console:
 
     def _message(self, req: Request) -> Response:
         msg_id = req.query.get("id", "").strip()
+        topic = req.query.get("topic", "").strip() or None
         if not msg_id:
-            return self._page(req, HTTPStatus.OK, "Message", pages.message_form(""), "messages")
-        try:
-            decode_offset_msg_id(msg_id)
-        except ProtocolError:
+            return self._page(req, HTTPStatus.OK, "Message", pages.message_form("", ""), "messages")
+        if not _MSG_ID.fullmatch(msg_id):
             raise ConsoleError(
                 HTTPStatus.BAD_REQUEST,
-                f"{msg_id!r} is not an offset message id (32 hex digits).",
-            ) from None
+                f"{msg_id!r} is not a message id or an offset message id (32 hex digits).",
+            )
         try:
-            msg = self.call(lambda a: a.view_message(msg_id))
+            msg = self.call(lambda a: a.find_message(msg_id, topic))
         except NoPermissionError:
             raise
         except BrokerResponseError as exc:

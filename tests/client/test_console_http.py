@@ -14,6 +14,8 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.waiting import wait_until_sync
+from txmq.client import Message, Producer
 from txmq.client.console import Console, Sessions
 
 ACL_FILE = """
@@ -120,6 +122,31 @@ def test_missing_things_are_404_and_bad_input_is_said_plainly(console: Console) 
     assert status == 404 and "No transaction" in body
     status, _, body = client.request("GET", "/messages?id=%3Cscript%3E")
     assert status == 400 and "&lt;script&gt;" in body and "<script>" not in body
+
+
+def test_a_message_is_found_by_the_id_its_producer_got_with_or_without_the_topic(
+    console: Console,
+) -> None:
+    with Producer("console-lookup", broker=console.broker) as p:
+        sent = p.send(Message("lookups", b"find me", keys="k-1"))
+        p.send(Message("other-topic", b"not me"))
+    client = Http(console.url)
+    # found by id once the broker's index has it (it follows the commit log, off the send path)
+    wait_until_sync(
+        lambda: client.request("GET", f"/messages?id={sent.msg_id}")[0] == 200,
+        30,
+        "the message found by its id",
+    )
+    for query in (
+        f"id={sent.msg_id}",
+        f"id={sent.msg_id}&topic=lookups",
+        f"id={sent.offset_msg_id}",
+    ):
+        status, _, body = client.request("GET", "/messages?" + query)
+        assert status == 200 and "find me" in body, (query, status, body[-400:])
+    missing = "0123456789ABCDEF0123456789ABCDEF"
+    status, _, body = client.request("GET", f"/messages?id={missing}")
+    assert status == 404 and "no message" in body and "topics" in body, body[-400:]
 
 
 def test_a_post_without_the_sessions_csrf_token_is_refused(console: Console) -> None:

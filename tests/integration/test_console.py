@@ -424,7 +424,7 @@ def test_every_page_shows_the_broker_and_an_operator_commits_a_hanging_transacti
 
         # an unknown id is said so, not a crash
         text = open_page(d, base + "messages?id=" + quote("<nope>"), "error")
-        assert "is not an offset message id" in text and "<nope>" in text
+        assert "is not a message id or an offset message id" in text and "<nope>" in text
 
         # commit from the page, confirmed; the consumer then receives the message
         assert NASTY_BODY not in scene.bodies()
