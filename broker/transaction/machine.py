@@ -172,6 +172,9 @@ class TransactionStateMachine:
         self.batch_positions: dict[tuple[str, str], tuple[str, str, str]] = {}
         #: decided transactions and batches in decision order, for :meth:`prune`
         self._decided: deque[tuple[int, str]] = deque()
+        #: Decided transactions :meth:`prune` forgot, by state: the counts go on across the
+        #: pruning (and restarts: snapshots carry them).
+        self.forgotten: dict[str, int] = {}
         self._decided_batches: deque[tuple[int, tuple[str, str]]] = deque()
 
     def watch(self, watcher: PendingWatcher) -> None:
@@ -528,6 +531,7 @@ class TransactionStateMachine:
             if rec is None or not rec.state.decided:
                 continue
             del self.records[txid]
+            self.forgotten[rec.state.value] = self.forgotten.get(rec.state.value, 0) + 1
             for h in rec.halves:
                 if self.by_half_offset.get(h.commit_log_offset) == txid:
                     del self.by_half_offset[h.commit_log_offset]
@@ -582,7 +586,8 @@ class TransactionStateMachine:
         return out
 
     def counts(self) -> dict[str, int]:
-        out = {s.value: 0 for s in TxState}
+        """Transactions by state: those in the table, and the decided ones it forgot."""
+        out = {s.value: self.forgotten.get(s.value, 0) for s in TxState}
         for rec in self.records.values():
             out[rec.state.value] += 1
         return out

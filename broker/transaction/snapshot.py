@@ -26,7 +26,8 @@ it is set aside and the table rebuilt from the half and op queues.  The map::
                                                uniqKey, offsetMsgId, immunityMs], ...]], ...],
      "batches": [[group, batchKey, decidedMs, [committed...], [rolledBack...]
                   (, [pipeline, start, end])], ...],
-     "pipelines": [[group, pipeline, end, batchKey], ...]}   (only when there are some)
+     "pipelines": [[group, pipeline, end, batchKey], ...],   (only when there are some)
+     "forgotten": {state: count, ...}}   (decided transactions pruned from the table; optional)
 
 A batch row has the input range its pipeline consumed as a sixth element when the decision
 recorded one; ``pipelines`` (optional: older snapshots have none) holds where each pipeline
@@ -81,6 +82,8 @@ class Snapshot:
     #: store timestamp)``: the snapshot is used only while the commit log holds exactly that
     #: record there (None: it covers none, or it was written before tips were recorded).
     tip: tuple[int, int, int, int] | None = None
+    #: Decided transactions the machine has forgotten, by state (its ``forgotten``).
+    forgotten: dict[str, int] = field(default_factory=dict)
 
 
 def _record_row(r: TxRecord) -> list[Any]:
@@ -132,7 +135,9 @@ def take(
         for (g, bk), d in m.batches.items()
     ]
     pipelines = [[g, p, end, bk] for (g, p), (end, bk) in m.pipelines.items()]
-    return Snapshot(clog_offset, half_from, op_from, records, batches, pipelines, tip)
+    return Snapshot(
+        clog_offset, half_from, op_from, records, batches, pipelines, tip, dict(m.forgotten)
+    )
 
 
 def encode(s: Snapshot) -> bytes:
@@ -142,7 +147,7 @@ def encode(s: Snapshot) -> bytes:
     packer = msgpack.Packer(use_bin_type=True)
     pack = packer.pack
     parts = [
-        packer.pack_map_header(6 + bool(s.pipelines) + (s.tip is not None)),
+        packer.pack_map_header(6 + bool(s.pipelines) + (s.tip is not None) + bool(s.forgotten)),
         pack("v"),
         pack(SNAPSHOT_VERSION),
         pack("clog"),
@@ -166,6 +171,8 @@ def encode(s: Snapshot) -> bytes:
     parts += (pack("batches"), pack(s.batches))
     if s.pipelines:  # only when a batch decision recorded a pipeline position
         parts += (pack("pipelines"), pack(s.pipelines))
+    if s.forgotten:
+        parts += (pack("forgotten"), pack(s.forgotten))
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
@@ -210,6 +217,7 @@ def decode(data: bytes) -> Snapshot:
             list(doc["batches"]),
             list(doc.get("pipelines", [])),
             None if tip is None else (int(tip[0]), int(tip[1]), int(tip[2]), int(tip[3])),
+            {str(k): int(v) for k, v in dict(doc.get("forgotten", {})).items()},
         )
     except SnapshotError:
         raise
@@ -282,6 +290,7 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
         if position is not None:
             m.record_position(key, position)
     m.pipelines.update(pipelines)
+    m.forgotten.update(s.forgotten)
 
 
 def _position(rest: list[Any]) -> tuple[str, str, str] | None:

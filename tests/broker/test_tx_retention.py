@@ -53,6 +53,8 @@ async def test_a_decision_is_remembered_for_its_window_then_forgotten(
         assert late.code == ResponseCode.SYSTEM_ERROR
         assert "Find prepared transaction message failed" in (late.remark or "")
         assert b.metrics.tx_pruned._value.get() == 1
+        # The broker still counts it as committed (the console's overview, txmq status).
+        assert b.transactions.summary()["committed"] == 1
         # The message was delivered once, and stays so.
         assert [m.body for m in await c.pull_all("orders")] == [b"x"]
         await c.close()
@@ -65,6 +67,7 @@ async def test_a_decision_is_remembered_for_its_window_then_forgotten(
         tx = b.recovery["transactions"]
         assert (tx["snapshot"], tx["halves"], tx["ops"]) == (1, 0, 0)
         assert not b.transactions.records
+        assert b.transactions.summary()["committed"] == 1, "the snapshot carries the count"
     finally:
         await b.shutdown()
     # Without the snapshot the op record is replayed, and forgotten again at once.
