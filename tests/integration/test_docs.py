@@ -1,7 +1,7 @@
 """Every fenced block of README.md and docs/*.md runs, or is declared for what it is.
 
 The blocks run as a newcomer would run them, at the addresses the docs name (127.0.0.1:10911,
-the cluster's 2079/2179/2279 and 10910-10912): inside a private network and mount namespace, so
+the cluster's 2079/2179/2279 and 10930-10932): inside a private network and mount namespace, so
 nothing else on the machine is in the way, with one broker started as `make run` starts it for
 all the single-broker blocks, and docs/cluster.md's quick start in a namespace of its own.  What
 runs each block, and why some are not run, is tests/support/docblocks.py's CLAIMS.
