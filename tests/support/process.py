@@ -49,6 +49,7 @@ class BrokerProcess:
         return cmd
 
     def start(self, timeout: float = 30.0) -> str:
+        self._close_previous()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
@@ -61,6 +62,18 @@ class BrokerProcess:
                 self.port = int(self.address.rpartition(":")[2])
                 return self.address
         raise RuntimeError(f"broker did not start: {self.log_lines[-20:]}")
+
+    def _close_previous(self) -> None:
+        """A restart: the last lines of the process before (stopped or killed) are read, and
+        its pipe closed."""
+        old = self.proc
+        if old is None or old.stdout is None or old.stdout.closed:
+            return
+        if old.poll() is None:
+            old.kill()
+            old.wait(10)
+        self.drain_logs(5.0)
+        old.stdout.close()
 
     def _lines(self, deadline: float) -> Iterator[dict[str, Any]]:
         assert self.proc is not None and self.proc.stdout is not None
