@@ -799,7 +799,8 @@ def send(
     "--group",
     "-g",
     help="Consume as this consumer group: join it, take a share of its queues and commit its "
-    "offsets. Without it, peek: read the topic's queues, join no group, commit nothing.",
+    "offsets. Without it, peek: read the topic's queues, join no group, commit nothing (the "
+    "pulls name group txmq-cli-peek: with the ACL on, an account needs SUB on it and on TOPIC).",
 )
 @click.option(
     "--expression", "-e", default="*", show_default=True, help="Tag filter: * or 'a || b'."

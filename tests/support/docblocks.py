@@ -663,6 +663,28 @@ def run_acl(runner: Runner, block: Block, claim: Claim, every: list[Block]) -> R
     rc, out = runner.run([status[0], *status[3:]], cwd=folder)
     log.append(f"status without an account: exit {rc}\n{out}")
     ok = ok and rc != 0
+    # A read-only account the sample grants txmq-cli-peek peeks (the text says it can).
+    readers = [
+        a
+        for a in config.accounts.values()
+        if not a.admin and "txmq-cli-peek" in a.group_perms and a.topic_perms
+    ]
+    if not readers:
+        ok = False
+        log.append("no account of the sample may peek (SUB on txmq-cli-peek)")
+    for reader in readers[:1]:
+        topic = sorted(reader.topic_perms)[0]
+        send = [status[0], "--access-key", admins[0].access_key, "send", topic, "peeked"]
+        rc, out = runner.run([*send, "-b", "127.0.0.1:10919"], cwd=folder, env=env)
+        log.append(f"send to {topic} as {admins[0].access_key}: exit {rc}\n{out}")
+        ok = ok and rc == 0
+        peek = [status[0], "--access-key", reader.access_key, "consume", topic, "--count", "1"]
+        peek += ["--timeout", "20", "-b", "127.0.0.1:10919"]
+        rc, out = runner.run(
+            peek, cwd=folder, env=dict(runner.env, TXMQ_SECRET_KEY=reader.secret_key)
+        )
+        log.append(f"peek of {topic} as {reader.access_key}: exit {rc}\n{out}")
+        ok = ok and rc == 0 and "peeked" in out
     kill_group(p)
     return {"ok": ok, "detail": "\n".join(log)}
 
