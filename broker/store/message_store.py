@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import errno
 import fcntl
 import os
 import re
@@ -79,6 +78,7 @@ from txmq.protocol.message import (
     pack_host,
 )
 
+from . import retention
 from .checkpoint import StoreCheckpoint
 from .commit_log import (
     BLANK_MAGIC,
@@ -92,6 +92,7 @@ from .commit_log import (
 )
 from .config import StoreConfig
 from .consume_queue import CQ_ENTRY, FILLER_SIZE, HOLE_SIZE, ConsumeQueue, FlushTracker
+from .disk import DiskGuard, read_only_error
 from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
 from .mapped_file import MappedFile
@@ -105,39 +106,6 @@ MAX_TOPIC_BYTES = 255
 #: How many consume-queue entries one get may scan past filtered ones (RocketMQ's
 #: maxFilterMessageSize of 16000 bytes = 800 entries).
 MAX_FILTER_SCAN = 800
-#: Segments retention deletes per call at most (RocketMQ's deleteCommitLogFilesBatchMax).
-DELETE_FILES_BATCH_MAX = 10
-
-
-def _read_only_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is EROFS."""
-    return _disk_errno(exc) == errno.EROFS
-
-
-#: The errors of a disk that takes no writes: read-only, no space, over quota.
-_REFUSING_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
-
-
-def _disk_errno(exc: BaseException) -> int | None:
-    """The errno of ``exc`` (or of what caused it) when it says the disk takes no writes."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _REFUSING_ERRNOS:
-            return seen.errno
-        seen = seen.__cause__
-    return None
-
-
-def _used_percent(used: int, total: int) -> float:
-    return used * 100.0 / total if total else 0.0
-
-
-def _allocated(seg: Any) -> int:
-    """Bytes a segment's file takes on disk (what deleting it frees)."""
-    try:
-        return int(os.stat(seg.path).st_blocks) * 512
-    except OSError:
-        return 0
 
 
 _I64 = struct.Struct(">q")
@@ -481,20 +449,8 @@ class MessageStore:
         self._msg_id_prefix = self._host_bytes.hex().upper()
         self._lock_fd: int | None = None
         self._open = False
-        #: Why writes are refused now (the disk is full, the filesystem is read-only), None
-        #: while they are accepted; :attr:`writes_refused_cause` names the reason
-        #: (``disk_full``, ``read_only``).
-        self.writes_refused: str | None = None
-        self.writes_refused_cause: str | None = None
-        #: A write or fsync failed with EROFS: the filesystem went read-only under the store
-        #: (ext4's errors=remount-ro does that without statvfs saying so); cleared once a write
-        #: probe succeeds again.
-        self._read_only_seen = False
-        #: a write failed with ENOSPC/EDQUOT: writes stay refused until a probe fits
-        self._no_space_seen = False
-        #: How the filesystem's flags are read (``os.statvfs``; a seam for tests).
-        self.statvfs: Callable[[str], os.statvfs_result] = os.statvfs
-        self._short_of_space_warned = False
+        #: Whether the disk takes writes (read-only, full): every write asks it first.
+        self.disk = DiskGuard(root, config, self._commit_log.probe_write)
         self._last_checkpoint: tuple[int, dict[tuple[str, int], int]] | None = None
         self._put_count = 0
         self._put_bytes = 0
@@ -734,8 +690,8 @@ class MessageStore:
     def _check_writable(self) -> None:
         if not self._open:
             raise ServiceNotAvailableError("the message store is not open")
-        if self.writes_refused is not None:
-            raise ServiceNotAvailableError(self.writes_refused)
+        if self.disk.writes_refused is not None:
+            raise ServiceNotAvailableError(self.disk.writes_refused)
 
     def _new_cq(self, key: tuple[str, int]) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -1145,8 +1101,8 @@ class MessageStore:
         try:
             return self._commit_log.flush()
         except OSError as exc:
-            if _read_only_error(exc):
-                self._note_read_only(exc)
+            if read_only_error(exc):
+                self.disk.note_read_only(exc)
             raise
 
     def flush_consume_queues(self) -> None:
@@ -1504,217 +1460,43 @@ class MessageStore:
             log.info("topic_queues_deleted", topic=topic, queues=len(queues))
         return len(queues)
 
-    # -- retention ------------------------------------------------------------------------------
+    # -- retention and the disk -------------------------------------------------------------------
 
     def delete_expired_files(self, now: float | None = None) -> int:
-        """Delete old commit-log segments, then the consume-queue files that only point into
-        them.
+        """Delete old commit-log segments and what points into them (:mod:`.retention`);
+        returns how many segments went."""
+        return retention.delete_expired_files(self, now)
 
-        A segment is deleted (oldest first, never the active last one, at most
-        ``DELETE_FILES_BATCH_MAX`` per call) when its file was last modified more than
-        ``file_reserved_time`` hours before ``now``.  While the disk holding the store is fuller
-        than ``disk_max_used_space_ratio`` percent, ``disk_full_policy`` decides:
-        ``refuse_writes`` deletes nothing before its time (writes are refused past
-        ``disk_refuse_writes_ratio``, see :meth:`check_space`); ``delete_oldest`` deletes the
-        oldest segments, read or not, until the disk would be below the ratio -- counting the
-        space each deletion frees, so it deletes no more than needed -- with a warning.  Each
-        consume queue's minimum offset then moves to its first message still stored.
+    @property
+    def writes_refused(self) -> str | None:
+        """Why writes are refused now (None: accepted); see :class:`~.disk.DiskGuard`."""
+        return self.disk.writes_refused
 
-        Args:
-            now: seconds since the epoch to age files against (default: the wall clock, which
-                file modification times use).
+    @property
+    def writes_refused_cause(self) -> str | None:
+        """``disk_full`` or ``read_only`` while writes are refused."""
+        return self.disk.writes_refused_cause
 
-        Returns:
-            How many commit-log segments were deleted.
-        """
-        self._check_open()
-        now = time.time() if now is None else now
-        reserved = self.config.file_reserved_time * 3600.0
-        ratio = self.config.disk_max_used_space_ratio
-        cl = self._commit_log
-        deleted = for_space = 0
-        freed = 0
-        lost_from = cl.min_offset
-        with self._lock:
-            usage = shutil.disk_usage(self._root)
-            while deleted < DELETE_FILES_BATCH_MAX and len(cl.segments) > 1:
-                first = cl.segments[0]
-                if first.mtime() + reserved < now:
-                    reason = "expired"
-                elif _used_percent(usage.used - freed, usage.total) > ratio:
-                    if self.config.disk_full_policy != "delete_oldest":
-                        self._warn_short_of_space(usage.used - freed, usage.total)
-                        break
-                    reason = "disk_full"
-                    for_space += 1
-                else:
-                    break
-                size = _allocated(first)
-                cl.delete_first_segment(reason)
-                freed += size
-                deleted += 1
-            if deleted:
-                cl_min = cl.min_offset
-                cq_deleted = sum(cq.delete_expired(cl_min) for cq in self._cqs.values())
-                fields = {
-                    "segments_deleted": deleted,
-                    "consume_queue_segments_deleted": cq_deleted,
-                    "min_phy_offset": cl_min,
-                    "bytes_freed": freed,
-                }
-                if for_space:
-                    # Messages go that consumers may not have read: say so loudly.
-                    log.warning(
-                        "retention_deleted_for_space",
-                        policy="delete_oldest",
-                        deleted_segments_for_space=for_space,
-                        deleted_offsets=f"{lost_from}..{cl_min}",
-                        **fields,
-                    )
-                else:
-                    log.info("retention_applied", **fields)
-        if deleted:
-            cl.close_retired()  # so the space is free now, not at the next flush
-        self.check_space()
-        return deleted
+    @property
+    def statvfs(self) -> Callable[[str], os.statvfs_result]:
+        """How the filesystem's flags are read (a seam for tests)."""
+        return self.disk.statvfs
 
-    def _warn_short_of_space(self, used: int, total: int) -> None:
-        if not self._short_of_space_warned:
-            self._short_of_space_warned = True
-            log.warning(
-                "disk_short_of_space",
-                used_percent=round(_used_percent(used, total), 1),
-                disk_max_used_space_ratio=self.config.disk_max_used_space_ratio,
-                policy=self.config.disk_full_policy,
-                refuse_writes_at=self.config.disk_refuse_writes_ratio,
-                hint="unread messages are kept: free space, add disk, or set "
-                "diskFullPolicy=delete_oldest to let retention delete the oldest",
-            )
-
-    # -- a read-only filesystem -----------------------------------------------------------------
-
-    def _note_read_only(self, exc: BaseException) -> None:
-        """A write failed with EROFS: refuse writes now, saying why."""
-        self._read_only_seen = True
-        if self.writes_refused_cause != "read_only":
-            self._refuse_read_only(str(exc))
+    @statvfs.setter
+    def statvfs(self, fn: Callable[[str], os.statvfs_result]) -> None:
+        self.disk.statvfs = fn
 
     def refusal(self, exc: BaseException) -> ServiceNotAvailableError | None:
-        """The answer to a write of any store file (the commit log, the consume queues, the
-        topic table, offsets, subscription groups) that failed because the disk takes no
-        writes: a read-only filesystem, or no space left (ENOSPC, EDQUOT) even before the
-        sampled usage reached ``diskRefuseWritesRatio``.  Writes are turned off, saying why, and
-        the same retriable SERVICE_NOT_AVAILABLE is returned for every such failure; None for
-        any other error."""
-        code = _disk_errno(exc)
-        if code is None:
-            return None
-        if code == errno.EROFS:
-            self._note_read_only(exc)
-        elif self.writes_refused_cause != "read_only":
-            self._no_space_seen = True
-            if self.writes_refused_cause != "disk_full":
-                self.writes_refused = (
-                    f"the disk holding the store ({self._root}) has no space left "
-                    f"({errno.errorcode.get(code, code)}): writes are refused until space is freed"
-                )
-                self.writes_refused_cause = "disk_full"
-                log.error("writes_refused", cause="no_space", store=self._root, error=str(exc))
-        return ServiceNotAvailableError(self.writes_refused or str(exc))
-
-    def _space_back(self) -> bool:
-        """After a write failed for want of space: whether 1 MiB can be had again (a probe
-        file, allocated, synced and removed)."""
-        probe = os.path.join(self._root, ".space-probe")
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, 1024 * 1024)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                os.unlink(probe)
-        except OSError:
-            return False
-        self._no_space_seen = False
-        return True
-
-    def _refuse_read_only(self, detail: str) -> None:
-        self.writes_refused = (
-            f"the filesystem holding the store ({self._root}) is read-only: writes are refused "
-            "until it is writable again"
-        )
-        self.writes_refused_cause = "read_only"
-        log.error("writes_refused", cause="read_only", store=self._root, error=detail)
-
-    def _read_only_now(self) -> str | None:
-        """Why the store's filesystem takes no writes (mounted read-only, or a write probe
-        fails with EROFS after a write did), None when it takes them."""
-        try:
-            if self.statvfs(self._root).f_flag & os.ST_RDONLY:
-                return "mounted read-only"
-        except OSError as exc:
-            return str(exc)
-        if not self._read_only_seen:
-            return None
-        # Probe: a file in the store folder, and a zero byte where the next append goes (it is
-        # zeros there already, and the append overwrites it).
-        probe = os.path.join(self._root, ".write-probe")
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, b"\0")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.unlink(probe)
-            self._commit_log.probe_write()
-        except OSError as exc:
-            return str(exc)
-        self._read_only_seen = False
-        return None
+        """The retriable refusal for a write of any store file that failed because the disk
+        takes no writes (:meth:`.disk.DiskGuard.refusal`); None for any other error."""
+        return self.disk.refusal(exc)
 
     def check_space(self, freed: int = 0) -> str | None:
-        """Look at the disk: a read-only filesystem, or past ``disk_refuse_writes_ratio``
-        percent used, refuses writes (:attr:`writes_refused` says why,
-        :attr:`writes_refused_cause` names the reason) until that is over.  Cheap enough to call
-        every second; ``freed``: bytes just deleted whose files may still be open."""
+        """Look at the disk (:meth:`.disk.DiskGuard.check`): why writes are refused, None
+        while they are accepted."""
         if not self._open:
-            return self.writes_refused
-        read_only = self._read_only_now()
-        if read_only is not None:
-            if self.writes_refused_cause != "read_only":
-                self._refuse_read_only(read_only)
-            return self.writes_refused
-        if self.writes_refused_cause == "read_only":
-            log.info("writes_accepted_again", cause="read_only", store=self._root)
-            self.writes_refused = self.writes_refused_cause = None
-        usage = shutil.disk_usage(self._root)
-        used = _used_percent(usage.used - freed, usage.total)
-        limit = self.config.disk_refuse_writes_ratio
-        was = self.writes_refused
-        if self._no_space_seen and not self._space_back():
-            return self.writes_refused  # a write found no byte left: refused until one fits
-        if used >= limit:
-            self.writes_refused = (
-                f"the disk holding the store is {used:.0f}% full (diskRefuseWritesRatio {limit}%): "
-                "writes are refused until space is freed"
-            )
-            self.writes_refused_cause = "disk_full"
-            if was is None:
-                log.warning("writes_refused", used_percent=round(used, 1), limit=limit)
-        else:
-            self.writes_refused = self.writes_refused_cause = None
-            if was is not None:
-                log.info("writes_accepted_again", used_percent=round(used, 1), limit=limit)
-            if used <= self.config.disk_max_used_space_ratio:
-                self._short_of_space_warned = False
-        return self.writes_refused
-
-    def _disk_used_ratio(self) -> float:
-        # RocketMQ's measure: space in use over total (blocks reserved for root count as free).
-        usage = shutil.disk_usage(self._root)
-        return _used_percent(usage.used, usage.total)
+            return self.disk.writes_refused
+        return self.disk.check(freed)
 
     # -- observability --------------------------------------------------------------------------
 
@@ -1736,5 +1518,5 @@ class MessageStore:
             "put_bytes_total": self._put_bytes,
             "get_found_total": self._get_found,
             "get_miss_total": self._get_miss,
-            "disk_used_ratio": round(self._disk_used_ratio(), 2) if self._open else 0.0,
+            "disk_used_ratio": round(self.disk.used_ratio(), 2) if self._open else 0.0,
         }
