@@ -78,7 +78,6 @@ from txmq.protocol.message import (
     pack_host,
 )
 
-from . import retention
 from .checkpoint import StoreCheckpoint
 from .commit_log import (
     BLANK_MAGIC,
@@ -96,6 +95,7 @@ from .disk import DiskGuard, read_only_error
 from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
 from .mapped_file import MappedFile
+from .retention import delete_expired_files
 from .tags import tags_code_of
 
 log = structlog.get_logger(__name__)
@@ -1465,7 +1465,12 @@ class MessageStore:
     def delete_expired_files(self, now: float | None = None) -> int:
         """Delete old commit-log segments and what points into them (:mod:`.retention`);
         returns how many segments went."""
-        return retention.delete_expired_files(self, now)
+        self._check_open()
+        deleted = delete_expired_files(
+            self._commit_log, self._cqs.values(), self.disk, self._lock, now
+        )
+        self.check_space()
+        return deleted
 
     @property
     def writes_refused(self) -> str | None:

@@ -1,20 +1,20 @@
 """Retention of the commit log (RocketMQ's ``CleanCommitLogService``): old segments deleted by
 age, or for space under ``diskFullPolicy=delete_oldest``, then the consume-queue files that
-only point into them.  Part of :class:`~.message_store.MessageStore` (its owner thread and
-lock), kept apart for reading."""
+only point into them.  Called by :meth:`~.message_store.MessageStore.delete_expired_files` on
+the store's owner thread."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 import structlog
 
-from .disk import allocated, used_percent
-
-if TYPE_CHECKING:
-    from .message_store import MessageStore
+from .commit_log import CommitLog
+from .consume_queue import ConsumeQueue
+from .disk import DiskGuard, allocated, used_percent
 
 log = structlog.get_logger(__name__)
 
@@ -22,9 +22,15 @@ log = structlog.get_logger(__name__)
 DELETE_FILES_BATCH_MAX = 10
 
 
-def delete_expired_files(store: MessageStore, now: float | None = None) -> int:
-    """Delete old commit-log segments, then the consume-queue files that only point into
-    them.
+def delete_expired_files(
+    cl: CommitLog,
+    queues: Iterable[ConsumeQueue],
+    disk: DiskGuard,
+    lock: threading.Lock,
+    now: float | None = None,
+) -> int:
+    """Delete old commit-log segments of ``cl``, then the files of ``queues`` that only point
+    into them, holding the store's append ``lock``.
 
     A segment is deleted (oldest first, never the active last one, at most
     ``DELETE_FILES_BATCH_MAX`` per call) when its file was last modified more than
@@ -43,23 +49,22 @@ def delete_expired_files(store: MessageStore, now: float | None = None) -> int:
     Returns:
         How many commit-log segments were deleted.
     """
-    store._check_open()
     now = time.time() if now is None else now
-    reserved = store.config.file_reserved_time * 3600.0
-    ratio = store.config.disk_max_used_space_ratio
-    cl = store._commit_log
+    config = disk.config
+    reserved = config.file_reserved_time * 3600.0
+    ratio = config.disk_max_used_space_ratio
     deleted = for_space = 0
     freed = 0
     lost_from = cl.min_offset
-    with store._lock:
-        usage = shutil.disk_usage(store._root)
+    with lock:
+        usage = shutil.disk_usage(disk.root)
         while deleted < DELETE_FILES_BATCH_MAX and len(cl.segments) > 1:
             first = cl.segments[0]
             if first.mtime() + reserved < now:
                 reason = "expired"
             elif used_percent(usage.used - freed, usage.total) > ratio:
-                if store.config.disk_full_policy != "delete_oldest":
-                    store.disk.warn_short_of_space(usage.used - freed, usage.total)
+                if config.disk_full_policy != "delete_oldest":
+                    disk.warn_short_of_space(usage.used - freed, usage.total)
                     break
                 reason = "disk_full"
                 for_space += 1
@@ -71,7 +76,7 @@ def delete_expired_files(store: MessageStore, now: float | None = None) -> int:
             deleted += 1
         if deleted:
             cl_min = cl.min_offset
-            cq_deleted = sum(cq.delete_expired(cl_min) for cq in store._cqs.values())
+            cq_deleted = sum(cq.delete_expired(cl_min) for cq in queues)
             fields = {
                 "segments_deleted": deleted,
                 "consume_queue_segments_deleted": cq_deleted,
@@ -91,5 +96,4 @@ def delete_expired_files(store: MessageStore, now: float | None = None) -> int:
                 log.info("retention_applied", **fields)
     if deleted:
         cl.close_retired()  # so the space is free now, not at the next flush
-    store.check_space()
     return deleted
