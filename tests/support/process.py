@@ -64,19 +64,26 @@ class BrokerProcess:
         raise RuntimeError(f"broker did not start: {self.log_lines[-20:]}")
 
     def _close_previous(self) -> None:
-        """A restart: the last lines of the process before (stopped or killed) are read, and
-        its pipe closed."""
+        """A restart: the process before is gone (killed if it is not), its last lines read
+        and its pipe closed."""
         old = self.proc
-        if old is None or old.stdout is None or old.stdout.closed:
-            return
-        if old.poll() is None:
+        if old is not None and old.poll() is None:
             old.kill()
             old.wait(10)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        """The process has ended: read its last lines (until the pipe's end, 5 s at most) and
+        close the pipe."""
+        if self.proc is None or self.proc.stdout is None or self.proc.stdout.closed:
+            return
         self.drain_logs(5.0)
-        old.stdout.close()
+        self.proc.stdout.close()
 
     def _lines(self, deadline: float) -> Iterator[dict[str, Any]]:
         assert self.proc is not None and self.proc.stdout is not None
+        if self.proc.stdout.closed:  # the process ended and every line was read
+            return
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         buf = b""
@@ -108,13 +115,16 @@ class BrokerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+        self._close_pipe()
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         for _ in self._lines(time.monotonic() + timeout):
             pass
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self._close_pipe()
+        return code
 
     def stop_quietly(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
