@@ -442,7 +442,8 @@ def probe(
     port = port or cfg.metrics_port or 9876
     https = https or cfg.tls_server_mode == "enforcing"
     path = "/readyz" if what == "ready" else "/healthz"
-    url = f"{'https' if https else 'http'}://{host}:{port}{path}"
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address
+    url = f"{'https' if https else 'http'}://{netloc}{path}"
     ctx = None
     if https:
         # The broker's own port on this host: its certificate is not checked (it names the
