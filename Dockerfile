@@ -40,16 +40,19 @@ VOLUME ["/var/lib/txmq"]
 WORKDIR /var/lib/txmq
 
 # Listen on every interface inside the container (the default is loopback only), and serve the
-# operations port (/metrics, /healthz, /readyz) on 9876.
-ENV TXMQ_BIND_ADDRESS=0.0.0.0 TXMQ_METRICS_PORT=9876
+# operations port (/metrics, /healthz, /readyz) on 9876.  TXMQ_CONFIG names the configuration
+# file for `txmq probe`, which reads the broker's settings from it and the environment.
+ENV TXMQ_BIND_ADDRESS=0.0.0.0 TXMQ_METRICS_PORT=9876 TXMQ_CONFIG=/etc/txmq/broker.toml
 
 USER txmq
 EXPOSE 10911 8081 9876
 
 # `txmq probe ready` asks the operations port's /readyz: ready when this broker takes traffic
 # (a single broker or leader that serves and accepts writes, an in-sync follower), with the
-# reason when not; no credentials needed, whatever the ACL (set TXMQ_PROBE_HTTPS=1 when TLS is
-# enforcing).  The start period leaves time for recovery after an unclean stop.
+# reason when not; no credentials needed, whatever the ACL.  It reads the broker's configuration
+# (TXMQ_CONFIG and the TXMQ_* environment) for the port and TLS: HTTPS when TLS is enforcing,
+# presenting the broker's certificate under mutual TLS.  The start period leaves time for
+# recovery after an unclean stop.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
     CMD ["txmq", "probe", "ready"]
 

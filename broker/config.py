@@ -164,6 +164,9 @@ class BrokerConfig:
     # -- operations --------------------------------------------------------------------------
     #: Serve Prometheus metrics over HTTP on this port (0 = off).
     metrics_port: int = 0
+    #: ``/healthz`` on the metrics port answers 503 once the event loop has not turned for this
+    #: many seconds (0: never): a blocked loop answers no client (docs/operations.md).
+    healthz_loop_stall_seconds: float = 10.0
     #: The commit-log scrub (docs/operations.md) reads and checks every record below the
     #: flushed offset again, at most this many bytes a second (0 = off).
     commit_log_scrub_bytes_per_second: int = 1024 * 1024
@@ -313,6 +316,10 @@ class BrokerConfig:
         if self.disk_max_used_space_ratio > 100:
             raise ConfigError(
                 f"diskMaxUsedSpaceRatio must be 0..100, got {self.disk_max_used_space_ratio}"
+            )
+        if self.healthz_loop_stall_seconds < 0:
+            raise ConfigError(
+                f"healthzLoopStallSeconds must be 0 or more, got {self.healthz_loop_stall_seconds}"
             )
         if self.timer_max_delay_sec < 1:
             raise ConfigError(

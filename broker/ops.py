@@ -3,6 +3,11 @@
 serves and accepts writes, or an in-sync follower), each a plain-text answer, 200 or 503 with the
 reason.  No authentication; HTTPS with the broker's certificate while TLS is enforcing.
 
+``/healthz`` is answered by the server's own thread, so it must not take a live process for a
+working one: the broker's event loop stamps a heartbeat every :data:`BEAT_INTERVAL` seconds, and
+``/healthz`` answers 503 when the last stamp is older than ``healthzLoopStallSeconds`` -- a loop
+blocked by a stuck call answers no client, and a liveness check should restart it.
+
 Served by a small threaded WSGI server (the standard library's, as prometheus-client's own
 ``start_http_server``), because that one serves nothing but ``/metrics``.  Before answering
 ``/metrics`` it asks the broker's event loop to refresh the scrape-time figures (consumer lag,
@@ -15,6 +20,7 @@ import asyncio
 import concurrent.futures
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -27,6 +33,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 LOOP_WAIT = 0.5
 #: Longest a scrape waits for a refresh the loop has started.
 REFRESH_TIMEOUT = 5.0
+
+#: How often the event loop stamps the heartbeat ``/healthz`` checks (seconds).
+BEAT_INTERVAL = 1.0
 
 #: ``(ready, why)``: what ``/readyz`` answers.
 Probe = Callable[[], tuple[bool, str]]
@@ -47,7 +56,10 @@ class OpsServer:
     Args:
         registry: the metrics to serve (a callable: the registry of whoever serves now).
         ready: ``/readyz``'s probe, called on the server's thread (keep it to reading fields).
-        loop: where a registry's ``refresh()`` runs (default: the running loop, if any).
+        loop: where a registry's ``refresh()`` runs and the heartbeat is stamped (default: the
+            running loop, if any).
+        loop_stall: ``/healthz`` answers 503 once the loop has not stamped the heartbeat for
+            this many seconds (0: never; without a loop there is no heartbeat).
     """
 
     def __init__(
@@ -62,6 +74,7 @@ class OpsServer:
         client_cafile: str | None = None,
         client_auth_required: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
+        loop_stall: float = 0.0,
     ) -> None:
         self._registry = registry
         if loop is None:
@@ -72,6 +85,10 @@ class OpsServer:
         self._loop = loop
         self._ready = ready
         self._last: tuple[CollectorRegistry, Any] | None = None
+        self._loop_stall = loop_stall if loop is not None else 0.0
+        self._beat = time.monotonic()
+        self._beat_handle: asyncio.TimerHandle | None = None
+        self._stopped = False
         self._httpd = make_server(addr, port, self._app, _Server, handler_class=_Quiet)
         if certfile and keyfile:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -85,11 +102,30 @@ class OpsServer:
             target=self._httpd.serve_forever, name="txmq-ops", daemon=True
         )
         self._thread.start()
+        if self._loop_stall > 0 and loop is not None:
+            loop.call_soon_threadsafe(self._stamp)
+
+    def _stamp(self) -> None:
+        """On the loop: note that it turns, and come back in :data:`BEAT_INTERVAL`."""
+        self._beat = time.monotonic()
+        if not self._stopped and self._loop is not None and not self._loop.is_closed():
+            self._beat_handle = self._loop.call_later(BEAT_INTERVAL, self._stamp)
+
+    def health(self) -> tuple[bool, str]:
+        """``/healthz``: whether the event loop has turned within ``loop_stall`` seconds."""
+        if self._loop_stall > 0:
+            quiet = time.monotonic() - self._beat
+            if quiet > self._loop_stall:
+                return False, (
+                    f"the event loop has not turned for {quiet:.1f}s "
+                    f"(healthzLoopStallSeconds {self._loop_stall:g})"
+                )
+        return True, "serving"
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path in ("/healthz", "/readyz"):
-            ok, why = (True, "serving") if path == "/healthz" else self._ready()
+            ok, why = self.health() if path == "/healthz" else self._ready()
             start_response(
                 "200 OK" if ok else "503 Service Unavailable",
                 [("Content-Type", "text/plain; charset=utf-8")],
@@ -135,6 +171,13 @@ class OpsServer:
                 done.result(REFRESH_TIMEOUT)
 
     def stop(self) -> None:
+        self._stopped = True
+        handle = self._beat_handle
+        if handle is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(handle.cancel)
+            except RuntimeError:  # the loop is closed: nothing left to cancel
+                pass
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(5)
@@ -160,4 +203,5 @@ def start_ops_server(
         if https and cfg.tls_server_need_client_auth != "none"
         else None,
         client_auth_required=https and cfg.tls_server_need_client_auth == "require",
+        loop_stall=cfg.healthz_loop_stall_seconds,
     )

@@ -1,6 +1,11 @@
 """`docker-compose up broker` for real: the image is built from the Dockerfile (on the locally
 made base image, from wheels), the compose service comes up healthy, serves the SDK through the
-published port, and keeps its messages on the named volume across a stop and a start.
+published port, and keeps its messages on the named volume across a stop and a start.  Every
+documented setup -- plain, the ACL (compose/acl.yml), TLS enforced (compose/tls.yml), mutual TLS
+(compose/mtls.yml on top), the cluster profile -- turns healthy by the image's own health check
+and serves a client of that setup.
+
+The image is built once for the module, under a tag of its own (TXMQ_IMAGE), and removed after.
 
 The Docker setup (packages, dockerd, base image) is tests/support/docker_base.sh, which
 `make test` runs first; this test runs it again (a no-op once done).  Where the machine cannot
@@ -16,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +29,21 @@ from typing import Any, NoReturn
 
 import pytest
 
+from tests.support.certs import Certs, issue, make_certs
 from tests.support.ports import free_port
-from txmq.client import Message, Producer, PullConsumer, PullStatus, SendStatus
+from txmq.client import (
+    ClientConfig,
+    Message,
+    NoPermissionError,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    SendStatus,
+)
+from txmq.client.config import tls_context
+from txmq.protocol.errors import TxmqError
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.external]
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = ROOT / "tests" / "support" / "docker_base.sh"
@@ -40,6 +57,8 @@ BUILD_TIMEOUT = 150.0
 HEALTHY_TIMEOUT = 90.0
 STOP_TIMEOUT = 60.0
 MESSAGES = 20
+#: The image every test here runs, built once by the ``image`` fixture.
+IMAGE = f"txmq:test-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _progress(text: str) -> None:
@@ -91,11 +110,28 @@ def docker_ready() -> None:
     assert result.returncode == 0, f"{SETUP_SCRIPT.name} failed:\n{result.stdout}{result.stderr}"
 
 
-class Compose:
-    """docker-compose on the repository's docker-compose.yml, as a project of its own whose
-    port 10911 is published on a free loopback port (TXMQ_HOST_PORT)."""
+@pytest.fixture(scope="module")
+def image(docker_ready: None) -> Iterator[str]:
+    """The broker image, built once from this checkout (wheels, then the compose file's build)
+    under a tag of its own; removed when the module's tests are done."""
+    build_wheels()
+    env = {k: v for k, v in os.environ.items() if k != "TXMQ_BASE_IMAGE"}
+    env["TXMQ_IMAGE"] = IMAGE
+    compose_file = str(ROOT / "docker-compose.yml")
+    run(["docker-compose", "-f", compose_file, "build", "broker"], BUILD_TIMEOUT, env=env)
+    try:
+        yield IMAGE
+    finally:
+        run(["docker", "rmi", "-f", IMAGE], STOP_TIMEOUT, check=False)
 
-    def __init__(self) -> None:
+
+class Compose:
+    """docker-compose on the repository's docker-compose.yml (and override ``files``), as a
+    project of its own whose port 10911 is published on a free loopback port
+    (TXMQ_HOST_PORT)."""
+
+    def __init__(self, image: str) -> None:
+        self.files = [ROOT / "docker-compose.yml"]
         self.project = f"txmqtest{os.getpid()}{secrets.token_hex(3)}"
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -103,52 +139,61 @@ class Compose:
         self.env["TXMQ_HOST_PORT"] = self.address
         self.grpc_address = f"127.0.0.1:{free_port()}"
         self.env["TXMQ_GRPC_HOST_PORT"] = self.grpc_address
-        self._container = ""
+        self.env["TXMQ_IMAGE"] = image
+        self._containers: dict[str, str] = {}
 
     def __call__(
         self, *args: str, timeout: float = STOP_TIMEOUT, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        cmd = ["docker-compose", "-p", self.project, "-f", str(ROOT / "docker-compose.yml")]
+        cmd = ["docker-compose", "-p", self.project]
+        for f in self.files:
+            cmd += ["-f", str(f)]
         return run([*cmd, *args], timeout, env=self.env, check=check)
 
-    def container(self) -> str:
-        """The broker's container (the same one across stop and start)."""
-        if not self._container:
-            self._container = self("ps", "-q", "broker").stdout.strip()
-            assert self._container, f"no broker container in project {self.project}"
-        return self._container
+    def container(self, service: str = "broker") -> str:
+        """A service's container (the same one across stop and start)."""
+        if service not in self._containers:
+            found = self("ps", "-q", service).stdout.strip()
+            assert found, f"no {service} container in project {self.project}"
+            self._containers[service] = found
+        return self._containers[service]
 
-    def inspect(self, template: str) -> str:
-        cmd = ["docker", "inspect", "-f", template, self.container()]
+    def inspect(self, template: str, service: str = "broker") -> str:
+        cmd = ["docker", "inspect", "-f", template, self.container(service)]
         return run(cmd, 30, quiet=True).stdout.strip()
 
-    def logs(self) -> str:
-        return self("logs", "--no-color", "--tail", "60", "broker", check=False).stdout
+    def logs(self, service: str = "broker") -> str:
+        return self("logs", "--no-color", "--tail", "60", service, check=False).stdout
 
-    def wait_healthy(self, timeout: float = HEALTHY_TIMEOUT) -> float:
-        """Seconds until Docker's health check says ``healthy``; fails with the logs when it
-        says ``unhealthy``, the container stops, or time runs out."""
+    def wait_healthy(self, *services: str, timeout: float = HEALTHY_TIMEOUT) -> float:
+        """Seconds until Docker's health check says ``healthy`` for every service (default: the
+        broker); fails with the logs when one says ``unhealthy``, stops, or time runs out."""
         started = time.monotonic()
         deadline = started + timeout
+        waiting = list(services or ["broker"])
         state = ""
-        while time.monotonic() < deadline:
-            state = self.inspect("{{.State.Status}} {{.State.Health.Status}}")
+        while waiting and time.monotonic() < deadline:
+            state = self.inspect("{{.State.Status}} {{.State.Health.Status}}", waiting[0])
             if state == "running healthy":
-                return time.monotonic() - started
+                waiting.pop(0)
+                continue
             if state.endswith("unhealthy") or not state.startswith(("created", "running")):
                 break
             time.sleep(1.0)
-        health = self.inspect("{{json .State.Health}}")
+        if not waiting:
+            return time.monotonic() - started
+        service = waiting[0]
+        health = self.inspect("{{json .State.Health}}", service)
         pytest.fail(
-            f"the broker container is not healthy after {time.monotonic() - started:.0f}s "
+            f"the {service} container is not healthy after {time.monotonic() - started:.0f}s "
             f"(state: {state}); health: {health}\n"
-            f"docker-compose logs broker:\n{self.logs()}"
+            f"docker-compose logs {service}:\n{self.logs(service)}"
         )
 
 
 @pytest.fixture
-def compose(docker_ready: None) -> Iterator[Compose]:
-    project = Compose()
+def compose(image: str) -> Iterator[Compose]:
+    project = Compose(image)
     try:
         yield project
     finally:
@@ -176,8 +221,6 @@ def drain(consumer: PullConsumer, topic: str) -> list[bytes]:
 
 
 def test_compose_broker_serves_and_keeps_messages_across_a_restart(compose: Compose) -> None:
-    build_wheels()
-    compose("build", "broker", timeout=BUILD_TIMEOUT)
     compose("up", "-d", "broker", timeout=STOP_TIMEOUT)
     _progress(f"healthy after {compose.wait_healthy():.1f}s")
     volume = f"{compose.project}_txmq-data:/var/lib/txmq"
@@ -251,7 +294,6 @@ CLUSTER = ["etcd1", "etcd2", "etcd3", "g1-0", "g1-1", "g1-2"]
 
 def cluster_status(address: str) -> dict[str, Any] | None:
     from txmq.client.admin import AsyncAdminClient
-    from txmq.protocol.errors import TxmqError
 
     async def ask() -> dict[str, Any]:
         async with AsyncAdminClient(address, 3.0) as admin:
@@ -285,9 +327,9 @@ def test_compose_cluster_profile_fails_over(compose: Compose) -> None:
     ports = [free_port() for _ in range(3)]
     for i, port in enumerate(ports):
         compose.env[f"TXMQ_G1_{i}_PORT"] = str(port)
-    build_wheels()
-    compose("build", "broker", timeout=BUILD_TIMEOUT)
     compose("--profile", "cluster", "up", "-d", *CLUSTER, timeout=STOP_TIMEOUT)
+    # Every service turns healthy: the etcd members, and each replica as leader or in sync.
+    _progress(f"cluster healthy after {compose.wait_healthy(*CLUSTER):.1f}s")
     leader = wait_leader(ports, compose)
     seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
     topic = f"cluster-{secrets.token_hex(4)}"
@@ -302,3 +344,89 @@ def test_compose_cluster_profile_fails_over(compose: Compose) -> None:
             assert producer.send(Message(topic, body)).status == SendStatus.SEND_OK
     with PullConsumer("docker-cluster-check", broker=f"127.0.0.1:{new_leader}") as consumer:
         assert sorted(drain(consumer, topic)) == sorted(sent)
+
+
+# -- the ACL and TLS setups (compose/*.yml) ------------------------------------------------------
+
+ACL_FILE = """\
+accounts:
+  - accessKey: dockerAdmin
+    secretKey: docker-admin-secret
+    admin: true
+"""
+ACCOUNT = ClientConfig(access_key="dockerAdmin", secret_key="docker-admin-secret")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder the container's user (uid 10001) can read: files mounted into it (an ACL file,
+    certificates and keys) must be readable there, as docs/operations.md says."""
+    folder = Path(tempfile.mkdtemp(prefix="txmq-docker-"))
+    try:
+        folder.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def tls_files(folder: Path) -> Certs:
+    """ca.pem, broker.pem and broker.key in ``folder`` as compose/tls.yml mounts them; the
+    broker's certificate names 127.0.0.1 and may serve as a client certificate (mutual TLS)."""
+    certs = make_certs(folder / "made")
+    cert, key = issue(
+        certs.folder, "broker-both", (certs.ca, certs.ca_key), server=True, client_too=True
+    )
+    tls = folder / "tls"
+    tls.mkdir(mode=0o755)
+    for source, name in ((certs.ca, "ca.pem"), (cert, "broker.pem"), (key, "broker.key")):
+        shutil.copyfile(source, tls / name)
+        (tls / name).chmod(0o644)
+    tls.chmod(0o755)
+    return certs
+
+
+def send_one(address: str, config: ClientConfig, topic: str) -> None:
+    with Producer("docker-setup", broker=address, config=config) as producer:
+        result = producer.send(Message(topic, b"through the published port"))
+        assert result.status == SendStatus.SEND_OK, result
+
+
+@pytest.mark.parametrize("setup", ["acl", "tls", "mtls"])
+def test_compose_setup_turns_healthy_and_serves(
+    compose: Compose, shared_dir: Path, setup: str
+) -> None:
+    """The broker service with each documented override file comes up healthy by the image's
+    own health check (no flag: `txmq probe` reads the broker's settings), and serves a client
+    of that setup -- and refuses one without the account (ACL) or the certificate (mutual
+    TLS)."""
+    topic = f"docker-{setup}-{secrets.token_hex(3)}"
+    if setup == "acl":
+        acl = shared_dir / "plain_acl.yml"
+        acl.write_text(ACL_FILE, encoding="utf-8")
+        acl.chmod(0o644)
+        compose.files.append(ROOT / "compose" / "acl.yml")
+        compose.env["TXMQ_ACL_FILE"] = str(acl)
+    else:
+        certs = tls_files(shared_dir)
+        compose.files.append(ROOT / "compose" / "tls.yml")
+        if setup == "mtls":
+            compose.files.append(ROOT / "compose" / "mtls.yml")
+        compose.env["TXMQ_TLS_DIR"] = str(shared_dir / "tls")
+    compose("up", "-d", "broker", timeout=STOP_TIMEOUT)
+    _progress(f"{setup}: healthy after {compose.wait_healthy():.1f}s")
+    health = compose.inspect("{{json .State.Health}}")
+    assert "ok: serving" in health, health
+
+    if setup == "acl":
+        send_one(compose.address, ACCOUNT, topic)
+        with pytest.raises(NoPermissionError, match="carries no AccessKey"):
+            send_one(compose.address, ClientConfig(), topic)
+        return
+    ca = str(shared_dir / "tls" / "ca.pem")
+    if setup == "tls":
+        send_one(compose.address, ClientConfig(tls=tls_context(ca)), topic)
+    else:
+        mutual = tls_context(ca, str(certs.client_cert), str(certs.client_key))
+        send_one(compose.address, ClientConfig(tls=mutual), topic)
+        with pytest.raises((TxmqError, OSError)):  # no client certificate: closed
+            send_one(compose.address, ClientConfig(tls=tls_context(ca), request_timeout=5.0), topic)

@@ -25,12 +25,22 @@ def _ca(folder: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def issue(folder: Path, name: str, ca: tuple[Path, Path], *, server: bool) -> tuple[Path, Path]:
-    """A certificate ``name`` signed by ``ca``; for a server it names 127.0.0.1 and localhost."""
+def issue(
+    folder: Path,
+    name: str,
+    ca: tuple[Path, Path],
+    *,
+    server: bool,
+    client_too: bool = False,
+    names: str = "IP:127.0.0.1,DNS:localhost",
+) -> tuple[Path, Path]:
+    """A certificate ``name`` signed by ``ca``; for a server it names ``names`` (127.0.0.1 and
+    localhost), and with ``client_too`` it may also serve as a client certificate (what a
+    broker presents to its leader, or its health probe, under mutual TLS)."""
     cert, key = folder / f"{name}.pem", folder / f"{name}.key"
     ext = (
-        ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
-        + ["-addext", "extendedKeyUsage=serverAuth"]
+        ["-addext", f"subjectAltName={names}"]
+        + ["-addext", f"extendedKeyUsage=serverAuth{',clientAuth' if client_too else ''}"]
         if server
         else ["-addext", "extendedKeyUsage=clientAuth"]
     )
