@@ -436,9 +436,16 @@ class AsyncAdminClient:
         topic: str | None = None,
         state: str | None = None,
         limit: int = 1000,
+        two_phase: bool = False,
     ) -> list[dict[str, Any]]:
+        """Transactions as the broker's table has them (by default PENDING and DISCARDED);
+        ``two_phase``: only those an outside coordinator decides."""
         h = ListTransactionsRequestHeader(
-            producer_group=group, topic=topic, state=state, limit=limit
+            producer_group=group,
+            topic=topic,
+            state=state,
+            limit=limit,
+            two_phase=True if two_phase else None,
         )
         return list(await self._json(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields()))
 

@@ -496,6 +496,8 @@ class ListTransactionsRequestHeader(Header):
     topic: str | None = None
     state: str | None = None
     limit: int = 1000
+    #: Only two-phase transactions (halves with ``TXMQ_2PC``; what an SDK ``recover()`` lists).
+    two_phase: bool | None = None
 
 
 @dataclass
