@@ -517,6 +517,8 @@ class AsyncTransactionProducer(AsyncClient):
         }
         conn = self.producer.connection
         if conn.group_name is not None and h.broker and h.broker != conn.group_name:
+            if h.broker not in conn.group_addresses:  # a fresh process: no route named it yet
+                await self._cluster_groups()
             conn = await self.producer.connection_for_group(h.broker)
         cmd = RemotingCommand(_END_TRANSACTION, remark=remark, ext_fields=fields)
         resp = await conn.request(cmd)
@@ -539,6 +541,22 @@ class AsyncTransactionProducer(AsyncClient):
             )
         raise error_for_code(resp.code, resp.remark)
 
+    async def _cluster_groups(self) -> list[str]:
+        """The broker groups of the cluster (TXMQ_CLUSTER_STATUS of the connected broker); the
+        addresses of those no route named yet are learnt from it (leader first)."""
+        conn = self.producer.connection
+        status = await conn.invoke(RequestCode.TXMQ_CLUSTER_STATUS)
+        groups: dict[str, Any] = json.loads(status.body).get("groups") or {}
+        for name, info in groups.items():
+            if name in conn.group_addresses:
+                continue
+            leader = (info.get("leader") or {}).get("addr")
+            members = [str(a) for _, a in sorted((info.get("members") or {}).items())]
+            addresses = ([str(leader)] if leader else []) + [a for a in members if a != leader]
+            if addresses:
+                conn.group_addresses[name] = tuple(addresses)
+        return sorted(groups)
+
     async def recover(
         self, broker_groups: list[str] | None = None, *, limit: int = 100_000
     ) -> list[PreparedTransaction]:
@@ -546,8 +564,8 @@ class AsyncTransactionProducer(AsyncClient):
         undecided (PENDING, or DISCARDED: parked past ``fileReservedTime``), oldest first: what
         a coordinator's recovery decides from its own state.
 
-        ``broker_groups``: in a cluster, the broker groups to ask (default: the one connected
-        to); a single broker is asked alone.
+        ``broker_groups``: in a cluster, the broker groups to ask (default: every group of the
+        cluster, as the connected broker knows them); a single broker is asked alone.
         """
         conn = self.producer.connection
         header = ListTransactionsRequestHeader(
@@ -557,8 +575,12 @@ class AsyncTransactionProducer(AsyncClient):
             two_phase=True,
         )
         targets: list[BrokerConnection] = [conn]
-        if conn.group_name is not None and broker_groups:
-            targets = [await self.producer.connection_for_group(g) for g in broker_groups]
+        if conn.group_name is not None:
+            groups = await self._cluster_groups()
+            targets = [
+                await self.producer.connection_for_group(g)
+                for g in (groups if broker_groups is None else broker_groups)
+            ]
         out: list[tuple[int, PreparedTransaction]] = []
         for target in targets:
             resp = await target.invoke(RequestCode.TXMQ_LIST_TRANSACTIONS, header)
