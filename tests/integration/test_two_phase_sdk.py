@@ -5,13 +5,16 @@ broker keeping such transactions pending past the check budget."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
+from txmq.cli import main as cli
 from txmq.client import (
     AsyncTransactionProducer,
     LocalTransactionState,
@@ -247,7 +250,18 @@ def test_sync_facade_prepares_commits_and_recovers(broker_thread):
         with p.transaction(two_phase=True) as txn:
             txn.send(Message(T, b"s"))
             handle = txn.prepare()
+        with p.transaction("plain") as plain:
+            plain.send(Message(T, b"plain"))
         assert p.recover() == [handle]
         p.commit(str(handle))
         p.commit(handle)
         assert p.recover() == []
+    both = sorted([handle.transaction_id, "plain"])
+    for flags, listed in ((["--two-phase"], [handle.transaction_id]), ([], both)):
+        out = CliRunner().invoke(
+            cli,
+            ["txn", "list", "--json", "-b", broker_thread.address, "-g", G, "-s", "COMMITTED"]
+            + flags,
+        )
+        assert out.exit_code == 0, out.output
+        assert sorted(r["transactionId"] for r in json.loads(out.output)) == listed
