@@ -1063,7 +1063,7 @@ class AsyncTransaction:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
             )
-        if self._pending or self._tasks:
+        if self._pending:
             raise ValueError("prepare() while sends of the transaction are still running")
         if not self.halves:
             raise ValueError(
