@@ -218,16 +218,35 @@ async def decide(
         await asyncio.sleep(0.2)
 
 
-def placed_or_refused(path: str) -> set[int]:
+def settled(path: str, order_id: int) -> bool:
+    """The order was placed, or refused, by an earlier attempt."""
     db = connect(path)
     try:
-        rows = db.execute(
-            "SELECT order_id FROM orders UNION "
-            "SELECT order_id FROM decisions WHERE reason = 'refused'"
-        ).fetchall()
-        return {int(r[0]) for r in rows}
+        row = db.execute(
+            "SELECT 1 FROM orders WHERE order_id = ? UNION ALL "
+            "SELECT 1 FROM decisions WHERE order_id = ? AND reason = 'refused'",
+            (order_id, order_id),
+        ).fetchone()
+        return row is not None
     finally:
         db.close()
+
+
+async def place_order(producer: AsyncTransactionProducer, path: str, order_id: int) -> None:
+    """One attempt at an order: prepare, decide in the database, tell the broker."""
+    txn = f"order-{order_id}-{uuid.uuid4().hex[:12]}"  # one transaction per attempt
+    body = json.dumps({"order": order_id, "txn": txn}).encode()
+    async with producer.transaction(txn, two_phase=True) as t:
+        await t.send(Message(TOPIC, body, keys=str(order_id)))
+        handle = await t.prepare()
+    emit("prepared", order=order_id, txn=txn)
+    await asyncio.to_thread(pause, "prepared")
+    decision = await asyncio.to_thread(record_order, path, order_id, handle)
+    emit("db_committed", order=order_id, txn=txn, decision=decision)
+    await asyncio.to_thread(pause, "db-committed")
+    await decide(producer, handle, decision)
+    emit("decided", order=order_id, txn=txn, decision=decision)
+    await asyncio.to_thread(pause, "decided")
 
 
 async def place(broker: str, path: str, orders: Sequence[int]) -> None:
@@ -237,24 +256,24 @@ async def place(broker: str, path: str, orders: Sequence[int]) -> None:
         GROUP, RollbackOnCheck(), broker, prepared_resolver=resolver_for(path)
     )
     async with producer:
-        done = await asyncio.to_thread(placed_or_refused, path)
         for order_id in orders:
-            if order_id in done:
-                continue  # placed (or refused) by an earlier run
-            txn = f"order-{order_id}-{uuid.uuid4().hex[:12]}"  # one id per attempt
-            body = json.dumps({"order": order_id, "txn": txn}).encode()
-            async with producer.transaction(txn, two_phase=True) as t:
-                await t.send(Message(TOPIC, body, keys=str(order_id)))
-                handle = await t.prepare()
-            emit("prepared", order=order_id, txn=txn)
-            await asyncio.to_thread(pause, "prepared")
-            decision = await asyncio.to_thread(record_order, path, order_id, handle)
-            emit("db_committed", order=order_id, txn=txn, decision=decision)
-            await asyncio.to_thread(pause, "db-committed")
-            await decide(producer, handle, decision)
-            emit("decided", order=order_id, txn=txn, decision=decision)
-            await asyncio.to_thread(pause, "decided")
-            _orders_done += 1
+            deadline = time.monotonic() + 60.0
+            # An attempt the broker did not answer (it restarted) is given up and the order
+            # tried again: the database's decision rows keep one placed attempt per order, and
+            # the abandoned one is rolled back by a check-back or a recovery.
+            while not await asyncio.to_thread(settled, path, order_id):
+                try:
+                    await place_order(producer, path, order_id)
+                except (IllegalOperationError, PreparedTransactionUnknownError):
+                    raise  # the broker and the database disagree: a bug, not an outage
+                except (TxmqError, OSError) as exc:
+                    if time.monotonic() > deadline:
+                        raise
+                    emit("attempt_failed", order=order_id, error=repr(exc))
+                    await asyncio.sleep(0.2)
+                    continue
+                _orders_done += 1
+                break
     emit("run_finished", orders=_orders_done)
 
 
