@@ -42,6 +42,7 @@ from txmq.protocol.headers import (
     DecideBatchRequestHeader,
     EndTransactionRequestHeader,
     ForceDecideRequestHeader,
+    ListTransactionsRequestHeader,
     SendMessageRequestHeader,
 )
 from txmq.protocol.locks import LockBatchRequest
@@ -371,7 +372,8 @@ class Need:
 
 
 #: Requests only an admin account may make: topic management, broker-wide views, message
-#: lookup by offset, and the operator's transaction commands.  Any code not listed in
+#: lookup by offset, and the operator's transaction commands (a listing of one producer
+#: group's two-phase transactions excepted: see :func:`requirements`).  Any code not listed in
 #: :func:`requirements` is treated as admin-only too.
 ADMIN_CODES = frozenset(
     {
@@ -571,6 +573,19 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
         except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
             listed = []  # the processor answers what is wrong with the body
         return False, _transaction_needs(tx, sorted(members) + listed, d.producer_group)
+    if code == R.TXMQ_LIST_TRANSACTIONS:
+        lt = ListTransactionsRequestHeader.from_ext_fields(ext)
+        if lt.two_phase and lt.producer_group:
+            # A coordinator's recovery (the SDK's recover()): the two-phase transactions of its
+            # producer group, with the rights deciding them takes (the listing shows no more).
+            group = lt.producer_group
+            txids = [
+                r.transaction_id
+                for r in tx.records.values()
+                if r.two_phase and r.producer_group == group
+            ]
+            return False, _transaction_needs(tx, txids, group)
+        return True, []
     if code == R.TXMQ_FORCE_DECIDE:
         # A rollback by an account that may publish the transaction's group and topics is what
         # its own producer could do with END_TRANSACTION; a forced commit stays admin-only.

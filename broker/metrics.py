@@ -179,6 +179,10 @@ class BrokerMetrics:
             "txmq_transaction_pipeline_orphans",
             "Pending transactions of a superseded Spark pipeline run rolled back",
         )
+        self.tx_two_phase_overdue = c(
+            "txmq_transaction_two_phase_overdue_checks",
+            "Checks of two-phase transactions past the check budget (kept pending, not parked)",
+        )
         self.tx_pruned = c(
             "txmq_transaction_pruned",
             "Decided transactions forgotten after their idempotency window",

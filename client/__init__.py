@@ -74,6 +74,7 @@ from .transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
+from .two_phase import PreparedTransaction, PreparedTransactionUnknownError
 
 __all__ = [
     "AdminClient",
@@ -91,6 +92,8 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "PreparedTransaction",
+    "PreparedTransactionUnknownError",
     "AsyncOrderlyPushConsumer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",

@@ -444,10 +444,12 @@ class AsyncAdminClient:
         topic: str | None = None,
         state: str | None = None,
         limit: int = 1000,
+        two_phase: bool = False,
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` transactions (PENDING and DISCARDED unless ``state`` names others,
-        comma-separated), oldest first; asked for a page of :data:`TRANSACTION_PAGE` at a
-        time, so no answer passes the frame limit however many there are."""
+        comma-separated), oldest first; ``two_phase``: only those an outside coordinator
+        decides.  Asked for a page of :data:`TRANSACTION_PAGE` at a time, so no answer passes
+        the frame limit however many there are."""
         out: list[dict[str, Any]] = []
         after: str | None = None
         while len(out) < limit:
@@ -457,6 +459,7 @@ class AsyncAdminClient:
                 state=state,
                 limit=min(TRANSACTION_PAGE, limit - len(out)),
                 after=after,
+                two_phase=two_phase,
             )
             out += page
             if after is None:
@@ -471,11 +474,17 @@ class AsyncAdminClient:
         state: str | None = None,
         limit: int = TRANSACTION_PAGE,
         after: str | None = None,
+        two_phase: bool = False,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of :meth:`list_transactions`: the first ``limit`` after cursor ``after``,
         and the cursor of the next page (None: this was the last)."""
         h = ListTransactionsRequestHeader(
-            producer_group=group, topic=topic, state=state, limit=limit, after=after
+            producer_group=group,
+            topic=topic,
+            state=state,
+            limit=limit,
+            after=after,
+            two_phase=True if two_phase else None,
         )
         resp = await self._call(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields())
         page = list(json.loads(resp.body)) if resp.body else []

@@ -48,6 +48,7 @@ from txmq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     DecideBatchRequestHeader,
     EndTransactionRequestHeader,
+    ListTransactionsRequestHeader,
 )
 from txmq.protocol.message import (
     Message,
@@ -66,6 +67,7 @@ from .logs import get_logger
 from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
 from .remoting import BrokerConnection, current_connection
 from .sync import _SyncClient, blocking
+from .two_phase import PreparedResolver, PreparedTransaction, PreparedTransactionUnknownError
 
 if TYPE_CHECKING:
     from .consumer import ProcessQueue
@@ -143,14 +145,19 @@ class _TransactionBlock:
     an exception, which then goes on (what an ``asynccontextmanager`` around a ``yield``
     does, without a generator per transaction)."""
 
-    __slots__ = ("_producer", "_transaction_id", "_across_groups", "_txn")
+    __slots__ = ("_producer", "_transaction_id", "_across_groups", "_two_phase", "_txn")
 
     def __init__(
-        self, producer: AsyncTransactionProducer, transaction_id: str | None, across_groups: bool
+        self,
+        producer: AsyncTransactionProducer,
+        transaction_id: str | None,
+        across_groups: bool,
+        two_phase: bool = False,
     ) -> None:
         self._producer = producer
         self._transaction_id = transaction_id
         self._across_groups = across_groups
+        self._two_phase = two_phase
         self._txn: AsyncTransaction | None = None
 
     async def __aenter__(self) -> AsyncTransaction:
@@ -160,6 +167,7 @@ class _TransactionBlock:
             self._producer,
             self._transaction_id or new_uniq_id(),
             across_groups=self._across_groups,
+            two_phase=self._two_phase,
         )
         return self._txn
 
@@ -265,6 +273,8 @@ class AsyncTransactionProducer(AsyncClient):
             again next round).
         decision_timeout: how long the decision of a transaction across broker groups is
             retried (through a group's leader change) before it is reported in doubt.
+        prepared_resolver: answers check-backs of two-phase transactions (see
+            :meth:`set_prepared_resolver`).
         config, **settings: client settings, as for :class:`AsyncProducer`.
     """
 
@@ -279,6 +289,7 @@ class AsyncTransactionProducer(AsyncClient):
         check_threads: int = DEFAULT_CHECK_THREADS,
         check_queue_size: int = DEFAULT_CHECK_QUEUE_SIZE,
         decision_timeout: float = DEFAULT_DECISION_TIMEOUT,
+        prepared_resolver: PreparedResolver | None = None,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
@@ -293,6 +304,7 @@ class AsyncTransactionProducer(AsyncClient):
         self.check_threads = check_threads
         self.check_queue_size = check_queue_size
         self.decision_timeout = decision_timeout
+        self.prepared_resolver = prepared_resolver
         self._check_sem = asyncio.Semaphore(check_threads)
         self._checks_waiting = 0
         self._check_tasks: set[asyncio.Task[None]] = set()
@@ -413,7 +425,11 @@ class AsyncTransactionProducer(AsyncClient):
     # -- multi-message transactions -----------------------------------------------------------
 
     def transaction(
-        self, transaction_id: str | None = None, *, across_groups: bool = False
+        self,
+        transaction_id: str | None = None,
+        *,
+        across_groups: bool = False,
+        two_phase: bool = False,
     ) -> _TransactionBlock:
         """Several messages, one decision: commit on a clean exit, roll back on an exception.
 
@@ -421,6 +437,13 @@ class AsyncTransactionProducer(AsyncClient):
         decides them).  With ``across_groups=True`` (a cluster only) each half goes where a
         plain send would, and the decision is recorded in etcd and applied by every group
         holding halves: all of them commit or none does.
+
+        With ``two_phase=True`` an outside coordinator decides: the block ends with
+        ``handle = await txn.prepare()`` and the coordinator later calls :meth:`commit` or
+        :meth:`rollback` with the handle (see :mod:`txmq.client.two_phase`).  An exception
+        before ``prepare()`` rolls the transaction back; after it the block does nothing
+        (the handle's owner decides); a block left without ``prepare()`` is rolled back and
+        raises :class:`~txmq.client.TransactionFailedError`.
 
         Example::
 
@@ -432,8 +455,144 @@ class AsyncTransactionProducer(AsyncClient):
             CrossGroupUnavailableError: ``across_groups`` with a single broker.
             TransactionInDoubtError: (at the commit) the decision across groups could not be
                 confirmed; see the class.
+            ValueError: ``two_phase`` with ``across_groups``.
         """
-        return _TransactionBlock(self, transaction_id, across_groups)
+        if two_phase and across_groups:
+            raise ValueError(
+                "a two-phase transaction stays in one broker group (its handle names one half); "
+                "across_groups is not available with two_phase"
+            )
+        return _TransactionBlock(self, transaction_id, across_groups, two_phase)
+
+    # -- two-phase commit: an outside coordinator decides ---------------------------------------
+
+    def set_prepared_resolver(self, resolver: PreparedResolver | None) -> None:
+        """Answer check-backs of two-phase transactions with ``resolver(handle)``: the
+        coordinator's decision (COMMIT_MESSAGE, ROLLBACK_MESSAGE, or UNKNOW while it has none).
+
+        A check of a two-phase transaction never goes to the listener (whose answer could be a
+        blind rollback); without a resolver it is answered UNKNOW and the broker asks again
+        (it never parks a two-phase transaction for its check budget)."""
+        self.prepared_resolver = resolver
+
+    async def commit(self, handle: PreparedTransaction | str, remark: str | None = None) -> None:
+        """Commit the prepared transaction ``handle`` (or its text) names; from any producer of
+        its group, also after the preparing process died or the broker restarted.
+
+        Idempotent: a transaction committed before is answered with success.
+
+        Raises:
+            IllegalOperationError: the transaction was rolled back; it stays rolled back.
+            PreparedTransactionUnknownError: the broker does not know the transaction (decided
+                longer ago than ``transactionBatchRetention``, or another broker's handle).
+            ValueError: the handle is of another producer group, or not a handle.
+        """
+        await self._decide_prepared(handle, LocalTransactionState.COMMIT_MESSAGE, remark)
+
+    async def rollback(self, handle: PreparedTransaction | str, remark: str | None = None) -> None:
+        """Roll back the prepared transaction ``handle`` names; as :meth:`commit` (a rollback
+        repeated succeeds; one of a committed transaction raises IllegalOperationError)."""
+        await self._decide_prepared(handle, LocalTransactionState.ROLLBACK_MESSAGE, remark)
+
+    async def _decide_prepared(
+        self,
+        handle: PreparedTransaction | str,
+        state: LocalTransactionState,
+        remark: str | None,
+    ) -> None:
+        h = PreparedTransaction.parse(handle)
+        if h.producer_group != self.group:
+            raise ValueError(
+                f"transaction {h.transaction_id} was prepared by producer group "
+                f"{h.producer_group}; decide it with a producer of that group, not {self.group}"
+            )
+        fields = {
+            "producerGroup": self.group,
+            "tranStateTableOffset": h.queue_offset,
+            "commitLogOffset": h.commit_log_offset,
+            "commitOrRollback": _WIRE_VALUES[state],
+            "fromTransactionCheck": False,
+            "msgId": h.msg_id,
+            "transactionId": h.transaction_id,
+        }
+        conn = self.producer.connection
+        if conn.group_name is not None and h.broker and h.broker != conn.group_name:
+            if h.broker not in conn.group_addresses:  # a fresh process: no route named it yet
+                await self._cluster_groups()
+            conn = await self.producer.connection_for_group(h.broker)
+        cmd = RemotingCommand(_END_TRANSACTION, remark=remark, ext_fields=fields)
+        resp = await conn.request(cmd)
+        if resp.code == ResponseCode.SUCCESS:
+            log.info(
+                "prepared_transaction_decided",
+                transaction_id=h.transaction_id,
+                decision=state.value,
+                answer=resp.remark,
+            )
+            return
+        if resp.code == ResponseCode.SYSTEM_ERROR and (resp.remark or "").startswith(
+            "Find prepared transaction message failed"
+        ):
+            raise PreparedTransactionUnknownError(
+                f"broker {conn.address} does not know prepared transaction {h.transaction_id}: "
+                "it was decided longer ago than the broker remembers decisions of two-phase "
+                "transactions (transactionBatchRetention; the decision is final either way), or "
+                "the handle is of another broker"
+            )
+        raise error_for_code(resp.code, resp.remark)
+
+    async def _cluster_groups(self) -> list[str]:
+        """The broker groups of the cluster (TXMQ_CLUSTER_STATUS of the connected broker); the
+        addresses of those no route named yet are learnt from it (leader first)."""
+        conn = self.producer.connection
+        status = await conn.invoke(RequestCode.TXMQ_CLUSTER_STATUS)
+        groups: dict[str, Any] = json.loads(status.body).get("groups") or {}
+        for name, info in groups.items():
+            if name in conn.group_addresses:
+                continue
+            leader = (info.get("leader") or {}).get("addr")
+            members = [str(a) for _, a in sorted((info.get("members") or {}).items())]
+            addresses = ([str(leader)] if leader else []) + [a for a in members if a != leader]
+            if addresses:
+                conn.group_addresses[name] = tuple(addresses)
+        return sorted(groups)
+
+    async def recover(
+        self, broker_groups: list[str] | None = None, *, limit: int = 100_000
+    ) -> list[PreparedTransaction]:
+        """The handles of this producer group's two-phase transactions that are still
+        undecided (PENDING, or DISCARDED: parked past ``fileReservedTime``), oldest first: what
+        a coordinator's recovery decides from its own state.
+
+        ``broker_groups``: in a cluster, the broker groups to ask (default: every group of the
+        cluster, as the connected broker knows them); a single broker is asked alone.
+        """
+        conn = self.producer.connection
+        header = ListTransactionsRequestHeader(
+            producer_group=self.group,
+            state="PENDING,DISCARDED",
+            limit=limit,
+            two_phase=True,
+        )
+        targets: list[BrokerConnection] = [conn]
+        if conn.group_name is not None:
+            groups = await self._cluster_groups()
+            targets = [
+                await self.producer.connection_for_group(g)
+                for g in (groups if broker_groups is None else broker_groups)
+            ]
+        out: list[tuple[int, PreparedTransaction]] = []
+        for target in targets:
+            resp = await target.invoke(RequestCode.TXMQ_LIST_TRANSACTIONS, header)
+            rows = json.loads(resp.body.decode("utf-8")) if resp.body else []
+            for row in rows:
+                if row.get("halves"):
+                    age = min(int(x["storeTimestamp"]) for x in row["halves"])
+                    out.append(
+                        (age, PreparedTransaction.from_listing(row, target.group_name or ""))
+                    )
+        out.sort(key=lambda x: x[0])
+        return [h for _, h in out]
 
     def require_cluster(self) -> None:
         """Raise unless the producer is connected to a cluster (brokers with etcd).
@@ -493,6 +652,18 @@ class AsyncTransactionProducer(AsyncClient):
         try:
             async with self._check_sem:
                 remark = None
+                if msg.properties.get(MessageConst.TXMQ_2PC) == "1":
+                    # An outside coordinator decides: its resolver answers, never the listener.
+                    handle = PreparedTransaction(
+                        header.transaction_id or msg.transaction_id or "",
+                        self.group,
+                        conn.group_name or "",
+                        header.commit_log_offset,
+                        header.tran_state_table_offset,
+                        header.msg_id or "",
+                    )
+                    await self._answer_prepared_check(header, handle, conn)
+                    return
                 try:
                     state = _as_state(await _call(self.listener.check_local_transaction, msg))
                 except Exception as exc:
@@ -526,6 +697,50 @@ class AsyncTransactionProducer(AsyncClient):
                     )
         finally:
             self._checks_waiting -= 1
+
+    async def _answer_prepared_check(
+        self,
+        header: CheckTransactionStateRequestHeader,
+        handle: PreparedTransaction,
+        conn: BrokerConnection,
+    ) -> None:
+        """A check of a two-phase transaction: the prepared resolver's answer (UNKNOW without
+        one, or when it fails: the broker asks again)."""
+        remark = None
+        resolver = self.prepared_resolver
+        if resolver is None:
+            state = LocalTransactionState.UNKNOW
+            remark = "no prepared resolver in this producer"
+            log.warning(
+                "prepared_check_without_resolver",
+                transaction_id=handle.transaction_id,
+                action="answered UNKNOW; set_prepared_resolver() lets the coordinator decide",
+            )
+        else:
+            try:
+                state = _as_state(await _call(resolver, handle))
+            except Exception as exc:
+                state = LocalTransactionState.UNKNOW
+                remark = f"prepared resolver exception: {type(exc).__name__}: {exc}"
+                log.warning(
+                    "prepared_resolver_failed",
+                    transaction_id=handle.transaction_id,
+                    error=repr(exc),
+                )
+        end = EndTransactionRequestHeader(
+            producer_group=self.group,
+            tran_state_table_offset=header.tran_state_table_offset,
+            commit_log_offset=header.commit_log_offset,
+            commit_or_rollback=state.wire_value,
+            from_transaction_check=True,
+            msg_id=header.msg_id,
+            transaction_id=handle.transaction_id,
+        )
+        try:
+            await self._end(end, remark, conn)
+            self.checks_answered += 1
+        except TxmqError as exc:
+            log.info("check_answer_failed", transaction_id=end.transaction_id, error=str(exc))
 
     async def _answer_check_across(
         self, txid: str, state: LocalTransactionState, conn: BrokerConnection
@@ -588,10 +803,15 @@ class AsyncTransaction:
         transaction_id: str,
         *,
         across_groups: bool = False,
+        two_phase: bool = False,
     ) -> None:
         self.producer = producer
         self.transaction_id = transaction_id
         self.across_groups = across_groups
+        #: Decided by an outside coordinator: its halves carry ``TXMQ_2PC``; see :meth:`prepare`.
+        self.two_phase = two_phase
+        #: The handle :meth:`prepare` returned (a two-phase transaction once prepared).
+        self.handle: PreparedTransaction | None = None
         self.halves: list[SendResult] = []
         self.state: LocalTransactionState | None = None
         self._pending: list[_PendingHalf] = []
@@ -625,10 +845,11 @@ class AsyncTransaction:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
             )
-        if self.across_groups:
+        if self.across_groups or self.two_phase:
             raise ValueError(
                 "consumer offsets cannot be committed in a transaction across broker groups "
-                "(its decision does not check them); use one broker group"
+                "or a two-phase one (their decisions do not check them); use a plain "
+                "transaction()"
             )
         if self._offsets_consumer is not None and self._offsets_consumer is not consumer:
             raise ValueError("one transaction commits the offsets of one consumer")
@@ -649,6 +870,10 @@ class AsyncTransaction:
         if self.state is not None:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
+            )
+        if self.handle is not None:
+            raise TransactionFailedError(
+                f"transaction {self.transaction_id} is prepared; no message can join it"
             )
         pending = _PendingHalf(
             msg, queue_id, sharding_key, asyncio.get_running_loop().create_future()
@@ -726,6 +951,9 @@ class AsyncTransaction:
         if self.across_groups:
             # The transaction is a batch of one: its id is the key of its decision record.
             extra[MessageConst.TXMQ_BATCH_KEY] = self.transaction_id
+        if self.two_phase:
+            # The broker keeps it pending for its coordinator; checks go to the resolver.
+            extra[MessageConst.TXMQ_2PC] = "1"
         first = group[0]
         try:
             broker = await self._pin(first)
@@ -816,10 +1044,63 @@ class AsyncTransaction:
     async def commit(self) -> None:
         await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
 
+    async def prepare(self) -> PreparedTransaction:
+        """First phase of a two-phase transaction (``transaction(two_phase=True)``): its halves
+        are stored durably (each :meth:`send` returned once its half was); the handle names
+        them for :meth:`AsyncTransactionProducer.commit` / ``rollback`` from any process of the
+        producer group.  No message can join it afterwards.  Preparing again returns the
+        same handle.
+
+        Raises:
+            ValueError: not a two-phase transaction, or no message was sent in it.
+            TransactionFailedError: it was decided already.
+        """
+        if not self.two_phase:
+            raise ValueError("prepare() is for transaction(two_phase=True)")
+        if self.handle is not None:
+            return self.handle
+        if self.state is not None:
+            raise TransactionFailedError(
+                f"transaction {self.transaction_id} is already {self.state.value}"
+            )
+        if self._pending:
+            raise ValueError("prepare() while sends of the transaction are still running")
+        if not self.halves:
+            raise ValueError(
+                f"transaction {self.transaction_id} has no message to prepare (send one first)"
+            )
+        half = self.halves[0]
+        _, offset = decode_offset_msg_id(half.offset_msg_id)
+        in_cluster = self.producer.producer.connection.group_name is not None
+        self.handle = PreparedTransaction(
+            self.transaction_id,
+            self.producer.group,
+            # the broker group to decide it in; a single broker needs none
+            half.broker_name if in_cluster else "",
+            offset,
+            half.queue_offset,
+            half.msg_id,
+        )
+        log.info(
+            "transaction_prepared", transaction_id=self.transaction_id, handle=str(self.handle)
+        )
+        return self.handle
+
     async def finish(self, exc: BaseException | None) -> None:
         """End of a ``transaction()`` block: commit after a clean exit; after an exception,
-        roll back (a failed rollback is logged, the original exception wins)."""
-        if self.state is not None or not (self.halves or self._offsets):
+        roll back (a failed rollback is logged, the original exception wins).  A prepared
+        two-phase transaction is left to its coordinator; one never prepared is rolled back
+        (and, after a clean exit, :class:`TransactionFailedError` says so)."""
+        if self.state is not None or self.handle is not None:
+            return
+        if self.two_phase and exc is None:
+            if self.halves:
+                await self.rollback("two-phase transaction block ended without prepare()")
+            raise TransactionFailedError(
+                f"two-phase transaction {self.transaction_id} ended without prepare(); "
+                "it was rolled back"
+            )
+        if not (self.halves or self._offsets):
             return
         if exc is None:
             await self._decide(LocalTransactionState.COMMIT_MESSAGE, None)
@@ -987,16 +1268,32 @@ class TransactionProducer(_SyncClient):
         self._core = self.core = AsyncTransactionProducer(group, listener, broker, **kwargs)
 
     send_message_in_transaction = blocking(AsyncTransactionProducer.send_message_in_transaction)
+    commit = blocking(AsyncTransactionProducer.commit)
+    rollback = blocking(AsyncTransactionProducer.rollback)
+    recover = blocking(AsyncTransactionProducer.recover)
+
+    def set_prepared_resolver(self, resolver: PreparedResolver | None) -> None:
+        """:meth:`AsyncTransactionProducer.set_prepared_resolver`."""
+        self.core.set_prepared_resolver(resolver)
 
     @contextmanager
     def transaction(
-        self, transaction_id: str | None = None, *, across_groups: bool = False
+        self,
+        transaction_id: str | None = None,
+        *,
+        across_groups: bool = False,
+        two_phase: bool = False,
     ) -> Iterator[Transaction]:
         """The blocking form of :meth:`AsyncTransactionProducer.transaction`."""
+        if two_phase and across_groups:
+            self.core.transaction(across_groups=True, two_phase=True)  # raises ValueError
         if across_groups:
             self.core.require_cluster()
         core = AsyncTransaction(
-            self.core, transaction_id or new_uniq_id(), across_groups=across_groups
+            self.core,
+            transaction_id or new_uniq_id(),
+            across_groups=across_groups,
+            two_phase=two_phase,
         )
         txn = Transaction(self, core)
         try:
@@ -1019,6 +1316,10 @@ class Transaction:
 
     def send(self, msg: Message, **kwargs: Any) -> SendResult:
         return self.producer._run(self.core.send(msg, **kwargs))
+
+    def prepare(self) -> PreparedTransaction:
+        """:meth:`AsyncTransaction.prepare`."""
+        return self.producer._run(self.core.prepare())
 
     def send_offsets(self, consumer: Any, msg: MessageExt) -> None:
         """:meth:`AsyncTransaction.send_offsets`; ``consumer`` is an

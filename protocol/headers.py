@@ -498,6 +498,8 @@ class ListTransactionsRequestHeader(Header):
     limit: int = 1000
     #: The cursor of the page before (the answer's ``nextCursor``): transactions after it.
     after: str | None = None
+    #: Only two-phase transactions (halves with ``TXMQ_2PC``; what an SDK ``recover()`` lists).
+    two_phase: bool | None = None
 
 
 @dataclass

@@ -81,6 +81,9 @@ class MessageConst:
     CONSUME_START_TIME = "CONSUME_START_TIME"
     #: txmq: the batch a Spark sink transaction belongs to (see TXMQ_DECIDE_BATCH).
     TXMQ_BATCH_KEY = "TXMQ_BATCH_KEY"
+    #: txmq: ``"1"`` on the halves of a transaction an outside coordinator decides (two-phase
+    #: commit: prepared, then committed or rolled back by its handle).
+    TXMQ_2PC = "TXMQ_2PC"
 
     #: Keys the system sets; ``MessageExt.user_properties`` leaves them out.
     SYSTEM_KEYS = frozenset(
@@ -105,6 +108,7 @@ class MessageConst:
             MAX_RECONSUME_TIMES,
             CONSUME_START_TIME,
             TXMQ_BATCH_KEY,
+            TXMQ_2PC,
         }
     )
 

@@ -1362,14 +1362,27 @@ def txn() -> None:
     help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.",
 )
 @click.option("--limit", default=100, show_default=True)
+@click.option(
+    "--two-phase",
+    is_flag=True,
+    help="Only two-phase transactions (prepared for an outside coordinator).",
+)
 @_output_options
 def txn_list(
-    broker: str, group: str | None, topic: str | None, state: str, limit: int, as_json: bool
+    broker: str,
+    group: str | None,
+    topic: str | None,
+    state: str,
+    limit: int,
+    two_phase: bool,
+    as_json: bool,
 ) -> None:
     """List transactions (default: pending and parked ones)."""
     result = _admin(
         broker,
-        lambda admin: admin.list_transactions(group=group, topic=topic, state=state, limit=limit),
+        lambda admin: admin.list_transactions(
+            group=group, topic=topic, state=state, limit=limit, two_phase=two_phase
+        ),
     )
 
     rows = result

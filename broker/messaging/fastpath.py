@@ -671,6 +671,7 @@ def make_half_template(
         C.UNIQ_KEY in rest_props
         or rest_props.get(C.TRAN_MSG, "").lower() != "true"
         or not rest_props.get(C.TRANSACTION_ID)
+        or C.TXMQ_2PC in rest_props  # two-phase halves: the generic path marks their record
     ):
         return None
     props = {C.UNIQ_KEY: "", **rest_props}  # the order of the wire

@@ -266,6 +266,8 @@ class TransactionProcessor:
                 continue
             if h.producer_group and rec.producer_group != h.producer_group:
                 continue
+            if h.two_phase and not rec.two_phase:
+                continue
             if h.topic and not any(x.real_topic == h.topic for x in rec.halves):
                 continue
             key = _list_key(rec)

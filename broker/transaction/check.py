@@ -5,7 +5,9 @@
   older than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``).
 * Only a check delivered to a live producer of the group counts against
   ``transactionCheckMax``; a transaction out of budget (or older than ``fileReservedTime``) is
-  parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` for an operator.
+  parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` for an operator -- except a two-phase transaction
+  (halves with ``TXMQ_2PC``: an outside coordinator decides it), which is kept pending and
+  asked again, with a warning, until its ``fileReservedTime``.
 * One check in flight per transaction; rounds never overlap.
 
 The service gets only what it uses: the state machine, a way to read a stored half, the live
@@ -354,7 +356,12 @@ class CheckService:
                 sched.push(txid, due)  # a later half or a recent check moved it
                 continue
             too_old = now - rec.oldest_store_timestamp > self.limits.reserved_ms
-            if rec.check_times >= self.limits.check_max or too_old:
+            over = rec.check_times >= self.limits.check_max
+            if over and rec.two_phase and not too_old:
+                # An outside coordinator owns the decision: the budget only raises a warning
+                # (once per budget's worth of checks) and the transaction is asked again.
+                self._two_phase_overdue(rec)
+            elif over or too_old:
                 self.park(rec, "fileReservedTime" if too_old else "transactionCheckMax")
                 stats["discarded"] += 1
                 continue
@@ -365,6 +372,20 @@ class CheckService:
                 sched.wait(rec, rec.oldest_store_timestamp + self.limits.reserved_ms + 1)
                 continue
             yield rec, random.choice(channels)
+
+    def _two_phase_overdue(self, rec: TxRecord) -> None:
+        """A two-phase transaction checked ``transactionCheckMax`` times and still undecided:
+        counted, and logged at WARN when it reaches a multiple of the budget."""
+        self.metrics.tx_two_phase_overdue.inc()
+        budget = max(1, self.limits.check_max)
+        if (rec.check_times - self.limits.check_max) % budget == 0:
+            log.warning(
+                "two_phase_check_budget_passed",
+                transaction_id=rec.transaction_id,
+                producer_group=rec.producer_group,
+                check_times=rec.check_times,
+                action="kept pending: its coordinator decides (no rollback, not parked)",
+            )
 
     def _reschedule(self, rec: TxRecord) -> None:
         """After a check (delivered or not): due again one interval later."""

@@ -63,8 +63,10 @@ _TX_MASK = MessageSysFlag.TRANSACTION_MASK
 _PREPARED = MessageSysFlag.TRANSACTION_PREPARED_TYPE
 _HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
 #: Properties that send a half to the generic path (it judges them against its clock or
-#: the batch table).
-_NOT_HERE = frozenset((MessageConst.DELAY, MessageConst.TXMQ_BATCH_KEY, *TIMER_PROPERTIES))
+#: the batch table, or marks its transaction as decided by an outside coordinator).
+_NOT_HERE = frozenset(
+    (MessageConst.DELAY, MessageConst.TXMQ_BATCH_KEY, MessageConst.TXMQ_2PC, *TIMER_PROPERTIES)
+)
 #: Shapes kept (per topic, queue, sys flag, header group and the properties around the values).
 _SHAPES_MAX = 4096
 _MISSING: Any = object()

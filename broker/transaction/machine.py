@@ -175,6 +175,9 @@ class TransactionStateMachine:
         #: Decided transactions :meth:`prune` forgot, by state: the counts go on across the
         #: pruning (and restarts: snapshots carry them).
         self.forgotten: dict[str, int] = {}
+        #: decided two-phase transactions, remembered as long as batch decisions: an outside
+        #: coordinator may repeat its decision long after it (its recovery after an outage)
+        self._decided_two_phase: deque[tuple[int, str]] = deque()
         self._decided_batches: deque[tuple[int, tuple[str, str]]] = deque()
 
     def watch(self, watcher: PendingWatcher) -> None:
@@ -205,12 +208,25 @@ class TransactionStateMachine:
                 "attempt's messages will never be delivered"
             )
 
-    def add_half(self, txid: str, group: str, batch_key: str | None, half: HalfRef) -> TxRecord:
-        """A stored half joins its transaction (created PENDING on its first half)."""
-        return self.add_halves(txid, group, batch_key, [half])
+    def add_half(
+        self,
+        txid: str,
+        group: str,
+        batch_key: str | None,
+        half: HalfRef,
+        two_phase: bool = False,
+    ) -> TxRecord:
+        """A stored half joins its transaction (created PENDING on its first half);
+        ``two_phase``: the half carries ``TXMQ_2PC`` (an outside coordinator decides)."""
+        return self.add_halves(txid, group, batch_key, [half], two_phase)
 
     def add_halves(
-        self, txid: str, group: str, batch_key: str | None, halves: list[HalfRef]
+        self,
+        txid: str,
+        group: str,
+        batch_key: str | None,
+        halves: list[HalfRef],
+        two_phase: bool = False,
     ) -> TxRecord:
         """:meth:`add_half` of several halves of one transaction, in order."""
         rec = self.records.get(txid)
@@ -218,7 +234,7 @@ class TransactionStateMachine:
         for h in halves:
             by_offset[h.commit_log_offset] = txid
         if rec is None:
-            rec = TxRecord(txid, group, batch_key=batch_key)
+            rec = TxRecord(txid, group, batch_key=batch_key, two_phase=two_phase)
             rec.halves += halves
             self.records[txid] = rec
             self.pending[txid] = rec  # with its halves: the watchers schedule it
@@ -226,6 +242,8 @@ class TransactionStateMachine:
                 self.batch_members.setdefault((group, batch_key), set()).add(txid)
             return rec
         rec.halves += halves
+        if two_phase:
+            rec.two_phase = True
         if rec.state is TxState.PENDING and txid in self.pending:
             for w in self._watchers:
                 w.joined(rec)
@@ -446,7 +464,7 @@ class TransactionStateMachine:
             rec.decision_end_offset = end_offset
             self.pending.pop(txid, None)
             self._checked.discard(txid)
-            self._decided.append((op.ts, txid))
+            (self._decided_two_phase if rec.two_phase else self._decided).append((op.ts, txid))
             changed.append(rec)
 
         if op.kind is OpKind.COMMIT:
@@ -524,9 +542,22 @@ class TransactionStateMachine:
         before ``batches_before_ms`` (their idempotency windows are over).  Cheap: decisions are
         kept in decision order, so only the expired ones are looked at.  Returns how many
         transactions were forgotten."""
+        n = self._forget(self._decided, decided_before_ms)
+        n += self._forget(self._decided_two_phase, batches_before_ms)
+        while self._decided_batches and self._decided_batches[0][0] < batches_before_ms:
+            _, key = self._decided_batches.popleft()
+            self.batches.pop(key, None)
+            position = self.batch_positions.pop(key, None)
+            if position is not None:
+                self.pipeline_ranges.pop((key[0], position[0], position[1]), None)
+        return n
+
+    def _forget(self, decided: deque[tuple[int, str]], before_ms: int) -> int:
+        """Forget the transactions of ``decided`` (in decision order) decided before
+        ``before_ms``; how many."""
         n = 0
-        while self._decided and self._decided[0][0] < decided_before_ms:
-            _, txid = self._decided.popleft()
+        while decided and decided[0][0] < before_ms:
+            _, txid = decided.popleft()
             rec = self.records.get(txid)
             if rec is None or not rec.state.decided:
                 continue
@@ -542,12 +573,6 @@ class TransactionStateMachine:
                     if not members:
                         del self.batch_members[(rec.producer_group, rec.batch_key)]
             n += 1
-        while self._decided_batches and self._decided_batches[0][0] < batches_before_ms:
-            _, key = self._decided_batches.popleft()
-            self.batches.pop(key, None)
-            position = self.batch_positions.pop(key, None)
-            if position is not None:
-                self.pipeline_ranges.pop((key[0], position[0], position[1]), None)
         return n
 
     # -- check state ----------------------------------------------------------------------------

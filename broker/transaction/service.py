@@ -317,7 +317,13 @@ class TransactionalMessageService:
             immunity_ms=check_immunity_ms(props),
         )
         group = props.get(MessageConst.PGROUP, "")
-        self.machine.add_half(txid, group, props.get(MessageConst.TXMQ_BATCH_KEY), half)
+        self.machine.add_half(
+            txid,
+            group,
+            props.get(MessageConst.TXMQ_BATCH_KEY),
+            half,
+            props.get(MessageConst.TXMQ_2PC) == "1",
+        )
         return half
 
     # -- the halves of a SEND_BATCH_MESSAGE, stored by the fast path -------------------------

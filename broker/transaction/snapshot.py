@@ -87,7 +87,9 @@ class Snapshot:
 
 
 def _record_row(r: TxRecord) -> list[Any]:
-    return [
+    """A record's row; a two-phase one has a twelfth element, ``1`` (rows without it, from
+    before, are not two-phase)."""
+    row = [
         r.transaction_id,
         r.producer_group,
         r.state.value,
@@ -112,6 +114,9 @@ def _record_row(r: TxRecord) -> list[Any]:
             for h in r.halves
         ],
     ]
+    if r.two_phase:
+        row.append(1)
+    return row
 
 
 def take(
@@ -271,6 +276,7 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
     except Exception as exc:  # a row of the wrong shape, a state name that is not one, ...
         raise SnapshotError(f"unreadable transaction snapshot record: {exc!r}") from None
     decided: list[tuple[int, str]] = []
+    decided_two_phase: list[tuple[int, str]] = []
     for rec, bk in rows:
         for half in rec.halves:
             m.by_half_offset[half.commit_log_offset] = rec.transaction_id
@@ -278,11 +284,15 @@ def restore(m: TransactionStateMachine, s: Snapshot) -> None:
         if rec.state is TxState.PENDING:
             m.pending[rec.transaction_id] = rec
         elif rec.state.decided:
-            decided.append((rec.decided_ms, rec.transaction_id))
+            (decided_two_phase if rec.two_phase else decided).append(
+                (rec.decided_ms, rec.transaction_id)
+            )
         if bk is not None:
             m.batch_members.setdefault((rec.producer_group, str(bk)), set()).add(rec.transaction_id)
     decided.sort()
     m._decided.extend(decided)
+    decided_two_phase.sort()
+    m._decided_two_phase.extend(decided_two_phase)
     for g, bk, ts, committed, rolled_back, position in batches:
         key = (g, bk)
         m.batches[key] = {"committed": committed, "rolledBack": rolled_back}
@@ -302,7 +312,7 @@ def _position(rest: list[Any]) -> tuple[str, str, str] | None:
 
 def _restored(row: Any) -> tuple[TxRecord, Any]:
     """A snapshot row as a record (and its batch key); raises on anything malformed."""
-    (txid, group, state, bk, times, last, dms, dby, dend, remark, halves) = row
+    (txid, group, state, bk, times, last, dms, dby, dend, remark, halves, *extra) = row
     rec = TxRecord(
         str(txid),
         str(group),
@@ -314,6 +324,7 @@ def _restored(row: Any) -> tuple[TxRecord, Any]:
         decided_by=str(dby),
         decision_end_offset=int(dend),
         remark=str(remark),
+        two_phase=bool(extra and extra[0]),
     )
     for h in halves:
         rec.halves.append(

@@ -145,6 +145,9 @@ class TxRecord:
     #: decision waits for it to be durable before answering, exactly like the first one did.
     decision_end_offset: int = 0
     remark: str = ""
+    #: Decided by an outside coordinator (two-phase commit: its halves carry ``TXMQ_2PC``):
+    #: never parked for its check budget, and its decision is remembered as long as a batch's.
+    two_phase: bool = False
     #: A decided record's snapshot row as :mod:`.snapshot` packed it last (with the number of
     #: halves it covers): decided records never change again, so later snapshots reuse it.
     snapshot_row: tuple[int, bytes] | None = field(default=None, repr=False, compare=False)
@@ -181,6 +184,8 @@ class TxRecord:
                 for h in self.halves
             ],
         }
+        if self.two_phase:
+            d["twoPhase"] = True
         if now_ms is not None and self.halves:
             d["ageMs"] = now_ms - self.oldest_store_timestamp
         return d

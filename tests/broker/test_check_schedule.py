@@ -340,3 +340,22 @@ async def test_the_schedule_is_rebuilt_after_a_restart(s: Setup, with_snapshot: 
     await s.round()
     assert s.checks.txids == [checked, later, checked]
     assert tx.records[checked].check_times == 2 and parked not in s.checks.txids
+
+
+async def test_a_two_phase_transaction_is_asked_on_past_its_budget(s: Setup) -> None:
+    c = await s.client()
+    txid = await s.half(c, {MessageConst.TXMQ_2PC: "1"})
+    assert s.rec(txid).two_phase
+    s.advance(TIME_OUT_MS)
+    for _ in range(6):  # twice transactionCheckMax
+        assert (await s.round())["discarded"] == 0
+        s.advance(INTERVAL_MS)
+    assert s.checks.txids == [txid] * 6
+    assert s.rec(txid).state is TxState.PENDING
+    assert s.broker is not None
+    metrics = s.broker.ctx.metrics.snapshot()
+    assert metrics["txmq_transaction_two_phase_overdue_checks_total"] == 3
+    # past fileReservedTime its halves may be deleted: parked (not rolled back) like any other
+    s.advance(int(s.config.file_reserved_time * 3_600_000))
+    assert (await s.round())["discarded"] == 1
+    assert s.rec(txid).state is TxState.DISCARDED

@@ -251,3 +251,28 @@ def test_decisions_are_forgotten_after_their_window_and_batches_after_theirs() -
     assert m.prune(decided_before_ms=10_000, batches_before_ms=10_000) == 1
     assert set(m.records) == {"D"} and m.batches == {} and "D" in m.pending
     assert rec.transaction_id == "C"
+
+
+def test_two_phase_decisions_are_remembered_as_long_as_batches_and_kept_by_snapshots() -> None:
+    m, ops = TransactionStateMachine(), list[OpRecord]()
+    m.add_half("P", "g", None, half(100), two_phase=True)
+    m.add_half("Q", "g", None, half(200))
+    m.add_half("W", "g", None, half(300), two_phase=True)  # still pending
+    for t in ("P", "Q"):
+        live(m, m.plan_decision(m.records[t], Decision.COMMIT, "producer", 1_000), ops)
+    assert m.records["P"].two_phase and not m.records["Q"].two_phase
+    snap = snapshot.decode(snapshot.encode(snapshot.take(m, 1, 2, 3)))
+    restored = TransactionStateMachine()
+    snapshot.restore(restored, snap)
+    for table in (m, restored):
+        assert table.records["P"].two_phase and table.records["W"].two_phase
+        assert not table.records["Q"].two_phase
+        assert table.prune(decided_before_ms=2_000, batches_before_ms=0) == 1
+        assert set(table.records) == {"P", "W"}
+        assert table.prune(decided_before_ms=2_000, batches_before_ms=2_000) == 1
+        assert set(table.records) == {"W"}
+    # a row written before the two-phase element existed reads as not two-phase
+    old_row = snapshot._record_row(TxRecord("O", "g", halves=[half(400)]))
+    assert len(old_row) == 11
+    assert not snapshot._restored(old_row)[0].two_phase
+    assert snapshot._restored([*old_row, 1])[0].two_phase

@@ -23,6 +23,7 @@ from txmq.client import (
     LocalTransactionState,
     Message,
     MessageExt,
+    RollbackOnCheck,
     TransactionListener,
 )
 from txmq.client.admin import AsyncAdminClient
@@ -166,3 +167,29 @@ def test_the_spark_options_carry_credentials() -> None:
     assert source.credentials is None
     with pytest.raises(TxmqOptionError, match="accessKey and secretKey go together"):
         parse_source_options({"broker": "h:1", "topic": "orders", "accessKey": "x"})
+
+
+async def test_a_producer_account_recovers_its_two_phase_transactions(
+    acl_broker: BrokerController,
+) -> None:
+    async with AsyncTransactionProducer(
+        "shop", RollbackOnCheck(), acl_broker.address, config=PRODUCER
+    ) as p:
+        async with p.transaction(two_phase=True) as txn:
+            await txn.send(Message("orders", b"prepared"))
+            handle = await txn.prepare()
+        assert await p.recover() == [handle]
+        await p.commit(handle)
+        assert await p.recover() == []
+    # another account may not list the group's transactions; the producer's account lists
+    # only its group's two-phase ones (all the others need the admin right)
+    async with AsyncTransactionProducer(
+        "shop", RollbackOnCheck(), acl_broker.address, config=CONSUMER
+    ) as other:
+        with pytest.raises(NoPermissionError):
+            await other.recover()
+    async with AsyncAdminClient(
+        acl_broker.address, access_key="shopProducer", secret_key="producer-secret-1"
+    ) as admin:
+        with pytest.raises(NoPermissionError):
+            await admin.list_transactions(group="shop")

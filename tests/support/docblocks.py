@@ -191,6 +191,8 @@ CLAIMS: list[Claim] = [
     Claim("docs/sdk.md", "screens = PushConsumer(", "python", after=("import time\n\nfrom txmq.client import PushConsumer\n",)),
     Claim("docs/sdk.md", "import asyncio\n\nfrom txmq.client import (\n    AsyncOrderlyPushConsumer", "python", expect=r"^transformed b'order-1'$"),
     Claim("docs/sdk.md", "from txmq.client import AdminClient", "python", expect=r"^5$"),
+    Claim("docs/sdk.md", "import asyncio\nimport sqlite3\n\nfrom txmq.client import (", "python",
+          expect=r"^still prepared: \[\]$"),
     Claim("docs/sdk.md", "import logging\n\nlogging.basicConfig", "python"),
     # docs/security.md
     Claim("docs/security.md", '[operations]\n"tls.server.mode"', "toml"),
