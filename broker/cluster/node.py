@@ -506,6 +506,8 @@ class ClusterNode:
 
     def _on_view(self, table: dict[str, Any]) -> None:
         self.view.update(table)
+        if self.follower is not None and self.follower.forwarder is not None:
+            self.follower.forwarder.leader_changed()
         self._wake.set()
 
     async def shutdown(self) -> None:
