@@ -23,7 +23,7 @@ import pytest
 from tests.support.cluster import BrokerCluster
 from tests.support.raw import RawClient
 from txmq.broker.cluster.etcd import Entry
-from txmq.broker.cluster.node import ClusterNode
+from txmq.broker.cluster.node import LEADER_FENCE_S, SILENCE_S, ClusterNode
 from txmq.broker.cluster.view import ClusterView
 from txmq.broker.config import BrokerConfig
 from txmq.client import AsyncProducer, Message
@@ -158,15 +158,19 @@ async def test_a_paused_leader_is_replaced_within_seconds_and_acknowledges_nothi
     assert not missing, f"acknowledged sends missing on the new leader: {missing}"
 
 
-def view_with(members: list[int], leader: int, votes: dict[int, tuple[int, int]]) -> ClusterView:
+def view_with(
+    members: list[int], leader: int, votes: dict[int, tuple[int, int]], *, silent: bool = False
+) -> ClusterView:
     """A watched copy holding ``members`` of group g, ``leader`` on lease 77 in epoch 3, and
-    each voter's ``(epoch, lease)``."""
+    each voter's ``(epoch, lease)`` (votes that the leader is silent, with ``silent``)."""
     v = ClusterView("c")
     k = v.keys
     table = {k.member("g", m): Entry({"addr": f"h:{m}"}, 1, 10 + m) for m in members}
     table[k.leader("g")] = Entry({"replicaId": leader, "addr": f"h:{leader}", "epoch": 3}, 2, 77)
     for rid, (epoch, lease) in votes.items():
-        table[k.down("g", rid)] = Entry({"epoch": epoch, "lease": lease}, 3, 10 + rid)
+        table[k.down("g", rid)] = Entry(
+            {"epoch": epoch, "lease": lease, "silent": silent}, 3, 10 + rid
+        )
     v.update(table)
     return v
 
@@ -187,7 +191,7 @@ def test_down_votes_count_only_for_the_current_leader() -> None:
     assert v.down_votes("g", leader) == {1, 2}
 
 
-def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -> None:
+def unconnected_node() -> ClusterNode:
     config = dataclasses.replace(
         BrokerConfig(),
         etcd_endpoints="127.0.0.1:1",  # never connected: only the decision is looked at
@@ -196,7 +200,11 @@ def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -
         broker_id=1,
         listen_port=1,
     )
-    node = ClusterNode(config)
+    return ClusterNode(config)
+
+
+def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -> None:
+    node = unconnected_node()
 
     def gone(members: list[int], votes: dict[int, tuple[int, int]]) -> bool:
         node.view = view_with(members, 0, votes)
@@ -210,3 +218,64 @@ def test_a_leader_is_deposed_only_when_every_other_registered_replica_agrees() -
     assert gone([0, 1, 2], {1: (3, 77), 2: (3, 77)})
     # Replica 2's session is gone (its member key expired): this replica's word is enough.
     assert gone([0, 1], {1: (3, 77)})
+
+
+class LeaseOnlyEtcd:
+    """What ``ClusterNode._depose`` asks etcd: a lease's time left, and its revocation."""
+
+    def __init__(self, granted: int, left: int) -> None:
+        self.granted, self.left = granted, left
+        self.revoked: list[int] = []
+
+    async def time_to_live(self, lease: int) -> tuple[int, int]:
+        return self.granted, self.left
+
+    async def revoke(self, lease: int) -> None:
+        self.revoked.append(lease)
+
+
+@pytest.mark.parametrize(
+    ("left", "revoked"),
+    [
+        (5, False),  # renewed less than a second ago
+        (4, False),  # between 0 and 2 s ago (etcd rounds down): maybe under a second
+        (3, True),  # more than a second ago: the leader has stopped acknowledging
+        (-1, False),  # gone already
+    ],
+)
+async def test_a_silent_leaders_lease_is_revoked_only_once_etcd_shows_it_unrenewed(
+    left: int, revoked: bool
+) -> None:
+    node = unconnected_node()
+    etcd = LeaseOnlyEtcd(5, left)
+    node.etcd = etcd  # type: ignore[assignment]
+    node.view = view_with([0, 1, 2], 0, {1: (3, 77), 2: (3, 77)}, silent=True)
+    leader = node.view.leader("g")
+    assert leader is not None and node._leader_gone(leader)
+    await node._depose(leader)
+    assert etcd.revoked == ([77] if revoked else []), (left, etcd.revoked)
+
+
+async def test_a_refusing_leaders_lease_is_revoked_at_once() -> None:
+    node = unconnected_node()
+    etcd = LeaseOnlyEtcd(5, 5)  # renewed a moment ago: its process died since
+    node.etcd = etcd  # type: ignore[assignment]
+    node.view = view_with([0, 1, 2], 0, {1: (3, 77), 2: (3, 77)})
+    leader = node.view.leader("g")
+    assert leader is not None
+    await node._depose(leader)
+    assert etcd.revoked == [77]
+
+
+def test_a_leader_acknowledges_only_soon_after_a_renewal() -> None:
+    node = unconnected_node()
+    now = time.monotonic()
+    node.lease_deadline = now + 4
+    node.renewed_at = now - 0.1
+    assert node.may_acknowledge()
+    node.renewed_at = now - (LEADER_FENCE_S + 0.05)
+    assert not node.may_acknowledge(), "acknowledging after the followers may revoke the lease"
+    node.renewed_at = now
+    node.lease_deadline = now - 0.01
+    assert not node.may_acknowledge(), "acknowledging past the lease"
+    assert LEADER_FENCE_S < SILENCE_S
