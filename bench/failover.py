@@ -1,7 +1,8 @@
-"""Failover time of one broker group of three replicas, default timers, SIGKILL of the leader.
+"""Failover time of one broker group of three replicas, default timers, SIGKILL of the leader
+(or, with ``--fault stop``, SIGSTOP: a leader alive but silent, as on a lost host or link).
 
-Two clients, measured separately (each ``--runs`` times; the killed replica is restarted and
-caught up between runs):
+Two clients, measured separately (each ``--runs`` times; the killed replica is restarted, or
+the paused one resumed, and caught up between runs):
 
 * ``sdk``: a txmq SDK producer given the group's addresses sends one message after another;
   the time from the kill to the first send the new leader acknowledges (with
@@ -22,6 +23,7 @@ Prints min / median / max of each and one JSON line.  Needs etcd (``make etcd``)
 ``cpp``, the stock client (installed by the compatibility tests).  From the repository root::
 
     .venv/bin/python bench/failover.py --runs 5
+    .venv/bin/python bench/failover.py --runs 5 --fault stop
 """
 
 from __future__ import annotations
@@ -60,12 +62,47 @@ def default_settings() -> dict[str, Any]:
 
 
 async def settle(bc: BrokerCluster) -> Any:
-    leader = await bc.wait_leader("g1", timeout=60)
+    """The group's leader, once every replica is in sync and only the leader etcd names
+    says it leads (a leader resumed after a pause says so until it finds it was deposed)."""
+    await bc.wait_leader("g1", timeout=60)
     await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
-    return leader
+    found: list[Any] = []
+
+    async def one_leader() -> bool:
+        st = await bc.group_status("g1")
+        if st is None or not st.get("leader"):
+            return False
+        leading = []
+        for r in bc.replicas.values():
+            mine = await bc.status(r.addr)
+            if mine is None:
+                return False
+            if mine["self"]["role"] == "leader":
+                leading.append(r)
+        found[:] = leading
+        return [r.replica for r in leading] == [st["leader"]["replicaId"]]
+
+    await bc.wait(one_leader, 60, "one replica leading, the one etcd names")
+    return found[0]
 
 
-async def sdk_run(bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None) -> float:
+def fail(bc: BrokerCluster, replica: int, fault: str) -> None:
+    if fault == "stop":
+        bc.pause("g1", replica)
+    else:
+        bc.kill("g1", replica)
+
+
+def recover(bc: BrokerCluster, replica: int, fault: str) -> None:
+    if fault == "stop":
+        bc.resume("g1", replica)
+    else:
+        bc.start("g1", replica)
+
+
+async def sdk_run(
+    bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None, fault: str
+) -> float:
     leader = await settle(bc)
     for i in range(20):
         await p.send(Message("bench-failover", f"before-{i}".encode()))
@@ -74,7 +111,7 @@ async def sdk_run(bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None)
         dead_etcd = await asyncio.to_thread(etcd.leader_index)
         etcd.kill(dead_etcd)
     t0 = time.monotonic()
-    bc.kill("g1", leader.replica)
+    fail(bc, leader.replica, fault)
     while True:
         try:
             await p.send(Message("bench-failover", b"after"), timeout=30.0)
@@ -84,11 +121,13 @@ async def sdk_run(bc: BrokerCluster, p: AsyncProducer, etcd: EtcdCluster | None)
     took = time.monotonic() - t0
     if etcd is not None and dead_etcd is not None:
         await asyncio.to_thread(etcd.restart, dead_etcd)
-    bc.start("g1", leader.replica)
+    recover(bc, leader.replica, fault)
     return took
 
 
-async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) -> float:
+async def cpp_run(
+    bc: BrokerCluster, home: Path, interval: float, phase: float, fault: str
+) -> float:
     from tests.compat.stock import cpp_client
 
     cpp = cpp_client(home)
@@ -113,7 +152,7 @@ async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) 
             if not line:
                 raise RuntimeError("the C++ client stopped before the kill")
         t0 = time.monotonic()
-        bc.kill("g1", leader.replica)
+        fail(bc, leader.replica, fault)
         while True:
             line = await asyncio.to_thread(proc.stdout.readline)
             if not line:
@@ -129,7 +168,7 @@ async def cpp_run(bc: BrokerCluster, home: Path, interval: float, phase: float) 
             proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
-        bc.start("g1", leader.replica)
+        recover(bc, leader.replica, fault)
 
 
 async def cpp_rate(bc: BrokerCluster, home: Path, sends: int) -> float:
@@ -177,7 +216,7 @@ async def main_async(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     for kv in args.set or []:
         k, _, v = kv.partition("=")
         settings[k] = v
-    out: dict[str, Any] = {"settings": settings, "runs": args.runs}
+    out: dict[str, Any] = {"settings": settings, "runs": args.runs, "fault": args.fault}
     bc = BrokerCluster(base / "brokers", etcd.endpoints, name="bench", groups={"g1": 3})
     bc.settings = settings
     try:
@@ -189,8 +228,13 @@ async def main_async(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             try:
                 times = []
                 for i in range(args.runs):
-                    times.append(await sdk_run(bc, p, etcd if args.kill_etcd_leader else None))
-                    print(f"sdk run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
+                    times.append(
+                        await sdk_run(bc, p, etcd if args.kill_etcd_leader else None, args.fault)
+                    )
+                    print(
+                        f"sdk run {i + 1}: {times[-1]:.2f} s (ended {time.strftime('%H:%M:%S')})",
+                        file=sys.stderr,
+                    )
             finally:
                 await p.shutdown()
             out["sdk_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
@@ -199,7 +243,7 @@ async def main_async(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             rnd = random.Random(args.seed)
             for i in range(args.runs):
                 phase = 1.0 + rnd.uniform(0, 30)
-                times.append(await cpp_run(bc, base / "cpp-home", args.interval, phase))
+                times.append(await cpp_run(bc, base / "cpp-home", args.interval, phase, args.fault))
                 print(f"cpp run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
             out["cpp_s"] = {**summary(times), "all": [round(t, 2) for t in times]}
         if "cpp-rate" in args.clients.split(","):
@@ -221,6 +265,12 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between C++ sends")
     ap.add_argument("--set", action="append", help="a broker setting KEY=VALUE (repeatable)")
     ap.add_argument("--seed", type=int, default=1, help="the C++ kill moments")
+    ap.add_argument(
+        "--fault",
+        choices=("kill", "stop"),
+        default="kill",
+        help="SIGKILL the leader (restarted after), or SIGSTOP it (resumed after)",
+    )
     ap.add_argument("--sends", type=int, default=2000, help="cpp-rate: sends per run")
     ap.add_argument(
         "--kill-etcd-leader",
@@ -234,8 +284,9 @@ def main() -> None:
     for client in ("sdk", "cpp"):
         s = out.get(f"{client}_s")
         if s:
+            signal = "SIGSTOP" if out["fault"] == "stop" else "SIGKILL"
             print(
-                f"{client}: leader SIGKILL -> first acknowledged send: "
+                f"{client}: leader {signal} -> first acknowledged send: "
                 f"min {s['min']:.2f} s, median {s['median']:.2f} s, max {s['max']:.2f} s "
                 f"({len(s['all'])} runs)"
             )

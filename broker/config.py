@@ -225,8 +225,9 @@ class BrokerConfig:
     #: etcd members (``host:port,host:port``); empty runs a single node.  Set, the broker is a
     #: replica (``brokerId``) of the broker group ``brokerName`` in ``brokerClusterName``.
     etcd_endpoints: str = ""
-    #: Seconds a replica's etcd lease lives without a keep-alive: how long a dead leader keeps
-    #: its group waiting before another replica is elected.
+    #: Seconds a replica's etcd lease lives without a keep-alive: how long a leader cut off from
+    #: etcd but not from its followers keeps its group waiting before another replica is
+    #: elected (a dead or silent leader is deposed within a second or two; docs/cluster.md).
     etcd_lease_ttl: int = 5
     #: Replicas of a group a write must be on (the leader included) before it is acknowledged.
     min_in_sync_replicas: int = 2

@@ -4,7 +4,10 @@
 sends HEART_BEAT at connect, after every reconnect and every ``heartbeat_interval``, reconnects
 with a doubling back-off when the connection drops (to a cluster: asks the group's replicas for
 its leader every 0.15 s for 30 s first), sends requests with timeouts (waiting for a reconnect
-within the request's own timeout), and dispatches requests the broker sends to the client
+within the request's own timeout; to a cluster, a write or route lookup unanswered for half a
+second makes it ask the group's other replicas whether another one leads now, and drop the
+connection if so),
+and dispatches requests the broker sends to the client
 (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) to processors registered by request code.
 
 Public hooks for other parts of the SDK:
@@ -58,6 +61,23 @@ ConsumerDataProvider = Callable[[], dict[str, Any]]
 CLUSTER_POLL_S = 0.15
 #: ... for this long after the loss; then the usual doubling back-off.
 CLUSTER_POLL_FOR_S = 30.0
+#: In a cluster, a request of :data:`_WATCHED` unanswered this long makes the client ask the
+#: group's other replicas,
+#: every CLUSTER_POLL_S while it stays unanswered, whether another replica leads now: a paused
+#: or cut-off leader keeps its TCP connection open, and its group replaces it in a second or
+#: two, well before a request timeout.
+STALLED_S = 0.5
+#: The requests watched so: writes and route lookups, which a live leader answers at once (a
+#: pull, for one, may wait long by design).
+_WATCHED = frozenset(
+    {
+        RequestCode.GET_ROUTEINFO_BY_TOPIC,
+        RequestCode.SEND_MESSAGE,
+        RequestCode.SEND_MESSAGE_V2,
+        RequestCode.SEND_BATCH_MESSAGE,
+        RequestCode.END_TRANSACTION,
+    }
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +142,9 @@ class BrokerConnection:
         self._ssl = self.config.ssl_context
         #: How many times the connection was re-established (for tests and metrics).
         self.reconnects = 0
+        #: Watched requests in flight in a cluster: when each was sent, on which connection.
+        self._writes: dict[object, tuple[float, Connection]] = {}
+        self._leader_watch: asyncio.Task[None] | None = None
         #: True once the broker said it is part of a cluster (then a request that times out
         #: drops the connection and the next one looks for the group's leader again).
         self.cluster = False
@@ -355,6 +378,12 @@ class BrokerConnection:
             deadline = time.monotonic() + timeout
             conn = await self.wait_connected(timeout)
             remaining = max(deadline - time.monotonic(), 0.001)
+        token = None
+        if self.cluster and cmd.code in _WATCHED and len(self.seeds) > 1:
+            token = object()
+            self._writes[token] = (time.monotonic(), conn)
+            if self._leader_watch is None or self._leader_watch.done():
+                self._leader_watch = self._spawn(self._watch_leader())
         try:
             return await conn.request(cmd, remaining)
         except RequestTimeoutError:
@@ -364,6 +393,61 @@ class BrokerConnection:
                 log.warning("broker_unresponsive", broker=f"{self.host}:{self.port}")
                 conn.close()
             raise
+        finally:
+            if token is not None:
+                del self._writes[token]
+
+    async def _watch_leader(self) -> None:
+        """While watched requests are in flight: when one has waited :data:`STALLED_S`,
+        ask the group's other replicas who leads; one naming another leader means this
+        connection's broker was deposed (paused, cut off): drop the connection (its requests
+        fail as on a lost connection) and find the new leader."""
+        while self._writes and not self._closing:
+            await asyncio.sleep(CLUSTER_POLL_S)
+            now = time.monotonic()
+            conn = self._conn
+            if conn is None or conn.closed:
+                continue
+            if not any(c is conn and now - t >= STALLED_S for t, c in self._writes.values()):
+                continue
+            leader = await self._leader_elsewhere()
+            if leader is not None and conn is self._conn and not conn.closed:
+                log.warning(
+                    "broker_deposed",
+                    broker=f"{self.host}:{self.port}",
+                    leader=f"{leader[0]}:{leader[1]}",
+                )
+                conn.close()
+
+    async def _leader_elsewhere(self) -> tuple[str, int] | None:
+        """The leader another replica of the group names, if not the broker connected to."""
+        here = (self.host, self.port)
+        for seed in self.seeds:
+            if seed == here:
+                continue
+            try:
+                conn = await self._connect_quietly(*seed)
+            except TxmqError:
+                continue
+            try:
+                leader = await self._cluster_leader(conn)
+            except TxmqError:
+                continue
+            finally:
+                conn.close()
+            if leader is not None and leader != here:
+                return leader
+        return None
+
+    async def _connect_quietly(self, host: str, port: int) -> Connection:
+        """A short-lived connection (no reconnect on its loss)."""
+        return await open_connection(
+            host,
+            port,
+            timeout=self.config.connect_timeout,
+            signer=self._signer,
+            ssl=self._ssl,
+        )
 
     async def invoke(
         self,

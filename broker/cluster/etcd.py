@@ -148,6 +148,14 @@ class EtcdSession:
         reply = await self._call("lease keep-alive", self.client.refresh_lease(lease_id))
         return int(reply.TTL) if reply is not None else 0
 
+    async def time_to_live(self, lease_id: int) -> tuple[int, int]:
+        """``(granted TTL, seconds left)`` of a lease, as etcd's leader counts them; seconds
+        left are whole seconds rounded down (etcd's answer), -1 for a lease that is gone."""
+        reply = await self._call(
+            "lease time-to-live", self.client.get_lease_info(lease_id, keys=False)
+        )
+        return int(reply.grantedTTL), int(reply.TTL)
+
     async def revoke(self, lease_id: int) -> None:
         await self._call("lease revoke", self.client.revoke_lease(lease_id))
 

@@ -157,6 +157,19 @@ class WriteForwarder:
         self.forwarded += 1
         return resp
 
+    def leader_changed(self) -> None:
+        """The watched view changed: if it no longer names the leader the kept connection goes
+        to (deposed, or replaced), close that connection, so the requests forwarded on it are
+        answered at once (refused; the remark says the old leader may have stored them)
+        rather than after :data:`FORWARD_TIMEOUT_S` from a leader that went silent."""
+        conn = self._conn
+        if conn is None:
+            return
+        leader = self.view.leader(self.group)
+        if leader is None or leader.addr != self._conn_addr:
+            self._conn = None
+            conn.close()
+
     async def close(self) -> None:
         async with self._lock:
             self._closed = True

@@ -37,7 +37,7 @@ from txmq.protocol import fastjson
 from txmq.protocol.aio import Connection, wait_event
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import IllegalOperationError
+from txmq.protocol.errors import IllegalOperationError, RequestTimeoutError
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
@@ -76,6 +76,19 @@ FOLLOW_RETRY_S = 0.1
 #: How long one attempt to record a vote against the leader may take before it is made again
 #: (a call stuck on a dead etcd member, or in etcd's own election, is not waited for).
 VOTE_ATTEMPT_S = 0.5
+#: Seconds without a lease renewal after which the followers may depose a silent leader: they
+#: revoke its lease only once etcd shows it unrenewed for longer than this (etcd counts a
+#: lease's time left in whole seconds, so this is a whole number of seconds).
+SILENCE_S = 1
+#: A leader acknowledges nothing once its last lease renewal was sent this long ago: before
+#: the followers may revoke its lease (:data:`SILENCE_S`), with a margin.
+LEADER_FENCE_S = SILENCE_S - 0.2
+#: How often a leader renews its lease (a follower renews every third of ``etcdLeaseTtl``):
+#: several renewals fit in :data:`LEADER_FENCE_S`, so one slow renewal does not fence it.
+LEADER_RENEW_S = 0.2
+#: How often a follower that finds a silent leader asks etcd whether its lease went unrenewed
+#: long enough.
+SILENCE_POLL_S = 0.1
 
 
 #: What a follower answers itself (any other request is forwarded, or told where the leader
@@ -258,10 +271,14 @@ class FollowerRole:
                 log.info("replica_fetch_failed", leader=addr, epoch=epoch, error=str(exc))
                 if served and isinstance(exc.__cause__, ConnectionRefusedError):
                     # Nothing listens any more on the port of a leader that served this epoch:
-                    # its process is gone (a paused or cut-off leader does not refuse
-                    # connections; one just elected may not listen yet, hence "served").
-                    # Say so in etcd.
+                    # its process is gone (one just elected may not listen yet, hence
+                    # "served"). Say so in etcd.
                     self.node.leader_refused(addr, epoch)
+                elif served and isinstance(exc, RequestTimeoutError):
+                    # It served this epoch and now does not answer (paused, its host or
+                    # network gone, or only slow): say so too; it is deposed only if its
+                    # lease also goes unrenewed (ClusterNode._depose).
+                    self.node.leader_refused(addr, epoch, silent=True)
             if self.fetcher.fetches:
                 delay = FOLLOW_RETRY_S  # it served: a new failure starts from the short wait
             await asyncio.sleep(delay)
@@ -408,6 +425,10 @@ class ClusterNode:
         self.store_host = (_ipv4_of(config.broker_i_p1), config.listen_port)
         self.lease = 0
         self.lease_deadline = 0.0
+        #: When the last successful renewal (or grant) of the lease was sent (monotonic).
+        self.renewed_at = 0.0
+        #: Set to renew the lease at once (this replica just took the leadership).
+        self._renew_now = asyncio.Event()
         self.role = "starting"
         self.leader_broker: Any = None
         self.hooks: ClusterHooks | None = None
@@ -485,6 +506,8 @@ class ClusterNode:
 
     def _on_view(self, table: dict[str, Any]) -> None:
         self.view.update(table)
+        if self.follower is not None and self.follower.forwarder is not None:
+            self.follower.forwarder.leader_changed()
         self._wake.set()
 
     async def shutdown(self) -> None:
@@ -512,6 +535,7 @@ class ClusterNode:
         sent = time.monotonic()
         self.lease = await self.etcd.grant(ttl)
         self.lease_deadline = sent + ttl - 0.5
+        self.renewed_at = sent
         await self.etcd.put(
             self.keys.member(self.group, self.replica),
             {
@@ -526,10 +550,21 @@ class ClusterNode:
     def lease_valid(self) -> bool:
         return time.monotonic() < self.lease_deadline
 
+    def may_acknowledge(self) -> bool:
+        """A leader acknowledges writes only while its lease is valid and its last renewal
+        was sent less than :data:`LEADER_FENCE_S` ago: the followers revoke the lease of a
+        silent leader only once etcd shows it unrenewed for longer (:data:`SILENCE_S`), so
+        this leader has stopped by then, also when it was paused and just woke up (the clock
+        is read at each acknowledgement)."""
+        now = time.monotonic()
+        return now < self.lease_deadline and now - self.renewed_at < LEADER_FENCE_S
+
     async def _keepalive(self) -> None:
         ttl = self.config.etcd_lease_ttl
         while True:
-            await asyncio.sleep(ttl / 3.0)
+            every = LEADER_RENEW_S if self.role == "leader" else ttl / 3.0
+            await wait_event(self._renew_now, every)
+            self._renew_now.clear()
             sent = time.monotonic()
             try:
                 left = await self.etcd.keepalive(self.lease)
@@ -540,6 +575,7 @@ class ClusterNode:
                 continue
             if left > 0:
                 self.lease_deadline = sent + left - 0.5
+                self.renewed_at = max(self.renewed_at, sent)
                 continue
             log.warning("etcd_lease_lost", lease=self.lease)
             if self.role == "leader":
@@ -593,9 +629,10 @@ class ClusterNode:
 
     # -- a dead leader, seen before its lease expires ------------------------------------------
 
-    def leader_refused(self, ha_addr: str, epoch: int) -> None:
-        """The leader this replica follows (at ``ha_addr``, ``epoch``) refuses connections:
-        record it in etcd (``down/<group>/<replica>``, on this replica's lease)."""
+    def leader_refused(self, ha_addr: str, epoch: int, *, silent: bool = False) -> None:
+        """The leader this replica follows (at ``ha_addr``, ``epoch``) refuses connections, or
+        with ``silent`` does not answer: record it in etcd (``down/<group>/<replica>``, on
+        this replica's lease)."""
         leader = self.view.leader(self.group)
         if (
             leader is None
@@ -606,8 +643,10 @@ class ClusterNode:
         ):
             return
         self._vote = (leader.epoch, leader.lease)
-        self._log.warning("leader_unreachable", leader=leader.replica, epoch=leader.epoch)
-        self._spawn_vote(self._put_vote(leader.epoch, leader.lease))
+        self._log.warning(
+            "leader_unreachable", leader=leader.replica, epoch=leader.epoch, silent=silent
+        )
+        self._spawn_vote(self._put_vote(leader.epoch, leader.lease, silent))
 
     def leader_reached(self) -> None:
         """The leader answered a replication handshake: withdraw a vote that it is gone."""
@@ -620,7 +659,7 @@ class ClusterNode:
         self._vote_tasks.add(task)
         task.add_done_callback(self._vote_tasks.discard)
 
-    async def _put_vote(self, epoch: int, lease: int) -> None:
+    async def _put_vote(self, epoch: int, lease: int, silent: bool) -> None:
         # Retried at once while it still matters (etcd electing its own leader, a member gone):
         # past the leader's lease the vote is moot.
         give_up = time.monotonic() + self.config.etcd_lease_ttl
@@ -630,7 +669,7 @@ class ClusterNode:
                     await asyncio.wait_for(
                         self.etcd.put(
                             self.keys.down(self.group, self.replica),
-                            {"epoch": epoch, "lease": lease},
+                            {"epoch": epoch, "lease": lease, "silent": silent},
                             lease=self.lease,
                         ),
                         VOTE_ATTEMPT_S,
@@ -662,12 +701,39 @@ class ClusterNode:
     async def _depose(self, leader: Any) -> None:
         """Revoke the lease of a leader whose process is gone: its leader key goes at once
         instead of when the lease expires, and the group elects another replica (the usual
-        campaign, fenced by the epoch and in-sync set)."""
+        campaign, fenced by the epoch and in-sync set).
+
+        A leader that did not answer (rather than refuse) may be alive: its lease is revoked
+        only once etcd shows it unrenewed for more than :data:`SILENCE_S`, by when that
+        leader acknowledges nothing any more (:meth:`may_acknowledge`); until then this is
+        asked again every :data:`SILENCE_POLL_S`."""
+        votes = sorted(self.view.down_votes(self.group, leader))
+        silent = any(
+            (e := self.view.table.get(self.keys.down(self.group, r))) is not None
+            and bool(e.value.get("silent"))
+            for r in votes
+        )
+        if silent:
+            try:
+                granted, left = await asyncio.wait_for(
+                    self.etcd.time_to_live(leader.lease), VOTE_ATTEMPT_S
+                )
+            except (EtcdError, TimeoutError) as exc:
+                log.info("leader_lease_unread", error=str(exc) or type(exc).__name__)
+                left = granted = 0
+            if left < 0:
+                return  # gone already: the leader key goes with it
+            # etcd rounds the time left down to whole seconds: left <= granted - SILENCE_S - 1
+            # means more than SILENCE_S since the last renewal.
+            if not granted or left > granted - SILENCE_S - 1:
+                asyncio.get_running_loop().call_later(SILENCE_POLL_S, self._wake.set)
+                return
         self._log.warning(
             "leader_lease_revoked",
             leader=leader.replica,
             epoch=leader.epoch,
-            votes=sorted(self.view.down_votes(self.group, leader)),
+            votes=votes,
+            silent=silent,
         )
         try:
             await self.etcd.revoke(leader.lease)
@@ -751,6 +817,7 @@ class ClusterNode:
     async def _become_leader(self, epoch: int) -> None:
         t0 = time.monotonic()
         self.leader_reached()  # a vote against the previous leader is moot now
+        self._renew_now.set()  # a fresh renewal before serving (may_acknowledge)
         if self.follower is not None:
             await self.follower.stop()
             self.follower = None
@@ -782,7 +849,7 @@ class ClusterNode:
                 members,
                 epochs,
                 self._update_isr,
-                self.lease_valid,
+                self.may_acknowledge,
                 self._stale,
             )
             return rep
@@ -792,6 +859,7 @@ class ClusterNode:
         broker.metrics.elections.inc(self.elections)
         self.leader_broker = broker
         self.role = "leader"
+        self._renew_now.set()  # and from now on every LEADER_RENEW_S
         self.became_leader.set()
         self.stepped_down.clear()
         self._log.warning(

@@ -69,6 +69,11 @@ FETCH_MAX_BYTES = 4 * 1024 * 1024
 #: How long a fetch waits for new data at the leader's end; how long a streaming follower
 #: waits for a push before it asks the leader for its end.
 FETCH_WAIT_MS = 500
+#: Seconds a streaming follower waits for the leader to answer its probe: longer and the leader
+#: is taken for silent (the follower says so in etcd: ``ClusterNode.leader_refused``).
+PROBE_TIMEOUT_S = 0.5
+#: How often a write held for a lease renewal looks again (LeaderReplication.wait_replicated).
+LEASE_RECHECK_S = 0.05
 #: Pushes a leader sends a follower before the first of them is acknowledged.
 PUSH_WINDOW = 2
 #: How often the leader looks for writes that waited for their replicas too long (their
@@ -187,8 +192,9 @@ class LeaderReplication:
         epoch: the epoch this leadership runs under.
         isr: the in-sync set from the election.
         update_isr: writes a new ISR to etcd if this replica still leads; False if not.
-        lease_valid: whether this replica's etcd lease is surely still alive (a leader whose
-            lease may have expired acknowledges nothing).
+        lease_valid: whether this replica may acknowledge: its etcd lease is surely still
+            alive and was renewed recently enough that the followers cannot have revoked it
+            (``ClusterNode.may_acknowledge``).
         on_stale: called when a follower shows a newer epoch (this leader is deposed).
     """
 
@@ -259,29 +265,38 @@ class LeaderReplication:
                 f"only {len(self.isr)} in-sync replica(s) {list(self.isr)}, minInSyncReplicas is "
                 f"{self.min_isr}: the write is stored on the leader but not acknowledged"
             )
-        if not self._lease_valid():
-            raise ServiceNotAvailableError(
-                "this broker's etcd lease may have expired: it cannot acknowledge writes"
-            )
 
     async def wait_replicated(self, end: int) -> None:
         """Return once ``end`` is on every ISR member; raise a retriable error otherwise.
 
         One future per waiting write, kept in end-offset order: a follower's fetch (which
         confirms everything below its offset) resolves the prefix it covers in one pass, and
-        :meth:`run` fails the writes whose ``syncFlushTimeout`` passed (no timer per write)."""
+        :meth:`run` fails the writes whose ``syncFlushTimeout`` passed (no timer per write).
+
+        Then the lease: a leader whose last renewal is too old (``lease_valid`` false: etcd
+        electing its own leader, or this leader cut off from etcd or just woken from a pause)
+        holds the acknowledgement until a renewal succeeds, and refuses it if none does within
+        the write's ``syncFlushTimeout`` or the leadership ends meanwhile."""
         self._check_can_ack()
-        if self._replicated(end):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item = (end, time.monotonic() + self.timeout, fut)
-        waiters = self._waiters
-        if not waiters or waiters[-1][0] <= end:
-            waiters.append(item)
-        else:  # a write that waited for its fsync may come after a later one
-            bisect.insort(waiters, item, key=lambda w: w[0])
-        await fut
-        self._check_can_ack()
+        deadline = time.monotonic() + self.timeout
+        if not self._replicated(end):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            item = (end, deadline, fut)
+            waiters = self._waiters
+            if not waiters or waiters[-1][0] <= end:
+                waiters.append(item)
+            else:  # a write that waited for its fsync may come after a later one
+                bisect.insort(waiters, item, key=lambda w: w[0])
+            await fut
+            self._check_can_ack()
+        while not self._lease_valid():
+            if time.monotonic() >= deadline:
+                raise ServiceNotAvailableError(
+                    "this broker could not renew its etcd lease in time (it may be deposed): "
+                    "the write is stored on the leader but not acknowledged"
+                )
+            await asyncio.sleep(LEASE_RECHECK_S)
+            self._check_can_ack()
 
     def _release(self) -> None:
         waiters = self._waiters
@@ -700,6 +715,9 @@ class ReplicaFetcher:
             signer=self.signer,
             on_close=self._on_close,
         )
+        # The state files are copied beside the log, not in its way: a leader that falls silent
+        # during a copy is still seen by the next probe (PROBE_TIMEOUT_S).
+        meta: asyncio.Task[None] | None = None
         try:
             await self._handshake(conn)
             if self.on_connected is not None:
@@ -712,10 +730,17 @@ class ReplicaFetcher:
                 else:
                     await self._fetch_once(conn)
                 now = time.monotonic()
-                if now - last_meta >= 1.0:
+                if now - last_meta >= 1.0 and (meta is None or meta.done()):
+                    if meta is not None:
+                        meta.result()  # a failed copy ends this connection, as before
                     last_meta = now
-                    await self._meta(conn)
+                    meta = asyncio.get_running_loop().create_task(self._meta(conn))
         finally:
+            if meta is not None:
+                if not meta.done():
+                    meta.cancel()
+                elif not meta.cancelled():
+                    meta.exception()  # retrieved: the connection's end is reported instead
             conn.close()
 
     def _on_close(self, conn: Connection) -> None:
@@ -757,7 +782,7 @@ class ReplicaFetcher:
             resp = await self._request(
                 conn,
                 RequestCode.TXMQ_HA_FETCH,
-                5.0,
+                PROBE_TIMEOUT_S,
                 offset=self.store.max_phy_offset,
                 probe=1,
             )

@@ -289,6 +289,28 @@ class BrokerCluster:
 
         await self.wait(synced, timeout, f"group {group} in-sync set never became {members}")
 
+    async def wait_rejoined(self, group: str, leader: int, old: int, timeout: float = 60.0) -> None:
+        """Until every replica of ``group`` names ``leader`` as its leader and all of them as
+        in sync, and the replica ``old`` (a deposed leader, its view stale until it hears
+        from etcd again) says it follows."""
+        ids = sorted(rid for g, rid in self.replicas if g == group)
+
+        async def rejoined() -> bool:
+            for rid in ids:
+                st = await self.status(self.replicas[(group, rid)].addr)
+                g = st["groups"].get(group) if st is not None else None
+                if st is None or not g or not g.get("leader"):
+                    return False
+                if g["leader"]["replicaId"] != leader or sorted(g["inSync"]) != ids:
+                    return False
+                if rid == old and st["self"]["role"] != "follower":
+                    return False
+            return True
+
+        await self.wait(
+            rejoined, timeout, f"replica {old} of {group} following {leader}, all in sync"
+        )
+
     def wait_exit(self, r: Replica, timeout: float = 20.0) -> None:
         assert r.proc is not None
         r.proc.wait(timeout)

@@ -231,14 +231,14 @@ def build(net: Network) -> None:
 
 @contextlib.asynccontextmanager
 async def group_in_namespaces(
-    net: Network, base: Path
+    net: Network, base: Path, settings: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[NsEtcd, NsBrokerCluster]]:
-    """The etcd members and the group started (a leader, every replica in sync), the calling
-    thread in the clients' namespace; everything stopped (bounded) however the block ends, the
-    logs kept under ``base/logs``."""
+    """The etcd members and the group started (a leader, every replica in sync; broker
+    ``settings`` over the test timers), the calling thread in the clients' namespace;
+    everything stopped (bounded) however the block ends, the logs kept under ``base/logs``."""
     with entered(net.nodes[CLIENT].ns):
         etcd = NsEtcd(net, base / "etcd")
-        bc = NsBrokerCluster(net, base / "brokers", etcd.endpoints)
+        bc = NsBrokerCluster(net, base / "brokers", etcd.endpoints, settings=settings)
         try:
             etcd.start()
             await bc.start_group(GROUP)
