@@ -15,9 +15,9 @@ from .message_store import (
     GetMessageStatus,
     MessageStore,
     PutMessageResult,
-    RecoveryReport,
     encode_for_store,
 )
+from .recovery import RecoveryReport
 from .topic_config import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicConfig, TopicConfigManager
 
 __all__ = [

@@ -43,11 +43,9 @@ Recovery (:meth:`MessageStore.load`), in order:
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import fcntl
 import os
-import re
 import shutil
 import struct
 import threading
@@ -90,29 +88,30 @@ from .commit_log import (
     parse_dispatch_info,
 )
 from .config import StoreConfig
-from .consume_queue import CQ_ENTRY, FILLER_SIZE, HOLE_SIZE, ConsumeQueue, FlushTracker
+from .consume_queue import CQ_ENTRY, HOLE_SIZE, ConsumeQueue, FlushTracker
 from .disk import DiskGuard, read_only_error
 from .errors import StoreIOError, StoreLockedError
 from .fileio import fsync_dir
 from .mapped_file import MappedFile
+from .recovery import (
+    TX_NO_DISPATCH,
+    RecoveryDispatcher,
+    RecoveryReport,
+    queue_log,
+    recover,
+    valid_destination,
+)
 from .retention import delete_expired_files
 from .tags import tags_code_of
 
 log = structlog.get_logger(__name__)
 
-#: RocketMQ's topic name rule (TopicValidator); topics are directory names here too.
-VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-MAX_TOPIC_BYTES = 255
 #: How many consume-queue entries one get may scan past filtered ones (RocketMQ's
 #: maxFilterMessageSize of 16000 bytes = 800 entries).
 MAX_FILTER_SCAN = 800
 
 
 _I64 = struct.Struct(">q")
-_TX_NO_DISPATCH = (
-    MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-    MessageSysFlag.TRANSACTION_ROLLBACK_TYPE,
-)
 
 
 class GetMessageStatus(enum.Enum):
@@ -282,137 +281,6 @@ class GetMessageResult:
         return sum(len(m) for m in self.messages) + len(self.joined)
 
 
-@dataclass(frozen=True)
-class RecoveryReport:
-    """What :meth:`MessageStore.load` found and did.
-
-    Attributes:
-        max_phy_offset: end of the commit log after recovery.
-        truncated_bytes: non-zero bytes cut after the last valid record (a torn tail).
-        redispatched: consume-queue entries written by the recovery scan.
-        consume_queues: number of consume queues.
-        min_phy_offset: start of the commit log.
-        checkpoint_offset: the checkpoint's commit-log offset (-1: none was readable).
-        scan_start_offset: where the recovery scan started.
-        deleted_segments: commit-log segments removed because they lay after the cut.
-        damaged_records: bad records found (and skipped, not cut) below the checkpoint.
-        rebuilt_queues: consume queues that had lost entries below the checkpoint.
-        elapsed_ms: how long recovery took.
-    """
-
-    max_phy_offset: int
-    truncated_bytes: int
-    redispatched: int
-    consume_queues: int
-    min_phy_offset: int = 0
-    checkpoint_offset: int = -1
-    scan_start_offset: int = 0
-    deleted_segments: int = 0
-    damaged_records: int = 0
-    rebuilt_queues: int = 0
-    elapsed_ms: float = 0.0
-
-
-def _queue_log(key: tuple[str, int]) -> Any:
-    """The log of one consume queue's events (topic and queue id on every line)."""
-    return log.bind(topic=key[0], queue_id=key[1])
-
-
-def _fill_holes(cq: ConsumeQueue, key: tuple[str, int], to_offset: int, phy: int) -> None:
-    """Fill the entries of messages lost from ``key``'s queue up to ``to_offset`` (logged as an
-    error: a consumer skips them)."""
-    _queue_log(key).error(
-        "consume_queue_holes_filled", from_offset=cq.max_offset, to_offset=to_offset
-    )
-    cq.fill_holes(to_offset, phy)
-
-
-def _valid_destination(topic: str, queue_id: int) -> bool:
-    return (
-        0 <= queue_id <= 0x7FFFFFFF
-        and len(topic) <= MAX_TOPIC_BYTES
-        and VALID_TOPIC.match(topic) is not None
-    )
-
-
-class _RecoveryDispatcher:
-    """The recovery scan's ``on_record``: puts each dispatchable message into its consume
-    queue unless it is there already (see the module docstring, step 4)."""
-
-    def __init__(self, store: MessageStore, logic: int, cl_min: int) -> None:
-        self.store = store
-        self.logic = logic
-        self.cl_min = cl_min
-        self.redispatched = 0
-
-    def __call__(self, offset: int, size: int, info: DispatchInfo) -> None:
-        if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
-            return
-        key = (info.topic, info.queue_id)
-        cq = self.store._cqs.get(key)
-        if cq is None:
-            if not _valid_destination(*key):
-                log.error(
-                    "message_not_dispatched",
-                    offset=offset,
-                    topic=info.topic,
-                    queue_id=info.queue_id,
-                    reason="invalid_destination",
-                )
-                return
-            cq = self.store._new_cq(key)
-        qo = info.queue_offset
-        if qo < cq.max_offset:
-            # Indexed before the crash.  Below the checkpoint (a queue being rebuilt) the entry
-            # is checked too: a damaged one would hide the message.
-            if offset < self.logic and cq.repair(qo, offset, size, info.tags_code):
-                _queue_log(key).warning(
-                    "consume_queue_entry_repaired", queue_offset=qo, commit_log_offset=offset
-                )
-            return
-        if qo > cq.max_offset:
-            last = cq.last_entry()
-            if last is None or last[1] == FILLER_SIZE or last[0] < self.cl_min:
-                # The queue's older messages went with deleted segments: it restarts here.
-                _queue_log(key).warning(
-                    "consume_queue_restarted",
-                    from_offset=cq.max_offset,
-                    to_offset=qo,
-                    reason="older_messages_deleted",
-                )
-                cq.reset_to(qo)
-            else:
-                # Messages in the middle were lost (a damaged record was skipped).
-                _fill_holes(cq, key, qo, offset)
-        cq.append(offset, size, info.tags_code)
-        self.redispatched += 1
-
-    def dispatch_many(self, records: list[tuple[int, int, DispatchInfo]]) -> None:
-        """As a call per record, the entries that go on where their queue ends (a follower's
-        replicated chunk) written in one write per queue instead of one each."""
-        cqs = self.store._cqs
-        runs: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]] = {}
-        for offset, size, info in records:
-            if info.sys_flag & MessageSysFlag.TRANSACTION_MASK in _TX_NO_DISPATCH:
-                continue
-            run = runs.get(key := (info.topic, info.queue_id))
-            cq = run[0] if run is not None else cqs.get(key)
-            if cq is not None and info.queue_offset == cq.max_offset + (len(run[1]) if run else 0):
-                (run or runs.setdefault(key, (cq, [])))[1].append(
-                    CQ_ENTRY.pack(offset, size, info.tags_code)
-                )
-                continue
-            self._write_runs(runs)  # anything else: in order, the careful way
-            self(offset, size, info)
-        self._write_runs(runs)
-
-    def _write_runs(self, runs: dict[tuple[str, int], tuple[ConsumeQueue, list[bytes]]]) -> None:
-        for cq, entries in runs.values():
-            cq.append_many(b"".join(entries))
-            self.redispatched += len(entries)
-        runs.clear()
-
-
 class MessageStore:
     """The durable store: commit log, consume queues, checkpoint.
 
@@ -460,7 +328,7 @@ class MessageStore:
         #: record). A cluster leader sets it to what its in-sync replicas confirmed, so a
         #: message the group could still lose in a failover is never handed to a consumer.
         self.visible_end: int | None = None
-        self._replica_dispatcher: _RecoveryDispatcher | None = None
+        self._replica_dispatcher: RecoveryDispatcher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -516,75 +384,16 @@ class MessageStore:
             os.close(fd)
 
     def _recover(self, t0: float) -> RecoveryReport:
-        cl = self._commit_log
-        cl.load()
-        cp = StoreCheckpoint.read(self._checkpoint_path)
-        cl_min = cl.min_offset
-        if cp is None:
-            logic = cl_min
-            if cl.segments:
-                log.warning(
-                    "checkpoint_not_found",
-                    path=self._checkpoint_path,
-                    action="rebuilding consume queues from the whole commit log",
-                )
-        else:
-            logic = min(max(cp.logic_offset, cl_min), cl.write_pos)
-
-        self._load_consume_queues(logic)
-        scan_start = logic
-        incomplete: dict[tuple[str, int], int] = {}
-        for key, expected in (cp.queues if cp is not None else {}).items():
-            if not _valid_destination(*key):
-                continue
-            cq = self._cqs.get(key) or self._new_cq(key)
-            if cq.max_offset < expected:
-                resume = self._resume_point(cq, cl_min)
-                _queue_log(key).warning(
-                    "consume_queue_found_incomplete",
-                    entries=cq.max_offset,
-                    expected=expected,
-                    rebuild_from=resume,
-                )
-                incomplete[key] = expected
-                scan_start = min(scan_start, resume)
-
-        dispatcher = _RecoveryDispatcher(self, logic, cl_min)
-        rec = cl.recover(scan_start, logic, dispatcher)
-        end = rec.end  # never below the checkpoint: only the torn tail is cut
-        for key, expected in incomplete.items():
-            # The queue's remaining messages are gone from the commit log; keep the offsets
-            # consumers know (offsets are never reused).
-            cq = self._cqs[key]
-            if cq.max_offset < expected:
-                last = cq.last_entry()
-                if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
-                    cq.reset_to(expected)  # all of them went with deleted segments
-                else:
-                    _fill_holes(cq, key, expected, end)
-        for cq in self._cqs.values():
-            cq.correct_min_offset(cl_min)
-
-        # Make what recovery found and changed durable before serving: the commit log from the
-        # scan start (a killed process leaves written but unsynced pages), then the queues and
-        # a new checkpoint.
-        cl.flush()
-        self._flush_consume_queues()
-        report = RecoveryReport(
-            max_phy_offset=end,
-            truncated_bytes=rec.truncated_bytes,
-            redispatched=dispatcher.redispatched,
-            consume_queues=len(self._cqs),
-            min_phy_offset=cl_min,
-            checkpoint_offset=cp.logic_offset if cp is not None else -1,
-            scan_start_offset=scan_start,
-            deleted_segments=rec.deleted_segments,
-            damaged_records=rec.damaged_records,
-            rebuilt_queues=len(incomplete),
-            elapsed_ms=round((time.monotonic() - t0) * 1000, 3),
+        return recover(
+            self._commit_log,
+            self._cqs,
+            self._new_cq,
+            self._cq_dir,
+            self._checkpoint_path,
+            self._flush_consume_queues,
+            self._root,
+            t0,
         )
-        log.info("store_recovered", path=self._root, **dataclasses.asdict(report))
-        return report
 
     def raise_queue_floors(
         self, floors: dict[tuple[str, int], int], source: str
@@ -597,12 +406,12 @@ class MessageStore:
         skipped: dict[tuple[str, int], int] = {}
         with self._lock:
             for key, floor in sorted(floors.items()):
-                if not _valid_destination(*key):
+                if not valid_destination(*key):
                     continue
                 cq = self._cqs.get(key) or self._new_cq(key)
                 if cq.max_offset >= floor:
                     continue
-                _queue_log(key).error(
+                queue_log(key).error(
                     "queue_offsets_gap",
                     from_offset=cq.max_offset,
                     to_offset=floor,
@@ -617,47 +426,6 @@ class MessageStore:
         if skipped:
             self._flush_consume_queues()
         return skipped
-
-    def _load_consume_queues(self, logic: int) -> None:
-        """Open every ``consumequeue/<topic>/<queueId>`` folder, keeping entries below
-        ``logic``."""
-        for topic in sorted(os.listdir(self._cq_dir)):
-            topic_dir = os.path.join(self._cq_dir, topic)
-            if not os.path.isdir(topic_dir) or not VALID_TOPIC.match(topic):
-                log.warning("unknown_file_ignored", path=topic_dir)
-                continue
-            for qid_name in sorted(os.listdir(topic_dir)):
-                path = os.path.join(topic_dir, qid_name)
-                if (
-                    not (qid_name.isascii() and qid_name.isdigit())
-                    or not os.path.isdir(path)
-                    or not _valid_destination(topic, int(qid_name))
-                ):
-                    log.warning("unknown_file_ignored", path=path)
-                    continue
-                self._new_cq((topic, int(qid_name))).load(logic)
-
-    def _resume_point(self, cq: ConsumeQueue, cl_min: int) -> int:
-        """Where a scan must start to rebuild ``cq``: just after the message of its last
-        entry, if that entry really names that message (a damaged entry must not send the
-        scan into the middle of a record), else the commit-log start."""
-        last = cq.last_entry()
-        if last is None or last[1] == FILLER_SIZE or last[0] < cl_min:
-            return cl_min
-        payload = self._commit_log.read_payload(last[0], last[1])
-        if payload is not None:
-            try:
-                info = parse_dispatch_info(payload)
-            except ValueError:
-                pass
-            else:
-                if (info.topic, info.queue_id, info.queue_offset) == (
-                    cq.topic,
-                    cq.queue_id,
-                    cq.max_offset - 1,
-                ):
-                    return last[0] + RECORD_HEADER_SIZE + last[1]
-        return cl_min
 
     def close(self) -> None:
         """Flush the commit log and the consume queues, write the checkpoint, close the files
@@ -737,7 +505,7 @@ class MessageStore:
         for m in msgs:
             dest = (m.topic, m.queue_id)
             if dest not in valid:
-                if not _valid_destination(m.topic, m.queue_id):
+                if not valid_destination(m.topic, m.queue_id):
                     raise MessageIllegalError(
                         f"cannot store a message for topic {m.topic!r} queue {m.queue_id}: "
                         f"invalid topic name or queue id"
@@ -750,7 +518,7 @@ class MessageStore:
                     f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
                 )
             total += RECORD_HEADER_SIZE + n
-            if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH:
+            if m.sys_flag & MessageSysFlag.TRANSACTION_MASK not in TX_NO_DISPATCH:
                 counts[dest] = counts.get(dest, 0) + 1
             records.append(r)
         self._check_fits(total, len(msgs))
@@ -816,7 +584,7 @@ class MessageStore:
                         counts[dest] = counts.get(dest, 0) + dispatched
                 dest = (topic, queue_id)
                 run = dispatched = 0
-                if dest not in per_dest and not _valid_destination(topic, queue_id):
+                if dest not in per_dest and not valid_destination(topic, queue_id):
                     raise MessageIllegalError(
                         f"cannot store a message for topic {topic!r} queue {queue_id}: "
                         f"invalid topic name or queue id"
@@ -828,7 +596,7 @@ class MessageStore:
                     f"message size {n} bytes exceeds the maximum message size of {max_size} bytes"
                 )
             total += RECORD_HEADER_SIZE + n
-            if sys_flag & tx_mask not in _TX_NO_DISPATCH:
+            if sys_flag & tx_mask not in TX_NO_DISPATCH:
                 dispatched += 1
         per_dest[dest] = per_dest.get(dest, 0) + run
         if dispatched:
@@ -850,7 +618,7 @@ class MessageStore:
         few passes in C over the bodies and tails."""
         first = records[0]
         topic, queue_id, sys_flag = first[0], first[1], first[7]
-        if not _valid_destination(topic, queue_id):
+        if not valid_destination(topic, queue_id):
             raise MessageIllegalError(
                 f"cannot store a message for topic {topic!r} queue {queue_id}: "
                 f"invalid topic name or queue id"
@@ -869,7 +637,7 @@ class MessageStore:
         payload = FIXED_SIZE * count + sum(body_lens) + sum(tail_lens)
         total = payload + RECORD_HEADER_SIZE * count
         dest = (topic, queue_id)
-        dispatched = sys_flag & MessageSysFlag.TRANSACTION_MASK not in _TX_NO_DISPATCH
+        dispatched = sys_flag & MessageSysFlag.TRANSACTION_MASK not in TX_NO_DISPATCH
         self._check_fits(total, count)
         placed, now_ms = self._append(records, total, {dest: count} if dispatched else {})
         last, size, _qo = placed[-1]
@@ -922,7 +690,7 @@ class MessageStore:
         crc32 = zlib.crc32
         no_v6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
         tx_mask = MessageSysFlag.TRANSACTION_MASK
-        no_dispatch = _TX_NO_DISPATCH
+        no_dispatch = TX_NO_DISPATCH
         hsize = RECORD_HEADER_SIZE
         with self._lock:
             now_ms = int(self._clock() * 1000)
@@ -1050,7 +818,9 @@ class MessageStore:
             cl = self._commit_log
             cl.write_replicated(pos, data, next_pos)
             if self._replica_dispatcher is None:
-                self._replica_dispatcher = _RecoveryDispatcher(self, 0, cl.min_offset)
+                self._replica_dispatcher = RecoveryDispatcher(
+                    self._cqs, self._new_cq, 0, cl.min_offset
+                )
             self._replica_dispatcher.dispatch_many(records)
             self._put_count += len(records)
             self._put_bytes += len(data)
@@ -1202,7 +972,7 @@ class MessageStore:
             self._get_miss += 1
             status = (
                 GetMessageStatus.NO_MESSAGE_IN_QUEUE
-                if _valid_destination(topic, queue_id)
+                if valid_destination(topic, queue_id)
                 else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
             )
             return GetMessageResult(status, [], 0, 0, 0)
@@ -1355,14 +1125,14 @@ class MessageStore:
             return None
         offset, size, info = hit
         if cq.repair(index, offset, size, info.tags_code):
-            _queue_log((topic, qid)).warning(
+            queue_log((topic, qid)).warning(
                 "consume_queue_entry_repaired", queue_offset=index, commit_log_offset=offset
             )
         return offset, size
 
     def _log_read_failed(self, cq: ConsumeQueue, queue_offset: int, phy: int, size: int) -> None:
         seg = self._commit_log._segment_for(phy)
-        _queue_log((cq.topic, cq.queue_id)).error(
+        queue_log((cq.topic, cq.queue_id)).error(
             "message_read_failed",
             queue_offset=queue_offset,
             commit_log_offset=phy,
