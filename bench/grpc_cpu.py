@@ -1,8 +1,12 @@
 """Broker CPU per send: a RocketMQ 5 gRPC SendMessage against a remoting SEND_MESSAGE_V2, on one
-broker with both ports, in interleaved rounds (remoting, gRPC, remoting, ...).
+broker with both ports, in interleaved rounds (remoting, gRPC native, gRPC grpcio, remoting, ...).
 
     python bench/grpc_cpu.py                    # 3 rounds of 5,000 sends per mode
     python bench/grpc_cpu.py --rounds 5 --messages 10000 --window 32
+    python bench/grpc_cpu.py --transports native    # leave out the grpc.aio transport
+
+The gRPC port is served by each of ``--transports`` (``grpcTransport``: ``native``, txmq's own
+HTTP/2, and ``grpcio``, grpc.aio), each in a broker of its own.
 
 Modes, each one message a request (the txmq SDK without auto-batching; grpcio with the broker's
 own stubs, what the 5.x clients send):
@@ -107,12 +111,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--window", type=int, default=32, help="requests in flight in `window` mode")
+    ap.add_argument(
+        "--transports",
+        default="native,grpcio",
+        help="comma-separated grpcTransport values to measure (native, grpcio)",
+    )
     args = ap.parse_args()
+    transports = [t for t in args.transports.split(",") if t]
+    kinds = ["remoting", *(f"grpc-{t}" for t in transports)]
     quiet_logs()
     results: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         for mode, window in (("one", 1), ("window", args.window)):
-            for kind in ("remoting", "grpc"):
+            for kind in kinds:
                 with scratch_dir("grpc-cpu") as store:
                     port = free_port()
                     settings = {
@@ -120,16 +131,22 @@ def main() -> int:
                         "grpcServerPort": port,
                         "autoCreateTopicEnable": "true",
                     }
+                    if kind.startswith("grpc-"):
+                        settings["grpcTransport"] = kind.removeprefix("grpc-")
                     with spawn_broker(str(store), settings) as (address, pid):
                         us = asyncio.run(measure(kind, address, port, pid, args.messages, window))
                 results.setdefault((mode, kind), []).append(us)
-                print(f"round {r + 1} {mode:6} {kind:8} {us:7.1f} µs/send", file=sys.stderr)
+                print(f"round {r + 1} {mode:6} {kind:13} {us:7.1f} µs/send", file=sys.stderr)
     print(f"\nbroker CPU per send, median of {args.rounds} rounds of {args.messages} sends:")
-    print(f"{'mode':8} {'remoting':>10} {'gRPC':>10} {'gRPC/remoting':>14}")
+    head = "".join(f" {k:>13} {'/remoting':>9}" for k in kinds[1:])
+    print(f"{'mode':8} {'remoting':>10}{head}")
     for mode in ("one", "window"):
         a = statistics.median(results[(mode, "remoting")])
-        b = statistics.median(results[(mode, "grpc")])
-        print(f"{mode:8} {a:8.1f}µs {b:8.1f}µs {b / a:13.2f}x")
+        row = "".join(
+            f" {b:11.1f}µs {b / a:8.2f}x"
+            for b in (statistics.median(results[(mode, k)]) for k in kinds[1:])
+        )
+        print(f"{mode:8} {a:8.1f}µs{row}")
     return 0
 
 
