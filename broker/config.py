@@ -181,7 +181,7 @@ class BrokerConfig:
     grpc_server_port: int = 8081
     #: What serves it: ``native`` (txmq's own HTTP/2 on the broker's loop) or ``grpcio``
     #: (``grpc.aio``, the fallback).
-    grpc_transport: str = "grpcio"
+    grpc_transport: str = "native"
 
     # -- security (docs/security.md) -----------------------------------------------------------
     #: Check every remoting request against the ACL file (RocketMQ's ACL 1.0, plain access).

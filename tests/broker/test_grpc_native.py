@@ -265,3 +265,31 @@ async def test_a_large_receive_batch_keeps_within_the_client_windows(
     finally:
         client.close()
     assert sorted(got) == sorted(bodies)
+
+
+async def test_the_grpcio_fallback_serves_the_same_answers(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    answers = []
+    for transport in ("native", "grpcio"):
+        controller = BrokerController(
+            make_broker_config(
+                grpc_server_enable=True, grpc_server_port=0, grpc_transport=transport
+            )
+        )
+        await controller.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{controller.grpc_port}")
+        try:
+            s = sgrpc.MessagingServiceStub(channel)
+            sent = await send(s, b"fallback", f"fallback-{transport}")
+            routed = await route(s)
+            refused = [r.status.code async for r in s.ReceiveMessage(spb.ReceiveMessageRequest())]
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await channel.unary_unary("/apache.rocketmq.v2.MessagingService/Nope")(b"")
+            answers.append(
+                (sent.status.code, len(routed.message_queues), refused, err.value.code())
+            )
+        finally:
+            await channel.close()
+            await controller.shutdown()
+    assert answers[0] == answers[1]
