@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-import hpack
 import structlog
 from hpack.exceptions import HPACKError
+from hpack.huffman_table import decode_huffman
+from hpack.table import HeaderTable
 
 from txmq.protocol.aio import _reraise, _reset_on_close, _resume
 
@@ -77,6 +78,9 @@ MAX_HEADER_BLOCK = 64 * 1024
 # gRPC status codes (grpc.StatusCode values)
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED = 0, 1, 2, 4
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+
+_STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
+_STATIC_LEN = len(_STATIC)
 
 _FRAME = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
 _PREFIX = struct.Struct(">BL")  # gRPC message: compressed flag, length
@@ -133,6 +137,134 @@ def parse_timeout(value: bytes) -> float | None:
     if unit is None or not digits.isdigit() or len(digits) > 8:
         return None
     return int(digits) * unit
+
+
+class HpackDecoder:
+    """HPACK (RFC 7541) request header blocks to ``(name, value)`` byte pairs.
+
+    ``hpack``'s decoder spends some 20 µs on even a block of indexed fields; this one walks the
+    block with plain indexing and keeps ``hpack``'s Huffman decoder and static table (with a
+    memo of the strings it decoded: a client sends the same values call after call).
+    ``changes`` counts the changes to the dynamic table.
+
+    Raises :class:`ConnectionError_` (COMPRESSION_ERROR) on a malformed block.
+    """
+
+    __slots__ = ("dynamic", "size", "max_size", "limit", "changes", "_huffman")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.dynamic: deque[tuple[bytes, bytes]] = deque()
+        self.size = 0
+        #: The table size the encoder chose (at most ``limit``, what the broker advertised).
+        self.max_size = limit
+        self.limit = limit
+        self.changes = 0
+        self._huffman: dict[bytes, bytes] = {}
+
+    def _entry(self, index: int) -> tuple[bytes, bytes]:
+        if 0 < index <= _STATIC_LEN:
+            return _STATIC[index - 1]
+        i = index - _STATIC_LEN - 1
+        if index == 0 or i >= len(self.dynamic):
+            raise ConnectionError_(COMPRESSION_ERROR, f"header table index {index} out of range")
+        return self.dynamic[i]
+
+    def _add(self, name: bytes, value: bytes) -> None:
+        self.changes += 1
+        size = len(name) + len(value) + 32
+        if size > self.max_size:
+            self.dynamic.clear()
+            self.size = 0
+            return
+        self.dynamic.appendleft((name, value))
+        self.size += size
+        self._shrink()
+
+    def _shrink(self) -> None:
+        while self.size > self.max_size:
+            n, v = self.dynamic.pop()
+            self.size -= len(n) + len(v) + 32
+
+    @staticmethod
+    def _int(data: bytes, pos: int, bits: int) -> tuple[int, int]:
+        mask = (1 << bits) - 1
+        value = data[pos] & mask
+        pos += 1
+        if value < mask:
+            return value, pos
+        shift = 0
+        while True:
+            if pos >= len(data) or shift > 28:
+                raise ConnectionError_(COMPRESSION_ERROR, "bad HPACK integer")
+            b = data[pos]
+            pos += 1
+            value += (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value, pos
+
+    def _string(self, data: bytes, pos: int) -> tuple[bytes, int]:
+        if pos >= len(data):
+            raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
+        huffman = data[pos] & 0x80
+        n, pos = self._int(data, pos, 7)
+        end = pos + n
+        if end > len(data):
+            raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
+        raw = data[pos:end]
+        if not huffman:
+            return raw, end
+        text = self._huffman.get(raw)
+        if text is None:
+            try:
+                text = decode_huffman(raw)
+            except HPACKError as exc:
+                raise ConnectionError_(COMPRESSION_ERROR, f"bad Huffman string: {exc}") from None
+            if len(self._huffman) >= 1024:
+                self._huffman.clear()
+            self._huffman[raw] = text
+        return text, end
+
+    def decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        pos = 0
+        end = len(data)
+        total = 0
+        while pos < end:
+            b = data[pos]
+            if b & 0x80:  # indexed field
+                index, pos = self._int(data, pos, 7)
+                field = self._entry(index)
+            elif b & 0x40:  # literal, added to the table
+                index, pos = self._int(data, pos, 6)
+                if index:
+                    name = self._entry(index)[0]
+                else:
+                    name, pos = self._string(data, pos)
+                value, pos = self._string(data, pos)
+                field = (name, value)
+                self._add(name, value)
+            elif b & 0x20:  # dynamic table size update (only before the first field)
+                size, pos = self._int(data, pos, 5)
+                if size > self.limit or out:
+                    raise ConnectionError_(COMPRESSION_ERROR, f"bad table size update {size}")
+                self.max_size = size
+                self.changes += 1
+                self._shrink()
+                continue
+            else:  # literal not indexed / never indexed
+                index, pos = self._int(data, pos, 4)
+                if index:
+                    name = self._entry(index)[0]
+                else:
+                    name, pos = self._string(data, pos)
+                value, pos = self._string(data, pos)
+                field = (name, value)
+            total += len(field[0]) + len(field[1]) + 32
+            if total > MAX_HEADER_BLOCK:
+                raise ConnectionError_(ENHANCE_YOUR_CALM, "header list too large")
+            out.append(field)
+        return out
 
 
 class ConnectionError_(Exception):
@@ -373,21 +505,12 @@ class H2Connection(asyncio.Protocol):
         self._unacked = 0
         #: The header block being received across CONTINUATION frames: (stream, flags, parts).
         self._continued: tuple[int, int, list[bytes]] | None = None
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
-        self._table_changes = 0
-        table = self._decoder.header_table
-        add = table.add
-
-        def counted_add(name: bytes, value: bytes) -> None:
-            self._table_changes += 1
-            add(name, value)
-
-        table.add = counted_add  # type: ignore[method-assign]
+        self._decoder = HpackDecoder()
         #: Header blocks decoded without changing the dynamic table, by their bytes, valid
         #: while the table stays as it is (cleared when it changes).
         self._memo: dict[bytes, tuple[bytes, tuple[tuple[str, str], ...], float | None, bytes]]
         self._memo = {}
-        self._memo_state = (0, table.maxsize)
+        self._memo_state = 0
         self._wbuf: list[bytes] = []
         self._reading = False
         self._flush_scheduled = False
@@ -649,8 +772,8 @@ class H2Connection(asyncio.Protocol):
         self, block: bytes
     ) -> tuple[bytes, tuple[tuple[str, str], ...], float | None, bytes]:
         """(path, metadata, timeout, encoding) of a request header block."""
-        table = self._decoder.header_table
-        state = (self._table_changes, table.maxsize)
+        decoder = self._decoder
+        state = decoder.changes
         if state != self._memo_state:
             self._memo.clear()
             self._memo_state = state
@@ -658,19 +781,14 @@ class H2Connection(asyncio.Protocol):
             hit = self._memo.get(block)
             if hit is not None:
                 return hit
-        try:
-            fields = self._decoder.decode(block, raw=True)
-        except HPACKError as exc:
-            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from None
+        fields = decoder.decode(block)
         path = b""
         method = b""
         content_type = b""
         timeout: float | None = None
         encoding = b""
         md: list[tuple[str, str]] = []
-        for name, value in fields:
-            n = bytes(name)
-            v = bytes(value)
+        for n, v in fields:
             if n[:1] == b":":
                 if n == b":path":
                     path = v
@@ -687,17 +805,14 @@ class H2Connection(asyncio.Protocol):
         if method != b"POST" or not content_type.startswith(b"application/grpc"):
             path = b""  # answered UNIMPLEMENTED / refused below
         out = (path, tuple(md), timeout, encoding)
-        if (self._table_changes, table.maxsize) == state and len(self._memo) < 256:
+        if decoder.changes == state and len(self._memo) < 256:
             self._memo[block] = out
         return out
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
         s = self.streams.get(sid)
         if s is not None:  # trailers of a client stream
-            try:
-                self._decoder.decode(block, raw=True)
-            except HPACKError as exc:
-                raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from None
+            self._decoder.decode(block)
             if not flags & END_STREAM:
                 raise ConnectionError_(PROTOCOL_ERROR, "trailers without END_STREAM")
             self._remote_end(s)

@@ -169,6 +169,7 @@ class GrpcServer:
                 self.tls,
                 mode="enforcing",
                 handshake_timeout=cfg.tls_handshake_timeout,
+                on_rejected=self._protocol_error,
                 h2=True,
             )
         else:
@@ -184,7 +185,9 @@ class GrpcServer:
         return port
 
     def _protocol_error(self, peer: str, detail: str) -> None:
-        self.ctx.metrics.record_request("grpc:protocol_error")
+        """A connection answered with GOAWAY, or a refused TLS handshake: counted as the
+        remoting port counts its malformed frames and refused handshakes."""
+        self.ctx.metrics.protocol_errors.inc()
 
     def _producer_filter(self, conn: Any, group: str) -> bool:
         """With the ACL on: which producers may be asked about a transaction of ``group``

@@ -128,6 +128,7 @@ async def test_a_protocol_error_gets_goaway_and_others_are_served(
     finally:
         writer.close()
     assert goaway_code(frames) == code
+    assert b.metrics.registry.get_sample_value("txmq_protocol_errors_total") == 1
     again = await route(stub)
     assert again.message_queues == first.message_queues
     # and a connection opened after
@@ -293,3 +294,54 @@ async def test_the_grpcio_fallback_serves_the_same_answers(
             await channel.close()
             await controller.shutdown()
     assert answers[0] == answers[1]
+
+
+def test_the_header_decoder_reads_what_hpack_encodes() -> None:
+    """Blocks from ``hpack``'s encoder (Huffman strings, fields added to and evicted from the
+    dynamic table, a table size change) decode to the same fields, block after block; broken
+    blocks are a COMPRESSION_ERROR."""
+    import random
+
+    import hpack
+
+    from txmq.broker.grpc.h2 import COMPRESSION_ERROR, ConnectionError_, HpackDecoder
+
+    rng = random.Random(7)
+    encoder = hpack.Encoder()
+    decoder = HpackDecoder()
+    for i in range(400):
+        if i == 200:
+            encoder.header_table_size = 1024
+        headers = [
+            (b":method", b"POST"),
+            (b":path", b"/apache.rocketmq.v2.MessagingService/SendMessage"),
+            (b"grpc-timeout", f"{rng.randrange(1, 99999)}m".encode()),
+            (b"x-mq-request-id", f"{rng.getrandbits(64):x}".encode()),
+            (b"x-mq-client-id", f"client-{rng.randrange(5)}".encode()),
+            (b"x-long", b"v" * rng.randrange(0, 600)),
+        ]
+        block = encoder.encode(headers, huffman=bool(i % 2))
+        assert decoder.decode(block) == headers
+    for broken in (b"\xff\xff\xff\xff\xff\xff\xff", b"\xfe", b"\x40\x85ab", b"\x00\x7f"):
+        with pytest.raises(ConnectionError_) as err:
+            HpackDecoder().decode(broken)
+        assert err.value.code == COMPRESSION_ERROR
+
+
+async def test_stop_says_goaway_and_closes(make_broker_config: Callable[..., BrokerConfig]) -> None:
+    controller = BrokerController(
+        make_broker_config(grpc_server_enable=True, grpc_server_port=0, grpc_transport="native")
+    )
+    await controller.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", controller.grpc_port)
+        writer.write(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # empty SETTINGS
+        await writer.drain()
+        await asyncio.sleep(0.1)
+    finally:
+        await controller.shutdown()
+    try:
+        frames = await read_frames(reader)
+    finally:
+        writer.close()
+    assert goaway_code(frames) == 0  # NO_ERROR
