@@ -19,6 +19,7 @@ protobuf (``SystemProperties``)     stored message
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import zlib
@@ -135,9 +136,11 @@ def resource_name(r: Any) -> str:
     return f"{ns}%{r.name}" if ns else r.name
 
 
+@functools.lru_cache(maxsize=4096)
 def born_host_of(text: str, peer_host: str) -> tuple[str, int]:
     """The born host of a message: the client's address if it is an IPv4 literal, else the
-    peer's (never a DNS lookup on the broker's loop)."""
+    peer's (never a DNS lookup on the broker's loop).  Remembered: a client sends the same
+    one with every message."""
     host = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
     for candidate in (host, peer_host):
         try:
@@ -157,7 +160,8 @@ def check_message(m: Any, max_body: int) -> None:
         raise GrpcStatusError(Code.ILLEGAL_TOPIC, "the topic name is empty")
     if not sp.message_id:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, "the message id is empty")
-    if any(c in sp.message_id for c in "\x01\x02"):
+    mid = sp.message_id
+    if "\x01" in mid or "\x02" in mid:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"illegal message id {sp.message_id!r}")
     if not m.body:
         raise GrpcStatusError(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
