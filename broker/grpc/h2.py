@@ -646,6 +646,8 @@ class H2Connection(asyncio.Protocol):
             elif kind == HEADERS:
                 self._headers(sid, flags, payload)
             elif kind == WINDOW_UPDATE:
+                if sid and length == 4 and sid not in self.streams and sid <= self.last_stream:
+                    continue  # a stream already answered: grpc-core sends one per answer
                 self._window_update(sid, payload)
             elif kind == SETTINGS:
                 self._settings(sid, flags, payload)
@@ -867,6 +869,29 @@ class H2Connection(asyncio.Protocol):
         if flags & PADDED:
             payload = self._unpad(flags, payload)
         s = self.streams.get(sid)
+        if (
+            flags == END_STREAM
+            and s is not None
+            and s.requests is None
+            and not s.buf
+            and not s.messages
+            and not s.remote_ended
+            and not s.ended
+            and n > 5
+            and payload[0] == 0
+            and int.from_bytes(payload[1:5], "big") == n - 5
+            and n - 5 <= self.max_receive
+        ):
+            # the common case: the whole request of a unary call in one frame that ends it
+            s.remote_ended = True
+            m = s.method
+            assert m is not None
+            request = m.deserialize(payload[5:])
+            if m.kind == UNARY:
+                self._start(s, self._run_unary(s, m, request))
+            else:
+                self._start(s, self._run_server_streaming(s, m, request))
+            return
         if s is None or s.remote_ended:
             if sid == 0 or sid > self.last_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, f"DATA on idle stream {sid}")

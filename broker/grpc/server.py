@@ -291,6 +291,8 @@ def _too_many(exc: SystemBusyError) -> Any:
 def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
     produce = name == "SendMessage"
+    metric = f"grpc:{name}"
+    clock = time.perf_counter
 
     @functools.wraps(method)
     async def call(request: Any, context: Context) -> Any:
@@ -307,11 +309,11 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 await quota.throttle(service.quota_key(context), "produce", charge)
             except SystemBusyError as exc:
                 return _refusal(response, request, _too_many(exc))
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return await method(request, context)
         finally:
-            service.ctx.metrics.observe_latency(f"grpc:{name}", time.perf_counter() - t0)
+            service.ctx.metrics.observe_latency(metric, clock() - t0)
 
     return call
 
