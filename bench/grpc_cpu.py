@@ -18,7 +18,8 @@ The gRPC load generator (``--client``) is ``grpcio`` (grpc.aio stubs) or ``raw``
 HTTP/2 client with constant header blocks.  grpc.aio costs the generator several times what the
 broker spends on a call, so one-at-a-time runs leave the broker idle between requests longer than
 the remoting runs do, and a broker woken from idle pays more per request (cold caches, a sleep
-and a wake-up each time): ``raw`` makes the one-at-a-time figures compare what the broker does.
+and a wake-up each time): ``raw`` makes the one-at-a-time figures compare what the broker does,
+and ``--pace-us`` gives every client the same pause (spent busy) after each request.
 
 The CPU counted is the broker process's (utime + stime, /proc) over each run, divided by the
 messages sent; the load generator runs in this process.  Linux only.  Each message has its own
@@ -199,8 +200,31 @@ async def drive(send: Callable[[], Awaitable[None]], n: int, window: int) -> Non
     await asyncio.gather(*(worker() for _ in range(window)))
 
 
+def paced(send: Callable[[], Awaitable[None]], pace_us: float) -> Callable[[], Awaitable[None]]:
+    """``send``, then ``pace_us`` µs of the load generator's CPU (a busy wait): every client
+    then keeps the broker waiting about as long between its requests."""
+    if pace_us <= 0:
+        return send
+    pace = pace_us / 1e6
+
+    async def send_paced() -> None:
+        await send()
+        until = time.perf_counter() + pace
+        while time.perf_counter() < until:
+            pass
+
+    return send_paced
+
+
 async def measure(
-    kind: str, address: str, grpc_port: int, pid: int, n: int, window: int, client: str = "grpcio"
+    kind: str,
+    address: str,
+    grpc_port: int,
+    pid: int,
+    n: int,
+    window: int,
+    client: str = "grpcio",
+    pace_us: float = 0.0,
 ) -> float:
     """Broker µs of CPU per send of ``n`` sends."""
     if kind == "remoting":
@@ -209,6 +233,7 @@ async def measure(
         send, close = await raw_sender(grpc_port)
     else:
         send, close = await grpc_sender(grpc_port)
+    send = paced(send, pace_us)
     try:
         await drive(send, 200, window)  # connections and first-time paths, not counted
         before = cpu_ticks(pid)
@@ -235,6 +260,13 @@ def main() -> int:
         default="grpcio",
         help="the gRPC load generator: grpc.aio stubs, or a minimal HTTP/2 client (raw)",
     )
+    ap.add_argument(
+        "--pace-us",
+        type=float,
+        default=0.0,
+        help="µs of load-generator CPU after each send, for every client (one-at-a-time runs "
+        "then compare the broker at the same pace)",
+    )
     args = ap.parse_args()
     transports = [t for t in args.transports.split(",") if t]
     kinds = ["remoting", *(f"grpc-{t}" for t in transports)]
@@ -254,7 +286,16 @@ def main() -> int:
                         settings["grpcTransport"] = kind.removeprefix("grpc-")
                     with spawn_broker(str(store), settings) as (address, pid):
                         us = asyncio.run(
-                            measure(kind, address, port, pid, args.messages, window, args.client)
+                            measure(
+                                kind,
+                                address,
+                                port,
+                                pid,
+                                args.messages,
+                                window,
+                                args.client,
+                                args.pace_us,
+                            )
                         )
                 results.setdefault((mode, kind), []).append(us)
                 print(f"round {r + 1} {mode:6} {kind:13} {us:7.1f} µs/send", file=sys.stderr)
