@@ -72,6 +72,9 @@ MAX_CONCURRENT_STREAMS = 1024
 #: half of it arrived), and on the whole connection.
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
+#: Request messages of a bidirectional call (Telemetry) received and not read by it yet, at
+#: most (a call that reads none of them is ended RESOURCE_EXHAUSTED).
+MAX_UNREAD_MESSAGES = 1024
 #: Bytes of one request header block (with its CONTINUATIONs) at most.
 MAX_HEADER_BLOCK = 64 * 1024
 
@@ -308,6 +311,9 @@ class RequestStream:
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._deserialize = deserialize
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def put(self, payload: bytes) -> None:
         self._items.append(self._deserialize(payload))
@@ -971,6 +977,12 @@ class H2Connection(asyncio.Protocol):
             if len(message) > self.max_receive or d.unconsumed_tail:
                 return self._too_large(s, self.max_receive + 1)
         if s.requests is not None:
+            if len(s.requests) >= MAX_UNREAD_MESSAGES:
+                # the call takes none of what the client sends: end it rather than hold more
+                self._end_early(s, RESOURCE_EXHAUSTED, "too many request messages not read")
+                if s.task is not None:
+                    s.task.cancel()
+                return False
             s.requests.put(message)
         elif s.messages:
             self._end_early(s, UNIMPLEMENTED, "more than one request message")

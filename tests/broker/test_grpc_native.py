@@ -345,3 +345,45 @@ async def test_stop_says_goaway_and_closes(make_broker_config: Callable[..., Bro
     finally:
         writer.close()
     assert goaway_code(frames) == 0  # NO_ERROR
+
+
+async def test_a_telemetry_flood_is_ended_resource_exhausted(b: BrokerController) -> None:
+    client = RawClient(window=65_535)
+    await client.connect(b.grpc_port)
+    conn = client.conn
+    try:
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(
+            sid,
+            [
+                (b":method", b"POST"),
+                (b":scheme", b"http"),
+                (b":path", b"/apache.rocketmq.v2.MessagingService/Telemetry"),
+                (b":authority", b"localhost"),
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+                *((k.encode(), v.encode()) for k, v in MD),
+            ],
+        )
+        conn.send_data(sid, b"\x00\x00\x00\x00\x00" * 3000)  # empty commands, none read yet
+        await client._flush()
+        trailers: dict[bytes, bytes] = {}
+        assert client.reader is not None
+        while not trailers:
+            chunk = await asyncio.wait_for(client.reader.read(65536), 10)
+            assert chunk, "the server closed the connection"
+            for ev in conn.receive_data(chunk):
+                if isinstance(ev, (h2.events.TrailersReceived, h2.events.ResponseReceived)):
+                    headers = dict(ev.headers)
+                    if b"grpc-status" in headers:
+                        trailers = headers
+            await client._flush()
+        assert trailers[b"grpc-status"] == b"8", trailers
+    finally:
+        client.close()
+    # the connection's others, and new ones, are served
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}")
+    try:
+        await route(sgrpc.MessagingServiceStub(channel))
+    finally:
+        await channel.close()
