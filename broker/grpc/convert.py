@@ -244,6 +244,18 @@ def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int, max_body: in
     body = bytes(m.body)
     if sp.body_encoding == pb.GZIP:
         body = gunzip_body(body, max_body)
+    return MessageExt(
+        topic=topic,
+        body=body,
+        born_timestamp=born_timestamp_of(sp, now_ms),
+        born_host=born_host_of(sp.born_host, peer_host),
+        properties=properties_of(m),
+    )
+
+
+def properties_of(m: Any) -> dict[str, str]:
+    """The stored properties of a protobuf ``Message`` (its user properties first)."""
+    sp = m.system_properties
     props: dict[str, str] = dict(m.user_properties)
     props[MessageConst.UNIQ_KEY] = sp.message_id
     if sp.HasField("tag"):
@@ -255,14 +267,13 @@ def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int, max_body: in
     if sp.HasField("orphaned_transaction_recovery_duration"):
         secs = duration_s(sp.orphaned_transaction_recovery_duration)
         props[MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS] = str(max(1, int(secs)))
+    return props
+
+
+def born_timestamp_of(sp: Any, now_ms: int) -> int:
+    """A message's born timestamp (epoch ms): the client's, else ``now_ms``."""
     born = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
-    return MessageExt(
-        topic=topic,
-        body=body,
-        born_timestamp=born or now_ms,
-        born_host=born_host_of(sp.born_host, peer_host),
-        properties=props,
-    )
+    return born or now_ms
 
 
 # -- stored -> protobuf -------------------------------------------------------------------------
