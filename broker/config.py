@@ -25,6 +25,8 @@ GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
 
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+#: Transports of the gRPC port (``grpcTransport``).
+GRPC_TRANSPORTS = ("native", "grpcio")
 
 
 class ConfigError(ValueError):
@@ -180,6 +182,9 @@ class BrokerConfig:
     grpc_server_enable: bool = False
     #: Its port (RocketMQ's proxy default); 0 picks a free port.
     grpc_server_port: int = 8081
+    #: What serves it: ``native`` (txmq's own HTTP/2 on the broker's loop) or ``grpcio``
+    #: (``grpc.aio``, the fallback).
+    grpc_transport: str = "native"
 
     # -- security (docs/security.md) -----------------------------------------------------------
     #: Check every remoting request against the ACL file (RocketMQ's ACL 1.0, plain access).
@@ -292,6 +297,11 @@ class BrokerConfig:
         if self.acl_enable and self.authentication_enabled:
             raise ConfigError(
                 "aclEnable (ACL 1.0) and authenticationEnabled (ACL 2.0) cannot both be on"
+            )
+        if self.grpc_transport not in GRPC_TRANSPORTS:
+            raise ConfigError(
+                f"grpcTransport must be one of {', '.join(GRPC_TRANSPORTS)}, "
+                f"got {self.grpc_transport!r}"
             )
         if not 0 <= self.grpc_server_port <= 65535:
             raise ConfigError(f"grpcServerPort must be 0..65535, got {self.grpc_server_port}")

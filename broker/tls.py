@@ -97,6 +97,22 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     return ctx
 
 
+def h2_context(files: TlsFiles) -> ssl.SSLContext:
+    """:func:`server_context` for HTTP/2 (gRPC): ALPN ``h2``; ``need.client.auth = optional``
+    asks for no certificate (gRPC's TLS asks only when it requires one).  Blocking."""
+    require = files.need_client_auth == "require"
+    ctx = server_context(
+        TlsFiles(
+            files.cert_path,
+            files.key_path,
+            files.trust_cert_path,
+            "require" if require else "none",
+        )
+    )
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
 @dataclass(frozen=True)
 class TlsMaterial:
     """A server context and the PEM bytes it was built from (the gRPC front end, whose TLS is
@@ -107,6 +123,9 @@ class TlsMaterial:
     key: bytes = field(repr=False)
     #: The CA of client certificates (``None`` when none is asked for).
     trust: bytes | None = field(default=None, repr=False)
+    #: The context of the gRPC port's native transport: ALPN ``h2``, a client certificate
+    #: asked for only when required (as gRPC's own TLS does).
+    h2: ssl.SSLContext | None = field(default=None, repr=False)
 
 
 def _read_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
@@ -137,7 +156,7 @@ def server_material(files: TlsFiles) -> TlsMaterial:
         except OSError as exc:
             raise TlsConfigError(f"cannot read the certificate files: {exc}") from None
         if after == before:
-            return TlsMaterial(ctx, *after)
+            return TlsMaterial(ctx, *after, h2=h2_context(files))
     raise TlsConfigError(
         f"the certificate files {', '.join(files.paths())} kept changing while being read"
     )
@@ -226,6 +245,8 @@ class TlsServer:
     handshake_timeout: float = 10.0
     first_byte_timeout: float = 120.0
     on_rejected: Callable[[str, str], None] | None = None
+    #: Wrap connections with the HTTP/2 context (:attr:`TlsMaterial.h2`, the gRPC port).
+    h2: bool = False
     _accept_task: asyncio.Task[None] | None = field(default=None, init=False)
     _admitting: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
@@ -319,7 +340,9 @@ class TlsServer:
             if not use_tls:
                 await loop.connect_accepted_socket(self.protocol_factory, sock)
                 return
-            ctx = self.tls.context
+            material = self.tls.material
+            assert material is not None
+            ctx = material.h2 if self.h2 else material.context
             assert ctx is not None
             await loop.connect_accepted_socket(
                 self.protocol_factory, sock, ssl=ctx, ssl_handshake_timeout=self.handshake_timeout

@@ -38,6 +38,7 @@ from . import convert
 
 if TYPE_CHECKING:
     from ..transaction.service import TransactionalMessageService
+    from .h2 import CallContext
 
 #: The caller of the RPC being served: its access key, "" for a peer trusted by
 #: ``globalWhiteRemoteAddresses``, None when the ACL is off.  Set per call (each gRPC call runs
@@ -47,8 +48,9 @@ CALLER: ContextVar[str | None] = ContextVar("txmq_grpc_caller", default=None)
 Needs = tuple[bool, list[Need]]
 
 
-#: The servicer context of a call (its request and response types vary by RPC).
-Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+#: The servicer context of a call (its request and response types vary by RPC): grpc's, or the
+#: native transport's.
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any] | CallContext"
 
 
 def metadata(context: Context, key: str) -> str:

@@ -19,6 +19,7 @@ protobuf (``SystemProperties``)     stored message
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import zlib
@@ -135,9 +136,11 @@ def resource_name(r: Any) -> str:
     return f"{ns}%{r.name}" if ns else r.name
 
 
+@functools.lru_cache(maxsize=4096)
 def born_host_of(text: str, peer_host: str) -> tuple[str, int]:
     """The born host of a message: the client's address if it is an IPv4 literal, else the
-    peer's (never a DNS lookup on the broker's loop)."""
+    peer's (never a DNS lookup on the broker's loop).  Remembered: a client sends the same
+    one with every message."""
     host = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
     for candidate in (host, peer_host):
         try:
@@ -157,7 +160,8 @@ def check_message(m: Any, max_body: int) -> None:
         raise GrpcStatusError(Code.ILLEGAL_TOPIC, "the topic name is empty")
     if not sp.message_id:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, "the message id is empty")
-    if any(c in sp.message_id for c in "\x01\x02"):
+    mid = sp.message_id
+    if "\x01" in mid or "\x02" in mid:
         raise GrpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"illegal message id {sp.message_id!r}")
     if not m.body:
         raise GrpcStatusError(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
@@ -240,6 +244,18 @@ def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int, max_body: in
     body = bytes(m.body)
     if sp.body_encoding == pb.GZIP:
         body = gunzip_body(body, max_body)
+    return MessageExt(
+        topic=topic,
+        body=body,
+        born_timestamp=born_timestamp_of(sp, now_ms),
+        born_host=born_host_of(sp.born_host, peer_host),
+        properties=properties_of(m),
+    )
+
+
+def properties_of(m: Any) -> dict[str, str]:
+    """The stored properties of a protobuf ``Message`` (its user properties first)."""
+    sp = m.system_properties
     props: dict[str, str] = dict(m.user_properties)
     props[MessageConst.UNIQ_KEY] = sp.message_id
     if sp.HasField("tag"):
@@ -251,14 +267,13 @@ def to_message_ext(m: Any, topic: str, peer_host: str, now_ms: int, max_body: in
     if sp.HasField("orphaned_transaction_recovery_duration"):
         secs = duration_s(sp.orphaned_transaction_recovery_duration)
         props[MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS] = str(max(1, int(secs)))
+    return props
+
+
+def born_timestamp_of(sp: Any, now_ms: int) -> int:
+    """A message's born timestamp (epoch ms): the client's, else ``now_ms``."""
     born = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
-    return MessageExt(
-        topic=topic,
-        body=body,
-        born_timestamp=born or now_ms,
-        born_host=born_host_of(sp.born_host, peer_host),
-        properties=props,
-    )
+    return born or now_ms
 
 
 # -- stored -> protobuf -------------------------------------------------------------------------

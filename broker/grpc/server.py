@@ -1,7 +1,10 @@
-"""Start and stop the ``grpc.aio`` server of the RocketMQ 5 front end on the broker's loop.
+"""Start and stop the RocketMQ 5 front end on the broker's loop: the method table, served by the
+native transport (:mod:`.h2`, ``grpcTransport = native``) or by ``grpc.aio`` (``grpcio``).
 
 TLS.  With ``tls.server.mode = enforcing`` the port serves TLS only, with the broker's
-certificate and gRPC's own TLS (``grpc.dynamic_ssl_server_credentials``); with
+certificate.  Native: the broker's own TLS (:class:`~txmq.broker.tls.TlsServer` with the ``h2``
+context of :class:`~txmq.broker.tls.TlsMaterial`, the current one for each new connection).
+grpcio: gRPC's own TLS (``grpc.dynamic_ssl_server_credentials``); with
 ``need.client.auth = require`` a client certificate signed by ``trustCertPath`` is required.
 gRPC asks for a certificate only when it requires one, so ``optional`` is ``none`` here.
 A rotated certificate reaches gRPC through its certificate fetcher, which gRPC calls before
@@ -13,6 +16,7 @@ docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,8 +28,10 @@ from google.protobuf.message import DecodeError
 
 from txmq.protocol.errors import SystemBusyError
 
+from ..tls import TlsServer
 from .auth import Context
 from .convert import Code, status
+from .h2 import H2Server, Method
 from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 
@@ -83,25 +89,56 @@ class GrpcServer:
         self.tls = tls
         self.port = core.ctx.config.grpc_server_port
         self._server: grpc.aio.Server | None = None
+        #: The native transport (``grpcTransport = native``): its listener and connections.
+        self._listener: asyncio.Server | TlsServer | None = None
+        self._h2: H2Server | None = None
         self.service: MessagingService | None = None
         self._previous_sender: CheckSender | None = None
         self._previous_filter: Callable[[Any, str], bool] | None = None
 
     async def start(self) -> int:
         cfg = self.ctx.config
+        tls = self.tls
+        secure = tls is not None and cfg.tls_server_mode == "enforcing"
+        if tls is not None and not secure:
+            log.warning(
+                "grpc_plaintext",
+                reason="tls.server.mode = permissive serves the gRPC port in plain text; "
+                "it is TLS only with enforcing",
+            )
+        if cfg.grpc_transport == "native":
+            port = await self._bind_native(secure)
+        else:
+            port = await self._start_grpcio(secure)
+        tx = self.core.tx
+        self._previous_sender = tx.check_sender
+        assert self.service is not None
+        tx.check_sender = GrpcCheckSender(self.service, tx.check_sender)
+        if self.service.access is not None:
+            clients = self.ctx.clients
+            self._previous_filter = clients.producer_filter
+            clients.producer_filter = self._producer_filter
+        if self._listener is not None:
+            await self._listener.start_serving()
+        log.info(
+            "grpc_server_started",
+            address=f"{cfg.bind_address}:{port}",
+            tls=secure,
+            transport=cfg.grpc_transport,
+        )
+        return port
+
+    async def _start_grpcio(self, secure: bool) -> int:
+        cfg = self.ctx.config
         server = grpc.aio.server(options=[*connection_options(cfg), ("grpc.so_reuseport", 0)])
         address = f"{cfg.bind_address}:{self.port}"
-        tls = self.tls
-        if tls is not None and cfg.tls_server_mode == "enforcing":
+        if secure:
+            assert self.tls is not None
             require = cfg.tls_server_need_client_auth == "require"
-            port = server.add_secure_port(address, CertificateFetcher(tls, require).credentials())
+            port = server.add_secure_port(
+                address, CertificateFetcher(self.tls, require).credentials()
+            )
         else:
-            if tls is not None:
-                log.warning(
-                    "grpc_plaintext",
-                    reason="tls.server.mode = permissive serves the gRPC port in plain text; "
-                    "it is TLS only with enforcing",
-                )
             port = server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind the gRPC port {cfg.bind_address}:{self.port}")
@@ -110,19 +147,47 @@ class GrpcServer:
         server.add_generic_rpc_handlers((handlers(self.service),))
         await server.start()
         self._server = server
-        tx = self.core.tx
-        self._previous_sender = tx.check_sender
-        tx.check_sender = GrpcCheckSender(self.service, tx.check_sender)
-        if self.service.access is not None:
-            clients = self.ctx.clients
-            self._previous_filter = clients.producer_filter
-            clients.producer_filter = self._producer_filter
-        log.info(
-            "grpc_server_started",
-            address=f"{cfg.bind_address}:{port}",
-            tls=tls is not None and cfg.tls_server_mode == "enforcing",
-        )
         return int(port)
+
+    async def _bind_native(self, secure: bool) -> int:
+        """Bind the port for :mod:`.h2` (serving starts once everything is wired)."""
+        cfg = self.ctx.config
+        h2 = H2Server(
+            {},
+            max_receive=cfg.max_message_size + 1024 * 1024,
+            first_frame_timeout=cfg.client_first_frame_timeout / 1000.0,
+            write_stall_timeout=cfg.client_write_stall_timeout / 1000.0,
+            on_protocol_error=self._protocol_error,
+        )
+        listener: asyncio.Server | TlsServer
+        if secure:
+            assert self.tls is not None
+            listener = await TlsServer.bind(
+                cfg.bind_address,
+                self.port,
+                h2.protocol,
+                self.tls,
+                mode="enforcing",
+                handshake_timeout=cfg.tls_handshake_timeout,
+                on_rejected=self._protocol_error,
+                h2=True,
+            )
+        else:
+            listener = await asyncio.get_running_loop().create_server(
+                h2.protocol, cfg.bind_address, self.port, start_serving=False, reuse_address=True
+            )
+        port = int(listener.sockets[0].getsockname()[1])
+        self.port = port
+        self.service = MessagingService(self.core, self.acl, port, self.quota)
+        h2.methods = native_methods(self.service)
+        self._h2 = h2
+        self._listener = listener
+        return port
+
+    def _protocol_error(self, peer: str, detail: str) -> None:
+        """A connection answered with GOAWAY, or a refused TLS handshake: counted as the
+        remoting port counts its malformed frames and refused handshakes."""
+        self.ctx.metrics.protocol_errors.inc()
 
     def _producer_filter(self, conn: Any, group: str) -> bool:
         """With the ACL on: which producers may be asked about a transaction of ``group``
@@ -136,11 +201,22 @@ class GrpcServer:
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Stop accepting, end the Telemetry streams, give other calls ``grace`` seconds."""
         server, self._server = self._server, None
-        if server is None:
+        listener, self._listener = self._listener, None
+        h2, self._h2 = self._h2, None
+        if server is None and listener is None:
             return
         if self.service is not None:
             await self.service.close_streams()
-        await server.stop(grace)
+        if server is not None:
+            await server.stop(grace)
+        if listener is not None and h2 is not None:
+            listener.close()
+            h2.goaway_all()
+            deadline = time.monotonic() + grace
+            while h2.busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            h2.close_all()
+            await asyncio.sleep(0)
         if self._previous_sender is not None:
             self.core.tx.check_sender = self._previous_sender
         if self.service is not None and self.service.access is not None:
@@ -215,6 +291,8 @@ def _too_many(exc: SystemBusyError) -> Any:
 def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
     produce = name == "SendMessage"
+    metric = f"grpc:{name}"
+    clock = time.perf_counter
 
     @functools.wraps(method)
     async def call(request: Any, context: Context) -> Any:
@@ -231,11 +309,11 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 await quota.throttle(service.quota_key(context), "produce", charge)
             except SystemBusyError as exc:
                 return _refusal(response, request, _too_many(exc))
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return await method(request, context)
         finally:
-            service.ctx.metrics.observe_latency(f"grpc:{name}", time.perf_counter() - t0)
+            service.ctx.metrics.observe_latency(metric, clock() - t0)
 
     return call
 
@@ -272,29 +350,57 @@ def _server_streaming(service: MessagingService, name: str, response: Any) -> Ca
     return call
 
 
-def handlers(service: MessagingService) -> grpc.GenericRpcHandler:
-    """The method handlers of every RPC declared in service.proto, bound to ``service``."""
+#: Kinds of RPC (as :mod:`.h2` numbers them).
+UNARY, SERVER_STREAMING, BIDI = 0, 1, 2
+
+
+def method_table(
+    service: MessagingService,
+) -> dict[str, tuple[int, Callable[[bytes], Any], Callable[..., Any], Callable[[Any], bytes]]]:
+    """Every RPC declared in service.proto, by name: its kind, request parser, handler (bound
+    to ``service``, with the ACL, quota and metrics around it) and response serializer; what
+    both transports serve."""
     desc = spb.DESCRIPTOR.services_by_name["MessagingService"]
-    table: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    table: dict[
+        str, tuple[int, Callable[[bytes], Any], Callable[..., Any], Callable[[Any], bytes]]
+    ] = {}
     for m in desc.methods:
         req = _deserializer(getattr(spb, m.input_type.name))
         response = getattr(spb, m.output_type.name)
         resp = response.SerializeToString
         if m.client_streaming and m.server_streaming:
             # Telemetry checks its stream and each Settings command itself
-            table[m.name] = grpc.stream_stream_rpc_method_handler(
-                getattr(service, m.name), request_deserializer=req, response_serializer=resp
-            )
+            table[m.name] = (BIDI, req, getattr(service, m.name), resp)
         elif m.server_streaming:
-            table[m.name] = grpc.unary_stream_rpc_method_handler(
+            table[m.name] = (
+                SERVER_STREAMING,
+                req,
                 _server_streaming(service, m.name, response),
-                request_deserializer=req,
-                response_serializer=resp,
+                resp,
             )
         else:
-            table[m.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(service, m.name, response),
-                request_deserializer=req,
-                response_serializer=resp,
-            )
+            table[m.name] = (UNARY, req, _unary(service, m.name, response), resp)
+    return table
+
+
+def handlers(service: MessagingService) -> grpc.GenericRpcHandler:
+    """The ``grpc.aio`` method handlers of every RPC, bound to ``service``."""
+    table: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for name, (kind, req, handler, resp) in method_table(service).items():
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if kind == BIDI
+            else grpc.unary_stream_rpc_method_handler
+            if kind == SERVER_STREAMING
+            else grpc.unary_unary_rpc_method_handler
+        )
+        table[name] = make(handler, request_deserializer=req, response_serializer=resp)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, table)
+
+
+def native_methods(service: MessagingService) -> dict[bytes, Method]:
+    """The same RPCs for the native transport, by request ``:path``."""
+    return {
+        f"/{SERVICE_NAME}/{name}".encode(): Method(kind, req, handler)
+        for name, (kind, req, handler, _) in method_table(service).items()
+    }
