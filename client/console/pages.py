@@ -803,7 +803,8 @@ def dlq(groups: list[str], group: str, msgs: Sequence[MessageExt] | None, can_ac
             row.append(
                 Raw(
                     f'<a href="{esc(path("dlq", "confirm", group=group, id=m.msg_id))}">'
-                    '<button type="button" class="act resume">Resend…</button></a>'
+                    '<button type="button" class="act resume" '
+                    f'id="resend-{esc(m.msg_id)}">Resend…</button></a>'
                 )
             )
         rows.append(row)

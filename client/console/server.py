@@ -991,6 +991,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(resp.status)
         for k, v in HEADERS.items():
             self.send_header(k, v)
+        if console.https is not None:
+            # browsers that reached it over HTTPS once never try plain HTTP for it again
+            self.send_header("Strict-Transport-Security", "max-age=31536000")
         if resp.location is not None:
             self.send_header("Location", resp.location)
         if fresh:

@@ -180,6 +180,7 @@ def test_the_console_serves_https_with_secure_cookies(
         client = Https(c.url, certs.client_context())
         status, headers, _ = client.request("GET", "/login")
         assert status == 200 and "; Secure" in headers["set-cookie"]
+        assert headers["strict-transport-security"] == "max-age=31536000"
         assert sign_in(client, *OPERATOR) == 303
         status, _, body = client.request("GET", "/topics")
         assert status == 200 and "olga" in body

@@ -234,17 +234,25 @@ def test_users_roles_https_charts_dead_letters_reset_search_and_trace(
             [row] = rows(d, "dead")
             assert row[1] == "payments" and row[4] == REFUND, row
             shot(d, "dlq")
-            click_and_wait(d, "resend-all", "confirm")
+            click_and_wait(d, "resend-" + dead.msg_id, "confirm")
+            assert [r[0] for r in rows(d, "to-resend")] == [dead.msg_id]
             text = click_and_wait(d, "confirm", "resent")
             assert "1 message(s) of settlers sent back" in text
             [done] = rows(d, "resent")
-            assert done[1] == "payments" and done[3] == "SEND_OK", done
+            assert done[0] == dead.msg_id and done[1] == "payments" and done[3] == "SEND_OK"
             shot(d, "dlq-resent")
             wait_until_sync(
                 lambda: dead.bodies() == [REFUND, REFUND],
                 PAGE_TIMEOUT,
                 "refunds to receive the resent message",
             )
+            # resend all at once, again: the broker's duplicate window answers with the first
+            # resend's message id, and stores no second copy
+            open_page(d, base + "dlq?group=settlers", "dead")
+            click_and_wait(d, "resend-all", "confirm")
+            click_and_wait(d, "confirm", "resent")
+            [again] = rows(d, "resent")
+            assert again[2] == done[2], (again, done)
 
             # reset audit's offsets on orders to the earliest message, confirmed
             assert any(audit_committed(scene))
