@@ -31,10 +31,12 @@ from txmq.protocol.errors import (
     TxmqError,
 )
 from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
+from txmq.protocol.trace import TRACE_TOPIC
 
 from ..admin import AsyncAdminClient
 from ..bridge import LoopThread
 from ..logs import get_logger
+from ..trace_timeline import collect, timeline
 from . import charts, pages
 from .users import Users
 
@@ -770,8 +772,6 @@ class Console:
         )
 
     def _trace(self, req: Request) -> Response:
-        from txmq.cli_trace import collect, timeline
-        from txmq.protocol.trace import TRACE_TOPIC
 
         key = req.query.get("key", "").strip()
         rows = None
