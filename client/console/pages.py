@@ -24,9 +24,10 @@ body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1
 background:#f5f7fa;font-size:14px}
 header{background:#1f3a5f;color:#fff;padding:10px 24px;display:flex;align-items:center;gap:24px}
 header .brand{font-weight:700;font-size:17px}
-header nav a{color:#dce7f5;text-decoration:none;margin-right:16px}
+header nav a{color:#dce7f5;text-decoration:none;margin-right:14px;white-space:nowrap}
 header nav a.on{color:#fff;font-weight:600;border-bottom:2px solid #fff}
-header .who{margin-left:auto;display:flex;gap:10px;align-items:center;color:#dce7f5}
+header .who{margin-left:auto;display:flex;gap:10px;align-items:center;color:#dce7f5;
+white-space:nowrap}
 header .who button{background:none;border:1px solid #dce7f5;color:#fff;border-radius:3px;
 cursor:pointer}
 main{padding:16px 24px;max-width:1200px}
@@ -55,6 +56,10 @@ button.resume{background:#1f5fa8;color:#fff;border-color:#1f5fa8}
 label{display:block;margin:8px 0 3px}
 input[type=text],input[type=password]{padding:5px;width:320px}
 .muted{color:#68717c}
+.charts{display:flex;flex-wrap:wrap;gap:14px}
+.charts figure{margin:0}
+.charts figcaption{font-weight:600;margin-bottom:4px}
+.role{border:1px solid #dce7f5;border-radius:3px;padding:0 5px;font-size:12px}
 """
 
 NAV = (
@@ -63,6 +68,9 @@ NAV = (
     ("groups", "/groups", "Consumer groups"),
     ("transactions", "/transactions", "Transactions"),
     ("messages", "/messages", "Messages"),
+    ("search", "/search", "Key search"),
+    ("trace", "/trace", "Trace"),
+    ("dlq", "/dlq", "Dead letters"),
 )
 
 
@@ -155,6 +163,7 @@ def layout(
     active: str = "",
     broker: str = "",
     user: str | None = None,
+    role: str | None = None,
     csrf: str = "",
 ) -> str:
     nav = "".join(
@@ -165,7 +174,8 @@ def layout(
     if user is not None:
         who = (
             f'<span>signed in as <b id="user">{esc(user)}</b></span>'
-            f'<form class="inline" method="post" action="/logout">'
+            + (f'<span class="role" id="role">{esc(role)}</span>' if role else "")
+            + f'<form class="inline" method="post" action="/logout">'
             f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
             f'<button type="submit" id="logout">sign out</button></form>'
         )
@@ -183,7 +193,13 @@ def layout(
 # -- pages ------------------------------------------------------------------------------------
 
 
-def overview(info: dict[str, Any], cluster: dict[str, Any] | None) -> str:
+def chart_box(caption: str, svg: str) -> str:
+    return f"<figure><figcaption>{esc(caption)}</figcaption>{svg}</figure>"
+
+
+def overview(
+    info: dict[str, Any], cluster: dict[str, Any] | None, charts: str | None = None
+) -> str:
     me = (cluster or {}).get("self") or {}
     role = (
         f"{me.get('role', '?')} (replica {me.get('replicaId', '?')} of group {me.get('group', '?')})"
@@ -218,7 +234,10 @@ def overview(info: dict[str, Any], cluster: dict[str, Any] | None) -> str:
         ("rolled back", info.get("txn.rolledBack", 0)),
         ("check rounds", info.get("txn.checkRounds", 0)),
     ]
-    out: list[str] = [kv(pairs, "broker"), "<h2>Transactions</h2>", kv(txn, "txn-summary")]
+    out: list[str] = []
+    if charts is not None:
+        out += ["<h2>Over time</h2>", f'<div class="charts" id="charts">{charts}</div>']
+    out += [kv(pairs, "broker"), "<h2>Transactions</h2>", kv(txn, "txn-summary")]
     if cluster:
         out.append(f"<h2>Cluster {esc(cluster.get('cluster'))}</h2>")
         rows = []
@@ -347,7 +366,13 @@ def groups(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def group(name: str, stats: list[dict[str, Any]], conns: dict[str, Any]) -> str:
+def group(
+    name: str,
+    stats: list[dict[str, Any]],
+    conns: dict[str, Any],
+    chart: str | None = None,
+    can_act: bool = False,
+) -> str:
     rows = [
         [
             link(path("topics", s["topic"]), s["topic"]),
@@ -379,6 +404,9 @@ def group(name: str, stats: list[dict[str, Any]], conns: dict[str, Any]) -> str:
                 ],
                 "group-summary",
             ),
+            f'<div class="charts">{chart}</div>' if chart else "",
+            (f"<p>{link(path('groups', name, 'reset'), 'Reset offsets…')} · " if can_act else "<p>")
+            + f"{link(path('dlq', group=name), 'dead letters')}</p>",
             "<h2>Lag per queue</h2>",
             table(
                 ["topic", "queue", "queue end", "committed", "lag", "last consumed (stored at)"],
@@ -492,7 +520,7 @@ ACTIONS = {
 }
 
 
-def transaction(t: dict[str, Any]) -> str:
+def transaction(t: dict[str, Any], can_act: bool = True) -> str:
     halves = [
         [
             link(path("topics", h["topic"]), h["topic"]),
@@ -533,7 +561,8 @@ def transaction(t: dict[str, Any]) -> str:
         )
     )
     possible = {"PENDING": ("commit", "rollback"), "DISCARDED": ("commit", "rollback", "resume")}
-    acts = possible.get(t["state"], ())
+    acts = possible.get(t["state"], ()) if can_act else ()
+    out.append(f"<p>{link(path('trace', key=t['transactionId']), 'trace of this transaction')}</p>")
     if acts:
         buttons = "".join(
             f'<a href="{esc(path("transactions", t["transactionId"], "confirm", action=a))}">'
@@ -644,3 +673,248 @@ def login(next_url: str, csrf: str, error: str | None) -> str:
 
 def error(text: str) -> str:
     return str(notice("refused", text, "error"))
+
+
+def user_login(next_url: str, csrf: str, error: str | None) -> str:
+    err = str(notice("refused", error)) if error else ""
+    return (
+        err + '<form method="post" action="/login" id="login">'
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+        f'<input type="hidden" name="next" value="{esc(next_url)}">'
+        '<label for="username">user</label>'
+        '<input type="text" id="username" name="username" autocomplete="username">'
+        '<label for="password">password</label>'
+        '<input type="password" id="password" name="password" autocomplete="current-password">'
+        '<p><button type="submit" id="sign-in">sign in</button></p></form>'
+    )
+
+
+def parse_time(text: str) -> int:
+    """Milliseconds since the epoch from ms digits or an ISO time (UTC unless it says)."""
+    if text.isdigit():
+        return int(text)
+    t = datetime.fromisoformat(text)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1000)
+
+
+def _msg_rows(msgs: Sequence[MessageExt]) -> list[list[object]]:
+    return [
+        [
+            link(path("messages", id=m.offset_msg_id, topic=m.topic), m.msg_id or m.offset_msg_id),
+            m.topic,
+            m.queue_id,
+            m.queue_offset,
+            m.tags or "-",
+            m.keys or "-",
+            when(m.store_timestamp),
+            _preview(m.body),
+        ]
+        for m in msgs
+    ]
+
+
+def _preview(body: bytes | None, size: int = 60) -> str:
+    text = (body or b"")[:size].decode("utf-8", errors="replace")
+    return text + ("…" if len(body or b"") > size else "")
+
+
+def search(topic: str, key: str, found: Sequence[MessageExt] | None) -> str:
+    form = (
+        '<form method="get" action="/search" id="search-form">'
+        '<label for="topic">topic</label>'
+        f'<input type="text" id="topic" name="topic" value="{esc(topic)}">'
+        '<label for="key">key (a message key, or a message id)</label>'
+        f'<input type="text" id="key" name="key" value="{esc(key)}"> '
+        '<button type="submit" id="find">find</button></form>'
+    )
+    if found is None:
+        return form
+    return form + (
+        f"<h2>{len(found)} message(s) of {esc(topic)} with key {esc(key)}</h2>"
+        + table(
+            ["message id", "topic", "queue", "offset", "tags", "keys", "stored", "body"],
+            _msg_rows(found),
+            numeric=(2, 3),
+            empty="no message with this key",
+            css_id="found",
+        )
+    )
+
+
+def trace(key: str, rows: list[dict[str, Any]] | None) -> str:
+    form = (
+        '<form method="get" action="/trace" id="trace-form">'
+        '<label for="key">a transaction id, message id or key (the trace topic is read, as '
+        "<code>txmq trace</code> does)</label>"
+        f'<input type="text" id="key" name="key" value="{esc(key)}"> '
+        '<button type="submit" id="show">show</button></form>'
+    )
+    if rows is None:
+        return form
+    body = [
+        [
+            r["time"],
+            r["step"],
+            r.get("groupName") or "-",
+            link(path("messages", id=r["msgId"]), r["msgId"]) if r.get("msgId") else "-",
+            r["what"],
+        ]
+        for r in rows
+    ]
+    return form + (
+        f"<h2>Timeline of {esc(key)}</h2>"
+        + table(
+            ["time", "step", "group", "message id", "what"],
+            body,
+            empty="no trace records (is traceTopicEnable on, or do the clients send traces?)",
+            css_id="timeline",
+        )
+    )
+
+
+def dlq(groups: list[str], group: str, msgs: Sequence[MessageExt] | None, can_act: bool) -> str:
+    options = "".join(
+        f'<option value="{esc(g)}"{" selected" if g == group else ""}>{esc(g)}</option>'
+        for g in groups
+    )
+    out = [
+        '<form method="get" action="/dlq" id="dlq-form">consumer group '
+        f'<select name="group" id="group">{options}</select> '
+        '<button type="submit" id="list">list</button></form>'
+    ]
+    if not groups:
+        out.append(str(notice("info", "No consumer group has dead-lettered a message.", "none")))
+    if msgs is None:
+        return "".join(out)
+    from txmq.client.dlq import original_topic
+
+    rows = []
+    for m in msgs:
+        row: list[object] = [
+            link(path("messages", id=m.offset_msg_id, topic=m.topic), m.msg_id),
+            original_topic(m) or "-",
+            m.reconsume_times,
+            when(m.store_timestamp),
+            _preview(m.body),
+        ]
+        if can_act:
+            row.append(
+                Raw(
+                    f'<a href="{esc(path("dlq", "confirm", group=group, id=m.msg_id))}">'
+                    '<button type="button" class="act resume" '
+                    f'id="resend-{esc(m.msg_id)}">Resend…</button></a>'
+                )
+            )
+        rows.append(row)
+    headers = ["message id", "original topic", "tries", "stored", "body"]
+    out.append(f"<h2>%DLQ%{esc(group)}: {len(msgs)} message(s)</h2>")
+    out.append(
+        table(
+            headers + (["action"] if can_act else []),
+            rows,
+            numeric=(2,),
+            empty="no dead-lettered message",
+            css_id="dead",
+        )
+    )
+    if can_act and msgs:
+        out.append(
+            f'<p><a href="{esc(path("dlq", "confirm", group=group))}">'
+            '<button type="button" class="act resume" id="resend-all">Resend all…</button></a></p>'
+        )
+    return "".join(out)
+
+
+def dlq_confirm(group: str, msg_id: str, msgs: Sequence[MessageExt], csrf: str) -> str:
+    return (
+        f"<p>Send {len(msgs)} dead-lettered message(s) of group <b>{esc(group)}</b> back to "
+        "their original topics, as new messages with the same body, tags, keys and user "
+        "properties? They stay in the dead-letter queue; a repeat within the broker's "
+        "duplicate window stores nothing twice.</p>"
+        + table(
+            ["message id", "original topic", "body"],
+            [
+                [m.msg_id, m.properties.get(MessageConst.RETRY_TOPIC) or "-", _preview(m.body)]
+                for m in msgs
+            ],
+            css_id="to-resend",
+        )
+        + '<form method="post" action="/dlq/resend" id="confirm-form">'
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+        f'<input type="hidden" name="group" value="{esc(group)}">'
+        f'<input type="hidden" name="id" value="{esc(msg_id)}">'
+        '<p><button type="submit" class="act resume" id="confirm">Yes, resend</button> '
+        f"{link(path('dlq', group=group), 'cancel')}</p></form>"
+    )
+
+
+def dlq_resent(group: str, done: Sequence[Any]) -> str:
+    rows = [[r.dlq_msg_id, r.topic, r.msg_id, r.status] for r in done]
+    return (
+        str(notice("ok", f"{len(done)} message(s) of {group} sent back."))
+        + table(["dead-lettered id", "sent to", "new message id", "status"], rows, css_id="resent")
+        + f"<p>{link(path('dlq', group=group), 'back to the dead letters')}</p>"
+    )
+
+
+def reset_form(group: str, topics: list[str], topic: str) -> str:
+    options = "".join(
+        f'<option value="{esc(t)}"{" selected" if t == topic else ""}>{esc(t)}</option>'
+        for t in topics
+    )
+    return (
+        f'<form method="get" action="{esc(path("groups", group, "reset"))}" id="reset-form">'
+        f'<label for="topic">topic</label><select name="topic" id="topic">{options}</select>'
+        "<label>to</label>"
+        '<label><input type="radio" name="to" value="earliest" id="to-earliest"> the earliest '
+        "message (consume everything again)</label>"
+        '<label><input type="radio" name="to" value="latest" id="to-latest" checked> the end '
+        "of each queue (skip what is there)</label>"
+        '<label><input type="radio" name="to" value="time" id="to-time"> the first message '
+        "stored at or after</label>"
+        '<input type="text" name="time" id="time" placeholder="2026-01-31 12:00:00 (UTC)">'
+        '<p><button type="submit" id="next">next…</button> '
+        f"{link(path('groups', group), 'cancel')}</p></form>"
+    )
+
+
+def reset_confirm(
+    group: str,
+    topic: str,
+    what: str,
+    query: dict[str, str],
+    stats: list[dict[str, Any]],
+    csrf: str,
+) -> str:
+    now = [
+        [s["queueId"], s["consumerOffset"], s["brokerOffset"], s["lag"]]
+        for s in stats
+        if s["topic"] == topic
+    ]
+    hidden = "".join(
+        f'<input type="hidden" name="{k}" value="{esc(query.get(k, ""))}">'
+        for k in ("topic", "to", "time")
+    )
+    return (
+        f"<p>Move the committed offsets of group <b>{esc(group)}</b> on topic "
+        f"<b>{esc(topic)}</b> to {esc(what)}. Live consumers of the group continue from there "
+        "at once.</p><h2>Now</h2>"
+        + table(
+            ["queue", "committed", "queue end", "lag"], now, numeric=(0, 1, 2, 3), css_id="current"
+        )
+        + f'<form method="post" action="{esc(path("groups", group, "reset"))}" '
+        'id="confirm-form">'
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}">{hidden}'
+        '<p><button type="submit" class="act rollback" id="confirm">Yes, reset</button> '
+        f"{link(path('groups', group), 'cancel')}</p></form>"
+    )
+
+
+def reset_done(group: str, topic: str, what: str, moved: dict[int, int]) -> str:
+    return (
+        str(notice("ok", f"The offsets of {group} on {topic} were moved to {what}."))
+        + table(["queue", "new offset"], sorted(moved.items()), numeric=(0, 1), css_id="moved")
+        + f"<p>{link(path('groups', group), 'back to the group')}</p>"
+    )

@@ -31,11 +31,14 @@ from txmq.protocol.errors import (
     TxmqError,
 )
 from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
+from txmq.protocol.trace import TRACE_TOPIC
 
 from ..admin import AsyncAdminClient
 from ..bridge import LoopThread
 from ..logs import get_logger
-from . import pages
+from ..trace_timeline import collect, timeline
+from . import charts, pages
+from .users import Users
 
 log = get_logger(__name__)
 
@@ -73,6 +76,9 @@ class Session:
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
     admin: bool = False
+    #: who signed in (a console user, or the broker account) and the console role they have
+    user: str | None = None
+    role: str | None = None
 
 
 class Sessions:
@@ -171,6 +177,11 @@ class Console:
         tls: as for :class:`~txmq.client.admin.AsyncAdminClient`.
         host, port: where to listen (port 0: any free port; see :attr:`url`).
         timeout: seconds for each broker request.
+        users: the console's own accounts (a users file): every page then needs a sign-in
+            with one, and only operators act.  Without it and with the broker's ACL off,
+            anyone who reaches the console acts.
+        https: serve HTTPS with this server-side context (cookies are then ``Secure``).
+        sample_interval: seconds between the chart samples (None: no sampling).
     """
 
     def __init__(
@@ -184,8 +195,13 @@ class Console:
         port: int = 8088,
         timeout: float = 5.0,
         sessions: Sessions | None = None,
+        users: Users | None = None,
+        https: ssl.SSLContext | None = None,
+        sample_interval: float | None = 10.0,
     ) -> None:
         self.broker = broker
+        self.users = users
+        self.https = https
         self.credentials = (access_key, secret_key)
         self.tls = tls
         self.timeout = timeout
@@ -197,16 +213,29 @@ class Console:
         except BaseException:
             self._loop.stop()
             raise
+        if https is not None:
+            # the handshake is made in each request's own thread (see _Server.finish_request)
+            self.httpd.socket = https.wrap_socket(
+                self.httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self.httpd.console = self
         self._thread: threading.Thread | None = None
+        self.sampler: charts.Sampler | None = None
+        if sample_interval is not None:
+            self.sampler = charts.Sampler(
+                lambda: self.call(lambda a: charts.read_figures(a, internal_topic)),
+                sample_interval,
+            )
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
         host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{host}:{port}/"
+        return f"{'https' if self.https else 'http'}://{host}:{port}/"
 
     def serve_forever(self) -> None:
+        if self.sampler is not None and self.sampler._thread is None:
+            self.sampler.start()
         self.httpd.serve_forever(poll_interval=0.2)
 
     def start(self) -> None:
@@ -220,6 +249,8 @@ class Console:
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread.join(timeout)
+        if self.sampler is not None:
+            self.sampler.stop(timeout)
         self.httpd.server_close()
         self._loop.stop(timeout)
 
@@ -296,16 +327,44 @@ class Console:
     def _page(
         self, req: Request, status: int, title: str, content: str, active: str = ""
     ) -> Response:
-        user = req.session.access_key if self._acl else None
         body = pages.layout(
             title,
             content,
             active=active,
             broker=self.broker,
-            user=user,
+            user=req.session.user,
+            role=req.session.role if self.users is not None else None,
             csrf=req.session.csrf,
         )
         return Response(status, body)
+
+    def signed_in_needed(self) -> bool:
+        return self.users is not None or self.acl_enabled()
+
+    def role(self, req: Request) -> str:
+        """The role of the request's session: a console user's own; with no users file,
+        operator (the broker's ACL, when on, decides what an account may do)."""
+        if self.users is None:
+            return "operator"
+        return req.session.role or "viewer"
+
+    def can_act(self, req: Request) -> bool:
+        return self.role(req) == "operator"
+
+    def _operator(
+        self, req: Request, what: str
+    ) -> tuple[tuple[str | None, str | None], str | None]:
+        """The account an action is made with and who made it; 403 for a viewer."""
+        if not self.can_act(req):
+            log.info("console_action_forbidden", what=what, by=req.session.user)
+            raise ConsoleError(
+                HTTPStatus.FORBIDDEN,
+                f"{req.session.user} is a viewer: only an operator may {what}. Nothing was "
+                "changed.",
+            )
+        if self.users is None and self.acl_enabled():
+            return (req.session.access_key, req.session.secret_key), req.session.access_key
+        return self.credentials, req.session.user
 
     def _route(self, req: Request) -> Response:
         p, m = req.parts, req.method
@@ -322,7 +381,7 @@ class Console:
         if p == ["logout"] and m == "POST":
             self.sessions.drop(req.session.token)
             return Response(HTTPStatus.SEE_OTHER, location="/", session=self.sessions.new())
-        if self.acl_enabled() and req.session.access_key is None:
+        if self.signed_in_needed() and req.session.user is None:
             return Response(HTTPStatus.SEE_OTHER, location=pages.path("login", next=req.target))
         if m == "GET":
             if p == []:
@@ -335,6 +394,8 @@ class Console:
                 return self._groups(req)
             if len(p) == 2 and p[0] == "groups":
                 return self._group(req, p[1])
+            if len(p) == 3 and p[0] == "groups" and p[2] == "reset":
+                return self._reset_form(req, p[1])
             if p == ["transactions"]:
                 return self._transactions(req)
             if len(p) == 2 and p[0] == "transactions":
@@ -343,15 +404,27 @@ class Console:
                     req,
                     HTTPStatus.OK,
                     f"Transaction {p[1]}",
-                    pages.transaction(t),
+                    pages.transaction(t, self.can_act(req)),
                     "transactions",
                 )
             if len(p) == 3 and p[0] == "transactions" and p[2] == "confirm":
                 return self._confirm(req, p[1], req.query.get("action", ""))
             if p == ["messages"]:
                 return self._message(req)
+            if p == ["search"]:
+                return self._search(req)
+            if p == ["trace"]:
+                return self._trace(req)
+            if p == ["dlq"]:
+                return self._dlq(req)
+            if p == ["dlq", "confirm"]:
+                return self._dlq_confirm(req)
         if m == "POST" and len(p) == 3 and p[0] == "transactions":
             return self._act(req, p[1], p[2])
+        if m == "POST" and p == ["dlq", "resend"]:
+            return self._dlq_resend(req)
+        if m == "POST" and len(p) == 3 and p[0] == "groups" and p[2] == "reset":
+            return self._reset(req, p[1])
         raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such page: {req.target}")
 
     # -- sign-in -----------------------------------------------------------------------------
@@ -360,6 +433,8 @@ class Console:
         next_url = req.form.get("next") or req.query.get("next") or "/"
         if not next_url.startswith("/") or next_url.startswith("//"):
             next_url = "/"
+        if self.users is not None:
+            return self._user_login(req, next_url)
         if not self.acl_enabled():
             return Response(HTTPStatus.SEE_OTHER, location=next_url)
         if req.method == "GET":
@@ -396,6 +471,29 @@ class Console:
         self.sessions.drop(req.session.token)
         s = self.sessions.new(ak, sk)
         s.admin = admin
+        s.user = ak
+        return Response(HTTPStatus.SEE_OTHER, location=next_url, session=s)
+
+    def _user_login(self, req: Request, next_url: str) -> Response:
+        assert self.users is not None
+        if req.method == "GET":
+            return self._page(
+                req, HTTPStatus.OK, "Sign in", pages.user_login(next_url, req.session.csrf, None)
+            )
+        name = req.form.get("username", "").strip()
+        user = self.users.authenticate(name, req.form.get("password", ""))
+        if user is None:
+            log.info("console_sign_in_refused", user=name)
+            return self._page(
+                req,
+                HTTPStatus.UNAUTHORIZED,
+                "Sign in",
+                pages.user_login(next_url, req.session.csrf, "Wrong user name or password."),
+            )
+        log.info("console_signed_in", user=user.name, role=user.role)
+        self.sessions.drop(req.session.token)
+        s = self.sessions.new()
+        s.user, s.role = user.name, user.role
         return Response(HTTPStatus.SEE_OTHER, location=next_url, session=s)
 
     # -- pages -------------------------------------------------------------------------------
@@ -414,7 +512,7 @@ class Console:
             req,
             HTTPStatus.OK,
             f"Broker {info.get('brokerName')}",
-            pages.overview(info, cluster),
+            pages.overview(info, cluster, self._charts_overview()),
             "overview",
         )
 
@@ -493,7 +591,11 @@ class Console:
 
         stats, conns = self.call(collect)
         return self._page(
-            req, HTTPStatus.OK, f"Consumer group {name}", pages.group(name, stats, conns), "groups"
+            req,
+            HTTPStatus.OK,
+            f"Consumer group {name}",
+            pages.group(name, stats, conns, self._lag_chart(name), self.can_act(req)),
+            "groups",
         )
 
     def _transactions(self, req: Request) -> Response:
@@ -524,8 +626,9 @@ class Console:
     def _confirm(self, req: Request, transaction_id: str, action: str) -> Response:
         if action not in pages.ACTIONS:
             raise ConsoleError(HTTPStatus.BAD_REQUEST, f"No such action: {action!r}")
+        self._operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
         t = self._transaction_or_404(transaction_id)
-        user = req.session.access_key if self._acl else None
+        user = req.session.user
         return self._page(
             req,
             HTTPStatus.OK,
@@ -537,12 +640,7 @@ class Console:
     def _act(self, req: Request, transaction_id: str, action: str) -> Response:
         if action not in pages.ACTIONS:
             raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such action: {action!r}")
-        if self.acl_enabled():
-            credentials = (req.session.access_key, req.session.secret_key)
-            who = req.session.access_key
-        else:
-            credentials = self.credentials
-            who = None
+        credentials, who = self._operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
         reason = req.form.get("reason", "").strip()[:200] or (
             f"txmq console ({who})" if who else "txmq console"
         )
@@ -596,10 +694,247 @@ class Console:
             raise ConsoleError(HTTPStatus.NOT_FOUND, f"No message {msg_id!r}: {exc}") from None
         return self._page(req, HTTPStatus.OK, "Message", pages.message(msg, msg_id), "messages")
 
+    # -- charts ------------------------------------------------------------------------------
+
+    def _charts_overview(self) -> str | None:
+        if self.sampler is None:
+            return None
+        sm = self.sampler
+        return "".join(
+            [
+                pages.chart_box(
+                    "Messages sent per second",
+                    charts.svg(
+                        sm.points(charts.SEND_RATE),
+                        title="sent/s",
+                        unit="msg/s",
+                        css_id="chart-send",
+                    ),
+                ),
+                pages.chart_box(
+                    "Messages consumed per second",
+                    charts.svg(
+                        sm.points(charts.CONSUME_RATE),
+                        title="consumed/s",
+                        unit="msg/s",
+                        css_id="chart-consume",
+                    ),
+                ),
+                pages.chart_box(
+                    "Pending transactions",
+                    charts.svg(
+                        sm.points(charts.PENDING),
+                        title="pending transactions",
+                        css_id="chart-pending",
+                    ),
+                ),
+                pages.chart_box(
+                    "Total lag of all groups",
+                    charts.svg(
+                        self._total_lag(), title="total lag", unit="messages", css_id="chart-lag"
+                    ),
+                ),
+            ]
+        )
+
+    def _total_lag(self) -> list[tuple[float, float]]:
+        assert self.sampler is not None
+        by_time: dict[float, float] = {}
+        for name in list(self.sampler.series):
+            if name.startswith(charts.lag_series("")):
+                for t, v in self.sampler.points(name):
+                    by_time[t] = by_time.get(t, 0.0) + v
+        return sorted(by_time.items())
+
+    def _lag_chart(self, group: str) -> str | None:
+        if self.sampler is None:
+            return None
+        return pages.chart_box(
+            "Lag over time",
+            charts.svg(
+                self.sampler.points(charts.lag_series(group)),
+                title=f"lag of {group}",
+                unit="messages",
+                css_id="chart-group-lag",
+            ),
+        )
+
+    # -- key search, trace -------------------------------------------------------------------
+
+    def _search(self, req: Request) -> Response:
+        topic = req.query.get("topic", "").strip()
+        key = req.query.get("key", "").strip()
+        found = None
+        if topic and key:
+            found = self.call(lambda a: a.query_messages(topic, key, max_num=64)).messages
+        return self._page(
+            req, HTTPStatus.OK, "Search by key", pages.search(topic, key, found), "search"
+        )
+
+    def _trace(self, req: Request) -> Response:
+
+        key = req.query.get("key", "").strip()
+        rows = None
+        if key:
+            rows = timeline(self.call(lambda a: collect(a, key, TRACE_TOPIC)))
+        return self._page(req, HTTPStatus.OK, "Trace", pages.trace(key, rows), "trace")
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    def _client_config(self, credentials: tuple[str | None, str | None]) -> Any:
+        from ..config import ClientConfig
+
+        return ClientConfig(access_key=credentials[0], secret_key=credentials[1], tls=self.tls)
+
+    def _dlq_groups(self) -> list[str]:
+        names = self.call(lambda a: a.list_topics())
+        return sorted(
+            n[len(DLQ_GROUP_TOPIC_PREFIX) :] for n in names if n.startswith(DLQ_GROUP_TOPIC_PREFIX)
+        )
+
+    def _dlq_messages(self, group: str) -> list[Any]:
+        from ..dlq import read_dlq
+
+        msgs: list[Any] = self._loop.run(
+            read_dlq(group, self.broker, self._client_config(self.credentials), limit=500),
+            timeout=self.timeout * 6,
+        )
+        return msgs
+
+    def _dlq(self, req: Request) -> Response:
+        group = req.query.get("group", "").strip()
+        msgs = self._dlq_messages(group) if group else None
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            f"Dead letters of {group}" if group else "Dead letters",
+            pages.dlq(self._dlq_groups(), group, msgs, self.can_act(req)),
+            "dlq",
+        )
+
+    def _dlq_pick(self, group: str, msg_id: str) -> list[Any]:
+        if not group:
+            raise ConsoleError(HTTPStatus.BAD_REQUEST, "Name the consumer group.")
+        msgs = self._dlq_messages(group)
+        if msg_id:
+            msgs = [m for m in msgs if msg_id in (m.msg_id, m.offset_msg_id)]
+            if not msgs:
+                raise ConsoleError(HTTPStatus.NOT_FOUND, f"No message {msg_id!r} in %DLQ%{group}.")
+        if not msgs:
+            raise ConsoleError(HTTPStatus.NOT_FOUND, f"No dead-lettered message of {group}.")
+        return msgs
+
+    def _dlq_confirm(self, req: Request) -> Response:
+        self._operator(req, "resend dead letters")
+        group, msg_id = req.query.get("group", ""), req.query.get("id", "")
+        msgs = self._dlq_pick(group, msg_id)
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            "Resend dead letters?",
+            pages.dlq_confirm(group, msg_id, msgs, req.session.csrf),
+            "dlq",
+        )
+
+    def _dlq_resend(self, req: Request) -> Response:
+        from ..dlq import resend
+
+        credentials, who = self._operator(req, "resend dead letters")
+        group, msg_id = req.form.get("group", ""), req.form.get("id", "")
+        msgs = self._dlq_pick(group, msg_id)
+        try:
+            done = self._loop.run(
+                resend(msgs, self.broker, self._client_config(credentials)),
+                timeout=self.timeout * 6,
+            )
+        except ValueError as exc:
+            raise ConsoleError(HTTPStatus.CONFLICT, str(exc)) from None
+        log.info("console_dlq_resend", group=group, count=len(done), by=who)
+        return self._page(req, HTTPStatus.OK, "Resent", pages.dlq_resent(group, done), "dlq")
+
+    # -- reset offset ------------------------------------------------------------------------
+
+    def _reset_target(self, form: dict[str, str]) -> tuple[str, str, int]:
+        """topic, what it is reset to in words, and the timestamp in ms."""
+        topic = form.get("topic", "").strip()
+        to = form.get("to", "")
+        if not topic:
+            raise ConsoleError(HTTPStatus.BAD_REQUEST, "Name the topic.")
+        if to == "earliest":
+            return topic, "the earliest message", 0
+        if to == "latest":
+            return topic, "the end of each queue", int(time.time() * 1000) + 86_400_000
+        if to == "time":
+            raw = form.get("time", "").strip()
+            try:
+                ms = pages.parse_time(raw)
+            except ValueError:
+                raise ConsoleError(
+                    HTTPStatus.BAD_REQUEST,
+                    f"{raw!r} is not a time (give YYYY-MM-DD HH:MM:SS in UTC, or ms since the "
+                    "epoch).",
+                ) from None
+            return topic, f"the first message stored at or after {pages.when(ms)}", ms
+        raise ConsoleError(HTTPStatus.BAD_REQUEST, "Choose earliest, latest or a time.")
+
+    def _reset_form(self, req: Request, group: str) -> Response:
+        self._operator(req, "reset offsets")
+
+        async def collect(a: AsyncAdminClient) -> list[dict[str, Any]]:
+            if group not in await a.consumer_groups():
+                raise ConsoleError(
+                    HTTPStatus.NOT_FOUND, f"The broker knows no consumer group {group!r}."
+                )
+            return await a.consume_stats(group)
+
+        stats = self.call(collect)
+        topics = sorted({s["topic"] for s in stats if not internal_topic(s["topic"])})
+        if req.query.get("to"):
+            topic, what, _ = self._reset_target(req.query)
+            return self._page(
+                req,
+                HTTPStatus.OK,
+                f"Reset the offsets of {group}?",
+                pages.reset_confirm(group, topic, what, req.query, stats, req.session.csrf),
+                "groups",
+            )
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            f"Reset the offsets of {group}",
+            pages.reset_form(group, topics, req.query.get("topic", "")),
+            "groups",
+        )
+
+    def _reset(self, req: Request, group: str) -> Response:
+        credentials, who = self._operator(req, "reset offsets")
+        topic, what, ms = self._reset_target(req.form)
+        moved = self.call(lambda a: a.reset_offset(group, topic, timestamp=ms), credentials)
+        log.info("console_reset_offset", group=group, topic=topic, timestamp=ms, by=who)
+        return self._page(
+            req,
+            HTTPStatus.OK,
+            "Offsets reset",
+            pages.reset_done(group, topic, what, moved),
+            "groups",
+        )
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     console: Console
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            # the TLS handshake, in this request's thread (a slow or silent client holds up
+            # no other); a failed one (plain HTTP to an HTTPS console, say) ends here
+            request.settimeout(self.console.timeout * 2)
+            try:
+                request.do_handshake()
+            except (OSError, ValueError) as exc:
+                log.debug("console_tls_handshake_failed", client=client_address, error=str(exc))
+                return
+        super().finish_request(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -656,11 +991,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(resp.status)
         for k, v in HEADERS.items():
             self.send_header(k, v)
+        if console.https is not None:
+            # browsers that reached it over HTTPS once never try plain HTTP for it again
+            self.send_header("Strict-Transport-Security", "max-age=31536000")
         if resp.location is not None:
             self.send_header("Location", resp.location)
         if fresh:
             self.send_header(
-                "Set-Cookie", f"{COOKIE}={session.token}; Path=/; HttpOnly; SameSite=Strict"
+                "Set-Cookie",
+                f"{COOKIE}={session.token}; Path=/; HttpOnly; SameSite=Strict"
+                + ("; Secure" if console.https is not None else ""),
             )
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))

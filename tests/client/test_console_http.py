@@ -40,7 +40,7 @@ class Http:
     def request(
         self, method: str, path: str, form: dict[str, str] | None = None
     ) -> tuple[int, dict[str, str], str]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn = self.connection()
         try:
             headers = {"Cookie": self.cookie} if self.cookie else {}
             body = None
@@ -56,6 +56,9 @@ class Http:
         if "set-cookie" in got:
             self.cookie = got["set-cookie"].split(";", 1)[0]
         return resp.status, got, text
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=30)
 
     def csrf(self, page: str) -> str:
         m = re.search(r'name="csrf" value="([^"]+)"', page)

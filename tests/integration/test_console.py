@@ -197,11 +197,14 @@ class Scene:
         return result
 
     def send(self, body: str) -> None:
+        self.send_to(TOPIC, body)
+
+    def send_to(self, topic: str, body: str, keys: str | None = None) -> None:
         async def go() -> None:
             producer = AsyncProducer("shop", self.address, config=self.config)
             await producer.start()
             try:
-                await producer.send_message(Message(TOPIC, body.encode()))
+                await producer.send_message(Message(topic, body.encode(), keys=keys))
             finally:
                 await producer.shutdown()
 

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -77,8 +77,9 @@ def need_chromium() -> tuple[str, str]:
 
 
 @contextmanager
-def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
-    """A headless chromium under WebDriver; quit at the end."""
+def chromium(width: int = 1280, height: int = 900, extra_args: Sequence[str] = ()) -> Iterator[Any]:
+    """A headless chromium under WebDriver (with ``extra_args`` on its command line); quit at
+    the end."""
     browser, driver_path = need_chromium()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -93,6 +94,7 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
         "--disable-extensions",
         "--no-first-run",
         f"--window-size={width},{height}",
+        *extra_args,
     ):
         options.add_argument(arg)
     # Chromium's own temporary files (its singleton socket folder) go to the run's scratch
@@ -108,13 +110,18 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
 
 
 class ConsoleProcess:
-    """``txmq [--access-key AK] console --broker ADDRESS --listen 127.0.0.1:0`` as a child
-    process (the secret goes through the environment, as docs/console.md advises)."""
+    """``txmq [--access-key AK] console --broker ADDRESS --listen 127.0.0.1:0 [EXTRA...]`` as a
+    child process (the secret goes through the environment, as docs/console.md advises)."""
 
     def __init__(
-        self, broker: str, access_key: str | None = None, secret_key: str | None = None
+        self,
+        broker: str,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.broker = broker
+        self.extra = list(extra)
         self.access_key = access_key
         self.secret_key = secret_key
         self.proc: subprocess.Popen[str] | None = None
@@ -127,7 +134,7 @@ class ConsoleProcess:
         if self.access_key:
             cmd += ["--access-key", self.access_key]
             env["TXMQ_SECRET_KEY"] = self.secret_key or ""
-        cmd += ["console", "--broker", self.broker, "--listen", "127.0.0.1:0"]
+        cmd += ["console", "--broker", self.broker, "--listen", "127.0.0.1:0", *self.extra]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
         )
@@ -143,7 +150,7 @@ class ConsoleProcess:
                 if not line:
                     break
                 self.output.append(line)
-                if " on http://" in line:
+                if " on http://" in line or " on https://" in line:
                     self.url = line.rsplit(" on ", 1)[1].strip()
                     return self.url
         finally:

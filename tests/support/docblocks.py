@@ -119,6 +119,14 @@ CONSOLE_ACL = (
     "tests/integration/test_console.py::"
     "test_with_the_acl_on_a_read_only_account_sees_the_pages_but_cannot_commit"
 )
+CONSOLE_USERS = (
+    "tests/integration/test_console_users.py::"
+    "test_users_roles_https_charts_dead_letters_reset_search_and_trace"
+)
+CONSOLE_ADD_USER = (
+    "tests/client/test_console_users.py::"
+    "test_the_add_user_command_takes_the_password_from_the_environment"
+)
 NO_SPARK_HERE = "needs Spark (a JVM); the named Spark tests run the same calls"
 
 # fmt: off
@@ -163,6 +171,13 @@ CLAIMS: list[Claim] = [
           tests=(CONSOLE_ACL, "tests/spark/test_spark_tls.py::"
                  "test_sink_and_source_over_mutual_tls_deliver_every_row_exactly_once"),
           reason="a web server that runs until stopped, against an ACL or TLS broker"),
+    Claim("docs/console.md", "txmq console add-user console-users.yml alice", "mapped",
+          tests=(CONSOLE_ADD_USER, CONSOLE_USERS),
+          reason="asks for a password, then a web server that runs until stopped, over HTTPS"),
+    Claim("docs/console.md", "users:", "mapped",
+          tests=(CONSOLE_ADD_USER, "tests/client/test_console_users.py::"
+                 "test_add_user_writes_a_private_file_and_replaces_an_entry"),
+          reason="the shape of the file add-user writes (a hash is random)"),
     # docs/operations.md
     Claim("docs/operations.md", "txmq group list", "shell"),
     Claim("docs/operations.md", "txmq topic update orders --perm r", "shell"),
