@@ -51,7 +51,7 @@ from txmq.protocol.errors import (
 from txmq.protocol.message import Message, MessageExt
 
 from .admin import AsyncAdminClient
-from .config import ClientConfig
+from .config import ClientConfig, RetryPolicy
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
 from .filter import SqlExpression, sql
@@ -99,6 +99,7 @@ __all__ = [
     "AsyncPushConsumer",
     "BrokerConnection",
     "ClientConfig",
+    "RetryPolicy",
     "ClientStateError",
     "ConnectionClosedError",
     "ConsumeFrom",

@@ -184,6 +184,8 @@ CLAIMS: list[Claim] = [
           reason="needs a cluster of two broker groups and etcd"),
     Claim("docs/sdk.md", "from txmq.client import Producer, Message", "python",
           expect=r"SendStatus.SEND_OK"),
+    Claim("docs/sdk.md", "from txmq.client import Message, Producer\n\nwith Producer(", "python",
+          expect=r"^100 sent$"),
     Claim("docs/sdk.md", "import time\n\nfrom txmq.client import PushConsumer\n", "python", expect=r"b'order-1' created order-1"),
     Claim("docs/sdk.md", "from txmq.client import PullConsumer, PushConsumer, sql", "python",
           after=("import time\n\nfrom txmq.client import PushConsumer\n",), expect=r"PullStatus\.\w+"),
