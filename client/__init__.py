@@ -61,7 +61,15 @@ from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
 from .route import MessageQueue
-from .sync import AdminClient, OrderlyPushConsumer, Producer, PullConsumer, PushConsumer
+from .simple_consumer import AsyncSimpleConsumer, AsyncStreamConsumer, ReceivedMessage
+from .sync import (
+    AdminClient,
+    OrderlyPushConsumer,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    SimpleConsumer,
+)
 from .transaction import (
     AsyncTransaction,
     AsyncTransactionProducer,
@@ -97,6 +105,10 @@ __all__ = [
     "AsyncOrderlyPushConsumer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
+    "AsyncSimpleConsumer",
+    "AsyncStreamConsumer",
+    "ReceivedMessage",
+    "SimpleConsumer",
     "BrokerConnection",
     "ClientConfig",
     "RetryPolicy",

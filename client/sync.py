@@ -26,6 +26,7 @@ from .lifecycle import ConnectedClient
 from .orderly import AsyncOrderlyPushConsumer
 from .producer import AsyncProducer, SendResult
 from .pull_consumer import AsyncPullConsumer
+from .simple_consumer import AsyncSimpleConsumer
 
 R = TypeVar("R")
 #: ``callback(result, error)`` of :meth:`Producer.send_async`: one of the two is None.
@@ -232,6 +233,40 @@ class PullConsumer(_GroupClient[AsyncPullConsumer]):
     max_offset = blocking(AsyncPullConsumer.max_offset)
     min_offset = blocking(AsyncPullConsumer.min_offset)
     offset_for_timestamp = blocking(AsyncPullConsumer.offset_for_timestamp)
+
+
+class SimpleConsumer(_GroupClient[AsyncSimpleConsumer]):
+    """The blocking receive/ack consumer; see :class:`~txmq.client.AsyncSimpleConsumer`.
+
+    Example::
+
+        with SimpleConsumer("billing", subscriptions={"orders": "*"}) as consumer:
+            for msg in consumer.receive(16, invisible_duration=30):
+                handle(msg.body)
+                consumer.ack(msg)
+    """
+
+    _core_type = AsyncSimpleConsumer
+
+    receive = blocking(AsyncSimpleConsumer.receive)
+    ack = blocking(AsyncSimpleConsumer.ack)
+    change_invisible_duration = blocking(AsyncSimpleConsumer.change_invisible_duration)
+
+    def subscribe(self, topic: str, expression: str | None = "*") -> None:
+        """Receive ``topic``'s messages matching ``expression``."""
+
+        async def go() -> None:
+            self.core.subscribe(topic, expression)
+
+        self._run(go())
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic``."""
+
+        async def go() -> None:
+            self.core.unsubscribe(topic)
+
+        self._run(go())
 
 
 class AdminClient(_SyncClient):
