@@ -51,6 +51,7 @@ from txmq.protocol.errors import (
 from txmq.protocol.message import Message, MessageExt
 
 from .admin import AsyncAdminClient
+from .callbacks import ConnectionState
 from .config import ClientConfig, RetryPolicy
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
@@ -111,6 +112,7 @@ __all__ = [
     "SimpleConsumer",
     "BrokerConnection",
     "ClientConfig",
+    "ConnectionState",
     "RetryPolicy",
     "ClientStateError",
     "ConnectionClosedError",

@@ -196,6 +196,8 @@ CLAIMS: list[Claim] = [
           expect=r"^got b'invoice-1'$"),
     Claim("docs/sdk.md", "import asyncio\n\nfrom txmq.client import AsyncProducer, AsyncStreamConsumer",
           "python", expect=r"^shipped b'shipment-1'$"),
+    Claim("docs/sdk.md", "import time\n\nfrom txmq.client import ConnectionState, PushConsumer",
+          "python", expect=r"^took \[[0-9, ]*\]$"),
     Claim("docs/sdk.md", "from txmq.client import AdminClient", "python", expect=r"^5$"),
     Claim("docs/sdk.md", "import asyncio\nimport sqlite3\n\nfrom txmq.client import (", "python",
           expect=r"^still prepared: \[\]$"),
