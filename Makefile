@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster]'
+	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster,otel]'
 	touch $(STAMP)
 
 install: $(STAMP)

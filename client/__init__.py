@@ -50,6 +50,7 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageExt
 
+from . import telemetry
 from .admin import AsyncAdminClient
 from .callbacks import ConnectionState
 from .config import ClientConfig, RetryPolicy
@@ -90,6 +91,7 @@ __all__ = [
     "AsyncAdminClient",
     "SqlExpression",
     "sql",
+    "telemetry",
     "AsyncProducer",
     "AsyncTransaction",
     "AsyncTransactionProducer",

@@ -53,6 +53,7 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
+from . import telemetry
 from .callbacks import RebalanceCallback, call_hook
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
@@ -271,8 +272,10 @@ class _SyncWorkers:
         n: int,
         name: str,
         on_result: Callable[[ProcessQueue, MessageExt, object], None],
+        group: str = "",
     ) -> None:
         self._loop = loop
+        self._group = group
         self._on_result = on_result
         self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._results: collections.deque[tuple[ProcessQueue, MessageExt, object]] = (
@@ -300,7 +303,11 @@ class _SyncWorkers:
                 outcome = _SKIPPED
             else:
                 try:
-                    callback(msg)
+                    if telemetry.AVAILABLE:
+                        with telemetry.process_span(msg, self._group):
+                            callback(msg)
+                    else:
+                        callback(msg)
                     outcome = None
                 except Exception as exc:  # the callback asked for a retry
                     outcome = exc
@@ -973,6 +980,7 @@ class AsyncPushConsumer(ConnectedClient):
                 self.config.consume_thread_max,
                 f"txmq-consume-{self.group}",
                 self._on_sync_result,
+                self.group,
             )
 
     async def _consume_async(
@@ -987,7 +995,11 @@ class AsyncPushConsumer(ConnectedClient):
                 if self._trace is not None:
                     self._trace.before(msg)
                 try:
-                    await callback(msg)
+                    if telemetry.AVAILABLE:
+                        with telemetry.process_span(msg, self.group):
+                            await callback(msg)
+                    else:
+                        await callback(msg)
                     outcome = None
                 except Exception as exc:  # the callback asked for a retry
                     outcome = exc

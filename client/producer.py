@@ -49,6 +49,7 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
+from . import telemetry
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
 from .logs import get_logger
@@ -726,6 +727,22 @@ class AsyncProducer(ConnectedClient):
         return batch
 
     async def _send_with_retries(
+        self,
+        msg: Message,
+        uniq_ids: list[str],
+        build: Callable[[TopicRoute, int], RemotingCommand],
+        target: _Target,
+    ) -> SendResult:
+        if not telemetry.AVAILABLE:
+            return await self._send_attempts(msg, uniq_ids, build, target)
+        with telemetry.send_span(msg, self.group, self.broker, len(uniq_ids)) as span:
+            result = await self._send_attempts(msg, uniq_ids, build, target)
+            telemetry.sent(
+                span, result.msg_ids or [result.msg_id], result.queue_id, result.broker_name
+            )
+            return result
+
+    async def _send_attempts(
         self,
         msg: Message,
         uniq_ids: list[str],

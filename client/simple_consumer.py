@@ -39,6 +39,7 @@ from txmq.protocol.headers import (
 )
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_messages, inflate_body
 
+from . import telemetry
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .filter import SqlExpression
@@ -219,6 +220,20 @@ class AsyncSimpleConsumer(ConnectedClient):
             exp_type="SQL92" if isinstance(expression, SqlExpression) else "TAG",
             exp=str(expression),
         )
+        if not telemetry.AVAILABLE:
+            return await self._pop(conn, header, invisible_duration, wait)
+        with telemetry.receive_span(topic, self.group) as span:
+            out = await self._pop(conn, header, invisible_duration, wait)
+            telemetry.received(span, topic, self.group, [m.message for m in out])
+            return out
+
+    async def _pop(
+        self,
+        conn: BrokerConnection,
+        header: PopMessageRequestHeader,
+        invisible_duration: float,
+        wait: float,
+    ) -> list[ReceivedMessage]:
         sent_at = time.monotonic()
         resp = await conn.invoke(
             RequestCode.POP_MESSAGE,

@@ -202,6 +202,8 @@ CLAIMS: list[Claim] = [
     Claim("docs/sdk.md", "import asyncio\nimport sqlite3\n\nfrom txmq.client import (", "python",
           expect=r"^still prepared: \[\]$"),
     Claim("docs/sdk.md", "import logging\n\nlogging.basicConfig", "python"),
+    Claim("docs/sdk.md", "from opentelemetry.sdk.trace import TracerProvider", "python",
+          expect=r"^send orders rocketmq$"),
     # docs/security.md
     Claim("docs/security.md", '[operations]\n"tls.server.mode"', "toml"),
     Claim("docs/security.md", "[operations]\naclEnable", "toml"),
