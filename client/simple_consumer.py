@@ -332,7 +332,8 @@ class AsyncStreamConsumer(AsyncSimpleConsumer):
     when ``async with`` ends without an error.  When the body raises (and the error leaves the
     ``async with`` block), the message is not acked and the broker delivers it again after its
     invisible time; the batch's messages not yet handed to the loop are given back at once.
-    Iteration goes on until the consumer is shut down (``break`` to stop).
+    Iteration goes on until the consumer is shut down (``break`` to stop, or
+    :meth:`shutdown` from another task, which ends the loop).
     """
 
     def __init__(
@@ -378,7 +379,12 @@ class AsyncStreamConsumer(AsyncSimpleConsumer):
         while not self._buffer:
             if not self._started:
                 raise StopAsyncIteration
-            self._buffer.extend(await self.receive(self.batch, self.invisible_duration))
+            try:
+                self._buffer.extend(await self.receive(self.batch, self.invisible_duration))
+            except (TxmqError, ClientStateError):
+                if not self._started:  # shut down by another task while receiving
+                    raise StopAsyncIteration from None
+                raise
         self._current = self._buffer.popleft()
         return self._current
 

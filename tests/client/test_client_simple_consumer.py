@@ -174,3 +174,25 @@ async def test_async_for_leaves_a_failed_message_for_redelivery(
             assert msg.body == b"boom" and msg.reconsume_times == 1
             break
     assert stream.acked_count == 1
+
+
+async def test_shutdown_from_another_task_ends_the_loop(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> None:
+    topic, group = unique("stream-stop"), unique("g")
+    await create_topic(broker.address, topic, queues=1)
+    stream = AsyncStreamConsumer(
+        group, topic, broker=broker.address, await_duration=0.3, config=FAST_CLIENT
+    )
+    await stream.start()
+    seen: list[bytes] = []
+
+    async def consume() -> None:
+        async for msg in stream:
+            seen.append(msg.body)
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.5)  # waiting on an empty topic
+    await stream.shutdown()
+    await asyncio.wait_for(task, 10)
+    assert seen == []
