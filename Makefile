@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
+.PHONY: api-docs install run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client node5-client grpc-gen etcd spark35 chromium
 
 ## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster]'
+	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster,otel]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -41,6 +41,11 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n auto -m "not slow and not external and not spark" $(FAST_TIER)
 
 gates: lint typecheck
+
+## The SDK's API reference (HTML, from the docstrings, with pdoc) in build/api; the test suite
+## builds it too (tests/test_api_docs.py), so a docstring pdoc cannot read fails `make test`.
+api-docs: $(STAMP)
+	$(PY) -m txmq.apidocs build/api
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

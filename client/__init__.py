@@ -50,8 +50,10 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageExt
 
+from . import telemetry
 from .admin import AsyncAdminClient
-from .config import ClientConfig
+from .callbacks import ConnectionState
+from .config import ClientConfig, RetryPolicy
 from .consumer import AsyncPushConsumer, ConsumeFrom
 from .errors import ClientStateError, InvalidMessageError
 from .filter import SqlExpression, sql
@@ -61,7 +63,15 @@ from .producer import AsyncProducer, SendResult, SendStatus
 from .pull_consumer import AsyncPullConsumer, PullResult, PullStatus
 from .remoting import BrokerConnection
 from .route import MessageQueue
-from .sync import AdminClient, OrderlyPushConsumer, Producer, PullConsumer, PushConsumer
+from .simple_consumer import AsyncSimpleConsumer, AsyncStreamConsumer, ReceivedMessage
+from .sync import (
+    AdminClient,
+    OrderlyPushConsumer,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    SimpleConsumer,
+)
 from .transaction import (
     AsyncTransaction,
     AsyncTransactionProducer,
@@ -81,6 +91,7 @@ __all__ = [
     "AsyncAdminClient",
     "SqlExpression",
     "sql",
+    "telemetry",
     "AsyncProducer",
     "AsyncTransaction",
     "AsyncTransactionProducer",
@@ -97,8 +108,14 @@ __all__ = [
     "AsyncOrderlyPushConsumer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
+    "AsyncSimpleConsumer",
+    "AsyncStreamConsumer",
+    "ReceivedMessage",
+    "SimpleConsumer",
     "BrokerConnection",
     "ClientConfig",
+    "ConnectionState",
+    "RetryPolicy",
     "ClientStateError",
     "ConnectionClosedError",
     "ConsumeFrom",

@@ -7,6 +7,7 @@ Tests make timers fast by building a :class:`ClientConfig` with small values (ne
 from __future__ import annotations
 
 import dataclasses
+import random
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,55 @@ from txmq.protocol.acl import Credentials
 
 #: The broker address used when none is given.
 DEFAULT_BROKER = "127.0.0.1:10911"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a producer waits between the attempts of a send that failed with a retriable error:
+    exponential backoff with full jitter (the wait before retry ``n``, counting from 0, is drawn
+    uniformly from ``[0, min(max_delay, base_delay * multiplier ** n)]``).
+
+    The defaults keep a send close to what it always did (three attempts in all, the waits a
+    few milliseconds), so a lost connection or a busy broker is retried almost at once; give a
+    larger ``base_delay`` for brokers that shed load.
+
+    Attributes:
+        max_attempts: attempts in all, the first included; None takes
+            ``1 + ClientConfig.retry_times_when_send_failed``.
+        base_delay: the cap of the first wait, in seconds.
+        multiplier: how much the cap grows per retry.
+        max_delay: the largest cap, in seconds.
+        jitter: draw each wait from ``[0, cap]`` (full jitter); False waits the cap itself.
+    """
+
+    max_attempts: int | None = None
+    base_delay: float = 0.01
+    multiplier: float = 2.0
+    max_delay: float = 1.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts!r}")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("base_delay and max_delay must not be negative")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be at least 1, got {self.multiplier!r}")
+
+    def cap(self, retry: int) -> float:
+        """The longest wait before retry ``retry`` (0 for the first retry)."""
+        return min(self.max_delay, self.base_delay * self.multiplier ** min(retry, 64))
+
+    def delay(self, retry: int, rng: random.Random | None = None) -> float:
+        """The wait before retry ``retry``: a uniform draw in ``[0, cap(retry)]`` (or the cap
+        without jitter); ``rng`` makes the draws reproducible."""
+        cap = self.cap(retry)
+        if not self.jitter:
+            return cap
+        return (rng or _rng).uniform(0.0, cap)
+
+
+_rng = random.Random()
 
 
 @dataclass(frozen=True)
@@ -67,6 +117,8 @@ class ClientConfig:
             :func:`tls_context`).  False (the default) connects in plain TCP.
         enable_trace: a producer sends a trace record of each message it sent to
             ``RMQ_SYS_TRACE_TOPIC`` (RocketMQ's ``enableMsgTrace``; see :mod:`txmq.client.trace`).
+        retry_policy: the waits between a send's attempts (a :class:`RetryPolicy`; its
+            ``max_attempts``, when given, replaces ``retry_times_when_send_failed``).
     """
 
     request_timeout: float = 3.0
@@ -97,6 +149,7 @@ class ClientConfig:
     auto_batch: bool = True
     batch_max_bytes: int = 256 * 1024
     enable_trace: bool = False
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tls, (bool, ssl.SSLContext)):
@@ -131,6 +184,13 @@ class ClientConfig:
             raise ValueError("retry_times_when_send_failed must not be negative")
         if self.long_poll_timeout < 0:
             raise ValueError("long_poll_timeout must not be negative")
+
+    @property
+    def send_attempts(self) -> int:
+        """Attempts a send makes in all (the first included)."""
+        if self.retry_policy.max_attempts is not None:
+            return self.retry_policy.max_attempts
+        return 1 + self.retry_times_when_send_failed
 
     @property
     def credentials(self) -> Credentials | None:

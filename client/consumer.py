@@ -53,6 +53,8 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
+from . import telemetry
+from .callbacks import RebalanceCallback, call_hook
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .lifecycle import ConnectedClient
@@ -270,8 +272,10 @@ class _SyncWorkers:
         n: int,
         name: str,
         on_result: Callable[[ProcessQueue, MessageExt, object], None],
+        group: str = "",
     ) -> None:
         self._loop = loop
+        self._group = group
         self._on_result = on_result
         self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._results: collections.deque[tuple[ProcessQueue, MessageExt, object]] = (
@@ -299,7 +303,11 @@ class _SyncWorkers:
                 outcome = _SKIPPED
             else:
                 try:
-                    callback(msg)
+                    if telemetry.AVAILABLE:
+                        with telemetry.process_span(msg, self._group):
+                            callback(msg)
+                    else:
+                        callback(msg)
                     outcome = None
                 except Exception as exc:  # the callback asked for a retry
                     outcome = exc
@@ -344,6 +352,9 @@ class AsyncPushConsumer(ConnectedClient):
             every message and keeps its own offsets in a local file.
         offset_store_path: broadcasting only: that file (default
             ``~/.txmq/offsets/<group>@<host>.json``; give each member on one host its own).
+        on_rebalance: ``callback(assigned, revoked)`` after a rebalance changed this member's
+            queues (lists of :class:`MessageQueue`, the group's retry queue included); it runs
+            on the client's event loop (see :mod:`txmq.client.callbacks`).
         config: client settings; ``**settings`` override single fields, e.g.
             ``consume_thread_max=4``, ``pull_batch_size=64``, ``long_poll_timeout=5``.
     """
@@ -359,10 +370,12 @@ class AsyncPushConsumer(ConnectedClient):
         max_reconsume_times: int = 16,
         message_model: str = "CLUSTERING",
         offset_store_path: str | os.PathLike[str] | None = None,
+        on_rebalance: RebalanceCallback | None = None,
         config: ClientConfig | None = None,
         **settings: Any,
     ) -> None:
         super().__init__(group, broker, config=config, **settings)
+        self._on_rebalance = on_rebalance
         validate_topic(retry_topic(group))
         if message_model not in ("CLUSTERING", "BROADCASTING"):
             raise ValueError(
@@ -643,75 +656,85 @@ class AsyncPushConsumer(ConnectedClient):
         return sorted(str(i) for i in doc.get("consumerIdList") or [])
 
     async def _rebalance(self) -> bool:
-        """One rebalance; True when every subscribed topic was resolved."""
+        """One rebalance; True when every subscribed topic was resolved.  Calls
+        ``on_rebalance`` when this member's queues changed."""
         assert self._rebalance_lock is not None
         async with self._rebalance_lock:
-            if not self._started:
-                return True
-            conn = self.connection
-            complete = True
-            subs = self._all_subscriptions()
-            for key in [k for k in self._pqs if k.topic not in subs]:
+            before = set(self._pqs)
+            try:
+                return await self._rebalance_queues()
+            finally:
+                hook = self._on_rebalance
+                after = set(self._pqs)
+                if hook is not None and after != before:
+                    call_hook(hook, sorted(after - before), sorted(before - after))
+
+    async def _rebalance_queues(self) -> bool:
+        """The work of :meth:`_rebalance`, under its lock."""
+        if not self._started:
+            return True
+        conn = self.connection
+        complete = True
+        subs = self._all_subscriptions()
+        for key in [k for k in self._pqs if k.topic not in subs]:
+            self._drop(self._pqs[key])
+        ids_by_group: dict[str, list[str]] = {}
+        for topic in subs:
+            try:
+                route = await fetch_route(conn, topic)
+            except TxmqError as exc:
+                log.warning("route_fetch_failed", topic=topic, error=str(exc))
+                complete = False
+                continue
+            if route is None and topic != self.retry_topic:
+                complete = False
+                self._born_later.add(topic)
+            queues = list(route.read_queues) if route is not None and route.readable else []
+            # Every member heartbeats to every group of the topic, so each group knows the
+            # whole consumer group; the members are read from the topic's first group.
+            conns: dict[str, BrokerConnection] = {}
+            try:
+                for group in sorted({q.broker for q in queues}):
+                    conns[group] = await conn.for_group(group)
+                first = conns[min(conns)] if conns else conn
+                ids = ids_by_group.get(first.address)
+                if ids is None:
+                    ids = ids_by_group[first.address] = await self._consumer_ids(first)
+            except (TxmqError, ValueError) as exc:
+                log.warning("rebalance_failed", group=self.group, topic=topic, error=str(exc))
+                complete = False
+                continue
+            if conn.client_id not in ids:
+                log.info("consumer_not_found_in_group", group=self.group, client_id=conn.client_id)
+                complete = False
+                continue
+            if self.local_offsets is not None:  # broadcasting: every queue
+                mine = set(queues)
+            else:
+                mine = set(allocate_averagely(queues, ids, conn.client_id))
+            for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
                 self._drop(self._pqs[key])
-            ids_by_group: dict[str, list[str]] = {}
-            for topic in subs:
+            for key in [k for k in self._reset_offsets if k.topic == topic and k not in mine]:
+                del self._reset_offsets[key]  # another member took it: the broker's offset
+            for mq in sorted(mine):
+                if mq in self._pqs or not self._started:
+                    continue
                 try:
-                    route = await fetch_route(conn, topic)
+                    await self._take(mq, conns.get(mq.broker, conn))
                 except TxmqError as exc:
-                    log.warning("route_fetch_failed", topic=topic, error=str(exc))
-                    complete = False
-                    continue
-                if route is None and topic != self.retry_topic:
-                    complete = False
-                    self._born_later.add(topic)
-                queues = list(route.read_queues) if route is not None and route.readable else []
-                # Every member heartbeats to every group of the topic, so each group knows the
-                # whole consumer group; the members are read from the topic's first group.
-                conns: dict[str, BrokerConnection] = {}
-                try:
-                    for group in sorted({q.broker for q in queues}):
-                        conns[group] = await conn.for_group(group)
-                    first = conns[min(conns)] if conns else conn
-                    ids = ids_by_group.get(first.address)
-                    if ids is None:
-                        ids = ids_by_group[first.address] = await self._consumer_ids(first)
-                except (TxmqError, ValueError) as exc:
-                    log.warning("rebalance_failed", group=self.group, topic=topic, error=str(exc))
-                    complete = False
-                    continue
-                if conn.client_id not in ids:
-                    log.info(
-                        "consumer_not_found_in_group", group=self.group, client_id=conn.client_id
+                    log.warning(
+                        "queue_take_failed",
+                        topic=topic,
+                        broker=mq.broker,
+                        queue_id=mq.queue_id,
+                        error=str(exc),
                     )
                     complete = False
-                    continue
-                if self.local_offsets is not None:  # broadcasting: every queue
-                    mine = set(queues)
-                else:
-                    mine = set(allocate_averagely(queues, ids, conn.client_id))
-                for key in [k for k in self._pqs if k.topic == topic and k not in mine]:
-                    self._drop(self._pqs[key])
-                for key in [k for k in self._reset_offsets if k.topic == topic and k not in mine]:
-                    del self._reset_offsets[key]  # another member took it: the broker's offset
-                for mq in sorted(mine):
-                    if mq in self._pqs or not self._started:
-                        continue
-                    try:
-                        await self._take(mq, conns.get(mq.broker, conn))
-                    except TxmqError as exc:
-                        log.warning(
-                            "queue_take_failed",
-                            topic=topic,
-                            broker=mq.broker,
-                            queue_id=mq.queue_id,
-                            error=str(exc),
-                        )
-                        complete = False
-                gen = self._generations.get(first.address)
-                for mq in mine:
-                    if mq in self._pqs:
-                        self._pqs[mq].generation = gen
-            return complete
+            gen = self._generations.get(first.address)
+            for mq in mine:
+                if mq in self._pqs:
+                    self._pqs[mq].generation = gen
+        return complete
 
     async def _take(self, mq: MessageQueue, conn: BrokerConnection) -> None:
         reset = self._reset_offsets.pop(mq, None)
@@ -957,6 +980,7 @@ class AsyncPushConsumer(ConnectedClient):
                 self.config.consume_thread_max,
                 f"txmq-consume-{self.group}",
                 self._on_sync_result,
+                self.group,
             )
 
     async def _consume_async(
@@ -971,7 +995,11 @@ class AsyncPushConsumer(ConnectedClient):
                 if self._trace is not None:
                     self._trace.before(msg)
                 try:
-                    await callback(msg)
+                    if telemetry.AVAILABLE:
+                        with telemetry.process_span(msg, self.group):
+                            await callback(msg)
+                    else:
+                        await callback(msg)
                     outcome = None
                 except Exception as exc:  # the callback asked for a retry
                     outcome = exc

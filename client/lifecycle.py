@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from .callbacks import ConnectionState, ConnectionStateCallback, call_hook
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 
@@ -79,6 +80,9 @@ class ConnectedClient(AsyncClient):
         group: the client's group (producer or consumer group).
         broker: ``"host:port"`` of the broker.
         config: client settings; ``settings`` override single fields of it.
+        on_connection_state: ``callback(address, state)`` when the client's connection to a
+            broker is made (:attr:`ConnectionState.CONNECTED`), lost (``LOST``) or made again
+            (``RECONNECTED``); see :mod:`txmq.client.callbacks`.
     """
 
     _conn: BrokerConnection | None = None
@@ -89,6 +93,7 @@ class ConnectedClient(AsyncClient):
         broker: str = DEFAULT_BROKER,
         *,
         config: ClientConfig | None = None,
+        on_connection_state: ConnectionStateCallback | None = None,
         **settings: Any,
     ) -> None:
         if not group or not isinstance(group, str):
@@ -98,7 +103,21 @@ class ConnectedClient(AsyncClient):
         self.broker = broker
         self.config = (config or ClientConfig()).replace(**settings)
         self._conn = None
+        self._on_connection_state = on_connection_state
         self._setup()
+
+    async def start(self) -> None:
+        """Connect to the broker; see the subclass's :meth:`_start`.
+
+        Raises:
+            ClientStateError: the client was shut down already.
+        """
+        was_started = self._started
+        await super().start()
+        hook = self._on_connection_state
+        if hook is not None and not was_started and self._conn is not None:
+            self._conn.on_connection_state(hook)
+            call_hook(hook, self._conn.address, ConnectionState.CONNECTED)
 
     def _setup(self) -> None:
         """Make the state a subclass keeps besides the connection (the last step of

@@ -55,6 +55,7 @@ from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
 from txmq.protocol.locks import LockBatchRequest, decode_lock_response
 from txmq.protocol.message import MessageExt
 
+from . import telemetry
 from .config import DEFAULT_BROKER
 from .consumer import AsyncPushConsumer, ProcessQueue, _Subscription
 from .errors import ClientStateError
@@ -427,17 +428,25 @@ class AsyncOrderlyPushConsumer(AsyncPushConsumer):
     async def _run_callback(self, sub: _Subscription, msg: MessageExt) -> BaseException | None:
         assert sub.callback is not None
         try:
-            if sub.is_async:
-                assert self._async_slots is not None
-                async with self._async_slots:
-                    await sub.callback(msg)
+            if telemetry.AVAILABLE:
+                with telemetry.process_span(msg, self.group):
+                    await self._invoke_callback(sub, msg)
             else:
-                self._ensure_workers()
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._executor, sub.callback, msg)
+                await self._invoke_callback(sub, msg)
         except Exception as exc:  # the callback asked for a retry
             return exc
         return None
+
+    async def _invoke_callback(self, sub: _Subscription, msg: MessageExt) -> None:
+        assert sub.callback is not None
+        if sub.is_async:
+            assert self._async_slots is not None
+            async with self._async_slots:
+                await sub.callback(msg)
+        else:
+            self._ensure_workers()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, sub.callback, msg)
 
     async def _relock(self, pq: ProcessQueue, state: _QueueState) -> None:
         try:

@@ -4,7 +4,8 @@ Sending follows RocketMQ's ``DefaultMQProducerImpl``: the message is checked cli
 its ``UNIQ_KEY`` once (kept across retries, so a consumer can recognise a duplicate), a queue is
 chosen (round robin, a sharding key or a selector), and SEND_MESSAGE_V2 goes out.  Retriable
 failures (a dropped connection, a timeout, a busy broker) are retried up to
-``retry_times_when_send_failed`` times, on the next queue when the queue was chosen round robin.
+``retry_times_when_send_failed`` times, on the next queue when the queue was chosen round robin,
+after a wait with exponential backoff and full jitter (``ClientConfig.retry_policy``).
 FLUSH_DISK_TIMEOUT is not a failure to retry: the message is stored, only not fsynced yet; it is
 reported in :attr:`SendResult.status`.
 
@@ -19,7 +20,7 @@ import enum
 import itertools
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 
+from . import telemetry
 from .errors import InvalidMessageError
 from .lifecycle import ConnectedClient
 from .logs import get_logger
@@ -731,8 +733,24 @@ class AsyncProducer(ConnectedClient):
         build: Callable[[TopicRoute, int], RemotingCommand],
         target: _Target,
     ) -> SendResult:
+        if not telemetry.AVAILABLE:
+            return await self._send_attempts(msg, uniq_ids, build, target)
+        with telemetry.send_span(msg, self.group, self.broker, len(uniq_ids)) as span:
+            result = await self._send_attempts(msg, uniq_ids, build, target)
+            telemetry.sent(
+                span, result.msg_ids or [result.msg_id], result.queue_id, result.broker_name
+            )
+            return result
+
+    async def _send_attempts(
+        self,
+        msg: Message,
+        uniq_ids: list[str],
+        build: Callable[[TopicRoute, int], RemotingCommand],
+        target: _Target,
+    ) -> SendResult:
         timeout = self.config.request_timeout if target.timeout is None else target.timeout
-        attempts = 1 + self.config.retry_times_when_send_failed
+        attempts = self.config.send_attempts
         last_error: TxmqError | None = None
         #: The group of the last failed attempt: a retry goes to another one when it can
         #: (RocketMQ's sendLatencyFaultEnable, in its simplest form).
@@ -742,6 +760,8 @@ class AsyncProducer(ConnectedClient):
         started = time.monotonic()
         topic = msg.topic
         for attempt in range(attempts):
+            if attempt:
+                await self._backoff(attempt - 1)
             route = self._routes.get(topic)
             if route is None or (
                 time.monotonic() - route.fetched_at >= self.config.route_refresh_interval
@@ -795,6 +815,15 @@ class AsyncProducer(ConnectedClient):
             _log_retry(msg, mq, attempt, last_error)
         assert last_error is not None
         raise last_error
+
+    #: How the producer waits between attempts (a seam: tests record the waits).
+    _sleep: Callable[[float], Awaitable[None]] = staticmethod(asyncio.sleep)
+
+    async def _backoff(self, retry: int) -> None:
+        """Wait before retry ``retry`` (0 for the first) as ``config.retry_policy`` says."""
+        delay = self.config.retry_policy.delay(retry)
+        if delay > 0:
+            await self._sleep(delay)
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.headers import Header, UnregisterClientRequestHeader
 
+from .callbacks import ConnectionState, ConnectionStateCallback, call_hook
 from .config import ClientConfig, parse_address
 from .logs import get_logger
 
@@ -135,6 +136,7 @@ class BrokerConnection:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._processors: dict[int, Processor] = {}
         self._reconnect_callbacks: list[ReconnectCallback] = []
+        self._state_callbacks: list[ConnectionStateCallback] = []
         self._producer_groups: set[str] = set()
         self._consumers: dict[str, ConsumerDataProvider] = {}
         credentials = self.config.credentials
@@ -175,6 +177,15 @@ class BrokerConnection:
         """Run ``callback`` after every reconnect, once the heartbeat has been sent."""
         self._reconnect_callbacks.append(callback)
 
+    def on_connection_state(self, callback: ConnectionStateCallback) -> None:
+        """Call ``callback(address, state)`` when this connection (or one to another broker
+        group of the cluster) is made, lost or made again (a :class:`ConnectionState`)."""
+        self._state_callbacks.append(callback)
+
+    def _state_changed(self, state: ConnectionState) -> None:
+        for callback in list(self._state_callbacks):
+            call_hook(callback, self.address, state)
+
     def register_producer(self, group: str) -> None:
         """Announce ``group`` in the heartbeat's ``producerDataSet``."""
         self._producer_groups.add(group)
@@ -211,6 +222,7 @@ class BrokerConnection:
         self._started = True
         self._heartbeat_task = self._spawn(self._heartbeat_loop())
         log.debug("broker_connected", broker=self.address, client_id=self.client_id)
+        self._state_changed(ConnectionState.CONNECTED)
 
     # -- the other broker groups of a cluster -------------------------------------------------
 
@@ -249,6 +261,7 @@ class BrokerConnection:
         other._producer_groups = self._producer_groups
         other._consumers = self._consumers
         other._reconnect_callbacks = self._reconnect_callbacks
+        other._state_callbacks = self._state_callbacks
         await other.start()
         if self._closing:
             await other.close()
@@ -612,6 +625,7 @@ class BrokerConnection:
         if self._connected is not None:
             self._connected.clear()
         log.warning("broker_connection_lost", broker=self.address, client_id=self.client_id)
+        self._state_changed(ConnectionState.LOST)
         if self._reconnect_task is None or self._reconnect_task.done():
             self._reconnect_task = self._spawn(self._reconnect_loop())
 
@@ -655,6 +669,7 @@ class BrokerConnection:
                 attempts=attempt,
                 client_id=self.client_id,
             )
+            self._state_changed(ConnectionState.RECONNECTED)
             for callback in list(self._reconnect_callbacks):
                 try:
                     result = callback()

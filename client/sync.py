@@ -9,21 +9,28 @@ private loop.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
+from txmq.protocol.message import Message
+
 from .admin import AsyncAdminClient
 from .bridge import LoopThread
 from .consumer import AsyncPushConsumer, MessageCallback
 from .lifecycle import ConnectedClient
 from .orderly import AsyncOrderlyPushConsumer
-from .producer import AsyncProducer
+from .producer import AsyncProducer, SendResult
 from .pull_consumer import AsyncPullConsumer
+from .simple_consumer import AsyncSimpleConsumer
 
 R = TypeVar("R")
+#: ``callback(result, error)`` of :meth:`Producer.send_async`: one of the two is None.
+SendCallback = Callable[[SendResult | None, BaseException | None], None]
 P = ParamSpec("P")
 C = TypeVar("C", bound=ConnectedClient)
 
@@ -113,6 +120,43 @@ class Producer(_GroupClient[AsyncProducer]):
     send_oneway = blocking(AsyncProducer.send_oneway)
     send_batch = blocking(AsyncProducer.send_batch)
 
+    def send_async(
+        self,
+        msg: Message,
+        callback: SendCallback | None = None,
+        **options: Any,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Send ``msg`` without waiting: the returned :class:`concurrent.futures.Future` is
+        resolved with the :class:`SendResult` (or the error) once the broker answered.
+
+        Sends made so from several threads, or in a row from one, travel together (with
+        ``auto_batch``, in one request), unlike :meth:`send`, which waits for each answer.
+
+        Args:
+            msg: the message.
+            callback: ``callback(result, error)``, called once with exactly one of them not
+                None (RocketMQ's ``SendCallback``).  It runs on the client's event loop thread:
+                keep it short, and do not call a blocking txmq client from it.
+            options: what :meth:`AsyncProducer.send` takes (``queue_id``, ``sharding_key``,
+                ``selector``, ``timeout``, ``broker``).
+
+        Raises:
+            ClientStateError: the client's event loop is closed.
+        """
+        future = asyncio.run_coroutine_threadsafe(self.core.send(msg, **options), self._runner.loop)
+        if callback is not None:
+
+            def done(f: concurrent.futures.Future[SendResult]) -> None:
+                if f.cancelled():
+                    callback(None, concurrent.futures.CancelledError())
+                elif (error := f.exception()) is not None:
+                    callback(None, error)
+                else:
+                    callback(f.result(), None)
+
+            future.add_done_callback(done)
+        return future
+
 
 class PushConsumer(_GroupClient[AsyncPushConsumer]):
     """The blocking-lifecycle push consumer; see :class:`~txmq.client.AsyncPushConsumer`.
@@ -189,6 +233,40 @@ class PullConsumer(_GroupClient[AsyncPullConsumer]):
     max_offset = blocking(AsyncPullConsumer.max_offset)
     min_offset = blocking(AsyncPullConsumer.min_offset)
     offset_for_timestamp = blocking(AsyncPullConsumer.offset_for_timestamp)
+
+
+class SimpleConsumer(_GroupClient[AsyncSimpleConsumer]):
+    """The blocking receive/ack consumer; see :class:`~txmq.client.AsyncSimpleConsumer`.
+
+    Example::
+
+        with SimpleConsumer("billing", subscriptions={"orders": "*"}) as consumer:
+            for msg in consumer.receive(16, invisible_duration=30):
+                handle(msg.body)
+                consumer.ack(msg)
+    """
+
+    _core_type = AsyncSimpleConsumer
+
+    receive = blocking(AsyncSimpleConsumer.receive)
+    ack = blocking(AsyncSimpleConsumer.ack)
+    change_invisible_duration = blocking(AsyncSimpleConsumer.change_invisible_duration)
+
+    def subscribe(self, topic: str, expression: str | None = "*") -> None:
+        """Receive ``topic``'s messages matching ``expression``."""
+
+        async def go() -> None:
+            self.core.subscribe(topic, expression)
+
+        self._run(go())
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic``."""
+
+        async def go() -> None:
+            self.core.unsubscribe(topic)
+
+        self._run(go())
 
 
 class AdminClient(_SyncClient):

@@ -60,6 +60,7 @@ from txmq.protocol.message import (
 )
 from txmq.protocol.txn_offsets import TXN_OFFSETS_TOPIC, QueueOffset, TxnOffsets
 
+from . import telemetry
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import InvalidMessageError
 from .lifecycle import AsyncClient
@@ -398,6 +399,21 @@ class AsyncTransactionProducer(AsyncClient):
     ) -> None:
         """Send END_TRANSACTION for the half ``half`` and wait for the broker's answer."""
         fields = end_transaction_fields(self.group, half, state, from_check, transaction_id)
+        if telemetry.AVAILABLE:
+            with telemetry.end_transaction_span(
+                half.topic,
+                self.group,
+                half.msg_id,
+                transaction_id or half.transaction_id,
+                state.value,
+            ):
+                await self._end_fields(half, fields, remark)
+        else:
+            await self._end_fields(half, fields, remark)
+
+    async def _end_fields(
+        self, half: SendResult, fields: dict[str, Any], remark: str | None
+    ) -> None:
         # The decision goes to the broker group that stored the half.
         conn = self.producer.connection
         if conn.group_name is not None and half.broker_name != conn.group_name:
@@ -412,6 +428,20 @@ class AsyncTransactionProducer(AsyncClient):
             )
 
     async def _end(
+        self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection
+    ) -> None:
+        if telemetry.AVAILABLE:
+            decision = {v: k.value for k, v in _WIRE_VALUES.items()}.get(
+                header.commit_or_rollback, str(header.commit_or_rollback)
+            )
+            with telemetry.end_transaction_span(
+                None, self.group, header.msg_id or "", header.transaction_id, decision
+            ):
+                await self._end_request(header, remark, conn)
+        else:
+            await self._end_request(header, remark, conn)
+
+    async def _end_request(
         self, header: EndTransactionRequestHeader, remark: str | None, conn: BrokerConnection
     ) -> None:
         cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header.to_ext_fields())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import quote, unquote
 
 from txmq.protocol.errors import TxmqError
@@ -105,8 +105,11 @@ class PreparedTransaction:
 #: What a producer asks on a check-back of a two-phase transaction: the coordinator's decision
 #: for ``handle`` (COMMIT_MESSAGE, ROLLBACK_MESSAGE, or UNKNOW when it has none yet); a plain
 #: function (run in a thread pool) or a coroutine function.
+#: (``Union`` of forward references rather than one quoted expression: the names then resolve
+#: wherever the alias is used, e.g. by the API reference's annotation rendering.)
 PreparedResolver = Callable[
-    [PreparedTransaction], "LocalTransactionState | Awaitable[LocalTransactionState]"
+    [PreparedTransaction],
+    Union["LocalTransactionState", Awaitable["LocalTransactionState"]],  # noqa: UP007
 ]
 
 __all__ = [
