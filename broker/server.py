@@ -44,11 +44,13 @@ from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, attr_name, delay_levels
 from .context import BrokerContext, Lifecycle
 from .flush import FlushService
-from .messaging import MessagingCore, WritePath
+from .messaging.core import MessagingCore
 from .messaging.hold import PullRequestHoldService
 from .messaging.index import MessageIndexService, open_message_index
 from .messaging.locks import QueueLockTable
 from .messaging.timer import TimerService
+from .messaging.trace import BrokerTrace
+from .messaging.write import WritePath
 from .metrics import BrokerMetrics
 from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
@@ -357,11 +359,14 @@ class BrokerController:
             lifecycle=self.lifecycle,
             cluster=self.cluster,
         )
-        self.transactions = TransactionalMessageService(ctx, self._check_sender)
+        #: the message trace (``traceTopicEnable``): the send use cases and the transaction
+        #: service report to the same one
+        trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
+        self.transactions = TransactionalMessageService(ctx, self._check_sender, trace)
         if self.acl is not None:
             self.acl.transactions = self.transactions
             self.clients.producer_filter = self.acl.may_produce
-        self.core = MessagingCore(ctx, self.transactions)
+        self.core = MessagingCore(ctx, self.transactions, trace)
         self.schedule = ScheduleMessageService(
             self.store, self.offsets, self.write, self.clock, self.delay_levels
         )

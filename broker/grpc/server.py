@@ -32,7 +32,7 @@ from .v2 import service_pb2 as spb
 if TYPE_CHECKING:
     from ..acl import AclManager
     from ..config import BrokerConfig
-    from ..messaging import MessagingCore
+    from ..messaging.core import MessagingCore
     from ..quota import QuotaManager
     from ..tls import ServerTls, TlsMaterial
     from ..transaction.service import CheckSender

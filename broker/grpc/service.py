@@ -39,8 +39,7 @@ from txmq.protocol.message import (
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
-from ..messaging import MessagingCore
-from ..messaging.core import DeliveryTimeError
+from ..messaging.core import DeliveryTimeError, MessagingCore
 from ..messaging.pop import Delivery, ReceiptHandleError
 from ..messaging.read import EVERYTHING, ReadFilter, read_filter
 from ..quota import QuotaManager

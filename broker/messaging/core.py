@@ -34,6 +34,18 @@ from txmq.protocol.message import (
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 
 from ..context import BrokerContext
+from ..delivery import (
+    START_DELIVER_TIME,
+    TIMER_DEL_UNIQKEY,
+    TIMER_DELAY_MS,
+    TIMER_DELAY_SEC,
+    TIMER_DELIVER_MS,
+    TIMER_PROPERTIES,
+    DeliveryTimeError,
+    check_timer_delay,
+    route_to_timer,
+    timer_deliver_ms,
+)
 from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
@@ -42,21 +54,8 @@ from .dedup import DedupIndex, Key, Stored, dedup_topic
 from .fastpath import FastPaths, PlainSend
 from .pop import PopService
 from .read import ReadSide
-from .timer import (
-    START_DELIVER_TIME,
-    TIMER_DEL_UNIQKEY,
-    TIMER_DELAY_MS,
-    TIMER_DELAY_SEC,
-    TIMER_DELIVER_MS,
-    TIMER_PROPERTIES,
-    DeliveryTimeError,
-    TimerService,
-    check_timer_delay,
-    parse_recall_handle,
-    recall_handle,
-    route_to_timer,
-    timer_deliver_ms,
-)
+from .timer import TimerService, parse_recall_handle, recall_handle
+from .trace import BrokerTrace
 
 __all__ = [
     "START_DELIVER_TIME",
@@ -208,14 +207,20 @@ def is_transactional(props: dict[str, str]) -> bool:
 class MessagingCore:
     """The broker's use cases over its components (see :mod:`txmq.broker.messaging`)."""
 
-    def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        transactions: TransactionalMessageService,
+        trace: BrokerTrace | None = None,
+    ) -> None:
         self.ctx = ctx
         self.tx = transactions
         self.fast = FastPaths(ctx, transactions)
         #: The timer service, once the broker has built it (recalls go to it).
         self.timer: TimerService | None = None
-        #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off
-        self.trace = transactions.trace
+        #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off;
+        #: the transaction service tells the same one of its transactions' steps
+        self.trace = trace
         #: SYNC_FLUSH: a request's trace records are fsynced with it, before its answer (under
         #: ASYNC_FLUSH they are appended at the end of the loop turn that handled it)
         self.trace_waits = self.trace if ctx.config.sync_flush else None

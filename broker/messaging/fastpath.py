@@ -43,9 +43,9 @@ from txmq.protocol.message import (
     string_to_properties,
 )
 
+from ..delivery import TIMER_DEL_UNIQKEY, TIMER_PROPERTIES
 from ..store import AppendResult, EncodedMessage
 from ..store.tags import tags_code_of
-from .timer import TIMER_DEL_UNIQKEY, TIMER_PROPERTIES
 
 if TYPE_CHECKING:
     from ..context import BrokerContext

@@ -18,8 +18,7 @@ from txmq.protocol.headers import (
 )
 from txmq.protocol.message import MessageExt, string_to_properties
 
-from ..messaging import MessagingCore, SendOutcome
-from ..messaging.core import StoredBatch
+from ..messaging.core import MessagingCore, SendOutcome, StoredBatch
 from ..messaging.fastpath import PlainSend
 
 

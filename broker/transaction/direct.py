@@ -38,9 +38,9 @@ from txmq.protocol.message import (
     string_to_properties,
 )
 
+from ..delivery import TIMER_PROPERTIES
 from ..messaging.dedup import dedup_topic
 from ..messaging.fastpath import header_values, make_half_template
-from ..messaging.timer import TIMER_PROPERTIES
 from ..store import AppendResult, EncodedMessage
 from .state import HalfRef, TxState
 

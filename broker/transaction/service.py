@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -50,6 +50,13 @@ from txmq.protocol.topics import (
 )
 from txmq.protocol.trace import TxEvent
 
+from ..delivery import (
+    TIMER_DEL_UNIQKEY,
+    TIMER_PROPERTIES,
+    check_timer_delay,
+    route_to_timer,
+    timer_deliver_ms,
+)
 from ..messaging.fastpath import (
     FastBatch,
     HalfTemplate,
@@ -58,14 +65,6 @@ from ..messaging.fastpath import (
     committed_properties,
     committed_sys_flag,
 )
-from ..messaging.timer import (
-    TIMER_DEL_UNIQKEY,
-    TIMER_PROPERTIES,
-    check_timer_delay,
-    route_to_timer,
-    timer_deliver_ms,
-)
-from ..messaging.trace import BrokerTrace
 from ..redelivery import redelivered
 from ..store import (
     AppendResult,
@@ -107,6 +106,18 @@ RECENT_HALVES_MAX = 131_072
 #: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
 
 
+class TxTrace(Protocol):
+    """What the transaction service tells the broker's message trace (the messaging side's
+    :class:`~txmq.broker.messaging.trace.BrokerTrace`, given by the composition root): a port
+    this package owns, so it imports nothing of :mod:`txmq.broker.messaging`."""
+
+    def tx_event(self, rec: TxRecord, event: TxEvent, detail: str = "") -> None: ...
+
+    def check_sent(self, rec: TxRecord, client_id: str) -> None: ...
+
+    def flush(self) -> int: ...
+
+
 class TxCounts:
     """Halves stored, commits and rollbacks counted in plain integers on the event loop, and
     added to their Prometheus counters (``txmq_transaction_halves``, ``_commits``,
@@ -143,7 +154,12 @@ class TransactionalMessageService:
     half_topic = RMQ_SYS_TRANS_HALF_TOPIC
     op_topic = RMQ_SYS_TRANS_OP_HALF_TOPIC
 
-    def __init__(self, ctx: BrokerContext, check_sender: CheckSender | None = None) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        check_sender: CheckSender | None = None,
+        trace: TxTrace | None = None,
+    ) -> None:
         self.ctx = ctx
         cfg = ctx.config
         self.machine = TransactionStateMachine()
@@ -170,7 +186,7 @@ class TransactionalMessageService:
             ctx.store, ctx.offsets, ctx.clients, ctx.flush.wait_durable
         )
         #: the broker's message trace, None when ``traceTopicEnable`` is off
-        self.trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
+        self.trace = trace
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),

@@ -20,8 +20,7 @@ from tests.support.fastpath import (
     same_record,
     send_to_both,
 )
-from txmq.broker.messaging import SendOutcome, SendReceipt
-from txmq.broker.messaging.core import StoredBatch
+from txmq.broker.messaging.core import SendOutcome, SendReceipt, StoredBatch
 from txmq.broker.processors.send import SendMessageProcessor
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
