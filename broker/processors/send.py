@@ -18,8 +18,7 @@ from txmq.protocol.headers import (
 )
 from txmq.protocol.message import MessageExt, string_to_properties
 
-from ..messaging.core import MessagingCore, SendOutcome, StoredBatch
-from ..messaging.fastpath import PlainSend
+from ..messaging.core import MessagingCore, SendOutcome
 
 
 class SendMessageProcessor:
@@ -57,27 +56,13 @@ class SendMessageProcessor:
 
     async def send_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         core = self.core
-        # One plain message: stored straight from its header when it qualifies (the same
-        # record and answer as below, which takes anything else).
-        v2 = cmd.code == RequestCode.SEND_MESSAGE_V2
-        p = core.fast.parse_one(v2, cmd.ext_fields, cmd.body) or core.tx.direct.parse(
-            v2, cmd.ext_fields, cmd.body
-        )  # a plain message, or a half alone (transaction/direct.py)
-        if p is not None:
-            tc = await core.topic_for_send(p.topic, p.queue_nums)
-            qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
-            if isinstance(p, PlainSend):
-                outcome = core.send_plain_now(p, qid, conn.peer)
-            elif (res := core.tx.direct.store(p, qid, conn.peer, core.dedup)) is not None:
-                prefix = core.ctx.store.msg_id_prefix
-                batch = StoredBatch(prefix, res.placed, [p.uniq], qid, p.txid, res.end_offset)
-                outcome = SendOutcome(batch=batch)
-            else:
-                outcome = None
-            if outcome is not None:
-                if core.durable_at_once():
-                    return self._answer(cmd, outcome)
-                return self._answer(cmd, await core.durable(outcome))
+        # The send use case as the request came: a direct path stores it when one can (the
+        # same record and answer as below); else the header is translated for the generic one.
+        outcome = await core.send_direct(
+            cmd.code == RequestCode.SEND_MESSAGE_V2, cmd.ext_fields, cmd.body, conn.peer
+        )
+        if outcome is not None:
+            return self._answer(cmd, outcome)
         h = self._header(cmd)
         if h.batch:
             return await self.send_batch(conn, cmd, h)
