@@ -536,9 +536,10 @@ class FastPaths:
         self.trace = trace
         cfg = ctx.config
         self.enabled = cfg.fast_path_enable
-        #: halves sent alone are left to the generic path while the trace is on or the broker
-        #: refuses transactional messages (it gives the refusal)
-        self._halves_alone = self.enabled and trace is None and not cfg.reject_transaction_message
+        #: halves sent alone are left to the generic path while the trace is on (and while
+        #: the broker refuses transactional messages, a setting that may change at run time:
+        #: read per half; the generic path gives the refusal)
+        self._halves_alone = self.enabled and trace is None
         self.counts = PathCounts(ctx.metrics)
         self._one_forms: dict[tuple[str, int, bytes, bytes], StoredForm | None] = {}
         self._shapes: dict[tuple[str, int, int, str, bytes, bytes], _Shape | None] = {}
@@ -620,6 +621,7 @@ class FastPaths:
         (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
         if (
             not self._halves_alone
+            or cfg.reject_transaction_message
             or sys_flag & _TX_MASK != _PREPARED
             or sys_flag & HOST_V6_BITS
             or len(body) > cfg.max_message_size

@@ -256,3 +256,21 @@ async def test_transactions_refused_on_the_broker_are_refused_alike(
         )
         assert not took
         assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
+
+
+async def test_transactions_refused_at_run_time_are_refused_alike(
+    pair: BrokerPair,
+) -> None:
+    """``rejectTransactionMessage`` changes while the broker runs: a half of a shape the direct
+    path knows already is refused from then on, as the generic path refuses it."""
+    resp, took = await send_both(
+        pair, True, header(True, "half-r", half_props("R1", "tx-r1")), b"a"
+    )
+    assert took and resp.code == ResponseCode.SUCCESS, resp.remark
+    for b in (pair.fast, pair.generic):
+        await b.update_config({"rejectTransactionMessage": "true"})
+    resp, took = await send_both(
+        pair, True, header(True, "half-r", half_props("R2", "tx-r2")), b"b"
+    )
+    assert not took
+    assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
