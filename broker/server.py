@@ -44,6 +44,7 @@ from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, attr_name, delay_levels
 from .context import BrokerContext, Lifecycle
 from .flush import FlushService
+from .messaging.admission import SendAdmission
 from .messaging.core import MessagingCore
 from .messaging.hold import PullRequestHoldService
 from .messaging.index import MessageIndexService, open_message_index
@@ -388,6 +389,9 @@ class BrokerController:
         self.core.timer = self.timer
         self._processors = self.metrics.timed(self._build_processors())
         self.quota = self._quotas()
+        if self.acl is not None or self.quota is not None:
+            # a send's permission and produce quota: the send use case's, for both front ends
+            self.core.admission = SendAdmission(self.acl, self.quota)
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep

@@ -214,7 +214,6 @@ def _too_many(exc: SystemBusyError) -> Any:
 
 def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
-    produce = name == "SendMessage"
 
     @functools.wraps(method)
     async def call(request: Any, context: Context) -> Any:
@@ -224,13 +223,7 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 return _refusal(response, request, refused)
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
-        quota = service.quota
-        if produce and quota is not None:
-            charge = sum(len(m.body) for m in request.messages)
-            try:
-                await quota.throttle(service.quota_key(context), "produce", charge)
-            except SystemBusyError as exc:
-                return _refusal(response, request, _too_many(exc))
+        # A send's permission and produce quota: the send use case's (messaging/admission.py).
         t0 = time.perf_counter()
         try:
             return await method(request, context)

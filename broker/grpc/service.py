@@ -39,6 +39,7 @@ from txmq.protocol.message import (
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
+from ..messaging.admission import Caller
 from ..messaging.core import DeliveryTimeError, MessagingCore
 from ..messaging.pop import Delivery, ReceiptHandleError
 from ..messaging.read import EVERYTHING, ReadFilter, read_filter
@@ -498,11 +499,27 @@ class MessagingService:
         self._rr += 1
         return (self._rr + random.randrange(write_queues)) % write_queues
 
+    def _caller(self, request: Any, context: Context) -> Caller:
+        """Who sends, as this front end authenticated it (see :mod:`..messaging.admission`)."""
+        host, port = _peer_address(context)
+        return Caller(
+            CALLER.get(),
+            self.quota_key(context) if self.quota is not None else None,
+            "RPC SendMessage",
+            {"peer": f"{host}:{port}", "rpc": "SendMessage"},
+            sum(len(m.body) for m in request.messages),
+        )
+
     async def _send(self, request: Any, context: Context) -> Any:
+        core = self.core
+        caller = None
+        if core.admission is not None:  # first, as any call's ACL check
+            caller = self._caller(request, context)
+            topics = [convert.resource_name(m.topic) for m in request.messages]
+            await core.admit(caller, [t for t in topics if t])
         if not request.messages:
             raise GrpcStatusError(Code.BAD_REQUEST, "no message in the request")
         c = self._client(context)
-        core = self.core
         ctx = self.ctx
         peer_host = c.peer.peer[0]
         now = ctx.now_ms()
@@ -541,7 +558,7 @@ class MessagingService:
         # The send use case, as a remoting send takes it: a resend (the same message id within
         # the duplicate window, a lost answer) is answered with the first send's receipt.
         # A half's group is in its PGROUP property (set above).
-        outcome = await core.send(prepared, "")
+        outcome = await core.send(prepared, "", caller)
         entries = [
             spb.SendResultEntry(
                 status=status(),

@@ -48,8 +48,9 @@ from ..store import PutMessageResult, TopicConfig
 from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
 from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
+from .admission import Caller, SendAdmission
 from .dedup import DedupIndex, Key, Stored
-from .fastpath import FastPaths
+from .fastpath import FastPaths, HalfSend
 from .outcome import SendOutcome, SendReceipt, StoredBatch
 from .pop import PopService
 from .read import ReadSide
@@ -117,6 +118,9 @@ class MessagingCore:
             ctx.metrics,
             ctx.store.lookup_message,
         )
+        #: the ACL and quotas a send is admitted by (:mod:`.admission`), None when neither
+        #: is in force (the broker sets it once it has built them)
+        self.admission: SendAdmission | None = None
         #: the direct paths (:mod:`.fastpath`), behind :meth:`send_direct` and
         #: :meth:`send_batch`
         self.fast = FastPaths(ctx, transactions, self.dedup, trace)
@@ -308,11 +312,17 @@ class MessagingCore:
             out.append(None if s is None or key is None else _first_receipt(key, s))
         return out
 
-    async def send(self, msgs: list[MessageExt], producer_group: str) -> SendOutcome:
+    async def send(
+        self, msgs: list[MessageExt], producer_group: str, caller: Caller | None = None
+    ) -> SendOutcome:
         """Prepare, store and make durable the messages of one request (all or none is
         stored: every message is prepared before the first is stored).  A message stored
         before within the duplicate window (a resend) is not stored again: its receipt is the
-        first send's (:mod:`.dedup`)."""
+        first send's (:mod:`.dedup`).  ``caller``: admitted first, unless it was (the front
+        ends admit it before they look a topic up, :meth:`admit`)."""
+        if caller is not None and not caller.admitted:
+            halves = any(is_transactional(m.properties) for m in msgs)
+            await self.admit(caller, [m.topic for m in msgs], producer_group if halves else "")
         dedup = self.dedup
         if len(msgs) == 1:
             return await self._send_one(msgs[0], producer_group)
@@ -430,8 +440,24 @@ class MessagingCore:
         )
         return uniq
 
+    async def admit(self, caller: Caller, topics: list[str], group: str = "") -> None:
+        """The first step of a send: its permission and produce quota (:mod:`.admission`),
+        before its topic is looked up or created; once per request.
+
+        Raises:
+            AclDenied: the caller may not send to a topic or as the group.
+            SystemBusyError: the caller's produce quota is exhausted.
+        """
+        if self.admission is not None:
+            await self.admission.admit(caller, topics, group)
+
     async def send_direct(
-        self, v2: bool, ext: dict[str, Any], body: bytes, born_host: tuple[str, int]
+        self,
+        v2: bool,
+        ext: dict[str, Any],
+        body: bytes,
+        born_host: tuple[str, int],
+        caller: Caller | None = None,
     ) -> SendOutcome | None:
         """The send use case of a SEND_MESSAGE(_V2) request as it came (its header fields and
         body), through the one seam of the direct paths (:class:`~.fastpath.FastPaths`): a
@@ -446,6 +472,8 @@ class MessagingCore:
         p = fast.read_one(v2, ext, body)
         if p is None:
             return None
+        if caller is not None:
+            await self.admit(caller, [p.topic], p.group if p.__class__ is HalfSend else "")
         tc = await self.topic_for_send(p.topic, p.queue_nums)
         outcome = fast.try_store(
             p, self.queue_id(p.queue_id, tc.write_queue_nums, p.topic), born_host
@@ -455,7 +483,12 @@ class MessagingCore:
         return await self.durable(outcome)
 
     async def send_batch(
-        self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
+        self,
+        h: SendMessageRequestHeader,
+        queue_id: int,
+        body: bytes,
+        born_host: tuple[str, int],
+        caller: Caller | None = None,
     ) -> SendOutcome:
         """A SEND_BATCH_MESSAGE body: plain messages, or the halves of one transaction.
 
@@ -468,6 +501,9 @@ class MessagingCore:
                 (or halves of several transactions), a body is too large, or a plain message
                 has a delay.
         """
+        if caller is not None and not caller.admitted:
+            prepared = h.sys_flag & MessageSysFlag.TRANSACTION_PREPARED_TYPE
+            await self.admit(caller, [h.topic], h.producer_group if prepared else "")
         fast = self.fast
         batch = fast.read_batch(h, queue_id, body, born_host)
         outcome = fast.try_store(batch, queue_id, born_host) if batch is not None else None
@@ -475,7 +511,7 @@ class MessagingCore:
             # No direct path, or a resend (or partly one, or a message twice): the generic
             # path stores what is new, once.
             msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
-            return await self.send(msgs, h.producer_group)
+            return await self.send(msgs, h.producer_group, caller)
         return await self.durable(outcome)
 
     def batch_messages(

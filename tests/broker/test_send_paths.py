@@ -143,3 +143,25 @@ def test_the_new_switch_name_wins_over_the_old(tmp_path: Any, logs: Any) -> None
     assert load_config(None, env=env).fast_path_enable is True
     assert load_config(None, env={}).fast_path_enable is True
     assert _renamed(logs) == ["batchFastPathEnable", "TXMQ_BATCH_FAST_PATH_ENABLE"]
+
+
+async def test_a_send_is_admitted_before_its_topic_is_created(make_broker_config: Any) -> None:
+    """The produce quota (like the ACL) admits a send before a direct path looks its topic up:
+    a send refused for a client over its byte rate creates no topic."""
+    b = BrokerController(make_broker_config(quota_produce_byte_rate=64, quota_max_throttle_ms=0))
+    await b.start()
+    c = await RawClient.connect(b.address)
+    try:
+        first = await c.call(RequestCode.SEND_MESSAGE_V2, _one({C.UNIQ_KEY: "Q1"}), b"x" * 200)
+        assert first.code == ResponseCode.SUCCESS, first.remark
+        ext = _one({C.UNIQ_KEY: "Q2"})
+        ext["b"] = "paths-fresh"
+        refused = await c.call(RequestCode.SEND_MESSAGE_V2, ext, b"y")
+        assert refused.code == ResponseCode.SYSTEM_BUSY, refused.remark
+        assert refused.remark is not None and refused.remark.startswith("[TOO_MANY_REQUESTS]")
+        snap = b.metrics.snapshot()
+        assert snap.get("txmq_send_path_total{path=one_plain}") == 1  # the first, directly
+        assert b.topics.get("paths-fresh") is None
+    finally:
+        await c.close()
+        await b.shutdown()
