@@ -35,6 +35,7 @@ COMPILED = [
     "txmq.protocol.message",
     "txmq.protocol.command",
     "txmq.broker.messaging.fastpath",
+    "txmq.broker.messaging.outcome",
     "txmq.broker.messaging.core",
     "txmq.broker.messaging.write",
     "txmq.broker.messaging.dedup",

@@ -43,7 +43,6 @@ from txmq.protocol.headers import (
     EndTransactionRequestHeader,
     ForceDecideRequestHeader,
     ListTransactionsRequestHeader,
-    SendMessageRequestHeader,
 )
 from txmq.protocol.locks import LockBatchRequest
 from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
@@ -70,7 +69,6 @@ _PERM_NAMES = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|
 #: was trusted by ``globalWhiteRemoteAddresses``).
 CONTEXT_KEY = "acl_access_key"
 
-_TRANSACTION_PREPARED = 0x4
 _COMMIT = 0x8
 
 
@@ -486,14 +484,9 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
     R = RequestCode
     code, ext = cmd.code, cmd.ext_fields
     if code in (R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
-        if code == R.SEND_MESSAGE_V2 or "b" in ext:
-            h = SendMessageRequestHeader.from_v2_ext_fields(ext)
-        else:
-            h = SendMessageRequestHeader.from_ext_fields(ext)
-        needs = [topic_or_group(h.topic, PUB)]
-        if h.sys_flag & _TRANSACTION_PREPARED:
-            needs.append(Need(h.producer_group, True, PUB))
-        return False, needs
+        # Authenticated here; authorized by the send use case, once for both front ends
+        # (broker/messaging/admission.py: PUB on the topic, and on the producer group of halves).
+        return False, []
     if code == R.RECALL_MESSAGE:  # what a send of its topic needs (RocketMQ: PUB)
         topic = _field(ext, "topic")
         return False, [topic_or_group(topic, PUB)] if topic else []
@@ -600,7 +593,8 @@ def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple
 # -- the checker -------------------------------------------------------------------------------
 
 
-def _code_name(code: int) -> str:
+def code_name(code: int) -> str:
+    """A request code as refusals name it: ``310 (SEND_MESSAGE_V2)``."""
     try:
         return f"{code} ({RequestCode(code).name})"
     except ValueError:
@@ -747,7 +741,7 @@ class AclManager:
         """Let the request through or raise :class:`NoPermissionError` saying why."""
         ext = cmd.ext_fields
         ak = ext.get(ACCESS_KEY)
-        what = f"request code {_code_name(cmd.code)}"
+        what = f"request code {code_name(cmd.code)}"
         where = {"peer": f"{conn.peer[0]}:{conn.peer[1]}", "code": cmd.code}
         account = self.authenticate(
             conn.peer[0],

@@ -17,9 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import structlog
+
 from txmq.protocol.headers import camel
 
 from .store.config import DISK_FULL_POLICIES
+
+log = structlog.get_logger(__name__)
 
 GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
@@ -144,10 +148,12 @@ class BrokerConfig:
     duplicate_window_max_entries: int = 200_000
 
     # -- performance -------------------------------------------------------------------------
-    #: Store batches of plain messages and of one transaction's halves straight from the
-    #: request body when they qualify (the same bytes as the generic path, which takes the
-    #: rest); ``txmq_batch_path_total{path}`` counts which path each batch took.
-    batch_fast_path_enable: bool = True
+    #: The direct paths (broker/messaging/fastpath.py): store a send straight from the request
+    #: when it qualifies -- a batch of plain messages or of one transaction's halves, one plain
+    #: message or one half -- the same bytes and answer as the generic path, which takes the
+    #: rest; ``txmq_send_path_total{path}`` counts which path each remoting send took.  Its
+    #: old name ``batchFastPathEnable`` is still read (with a warning).
+    fast_path_enable: bool = True
 
     # -- message index (docs/operations.md) ----------------------------------------------------
     #: Index every stored message's KEYS and UNIQ_KEY for QUERY_MESSAGE (``txmq message find``).
@@ -450,8 +456,40 @@ def _parse_int(s: str) -> int:
     return n * {"": 1, "K": 1024, "M": MiB, "G": GiB}[unit]
 
 
-def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> None:
+#: Keys renamed, by their old name (and attribute): the old one is still read, with a WARNING
+#: naming the new one; where both are set the new one wins.
+RENAMED_KEYS = {"batchFastPathEnable": "fastPathEnable"}
+RENAMED_ATTRS = {"batch_fast_path_enable": "fast_path_enable"}
+
+
+def _renamed(old: str, new: str, source: str) -> None:
+    log.warning(
+        "config_key_renamed",
+        key=old,
+        new_key=new,
+        source=source,
+        hint=f"{old} is deprecated and read as {new}: rename it",
+    )
+
+
+def _current_names(items: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """``items`` with renamed keys under their new names (a WARNING for each)."""
+    if not any(k in RENAMED_KEYS or k in RENAMED_ATTRS for k in items):
+        return items
+    out = {k: v for k, v in items.items() if k not in RENAMED_KEYS and k not in RENAMED_ATTRS}
     for key, value in items.items():
+        new = RENAMED_KEYS.get(key) or RENAMED_ATTRS.get(key)
+        if new is None:
+            continue
+        _renamed(key, new, source)
+        attr = RENAMED_ATTRS.get(key) or attr_name(new)
+        if key_name(attr) not in out and attr not in out:
+            out[new] = value
+    return out
+
+
+def _apply(values: dict[str, Any], items: Mapping[str, Any], source: str) -> None:
+    for key, value in _current_names(items, source).items():
         f = KEY_FIELDS.get(key)
         if f is None:
             # accept snake_case too, for convenience
@@ -499,6 +537,13 @@ def load_config(
         _flatten(doc, "", flat)
         _apply(values, flat, str(path))
     environ = os.environ if env is None else env
+    for old_attr, attr in RENAMED_ATTRS.items():
+        name = env_name(old_attr)
+        if name in environ:
+            _renamed(name, env_name(attr), "the environment")
+            if env_name(attr) not in environ:
+                f = KEY_FIELDS[key_name(attr)]
+                values[attr] = convert_value(f, environ[name], f"environment variable {name}")
     for f in fields(BrokerConfig):
         name = env_name(f.name)
         if name in environ:

@@ -162,10 +162,11 @@ class BrokerMetrics:
             "Send ids forgotten before the end of duplicateWindowSeconds "
             "(duplicateWindowMaxEntries reached)",
         )
-        self.batch_path = c(
-            "txmq_batch_path",
-            "SEND_BATCH_MESSAGE requests by the path that stored them (plain, halves: the fast "
-            "paths; generic: did not qualify; disabled: batchFastPathEnable is off)",
+        self.send_path = c(
+            "txmq_send_path",
+            "Remoting send requests by the path that stored them: the direct paths (plain, "
+            "halves: a batch; one_plain, one_half: one message), generic (no direct path "
+            "qualified) or disabled (fastPathEnable is off)",
             ["path"],
         )
         # transactions

@@ -10,7 +10,8 @@ delayed until the debt is paid (Kafka's ``throttle_time``), so a synchronous pro
 slows down; when the debt is more than ``quotaMaxThrottleMs`` worth the request is refused with
 SYSTEM_BUSY and a remark starting ``[TOO_MANY_REQUESTS]``, which stock RocketMQ producers retry
 after a pause and consumers answer by pulling again later.  A send is charged its body before
-it is stored; a pull is charged the bytes of its answer.
+it is stored (by the send use case, :mod:`txmq.broker.messaging.admission`, for both front
+ends); a pull is charged the bytes of its answer.
 
 A connection is counted against its account (or address) at its first request; one past
 ``maxConnections`` gets SYSTEM_BUSY with a ``[TOO_MANY_CONNECTIONS]`` remark, is logged and
@@ -46,9 +47,6 @@ log = structlog.get_logger(__name__)
 CONTEXT_KEY = "quota_key"
 _REFUSED = "quota_refused"
 
-_PRODUCE_CODES = frozenset(
-    {RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE}
-)
 _CONSUME_CODES = frozenset({RequestCode.PULL_MESSAGE})
 
 
@@ -229,16 +227,14 @@ class QuotaManager:
     # -- byte rates -----------------------------------------------------------------------------
 
     async def before(self, key: str, cmd: RemotingCommand) -> None:
-        """Delay a send or pull whose bucket is in debt, or refuse it past ``max_throttle``;
-        charge a send its body.
+        """Delay a pull whose bucket is in debt, or refuse it past ``max_throttle``.  (A send
+        is admitted by the send use case, :mod:`txmq.broker.messaging.admission`, which
+        charges it its body: once for both front ends.)
 
         Raises:
             SystemBusyError: ``[TOO_MANY_REQUESTS]``, naming the account and the limit.
         """
-        code = cmd.code
-        if code in _PRODUCE_CODES:
-            await self.throttle(key, "produce", len(cmd.body))
-        elif code in _CONSUME_CODES:
+        if cmd.code in _CONSUME_CODES:
             await self.throttle(key, "consume", 0)
 
     def rate_of(self, key: str, kind: str) -> int:

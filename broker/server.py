@@ -44,11 +44,14 @@ from .clients import ClientManager
 from .config import BrokerConfig, ConfigError, attr_name, delay_levels
 from .context import BrokerContext, Lifecycle
 from .flush import FlushService
-from .messaging import MessagingCore, WritePath
+from .messaging.admission import SendAdmission
+from .messaging.core import MessagingCore
 from .messaging.hold import PullRequestHoldService
 from .messaging.index import MessageIndexService, open_message_index
 from .messaging.locks import QueueLockTable
 from .messaging.timer import TimerService
+from .messaging.trace import BrokerTrace
+from .messaging.write import WritePath
 from .metrics import BrokerMetrics
 from .metrics_scrape import BrokerFigures
 from .ops import OpsServer, start_ops_server
@@ -357,11 +360,14 @@ class BrokerController:
             lifecycle=self.lifecycle,
             cluster=self.cluster,
         )
-        self.transactions = TransactionalMessageService(ctx, self._check_sender)
+        #: the message trace (``traceTopicEnable``): the send use cases and the transaction
+        #: service report to the same one
+        trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
+        self.transactions = TransactionalMessageService(ctx, self._check_sender, trace)
         if self.acl is not None:
             self.acl.transactions = self.transactions
             self.clients.producer_filter = self.acl.may_produce
-        self.core = MessagingCore(ctx, self.transactions)
+        self.core = MessagingCore(ctx, self.transactions, trace)
         self.schedule = ScheduleMessageService(
             self.store, self.offsets, self.write, self.clock, self.delay_levels
         )
@@ -383,6 +389,9 @@ class BrokerController:
         self.core.timer = self.timer
         self._processors = self.metrics.timed(self._build_processors())
         self.quota = self._quotas()
+        if self.acl is not None or self.quota is not None:
+            # a send's permission and produce quota: the send use case's, for both front ends
+            self.core.admission = SendAdmission(self.acl, self.quota)
         if self.make_replication is not None:
             rep = self.replication = self.make_replication(ctx, self.transactions)
             self.flush.replication = rep

@@ -75,6 +75,13 @@ RULES = [
         ("asyncio", "socket", "uvloop"),
         "the store is synchronous and does no network I/O",
     ),
+    Rule(
+        "broker/transaction",
+        ("txmq.broker.messaging", "txmq.broker.processors", "txmq.broker.grpc"),
+        "one direction between the two (docs/architecture.md): the messaging use cases build "
+        "on the transaction state machine and its service, never the other way; what the "
+        "transaction package needs of them it names in a protocol of its own",
+    ),
 ]
 
 
@@ -238,14 +245,36 @@ def test_checker_does_not_confuse_prefixes() -> None:
 # --- no import cycles in the broker -------------------------------------------------------------
 
 
-def import_cycles(folder: str) -> list[list[str]]:
-    """The import cycles among the modules of ``folder`` (strongly connected components of
-    more than one module; imports inside functions and TYPE_CHECKING blocks count)."""
+def packages_run_by(importer: str, imported: str) -> list[str]:
+    """The packages whose ``__init__`` an import of ``imported`` runs, seen from ``importer``:
+    every package above ``imported`` but ``importer`` and those above it (which ran first)."""
+    parts = imported.split(".")
+    above = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return [pkg for pkg in above if pkg != importer and not importer.startswith(pkg + ".")]
+
+
+def import_graph(folder: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``folder`` it imports (imports inside functions and
+    TYPE_CHECKING blocks count), and the packages whose ``__init__`` those imports run: an
+    import of ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, an edge of its own."""
     modules = {module_name(p): p for p in source_files(folder) if "/v2/" not in str(p)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         found = imported_modules(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
-        graph[name] = {m for m in found if m in modules and m != name}
+        # The packages above ``name`` ran before it: importing one (``from . import x``) adds
+        # no edge.
+        edges = {m for m in found if m in modules and not name.startswith(m + ".")}
+        for m in list(edges):
+            edges.update(pkg for pkg in packages_run_by(name, m) if pkg in modules)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(folder: str) -> list[list[str]]:
+    """The import cycles among the modules of ``folder`` (strongly connected components of
+    more than one module, over :func:`import_graph`'s edges)."""
+    graph = import_graph(folder)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -297,3 +326,42 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.Monk
     (pkg / "c.py").write_text("from . import a\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert import_cycles("broker") == [["txmq.broker.a", "txmq.broker.b"]]
+
+
+def test_the_cycle_finder_counts_the_edges_through_a_package_init(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``transaction/service.py`` importing ``messaging/fastpath.py`` runs
+    ``messaging/__init__.py`` first; when that imports ``messaging/core.py``, which imports
+    the transaction service, the three form a cycle (a type-only import in the ``__init__``
+    counts, as everywhere)."""
+    pkg = tmp_path / "broker"
+    for d in (pkg, pkg / "messaging", pkg / "transaction"):
+        d.mkdir()
+        (d / "__init__.py").write_text("")
+    (pkg / "messaging" / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import Core\n"
+    )
+    (pkg / "messaging" / "core.py").write_text(
+        "from . import fastpath\nfrom ..transaction.service import Service\n"
+    )
+    (pkg / "messaging" / "fastpath.py").write_text("")
+    (pkg / "transaction" / "service.py").write_text("from ..messaging.fastpath import F\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_cycles("broker") == [
+        ["txmq.broker.messaging", "txmq.broker.messaging.core", "txmq.broker.transaction.service"]
+    ]
+    # The fix: the transaction service imports nothing of messaging.
+    (pkg / "transaction" / "service.py").write_text("")
+    assert import_cycles("broker") == []
+
+
+def test_an_import_runs_only_the_packages_not_yet_run() -> None:
+    assert packages_run_by("txmq.broker.transaction.service", "txmq.broker.messaging.fastpath") == [
+        "txmq.broker.messaging"
+    ]
+    assert packages_run_by("txmq.broker.messaging.core", "txmq.broker.messaging.fastpath") == []
+    assert packages_run_by("txmq.broker.server", "txmq.broker.messaging.core") == [
+        "txmq.broker.messaging"
+    ]
+    assert packages_run_by("txmq.broker", "txmq.broker.store.x") == ["txmq.broker.store"]

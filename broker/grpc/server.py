@@ -38,7 +38,7 @@ from .v2 import service_pb2 as spb
 if TYPE_CHECKING:
     from ..acl import AclManager
     from ..config import BrokerConfig
-    from ..messaging import MessagingCore
+    from ..messaging.core import MessagingCore
     from ..quota import QuotaManager
     from ..tls import ServerTls, TlsMaterial
     from ..transaction.service import CheckSender
@@ -290,7 +290,6 @@ def _too_many(exc: SystemBusyError) -> Any:
 
 def _unary(service: MessagingService, name: str, response: Any) -> Callable[..., Any]:
     method = getattr(service, name)
-    produce = name == "SendMessage"
     metric = f"grpc:{name}"
     clock = time.perf_counter
 
@@ -302,13 +301,7 @@ def _unary(service: MessagingService, name: str, response: Any) -> Callable[...,
                 return _refusal(response, request, refused)
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INTERNAL, MALFORMED_DETAILS)
-        quota = service.quota
-        if produce and quota is not None:
-            charge = sum(len(m.body) for m in request.messages)
-            try:
-                await quota.throttle(service.quota_key(context), "produce", charge)
-            except SystemBusyError as exc:
-                return _refusal(response, request, _too_many(exc))
+        # A send's permission and produce quota: the send use case's (messaging/admission.py).
         t0 = clock()
         try:
             return await method(request, context)

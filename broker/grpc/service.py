@@ -40,8 +40,10 @@ from txmq.protocol.message import (
 
 from ..acl import AclDenied
 from ..clients import ClientChannel
-from ..messaging import MessagingCore
-from ..messaging.core import DeliveryTimeError, SendOutcome
+from ..messaging.admission import Caller
+from ..messaging.core import DeliveryTimeError, MessagingCore
+from ..messaging.fastpath import PlainSend
+from ..messaging.outcome import SendOutcome
 from ..messaging.pop import Delivery, ReceiptHandleError
 from ..messaging.read import EVERYTHING, ReadFilter, read_filter
 from ..quota import QuotaManager
@@ -500,11 +502,27 @@ class MessagingService:
         self._rr += 1
         return (self._rr + random.randrange(write_queues)) % write_queues
 
+    def _caller(self, request: Any, context: Context) -> Caller:
+        """Who sends, as this front end authenticated it (see :mod:`..messaging.admission`)."""
+        host, port = _peer_address(context)
+        return Caller(
+            CALLER.get(),
+            self.quota_key(context) if self.quota is not None else None,
+            "RPC SendMessage",
+            {"peer": f"{host}:{port}", "rpc": "SendMessage"},
+            sum(len(m.body) for m in request.messages),
+        )
+
     async def _send(self, request: Any, context: Context) -> Any:
+        core = self.core
+        caller = None
+        if core.admission is not None:  # first, as any call's ACL check
+            caller = self._caller(request, context)
+            topics = [convert.resource_name(m.topic) for m in request.messages]
+            await core.admit(caller, [t for t in topics if t])
         if not request.messages:
             raise GrpcStatusError(Code.BAD_REQUEST, "no message in the request")
         c = self._client(context)
-        core = self.core
         ctx = self.ctx
         peer_host = c.peer.peer[0]
         now = ctx.now_ms()
@@ -547,13 +565,13 @@ class MessagingService:
         # The send use case, as a remoting send takes it: a resend (the same message id within
         # the duplicate window, a lost answer) is answered with the first send's receipt.
         # A half's group is in its PGROUP property (set above).
-        outcome = await core.send(prepared, "")
+        outcome = await core.send(prepared, "", caller)
         return self._send_answer(outcome)
 
     async def _send_plain(self, m: Any, peer_host: str, now: int) -> Any:
         """One plain message (normal or FIFO, no delivery time, body as sent) stored as the
         remoting port stores a plain SEND_MESSAGE: straight from its properties string
-        (:meth:`~txmq.broker.messaging.fastpath.FastPaths.parse_one`), the same record the
+        (:meth:`~txmq.broker.messaging.fastpath.FastPaths.read_one`), the same record the
         generic path writes.  None: the generic path takes it (nothing was stored)."""
         sp = m.system_properties
         t = sp.message_type
@@ -580,12 +598,12 @@ class MessagingService:
             "g": convert.born_timestamp_of(sp, now),
             "i": properties_to_string(props),
         }
-        p = core.fast.parse_one(True, ext, m.body)
-        if p is None:
+        p = core.fast.read_one(True, ext, m.body)
+        if p is None or p.__class__ is not PlainSend:
             return None
         tc = await core.topic_for_send(topic, cfg.default_topic_queue_nums)
         qid = self._pick_queue(tc.write_queue_nums, props.get(convert.SHARDING_KEY))
-        outcome = core.send_plain_now(p, qid, convert.born_host_of(sp.born_host, peer_host))
+        outcome = core.fast.try_store(p, qid, convert.born_host_of(sp.born_host, peer_host))
         if outcome is None:
             return None  # perhaps a resend: the generic path answers it with the first send
         if not core.durable_at_once():

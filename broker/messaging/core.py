@@ -10,8 +10,7 @@ knows a wire format; everything here is testable without a socket.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from operator import itemgetter
+from typing import Any
 
 import structlog
 
@@ -29,20 +28,11 @@ from txmq.protocol.message import (
     MessageExt,
     MessageSysFlag,
     decode_batch,
-    pack_host,
 )
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 
 from ..context import BrokerContext
-from ..store import PutMessageResult, TopicConfig
-from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
-from ..transaction.service import TransactionalMessageService
-from ..transaction.state import Decision, TxRecord
-from .dedup import DedupIndex, Key, Stored, dedup_topic
-from .fastpath import FastPaths, PlainSend
-from .pop import PopService
-from .read import ReadSide
-from .timer import (
+from ..delivery import (
     START_DELIVER_TIME,
     TIMER_DEL_UNIQKEY,
     TIMER_DELAY_MS,
@@ -50,13 +40,22 @@ from .timer import (
     TIMER_DELIVER_MS,
     TIMER_PROPERTIES,
     DeliveryTimeError,
-    TimerService,
     check_timer_delay,
-    parse_recall_handle,
-    recall_handle,
     route_to_timer,
     timer_deliver_ms,
 )
+from ..store import PutMessageResult, TopicConfig
+from ..topics import SCHEDULE_TOPIC, TIMER_TOPIC, dlq_topic, retry_topic
+from ..transaction.service import TransactionalMessageService
+from ..transaction.state import Decision, TxRecord
+from .admission import Caller, SendAdmission
+from .dedup import DedupIndex, Key, Stored
+from .fastpath import FastPaths, HalfSend
+from .outcome import SendOutcome, SendReceipt, StoredBatch
+from .pop import PopService
+from .read import ReadSide
+from .timer import TimerService, parse_recall_handle, recall_handle
+from .trace import BrokerTrace
 
 __all__ = [
     "START_DELIVER_TIME",
@@ -67,125 +66,13 @@ __all__ = [
     "MessagingCore",
     "SendOutcome",
     "SendReceipt",
+    "StoredBatch",
 ]
 
 log = structlog.get_logger(__name__)
 
 #: Any of these asks for a delivery time (a plain send has none: one set test skips the rest).
 _TIMER_KEYS = frozenset(TIMER_PROPERTIES)
-
-
-@dataclass(slots=True)
-class SendReceipt:
-    """Where one message was stored, as every front end reports it."""
-
-    #: RocketMQ's offsetMsgId (store host + commit-log offset).
-    offset_msg_id: str
-    #: The producer's message id (UNIQ_KEY); RocketMQ 5's ``message_id``.
-    uniq_key: str
-    #: The queue the message is read from (a half's or delayed message's real queue).
-    queue_id: int
-    queue_offset: int
-    #: The transaction id of a half, None for other messages.
-    transaction_id: str | None
-    #: The commit-log offset that must be durable before the send is acknowledged.
-    end_offset: int
-    #: Where the message's record starts in the commit log.
-    commit_log_offset: int
-    #: A timer message's recall handle (RocketMQ 5.3's), else "".
-    recall_handle: str = ""
-
-
-_first = itemgetter(0)
-
-
-@dataclass(slots=True)
-class StoredBatch:
-    """A batch the fast paths stored, as its answer needs it: where each record went, no
-    receipt object per message (those are made only when asked for)."""
-
-    msg_id_prefix: str
-    #: ``(commit-log offset, size, queue offset)`` of each record (the store's append result)
-    placed: list[tuple[int, int, int]]
-    uniq_keys: list[str]
-    queue_id: int
-    transaction_id: str | None
-    end_offset: int
-
-    def msg_ids(self) -> str:
-        """The offsetMsgIds of the batch joined by commas (formatted in C)."""
-        if len(self.placed) == 1:
-            return f"{self.msg_id_prefix}{self.placed[0][0]:016X}"
-        fmt = self.msg_id_prefix.replace("%", "%%") + "%016X"
-        return ",".join(map(fmt.__mod__, map(_first, self.placed)))
-
-    def receipts(self) -> list[SendReceipt]:
-        prefix, qid, txid, end = (
-            self.msg_id_prefix,
-            self.queue_id,
-            self.transaction_id,
-            self.end_offset,
-        )
-        return [
-            SendReceipt(f"{prefix}{phy:016X}", uniq, qid, qo, txid, end, phy)
-            for (phy, _n, qo), uniq in zip(self.placed, self.uniq_keys, strict=True)
-        ]
-
-
-class SendOutcome:
-    """The receipts of one send request, in request order.  ``flush_error``: the messages are
-    stored but were not durable in time (the front end answers FLUSH_DISK_TIMEOUT or its
-    equivalent with these receipts).
-
-    A batch stored by the fast paths keeps its :class:`StoredBatch`: the remoting answer is
-    made from it (:meth:`answer`) and :attr:`receipts` only when a caller asks."""
-
-    __slots__ = ("_receipts", "batch", "flush_error")
-
-    def __init__(
-        self,
-        receipts: list[SendReceipt] | None = None,
-        flush_error: FlushDiskTimeoutError | None = None,
-        *,
-        batch: StoredBatch | None = None,
-    ) -> None:
-        self._receipts = receipts
-        self.batch = batch
-        self.flush_error = flush_error
-
-    @property
-    def receipts(self) -> list[SendReceipt]:
-        if self._receipts is None:
-            self._receipts = self.batch.receipts() if self.batch is not None else []
-        return self._receipts
-
-    @property
-    def end_offset(self) -> int | None:
-        """The commit-log offset that must be durable before the answer; None: nothing to
-        wait for."""
-        if self.batch is not None:
-            return self.batch.end_offset
-        receipts = self._receipts
-        if not receipts:
-            return None
-        if len(receipts) == 1:
-            return receipts[0].end_offset
-        return max([r.end_offset for r in receipts])
-
-    def answer(self) -> tuple[str, int, int, str | None]:
-        """What a remoting answer says: the message ids (a batch's joined by commas), and the
-        first message's queue id, queue offset and transaction id."""
-        b = self.batch
-        if b is not None:
-            return b.msg_ids(), b.queue_id, b.placed[0][2], b.transaction_id
-        receipts = self.receipts
-        first = receipts[0]
-        ids = (
-            first.offset_msg_id
-            if len(receipts) == 1
-            else ",".join([r.offset_msg_id for r in receipts])
-        )
-        return ids, first.queue_id, first.queue_offset, first.transaction_id
 
 
 def _first_receipt(key: Key, s: Stored) -> SendReceipt:
@@ -208,14 +95,19 @@ def is_transactional(props: dict[str, str]) -> bool:
 class MessagingCore:
     """The broker's use cases over its components (see :mod:`txmq.broker.messaging`)."""
 
-    def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        transactions: TransactionalMessageService,
+        trace: BrokerTrace | None = None,
+    ) -> None:
         self.ctx = ctx
         self.tx = transactions
-        self.fast = FastPaths(ctx, transactions)
         #: The timer service, once the broker has built it (recalls go to it).
         self.timer: TimerService | None = None
-        #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off
-        self.trace = transactions.trace
+        #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off;
+        #: the transaction service tells the same one of its transactions' steps
+        self.trace = trace
         #: SYNC_FLUSH: a request's trace records are fsynced with it, before its answer (under
         #: ASYNC_FLUSH they are appended at the end of the loop turn that handled it)
         self.trace_waits = self.trace if ctx.config.sync_flush else None
@@ -226,6 +118,12 @@ class MessagingCore:
             ctx.metrics,
             ctx.store.lookup_message,
         )
+        #: the ACL and quotas a send is admitted by (:mod:`.admission`), None when neither
+        #: is in force (the broker sets it once it has built them)
+        self.admission: SendAdmission | None = None
+        #: the direct paths (:mod:`.fastpath`), behind :meth:`send_direct` and
+        #: :meth:`send_batch`
+        self.fast = FastPaths(ctx, transactions, self.dedup, trace)
         #: the read side: pulls, and what every read counts (metrics, trace)
         self.reads = ReadSide(ctx, self.trace)
         #: POP consumption (the read side of RocketMQ 5 clients, both front ends)
@@ -414,11 +312,17 @@ class MessagingCore:
             out.append(None if s is None or key is None else _first_receipt(key, s))
         return out
 
-    async def send(self, msgs: list[MessageExt], producer_group: str) -> SendOutcome:
+    async def send(
+        self, msgs: list[MessageExt], producer_group: str, caller: Caller | None = None
+    ) -> SendOutcome:
         """Prepare, store and make durable the messages of one request (all or none is
         stored: every message is prepared before the first is stored).  A message stored
         before within the duplicate window (a resend) is not stored again: its receipt is the
-        first send's (:mod:`.dedup`)."""
+        first send's (:mod:`.dedup`).  ``caller``: admitted first, unless it was (the front
+        ends admit it before they look a topic up, :meth:`admit`)."""
+        if caller is not None and not caller.admitted:
+            halves = any(is_transactional(m.properties) for m in msgs)
+            await self.admit(caller, [m.topic for m in msgs], producer_group if halves else "")
         dedup = self.dedup
         if len(msgs) == 1:
             return await self._send_one(msgs[0], producer_group)
@@ -536,36 +440,64 @@ class MessagingCore:
         )
         return uniq
 
-    def send_plain_now(
-        self, p: PlainSend, queue_id: int, born_host: tuple[str, int]
+    async def admit(self, caller: Caller, topics: list[str], group: str = "") -> None:
+        """The first step of a send: its permission and produce quota (:mod:`.admission`),
+        before its topic is looked up or created; once per request.
+
+        Raises:
+            AclDenied: the caller may not send to a topic or as the group.
+            SystemBusyError: the caller's produce quota is exhausted.
+        """
+        if self.admission is not None:
+            await self.admission.admit(caller, topics, group)
+
+    async def send_direct(
+        self,
+        v2: bool,
+        ext: dict[str, Any],
+        body: bytes,
+        born_host: tuple[str, int],
+        caller: Caller | None = None,
     ) -> SendOutcome | None:
-        """:meth:`send` of one plain message read by :meth:`FastPaths.parse_one`, stored from
-        its header (the same record, the same answer); not yet durable (see :meth:`durable`).
-        None: the generic path must take it (a resend within the duplicate window); nothing
-        was stored then."""
-        dedup = self.dedup
-        topic = p.topic
-        remember = dedup.enabled and dedup_topic(topic)
-        if remember and dedup.known(topic, p.uniq):
-            return None  # perhaps a resend: the generic path looks up the first send
-        res = self.fast.store_one(p.record(queue_id, pack_host(born_host)))
-        phy = res.placed[0][0]
-        if remember:  # remembered at its store timestamp, as a rebuild finds it
-            dedup.add((topic, p.uniq), phy, res.store_timestamp)
-        prefix = self.ctx.store.msg_id_prefix
-        if self.trace is not None:
-            self.trace.stored_plain(p, phy, res.store_timestamp, prefix)
-        return SendOutcome(
-            batch=StoredBatch(prefix, res.placed, [p.uniq], queue_id, None, res.end_offset)
+        """The send use case of a SEND_MESSAGE(_V2) request as it came (its header fields and
+        body), through the one seam of the direct paths (:class:`~.fastpath.FastPaths`): a
+        plain message or a half stored from its header -- the same record, the same answer,
+        the duplicate window and the trace told -- and durable.  None: no direct path takes
+        it, nothing was stored; the front end translates the request and calls :meth:`send`.
+
+        Raises:
+            TxmqError: as :meth:`topic_for_send` and :meth:`queue_id`.
+        """
+        fast = self.fast
+        p = fast.read_one(v2, ext, body)
+        if p is None:
+            return None
+        if caller is not None:
+            await self.admit(caller, [p.topic], p.group if p.__class__ is HalfSend else "")
+        # topic_for_send, inline (one coroutine less per send on the hottest path)
+        topics = self.ctx.topics
+        tc = topics.for_send(p.topic, p.queue_nums)
+        if topics.table.dirty:
+            await self.ctx.persist_topics()
+        outcome = fast.try_store(
+            p, self.queue_id(p.queue_id, tc.write_queue_nums, p.topic), born_host
         )
+        if outcome is None or self.durable_at_once():
+            return outcome
+        return await self.durable(outcome)
 
     async def send_batch(
-        self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
+        self,
+        h: SendMessageRequestHeader,
+        queue_id: int,
+        body: bytes,
+        born_host: tuple[str, int],
+        caller: Caller | None = None,
     ) -> SendOutcome:
         """A SEND_BATCH_MESSAGE body: plain messages, or the halves of one transaction.
 
-        The batch fast paths store it straight from the body when they can (the same bytes as
-        the generic path); otherwise each entry becomes a message here.  A resend of a batch
+        The direct paths (:mod:`.fastpath`) store it straight from the body when they can (the
+        same bytes as the generic path); otherwise each entry becomes a message here.  A resend of a batch
         stored within the duplicate window is answered with the first send's receipts.
 
         Raises:
@@ -573,31 +505,18 @@ class MessagingCore:
                 (or halves of several transactions), a body is too large, or a plain message
                 has a delay.
         """
-        batch = self.fast.parse(h, queue_id, body, born_host)
-        if batch is None:
+        if caller is not None and not caller.admitted:
+            prepared = h.sys_flag & MessageSysFlag.TRANSACTION_PREPARED_TYPE
+            await self.admit(caller, [h.topic], h.producer_group if prepared else "")
+        fast = self.fast
+        batch = fast.read_batch(h, queue_id, body, born_host)
+        outcome = fast.try_store(batch, queue_id, born_host) if batch is not None else None
+        if outcome is None:
+            # No direct path, or a resend (or partly one, or a message twice): the generic
+            # path stores what is new, once.
             msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
-            return await self.send(msgs, h.producer_group)
-        dedup = self.dedup
-        fresh = None
-        uniqs = batch.uniq_keys
-        topic = h.topic
-        if dedup.enabled and dedup_topic(topic) and "" not in uniqs:
-            fresh = dedup.fresh(topic, uniqs)
-            if fresh is None:
-                # A resend (or partly one, or a message twice): the generic path stores what
-                # is new, once.
-                msgs = self.batch_messages(h, queue_id, body, born_host, prepare=False)
-                return await self.send(msgs, h.producer_group)
-        res = self.fast.store(batch)
-        placed = res.placed
-        if fresh is not None:
-            dedup.add_fresh(topic, fresh, placed, res.store_timestamp)
-        stored = StoredBatch(
-            self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
-        )
-        if self.trace is not None:
-            self.trace.stored_batch(topic, h.producer_group, stored)
-        return await self.durable(SendOutcome(batch=stored))
+            return await self.send(msgs, h.producer_group, caller)
+        return await self.durable(outcome)
 
     def batch_messages(
         self,

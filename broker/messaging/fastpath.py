@@ -1,30 +1,46 @@
-"""Batches stored straight from the request body: the one seam of the broker's fast paths.
+"""The direct paths: sends stored straight from the request, behind one seam.
 
-The generic path of a SEND_BATCH_MESSAGE (:func:`~txmq.protocol.message.decode_batch`, a
-:class:`~txmq.protocol.message.MessageExt` per entry, its properties parsed into a dict and
-written back into a string, ``put_messages``) costs several microseconds a message.  Entries
-that a producer sends in bulk differ only in their UNIQ_KEY: what comes before and after it is
-the same.  Here those parts are judged once per request -- one template per distinct
-``(before, after)`` -- and each entry is stored as ``head + UNIQ_KEY + tail`` of its template:
+The generic path of a send (a header object, a :class:`~txmq.protocol.message.MessageExt` per
+message, its properties parsed into a dict and written back into a string, ``put_messages``)
+costs several microseconds a message.  What producers send differs from one message to the
+next in a value or two -- the UNIQ_KEY, a half's transaction id -- and what lies around those
+values is the same.  Here those parts are judged once per *form* (per template, per shape) and
+each message is stored as the form's bytes with its values put back: the same record, the same
+answer as the generic path, without the objects.  Four direct paths, one seam:
 
-* **plain messages**: stored with their properties as sent (only canonical ones qualify, the
-  form the generic path writes back);
-* **the halves of one transaction** whose UNIQ_KEY leads their properties (the Spark sink's,
-  the SDK's batched transactions): prepared once as the generic path prepares each half
-  (:meth:`TransactionalMessageService.prepare_half`), their committed messages built at the same
-  time for the commit to come.
+* ``plain``: a SEND_BATCH_MESSAGE of plain messages, stored with their properties as sent
+  (only canonical ones qualify, the form the generic path writes back);
+* ``halves``: a SEND_BATCH_MESSAGE of the halves of one transaction whose UNIQ_KEY leads their
+  properties (the Spark sink's, the SDK's batched transactions), prepared once per template as
+  the generic path prepares each half
+  (:meth:`~txmq.broker.transaction.service.TransactionalMessageService.prepare_half`), their
+  committed messages built at the same time for the commit to come;
+* ``one_plain``: a SEND_MESSAGE(_V2) of one plain message, read from its header fields;
+* ``one_half``: a SEND_MESSAGE(_V2) of one half (``producer.transaction()`` with one message,
+  ``send_message_in_transaction``), the parts around its UNIQ_KEY and transaction id prepared
+  once per shape (:func:`make_half_template` on the shape with stand-ins for the two values).
 
-Anything else -- a delay, a second UNIQ_KEY, non-canonical or non-UTF-8 properties, a
-malformed entry, an oversized body, plain messages mixed with halves -- makes
-:func:`parse_batch` return None before a byte is stored, and the generic path stores the batch
-or gives its error.  Both paths store the same bytes and answer the same (the differential
-tests prove it); ``batchFastPathEnable`` turns this seam off, and the counter
-``txmq_batch_path_total{path}`` tells which path each batch took.
+:class:`FastPaths` is the seam: :meth:`FastPaths.read_one` / :meth:`FastPaths.read_batch` say
+whether a request has a direct path (reading it as they go), :meth:`FastPaths.try_store`
+stores it -- the duplicate window, the message trace and the transaction table told as the
+generic path tells them -- and returns its :class:`~.outcome.SendOutcome`, or None when the
+generic path must take it after all (a resend inside the duplicate window, a transaction the
+half may not join); nothing is stored then.  Only :class:`~.core.MessagingCore`'s send use
+case calls it: the front ends never pick a path.
+
+Anything else -- a delay or a delivery time, a second UNIQ_KEY, non-canonical or non-UTF-8
+properties, a header field not of its usual type, a malformed entry, an oversized body, plain
+messages mixed with halves, halves while the message trace is on -- is read as None before a
+byte is stored, and the generic path stores the request or gives its error.  Both paths store
+the same bytes and answer the same (the differential tests prove it); ``fastPathEnable`` turns
+all four off, and ``txmq_send_path_total{path}`` counts which path each remoting send took
+(``generic``: it did not qualify; ``disabled``: the switch is off).
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,23 +59,60 @@ from txmq.protocol.message import (
     string_to_properties,
 )
 
+from ..delivery import TIMER_DEL_UNIQKEY, TIMER_PROPERTIES
 from ..store import AppendResult, EncodedMessage
 from ..store.tags import tags_code_of
-from .timer import TIMER_DEL_UNIQKEY, TIMER_PROPERTIES
+from ..transaction.committed import (
+    HOST_V6_BITS,
+    check_immunity_ms,
+    committed_properties,
+    committed_sys_flag,
+)
+from ..transaction.state import HalfRef, TxState
+from .dedup import dedup_topic
+from .outcome import SendOutcome, StoredBatch
 
 if TYPE_CHECKING:
     from ..context import BrokerContext
+    from ..metrics import BrokerMetrics
+    from ..transaction.machine import TransactionStateMachine
+    from .dedup import DedupIndex
+
+
+class SendTrace(Protocol):
+    """What the direct paths tell the message trace (:class:`~.trace.BrokerTrace`)."""
+
+    def stored_plain(self, p: PlainSend, phy: int, store_timestamp: int, prefix: str) -> None: ...
+
+    def stored_batch(self, topic: str, group: str, batch: StoredBatch) -> None: ...
+
+
+class _HalfCounts(Protocol):
+    halves: int
 
 
 class HalfBook(Protocol):
-    """What the halves fast path needs of the transaction service."""
+    """What the direct paths of halves need of the transaction service (its port for them:
+    :class:`~txmq.broker.transaction.service.TransactionalMessageService` is one)."""
+
+    @property
+    def machine(self) -> TransactionStateMachine: ...
+
+    @property
+    def counts(self) -> _HalfCounts: ...
 
     def prepare_half(self, msg: MessageExt, header_group: str) -> None: ...
 
     @staticmethod
     def transaction_id_of(props: dict[str, str]) -> str | None: ...
 
-    def on_fast_halves_stored(self, batch: FastBatch, res: AppendResult) -> None: ...
+    def committed_body_max(self) -> int: ...
+
+    def remember_committed(self, phy: int, record: EncodedMessage, n: int) -> None: ...
+
+    def remember_committed_many(
+        self, records: list[tuple[int, EncodedMessage]], n: int
+    ) -> None: ...
 
 
 _I16 = struct.Struct(">h")
@@ -82,17 +135,6 @@ _NOT_PLAIN = (
     TIMER_DEL_UNIQKEY,
     *TIMER_PROPERTIES,
 )
-#: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
-_HOST_V6_BITS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
-#: Properties of a half that its committed message does not carry.
-HALF_ONLY_PROPERTIES = (
-    MessageConst.REAL_TOPIC,
-    MessageConst.REAL_QID,
-    MessageConst.TRAN_MSG,
-    MessageConst.TRANSACTION_CHECK_TIMES,
-    MessageConst.TXMQ_BATCH_KEY,
-)
-
 #: A SEND_MESSAGE header's fields with their wire names (SEND_MESSAGE_V2's single letters, the
 #: long ones) and the one native type each may have here (anything else, and any other key: the
 #: generic path reads the header): producerGroup, topic, defaultTopic, defaultTopicQueueNums,
@@ -123,32 +165,27 @@ _ONE_V1_KEYS = frozenset(_ONE_V1)
 _ONE_FORMS_MAX = 4096
 _TX_MASK = MessageSysFlag.TRANSACTION_MASK
 
-#: Which path a batch took (the ``path`` label of ``txmq_batch_path_total``).
-PATH_PLAIN, PATH_HALVES, PATH_GENERIC, PATH_DISABLED = "plain", "halves", "generic", "disabled"
+#: A half's transaction id property, as it follows another property.
+_TXID = f"\x02{MessageConst.TRANSACTION_ID}\x01".encode()
+#: What stands for the transaction id while a half's shape is prepared (no separator, never
+#: sent: a shape that holds it is left to the generic path).
+_STAND_IN = "\x00txid\x00"
+_STAND_IN_B = _STAND_IN.encode()
+_PREPARED = MessageSysFlag.TRANSACTION_PREPARED_TYPE
+#: Properties that send a half sent alone to the generic path (it judges them against its
+#: clock or the batch table).
+_NOT_HERE = frozenset(
+    (MessageConst.DELAY, MessageConst.TXMQ_BATCH_KEY, MessageConst.TXMQ_2PC, *TIMER_PROPERTIES)
+)
+#: Shapes of halves sent alone kept (per topic, queue, sys flag, header group and the
+#: properties around the two values).
+_SHAPES_MAX = 4096
 
-
-def committed_properties(props: dict[str, str]) -> dict[str, str]:
-    """A half's properties without the half-only ones (order kept)."""
-    out = dict(props)
-    pop = out.pop
-    for key in HALF_ONLY_PROPERTIES:
-        pop(key, None)
-    return out
-
-
-def committed_sys_flag(sys_flag: int) -> int:
-    return MessageSysFlag.reset_transaction_value(
-        sys_flag & ~_HOST_V6_BITS, MessageSysFlag.TRANSACTION_COMMIT_TYPE
-    )
-
-
-def check_immunity_ms(props: dict[str, str]) -> int | None:
-    """A half's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms (None: absent or not a number)."""
-    immunity = props.get(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
-    try:
-        return int(float(immunity) * 1000) if immunity else None
-    except ValueError:
-        return None
+#: The paths a remoting send takes (the ``path`` label of ``txmq_send_path_total``): the four
+#: direct paths, and the generic one (``disabled``: because ``fastPathEnable`` is off).
+PATH_PLAIN, PATH_HALVES, PATH_ONE_PLAIN, PATH_ONE_HALF = "plain", "halves", "one_plain", "one_half"
+PATH_GENERIC, PATH_DISABLED = "generic", "disabled"
+PATHS = (PATH_PLAIN, PATH_HALVES, PATH_ONE_PLAIN, PATH_ONE_HALF, PATH_GENERIC, PATH_DISABLED)
 
 
 @dataclass(slots=True)
@@ -261,6 +298,9 @@ class FastBatch:
     halves: list[HalfTemplate] | None = None
     #: Each half's UNIQ_KEY as sent (bytes), for its committed record.
     raw_uniqs: list[bytes] | None = None
+    #: the request's topic and producer group
+    topic: str = ""
+    group: str = ""
 
     @property
     def txid(self) -> str | None:
@@ -270,7 +310,7 @@ class FastBatch:
 @dataclass(slots=True)
 class PlainSend:
     """A SEND_MESSAGE (or _V2) of one plain message, read straight from its header: what its
-    topic lookup, its store and its duplicate check need (see :meth:`FastPaths.parse_one`)."""
+    topic lookup, its store and its duplicate check need (see :meth:`FastPaths.read_one`)."""
 
     topic: str
     group: str
@@ -326,6 +366,106 @@ class PlainSend:
         )
 
 
+@dataclass(slots=True)
+class HalfForm:
+    """How one shape's record is stored: ``topic_part + plen + UNIQ_KEY<01> + uniq + a +
+    txid + b`` for the properties, the other fields fixed."""
+
+    topic: str
+    queue_id: int
+    magic: int
+    topic_part: bytes
+    a: bytes
+    b: bytes
+    sys_flag: int
+    tags_code: int
+
+    def props(self, uniq: bytes, txid: bytes) -> bytes | None:
+        plen = len(_UNIQ) + len(uniq) + len(self.a) + len(txid) + len(self.b)
+        if plen > MAX_PROPERTIES_BYTES:
+            return None
+        return b"".join((self.topic_part, _I16.pack(plen), _UNIQ, uniq, self.a, txid, self.b))
+
+
+@dataclass(slots=True)
+class _Shape:
+    group: str
+    real_topic: str
+    real_queue_id: int
+    immunity_ms: int | None
+    half: HalfForm
+    committed: HalfForm
+
+
+@dataclass(slots=True)
+class HalfSend:
+    """A SEND_MESSAGE(_V2) of one half, read from its header (see :meth:`FastPaths.read_one`)."""
+
+    topic: str
+    #: the header's producer group (the half's group when it has no PGROUP property)
+    group: str
+    queue_id: int
+    queue_nums: int
+    body: bytes
+    sys_flag: int
+    uniq: str
+    uniq_raw: bytes
+    txid: str
+    txid_raw: bytes
+    #: the properties between the UNIQ_KEY's value and the transaction id's, and after it
+    mid: bytes
+    after: bytes
+    flag: int
+    born_timestamp: int
+    reconsume_times: int
+
+
+def _split(form: Any, real_topic: str | None = None) -> HalfForm | None:
+    """A :class:`StoredForm` made with the stand-in, cut around it."""
+    tail: bytes = form.tail
+    at = tail.find(_STAND_IN_B)
+    if at < 0 or tail.find(_STAND_IN_B, at + 1) >= 0 or form.before:
+        return None
+    return HalfForm(
+        form.topic,
+        form.queue_id,
+        form.magic,
+        form.topic_part,
+        tail[:at],
+        tail[at + len(_STAND_IN_B) :],
+        form.sys_flag,
+        form.tags_code,
+    )
+
+
+def committed_record(
+    form: HalfForm, p: HalfSend, crc: int, host: bytes, phy: int
+) -> EncodedMessage | None:
+    """The committed copy of the half ``p`` stored at ``phy`` (None: its properties are too
+    long; the commit reads it back and refuses it, as the generic path)."""
+    props = form.props(p.uniq_raw, p.txid_raw)
+    if props is None:
+        return None
+    return _new_tuple(
+        EncodedMessage,
+        (
+            form.topic,
+            form.queue_id,
+            form.magic,
+            crc,
+            p.body,
+            props,
+            p.flag,
+            form.sys_flag,
+            p.born_timestamp,
+            host,
+            p.reconsume_times,
+            phy,
+            form.tags_code,
+        ),
+    )
+
+
 def header_values(v2: bool, ext: dict[str, Any]) -> list[Any] | None:
     """The fields of a SEND_MESSAGE(_V2) header by position (``_ONE_V1``/``_ONE_V2``), when
     every field is one the direct paths know and has its native type; None otherwise (the
@@ -349,61 +489,106 @@ def header_values(v2: bool, ext: dict[str, Any]) -> list[Any] | None:
     return vals
 
 
-class FastPaths:
-    """The entry point: :meth:`parse` says whether a fast path can store a batch (else the
-    caller takes the generic path), :meth:`store` stores it; behind ``batchFastPathEnable``."""
+class PathCounts:
+    """The remoting sends each path took, counted in plain integers on the event loop and
+    added to ``txmq_send_path_total{path}`` whenever the metrics are read (:meth:`fold`, from
+    any thread): no Prometheus call per send."""
 
-    def __init__(self, ctx: BrokerContext, tx: HalfBook) -> None:
+    __slots__ = (*PATHS, "_children", "_folded", "_lock")
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self.plain = self.halves = self.one_plain = self.one_half = 0
+        self.generic = self.disabled = 0
+        counter = metrics.send_path
+        self._children = {path: counter.labels(path) for path in PATHS}
+        self._folded = dict.fromkeys(PATHS, 0)
+        self._lock = threading.Lock()
+        metrics.registry.folds.append(self.fold)
+
+    def fold(self) -> None:
+        with self._lock:
+            folded = self._folded
+            for path in PATHS:
+                total: int = getattr(self, path)
+                n = total - folded[path]
+                if n:
+                    self._children[path].inc(n)
+                    folded[path] = total
+
+
+#: What :meth:`FastPaths.read_one` reads: one plain message or one half.
+OneSend = PlainSend | HalfSend
+
+
+class FastPaths:
+    """The seam of the four direct paths (see the module's text): :meth:`read_one` and
+    :meth:`read_batch` read a request a direct path can take, :meth:`try_store` stores it;
+    every path is counted in :attr:`counts`, all behind ``fastPathEnable``."""
+
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        tx: HalfBook,
+        dedup: DedupIndex,
+        trace: SendTrace | None,
+    ) -> None:
         self.ctx = ctx
         self.tx = tx
-        self.enabled = ctx.config.batch_fast_path_enable
-        counter = ctx.metrics.batch_path
-        self._counted = {
-            path: counter.labels(path)
-            for path in (PATH_PLAIN, PATH_HALVES, PATH_GENERIC, PATH_DISABLED)
-        }
-
+        self.dedup = dedup
+        self.trace = trace
+        cfg = ctx.config
+        self.enabled = cfg.fast_path_enable
+        #: halves sent alone are left to the generic path while the trace is on (and while
+        #: the broker refuses transactional messages, a setting that may change at run time:
+        #: read per half; the generic path gives the refusal)
+        self._halves_alone = self.enabled and trace is None
+        self.counts = PathCounts(ctx.metrics)
         self._one_forms: dict[tuple[str, int, bytes, bytes], StoredForm | None] = {}
-        #: Single sends stored from their header (:meth:`store_one`).
-        self.direct_sends = 0
+        self._shapes: dict[tuple[str, int, int, str, bytes, bytes], _Shape | None] = {}
 
-    def count(self, path: str) -> None:
-        self._counted[path].inc()
+    # -- reading a request -----------------------------------------------------------------
 
-    def parse_one(self, v2: bool, ext: dict[str, Any], body: bytes) -> PlainSend | None:
-        """A SEND_MESSAGE(_V2) request's plain message, when it can be stored from its header
-        as it is: every header field present with its native type, a UNIQ_KEY, canonical
-        properties with no transaction, delay or delivery time, a body within
-        ``maxMessageSize``.  None: the generic path reads it (and gives any error)."""
-        if not self.enabled or body.__class__ is not bytes:
+    def read_one(self, v2: bool, ext: dict[str, Any], body: bytes) -> OneSend | None:
+        """A SEND_MESSAGE(_V2) request's message when a direct path can store it as it is:
+        every header field present with its native type, a UNIQ_KEY, canonical properties
+        with no delay or delivery time, a body within ``maxMessageSize``; a plain message,
+        or a half whose properties are led by its UNIQ_KEY and hold a non-empty
+        ``__transactionId__``.  None: the generic path reads it (and gives any error)."""
+        if not self.enabled:
+            self.counts.disabled += 1
             return None
         vals = header_values(v2, ext)
-        if vals is None:
+        if vals is None or body.__class__ is not bytes:
+            self.counts.generic += 1
             return None
         (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
         if group is None or topic is None or props is None or vals[12]:
+            if not vals[12]:  # a batch is counted where it is read (read_batch)
+                self.counts.generic += 1
             return None
         if sys_flag is None:
             sys_flag = 0
         elif sys_flag & _TX_MASK:
-            return None  # the generic path judges (and refuses) a transaction flag
+            return self._read_half(vals, body)  # the generic path judges any other flag
         if len(body) > self.ctx.config.max_message_size:
+            self.counts.generic += 1
             return None
         try:
             raw = props.encode("utf-8")
         except UnicodeEncodeError:
+            self.counts.generic += 1
             return None
         if raw.startswith(_UNIQ):
             at = 0
         else:
             at = raw.find(_UNIQ_INSIDE) + 1
             if at == 0:
+                self.counts.generic += 1
                 return None
         sep = raw.find(_SEP, at + len(_UNIQ))
-        if sep < 0:
-            return None
         uniq_raw = raw[at + len(_UNIQ) : sep]
-        if not uniq_raw or _KV in uniq_raw:
+        if sep < 0 or not uniq_raw or _KV in uniq_raw:
+            self.counts.generic += 1
             return None
         before, after = raw[:at], raw[sep:]
         key = (topic, sys_flag, before, after)
@@ -413,10 +598,9 @@ class FastPaths:
             if len(forms) >= _ONE_FORMS_MAX:
                 forms.clear()
             form = forms[key] = _plain_form(topic, sys_flag, before, after)
-        if form is None:
-            return None
-        head = form.head(len(uniq_raw))
+        head = form.head(len(uniq_raw)) if form is not None else None
         if head is None:
+            self.counts.generic += 1
             return None
         return PlainSend(
             topic,
@@ -433,10 +617,71 @@ class FastPaths:
             0 if reconsume is None else reconsume,
         )
 
-    def store_one(self, record: tuple[Any, ...]) -> AppendResult:
-        """Store the record of a :class:`PlainSend` (through the write path)."""
-        self.direct_sends += 1
-        return self.ctx.write.put_encoded([record])  # type: ignore[list-item]
+    def _read_half(self, vals: list[Any], body: bytes) -> HalfSend | None:
+        """:meth:`read_one` of a message with a transaction flag: a half it can store."""
+        cfg = self.ctx.config
+        (group, topic, _dt, nums, qid, sys_flag, born_ts, flag, props, reconsume) = vals[:10]
+        if (
+            not self._halves_alone
+            or cfg.reject_transaction_message
+            or sys_flag & _TX_MASK != _PREPARED
+            or sys_flag & HOST_V6_BITS
+            or len(body) > cfg.max_message_size
+        ):
+            self.counts.generic += 1
+            return None
+        try:
+            raw = props.encode("utf-8")
+        except UnicodeEncodeError:
+            self.counts.generic += 1
+            return None
+        if not raw.startswith(_UNIQ):
+            self.counts.generic += 1
+            return None
+        sep = raw.find(_SEP, len(_UNIQ))
+        t = raw.find(_TXID, sep) if sep > 0 else -1
+        t_at = t + len(_TXID)
+        t_end = raw.find(_SEP, t_at) if t >= 0 else -1
+        if t_end < 0:
+            self.counts.generic += 1
+            return None
+        uniq_raw = raw[len(_UNIQ) : sep]
+        txid_raw = raw[t_at:t_end]
+        if not uniq_raw or not txid_raw or _KV in uniq_raw or _KV in txid_raw:
+            self.counts.generic += 1
+            return None
+        return HalfSend(
+            topic,
+            group,
+            -1 if qid is None else qid,
+            4 if nums is None else nums,
+            body,
+            sys_flag,
+            uniq_raw.decode("utf-8"),
+            uniq_raw,
+            txid_raw.decode("utf-8"),
+            txid_raw,
+            raw[sep:t_at],
+            raw[t_end:],
+            0 if flag is None else flag,
+            0 if born_ts is None else born_ts,
+            0 if reconsume is None else reconsume,
+        )
+
+    def read_batch(
+        self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
+    ) -> FastBatch | None:
+        """A SEND_BATCH_MESSAGE's records when a direct path can store it (:func:`parse_batch`);
+        None: the generic path takes it."""
+        if not self.enabled:
+            self.counts.disabled += 1
+            return None
+        batch = parse_batch(
+            h, queue_id, body, born_host, self.ctx.config.max_message_size, self._half_template
+        )
+        if batch is None:
+            self.counts.generic += 1
+        return batch
 
     def _half_template(
         self, rest: bytes, h: SendMessageRequestHeader, queue_id: int
@@ -445,32 +690,266 @@ class FastPaths:
             rest, h, queue_id, self.tx.prepare_half, self.tx.transaction_id_of
         )
 
-    def parse(
-        self, h: SendMessageRequestHeader, queue_id: int, body: bytes, born_host: tuple[str, int]
-    ) -> FastBatch | None:
-        """The batch's records if a fast path can store it; None: the generic path takes it
-        (counted here as ``generic`` or ``disabled``)."""
-        if not self.enabled:
-            self._counted[PATH_DISABLED].inc()
-            return None
-        batch = parse_batch(
-            h, queue_id, body, born_host, self.ctx.config.max_message_size, self._half_template
-        )
-        if batch is None:
-            self._counted[PATH_GENERIC].inc()
-        return batch
+    # -- storing it ------------------------------------------------------------------------
 
-    def store(self, batch: FastBatch) -> AppendResult:
-        """Store a parsed batch: its records, and for halves the transaction table and the
-        committed copies to come, exactly as the generic path makes them."""
+    def try_store(
+        self, req: OneSend | FastBatch, queue_id: int, born_host: tuple[str, int]
+    ) -> SendOutcome | None:
+        """Store what :meth:`read_one` or :meth:`read_batch` read, in queue ``queue_id``, as
+        the generic path stores it: the duplicate window, the message trace and the
+        transaction table told alike.  Its outcome (not yet durable); None: the generic path
+        must take it (perhaps a resend, or a half its transaction refuses), nothing was
+        stored."""
+        if req.__class__ is PlainSend:
+            p = req
+            dedup = self.dedup
+            topic = p.topic
+            remember = dedup.enabled and dedup_topic(topic)
+            if remember and dedup.known(topic, p.uniq):
+                self.counts.generic += 1
+                return None  # perhaps a resend: the generic path looks up the first send
+            res = self.ctx.write.put_encoded([p.record(queue_id, pack_host(born_host))])  # type: ignore[list-item]
+            self.counts.one_plain += 1
+            phy = res.placed[0][0]
+            if remember:  # remembered at its store timestamp, as a rebuild finds it
+                dedup.add((topic, p.uniq), phy, res.store_timestamp)
+            prefix = self.ctx.store.msg_id_prefix
+            if self.trace is not None:
+                self.trace.stored_plain(p, phy, res.store_timestamp, prefix)
+            return SendOutcome(
+                batch=StoredBatch(prefix, res.placed, [p.uniq], queue_id, None, res.end_offset)
+            )
+        if req.__class__ is HalfSend:
+            return self._store_half(req, queue_id, born_host)
+        return self._store_batch(req, queue_id)  # type: ignore[arg-type]
+
+    def _store_batch(self, batch: FastBatch, queue_id: int) -> SendOutcome | None:
+        dedup = self.dedup
+        fresh = None
+        uniqs = batch.uniq_keys
+        topic = batch.topic
+        if dedup.enabled and dedup_topic(topic) and "" not in uniqs:
+            fresh = dedup.fresh(topic, uniqs)
+            if fresh is None:
+                # A resend (or partly one, or a message twice): the generic path stores what
+                # is new, once.
+                self.counts.generic += 1
+                return None
         # A batch's records share their topic, queue and sys flag (see parse_batch).
         res = self.ctx.write.put_encoded(batch.records, one_run=True)
         if batch.halves is not None:
-            self.tx.on_fast_halves_stored(batch, res)
-            self._counted[PATH_HALVES].inc()
+            self._halves_stored(batch, res)
+            self.counts.halves += 1
         else:
-            self._counted[PATH_PLAIN].inc()
-        return res
+            self.counts.plain += 1
+        placed = res.placed
+        if fresh is not None:
+            dedup.add_fresh(topic, fresh, placed, res.store_timestamp)
+        stored = StoredBatch(
+            self.ctx.store.msg_id_prefix, placed, uniqs, queue_id, batch.txid, res.end_offset
+        )
+        if self.trace is not None:
+            self.trace.stored_batch(topic, batch.group, stored)
+        return SendOutcome(batch=stored)
+
+    def _halves_stored(self, batch: FastBatch, res: AppendResult) -> None:
+        """The halves of ``batch``, just stored, join their transaction and their committed
+        messages are remembered for the commit: what the transaction service does for the
+        same halves stored by the generic path."""
+        halves = batch.halves
+        assert halves is not None and batch.raw_uniqs is not None
+        tx = self.tx
+        first = halves[0]
+        placed = res.placed
+        now = res.store_timestamp
+        prefix = self.ctx.store.msg_id_prefix
+        tx.machine.add_halves(
+            first.txid,
+            first.group,
+            first.batch_key,
+            [
+                HalfRef(
+                    phy,
+                    qo,
+                    t.real_topic,
+                    t.real_queue_id,
+                    now,
+                    text,
+                    f"{prefix}{phy:016X}",
+                    t.immunity_ms,
+                )
+                for (phy, _n, qo), text, t in zip(placed, batch.uniq_keys, halves, strict=True)
+            ],
+        )
+        too_big = tx.committed_body_max()
+        if too_big >= 0:
+            kept: list[tuple[int, EncodedMessage]] = []
+            keep = kept.append
+            added = 0
+            join = b"".join
+            # The committed form of the current template in locals: each record is a tuple
+            # made in C (what ``StoredForm.record`` makes), no call per half.
+            last: HalfTemplate | None = None
+            form: StoredForm | None = None
+            heads: dict[int, bytes] = {}
+            topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
+            for (phy, _n, _qo), r, t, u in zip(
+                placed, batch.records, halves, batch.raw_uniqs, strict=True
+            ):
+                b = r.body
+                n = len(b)
+                if n > too_big:
+                    continue
+                if t is not last:
+                    last = t
+                    form = t.committed
+                    heads = form.heads
+                    topic, qid, magic, tail = form.topic, form.queue_id, form.magic, form.tail
+                    sys_flag, tags_code = form.sys_flag, form.tags_code
+                head = heads.get(len(u))
+                if head is None:
+                    assert form is not None
+                    head = form.head(len(u))
+                    if head is None:
+                        continue  # the commit reads it back and refuses it, as the generic path
+                keep(
+                    (
+                        phy,
+                        _new_tuple(
+                            EncodedMessage,
+                            (
+                                topic,
+                                qid,
+                                magic,
+                                r.body_crc,
+                                b,
+                                join((head, u, tail)),
+                                r.flag,
+                                sys_flag,
+                                r.born_timestamp,
+                                r.born_host,
+                                r.reconsume_times,
+                                phy,
+                                tags_code,
+                            ),
+                        ),
+                    )
+                )
+                added += n
+            tx.remember_committed_many(kept, added)
+        tx.counts.halves += len(batch.records)
+
+    def _shape(self, p: HalfSend, queue_id: int) -> _Shape | None:
+        key = (p.topic, queue_id, p.sys_flag, p.group, p.mid, p.after)
+        shapes = self._shapes
+        got: _Shape | None = shapes.get(key, _MISSING)
+        if got is _MISSING:
+            if len(shapes) >= _SHAPES_MAX:
+                shapes.clear()
+            got = shapes[key] = self._make_shape(p, queue_id)
+        return got
+
+    def _make_shape(self, p: HalfSend, queue_id: int) -> _Shape | None:
+        """The shape's forms, prepared as the generic path prepares a half (None: it does not
+        qualify)."""
+        rest = p.mid[1:] + _STAND_IN_B + p.after
+        try:
+            names = string_to_properties(rest.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not _NOT_HERE.isdisjoint(names) or names.get(MessageConst.TRANSACTION_ID) != _STAND_IN:
+            return None
+        h = SendMessageRequestHeader(producer_group=p.group, topic=p.topic, sys_flag=p.sys_flag)
+        prepare: Callable[[MessageExt, str], None] = self.tx.prepare_half
+        t = make_half_template(rest, h, queue_id, prepare, self.tx.transaction_id_of)
+        if t is None or t.batch_key is not None or t.txid != _STAND_IN:
+            return None
+        if _STAND_IN in t.group or _STAND_IN in t.real_topic:
+            return None
+        half, committed = _split(t.half), _split(t.committed)
+        if half is None or committed is None:
+            return None
+        return _Shape(t.group, t.real_topic, t.real_queue_id, t.immunity_ms, half, committed)
+
+    def _store_half(
+        self, p: HalfSend, queue_id: int, born_host: tuple[str, int]
+    ) -> SendOutcome | None:
+        """Store the half ``p`` in the half queue, join it to its transaction and remember its
+        committed copy, as the generic path does; answered as a batch of one with ``p.txid``.
+        None: the generic path must take it (nothing was stored)."""
+        shape = self._shape(p, queue_id)
+        if shape is None:
+            self.counts.generic += 1
+            return None
+        tx = self.tx
+        txid = p.txid
+        rec = tx.machine.records.get(txid)
+        if rec is not None and (
+            rec.producer_group != shape.group or rec.state is not TxState.PENDING
+        ):
+            self.counts.generic += 1
+            return None  # the generic path refuses it
+        dedup = self.dedup
+        topic = p.topic
+        remember = dedup.enabled and dedup_topic(topic)
+        if remember and dedup.known(topic, p.uniq):
+            self.counts.generic += 1
+            return None  # perhaps a resend: the generic path looks up the first send
+        form = shape.half
+        props = form.props(p.uniq_raw, p.txid_raw)
+        if props is None:
+            self.counts.generic += 1
+            return None
+        body = p.body
+        crc = zlib.crc32(body) & 0x7FFFFFFF
+        host = pack_host(born_host)
+        record = (
+            form.topic,
+            form.queue_id,
+            form.magic,
+            crc,
+            body,
+            props,
+            p.flag,
+            form.sys_flag,
+            p.born_timestamp,
+            host,
+            p.reconsume_times,
+            0,
+            form.tags_code,
+        )
+        res = self.ctx.write.put_encoded([record])  # type: ignore[list-item]
+        self.counts.one_half += 1
+        placed = res.placed
+        phy, _n, qo = placed[0]
+        now = res.store_timestamp
+        prefix = self.ctx.store.msg_id_prefix
+        tx.machine.add_half(
+            txid,
+            shape.group,
+            None,
+            HalfRef(
+                phy,
+                qo,
+                shape.real_topic,
+                shape.real_queue_id,
+                now,
+                p.uniq,
+                f"{prefix}{phy:016X}",
+                shape.immunity_ms,
+            ),
+        )
+        n = len(body)
+        if n <= tx.committed_body_max():
+            committed = committed_record(shape.committed, p, crc, host, phy)
+            if committed is not None:  # else the commit reads it back and refuses it
+                tx.remember_committed(phy, committed, n)
+        tx.counts.halves += 1
+        if remember:  # remembered at its store timestamp, as a rebuild finds it
+            dedup.add((topic, p.uniq), phy, now)
+        return SendOutcome(
+            batch=StoredBatch(prefix, placed, [p.uniq], queue_id, txid, res.end_offset)
+        )
 
 
 def parse_batch(
@@ -598,7 +1077,9 @@ def parse_batch(
         texts = joined.decode("utf-8").split("\x02")
     except UnicodeDecodeError:
         return None
-    return FastBatch(records, texts, halves, uniqs if halves is not None else None)
+    return FastBatch(
+        records, texts, halves, uniqs if halves is not None else None, h.topic, h.producer_group
+    )
 
 
 def _template(
@@ -725,18 +1206,24 @@ def make_half_template(
 
 
 __all__ = [
-    "FastBatch",
-    "FastPaths",
-    "HalfTemplate",
+    "PATHS",
     "PATH_DISABLED",
     "PATH_GENERIC",
     "PATH_HALVES",
+    "PATH_ONE_HALF",
+    "PATH_ONE_PLAIN",
     "PATH_PLAIN",
+    "FastBatch",
+    "FastPaths",
+    "HalfBook",
+    "HalfForm",
+    "HalfSend",
+    "HalfTemplate",
+    "OneSend",
+    "PathCounts",
     "PlainSend",
     "StoredForm",
-    "check_immunity_ms",
-    "committed_properties",
-    "committed_sys_flag",
+    "committed_record",
     "make_half_template",
     "parse_batch",
 ]

@@ -71,7 +71,7 @@ class SendReceipt(Protocol):
 
 
 class StoredBatch(Protocol):
-    """What the trace reads of a batch the fast paths stored (:class:`.core.StoredBatch`)."""
+    """What the trace reads of a batch the direct paths stored (:class:`.outcome.StoredBatch`)."""
 
     @property
     def msg_id_prefix(self) -> str: ...

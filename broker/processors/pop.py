@@ -30,7 +30,7 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import encode_message
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 
-from ..messaging import MessagingCore
+from ..messaging.core import MessagingCore
 from ..messaging.pop import Delivery, ReceiptHandleError
 from ..messaging.read import FilterSyntaxError, read_filter
 from ..sql_filter import SUBSCRIPTION_PARSE_FAILED

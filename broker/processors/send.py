@@ -16,11 +16,16 @@ from txmq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
 )
-from txmq.protocol.message import MessageExt, string_to_properties
+from txmq.protocol.message import MessageExt, MessageSysFlag, string_to_properties
 
-from ..messaging import MessagingCore, SendOutcome
-from ..messaging.core import StoredBatch
-from ..messaging.fastpath import PlainSend
+from ..acl import CONTEXT_KEY as ACL_KEY
+from ..acl import code_name
+from ..messaging.admission import Caller
+from ..messaging.core import MessagingCore, SendOutcome
+from ..quota import CONTEXT_KEY as QUOTA_KEY
+
+#: A half's sys flag: its send needs PUB on the producer group too.
+_PREPARED = MessageSysFlag.TRANSACTION_PREPARED_TYPE
 
 
 class SendMessageProcessor:
@@ -34,6 +39,26 @@ class SendMessageProcessor:
         ):
             return SendMessageRequestHeader.from_v2_ext_fields(cmd.ext_fields)
         return SendMessageRequestHeader.from_ext_fields(cmd.ext_fields)
+
+    @staticmethod
+    def _caller(conn: Connection, cmd: RemotingCommand) -> Caller:
+        """Who sends, as the dispatch authenticated it (see :mod:`..messaging.admission`)."""
+        context = conn.context
+        ak, qk = context.get(ACL_KEY), context.get(QUOTA_KEY)
+        host, port = conn.peer
+        return Caller(
+            ak if isinstance(ak, str) else None,
+            qk if isinstance(qk, str) else None,
+            f"request code {code_name(cmd.code)}",
+            {"peer": f"{host}:{port}", "code": cmd.code},
+            len(cmd.body),
+        )
+
+    async def _admit(self, caller: Caller | None, h: SendMessageRequestHeader) -> None:
+        """Admit a send read from its header, before its topic is looked up."""
+        if caller is not None:
+            group = h.producer_group if h.sys_flag & _PREPARED else ""
+            await self.core.admit(caller, [h.topic], group)
 
     @staticmethod
     def _answer(cmd: RemotingCommand, outcome: SendOutcome) -> RemotingCommand:
@@ -58,30 +83,18 @@ class SendMessageProcessor:
 
     async def send_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         core = self.core
-        # One plain message: stored straight from its header when it qualifies (the same
-        # record and answer as below, which takes anything else).
-        v2 = cmd.code == RequestCode.SEND_MESSAGE_V2
-        p = core.fast.parse_one(v2, cmd.ext_fields, cmd.body) or core.tx.direct.parse(
-            v2, cmd.ext_fields, cmd.body
-        )  # a plain message, or a half alone (transaction/direct.py)
-        if p is not None:
-            tc = await core.topic_for_send(p.topic, p.queue_nums)
-            qid = core.queue_id(p.queue_id, tc.write_queue_nums, p.topic)
-            if isinstance(p, PlainSend):
-                outcome = core.send_plain_now(p, qid, conn.peer)
-            elif (res := core.tx.direct.store(p, qid, conn.peer, core.dedup)) is not None:
-                prefix = core.ctx.store.msg_id_prefix
-                batch = StoredBatch(prefix, res.placed, [p.uniq], qid, p.txid, res.end_offset)
-                outcome = SendOutcome(batch=batch)
-            else:
-                outcome = None
-            if outcome is not None:
-                if core.durable_at_once():
-                    return self._answer(cmd, outcome)
-                return self._answer(cmd, await core.durable(outcome))
+        caller = self._caller(conn, cmd) if core.admission is not None else None
+        # The send use case as the request came: a direct path stores it when one can (the
+        # same record and answer as below); else the header is translated for the generic one.
+        outcome = await core.send_direct(
+            cmd.code == RequestCode.SEND_MESSAGE_V2, cmd.ext_fields, cmd.body, conn.peer, caller
+        )
+        if outcome is not None:
+            return self._answer(cmd, outcome)
         h = self._header(cmd)
         if h.batch:
-            return await self.send_batch(conn, cmd, h)
+            return await self.send_batch(conn, cmd, h, caller)
+        await self._admit(caller, h)
         core.check_body(cmd.body)
         tc = await core.topic_for_send(h.topic, h.default_topic_queue_nums)
         try:
@@ -99,16 +112,23 @@ class SendMessageProcessor:
             reconsume_times=h.reconsume_times or 0,
             properties=props,
         )
-        return self._answer(cmd, await core.send([msg], h.producer_group))
+        return self._answer(cmd, await core.send([msg], h.producer_group, caller))
 
     async def send_batch(
-        self, conn: Connection, cmd: RemotingCommand, h: SendMessageRequestHeader | None = None
+        self,
+        conn: Connection,
+        cmd: RemotingCommand,
+        h: SendMessageRequestHeader | None = None,
+        caller: Caller | None = None,
     ) -> RemotingCommand:
-        h = h or self._header(cmd)
         core = self.core
+        if h is None:
+            h = self._header(cmd)
+            caller = self._caller(conn, cmd) if core.admission is not None else None
+        await self._admit(caller, h)
         tc = await core.topic_for_send(h.topic, h.default_topic_queue_nums)
         qid = core.queue_id(h.queue_id, tc.write_queue_nums, h.topic)
-        return self._answer(cmd, await core.send_batch(h, qid, cmd.body, conn.peer))
+        return self._answer(cmd, await core.send_batch(h, qid, cmd.body, conn.peer, caller))
 
     async def recall_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """RECALL_MESSAGE (RocketMQ 5.3's ``RecallMessageRequestHeader``: ``producerGroup``,

@@ -24,7 +24,7 @@ from txmq.protocol.headers import (
     ResumeCheckHalfMessageRequestHeader,
 )
 
-from ..messaging import MessagingCore
+from ..messaging.core import MessagingCore
 from ..ports import ClusterPort
 from ..transaction.state import Decision, TxRecord, TxState
 

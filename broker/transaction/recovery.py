@@ -23,7 +23,7 @@ import heapq
 import struct
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -40,10 +40,18 @@ from .persistence import TransactionPersistence
 from .state import HalfRef, OpKind, OpRecord, OpRecordError, TxRecord, TxState
 
 if TYPE_CHECKING:
-    from ..messaging.write import WritePath
-    from ..store import MessageStore
+    from ..store import MessageStore, PutMessageResult
 
 log = structlog.get_logger(__name__)
+
+
+class Appends(Protocol):
+    """What recovery writes through (the broker's write path, which tells the flusher and the
+    rest of each append): a port of this package, which imports nothing of
+    :mod:`txmq.broker.messaging`."""
+
+    def put_messages(self, msgs: list[MessageExt]) -> list[PutMessageResult]: ...
+
 
 #: PREPARED_TRANSACTION_OFFSET in a stored message: a committed message's half.
 _PREPARED_OFFSET = struct.Struct(">q")
@@ -71,7 +79,7 @@ class TransactionRecovery:
     persistence: TransactionPersistence
     _: KW_ONLY
     store: MessageStore
-    write: WritePath
+    write: Appends
     add_half: Callable[[MessageExt, str], HalfRef | None]
     real_message: Callable[[HalfRef], MessageExt]
 

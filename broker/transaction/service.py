@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -50,32 +50,22 @@ from txmq.protocol.topics import (
 )
 from txmq.protocol.trace import TxEvent
 
-from ..messaging.fastpath import (
-    FastBatch,
-    HalfTemplate,
-    StoredForm,
-    check_immunity_ms,
-    committed_properties,
-    committed_sys_flag,
-)
-from ..messaging.timer import (
+from ..delivery import (
     TIMER_DEL_UNIQKEY,
     TIMER_PROPERTIES,
     check_timer_delay,
     route_to_timer,
     timer_deliver_ms,
 )
-from ..messaging.trace import BrokerTrace
 from ..redelivery import redelivered
 from ..store import (
-    AppendResult,
     EncodedMessage,
     PutMessageResult,
     encode_for_store,
 )
 from ..store.tags import tags_code_of
 from .check import CheckLimits, CheckSender, CheckService, RemotingCheckSender
-from .direct import HalfForm, HalfSend, HalfSends, committed_record
+from .committed import check_immunity_ms, committed_properties, committed_sys_flag
 from .machine import TransactionStateMachine
 from .offsets import TxnOffsetsLedger
 from .persistence import TransactionPersistence
@@ -98,13 +88,23 @@ if TYPE_CHECKING:
     from ..metrics import BrokerMetrics
 
 log = structlog.get_logger(__name__)
-_new_tuple = tuple.__new__
 
 #: Most in-memory copies of recently stored halves (see
 #: :meth:`TransactionalMessageService._remember_half`); their body bytes are bounded by
 #: ``transactionRecentHalvesBytes``.
 RECENT_HALVES_MAX = 131_072
-#: The sys flag bits the stored form drops (IPv6 hosts are stored as IPv4).
+
+
+class TxTrace(Protocol):
+    """What the transaction service tells the broker's message trace (the messaging side's
+    :class:`~txmq.broker.messaging.trace.BrokerTrace`, given by the composition root): a port
+    this package owns, so it imports nothing of :mod:`txmq.broker.messaging`."""
+
+    def tx_event(self, rec: TxRecord, event: TxEvent, detail: str = "") -> None: ...
+
+    def check_sent(self, rec: TxRecord, client_id: str) -> None: ...
+
+    def flush(self) -> int: ...
 
 
 class TxCounts:
@@ -143,7 +143,12 @@ class TransactionalMessageService:
     half_topic = RMQ_SYS_TRANS_HALF_TOPIC
     op_topic = RMQ_SYS_TRANS_OP_HALF_TOPIC
 
-    def __init__(self, ctx: BrokerContext, check_sender: CheckSender | None = None) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        check_sender: CheckSender | None = None,
+        trace: TxTrace | None = None,
+    ) -> None:
         self.ctx = ctx
         cfg = ctx.config
         self.machine = TransactionStateMachine()
@@ -170,7 +175,7 @@ class TransactionalMessageService:
             ctx.store, ctx.offsets, ctx.clients, ctx.flush.wait_durable
         )
         #: the broker's message trace, None when ``traceTopicEnable`` is off
-        self.trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
+        self.trace = trace
         self.checks = CheckService(
             self.machine,
             check_sender or RemotingCheckSender(cfg.transaction_check_request_timeout / 1000.0),
@@ -186,8 +191,6 @@ class TransactionalMessageService:
         )
         #: halves stored, commits and rollbacks, counted in plain integers
         self.counts = TxCounts(ctx.metrics)
-        #: halves sent alone, stored from their request header (:mod:`.direct`)
-        self.direct = HalfSends(self)
 
     # -- the table (read-only views for processors, admin and tests) ----------------------------
 
@@ -326,90 +329,6 @@ class TransactionalMessageService:
         )
         return half
 
-    # -- the halves of a SEND_BATCH_MESSAGE, stored by the fast path -------------------------
-
-    def on_fast_halves_stored(self, batch: FastBatch, res: AppendResult) -> None:
-        """Halves the batch fast path (:mod:`txmq.broker.messaging.fastpath`) just stored join
-        their transaction and their committed messages are remembered: what
-        :meth:`on_halves_stored` does for the same halves as message objects."""
-        halves = batch.halves
-        assert halves is not None and batch.raw_uniqs is not None
-        first = halves[0]
-        placed = res.placed
-        now = res.store_timestamp
-        prefix = self.ctx.store.msg_id_prefix
-        self.machine.add_halves(
-            first.txid,
-            first.group,
-            first.batch_key,
-            [
-                HalfRef(
-                    phy,
-                    qo,
-                    t.real_topic,
-                    t.real_queue_id,
-                    now,
-                    text,
-                    f"{prefix}{phy:016X}",
-                    t.immunity_ms,
-                )
-                for (phy, _n, qo), text, t in zip(placed, batch.uniq_keys, halves, strict=True)
-            ],
-        )
-        limit = self._recent_max_bytes
-        if limit > 0:
-            recent = self._recent_halves
-            added = 0
-            too_big = limit // 64
-            join = b"".join
-            # The committed form of the current template in locals: each record is a tuple
-            # made in C (what ``StoredForm.record`` makes), no call per half.
-            last: HalfTemplate | None = None
-            form: StoredForm | None = None
-            heads: dict[int, bytes] = {}
-            topic, qid, magic, tail, sys_flag, tags_code = "", 0, 0, b"", 0, 0
-            for (phy, _n, _qo), r, t, u in zip(
-                placed, batch.records, halves, batch.raw_uniqs, strict=True
-            ):
-                b = r.body
-                n = len(b)
-                if n > too_big:
-                    continue
-                if t is not last:
-                    last = t
-                    form = t.committed
-                    heads = form.heads
-                    topic, qid, magic, tail = form.topic, form.queue_id, form.magic, form.tail
-                    sys_flag, tags_code = form.sys_flag, form.tags_code
-                head = heads.get(len(u))
-                if head is None:
-                    assert form is not None
-                    head = form.head(len(u))
-                    if head is None:
-                        continue  # the commit reads it back and refuses it, as the generic path
-                recent[phy] = _new_tuple(
-                    EncodedMessage,
-                    (
-                        topic,
-                        qid,
-                        magic,
-                        r.body_crc,
-                        b,
-                        join((head, u, tail)),
-                        r.flag,
-                        sys_flag,
-                        r.born_timestamp,
-                        r.born_host,
-                        r.reconsume_times,
-                        phy,
-                        tags_code,
-                    ),
-                )
-                added += n
-            self._recent_bytes += added
-            self._evict_recent()
-        self.counts.halves += len(batch.records)
-
     # -- lookups --------------------------------------------------------------------------------
 
     def find(self, txid: str | None, commit_log_offset: int | None) -> TxRecord:
@@ -487,19 +406,24 @@ class TransactionalMessageService:
         self._recent_bytes += len(body)
         self._evict_recent()
 
-    def remember_committed(
-        self, phy: int, form: HalfForm, p: HalfSend, crc: int, host: bytes
-    ) -> None:
-        """:meth:`_remember_half` of a half stored by :mod:`.direct` at ``phy``: its committed
-        copy from the shape's committed form (``form``), within the same bounds."""
+    # -- a port for the direct paths (:mod:`txmq.broker.messaging.fastpath`) -----------------
+
+    def committed_body_max(self) -> int:
+        """The largest body whose committed message is kept in memory for its commit (see
+        :meth:`_remember_half`); -1: none is kept."""
         limit = self._recent_max_bytes
-        n = len(p.body)
-        if limit <= 0 or n > limit // 64:
-            return
-        r = committed_record(form, p, crc, host, phy)
-        if r is None:
-            return  # the commit reads it back and refuses it
-        self._recent_halves[phy] = r
+        return limit // 64 if limit > 0 else -1
+
+    def remember_committed(self, phy: int, record: EncodedMessage, n: int) -> None:
+        """Keep the committed message (``record``, its body ``n`` bytes, within
+        :meth:`committed_body_max`) of the half a direct path stored at ``phy``."""
+        self._recent_halves[phy] = record
+        self._recent_bytes += n
+        self._evict_recent()
+
+    def remember_committed_many(self, records: list[tuple[int, EncodedMessage]], n: int) -> None:
+        """:meth:`remember_committed` of the halves of a batch (their bodies ``n`` bytes)."""
+        self._recent_halves.update(records)
         self._recent_bytes += n
         self._evict_recent()
 

@@ -409,6 +409,43 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
         assert secret not in logs
 
 
+async def test_a_refused_send_creates_no_topic_on_any_path(acl_broker: BrokerController) -> None:
+    """A send is admitted (permission, then quota) by the send use case before its topic is
+    looked up: one the account may not send to is refused without auto-creating the topic,
+    whether a direct path could store it (SEND_MESSAGE_V2 of one plain message or one half, a
+    batch) or only the generic one (SEND_MESSAGE with a delay)."""
+    c = await RawClient.connect(acl_broker.address, credentials=P)
+    try:
+        plain = SendMessageRequestHeader.from_ext_fields(send_header("fresh-1", "groupA"))
+        half = SendMessageRequestHeader.from_ext_fields(
+            send_header("fresh-2", "groupA", transactional=True)
+        )
+        delayed = send_header("fresh-3", "groupA")
+        delayed["properties"] += f"{MessageConst.DELAY}\x012\x02"
+        batch = send_header("fresh-4", "groupA")
+        batch["batch"] = True
+        for code, ext, body in (
+            (RequestCode.SEND_MESSAGE_V2, plain.to_v2_ext_fields(), b"p"),
+            (RequestCode.SEND_MESSAGE_V2, half.to_v2_ext_fields(), b"h"),
+            (RequestCode.SEND_MESSAGE, delayed, b"d"),
+            (RequestCode.SEND_BATCH_MESSAGE, batch, b""),
+        ):
+            resp = await c.call(code, ext, body)
+            assert resp.code == ResponseCode.NO_PERMISSION, (code, resp.remark)
+            assert resp.remark is not None and "missing permission" in resp.remark
+        # groupA may send to orders, but not as the producer group of another account's halves
+        other = SendMessageRequestHeader.from_ext_fields(
+            send_header("orders", "groupB", transactional=True)
+        )
+        resp = await c.call(RequestCode.SEND_MESSAGE_V2, other.to_v2_ext_fields(), b"h")
+        assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
+        assert resp.remark is not None and "group 'groupB'" in resp.remark
+    finally:
+        await c.close()
+    for topic in ("fresh-1", "fresh-2", "fresh-3", "fresh-4"):
+        assert acl_broker.topics.get(topic) is None, f"{topic} was created by a refused send"
+
+
 async def test_a_producer_of_another_account_cannot_decide_or_be_checked(
     acl_broker: BrokerController,
 ) -> None:

@@ -1,7 +1,7 @@
 """The batch fast paths against the generic path, on batches hypothesis makes: plain messages
 and transactions' halves with properties in any order, shared or varying around the UNIQ_KEY,
 non-ASCII, non-canonical, with a delay, mixed kinds or transactions, bodies over the limit.
-Two brokers (``batchFastPathEnable`` on and off, the same clock) get each batch through the
+Two brokers (``fastPathEnable`` on and off, the same clock) get each batch through the
 messaging core -- no socket -- and must answer the same (the same receipts, or the same error)
 and store the same bytes; a transaction's commit must store the same messages too."""
 
@@ -39,13 +39,13 @@ _ids = itertools.count()
 
 @pytest.fixture
 def pair(make_broker_config: Callable[..., BrokerConfig]) -> Iterator[dict[str, BrokerThread]]:
-    """``fast`` as shipped and ``generic`` (``batchFastPathEnable`` off), on one clock."""
+    """``fast`` as shipped and ``generic`` (``fastPathEnable`` off), on one clock."""
     out: dict[str, BrokerThread] = {}
     try:
         for name, fast in (("fast", True), ("generic", False)):
             bt = BrokerThread(
                 make_broker_config(
-                    batch_fast_path_enable=fast,
+                    fast_path_enable=fast,
                     max_message_size=MAX_BODY,
                     transaction_check_interval=600_000,
                 ),
@@ -240,5 +240,5 @@ def test_the_property_reaches_both_fast_paths(pair: dict[str, BrokerThread]) -> 
         _send(pair["fast"], f"prop-{next(_topics)}", batch)
     assert pair["fast"].controller is not None
     snap = pair["fast"].controller.metrics.snapshot()
-    assert snap.get("txmq_batch_path_total{path=plain}") == 1
-    assert snap.get("txmq_batch_path_total{path=halves}") == 1
+    assert snap.get("txmq_send_path_total{path=plain}") == 1
+    assert snap.get("txmq_send_path_total{path=halves}") == 1

@@ -35,6 +35,7 @@ from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
 from txmq.broker.topics import TIMER_TOPIC
 from txmq.broker.transaction.state import OpRecord
+from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, Credentials, grpc_authorization
 from txmq.protocol.aio import Connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -86,6 +87,31 @@ CONFIG: dict[str, Any] = dict(
 )
 #: The check-back scenario: a half is checked 200 ms after it was stored.
 CHECKING: dict[str, Any] = dict(transaction_time_out=200, transaction_check_interval=100)
+#: The quota scenario: a client address may produce 64 bytes a second, and a send while its
+#: bucket is in debt is refused at once (no throttling wait).
+QUOTA: dict[str, Any] = dict(quota_produce_byte_rate=64, quota_max_throttle_ms=0)
+#: The code each protocol answers a send refused by a quota: remoting SYSTEM_BUSY (which stock
+#: producers retry after a pause), gRPC TOO_MANY_REQUESTS (what RocketMQ's proxy answers).
+QUOTA_REFUSAL = {"remoting": int(ResponseCode.SYSTEM_BUSY), "gRPC": 42900}
+#: The ACL scenario's accounts (no trusted address): an operator, and an account that may read
+#: the topic but not send to it.
+ACL = f"""
+globalWhiteRemoteAddresses:
+accounts:
+  - accessKey: fe-operator
+    secretKey: fe-operator-secret
+    admin: true
+  - accessKey: fe-reader
+    secretKey: fe-reader-secret
+    defaultTopicPerm: DENY
+    topicPerms:
+      - {TOPIC}=SUB
+"""
+OPERATOR = Credentials("fe-operator", "fe-operator-secret")
+READER = Credentials("fe-reader", "fe-reader-secret")
+#: The code each protocol answers a send the ACL refuses: remoting NO_PERMISSION, gRPC
+#: FORBIDDEN.
+ACL_REFUSAL = {"remoting": int(ResponseCode.NO_PERMISSION), "gRPC": 40300}
 
 
 def uniq(n: int) -> str:
@@ -195,6 +221,8 @@ class FrontEnd(abc.ABC):
         self.check_answers: list[Answer] = []
         self.check_decision: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The account a send is signed as (None: unsigned).
+        self.credentials: Credentials | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -320,6 +348,13 @@ class Remoting(FrontEnd):
             **kw,
         ).to_v2_ext_fields()
 
+    async def _send_call(self, code: int, ext: dict[str, Any], body: bytes) -> RemotingCommand:
+        """A send request, signed as :attr:`credentials` when set."""
+        cmd = RemotingCommand.request(code, ext, body)
+        if self.credentials is not None:
+            self.credentials.sign(cmd)
+        return await self.client.conn.request(cmd, WAIT_S)
+
     def _sent(self, resp: RemotingCommand, n: int) -> list[Sent]:
         """The answer per message: the message id is the UNIQ_KEY of the record the answer's
         offsetMsgId names; a batch answers the first queue offset (the others follow it)."""
@@ -338,7 +373,7 @@ class Remoting(FrontEnd):
         if len(msgs) > 1:
             assert deliver_ms is None, "a batch has no delivery time"
             rows = [(m.body, 0, properties_to_string(m.properties()).encode()) for m in msgs]
-            resp = await self.client.call(
+            resp = await self._send_call(
                 RequestCode.SEND_BATCH_MESSAGE,
                 self._header(topic, {}, batch=True),
                 batch_body(rows),
@@ -348,14 +383,14 @@ class Remoting(FrontEnd):
         props = m.properties()
         if deliver_ms is not None:
             props[TIMER_DELIVER_MS] = str(deliver_ms)  # what a 5.x remoting producer sends
-        resp = await self.client.call(
+        resp = await self._send_call(
             RequestCode.SEND_MESSAGE_V2, self._header(topic, props), m.body
         )
         return self._sent(resp, 1)
 
     async def send_half(self, topic: str, msg: Msg) -> tuple[Sent, Any]:
         props = {**msg.properties(), C.TRAN_MSG: "true", C.PGROUP: topic}
-        resp = await self.client.call(
+        resp = await self._send_call(
             RequestCode.SEND_MESSAGE_V2,
             self._header(topic, props, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE),
             msg.body,
@@ -510,9 +545,18 @@ class Grpc(FrontEnd):
             sp.delivery_timestamp.FromMilliseconds(deliver_ms)
         return m
 
+    def _send_md(self) -> tuple[tuple[str, str], ...]:
+        """A send's metadata, signed as :attr:`credentials` when set."""
+        creds = self.credentials
+        if creds is None:
+            return MD
+        now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        auth = grpc_authorization(creds.access_key, creds.secret_key, now)
+        return (*MD, (GRPC_DATE_TIME, now), (GRPC_AUTHORIZATION, auth))
+
     async def _send(self, messages: list[Any]) -> list[Sent]:
         r = await self.stub.SendMessage(
-            spb.SendMessageRequest(messages=messages), metadata=MD, timeout=WAIT_S
+            spb.SendMessageRequest(messages=messages), metadata=self._send_md(), timeout=WAIT_S
         )
         return [
             Sent(
@@ -950,6 +994,39 @@ async def resend_half(fe: FrontEnd) -> Observed:
     return {"half answers": (sent, again), "transaction": fe.tx_view(m.uniq)}
 
 
+async def over_quota(fe: FrontEnd) -> Observed:
+    """A producer over its byte rate: the first send passes (the bucket's burst), the next is
+    refused at once, nothing of it stored; both front ends give the quota's text."""
+    m1, m2 = Msg(b"x" * 200, uniq(91)), Msg(b"y" * 10, uniq(92))
+    first = await fe.send(TOPIC, [m1])
+    assert first == [Sent(True, m1.uniq, 0, "")], f"{fe}: send answered {first}"
+    [refused] = await fe.send(TOPIC, [m2])
+    code, _, text = refused.error.partition(": ")
+    assert not refused.ok and code == str(QUOTA_REFUSAL[fe.name]), f"{fe}: answered {refused}"
+    stored = [r.msg_id for r in fe.stored(TOPIC)]
+    assert stored == [m1.uniq], f"{fe}: {TOPIC} holds {stored} after a refused send"
+    # The wait it names depends on when the refusal came.
+    return {"answers": first, "refusal": text.partition(": try again in ")[0]}
+
+
+async def not_permitted(fe: FrontEnd) -> Observed:
+    """An account the ACL lets read the topic but not send to it: its send is refused, nothing
+    stored; an operator's send passes."""
+    fe.credentials = READER
+    [refused] = await fe.send(TOPIC, [Msg(b"refused", uniq(95))])
+    code, _, text = refused.error.partition(": ")
+    assert not refused.ok and code == str(ACL_REFUSAL[fe.name]), f"{fe}: answered {refused}"
+    fe.credentials = OPERATOR
+    m = Msg(b"permitted", uniq(96))
+    sent = await fe.send(TOPIC, [m])
+    assert sent == [Sent(True, m.uniq, 0, "")], f"{fe}: the operator's send answered {sent}"
+    stored = [r.msg_id for r in fe.stored(TOPIC)]
+    assert stored == [m.uniq], f"{fe}: {TOPIC} holds {stored}"
+    # The text ends naming the request as its protocol calls it ("request code
+    # SEND_MESSAGE_V2", "RPC SendMessage").
+    return {"answers": sent, "refusal": text.rpartition(", ")[0]}
+
+
 def bodies(got: list[Received]) -> list[bytes]:
     return [r.body for r in got]
 
@@ -1002,6 +1079,8 @@ class Scenario:
     #: Properties whose position differs by front end (values compared), each with its reason
     #: at the scenario.
     unordered: frozenset[str] = frozenset()
+    #: A plain_acl.yml for both brokers (ACL on), "" for none.
+    acl: str = ""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -1025,6 +1104,8 @@ SCENARIOS: dict[str, Scenario] = {
     "resend half": Scenario(resend_half),
     "reset offset on a live group": Scenario(reset_offset),
     "filtered read": Scenario(filtered_read),
+    "over the produce quota": Scenario(over_quota, QUOTA),
+    "not permitted by the ACL": Scenario(not_permitted, acl=ACL),
 }
 
 
@@ -1032,23 +1113,33 @@ async def create_topic(broker: BrokerController, topic: str) -> None:
     admin = await RawClient.connect(broker.address)
     try:
         h = CreateTopicRequestHeader(topic=topic, read_queue_nums=1, write_queue_nums=1)
-        r = await admin.call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
+        cmd = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
+        if broker.config.acl_enable:
+            OPERATOR.sign(cmd)
+        r = await admin.conn.request(cmd, WAIT_S)
         assert r.code == ResponseCode.SUCCESS, r.remark
     finally:
         await admin.close()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-async def test_both_front_ends_store_and_answer_alike(name: str, make_broker_config: Any) -> None:
+async def test_both_front_ends_store_and_answer_alike(
+    name: str, make_broker_config: Any, tmp_path: Any
+) -> None:
     """The scenario over remoting against broker A, over gRPC against broker B: the same
     answers, transaction records and commit logs (but for the differences named above)."""
     scenario = SCENARIOS[name]
+    config = {**CONFIG, **scenario.config}
+    if scenario.acl:
+        acl = tmp_path / "plain_acl.yml"
+        acl.write_text(scenario.acl, encoding="utf-8")
+        config.update(acl_enable=True, plain_acl_file=str(acl))
     born = int(time.time() * 1000)
     observed: dict[str, Observed] = {}
     records: dict[str, list[MessageExt]] = {}
     async with contextlib.AsyncExitStack() as stack:
         for kind in (Remoting, Grpc):
-            broker = BrokerController(make_broker_config(**{**CONFIG, **scenario.config}))
+            broker = BrokerController(make_broker_config(**config))
             await broker.start()
             stack.push_async_callback(broker.shutdown)
             await create_topic(broker, TOPIC)

@@ -1,6 +1,6 @@
 """A half message sent alone (SEND_MESSAGE_V2 / SEND_MESSAGE, what ``producer.transaction()``
-with one message sends) is stored straight from its header (``broker/transaction/direct.py``).
-Two real brokers get the same requests over sockets, one with ``batchFastPathEnable`` off (the
+with one message sends) is stored straight from its header (``broker/messaging/fastpath.py``).
+Two real brokers get the same requests over sockets, one with ``fastPathEnable`` off (the
 generic path): they must answer the same, store the same half bytes, hold the same transaction
 table, and, once END_TRANSACTION commits or rolls back, store the same committed messages.
 Halves the direct path must leave (no transaction id, a batch key, a delay, a timer, the
@@ -43,7 +43,8 @@ async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
 
 
 def stored_directly(b: BrokerController) -> int:
-    return b.core.tx.direct.stored
+    """Halves ``b`` stored through the direct path (``txmq_send_path_total``)."""
+    return int(b.metrics.snapshot().get("txmq_send_path_total{path=one_half}", 0))
 
 
 def header(
@@ -255,3 +256,21 @@ async def test_transactions_refused_on_the_broker_are_refused_alike(
         )
         assert not took
         assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
+
+
+async def test_transactions_refused_at_run_time_are_refused_alike(
+    pair: BrokerPair,
+) -> None:
+    """``rejectTransactionMessage`` changes while the broker runs: a half of a shape the direct
+    path knows already is refused from then on, as the generic path refuses it."""
+    resp, took = await send_both(
+        pair, True, header(True, "half-r", half_props("R1", "tx-r1")), b"a"
+    )
+    assert took and resp.code == ResponseCode.SUCCESS, resp.remark
+    for b in (pair.fast, pair.generic):
+        await b.update_config({"rejectTransactionMessage": "true"})
+    resp, took = await send_both(
+        pair, True, header(True, "half-r", half_props("R2", "tx-r2")), b"b"
+    )
+    assert not took
+    assert resp.code == ResponseCode.NO_PERMISSION, resp.remark

@@ -70,7 +70,7 @@ async def test_a_resent_batch_is_stored_once_on_both_paths(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(batch_fast_path_enable=fast))
+        b = BrokerController(make_broker_config(fast_path_enable=fast))
         await b.start()
         c = await RawClient.connect(b.address)
         try:
@@ -228,7 +228,7 @@ async def test_a_message_twice_in_one_batch_is_stored_once(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(batch_fast_path_enable=fast))
+        b = BrokerController(make_broker_config(fast_path_enable=fast))
         await b.start()
         c = await RawClient.connect(b.address)
         try:

@@ -112,14 +112,16 @@ def test_txmq_trace_shows_a_transactions_life(
     listener = CheckBackCommits()
 
     async def scenario() -> tuple[str, str, str]:
-        async with AsyncTransactionProducer("shop", listener, addr) as tx:
-            checked = await tx.send_message_in_transaction(Message("orders", b"by-check"))
-            await wait_until(lambda: listener.checked == ["by-check"], 30, "the check-back")
         c = await RawClient.connect(addr)
         try:
-            got = await wait_until(
-                lambda: c.pull_all("orders", group="billing"), 30, "the committed message"
-            )
+            # The producer stays online until the commit its check answer sends is in: closed
+            # as soon as the check came, a loaded machine may close it first.
+            async with AsyncTransactionProducer("shop", listener, addr) as tx:
+                checked = await tx.send_message_in_transaction(Message("orders", b"by-check"))
+                await wait_until(lambda: listener.checked == ["by-check"], 30, "the check-back")
+                got = await wait_until(
+                    lambda: c.pull_all("orders", group="billing"), 30, "the committed message"
+                )
             assert [m.body for m in got] == [b"by-check"]
             half = await c.send("orders", b"by-operator", group="ops-shop", transactional=True)
             operator_txid = str(RawClient.send_header(half).transaction_id)

@@ -175,7 +175,7 @@ class Run:
             note("halves stored by the batch fast path")
 
     def _fast_batches(self) -> float:
-        return float(self.b.metrics.snapshot().get("txmq_batch_path_total{path=halves}", 0.0))
+        return float(self.b.metrics.snapshot().get("txmq_send_path_total{path=halves}", 0.0))
 
     def _sent(self, txid: str, r: RemotingCommand) -> None:
         """A half joins only a pending transaction (of a batch not decided yet)."""

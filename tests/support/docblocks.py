@@ -149,6 +149,8 @@ CLAIMS: list[Claim] = [
         "PYTHONPATH=build/txmq-pyfiles.zip spark-submit": SPARK_CLUSTER}),
     # docs/architecture.md
     Claim("docs/architecture.md", "broker/", "tree", reason="the broker's folders"),
+    Claim("docs/architecture.md", "SEND_MESSAGE(_V2)  processors/send.py", "diagram",
+          reason="the calls a send makes; tests/broker/test_send_paths.py counts each path"),
     # docs/cluster.md
     Claim("docs/cluster.md", "# three etcd members", "cluster"),
     Claim("docs/cluster.md", "cluster DefaultCluster", "output",
@@ -182,6 +184,10 @@ CLAIMS: list[Claim] = [
     Claim("docs/operations.md", "txmq group list", "shell"),
     Claim("docs/operations.md", "txmq topic update orders --perm r", "shell"),
     Claim("docs/operations.md", 'eval "$(_TXMQ_COMPLETE=bash_source txmq)"', "completion"),
+    Claim("docs/operations.md", "config_key_renamed key=batchFastPathEnable", "mapped",
+          tests=("tests/broker/test_send_paths.py::"
+                 "test_the_old_switch_name_is_read_with_a_warning",),
+          reason="the log line of the old switch name, which the test reads"),
     # docs/performance.md
     Claim("docs/performance.md", "python bench/broker_cpu.py", "output",
           reason="a benchmark command (minutes of CPU; benchmarks are not run by tests)"),

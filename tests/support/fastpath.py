@@ -23,15 +23,15 @@ from txmq.protocol.message import (
     properties_to_string,
 )
 
-#: The ``path`` labels of the fast paths in ``txmq_batch_path_total``.
+#: The ``path`` labels of the fast paths in ``txmq_send_path_total``.
 FAST_PATHS = ("plain", "halves")
 #: Fields that differ between two brokers (their ports and clocks) for the same requests.
 PER_BROKER = ("born_host", "store_host", "store_timestamp")
 
 
 class BrokerPair:
-    """``fast`` as shipped, ``generic`` with ``batchFastPathEnable`` off; ``used`` records, per
-    call on ``fast``, whether a fast path took the request (from ``txmq_batch_path_total``)."""
+    """``fast`` as shipped, ``generic`` with ``fastPathEnable`` off; ``used`` records, per
+    call on ``fast``, whether a fast path took the request (from ``txmq_send_path_total``)."""
 
     def __init__(self, fast: BrokerController, generic: BrokerController) -> None:
         self.fast, self.generic = fast, generic
@@ -41,7 +41,7 @@ class BrokerPair:
     def fast_batches(self) -> float:
         """Batches the fast broker stored through a fast path so far."""
         snap = self.fast.metrics.snapshot()
-        return float(sum(snap.get(f"txmq_batch_path_total{{path={p}}}", 0.0) for p in FAST_PATHS))
+        return float(sum(snap.get(f"txmq_send_path_total{{path={p}}}", 0.0) for p in FAST_PATHS))
 
     async def call(
         self, code: int, ext: dict[str, Any], body: bytes
@@ -62,7 +62,7 @@ async def broker_pair(make_broker_config: Any, **config: Any) -> AsyncIterator[B
     clients: list[RawClient] = []
     try:
         for fast in (True, False):
-            b = BrokerController(make_broker_config(batch_fast_path_enable=fast, **config))
+            b = BrokerController(make_broker_config(fast_path_enable=fast, **config))
             await b.start()
             brokers.append(b)
         pair = BrokerPair(brokers[0], brokers[1])

@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
-from txmq.broker.messaging.timer import (
+from txmq.broker.delivery import (
     TIMER_DEL_UNIQKEY,
     TIMER_DELAY_MS,
     TIMER_DELAY_SEC,
