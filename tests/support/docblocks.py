@@ -141,6 +141,7 @@ CLAIMS: list[Claim] = [
         "PYTHONPATH=build/txmq-pyfiles.zip spark-submit": SPARK_CLUSTER}),
     # docs/architecture.md
     Claim("docs/architecture.md", "broker/", "tree", reason="the broker's folders"),
+    Claim("docs/architecture.md", "txmq/cli/", "tree", reason="the command line's modules"),
     # docs/cluster.md
     Claim("docs/cluster.md", "# three etcd members", "cluster"),
     Claim("docs/cluster.md", "cluster DefaultCluster", "output",

@@ -12,18 +12,10 @@ from typing import Any, TypeVar
 
 import click
 
-from .cli import _admin, _emit, _env_option, _leaders, _output_options
+from .common import BROKER_OPTION, _admin, _emit, _leaders, _output_options
 
 T = TypeVar("T")
 
-# txmq.cli's --broker (made here again: the two modules import each other)
-BROKER_OPTION = _env_option(
-    "--broker",
-    "-b",
-    default="127.0.0.1:10911",
-    show_default=True,
-    help="Broker address host:port",
-)
 
 PASSWORD_OPTION = click.option(
     "--password",

@@ -11,16 +11,7 @@ import click
 
 from txmq.protocol.trace import TRACE_TOPIC, MessageType, TraceRecord, TraceType, decode
 
-from .cli import _admin, _emit, _env_option, _output_options
-
-# txmq.cli's --broker (made here again: the two modules import each other)
-BROKER_OPTION = _env_option(
-    "--broker",
-    "-b",
-    default="127.0.0.1:10911",
-    show_default=True,
-    help="Broker address host:port",
-)
+from .common import BROKER_OPTION, _admin, _emit, _output_options
 
 #: Trace messages read per key (the broker answers at most 64 per query).
 MAX_PER_KEY = 64
