@@ -110,6 +110,13 @@ def broker(
         return
     configure_logging(log_level)
     _log_code_path()
+    _serve(config)
+
+
+def _serve(config: Any) -> None:
+    """Serve ``config``'s broker (a replica of a cluster when it names etcd endpoints) until it
+    is stopped, then exit with its status; what keeps it from starting is a clean CLI error."""
+    from txmq.broker.config import ConfigError
     from txmq.broker.server import PortInUseError, serve
     from txmq.broker.store import StoreLockedError
 
