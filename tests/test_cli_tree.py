@@ -1,5 +1,6 @@
-"""The shape of the ``txmq`` command line: the CLI package stays readable (a module per command
-group, none over 1,000 lines, no function over 80 without a line saying why)."""
+"""The shape of the ``txmq`` command line: every command that prints a result can print it as
+JSON (``-o json``), and the CLI package stays readable (a module per command group, none over
+1,000 lines, no function over 80 without a line saying why)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ import click
 from txmq.cli import main
 
 CLI_DIR = Path(__file__).resolve().parent.parent / "txmq" / "cli"
+
+#: Commands without ``-o/--output``, and why: they serve or answer with their exit status.
+NO_OUTPUT_OPTION = {
+    "broker": "serves a broker until stopped; --print-config prints JSON already",
+    "console": "serves the web console until stopped",
+    "probe": "a health check: its exit status is the answer, the text the operations port's",
+}
 
 MAX_MODULE_LINES = 1000
 MAX_FUNCTION_LINES = 80
@@ -34,6 +42,23 @@ def test_the_tree_has_every_command_group() -> None:
     assert len(names) >= 40, sorted(names)
     for name in ("topic create", "group delete", "txn commit", "acl user create", "trace"):
         assert name in names
+
+
+def test_every_command_that_prints_a_result_takes_output() -> None:
+    missing = []
+    for name, cmd in leaves(main):
+        outputs = [p for p in cmd.params if isinstance(p, click.Option) and "--output" in p.opts]
+        if name in NO_OUTPUT_OPTION:
+            assert not outputs, f"{name} has --output now: take it off the allowlist"
+            continue
+        if not outputs:
+            missing.append(name)
+            continue
+        (option,) = outputs
+        assert "-o" in option.opts, name
+        assert isinstance(option.type, click.Choice), name
+        assert set(option.type.choices) == {"table", "json"}, name
+    assert not missing, f"commands without -o/--output table|json: {missing}"
 
 
 def _long_functions(path: Path) -> Iterator[tuple[str, int]]:

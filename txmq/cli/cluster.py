@@ -76,6 +76,7 @@ def cluster_list(broker: str, output: str) -> None:
 
 @cluster.command("place")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("topic_name")
 @click.option("--group", "group_name", required=True, help="The broker group (brokerName).")
 @click.option("--queues", "-q", default=4, show_default=True, help="Queues in that group.")
@@ -95,7 +96,13 @@ def cluster_list(broker: str, output: str) -> None:
     "(0: return once the group's leader has it).",
 )
 def cluster_place(
-    broker: str, topic_name: str, group_name: str, queues: int, read_only: bool, wait_s: float
+    broker: str,
+    output: str,
+    topic_name: str,
+    group_name: str,
+    queues: int,
+    read_only: bool,
+    wait_s: float,
 ) -> None:
     """Give TOPIC_NAME queues in broker group GROUP (create or update them on its leader), and
     return once every broker's route answer shows it."""
@@ -112,6 +119,11 @@ def cluster_place(
             {broker} | {addr for grp in doc["groups"].values() for addr in grp["members"].values()}
         )
         _wait_placed(brokers, topic_name, group_name, queues, perm, wait_s)
+    if output == "json":
+        placed = {"topic": topic_name, "group": group_name, "leader": g["leader"]["addr"]}
+        placed |= {"queues": queues, "perm": perm, "readOnly": read_only}
+        _echo_json({**placed, "routedEverywhere": wait_s > 0})
+        return
     click.echo(
         f"topic {topic_name}: {queues} queues in group {group_name}"
         + (" (read-only)" if read_only else "")

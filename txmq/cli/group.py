@@ -176,18 +176,27 @@ def group_update(
 
 @group.command("delete")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("group_name", metavar="GROUP")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def group_delete(broker: str, group_name: str, yes: bool) -> None:
+def group_delete(broker: str, output: str, group_name: str, yes: bool) -> None:
     """Forget GROUP's committed offsets and settings (refused while it has live consumers): a
     group of the same name starts afresh, from where its consume-from setting says.  In a
     cluster: in every broker group."""
+    as_json = output == "json"
     if not yes:
-        click.confirm(f"delete the committed offsets of consumer group {group_name}?", abort=True)
+        question = f"delete the committed offsets of consumer group {group_name}?"
+        click.confirm(question, abort=True, err=as_json)  # stdout: only the JSON
+    groups = []
     for broker_group, addr in _leaders(broker):
         _admin(addr, lambda admin: admin.delete_consumer_group(group_name))
+        if broker_group:
+            groups.append(broker_group)
         where = f" in broker group {broker_group}" if broker_group else ""
-        click.echo(f"consumer group {group_name} deleted{where}")
+        if not as_json:
+            click.echo(f"consumer group {group_name} deleted{where}")
+    if as_json:
+        _echo_json({"group": group_name, "deleted": True, "brokerGroups": groups})
 
 
 @group.command("reset-offset")

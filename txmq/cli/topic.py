@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .common import (
@@ -22,13 +24,25 @@ def topic() -> None:
 
 @topic.command("create")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("name")
 @click.option("--queues", "-q", default=4, show_default=True, help="Read and write queues.")
 @click.option("--order", is_flag=True, help="Mark the topic as ordered.")
-def topic_create(broker: str, name: str, queues: int, order: bool) -> None:
-    """Create (or update) topic NAME."""
-    _admin(broker, lambda admin: admin.create_topic(name, queues, order=order))
+def topic_create(broker: str, output: str, name: str, queues: int, order: bool) -> None:
+    """Create (or update) topic NAME.
 
+    With -o json, prints its configuration as the broker now holds it."""
+
+    async def create(admin: Any) -> dict[str, Any] | None:
+        await admin.create_topic(name, queues, order=order)
+        if output != "json":
+            return None
+        return dict((await admin.list_topics())[name])
+
+    tc = _admin(broker, create)
+    if output == "json":
+        _echo_json(tc)
+        return
     click.echo(f"topic {name} created with {queues} queues")
 
 
@@ -148,15 +162,24 @@ def topic_update(
 
 @topic.command("delete")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def topic_delete(broker: str, name: str, yes: bool) -> None:
+def topic_delete(broker: str, output: str, name: str, yes: bool) -> None:
     """Delete topic NAME: its config, consume queues and every group's committed offsets on it
     (refused for system topics and while live consumers subscribe to it).  Its messages stay in
     the commit log until retention deletes them.  In a cluster: in every broker group holding
     it."""
+    as_json = output == "json"
     if not yes:
-        click.confirm(f"delete topic {name}, its queues and its consumer offsets?", abort=True)
+        question = f"delete topic {name}, its queues and its consumer offsets?"
+        click.confirm(question, abort=True, err=as_json)  # stdout: only the JSON
+    groups = []
     for group_name, addr in _leaders(broker, name) or [("", broker)]:
         _admin(addr, lambda admin: admin.delete_topic(name))
-        click.echo(f"topic {name} deleted" + (f" in group {group_name}" if group_name else ""))
+        if group_name:
+            groups.append(group_name)
+        if not as_json:
+            click.echo(f"topic {name} deleted" + (f" in group {group_name}" if group_name else ""))
+    if as_json:
+        _echo_json({"topic": name, "deleted": True, "brokerGroups": groups})

@@ -4,11 +4,12 @@ transactions."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import click
 
-from .common import BROKER_OPTION, _admin, _echo_json, _output_options
+from .common import BROKER_OPTION, OUTPUT_OPTION, _admin, _echo_json, _output_options
 
 
 @click.group()
@@ -82,14 +83,39 @@ def txn_show(broker: str, transaction_id: str, as_json: bool) -> None:
 
 @txn.command("resume")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("msg_id")
-def txn_resume(broker: str, msg_id: str) -> None:
+def txn_resume(broker: str, output: str, msg_id: str) -> None:
     """Put a parked transaction back under checking (RESUME_CHECK_HALF_MESSAGE)."""
-    click.echo(_admin(broker, lambda admin: admin.resume_transaction(msg_id)))
+    _echo_answer(broker, output, msg_id, lambda admin: admin.resume_transaction(msg_id))
 
 
-def _force(broker: str, transaction_id: str, commit: bool, reason: str) -> None:
-    click.echo(_admin(broker, lambda admin: admin.force_decide(transaction_id, commit, reason)))
+def _echo_answer(
+    broker: str, output: str, transaction_id: str, call: Callable[[Any], Awaitable[str]]
+) -> None:
+    """Make ``call`` and print the broker's answer; with -o json, the answer and the
+    transaction as it now stands (``answer``, ``transaction``)."""
+
+    async def go(admin: Any) -> dict[str, Any]:
+        answer = await call(admin)
+        if output != "json":
+            return {"answer": answer}
+        return {"answer": answer, "transaction": await admin.get_transaction(transaction_id)}
+
+    doc = _admin(broker, go)
+    if output == "json":
+        _echo_json(doc)
+        return
+    click.echo(doc["answer"])
+
+
+def _force(broker: str, output: str, transaction_id: str, commit: bool, reason: str) -> None:
+    _echo_answer(
+        broker,
+        output,
+        transaction_id,
+        lambda admin: admin.force_decide(transaction_id, commit, reason),
+    )
 
 
 def _force_command(name: str) -> Callable[[Callable[..., None]], click.Command]:
@@ -97,21 +123,22 @@ def _force_command(name: str) -> Callable[[Callable[..., None]], click.Command]:
 
     def make(fn: Callable[..., None]) -> click.Command:
         fn = click.option("--reason", default="", help="Recorded with the decision.")(fn)
-        return txn.command(name)(BROKER_OPTION(click.argument("transaction_id")(fn)))
+        fn = click.argument("transaction_id")(fn)
+        return txn.command(name)(BROKER_OPTION(OUTPUT_OPTION(fn)))
 
     return make
 
 
 @_force_command("commit")
-def txn_commit(broker: str, transaction_id: str, reason: str) -> None:
+def txn_commit(broker: str, output: str, transaction_id: str, reason: str) -> None:
     """Force-commit a pending or parked transaction, as an operator."""
-    _force(broker, transaction_id, True, reason)
+    _force(broker, output, transaction_id, True, reason)
 
 
 @_force_command("rollback")
-def txn_rollback(broker: str, transaction_id: str, reason: str) -> None:
+def txn_rollback(broker: str, output: str, transaction_id: str, reason: str) -> None:
     """Force-roll back a pending or parked transaction, as an operator."""
-    _force(broker, transaction_id, False, reason)
+    _force(broker, output, transaction_id, False, reason)
 
 
 @txn.command("abort-batch")
