@@ -13,6 +13,8 @@ variables < flags.
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from txmq import _compiled
@@ -90,8 +92,9 @@ def main(
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
 
-    # Client commands print results, not the SDK's events; `txmq broker` sets its own level.
-    configure_logging("WARNING")
+    # Client commands print results, not the SDK's events: its warnings go to stderr, so that
+    # stdout holds only the result (-o json); `txmq broker` sets its own level and stream.
+    configure_logging("WARNING", stream=sys.stderr)
 
 
 for _command in (  # txmq --help lists them by name
