@@ -45,6 +45,7 @@ def txmq(
         capture_output=True,
         text=True,
         timeout=60,
+        start_new_session=True,  # no terminal: a password asked for is read from stdin
     )
 
 
@@ -166,3 +167,9 @@ def test_acl_users_and_policies(acl_broker: BrokerThread) -> None:
     assert run("policy", "list") == []
     assert run("user", "delete", "alice") == {"username": "alice", "deleted": True}
     assert [u["username"] for u in run("user", "list")] == [ROOT.access_key]
+
+    # a password asked for is asked on stderr: stdout holds only the JSON
+    asked = txmq(addr, "acl", "user", "create", "bob", "-o", "json", input="bob-1\n", env=root)
+    assert "Password" in asked.stderr
+    assert as_json(asked)["username"] == "bob"
+    assert sorted(u["username"] for u in run("user", "list")) == ["bob", ROOT.access_key]

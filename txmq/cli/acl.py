@@ -25,12 +25,10 @@ from .common import (
 T = TypeVar("T")
 
 
+# Not click's prompt=True: that asks on stdout, which then holds more than the result.
 PASSWORD_OPTION = click.option(
     "--password",
     envvar="TXMQ_ACL_PASSWORD",
-    prompt=True,
-    hide_input=True,
-    confirmation_prompt=False,
     help="The user's password, its secret key (env TXMQ_ACL_PASSWORD; asked when not given).",
 )
 
@@ -66,11 +64,18 @@ def user() -> None:
 @click.option("--super", "super_user", is_flag=True, help="A super user: may do anything.")
 @click.option("--disabled", is_flag=True, help="Create it disabled (refused until enabled).")
 def user_create(
-    broker: str, output: str, username: str, password: str, super_user: bool, disabled: bool
+    broker: str,
+    output: str,
+    username: str,
+    password: str | None,
+    super_user: bool,
+    disabled: bool,
 ) -> None:
     """Create USERNAME.
 
     With -o json, prints the user as the broker now holds it (never its password)."""
+    if password is None:  # asked on stderr: stdout holds only the result (-o json in a pipe)
+        password = str(click.prompt("Password", hide_input=True, err=True))
 
     async def create(a: Any) -> dict[str, Any] | None:
         await a.create_user(username, password, super_user=super_user, enabled=not disabled)
