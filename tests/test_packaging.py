@@ -300,7 +300,10 @@ def test_the_wheel_has_every_module(tmp_path: Path) -> None:
     assert "txmq/py.typed" in names, "py.typed missing: type checkers would ignore txmq's types"
     for name in ("LICENSE", "NOTICE"):
         assert any(n.endswith(f".dist-info/licenses/{name}") for n in names), f"{name} not shipped"
-    expected = {f"txmq/{p.name}" for p in (ROOT / "txmq").glob("*.py")}
+    # txmq/ itself and its own sub-packages (the CLI's txmq/cli/); rglob does not follow the links
+    expected = {
+        f"txmq/{p.relative_to(ROOT / 'txmq').as_posix()}" for p in (ROOT / "txmq").rglob("*.py")
+    }
     for folder in SOURCE_FOLDERS:
         expected.update(
             f"txmq/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / folder).rglob("*.py")

@@ -22,7 +22,7 @@ from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
-from txmq.cli_trace import collect
+from txmq.cli.trace import collect
 from txmq.client import (
     AsyncProducer,
     AsyncTransactionProducer,

@@ -9,11 +9,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import txmq.cli  # noqa: F401  (loads txmq.cli_trace, which it imports back)
 from tests.client.helpers import FAST_CLIENT
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
-from txmq.cli_trace import collect, timeline
+from txmq.cli.trace import collect, timeline
 from txmq.client import (
     AsyncOrderlyPushConsumer,
     AsyncProducer,

@@ -352,20 +352,20 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
     bc.start_all()
     l1 = await bc.wait_leader("g1")
     l2 = await bc.wait_leader("g2")
-    for group in ("g1", "g2"):
-        out = await asyncio.to_thread(
-            txmq_cli,
-            "cluster",
-            "place",
-            "wide",
-            "--group",
-            group,
-            "--queues",
-            "2",
-            "--broker",
-            l1.addr,
-        )
-        assert f"2 queues in group {group}" in out
+    place = ("cluster", "place", "wide", "--queues", "2", "--broker", l1.addr, "--group")
+    out = await asyncio.to_thread(txmq_cli, *place, "g1")
+    assert "2 queues in group g1" in out
+    # -o json: what was placed where, once every broker routes it
+    placed = json.loads(await asyncio.to_thread(txmq_cli, *place, "g2", "-o", "json"))
+    assert placed == {
+        "topic": "wide",
+        "group": "g2",
+        "leader": l2.addr,
+        "queues": 2,
+        "perm": 6,
+        "readOnly": False,
+        "routedEverywhere": True,
+    }
 
     async def both() -> bool:
         for r in (l1, l2):
@@ -408,6 +408,14 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
         )
     )  # fmt: skip
     assert {r["group"] for r in reset} == {"g1", "g2"}, reset
+    forgotten = await asyncio.to_thread(
+        txmq_cli, "group", "delete", "billing", "--yes", "--broker", l2.addr, "-o", "json"
+    )
+    assert json.loads(forgotten) == {
+        "group": "billing",
+        "deleted": True,
+        "brokerGroups": ["g1", "g2"],
+    }
     deleted = await asyncio.to_thread(
         txmq_cli, "topic", "delete", "wide", "--yes", "--broker", l1.addr
     )

@@ -151,6 +151,7 @@ CLAIMS: list[Claim] = [
     Claim("docs/architecture.md", "broker/", "tree", reason="the broker's folders"),
     Claim("docs/architecture.md", "SEND_MESSAGE(_V2)  processors/send.py", "diagram",
           reason="the calls a send makes; tests/broker/test_send_paths.py counts each path"),
+    Claim("docs/architecture.md", "txmq/cli/", "tree", reason="the command line's modules"),
     # docs/cluster.md
     Claim("docs/cluster.md", "# three etcd members", "cluster"),
     Claim("docs/cluster.md", "cluster DefaultCluster", "output",

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import click
 
+from txmq.client.trace_timeline import MAX_KEYS, MAX_PER_KEY, collect, describe, timeline
 from txmq.protocol.trace import TRACE_TOPIC
 
-from .cli import _admin, _emit, _env_option, _output_options
-from .client.trace_timeline import MAX_KEYS, MAX_PER_KEY, collect, describe, timeline
+from .common import BROKER_OPTION, _admin, _emit, _output_options
 
 __all__ = ["MAX_KEYS", "MAX_PER_KEY", "collect", "describe", "timeline", "trace"]
-
-# txmq.cli's --broker (made here again: the two modules import each other)
-BROKER_OPTION = _env_option(
-    "--broker",
-    "-b",
-    default="127.0.0.1:10911",
-    show_default=True,
-    help="Broker address host:port",
-)
 
 
 @click.command("trace")

@@ -12,25 +12,23 @@ from typing import Any, TypeVar
 
 import click
 
-from .cli import _admin, _emit, _env_option, _leaders, _output_options
+from .common import (
+    BROKER_OPTION,
+    OUTPUT_OPTION,
+    _admin,
+    _echo_json,
+    _emit,
+    _leaders,
+    _output_options,
+)
 
 T = TypeVar("T")
 
-# txmq.cli's --broker (made here again: the two modules import each other)
-BROKER_OPTION = _env_option(
-    "--broker",
-    "-b",
-    default="127.0.0.1:10911",
-    show_default=True,
-    help="Broker address host:port",
-)
 
+# Not click's prompt=True: that asks on stdout, which then holds more than the result.
 PASSWORD_OPTION = click.option(
     "--password",
     envvar="TXMQ_ACL_PASSWORD",
-    prompt=True,
-    hide_input=True,
-    confirmation_prompt=False,
     help="The user's password, its secret key (env TXMQ_ACL_PASSWORD; asked when not given).",
 )
 
@@ -60,23 +58,39 @@ def user() -> None:
 
 @user.command("create")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("username")
 @PASSWORD_OPTION
 @click.option("--super", "super_user", is_flag=True, help="A super user: may do anything.")
 @click.option("--disabled", is_flag=True, help="Create it disabled (refused until enabled).")
 def user_create(
-    broker: str, username: str, password: str, super_user: bool, disabled: bool
+    broker: str,
+    output: str,
+    username: str,
+    password: str | None,
+    super_user: bool,
+    disabled: bool,
 ) -> None:
-    """Create USERNAME."""
-    _everywhere(
-        broker,
-        lambda a: a.create_user(username, password, super_user=super_user, enabled=not disabled),
-    )
+    """Create USERNAME.
+
+    With -o json, prints the user as the broker now holds it (never its password)."""
+    if password is None:  # asked on stderr: stdout holds only the result (-o json in a pipe)
+        password = str(click.prompt("Password", hide_input=True, err=True))
+
+    async def create(a: Any) -> dict[str, Any] | None:
+        await a.create_user(username, password, super_user=super_user, enabled=not disabled)
+        return await a.get_user(username) if output == "json" else None
+
+    done = _everywhere(broker, create)
+    if output == "json":
+        _echo_json(next(iter(done), None))
+        return
     click.echo(f"created user {username}")
 
 
 @user.command("update")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("username")
 @click.option(
     "--password",
@@ -88,18 +102,24 @@ def user_create(
 @click.option("--enable/--disable", "enabled", default=None, help="Enable or disable the user.")
 def user_update(
     broker: str,
+    output: str,
     username: str,
     password: str | None,
     super_user: bool | None,
     enabled: bool | None,
 ) -> None:
-    """Change USERNAME's password, type or status."""
-    _everywhere(
-        broker,
-        lambda a: a.update_user(
-            username, password=password, super_user=super_user, enabled=enabled
-        ),
-    )
+    """Change USERNAME's password, type or status.
+
+    With -o json, prints the user as the broker now holds it (never its password)."""
+
+    async def update(a: Any) -> dict[str, Any] | None:
+        await a.update_user(username, password=password, super_user=super_user, enabled=enabled)
+        return await a.get_user(username) if output == "json" else None
+
+    done = _everywhere(broker, update)
+    if output == "json":
+        _echo_json(next(iter(done), None))
+        return
     click.echo(f"updated user {username}")
 
 
@@ -119,10 +139,14 @@ def user_list(broker: str, name_filter: str, as_json: bool) -> None:
 
 @user.command("delete")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("username")
-def user_delete(broker: str, username: str) -> None:
+def user_delete(broker: str, output: str, username: str) -> None:
     """Delete USERNAME and its policies."""
     _everywhere(broker, lambda a: a.delete_user(username))
+    if output == "json":
+        _echo_json({"username": username, "deleted": True})
+        return
     click.echo(f"deleted user {username}")
 
 
@@ -136,6 +160,7 @@ def policy() -> None:
 
 @policy.command("create")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("username")
 @click.option(
     "--resource",
@@ -162,6 +187,7 @@ def policy() -> None:
 )
 def policy_create(
     broker: str,
+    output: str,
     username: str,
     resources: tuple[str, ...],
     actions: tuple[str, ...],
@@ -169,7 +195,9 @@ def policy_create(
     decision: str,
     policy_type: str,
 ) -> None:
-    """Give USERNAME an entry per resource (replacing its entry of the same resource)."""
+    """Give USERNAME an entry per resource (replacing its entry of the same resource).
+
+    With -o json, prints the user's policies as the broker now holds them."""
     entries = [
         {
             "resource": r,
@@ -180,7 +208,16 @@ def policy_create(
         for r in resources
     ]
     policies = [{"policyType": policy_type, "entries": entries}]
-    _everywhere(broker, lambda a: a.create_acl(_subject(username), policies))
+    subject = _subject(username)
+
+    async def create(a: Any) -> dict[str, Any] | None:
+        await a.create_acl(subject, policies)
+        return await a.get_acl(subject) if output == "json" else None
+
+    done = _everywhere(broker, create)
+    if output == "json":
+        _echo_json(next(iter(done), None))
+        return
     click.echo(f"{decision} {','.join(actions)} on {', '.join(resources)} for {username}")
 
 
@@ -218,14 +255,19 @@ def policy_list(broker: str, user_filter: str, resource_filter: str, as_json: bo
 
 @policy.command("delete")
 @BROKER_OPTION
+@OUTPUT_OPTION
 @click.argument("username")
 @click.option("--resource", "-r", default=None, help="Only this resource's entry.")
 @click.option("--policy-type", type=click.Choice(["Custom", "Default"]), default=None)
 def policy_delete(
-    broker: str, username: str, resource: str | None, policy_type: str | None
+    broker: str, output: str, username: str, resource: str | None, policy_type: str | None
 ) -> None:
     """Delete USERNAME's entries (of one resource, or all)."""
     _everywhere(broker, lambda a: a.delete_acl(_subject(username), resource, policy_type))
+    if output == "json":
+        doc = {"subject": _subject(username), "resource": resource, "policyType": policy_type}
+        _echo_json({**doc, "deleted": True})
+        return
     click.echo(f"deleted {resource or 'every'} entry of {username}")
 
 

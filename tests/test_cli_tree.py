@@ -1,0 +1,87 @@
+"""The shape of the ``txmq`` command line: every command that prints a result can print it as
+JSON (``-o json``), and the CLI package stays readable (a module per command group, none over
+1,000 lines, no function over 80 without a line saying why)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from txmq.cli import main
+
+CLI_DIR = Path(__file__).resolve().parent.parent / "txmq" / "cli"
+
+#: Commands without ``-o/--output``, and why: they serve or answer with their exit status.
+NO_OUTPUT_OPTION = {
+    "broker": "serves a broker until stopped; --print-config prints JSON already",
+    "console": "serves the web console until stopped",
+    "probe": "a health check: its exit status is the answer, the text the operations port's",
+}
+
+MAX_MODULE_LINES = 1000
+MAX_FUNCTION_LINES = 80
+
+
+def leaves(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, click.Command]]:
+    """``("topic create", command)`` for every command that is no group, depth first."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, name
+        if isinstance(cmd, click.Group):
+            yield from leaves(cmd, (*path, name))
+        else:
+            yield " ".join((*path, name)), cmd
+
+
+def test_the_tree_has_every_command_group() -> None:
+    names = {name for name, _ in leaves(main)}
+    assert len(names) >= 40, sorted(names)
+    for name in ("topic create", "group delete", "txn commit", "acl user create", "trace"):
+        assert name in names
+
+
+def test_every_command_that_prints_a_result_takes_output() -> None:
+    missing = []
+    for name, cmd in leaves(main):
+        outputs = [p for p in cmd.params if isinstance(p, click.Option) and "--output" in p.opts]
+        if name in NO_OUTPUT_OPTION:
+            assert not outputs, f"{name} has --output now: take it off the allowlist"
+            continue
+        if not outputs:
+            missing.append(name)
+            continue
+        (option,) = outputs
+        assert "-o" in option.opts, name
+        assert isinstance(option.type, click.Choice), name
+        assert set(option.type.choices) == {"table", "json"}, name
+    assert not missing, f"commands without -o/--output table|json: {missing}"
+
+
+def _long_functions(path: Path) -> Iterator[tuple[str, int]]:
+    """``(name, lines)`` of each function longer than the limit whose ``def`` line (or the
+    line above it and its decorators) carries no comment saying why."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        length = (node.end_lineno or node.lineno) - node.lineno + 1
+        if length <= MAX_FUNCTION_LINES:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        said = lines[first - 2].lstrip().startswith("#") or "#" in lines[node.lineno - 1]
+        if not said:
+            yield f"{path.name}:{node.lineno} {node.name}", length
+
+
+def test_the_cli_modules_stay_readable() -> None:
+    modules = sorted(CLI_DIR.glob("*.py"))
+    assert len(modules) >= 10, "the CLI is a package with a module per command group"
+    for path in modules:
+        count = len(path.read_text(encoding="utf-8").splitlines())
+        assert count <= MAX_MODULE_LINES, f"{path.name}: {count} lines"
+    long = [f"{where} ({n} lines)" for path in modules for where, n in _long_functions(path)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines, no comment saying why: {long}"
