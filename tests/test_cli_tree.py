@@ -14,10 +14,10 @@ from txmq.cli import main
 
 CLI_DIR = Path(__file__).resolve().parent.parent / "txmq" / "cli"
 
-#: Commands without ``-o/--output``, and why: they serve or answer with their exit status.
+#: Commands without ``-o/--output``, and why: they serve or answer with their exit status
+#: (``txmq console`` serves too: a group, its own subcommands aside).
 NO_OUTPUT_OPTION = {
     "broker": "serves a broker until stopped; --print-config prints JSON already",
-    "console": "serves the web console until stopped",
     "probe": "a health check: its exit status is the answer, the text the operations port's",
 }
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .common import BROKER_OPTION, _credentials, _tls
+from .common import BROKER_OPTION, OUTPUT_OPTION, _credentials, _echo_json, _tls
 
 
 @click.group(invoke_without_command=True)
@@ -139,7 +139,8 @@ def console(
     confirmation_prompt=True,
     help="Asked for when not given (env TXMQ_CONSOLE_PASSWORD).",
 )
-def console_add_user(users_file: str, name: str, role: str, password: str) -> None:
+@OUTPUT_OPTION
+def console_add_user(users_file: str, name: str, role: str, password: str, output: str) -> None:
     """Add user NAME to the console's users FILE (created, mode 0600, when missing), or change
     its password and role.  The password is stored as a salted scrypt hash."""
     from txmq.client.console.users import UsersFileError, add_user
@@ -150,4 +151,7 @@ def console_add_user(users_file: str, name: str, role: str, password: str) -> No
         new = add_user(users_file, name, password, role)
     except UsersFileError as exc:
         raise click.ClickException(str(exc)) from None
+    if output == "json":
+        _echo_json({"user": name, "role": role, "file": users_file, "added": new})
+        return
     click.echo(f"{'added' if new else 'updated'} {role} {name} in {users_file}")
