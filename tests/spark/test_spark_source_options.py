@@ -195,7 +195,12 @@ def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(
         _wait(lambda: len(_batches(query)) >= 1, 60, "the first batch")
         _publish(address, "min-orders", range(5, 10))
         _wait(lambda: len(_batches(query)) >= 2, 60, "the delayed batch")
-        _publish(address, "min-orders", range(10, 70))
+        # Sixty in two requests (a batch a queue): a trigger between them finds 30 (< 50), held
+        # back; one after them finds all 60.
+        with Producer("source-options-test", broker=address) as producer:
+            for q in (0, 1):
+                batch = [Message("min-orders", f"m-{i}|".encode()) for i in range(10 + q, 70, 2)]
+                producer.send_batch(batch, queue_id=q)
         _wait(lambda: len(_batches(query)) >= 3, 60, "the batch over minOffsetsPerTrigger")
         b0, b1, b2 = _batches(query)[:3]
         assert [b["numInputRows"] for b in (b0, b1, b2)] == [5, 5, 60]
