@@ -30,7 +30,7 @@ import contextvars
 import struct
 import zlib
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
@@ -1086,30 +1086,25 @@ class H2Connection(asyncio.Protocol):
         self._finish(s, OK, "")
 
     async def _run_server_streaming(self, s: Stream, m: Method, request: Any) -> None:
+        async def stream(ctx: CallContext) -> None:
+            async for item in m.handler(request, ctx):
+                await self.send_message(s, item.SerializeToString())
+
+        await self._run_call(s, m, stream)
+
+    async def _run_bidi(self, s: Stream, m: Method) -> None:
+        requests = s.requests
+        assert requests is not None
+        await self._run_call(s, m, lambda ctx: m.handler(requests, ctx))
+
+    async def _run_call(
+        self, s: Stream, m: Method, call: Callable[[CallContext], Awaitable[Any]]
+    ) -> None:
+        """A streaming call to its end: its status in the trailers, whatever ended it."""
         ctx = s.context
         assert ctx is not None
         try:
-            async for item in m.handler(request, ctx):
-                await self.send_message(s, item.SerializeToString())
-        except AbortError:
-            self._finish(s, ctx.code, ctx.details)
-            return
-        except StreamClosed:
-            return
-        except asyncio.CancelledError:
-            self._finish(s, CANCELLED, "Cancelled")
-            raise
-        except Exception as exc:
-            log.exception("grpc_call_failed", method=m.handler.__name__)
-            self._finish(s, UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
-            return
-        self._finish(s, ctx.code, ctx.details)
-
-    async def _run_bidi(self, s: Stream, m: Method) -> None:
-        ctx = s.context
-        assert ctx is not None and s.requests is not None
-        try:
-            await m.handler(s.requests, ctx)
+            await call(ctx)
         except AbortError:
             self._finish(s, ctx.code, ctx.details)
             return
