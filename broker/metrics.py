@@ -94,9 +94,32 @@ class _FoldedHistogram(Histogram):
         return super().labels(*args, **kwargs)
 
 
+def add_process_collectors(registry: CollectorRegistry) -> None:
+    """What every Prometheus exporter serves beside its own figures, so existing dashboards
+    and alerts find them: ``process_*`` (CPU seconds, resident memory, open files, start
+    time), ``python_info``, and ``txmq_build_info`` (version, Python, whether the request path
+    runs compiled)."""
+    import platform
+
+    from prometheus_client import PlatformCollector, ProcessCollector
+
+    from txmq import __version__
+
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    info = Gauge(
+        "txmq_build_info",
+        "The build that serves: 1, labelled with its version",
+        ["version", "python", "implementation"],
+        registry=registry,
+    )
+    info.labels(__version__, platform.python_version(), platform.python_implementation()).set(1)
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = MetricsRegistry()
+        add_process_collectors(self.registry)
         c, g = self._counter, self._gauge
         self.messages_put = _FoldedCounter(
             "txmq_messages_put", "Messages stored", ["topic"], registry=self.registry

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from txmq.protocol.message import decode_message
 from txmq.protocol.topics import INTERNAL_TOPICS
 
-from .metrics import MetricsRegistry, add_figures
+from .metrics import MetricsRegistry, add_figures, add_process_collectors
 from .store import ConsumerOffsetManager, GetMessageStatus, MessageStore
 from .transaction.state import TxState
 
@@ -229,5 +229,6 @@ class FollowerFigures(Figures):
 def follower_registry(follower: Callable[[], Any], clock: Callable[[], float]) -> MetricsRegistry:
     """What a replica's operations port serves while it does not lead."""
     registry = MetricsRegistry()
+    add_process_collectors(registry)
     add_figures(registry, FollowerFigures(follower, clock))
     return registry

@@ -189,6 +189,36 @@ async def test_a_scrape_while_the_loop_is_blocked_still_answers(
         await b.shutdown()
 
 
+async def test_the_process_python_and_build_figures_every_exporter_has(
+    make_broker_config: Callable[..., BrokerConfig],
+) -> None:
+    """Dashboards and alerts made for any Prometheus exporter find ``process_*``,
+    ``python_info`` and a build-info series."""
+    import platform
+
+    from txmq import __version__
+
+    port = free_port()
+    b = BrokerController(make_broker_config(metrics_port=port))
+    await b.start()
+    try:
+        s = await asyncio.to_thread(scrape, port)
+        assert (value(s, "process_resident_memory_bytes") or 0) > 10_000_000
+        assert (value(s, "process_cpu_seconds_total") or 0) > 0
+        assert (value(s, "process_open_fds") or 0) > 0
+        build = {
+            "version": __version__,
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        }
+        assert value(s, "txmq_build_info", **build) == 1, sorted(
+            k for k in s if k[0] == "txmq_build_info"
+        )
+        assert any(name == "python_info" for name, _labels in s)
+    finally:
+        await b.shutdown()
+
+
 def test_the_alert_rules_cover_what_an_operator_is_paged_for() -> None:
     doc = yaml.safe_load(ALERTS.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
