@@ -536,16 +536,26 @@ class ClusterNode:
         self.lease = await self.etcd.grant(ttl)
         self.lease_deadline = sent + ttl - 0.5
         self.renewed_at = sent
-        await self.etcd.put(
-            self.keys.member(self.group, self.replica),
-            {
-                "addr": self.addr,
-                "haAddr": self.ha_addr,
-                "replicaId": self.replica,
-                "group": self.group,
-            },
-            lease=self.lease,
-        )
+        await self._put_member()
+
+    async def _put_member(self) -> None:
+        """This replica's member key (on its lease): where it serves, and why it cannot while
+        it cannot (``txmq cluster status`` shows it)."""
+        value: dict[str, Any] = {
+            "addr": self.addr,
+            "haAddr": self.ha_addr,
+            "replicaId": self.replica,
+            "group": self.group,
+        }
+        if self.obstacle is not None:
+            value["obstacle"] = self.obstacle
+        await self.etcd.put(self.keys.member(self.group, self.replica), value, lease=self.lease)
+
+    async def _publish_obstacle(self) -> None:
+        try:
+            await self._put_member()
+        except EtcdError as exc:  # said again at the next lease
+            log.warning("member_update_failed", error=str(exc))
 
     def lease_valid(self) -> bool:
         return time.monotonic() < self.lease_deadline
@@ -751,6 +761,8 @@ class ClusterNode:
             else:
                 log.info("replica_can_serve", group=self.group, replica=self.replica)
             self.obstacle = why
+            if self.lease:
+                self._spawn_vote(self._publish_obstacle())
         return why is None
 
     def _eligible(self) -> bool:

@@ -148,6 +148,14 @@ class ClusterView:
             if k[0] == group and len(k) == 2
         }
 
+    def obstacles(self, group: str) -> dict[int, str]:
+        """Members of ``group`` that say they cannot serve, and why."""
+        return {
+            int(k[1]): str(e.value["obstacle"])
+            for k, e in self._under("members").items()
+            if k[0] == group and len(k) == 2 and e.value.get("obstacle")
+        }
+
     def isr(self, group: str) -> Isr | None:
         e = self.table.get(self.keys.isr(group))
         if e is None:
@@ -299,6 +307,7 @@ class ClusterView:
                 else {"replicaId": leader.replica, "addr": leader.addr, "epoch": leader.epoch},
                 "epoch": self.epoch(group)[0],
                 "members": {str(k): v for k, v in self.members(group).items()},
+                "notServing": {str(k): v for k, v in self.obstacles(group).items()},
                 "inSync": list(isr.members) if isr is not None else [],
                 "leaderEnd": end,
                 "lag": {rid: max(0, end - off) for rid, off in replicas.items()},

@@ -583,10 +583,15 @@ def _log_events(log: Path) -> list[str]:
 
 
 async def _leader_key(bc: BrokerCluster, group: str) -> str:
+    return await _etcd_value(bc, f"leader/{group}")
+
+
+async def _etcd_value(bc: BrokerCluster, key: str) -> str:
+    """The value of the cluster's etcd key ``key`` (under its root), as etcdctl prints it."""
     ctl = Path(etcd_binary()).with_name("etcdctl")
     r = await asyncio.to_thread(
         subprocess.run,
-        [str(ctl), "--endpoints", bc.etcd, "get", f"/txmq/{bc.name}/leader/{group}"]
+        [str(ctl), "--endpoints", bc.etcd, "get", f"/txmq/{bc.name}/{key}"]
         + ["--print-value-only"],
         capture_output=True,
         text=True,
@@ -629,11 +634,23 @@ async def test_a_replica_that_cannot_serve_never_campaigns(
         expected = "is locked by another process" if obstacle == "store locked" else "is taken"
         assert expected in event["why"], event
         assert await _leader_key(bc, "g1") == "", "a replica that cannot serve holds the lead"
+
+        # its member key says why (what `txmq cluster status` shows as NOT SERVING)
+        async def member_says_why() -> bool:
+            value = await _etcd_value(bc, "members/g1/0")
+            return bool(value) and expected in str(json.loads(value).get("obstacle", ""))
+
+        await bc.wait(member_says_why, 30, "replica 0's member key naming the obstacle")
     finally:
         os.close(fd)  # releases the flock
         squatter.close()
     leader = await bc.wait_leader("g1", timeout=60)
     assert leader.replica == 0
+
+    async def member_clear() -> bool:
+        return "obstacle" not in json.loads(await _etcd_value(bc, "members/g1/0"))
+
+    await bc.wait(member_clear, 30, "replica 0's member key without the obstacle")
     # its log, in order: no election won before it could serve (over the whole obstacle)
     watched = ("replica_cannot_serve", "replica_can_serve", "leader_elected")
     events = [e for e in _log_events(bc.replicas[("g1", 0)].log) if e in watched]

@@ -36,6 +36,8 @@ def cluster_status(broker: str, as_json: bool) -> None:
         click.echo(f"group {name}: leader {who}, epoch {g['epoch']}")
         click.echo(f"  members   {', '.join(f'{k}={v}' for k, v in sorted(g['members'].items()))}")
         click.echo(f"  in sync   {g['inSync']}")
+        for rid, why in sorted((g.get("notServing") or {}).items()):
+            click.echo(f"  NOT SERVING replica {rid}: {why}")
         lag = ", ".join(f"{k}: {v} B" for k, v in sorted(g["lag"].items())) or "-"
         click.echo(f"  lag       {lag} (leader end {g['leaderEnd']})")
         click.echo(f"  topics    {', '.join(g['topics']) or '-'}")
@@ -59,7 +61,11 @@ def cluster_list(broker: str, output: str) -> None:
                     "group": name,
                     "replica": int(rid),
                     "addr": addr,
-                    "role": "leader" if is_leader else "follower",
+                    "role": "leader"
+                    if is_leader
+                    else "no-serve"
+                    if rid in (g.get("notServing") or {})
+                    else "follower",
                     "inSync": int(rid) in g["inSync"],
                     "lagBytes": 0 if is_leader else g["lag"].get(str(rid), ""),
                     "epoch": g["epoch"],
