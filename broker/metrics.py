@@ -126,6 +126,16 @@ class BrokerMetrics:
         )
         self.bytes_put = c("txmq_bytes_put", "Message bytes stored")
         self.messages_pulled = c("txmq_messages_pulled", "Messages returned by pulls")
+        self.bytes_out = c(
+            "txmq_bytes_out",
+            "Message bytes handed to consumers (the stored records of pull answers, the bodies "
+            "of POP receives)",
+        )
+        self.dead_lettered = c(
+            "txmq_messages_dead_lettered",
+            "Messages parked in a group's dead-letter queue (%DLQ%<group>)",
+            ["group"],
+        )
         self.queue_offsets_skipped = c(
             "txmq_queue_offsets_skipped",
             "Queue offsets skipped at start: consumers had committed past the end the commit "

@@ -636,6 +636,7 @@ class MessagingCore:
         log.warning(
             "message_dead_lettered", group=group, msg_id=orig.msg_id, reconsume_times=attempts
         )
+        self.ctx.metrics.dead_lettered.labels(group).inc()
         return self.store_prepared([self._copy_for(topic, orig, attempts)])[0]
 
     async def dead_letter(self, group: str, orig: MessageExt, attempts: int) -> SendReceipt:

@@ -454,7 +454,8 @@ class PopService:
             left = deadline - time.monotonic()
             if out or left <= 0 or stopping():
                 if out:
-                    self.reads.delivered(topic, group, len(out))
+                    nbytes = sum(len(d.message.body or b"") for d in out)
+                    self.reads.delivered(topic, group, len(out), nbytes=nbytes)
                 return out
             # at most 1 s: a ChangeInvisibleDuration made meanwhile may shorten the wait
             wait = min(left, 1.0)

@@ -104,11 +104,14 @@ class ReadSide:
         self.ctx = ctx
         self.trace = trace
 
-    def delivered(self, topic: str, group: str, n: int, raw: bytes | None = None) -> None:
+    def delivered(
+        self, topic: str, group: str, n: int, raw: bytes | None = None, nbytes: int = 0
+    ) -> None:
         """``n`` messages of ``topic`` went to ``group`` (``raw``: their stored records, traced
-        when the broker's trace is on)."""
+        when the broker's trace is on; ``nbytes``: their size when ``raw`` is not given)."""
         metrics = self.ctx.metrics
         metrics.messages_pulled.inc(n)
+        metrics.bytes_out.inc(len(raw) if raw is not None else nbytes)
         metrics.record_out(topic, group, n)
         if raw is not None and self.trace is not None:
             self.trace.delivered(group, raw)

@@ -255,9 +255,11 @@ async def test_delayed_message_is_delivered_after_its_level(client: RawClient):
     assert [m.body for m in msgs] == [b"x"]
 
 
-async def test_send_back_goes_to_retry_then_dlq(client: RawClient):
+async def test_send_back_goes_to_retry_then_dlq(client: RawClient, broker: BrokerController):
     await client.send("work", b"job")
+    bytes_out = broker.metrics.bytes_out._value.get()
     _, [m] = await client.pull("work", 0, 0)
+    assert broker.metrics.bytes_out._value.get() > bytes_out, "txmq_bytes_out_total"
     for attempt in range(3):
         resp = await client.call(
             RequestCode.CONSUMER_SEND_MSG_BACK,
@@ -282,6 +284,7 @@ async def test_send_back_goes_to_retry_then_dlq(client: RawClient):
         assert m.properties[MessageConst.RETRY_TOPIC] == "work"
     _, dead = await client.pull("%DLQ%wg", 0, 0)
     assert [d.body for d in dead] == [b"job"] and dead[0].reconsume_times == 3
+    assert broker.metrics.dead_lettered.labels("wg")._value.get() == 1
 
 
 async def test_graceful_shutdown_answers_parked_pulls(make_broker_config):
