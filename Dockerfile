@@ -24,7 +24,7 @@ RUN groupadd --system --gid 10001 txmq \
 # front end (the SDK's optional Spark extras are not needed by the broker).
 COPY build/wheels /tmp/wheels
 RUN python3 -m venv /opt/txmq \
- && /opt/txmq/bin/pip install --no-index --find-links /tmp/wheels 'txmq[grpc,cluster]' \
+ && /opt/txmq/bin/pip install --no-index --find-links /tmp/wheels 'txmq[broker,grpc,cluster]' \
  && rm -rf /tmp/wheels
 ENV PATH=/opt/txmq/bin:$PATH
 

@@ -18,13 +18,22 @@ $(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev,grpc,cluster,otel]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.[broker,console,spark,dev,grpc,cluster,otel]'
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
 
+## What `make run` needs and no more: the broker's own extra (no Spark, no test tools), so a
+## first start is quick; `make test` later adds the rest to the same venv.
+RUN_STAMP := $(VENV)/.run-stamp
+$(RUN_STAMP): pyproject.toml setup.py
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[broker]'
+	touch $(RUN_STAMP)
+
 ## Start a broker on 127.0.0.1:10911 with the embedded defaults, data in ./data.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/txmq broker
 
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
@@ -74,7 +83,7 @@ wheel: $(STAMP)
 ## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
 wheels: $(STAMP)
 	rm -rf build/wheels
-	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[grpc,cluster]'
+	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[broker,grpc,cluster]'
 
 ## The broker image txmq:latest, for `docker-compose up broker`.
 docker-image: docker-setup wheels etcd

@@ -230,8 +230,8 @@ def test_dockerfile_installs_the_wheels_alone(dockerfile: dict[str, list[str]]) 
     assert f"PATH={venv.group(1)}/bin:$PATH" in dockerfile["ENV"]
     # `make wheels` writes them where the Dockerfile takes them from.
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert f"--wheel-dir {WHEELS} '.[grpc,cluster]'" in makefile
-    assert "'txmq[grpc,cluster]'" in install
+    assert f"--wheel-dir {WHEELS} '.[broker,grpc,cluster]'" in makefile
+    assert "'txmq[broker,grpc,cluster]'" in install
 
 
 def test_dockerfile_image(dockerfile: dict[str, list[str]]) -> None:

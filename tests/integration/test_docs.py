@@ -70,7 +70,7 @@ def test_what_a_block_is_mapped_to_exists() -> None:
                 text = (d.ROOT / target).read_text()
                 if "make test" not in text:
                     problems.append(f"{target} does not run `make test`")
-                if prefix.startswith("pip install -e") and "-e '.[spark" not in d.make_install():
+                if prefix.startswith("pip install -e") and "spark," not in d.make_install():
                     problems.append("`make test` no longer installs the checkout with the extras")
                 continue
             why = d.mapped_target_exists(target)

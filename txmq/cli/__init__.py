@@ -79,8 +79,6 @@ def main(
     tls_key: str | None,
 ) -> None:
     """txmq: a transactional message broker in the Apache RocketMQ tradition."""
-    from txmq.broker.logging import configure_logging
-
     if bool(access_key) != bool(secret_key):
         raise click.UsageError("--access-key and --secret-key go together")
     ctx.obj = {"access_key": access_key, "secret_key": secret_key} if access_key else {}
@@ -94,7 +92,16 @@ def main(
 
     # Client commands print results, not the SDK's events: its warnings go to stderr, so that
     # stdout holds only the result (-o json); `txmq broker` sets its own level and stream.
-    configure_logging("WARNING", stream=sys.stderr)
+    try:
+        from txmq.broker.logging import configure_logging
+    except ModuleNotFoundError:  # the SDK alone (no 'broker' extra): the SDK logs to stdlib
+        import logging
+
+        logging.basicConfig(
+            level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+        )
+    else:
+        configure_logging("WARNING", stream=sys.stderr)
 
 
 for _command in (  # txmq --help lists them by name

@@ -13,6 +13,23 @@ from txmq import _compiled
 from .common import _echo_json, _env_option, _parse_sets
 
 
+def _require_broker_extra() -> None:
+    """The broker's dependencies are an extra of the package: say which when one is missing
+    (an SDK-only install), instead of a traceback."""
+    import importlib.util
+
+    missing = [
+        m
+        for m in ("structlog", "prometheus_client", "yaml", "lark")
+        if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        raise click.ClickException(
+            f"the broker needs the 'broker' extra ({', '.join(missing)} missing): "
+            "pip install 'txmq[broker]'"
+        )
+
+
 def _log_code_path() -> None:
     """One line at start: which code path runs (compiled modules, or pure Python and why)."""
     import structlog
@@ -78,6 +95,7 @@ def broker(
     print_config: bool,
 ) -> None:
     """Serve a broker until SIGTERM/SIGINT (then stop gracefully)."""
+    _require_broker_extra()
     from txmq.broker.config import ConfigError, load_config
     from txmq.broker.logging import configure_logging
 
