@@ -6,8 +6,9 @@ transactions (after the output was sent; at the commit point, the offsets half s
 after the decision was recorded; before g2 was told) the leader of g1, the leader of g2 or the
 processor itself is SIGKILLed, in a shuffled schedule (the seed is printed).  Afterwards every
 input is in ``xb`` exactly once, the group's offsets in g1 are at the end of ``xa``, and
-neither group holds a PENDING or DISCARDED transaction.  Real etcd members, real broker
-processes (two replicas per group)."""
+neither group holds a PENDING or DISCARDED transaction.  First, a plain transaction (not
+across groups) doing the same is refused at its commit, naming ``across_groups``.  Real etcd
+members, real broker processes (two replicas per group)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,15 @@ from tests.cluster.test_cluster_xgroup_txn import start_groups
 from tests.integration.test_eos_chaos import Processor
 from tests.support.cluster import BrokerCluster
 from tests.support.waiting import wait_until
-from txmq.client import AsyncProducer, AsyncPullConsumer, Message
+from txmq.client import (
+    AsyncOrderlyPushConsumer,
+    AsyncProducer,
+    AsyncPullConsumer,
+    AsyncTransactionProducer,
+    Message,
+    MessageExt,
+    RollbackOnCheck,
+)
 from txmq.client.admin import AsyncAdminClient
 from txmq.client.transaction import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.protocol.errors import TxmqError
@@ -98,6 +107,33 @@ async def undecided(bc: BrokerCluster) -> dict[str, list[str]] | None:
     return out
 
 
+async def refused_without_across_groups(seeds: str) -> str:
+    """A plain transaction consuming ``xa`` (g1) and writing ``xb`` (g2): the error its
+    commit raises (it is rolled back, so its output is never read)."""
+    errors: list[str] = []
+    consumer = AsyncOrderlyPushConsumer(
+        GROUP, seeds, consume_from="first", transactional_offsets=True, lock_interval=0.5
+    )
+    async with AsyncTransactionProducer(f"{GROUP}-plain", RollbackOnCheck(), seeds) as txp:
+
+        async def transform(msg: MessageExt) -> None:
+            try:
+                async with txp.transaction() as txn:
+                    await txn.send(Message(B, json.dumps({"input": msg.msg_id}).encode()))
+                    txn.send_offsets(consumer, msg)
+            except ValueError as exc:
+                errors.append(str(exc))
+                raise
+
+        consumer.subscribe(A, "*", transform)
+        await consumer.start()
+        try:
+            await wait_until(lambda: bool(errors), 60, "the plain transaction refused")
+        finally:
+            await consumer.shutdown()
+    return errors[0]
+
+
 async def test_exactly_once_across_groups_under_kills(
     make_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +149,11 @@ async def test_exactly_once_across_groups_under_kills(
     processors: list[Processor] = []
     killed: list[str] = []
     try:
+        async with AsyncProducer("xg-eos-input", seeds) as p:
+            r = await p.send(Message(A, b"first"), queue_id=0, broker="g1")
+            sent.append(r.msg_id)
+        said = await refused_without_across_groups(seeds)
+        assert "broker group g1" in said and "across_groups=True" in said, said
         for i, (victim, step) in enumerate(schedule):
             async with AsyncProducer("xg-eos-input", seeds) as p:
                 for n in range(PER_STEP):
