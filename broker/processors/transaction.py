@@ -197,8 +197,10 @@ class TransactionProcessor:
                 # it: committing the outputs without the offsets would process the input twice
                 decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, [])
                 fenced = (
-                    f"the consumer offsets of batch {h.batch_key!r} are not in this broker group "
-                    "(lost with a leader, or sent elsewhere)"
+                    None
+                    if decided_commit  # a commit recorded before stands in every group
+                    else f"the consumer offsets of batch {h.batch_key!r} are not in this broker "
+                    "group (lost with a leader, or sent elsewhere)"
                 )
                 position = None
             elif moves is not None:
