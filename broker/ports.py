@@ -37,6 +37,17 @@ class ClusterPort(Protocol):
     ) -> list[str]:
         """The decision of a batch that may span broker groups: the first one recorded."""
 
+    async def offsets_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        moves: list[tuple[str, str, str, int, int, int]],
+    ) -> tuple[list[str], str | None]:
+        """A batch's decision that moves this group's consumer offsets ``(consumer group,
+        broker group, topic, queue id, expected, next)``: the first one recorded, and why the offsets were
+        fenced when that made it a rollback."""
+
     async def pipeline_decision(
         self,
         producer_group: str,

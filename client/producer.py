@@ -782,6 +782,16 @@ class AsyncProducer(ConnectedClient):
                 conn = self.connection
                 if conn.group_name is not None and mq.broker and mq.broker != conn.group_name:
                     conn = await self._connection_for(route, mq)
+                elif (
+                    conn.group_name is not None
+                    and not mq.broker
+                    and target.broker
+                    and target.broker != conn.group_name
+                ):
+                    # A topic no route names (a broker's internal one, e.g. the transactional
+                    # offsets topic) written to a named group: that group, not the one this
+                    # connection happens to serve.
+                    conn = await conn.for_group(target.broker)
                 resp = await conn.request(cmd, timeout)
             except TxmqError as exc:
                 if not exc.retriable:

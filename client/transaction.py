@@ -40,6 +40,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import (
     BrokerSystemError,
+    FencedError,
     TransactionFailedError,
     TxmqError,
     error_for_code,
@@ -647,11 +648,31 @@ class AsyncTransactionProducer(AsyncClient):
     ) -> bool:
         """TXMQ_DECIDE_BATCH for the transaction across groups ``transaction_id`` on ``conn``'s
         broker group: the decision in force there (True: committed), the first one recorded."""
+        committed, _ = await self._decide_across_answer(conn, transaction_id, commit, timeout)
+        return committed
+
+    async def _decide_across_answer(
+        self,
+        conn: BrokerConnection,
+        transaction_id: str,
+        commit: bool,
+        timeout: float | None = None,
+        offsets: bool = False,
+    ) -> tuple[bool, str | None]:
+        """:meth:`decide_across`, and why the group fenced the transaction's consumer offsets
+        when that recorded its rollback; ``offsets``: the group must hold the transaction's
+        offsets half (a commit without it is recorded as a rollback)."""
         header = DecideBatchRequestHeader(producer_group=self.group, batch_key=transaction_id)
-        body = json.dumps({"commit": [transaction_id] if commit else []}).encode()
+        doc: dict[str, Any] = {"commit": [transaction_id] if commit else []}
+        if offsets:
+            doc["offsets"] = True
+        body = json.dumps(doc).encode()
         resp = await conn.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body, timeout=timeout)
         answer = json.loads(resp.body.decode("utf-8"))
-        return transaction_id in (answer.get("committed") or [])
+        fenced = answer.get("fenced")
+        return transaction_id in (answer.get("committed") or []), (
+            None if fenced is None else str(fenced)
+        )
 
     # -- check-back ---------------------------------------------------------------------------
 
@@ -803,6 +824,8 @@ class _PendingHalf:
     queue_id: int | None
     sharding_key: str | None
     result: asyncio.Future[SendResult]
+    #: The broker group this half must go to (the offsets half: the consumed queues' group).
+    broker: str | None = None
 
 
 def _fail_halves(halves: list[_PendingHalf], exc: BaseException) -> None:
@@ -868,22 +891,37 @@ class AsyncTransaction:
         the queue, when the consumer left the group, or when the queue's committed offset is
         no longer the one this step started from.
 
+        In a cluster the offsets go to the broker group holding the consumed queues.  A plain
+        ``transaction()`` keeps everything in one group, so its outputs must be in that group
+        too; with outputs in other groups use ``transaction(across_groups=True)``: the offsets
+        and the outputs are decided together by one decision record in etcd, fenced there per
+        queue (see docs/transactions.md).  The consumed queues of one transaction are in one
+        broker group.
+
         Raises:
             FencedError: the consumer does not hold ``msg``'s queue (any more).
+            ValueError: a two-phase transaction; another consumer than the transaction's;
+                a queue in another broker group than the transaction's other consumed queues.
         """
         if self.state is not None:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
             )
-        if self.across_groups or self.two_phase:
+        if self.two_phase:
             raise ValueError(
-                "consumer offsets cannot be committed in a transaction across broker groups "
-                "or a two-phase one (their decisions do not check them); use a plain "
-                "transaction()"
+                "consumer offsets cannot be committed in a two-phase transaction (its "
+                "coordinator's decision does not check them); use transaction()"
             )
         if self._offsets_consumer is not None and self._offsets_consumer is not consumer:
             raise ValueError("one transaction commits the offsets of one consumer")
         pq, generation = consumer.transactional_position(msg)
+        for other, _, _ in self._offsets.values():
+            if other.broker != pq.broker:
+                raise ValueError(
+                    f"the consumed queues of one transaction are in one broker group: "
+                    f"{msg.topic}:{msg.queue_id} is in {pq.broker}, {other.topic}:"
+                    f"{other.queue_id} in {other.broker}; commit them in separate transactions"
+                )
         self._offsets_client_id = consumer.client_id or ""
         if self._offsets_consumer is None:
             self._offsets_generation = generation
@@ -897,6 +935,16 @@ class AsyncTransaction:
     async def send(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None
     ) -> SendResult:
+        return await self._send(msg, None, queue_id=queue_id, sharding_key=sharding_key)
+
+    async def _send(
+        self,
+        msg: Message,
+        broker: str | None,
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+    ) -> SendResult:
         if self.state is not None:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} is already {self.state.value}"
@@ -906,7 +954,7 @@ class AsyncTransaction:
                 f"transaction {self.transaction_id} is prepared; no message can join it"
             )
         pending = _PendingHalf(
-            msg, queue_id, sharding_key, asyncio.get_running_loop().create_future()
+            msg, queue_id, sharding_key, asyncio.get_running_loop().create_future(), broker
         )
         self._pending.append(pending)
         if not self._flush_scheduled:
@@ -986,7 +1034,11 @@ class AsyncTransaction:
             extra[MessageConst.TXMQ_2PC] = "1"
         first = group[0]
         try:
-            broker = await self._pin(first)
+            broker = (
+                first.broker
+                if first.broker is not None and self.across_groups
+                else await self._pin(first)
+            )
         except (asyncio.CancelledError, Exception) as exc:
             _fail_halves(group, exc)
             if isinstance(exc, asyncio.CancelledError):
@@ -1160,9 +1212,12 @@ class AsyncTransaction:
         )
         self.state = state
         if committing:
-            for pq, start, offset in self._offsets.values():
-                if pq.committed == start or pq.committed is None:
-                    pq.committed = offset
+            self._offsets_committed()
+
+    def _offsets_committed(self) -> None:
+        for pq, start, offset in self._offsets.values():
+            if pq.committed == start or pq.committed is None:
+                pq.committed = offset
 
     @property
     def groups(self) -> list[str]:
@@ -1193,10 +1248,19 @@ class AsyncTransaction:
         tx = self.producer
         want = state is LocalTransactionState.COMMIT_MESSAGE
         groups = self.groups
+        offsets_group = self._offsets_group()
+        if offsets_group in groups:
+            # The group holding the consumed queues records the decision: it fences their
+            # offsets in the same etcd transaction.
+            groups.remove(offsets_group)
+            groups.insert(0, offsets_group)
         deadline = time.monotonic() + tx.decision_timeout
         await _pause_point("commit-point")
+        fenced: str | None = None
         try:
-            committed = await self._decide_in(groups[0], want, deadline)
+            committed, fenced = await self._decide_in(
+                groups[0], want, deadline, offsets=offsets_group == groups[0]
+            )
         except TxmqError as exc:
             raise TransactionInDoubtError(
                 f"the {'commit' if want else 'rollback'} of transaction {self.transaction_id} "
@@ -1225,6 +1289,13 @@ class AsyncTransaction:
                     decided="COMMIT" if committed else "ROLLBACK",
                     error=str(exc),
                 )
+        if committed and self._offsets:
+            self._offsets_committed()
+        if fenced is not None and not committed:
+            raise FencedError(
+                f"fenced: {fenced}; transaction {self.transaction_id} was rolled back in every "
+                "broker group"
+            )
         if committed != want:
             raise TransactionFailedError(
                 f"transaction {self.transaction_id} was "
@@ -1233,9 +1304,12 @@ class AsyncTransaction:
                 "answer, was recorded first); that outcome holds in every broker group"
             )
 
-    async def _decide_in(self, group: str, commit: bool, deadline: float) -> bool:
+    async def _decide_in(
+        self, group: str, commit: bool, deadline: float, *, offsets: bool = False
+    ) -> tuple[bool, str | None]:
         """Ask broker group ``group`` to take the decision, again (through its leader's
-        changes) until ``deadline``; the decision in force there."""
+        changes) until ``deadline``; the decision in force there, and why it fenced the
+        consumer offsets if that rolled the transaction back."""
         tx = self.producer
         wait = 0.2
         while True:
@@ -1243,7 +1317,9 @@ class AsyncTransaction:
             try:
                 conn = await tx.producer.connection_for_group(group)
                 timeout = max(min(tx.producer.config.request_timeout, remaining), 0.5)
-                return await tx.decide_across(conn, self.transaction_id, commit, timeout)
+                return await tx._decide_across_answer(
+                    conn, self.transaction_id, commit, timeout, offsets
+                )
             except TxmqError as exc:
                 # A repeat is harmless (the first decision recorded wins): repeat what may
                 # pass later (no leader, a leader change, etcd not reached), until the deadline.
@@ -1259,9 +1335,17 @@ class AsyncTransaction:
             await asyncio.sleep(wait)
             wait = min(wait * 2, 1.0)
 
+    def _offsets_group(self) -> str | None:
+        """The broker group holding the consumed queues of :meth:`send_offsets` (the queues'
+        ``brokerName``; None without offsets)."""
+        for pq, _, _ in self._offsets.values():
+            return pq.broker or None
+        return None
+
     async def _send_offsets_half(self) -> None:
         consumer = self._offsets_consumer
         assert consumer is not None
+        where = self._offsets_group()
         doc = TxnOffsets(
             group=consumer.group,
             generation=self._offsets_generation,
@@ -1272,7 +1356,30 @@ class AsyncTransaction:
             ),
         )
         try:
-            await self.send(Message(TXN_OFFSETS_TOPIC, doc.encode()))
+            in_cluster = self.producer.producer.connection.group_name is not None
+            if not self.across_groups and not in_cluster:
+                where = None  # a single broker: no choice
+            if where is not None and not self.across_groups:
+                if self._pinning is None:  # nothing sent yet: the offsets choose the group
+                    self._pinning = asyncio.get_running_loop().create_future()
+                    self._pinning.set_result(where)
+                elif self.broker is not None and self.broker != where:
+                    raise ValueError(
+                        f"transaction {self.transaction_id} consumed queues of broker group "
+                        f"{where} and wrote to broker group {self.broker}: a plain "
+                        "transaction() stays in one group; use "
+                        "transaction(across_groups=True) to commit the offsets and the "
+                        "outputs together across groups"
+                    )
+            conn = self.producer.producer.connection
+            if (
+                where is not None
+                and conn.group_name not in (None, where)
+                and where not in conn.group_addresses
+            ):
+                await self.producer._cluster_groups()  # no route named the group to this producer
+            # the offsets topic has one queue
+            await self._send(Message(TXN_OFFSETS_TOPIC, doc.encode()), where, queue_id=0)
         except BaseException as exc:
             if self.halves:
                 await self.finish(exc)

@@ -68,6 +68,10 @@ BATCH_RECORD_TTL = 3600
 PIPELINE_ROOT = "/txmq-pipelines/"
 #: Compare-and-swap attempts of a pipeline decision whose head moves under it.
 PIPELINE_CAS_ATTEMPTS = 5
+#: Where the consumer offsets committed by transactions across broker groups are fenced in
+#: etcd (outside every cluster's watched prefix): one key per consumer group, broker group,
+#: topic and queue, holding the next offset the last such commit moved it to.
+TXN_OFFSETS_ROOT = "/txmq-txn-offsets/"
 #: Longest wait between two attempts to reach etcd at start.
 ETCD_RETRY_MAX_S = 5.0
 #: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
@@ -146,6 +150,15 @@ class ClusterHooks:
         self, producer_group: str, batch_key: str, commit: list[str]
     ) -> list[str]:
         return await self.node.batch_decision(producer_group, batch_key, commit)
+
+    async def offsets_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        moves: list[tuple[str, str, str, int, int, int]],
+    ) -> tuple[list[str], str | None]:
+        return await self.node.offsets_decision(producer_group, batch_key, commit, moves)
 
     async def pipeline_decision(
         self,
@@ -1018,6 +1031,73 @@ class ClusterNode:
         if got is None:
             raise EtcdError(f"batch decision {key} vanished while it was read")
         return [str(t) for t in got[0]["commit"]]
+
+    def _offsets_key(self, consumer_group: str, topic: str, queue_id: int) -> str:
+        cluster, cgroup, group, name = (
+            quote(x, safe="")
+            for x in (self.config.broker_cluster_name, consumer_group, self.group, topic)
+        )
+        return f"{TXN_OFFSETS_ROOT}{cluster}/{cgroup}/{group}/{name}/{queue_id}"
+
+    async def offsets_decision(
+        self,
+        producer_group: str,
+        batch_key: str,
+        commit: list[str],
+        moves: list[tuple[str, str, str, int, int, int]],
+    ) -> tuple[list[str], str | None]:
+        """The commit point of a transaction across broker groups that commits consumer offsets
+        of this group (``moves``: consumer group, the queue's broker group, topic, queue id,
+        the offset the consumer started from, the next one).  One etcd transaction creates the batch's decision record
+        (as :meth:`batch_decision`) and moves each queue's offset key from the expected offset
+        to the next one, by a compare-and-swap of its revision: of two attempts at the same
+        input (a zombie and the queue's new owner) one commits at most.  An offset key that
+        is at another offset fences the transaction: its rollback is recorded instead.
+        Returns the decision in force and, when this call fenced it, why."""
+        batch = self.keys.batch(producer_group, batch_key)
+        commit = sorted(set(commit))
+        for _ in range(PIPELINE_CAS_ATTEMPTS):
+            compare: list[tuple[str, str, int]] = [(batch, "version", 0)]
+            puts: list[tuple[str, Any, int | None]] = []
+            fenced = None
+            for cgroup, owner, topic, queue_id, expect, offset in moves:
+                if owner and owner != self.group:
+                    # its offsets would land in a table its consumers never read
+                    fenced = (
+                        f"the offsets of {topic}:{queue_id} (broker group {owner}) were sent to "
+                        f"broker group {self.group}"
+                    )
+                    break
+                key = self._offsets_key(cgroup, topic, queue_id)
+                got = await self.etcd.get(key)
+                if got is None:
+                    # no commit across groups yet: the group's offset table holds the start
+                    compare.append((key, "version", 0))
+                elif int(got[0]["offset"]) != expect:
+                    fenced = (
+                        f"the committed offset of {topic}:{queue_id} is {got[0]['offset']}, "
+                        f"not {expect} (another attempt committed it)"
+                    )
+                    break
+                else:
+                    compare.append((key, "mod", got[1]))
+                puts.append((key, {"offset": offset, "batchKey": batch_key}, None))
+            if fenced is not None:
+                decided = await self.batch_decision(producer_group, batch_key, [])
+                return decided, fenced
+            lease = await self.etcd.grant(BATCH_RECORD_TTL)
+            ts = int(self.clock() * 1000)
+            puts.insert(0, (batch, {"commit": commit, "ts": ts}, lease))
+            if await self.etcd.txn("offsets batch decision", compare, puts):
+                log.info("offsets_commit_point", producer_group=producer_group, batch_key=batch_key)
+                return commit, None
+            await self.etcd.revoke(lease)
+            before = await self._recorded_batch(batch)
+            if before is not None:
+                return before[0], None
+            # an offset key moved meanwhile: look again (fenced unless it moved to the start)
+        decided = await self.batch_decision(producer_group, batch_key, [])
+        return decided, "the consumed queues' offsets kept moving while it was decided"
 
     # -- pipeline positions -----------------------------------------------------------------
 

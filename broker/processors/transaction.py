@@ -123,6 +123,9 @@ class TransactionProcessor:
         try:
             doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
             commit = [str(x) for x in doc.get("commit", [])]
+            # A transaction across groups committing consumer offsets asks their group with
+            # this flag: a commit without its offsets half here is refused.
+            with_offsets = bool(doc.get("offsets"))
             # A pipeline's batch names the input range it consumed (start and end as the
             # client's canonical text); a query may ask where a pipeline is.
             pipeline = doc.get("pipeline")
@@ -179,6 +182,8 @@ class TransactionProcessor:
             return cmd.response(body=json.dumps(answer).encode())
         cluster = self.cluster
         recorded: tuple[str, str, str] | None = None
+        #: Why this call fenced the batch's consumer offsets (its rollback was recorded).
+        fenced: str | None = None
         #: In a cluster: what the batch's decision commits in every group.
         whole: list[str] | None = None
         if cluster is not None and key not in self.tx.batches:
@@ -186,7 +191,31 @@ class TransactionProcessor:
             # etcd (the first decision wins everywhere); this group applies its part of it.
             # A pipeline's position moves in the same etcd transaction (a compare-and-swap
             # from the batch's start), which is where the cluster keeps it.
-            if position is not None:
+            moves = self._offsets_moves(h.producer_group, commit)
+            if moves is None and with_offsets and commit:
+                # e.g. the half was acknowledged by a leader that died before a follower had
+                # it: committing the outputs without the offsets would process the input twice
+                decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, [])
+                fenced = (
+                    None
+                    if decided_commit  # a commit recorded before stands in every group
+                    else f"the consumer offsets of batch {h.batch_key!r} are not in this broker "
+                    "group (lost with a leader, or sent elsewhere)"
+                )
+                position = None
+            elif moves is not None:
+                # Consumer offsets of this group move with the batch: fenced in etcd (a
+                # compare-and-swap per queue, in the decision's transaction).
+                reason, queues = moves
+                if reason is None:
+                    decided_commit, fenced = await cluster.offsets_decision(
+                        h.producer_group, h.batch_key, commit, queues
+                    )
+                else:
+                    decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, [])
+                    fenced = reason
+                position = None
+            elif position is not None:
                 decided_commit, recorded = await cluster.pipeline_decision(
                     h.producer_group, h.batch_key, commit, position
                 )
@@ -236,9 +265,33 @@ class TransactionProcessor:
                 ),
                 # A cluster's batch may span groups: "committed" is this group's part.
                 **({} if whole is None else {"batchCommitted": whole}),
+                **({} if fenced is None else {"fenced": fenced}),
             }
         ).encode()
         return cmd.response(body=body)
+
+    def _offsets_moves(
+        self, producer_group: str, commit: list[str]
+    ) -> tuple[str | None, list[tuple[str, str, str, int, int, int]]] | None:
+        """For a batch committing transactions that hold consumer offsets here: the offsets
+        they move (and why not, when an offsets half is unreadable); None when the batch moves
+        no offsets here."""
+        ledger = self.tx.txn_offsets
+        records = self.tx.records
+        queues: list[tuple[str, str, str, int, int, int]] = []
+        found = False
+        for txid in commit:
+            rec = records.get(txid)
+            if rec is None or rec.producer_group != producer_group or rec.state.decided:
+                continue
+            if not ledger.has_offsets(rec):
+                continue
+            found = True
+            reason, moved = ledger.moves(rec)
+            if reason is not None:
+                return reason, []
+            queues += moved
+        return (None, queues) if found else None
 
     async def resume_check_half_message(
         self, conn: Connection, cmd: RemotingCommand

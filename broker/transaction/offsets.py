@@ -103,6 +103,25 @@ class TxnOffsetsLedger:
                     )
         return None
 
+    def moves(self, rec: TxRecord) -> tuple[str | None, list[tuple[str, str, str, int, int, int]]]:
+        """For a transaction across broker groups, decided through etcd: each offset it moves
+        ``(consumer group, broker group, topic, queue id, expected, next)``, which the decision record fences
+        by a compare-and-swap per queue (None, else why its offsets half is unreadable).
+
+        The group's membership generation is not compared: it is this broker's own count (a
+        consumer connected through another replica, or one that rebalanced before a
+        failover, holds another broker's number), and the compare-and-swap already lets one
+        attempt at most commit each input."""
+        try:
+            docs = self._docs(rec)
+        except (ProtocolError, QueryNotFoundError, KeyError) as exc:
+            return f"the offsets half of transaction {rec.transaction_id} is unreadable ({exc})", []
+        return None, [
+            (doc.group, q.broker_name, q.topic, q.queue_id, q.expect, q.offset)
+            for doc in docs
+            for q in doc.offsets
+        ]
+
     def committed(self, rec: TxRecord, end: int) -> None:
         """``rec`` was just committed by an append ending at ``end``: its offsets count for the
         next checks now and go to the offset table once the append is durable."""

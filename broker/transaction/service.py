@@ -664,6 +664,13 @@ class TransactionalMessageService:
             return None
         plan = self.machine.plan_batch(group, batch_key, commit, self.now_ms(), position, pipeline)
         end = self._append(plan.op, self._committed_records(plan.to_commit))
+        records = self.machine.records
+        for txid in plan.op.committed:
+            rec = records.get(txid)
+            if rec is not None and self.txn_offsets.has_offsets(rec):
+                # Consumer offsets committed with a batch (a transaction across broker groups,
+                # fenced where its decision was recorded): they count from this append on.
+                self.txn_offsets.committed(rec, end)
         if plan.op.orphans:
             self._orphans_rolled_back(group, plan.op.orphans, batch_key)
         if self.trace is not None:

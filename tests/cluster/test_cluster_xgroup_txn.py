@@ -177,9 +177,9 @@ async def test_commit_rollback_and_check_back_across_groups(make_cluster: Any) -
                 await send_halves(rolled, "r1")
                 raise RuntimeError("local work failed")
         assert rolled.state is LocalTransactionState.ROLLBACK_MESSAGE
-        # Offsets cannot ride on a transaction across groups (its decision does not check them).
-        offsets = AsyncTransaction(tx, "offsets-refused", across_groups=True)
-        with pytest.raises(ValueError, match="across broker groups"):
+        # Offsets cannot ride on a two-phase transaction (its coordinator does not check them).
+        offsets = AsyncTransaction(tx, "offsets-refused", two_phase=True)
+        with pytest.raises(ValueError, match="two-phase"):
             offsets.send_offsets(object(), None)  # type: ignore[arg-type]
 
     # The blocking facade does the same.

@@ -5,6 +5,11 @@ with the consumer offset in one transaction.
 
 Usage: ``python eos_processor.py <broker> <group> <topic A> <topic B> <name> [delay_s]``.
 It prints JSON lines on stdout (``ready``, ``committed``, ``failed``) and stops on SIGTERM.
+
+With ``TXMQ_EOS_ACROSS=1`` in the environment each transaction is one across broker groups
+(``transaction(across_groups=True)``: topic A and topic B in different groups of a cluster),
+and the transaction's pause points (``TXMQ_TXN_PAUSE_AT``) include ``after-send``: the output
+was sent, its consumer offset not yet.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from txmq.client import (
     RollbackOnCheck,
     TxmqError,
 )
+from txmq.client.transaction import _pause_point
 
 CONFIG = ClientConfig(
     request_timeout=3.0,
@@ -43,6 +49,7 @@ def say(event: str, **fields: object) -> None:
 
 
 async def main(address: str, group: str, a: str, b: str, name: str, delay: float) -> None:
+    across = os.environ.get("TXMQ_EOS_ACROSS") == "1"
     consumer = AsyncOrderlyPushConsumer(
         group,
         broker=address,
@@ -60,8 +67,9 @@ async def main(address: str, group: str, a: str, b: str, name: str, delay: float
         attempt = uuid.uuid4().hex
         out = {"input": msg.msg_id, "queue": msg.queue_id, "by": name, "attempt": attempt}
         try:
-            async with producer.transaction() as txn:
+            async with producer.transaction(across_groups=across) as txn:
                 await txn.send(Message(b, json.dumps(out).encode()), queue_id=msg.queue_id)
+                await _pause_point("after-send")
                 txn.send_offsets(consumer, msg)
                 await asyncio.sleep(delay)  # the work: a window for kills and stops
         except TxmqError as exc:
