@@ -120,7 +120,7 @@ CONSOLE_ACL = (
     "test_with_the_acl_on_a_read_only_account_sees_the_pages_but_cannot_commit"
 )
 CONSOLE_USERS = (
-    "tests/integration/test_console_users.py::"
+    "tests/integration/test_console_browser_users.py::"
     "test_users_roles_https_charts_dead_letters_reset_search_and_trace"
 )
 CONSOLE_ADD_USER = (
