@@ -365,3 +365,15 @@ def test_an_import_runs_only_the_packages_not_yet_run() -> None:
         "txmq.broker.messaging"
     ]
     assert packages_run_by("txmq.broker", "txmq.broker.store.x") == ["txmq.broker.store"]
+
+
+def test_every_test_module_has_its_own_name() -> None:
+    """pytest imports test modules by their base name (the test folders are no packages): two
+    files of one name stop the whole suite at collection."""
+    seen: dict[str, Path] = {}
+    twice = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            twice.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not twice, f"test modules of the same name: {twice}"
