@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -126,21 +127,26 @@ def test_reads_from_another_thread_lose_and_repeat_nothing() -> None:
 
     t = threading.Thread(target=reader)
     t.start()
+    n = 0
+    deadline = time.monotonic() + 60
     try:
-        for i in range(60_000):
+        # at least 60,000 events, and on until the reader has read a few times meanwhile (a
+        # loaded machine may give it few turns)
+        while n < 60_000 or (reads[0] < 5 and time.monotonic() < deadline):
             metrics.record_request(310)
             metrics.record_put_one("t", 3)
-            metrics.observe_latency(310, 0.0001 * (i % 7))
+            metrics.observe_latency(310, 0.0001 * (n % 7))
+            n += 1
     finally:
         stop.set()
         t.join(10)
     assert not t.is_alive(), "the reader did not stop"
-    assert reads[0] > 1, "the reader never ran while counting went on"
+    assert reads[0] >= 5, f"the reader read {reads[0]} times in 60 s of counting"
     snap = metrics.snapshot()
-    assert snap["txmq_requests_total{code=310}"] == 60_000
-    assert snap["txmq_messages_put_total{topic=t}"] == 60_000
-    assert snap["txmq_bytes_put_total"] == 180_000
-    assert snap["txmq_request_latency_seconds_count{code=310}"] == 60_000
+    assert snap["txmq_requests_total{code=310}"] == n
+    assert snap["txmq_messages_put_total{topic=t}"] == n
+    assert snap["txmq_bytes_put_total"] == 3 * n
+    assert snap["txmq_request_latency_seconds_count{code=310}"] == n
 
 
 def test_a_child_read_through_labels_sees_the_counts() -> None:
