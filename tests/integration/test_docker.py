@@ -283,7 +283,7 @@ def build_wheels() -> None:
             "--quiet",
             "--wheel-dir",
             str(wheels),
-            f"{ROOT}[grpc,cluster]",
+            f"{ROOT}[broker,grpc,cluster]",
         ],
         BUILD_TIMEOUT,
     )
