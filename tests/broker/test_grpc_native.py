@@ -337,7 +337,10 @@ async def test_stop_says_goaway_and_closes(make_broker_config: Callable[..., Bro
         reader, writer = await asyncio.open_connection("127.0.0.1", controller.grpc_port)
         writer.write(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # empty SETTINGS
         await writer.drain()
-        await asyncio.sleep(0.1)
+        # served: the broker's own SETTINGS frame arrives (9 bytes of frame head, then payload)
+        head = await asyncio.wait_for(reader.readexactly(9), 10)
+        assert head[3] == 0x4, "the broker's first frame is not SETTINGS"
+        await asyncio.wait_for(reader.readexactly(int.from_bytes(head[:3], "big")), 10)
     finally:
         await controller.shutdown()
     try:

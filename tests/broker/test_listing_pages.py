@@ -4,11 +4,10 @@ connection kept."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.support.raw import RawClient
+from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.aio import ANSWER_BODY_LIMIT
@@ -80,10 +79,7 @@ async def test_an_answer_past_the_frame_limit_is_an_error_naming_it(
                 return False
             return found.index_last_update_phy_offset >= broker.store.max_phy_offset
 
-        deadline = asyncio.get_running_loop().time() + 30
-        while not await all_indexed():
-            assert asyncio.get_running_loop().time() < deadline, "the key was never indexed"
-            await asyncio.sleep(0.05)
+        await wait_until(all_indexed, 30, "the key indexed")
         with pytest.raises(TxmqError, match=f"more than the {ANSWER_BODY_LIMIT} bytes"):
             await admin.query_messages("big", "same-key", max_num=64)
         # The connection stays and answers the next request.
