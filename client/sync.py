@@ -23,6 +23,7 @@ from .admin import AsyncAdminClient
 from .bridge import LoopThread
 from .consumer import AsyncPushConsumer, MessageCallback
 from .lifecycle import ConnectedClient
+from .logs import get_logger
 from .orderly import AsyncOrderlyPushConsumer
 from .producer import AsyncProducer, SendResult
 from .pull_consumer import AsyncPullConsumer
@@ -31,6 +32,7 @@ from .simple_consumer import AsyncSimpleConsumer
 R = TypeVar("R")
 #: ``callback(result, error)`` of :meth:`Producer.send_async`: one of the two is None.
 SendCallback = Callable[[SendResult | None, BaseException | None], None]
+_log = get_logger(__name__)
 P = ParamSpec("P")
 C = TypeVar("C", bound=ConnectedClient)
 
@@ -136,26 +138,43 @@ class Producer(_GroupClient[AsyncProducer]):
             msg: the message.
             callback: ``callback(result, error)``, called once with exactly one of them not
                 None (RocketMQ's ``SendCallback``).  It runs on the client's event loop thread:
-                keep it short, and do not call a blocking txmq client from it.
+                keep it short, and do not call a blocking txmq client from it.  It has
+                returned before the future is resolved; an exception it raises is logged
+                and does not change the future.
             options: what :meth:`AsyncProducer.send` takes (``queue_id``, ``sharding_key``,
                 ``selector``, ``timeout``, ``broker``).
 
         Raises:
             ClientStateError: the client's event loop is closed.
         """
-        future = asyncio.run_coroutine_threadsafe(self.core.send(msg, **options), self._runner.loop)
-        if callback is not None:
+        if callback is None:
+            return asyncio.run_coroutine_threadsafe(
+                self.core.send(msg, **options), self._runner.loop
+            )
+        return asyncio.run_coroutine_threadsafe(
+            _send_then_call(self.core.send(msg, **options), callback), self._runner.loop
+        )
 
-            def done(f: concurrent.futures.Future[SendResult]) -> None:
-                if f.cancelled():
-                    callback(None, concurrent.futures.CancelledError())
-                elif (error := f.exception()) is not None:
-                    callback(None, error)
-                else:
-                    callback(f.result(), None)
 
-            future.add_done_callback(done)
-        return future
+async def _send_then_call(
+    send: Coroutine[Any, Any, SendResult], callback: SendCallback
+) -> SendResult:
+    """Await ``send``, then call ``callback`` before the caller's future is resolved, so a
+    thread that waited for the future sees what the callback did."""
+    try:
+        result = await send
+    except BaseException as error:  # noqa: BLE001 - the callback is told, then it propagates
+        _call(callback, None, error)
+        raise
+    _call(callback, result, None)
+    return result
+
+
+def _call(callback: SendCallback, result: SendResult | None, error: BaseException | None) -> None:
+    try:
+        callback(result, error)
+    except Exception:
+        _log.exception("send_callback_failed", callback=getattr(callback, "__name__", "?"))
 
 
 class PushConsumer(_GroupClient[AsyncPushConsumer]):

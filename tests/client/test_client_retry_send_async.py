@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -106,7 +107,8 @@ def test_send_async_from_blocking_code(
         results = [f.result(timeout=10) for f in futures]
         assert all(r.status is SendStatus.SEND_OK for r in results)
         assert len({r.msg_id for r in results}) == 10
-        assert done.wait(10)
+        # each callback has returned before its future was resolved
+        assert done.is_set(), f"{len(called)} of 10 callbacks ran before the futures resolved"
         assert all(r is not None and e is None for r, e, _ in called)
         assert {r.msg_id for r, _, _ in called if r} == {r.msg_id for r in results}
         # options of send() pass through; an error reaches both the future and the callback
@@ -117,3 +119,19 @@ def test_send_async_from_blocking_code(
         with pytest.raises(Exception) as failed:
             bad.result(timeout=10)
         assert errors and errors[0] is failed.value
+        # a slow callback: the future waits for it, so the waiting thread sees its effect
+        seen: list[str] = []
+
+        def slow(result: SendResult | None, error: BaseException | None) -> None:
+            time.sleep(0.2)
+            seen.append("called")
+
+        producer.send_async(Message(topic, b"z"), slow).result(timeout=10)
+        assert seen == ["called"]
+
+        # a callback that raises is logged; the future still gets the result
+        def raises(result: SendResult | None, error: BaseException | None) -> None:
+            raise ValueError("a bug in the callback")
+
+        ok = producer.send_async(Message(topic, b"y"), raises).result(timeout=10)
+        assert ok.status is SendStatus.SEND_OK
