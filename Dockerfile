@@ -7,6 +7,8 @@
 # bookworm root file system with python3 and venv built by tests/support/docker_base.sh (any
 # image with Python 3.11 and venv will do, e.g. --build-arg BASE_IMAGE=python:3.11-slim), and
 # the package comes as the wheels `make wheels` puts in build/wheels (txmq and its dependencies).
+# `TXMQ_COMPILE=1 make docker-image` adds txmq's wheel with the request path compiled (mypyc),
+# which pip takes over the pure one when its tag fits the image's Python (docs/performance.md).
 ARG BASE_IMAGE=txmq-base:bookworm
 FROM ${BASE_IMAGE}
 

@@ -4,43 +4,64 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: api-docs install run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
+.PHONY: api-docs install compiled run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
 	docker-image py5-client node5-client grpc-gen etcd spark35 chromium
 
-## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
-## docs/performance.md).  Then an edit to a compiled module (txmq.a.b -> a/b.py) reinstalls,
-## which compiles it again (until then it runs as Python: txmq/_compiled.py).
-ifeq ($(TXMQ_COMPILE),1)
-COMPILED_SRC := $(shell sed -n 's/^    "txmq\.\(.*\)",$$/\1/p' setup.py | tr . / | sed 's/$$/.py/')
-endif
+## TXMQ_COMPILE=1 make install: the request path compiled with mypyc (setup.py; opt-in, see
+## docs/performance.md), in place beside its .py sources.  An edit to a compiled module
+## (txmq.a.b -> a/b.py) makes every module run as Python (txmq/_compiled.py) until the next
+## `TXMQ_COMPILE=1 make install` compiles again.
+COMPILE := $(filter 1,$(TXMQ_COMPILE))
+## Whether the compiled modules in place are those of the sources (exit status 0).
+COMPILED_CURRENT := $(PY) -c 'import sys, txmq._compiled as c; sys.exit(not c.decide({}).compiled)'
 
-$(STAMP): pyproject.toml setup.py $(COMPILED_SRC)
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[broker,console,spark,dev,grpc,cluster,otel]'
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	TXMQ_COMPILE=0 $(PY) -m pip install --quiet -e '.[broker,console,spark,dev,grpc,cluster,otel]'
 	touch $(STAMP) $(RUN_STAMP)
 
-install: $(STAMP)
+## Compile in place with this venv's mypy (mypyc type-checks what it compiles, so it needs the
+## packages and stubs the dev extra installs), unless what is there is current.
+compiled: $(STAMP)
+ifeq ($(COMPILE),1)
+	@$(COMPILED_CURRENT) 2>/dev/null || TXMQ_COMPILE=1 $(PY) setup.py --quiet build_ext --inplace
+endif
+
+install: $(STAMP) compiled
 
 ## What `make run` needs and no more: the broker's own extra (no Spark, no test tools), so a
-## first start is quick; `make test` later adds the rest to the same venv.
+## first start is quick; `make test` later adds the rest to the same venv.  With TXMQ_COMPILE=1
+## it needs the dev extra too (mypyc type-checks what it compiles).
 RUN_STAMP := $(VENV)/.run-stamp
 $(RUN_STAMP): pyproject.toml setup.py
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txmq needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[broker]'
+	TXMQ_COMPILE=0 $(PY) -m pip install --quiet -e '.[broker]'
 	touch $(RUN_STAMP)
 
 ## Start a broker on 127.0.0.1:10911 with the embedded defaults, data in ./data.
-run: $(RUN_STAMP)
+## With TXMQ_COMPILE=1 the first start does not wait for the compiler: when the compiled
+## modules are missing or older than their sources, this start runs the .py files and the
+## compile goes on in the background (nice 19, log in .venv/compile.log); the next start runs
+## compiled.
+run: $(if $(COMPILE),$(STAMP),$(RUN_STAMP))
+ifeq ($(COMPILE),1)
+	@$(COMPILED_CURRENT) 2>/dev/null || { echo "txmq: compiling the request path in the" \
+		"background ($(VENV)/compile.log); this start runs it as Python"; \
+		nohup nice -n 19 $(MAKE) --no-print-directory compiled > $(VENV)/compile.log 2>&1 & }
+endif
 	$(VENV)/bin/txmq broker
 
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client node5-client etcd spark35 chromium
-	$(PY) -m pytest
+## With TXMQ_COMPILE=1 the suite runs on the compiled modules, and the tests comparing them
+## with plain Python (tests/test_compiled.py, tests/broker/test_compiled_equal.py) run (and fail
+## without a build) rather than skip.
+pytest: install docker-setup py5-client node5-client etcd spark35 chromium
+	$(if $(COMPILE),TXMQ_COMPILE=1) $(PY) -m pytest
 
 ## The edit-test loop: the in-process tests (protocol, store, broker, SDK, fuzz corpus, the
 ## CLI's shape; no process started, no Spark, etcd, Docker or browser) on every core, no gates.
@@ -74,16 +95,24 @@ docker-setup:
 	@sh tests/support/docker_base.sh || [ $$? -eq 3 ]
 
 ## txmq alone as a wheel, dist/txmq-<version>-py3-none-any.whl (TXMQ_COMPILE=1: a platform wheel
-## with the request path compiled): what to `pip install` on Spark
-## nodes or anywhere else (txmq is not on PyPI; see docs/spark.md).
+## with the request path compiled): what to `pip install` on Spark nodes or anywhere else (txmq
+## is not on PyPI; see docs/spark.md).  Built in this venv, not an isolated one: mypyc
+## type-checks with the dev extra's mypy and stubs.
 wheel: $(STAMP)
-	rm -f dist/txmq-*.whl
-	$(PY) -m pip wheel --quiet --no-deps -w dist .
+	rm -rf dist/txmq-*.whl build/lib.* build/bdist.*
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
 
-## txmq and its dependencies as wheels in build/wheels, which the image installs offline.
+## txmq and its dependencies as wheels in build/wheels, which the image installs offline; with
+## TXMQ_COMPILE=1 txmq both compiled and as plain Python, so that pip takes the compiled one
+## where its platform tag fits the image's Python, the pure one elsewhere.
 wheels: $(STAMP)
-	rm -rf build/wheels
-	$(PY) -m pip wheel --quiet --wheel-dir build/wheels '.[broker,grpc,cluster]'
+	rm -rf build/wheels build/lib.* build/bdist.*
+	$(PY) -m pip wheel --quiet --no-build-isolation --wheel-dir build/wheels '.[broker,grpc,cluster]'
+ifeq ($(COMPILE),1)
+	rm -rf build/lib.* build/bdist.*  # nothing compiled goes into the pure wheel
+	TXMQ_COMPILE=0 $(PY) -m pip wheel --quiet --no-deps --no-build-isolation \
+		--wheel-dir build/wheels .
+endif
 
 ## The broker image txmq:latest, for `docker-compose up broker`.
 docker-image: docker-setup wheels etcd
@@ -105,6 +134,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -f txmq__mypyc.*.so txmq/_compiled_manifest.json
+	find broker client protocol -name '*.so' -delete
 
 ## The official RocketMQ 5 Python client in a venv of its own (its import name `rocketmq` is
 ## also another PyPI package's) for tests/compat/test_grpc_python5.py.  Made once; when it
@@ -141,7 +172,7 @@ SPARK35_PACKAGES := 'pyspark>=3.5,<3.6' 'pandas>=2.0,<2.3' 'pyarrow>=12,<16' 'nu
 spark35:
 	@[ -f $(SPARK35)/.installed ] || { $(PYTHON) -m venv --clear $(SPARK35) \
 		&& $(SPARK35)/bin/python -m pip install --quiet $(SPARK35_PACKAGES) \
-		&& $(SPARK35)/bin/python -m pip install --quiet -e . \
+		&& TXMQ_COMPILE=0 $(SPARK35)/bin/python -m pip install --quiet -e . \
 		&& $(SPARK35)/bin/python -m pip check \
 		&& echo $(SPARK35_PACKAGES) > $(SPARK35)/.installed; } \
 		|| echo "spark35: pyspark 3.5 could not be installed in $(SPARK35); tests/spark/test_spark35.py says why"

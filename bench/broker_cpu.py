@@ -6,10 +6,13 @@ three send modes, and read the broker process's CPU time from /proc around every
         --target old=/path/to/other/venv/bin/python \\
         --target new=.venv/bin/python:. \\
         --target nodedup=.venv/bin/python:.:duplicateWindowSeconds=0
+    python bench/broker_cpu.py --target compiled=.venv/bin/python:. \\
+        --target pure=.venv/bin/python:.:env:TXMQ_PURE_PYTHON=1   # compiled against Python
 
 A target is ``NAME=PYTHON[:PYTHONPATH[:KEY=VALUE,...]]``: the interpreter that runs the broker
 (``PYTHON -m txmq broker``), the PYTHONPATH it gets (empty: the interpreter's installed txmq,
-started from a neutral folder) and ``--set`` settings.  Rounds interleave the targets (A B A B
+started from a neutral folder) and ``--set`` settings (``env:NAME=VALUE``: an environment
+variable of the broker instead).  Rounds interleave the targets (A B A B
 ...) and each mode is measured on a fresh broker and store, so load from elsewhere on the
 machine spreads over all targets alike; the summary gives each target's median per mode.
 
@@ -90,7 +93,11 @@ def broker(target: Target, timeout: float) -> Iterator[tuple[str, int]]:
         cmd = [target.python, "-m", "txmq", "broker", "--port", str(port), "--store-dir", store]
         cmd += ["--log-level", "WARNING"]
         for s in target.settings:
-            cmd += ["--set", s]
+            if s.startswith("env:"):  # an environment variable of the broker's process
+                key, _, value = s[4:].partition("=")
+                env[key] = value
+            else:
+                cmd += ["--set", s]
         with running(cmd, port, env=env, cwd=cwd, timeout=timeout, name=target.name) as proc:
             yield f"127.0.0.1:{port}", proc.pid
 

@@ -6,11 +6,11 @@ loop.  What compiling changes is all here; the kernel's part of a request is not
     python bench/request_path.py                      # as this process imports txmq
     python bench/request_path.py --compare            # compiled against TXMQ_PURE_PYTHON=1,
                                                       # interleaved, in child processes
-    python bench/request_path.py --compare --variant all= --variant proto=txmq.broker \
-        --variant pure=1                              # any TXMQ_PURE_PYTHON values
+    python bench/request_path.py --compare --variant a= --variant b=1   # named variants
 
-Figures: ``send`` (SEND_MESSAGE_V2 of one 1 KiB message, the direct path) and ``txn`` (a half,
-then its END_TRANSACTION commit): process CPU µs per request (per transaction for ``txn``).
+Figures: ``send`` (SEND_MESSAGE_V2 of one 1 KiB message, the direct path), ``txn`` (a half,
+then its END_TRANSACTION commit) and ``pull`` (PULL_MESSAGE of 32 of those messages): process
+CPU µs per request (per transaction for ``txn``).
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ async def measure(count: int, store: str) -> dict[str, float]:
     from txmq.broker.server import BrokerController
     from txmq.protocol.codes import RequestCode
     from txmq.protocol.frame import FrameDecoder, encode_frame
-    from txmq.protocol.headers import EndTransactionRequestHeader, SendMessageRequestHeader
+    from txmq.protocol.headers import (
+        EndTransactionRequestHeader,
+        PullMessageRequestHeader,
+        SendMessageRequestHeader,
+    )
     from txmq.protocol.message import MessageConst as C
-    from txmq.protocol.message import decode_offset_msg_id, properties_to_string
+    from txmq.protocol.message import decode_messages, decode_offset_msg_id, properties_to_string
 
     b = BrokerController(BrokerConfig(store_path_root_dir=store, listen_port=0))
     await b.start()
@@ -105,6 +109,27 @@ async def measure(count: int, store: str) -> dict[str, float]:
             cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, end.to_ext_fields())
             await one(encode_frame(cmd))
         out["txn"] = (time.process_time() - c0) / (count // 2) * 1e6
+        # pulls: PULL_MESSAGE of up to 32 of the messages sent above, queue by queue
+        pulls = []
+        for i in range(count // 8):
+            q = i % 4
+            pull = PullMessageRequestHeader(
+                consumer_group="reqpath-c",
+                topic="reqpath",
+                queue_id=q,
+                queue_offset=(i // 4 * 32) % max(1, count // 4 - 32),
+                max_msg_nums=32,
+                sys_flag=0x4,  # the subscription is in the header; no suspend
+                subscription="*",
+            )
+            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields())
+            pulls.append(encode_frame(cmd))
+        first = await one(pulls[0])
+        assert first.body and len(decode_messages(first.body)) == 32, "a pull of 32 expected"
+        c0 = time.process_time()
+        for raw in pulls:
+            await one(raw)
+        out["pull"] = (time.process_time() - c0) / len(pulls) * 1e6
         return out
     finally:
         await client.close()
@@ -138,8 +163,8 @@ def main() -> None:
         "--variant",
         action="append",
         metavar="NAME=SWITCH",
-        help="with --compare: TXMQ_PURE_PYTHON's value for one child (empty: all compiled; "
-        "default: compiled= and pure=1)",
+        help="with --compare: TXMQ_PURE_PYTHON's value for one child (empty: compiled, "
+        "anything else: pure Python; default: compiled= and pure=1)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

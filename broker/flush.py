@@ -58,6 +58,9 @@ class FlushService:
     on_release: Callable[[int, int], None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        # set here too: a compiled dataclass does not fill in the defaults of init=False fields
+        self.replication = None
+        self.on_release = None
         self.interval = self.interval_ms / 1000.0
         self.sync_timeout = self.sync_timeout_ms / 1000.0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-flush")

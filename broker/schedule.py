@@ -45,6 +45,8 @@ class ScheduleMessageService:
     _wake: list[asyncio.Event] = field(init=False)
 
     def __post_init__(self) -> None:
+        # set here too: a compiled dataclass does not fill in the defaults of init=False fields
+        self._tasks = []
         self._wake = [asyncio.Event() for _ in self.levels_ms]
 
     def start(self) -> None:
@@ -93,10 +95,10 @@ class ScheduleMessageService:
                     offset = m.queue_offset + 1
                     offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, offset)
                 else:
-                    sleep = 0
+                    sleep = 0.0
             elif r.next_begin_offset > offset:
                 offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, r.next_begin_offset)
-                sleep = 0
+                sleep = 0.0
             if sleep > 0:
                 self._wake[qid].clear()
                 await wait_event(self._wake[qid], sleep)

@@ -22,7 +22,9 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from mypy_extensions import mypyc_attr
 
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -102,6 +104,7 @@ _STATUS_BY_CODE: dict[int, SendStatus] = {
 }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # TransactionSendResult
 @dataclass(slots=True)
 class SendResult:
     """The broker's answer to a send.
@@ -213,7 +216,8 @@ def validate_message(msg: Message, max_size: int) -> None:
             f"a message id must have 1 to {MAX_MSG_ID_LENGTH} characters and no control "
             f"separators, got {msg.msg_id!r}"
         )
-    for k, v in msg.properties.items():
+    # read as objects: the checks below are for what the annotations do not hold
+    for k, v in cast("dict[object, object]", msg.properties).items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidMessageError(f"message property {k!r}: keys and values must be strings")
         if k in MessageConst.SYSTEM_KEYS:
@@ -705,7 +709,7 @@ class AsyncProducer(ConnectedClient):
         limit = self.config.max_message_size
         batch = BatchBody()
         add = batch.add
-        shared = not extra or not (_UNIQ_OR_WAIT & extra.keys())
+        shared = not extra or _UNIQ_OR_WAIT.isdisjoint(extra)
         tail: str | None = None if extra else ""  # properties_to_string(extra), once needed
         for m, uniq in zip(msgs, uniq_ids, strict=True):
             if not validated:
@@ -871,7 +875,7 @@ class AsyncProducer(ConnectedClient):
             return properties_to_string(self._wire_properties(msg, uniq, extra))
         if not extra:
             return _plain_properties(msg, uniq)
-        if msg.tags or msg.keys or _UNIQ_OR_WAIT & extra.keys():
+        if msg.tags or msg.keys or not _UNIQ_OR_WAIT.isdisjoint(extra):
             return properties_to_string(self._wire_properties(msg, uniq, extra))
         # A half message's (TRAN_MSG, PGROUP, ...): they follow UNIQ_KEY and WAIT in order.
         return f"{_UNIQ_HEAD}{uniq}{_WAIT_TAIL}{properties_to_string(extra)}"

@@ -42,7 +42,9 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+from mypy_extensions import mypyc_attr
 
 from .errors import ProtocolError
 
@@ -60,33 +62,33 @@ PROPERTY_SEPARATOR = "\x02"
 class MessageConst:
     """Property keys (RocketMQ's ``MessageConst``)."""
 
-    KEYS = "KEYS"
-    TAGS = "TAGS"
-    WAIT_STORE_MSG_OK = "WAIT"
-    DELAY = "DELAY"
-    RETRY_TOPIC = "RETRY_TOPIC"
-    REAL_TOPIC = "REAL_TOPIC"
-    REAL_QID = "REAL_QID"
-    TRAN_MSG = "TRAN_MSG"
-    PGROUP = "PGROUP"
-    MIN_OFFSET = "MIN_OFFSET"
-    MAX_OFFSET = "MAX_OFFSET"
-    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
-    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-    TRAN_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
-    UNIQ_KEY = "UNIQ_KEY"
-    TRANSACTION_ID = "__transactionId__"
-    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
-    CONSUME_START_TIME = "CONSUME_START_TIME"
+    KEYS: Final = "KEYS"
+    TAGS: Final = "TAGS"
+    WAIT_STORE_MSG_OK: Final = "WAIT"
+    DELAY: Final = "DELAY"
+    RETRY_TOPIC: Final = "RETRY_TOPIC"
+    REAL_TOPIC: Final = "REAL_TOPIC"
+    REAL_QID: Final = "REAL_QID"
+    TRAN_MSG: Final = "TRAN_MSG"
+    PGROUP: Final = "PGROUP"
+    MIN_OFFSET: Final = "MIN_OFFSET"
+    MAX_OFFSET: Final = "MAX_OFFSET"
+    ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+    TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
+    CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    TRAN_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
+    UNIQ_KEY: Final = "UNIQ_KEY"
+    TRANSACTION_ID: Final = "__transactionId__"
+    MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+    CONSUME_START_TIME: Final = "CONSUME_START_TIME"
     #: txmq: the batch a Spark sink transaction belongs to (see TXMQ_DECIDE_BATCH).
-    TXMQ_BATCH_KEY = "TXMQ_BATCH_KEY"
+    TXMQ_BATCH_KEY: Final = "TXMQ_BATCH_KEY"
     #: txmq: ``"1"`` on the halves of a transaction an outside coordinator decides (two-phase
     #: commit: prepared, then committed or rolled back by its handle).
-    TXMQ_2PC = "TXMQ_2PC"
+    TXMQ_2PC: Final = "TXMQ_2PC"
 
     #: Keys the system sets; ``MessageExt.user_properties`` leaves them out.
-    SYSTEM_KEYS = frozenset(
+    SYSTEM_KEYS: Final = frozenset(
         {
             KEYS,
             TAGS,
@@ -114,18 +116,18 @@ class MessageConst:
 
 
 class MessageSysFlag:
-    COMPRESSED = 0x1
+    COMPRESSED: Final = 0x1
     #: Which codec compressed the body (bits 8-10; RocketMQ 5); 0 from older clients = zlib.
-    COMPRESSION_TYPE_MASK = 0x7 << 8
-    COMPRESSION_ZLIB_TYPE = 0x3 << 8
-    MULTI_TAGS = 0x2
-    TRANSACTION_NOT_TYPE = 0x0
-    TRANSACTION_PREPARED_TYPE = 0x4
-    TRANSACTION_COMMIT_TYPE = 0x8
-    TRANSACTION_ROLLBACK_TYPE = 0xC
-    TRANSACTION_MASK = 0xC
-    BORNHOST_V6 = 0x10
-    STOREHOST_V6 = 0x20
+    COMPRESSION_TYPE_MASK: Final = 0x7 << 8
+    COMPRESSION_ZLIB_TYPE: Final = 0x3 << 8
+    MULTI_TAGS: Final = 0x2
+    TRANSACTION_NOT_TYPE: Final = 0x0
+    TRANSACTION_PREPARED_TYPE: Final = 0x4
+    TRANSACTION_COMMIT_TYPE: Final = 0x8
+    TRANSACTION_ROLLBACK_TYPE: Final = 0xC
+    TRANSACTION_MASK: Final = 0xC
+    BORNHOST_V6: Final = 0x10
+    STOREHOST_V6: Final = 0x20
 
     @staticmethod
     def transaction_value(flag: int) -> int:
@@ -327,6 +329,7 @@ def parse_subscription(expression: str | None) -> frozenset[str] | None:
 # --- messages ---------------------------------------------------------------------------------
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # an application's own kind of message
 @dataclass
 class Message:
     """A message to send.
@@ -510,6 +513,10 @@ class MessageExt:
     def get_property(self, key: str, default: str | None = None) -> str | None:
         return self.properties.get(key, default)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as a constructor call: a compiled (native) class has no __dict__ to restore
+        return (MessageExt, self._values())
+
     def copy(self, **changes: Any) -> MessageExt:
         """A copy with ``changes`` (field names as in the constructor); the properties are
         copied too, unless given."""
@@ -624,7 +631,6 @@ def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
     unpack = _FIXED.unpack_from
     unpack16 = _I16.unpack_from
     host = _unpacked_host
-    new = MessageExt.__new__
     topics: dict[bytes, str] = {}
     pos = 0
     n = len(buf)
@@ -675,24 +681,25 @@ def decode_messages(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
             append(m)
             pos += m.store_size
             continue
-        m = new(MessageExt)
-        m.topic = topic
-        m.body = buf[pos + fixed : pos + fixed + body_len]
-        m.queue_id = queue_id
-        m.flag = flag
-        m.queue_offset = queue_offset
-        m.commit_log_offset = phys
-        m.sys_flag = sys_flag
-        m.born_timestamp = born_ts
-        m.born_host = host(born_host)
-        m.store_timestamp = store_ts
-        m.store_host = host(store_host)
-        m.reconsume_times = reconsume
-        m.prepared_transaction_offset = prepared
-        m._properties = None
-        m._wire_properties = props
-        m.body_crc = body_crc
-        m.store_size = total
+        m = MessageExt(
+            topic,
+            buf[pos + fixed : pos + fixed + body_len],
+            queue_id,
+            flag,
+            queue_offset,
+            phys,
+            sys_flag,
+            born_ts,
+            host(born_host),
+            store_ts,
+            host(store_host),
+            reconsume,
+            prepared,
+            None,
+            body_crc,
+            total,
+            props,
+        )
         append(m)
         pos = end
     return out

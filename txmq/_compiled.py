@@ -1,17 +1,18 @@
 """Which of txmq's modules run compiled, and the switch back to plain Python.
 
-``setup.py`` compiles the request path with Cython from the same ``.py`` sources and writes
+``setup.py`` compiles the request path with mypyc from the same ``.py`` sources and writes
 ``_compiled_manifest.json`` beside this file: each compiled module's name and the SHA-256 of the
 ``.py`` it was compiled from.  Python prefers an extension module to the ``.py`` of the same
 name, so a finder placed first on ``sys.meta_path`` (installed by ``txmq/__init__.py`` before any
-sub-package is imported) decides instead, module by module:
+sub-package is imported) decides instead, for all of them at once: the compiled modules call
+each other's functions and build each other's native classes directly, not through the
+import system, so one of them as Python among compiled ones would not be used by the others.
 
 * ``TXMQ_PURE_PYTHON=1`` in the environment: every txmq module is imported from its ``.py``.
-* A compiled module whose ``.py`` no longer has the recorded hash (edited since the build) is
-  imported from its ``.py``, with one warning naming it: an edit is never shadowed by a stale
-  build.
-* A compiled module the manifest does not list (no manifest, or an older one) is not trusted
-  either: its ``.py`` is imported.
+* A compiled module whose ``.py`` no longer has the recorded hash (edited since the build), or
+  that is missing: every module is imported from its ``.py``, with one warning naming the
+  edited ones: an edit is never shadowed by a stale build.
+* No manifest (none built, or a build interrupted): the ``.py`` files are imported.
 
 :data:`STATUS` says what was decided; ``txmq broker`` logs it at start and ``txmq --version``
 prints it.
@@ -42,9 +43,9 @@ log = logging.getLogger("txmq.compiled")
 
 @dataclass(frozen=True)
 class CompiledStatus:
-    """What this process imports compiled.  ``modules``: the compiled modules whose source
-    matches the build (imported compiled); ``stale``: compiled but edited since (imported from
-    their ``.py``); ``pure_reason``: why nothing is compiled, or empty."""
+    """What this process imports compiled.  ``modules``: the compiled modules, all of them
+    imported compiled, or none; ``stale``: compiled but edited since (then every module is
+    imported from its ``.py``); ``pure_reason``: why nothing is compiled, or empty."""
 
     modules: tuple[str, ...] = ()
     stale: tuple[str, ...] = ()
@@ -57,12 +58,10 @@ class CompiledStatus:
 
     def describe(self) -> str:
         if not self.modules:
+            if self.stale:
+                return f"pure Python ({self.pure_reason}: {', '.join(self.stale)})"
             return f"pure Python ({self.pure_reason})"
-        text = f"compiled: {len(self.modules)} modules"
-        if self.stale:
-            text += f", {len(self.stale)} edited since the build run as Python: "
-            text += ", ".join(self.stale)
-        return text
+        return f"compiled: {len(self.modules)} modules"
 
 
 def source_path(module: str) -> Path:
@@ -96,23 +95,17 @@ def read_manifest(path: Path = MANIFEST) -> dict[str, str] | None:
 
 
 def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
-    """Which compiled modules this process may import (nothing is imported here)."""
+    """Whether this process may import the compiled modules (nothing is imported here)."""
     env = os.environ if environ is None else environ
     switch = env.get(PURE_ENV, "").strip()
-    if switch in ("1", "all"):
+    if switch not in ("", "0"):
         return CompiledStatus(pure_reason=f"{PURE_ENV}={switch}")
-    # anything else but 0: the modules (or packages) named, comma-separated, run as Python
-    chosen = () if switch in ("", "0") else tuple(p.strip() for p in switch.split(",") if p)
     manifest = read_manifest()
     if manifest is None:
         return CompiledStatus(pure_reason="not compiled: no build manifest")
-    good: list[str] = []
     stale: list[str] = []
     details: dict[str, str] = {}
     for module, digest in sorted(manifest.items()):
-        if any(module == p or module.startswith(p + ".") for p in chosen):
-            details[module] = f"{PURE_ENV} names it"
-            continue
         if extension_path(module) is None:
             details[module] = "no compiled module"
             continue
@@ -124,17 +117,14 @@ def decide(environ: Mapping[str, str] | None = None) -> CompiledStatus:
         if current != digest:
             stale.append(module)
             details[module] = "source edited since the build"
-            continue
-        good.append(module)
-    if good:
-        reason = ""
-    elif chosen:
-        reason = f"{PURE_ENV}={switch}"
-    elif stale:
-        reason = "every compiled module was edited since the build"
-    else:
-        reason = "not compiled: no compiled module beside the sources"
-    return CompiledStatus(tuple(good), tuple(stale), reason, details)
+    if stale:
+        return CompiledStatus((), tuple(stale), "edited since the build", details)
+    if details:
+        missing = ", ".join(sorted(details))
+        return CompiledStatus(pure_reason=f"not compiled: incomplete build ({missing})")
+    if not manifest:
+        return CompiledStatus(pure_reason="not compiled: an empty build manifest")
+    return CompiledStatus(tuple(sorted(manifest)), (), "", details)
 
 
 class SourceFirstFinder(importlib.abc.MetaPathFinder):
@@ -176,8 +166,8 @@ def install() -> CompiledStatus:
     STATUS = decide()
     for module in STATUS.stale:
         log.warning(
-            "txmq: %s was edited since it was compiled; importing its .py (rebuild with "
-            "`make install` to compile it again)",
+            "txmq: %s was edited since it was compiled; importing every module from its .py "
+            "(rebuild with `make install` to compile them again)",
             module,
         )
     sys.meta_path.insert(0, SourceFirstFinder(STATUS.modules))

@@ -171,6 +171,10 @@ class _Stop(enum.Enum):
     SHORT_TAIL = "short_tail"  # fewer than 12 bytes left: continue in the next segment
 
 
+class _Found(Exception):
+    """Ends :meth:`CommitLog.find_record`'s walk at the record wanted."""
+
+
 @dataclass(frozen=True)
 class CommitLogRecovery:
     """What :meth:`CommitLog.recover` found and did."""
@@ -327,9 +331,6 @@ class CommitLog:
         """The first intact record in ``[start, end)`` whose dispatch fields ``wanted``
         accepts, as ``(offset, size, info)``; damaged bytes are stepped over."""
         found: list[tuple[int, int, DispatchInfo]] = []
-
-        class _Found(Exception):
-            pass
 
         def on_record(offset: int, size: int, info: DispatchInfo) -> None:
             if offset >= end:

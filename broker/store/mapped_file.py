@@ -68,7 +68,9 @@ class MappedFile:
 
     __slots__ = ("path", "start", "capacity", "fd", "mm", "writable", "_synced_once", "__weakref__")
 
-    def __init__(self, path: str, start: int, capacity: int, fd: int, *, writable: bool) -> None:
+    def __init__(
+        self, path: str, start: int, capacity: int, fd: int, *, writable: bool, map_now: bool = True
+    ) -> None:
         self.path = path
         self.start = start
         self.capacity = capacity
@@ -78,7 +80,8 @@ class MappedFile:
         # The first sync of a segment is a full fsync (its size and block map are new);
         # later ones are fdatasync.
         self._synced_once = False
-        self.map()
+        if map_now:
+            self.map()
 
     @property
     def end(self) -> int:
@@ -118,12 +121,7 @@ class MappedFile:
             if size < min_capacity:
                 preallocate(fd, min_capacity)
                 size = min_capacity
-            mf = cls.__new__(cls)
-            mf.path, mf.start, mf.capacity, mf.fd = path, start, size, fd
-            mf.writable, mf.mm, mf._synced_once = writable, None, False
-            if map_now:
-                mf.map()
-            return mf
+            return cls(path, start, size, fd, writable=writable, map_now=map_now)
         except BaseException:
             os.close(fd)
             raise

@@ -221,8 +221,6 @@ class AppendResult:
 
 _body_of = itemgetter(4)
 _tail_of = itemgetter(5)
-_new_object = object.__new__
-_set_attr = object.__setattr__
 
 
 def _put_result(
@@ -233,10 +231,15 @@ def _put_result(
     offset_msg_id: str,
     end_offset: int,
 ) -> PutMessageResult:
-    """A :class:`PutMessageResult` made with one attribute write instead of the frozen
-    dataclass's one ``object.__setattr__`` per field (a batch decision makes 100,000s)."""
-    r = _new_object(PutMessageResult)
-    _set_attr(
+    """A :class:`PutMessageResult` (a batch decision makes 100,000s).  Compiled, the frozen
+    dataclass is a native class whose constructor sets its fields directly; as Python, one
+    write of ``__dict__`` instead of the frozen dataclass's ``object.__setattr__`` per field."""
+    if _NATIVE_RESULT:
+        return PutMessageResult(
+            commit_log_offset, size, queue_offset, store_timestamp, offset_msg_id, end_offset
+        )
+    r = object.__new__(PutMessageResult)
+    object.__setattr__(
         r,
         "__dict__",
         {
@@ -249,6 +252,10 @@ def _put_result(
         },
     )
     return r
+
+
+#: Whether PutMessageResult is a compiled (native) class: one without an instance __dict__.
+_NATIVE_RESULT = "__dict__" not in dir(PutMessageResult)
 
 
 @dataclass
@@ -1040,7 +1047,7 @@ class MessageStore:
         found_null = False
         idx = offset
         full = False
-        while not full and idx < limit:
+        while idx < limit:  # (not `while not full and ...`: mypyc mis-compiles that loop)
             chunk = cq.read(idx, limit - idx)
             if not chunk:  # outside the queue's files: nothing there
                 found_null = True
@@ -1065,9 +1072,11 @@ class MessageStore:
                     total += size
                     continue
                 payload = cl.read_payload(phy, size)
-                if payload is None and (fixed := self._repair_entry(cq, idx - 1)) is not None:
-                    phy, size = fixed
-                    payload = cl.read_payload(phy, size)
+                if payload is None:
+                    fixed = self._repair_entry(cq, idx - 1)
+                    if fixed is not None:
+                        phy, size = fixed
+                        payload = cl.read_payload(phy, size)
                 if payload is None:
                     found_null = True
                     self._log_read_failed(cq, idx - 1, phy, size)
@@ -1076,6 +1085,8 @@ class MessageStore:
                     continue
                 messages.append(payload)
                 total += size
+            if full:
+                break
         body = b""
         count = len(messages)
         if joined and messages:  # filtered: read one by one, joined here

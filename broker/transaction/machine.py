@@ -101,7 +101,11 @@ class PendingTable(dict[str, TxRecord]):
     def _refused(self, *_: object, **__: object) -> None:
         raise TypeError("PendingTable changes one record at a time")
 
-    update = setdefault = popitem = clear = _refused  # type: ignore[assignment]
+    # one name a line: mypyc compiles no chained assignment in a class body
+    update = _refused
+    setdefault = _refused  # type: ignore[assignment]
+    popitem = _refused  # type: ignore[assignment]
+    clear = _refused
 
 
 class PendingGauges:

@@ -1,11 +1,12 @@
-"""The compiled request path (Cython, ``setup.py``) against plain Python: two real brokers in
+"""The compiled request path (mypyc, ``setup.py``) against plain Python: two real brokers in
 their own processes, one as built, one with ``TXMQ_PURE_PYTHON=1``, get the same seeded
 random mix over sockets (plain sends V1/V2, resends inside the duplicate window, batches,
 transactions committed and rolled back, pulls, requests that must be refused, a broken frame)
 and must answer the same and store the same bytes, record for record, in the commit log.
 
 Without a build (compiling is opt-in: ``TXMQ_COMPILE=1 make install``) there is nothing to
-compare: the test is skipped, except when ``TXMQ_COMPILE=1`` is set, and then it fails."""
+compare: the test is skipped, except when ``TXMQ_COMPILE=1`` is set (``TXMQ_COMPILE=1 make
+test``), and then it fails."""
 
 from __future__ import annotations
 
