@@ -445,7 +445,7 @@ class BrokerConnection:
             try:
                 leader = await self._cluster_leader(conn)
             except TxmqError:
-                continue
+                leader = None
             finally:
                 conn.close()
             if leader is not None and leader != here:
