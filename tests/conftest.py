@@ -60,16 +60,19 @@ class _PhaseGuard:
 
     def __init__(self, item: pytest.Item, phase: str) -> None:
         self.what = f"{item.nodeid} ({phase})"
+        # a test that needs longer says so with pytest-timeout's marker, which it also obeys
+        marker = item.get_closest_marker("timeout")
+        self.seconds = float(marker.args[0]) if marker and marker.args else PHASE_TIMEOUT
 
     def _fire(self, signum: int, frame: Any) -> None:
-        sys.stderr.write(f"\n=== {self.what} still running after {PHASE_TIMEOUT:.0f}s ===\n")
+        sys.stderr.write(f"\n=== {self.what} still running after {self.seconds:.0f}s ===\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         loop = asyncio._get_running_loop()
         if loop is None:
-            pytest.fail(f"{self.what} timed out after {PHASE_TIMEOUT:.0f}s")
+            pytest.fail(f"{self.what} timed out after {self.seconds:.0f}s")
         for task in asyncio.all_tasks(loop):
             task.print_stack(file=sys.stderr)
-            task.cancel(f"{self.what} timed out after {PHASE_TIMEOUT:.0f}s")
+            task.cancel(f"{self.what} timed out after {self.seconds:.0f}s")
         signal.setitimer(signal.ITIMER_REAL, 30.0)  # cancel again if something swallowed it
 
     @contextlib.contextmanager
@@ -78,7 +81,7 @@ class _PhaseGuard:
             yield
             return
         previous = signal.signal(signal.SIGALRM, self._fire)
-        signal.setitimer(signal.ITIMER_REAL, PHASE_TIMEOUT)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
         try:
             yield
         finally:
