@@ -50,7 +50,8 @@ from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
 from .admission import Caller, SendAdmission
 from .dedup import DedupIndex, Key, Stored
-from .fastpath import FastPaths, HalfSend
+from .fastpath import FastPaths
+from .fastpath_one import HalfSend
 from .outcome import SendOutcome, SendReceipt, StoredBatch
 from .pop import PopService
 from .read import ReadSide
