@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: api-docs install run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client node5-client grpc-tools grpc-gen etcd spark35 chromium
+	docker-image py5-client node5-client grpc-tools grpc-gen etcd spark35 chromium promtool
 
 ## TXMQ_COMPILE=1 make install: the request path compiled with Cython (setup.py; opt-in, see
 ## docs/performance.md).  Then an edit to a compiled module (txmq.a.b -> a/b.py) reinstalls,
@@ -39,7 +39,8 @@ run: $(RUN_STAMP)
 ## Run the lint and type gates, then the whole test suite (protocol, store, broker, client, Spark).
 test: gates pytest
 
-pytest: $(STAMP) docker-setup py5-client node5-client etcd spark35 chromium grpc-tools
+pytest: $(STAMP) docker-setup py5-client node5-client etcd spark35 chromium grpc-tools \
+	promtool
 	$(PY) -m pytest
 
 ## The edit-test loop: the in-process tests (protocol, store, broker, SDK, fuzz corpus, the
@@ -93,6 +94,12 @@ docker-image: docker-setup wheels etcd
 ## and etcd-client packages unpacked (no system install).
 etcd:
 	@sh tests/support/get_etcd.sh || [ $$? -eq 3 ]
+
+## promtool for the tests of docs/prometheus (build/prometheus/bin/promtool), from Debian's
+## prometheus package unpacked (no system install, no server).  Status 3 of the script: this
+## machine cannot get it; the tests then say why.
+promtool:
+	@sh tests/support/get_promtool.sh || [ $$? -eq 3 ]
 
 ## Debian's chromium and chromium-driver for the web console's browser tests
 ## (tests/integration/test_console.py), installed with apt when missing.  Status 3 of the

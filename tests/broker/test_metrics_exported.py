@@ -296,11 +296,13 @@ RULES_TEST = Path(__file__).resolve().parents[1] / "support" / "prometheus"
 
 
 def _promtool() -> str:
-    """promtool (Debian's prometheus package), or a skip (a failure under CI)."""
-    path = shutil.which("promtool")
+    """promtool (``make promtool``: Debian's prometheus package unpacked), or a skip (a failure
+    under CI)."""
+    made = Path(__file__).resolve().parents[2] / "build" / "prometheus" / "bin" / "promtool"
+    path = str(made) if os.access(made, os.X_OK) else shutil.which("promtool")
     if path:
         return path
-    why = "promtool not found: apt-get install prometheus (it ships promtool)"
+    why = f"promtool not found at {made} or on PATH: run `make promtool` (`make test` does)"
     if os.environ.get("CI"):
         pytest.fail(why)
     print(why, file=sys.stderr)
