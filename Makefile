@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: api-docs install compiled run test test-fast pytest lint typecheck gates bench clean docker-setup wheel wheels \
-	docker-image py5-client node5-client grpc-gen etcd spark35 chromium
+	docker-image py5-client node5-client grpc-tools grpc-gen etcd spark35 chromium promtool
 
 ## TXMQ_COMPILE=1 make install: the request path compiled with mypyc (setup.py; opt-in, see
 ## docs/performance.md), in place beside its .py sources.  An edit to a compiled module
@@ -60,7 +60,7 @@ test: gates pytest
 ## With TXMQ_COMPILE=1 the suite runs on the compiled modules, and the tests comparing them
 ## with plain Python (tests/test_compiled.py, tests/broker/test_compiled_equal.py) run (and fail
 ## without a build) rather than skip.
-pytest: install docker-setup py5-client node5-client etcd spark35 chromium
+pytest: install docker-setup py5-client node5-client etcd spark35 chromium grpc-tools promtool
 	$(if $(COMPILE),TXMQ_COMPILE=1) $(PY) -m pytest
 
 ## The edit-test loop: the in-process tests (protocol, store, broker, SDK, fuzz corpus, the
@@ -123,6 +123,12 @@ docker-image: docker-setup wheels etcd
 etcd:
 	@sh tests/support/get_etcd.sh || [ $$? -eq 3 ]
 
+## promtool for the tests of docs/prometheus (build/prometheus/bin/promtool), from Debian's
+## prometheus package unpacked (no system install, no server).  Status 3 of the script: this
+## machine cannot get it; the tests then say why.
+promtool:
+	@sh tests/support/get_promtool.sh || [ $$? -eq 3 ]
+
 ## Debian's chromium and chromium-driver for the web console's browser tests
 ## (tests/integration/test_console.py), installed with apt when missing.  Status 3 of the
 ## script: this machine cannot (not root, no apt); the tests then say why.
@@ -177,6 +183,19 @@ spark35:
 		&& echo $(SPARK35_PACKAGES) > $(SPARK35)/.installed; } \
 		|| echo "spark35: pyspark 3.5 could not be installed in $(SPARK35); tests/spark/test_spark35.py says why"
 
+## grpcio-tools in a venv of its own: the oldest release whose generated modules serve (see the
+## grpc extra in pyproject.toml), which wants a protobuf older than the cluster extra's, so it
+## cannot share the main venv.  tests/compat/test_grpc_codegen.py regenerates with it.
+GRPC_TOOLS_VENV := build/venvs/grpc-tools
+GRPC_TOOLS := grpcio-tools==1.55.3
+grpc-tools:
+	@{ [ -f $(GRPC_TOOLS_VENV)/.installed ] \
+		&& [ "$$(cat $(GRPC_TOOLS_VENV)/.installed)" = '$(GRPC_TOOLS)' ]; } \
+		|| { $(PYTHON) -m venv --clear $(GRPC_TOOLS_VENV) \
+		&& $(GRPC_TOOLS_VENV)/bin/python -m pip install --quiet '$(GRPC_TOOLS)' \
+		&& echo '$(GRPC_TOOLS)' > $(GRPC_TOOLS_VENV)/.installed; } \
+		|| echo "grpc-tools: $(GRPC_TOOLS) could not be installed; the codegen test says why"
+
 ## Regenerate broker/grpc/v2 from broker/grpc/protos after editing a .proto file.
-grpc-gen: $(STAMP)
-	$(PY) -m txmq.broker.grpc.codegen
+grpc-gen: grpc-tools
+	PYTHONPATH=. $(GRPC_TOOLS_VENV)/bin/python -m txmq.broker.grpc.codegen

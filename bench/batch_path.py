@@ -27,7 +27,7 @@ from typing import Any
 from _scratch import scratch_dir
 
 from txmq.broker.messaging.dedup import DedupIndex
-from txmq.broker.messaging.fastpath import parse_batch
+from txmq.broker.messaging.fastpath_batch import parse_batch
 from txmq.broker.metrics import BrokerMetrics
 from txmq.broker.store import MessageStore, StoreConfig
 from txmq.protocol.headers import SendMessageRequestHeader

@@ -76,13 +76,14 @@ class ClientManager:
         *,
         on_consumer_group_changed: Callable[[str], None] | None = None,
         on_producer_registered: Callable[[str], None] | None = None,
+        producer_filter: Callable[[Connection, str], bool] | None = None,
     ) -> None:
         self._channels: dict[Connection, ClientChannel] = {}
         self._on_consumer_group_changed = on_consumer_group_changed
         self._on_producer_registered = on_producer_registered
         #: When set (ACL on), only connections it accepts for a group get that group's
         #: check-backs.
-        self.producer_filter: Callable[[Connection, str], bool] | None = None
+        self.producer_filter = producer_filter
         #: Per consumer group, bumped on every membership change (join, leave, connection
         #: closed, heartbeat expiry).  Every group starts at this broker's start time in ms, so
         #: a restarted broker hands out numbers above its previous run's (unless a group

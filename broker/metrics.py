@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from txmq.protocol.aio import IDLE, PARTIAL_FRAME, SLOW_READER, WRITE_BUFFER
 
@@ -68,6 +69,32 @@ class MetricsRegistry(CollectorRegistry):
                 fn()
             except Exception as exc:  # a scrape still answers with everything else
                 log.warning("metrics_refresh_failed", error=repr(exc))
+
+
+class IdentityLabels:
+    """A registry as the operations port serves it: every sample carries the constant labels
+    ``labels`` too (``cluster`` and ``broker``, what rocketmq-exporter's dashboards group by),
+    unless it has a label of that name itself.  They are added while a scrape is written, so
+    recording a figure costs nothing more, and the registry itself (the JSON of
+    TXMQ_GET_METRICS, the tests' reads) keeps its own labels."""
+
+    def __init__(self, registry: Any, labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self) -> Iterator[Any]:
+        const = self.labels
+        for metric in self.registry.collect():
+            labelled = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            labelled.samples = [
+                s._replace(labels={**const, **s.labels} if s.labels else const)
+                for s in metric.samples
+            ]
+            yield labelled
+
+    def restricted_registry(self, names: Iterable[str]) -> IdentityLabels:
+        """What ``/metrics?name[]=...`` serves: the named families, labelled the same."""
+        return IdentityLabels(self.registry.restricted_registry(names), self.labels)
 
 
 class _FoldedCounter(Counter):

@@ -43,6 +43,16 @@ FAMILIES: dict[str, tuple[str, list[str]]] = {
         "Age of the group's oldest unconsumed message (0 when caught up)",
         GROUP_TOPIC,
     ),
+    "txmq_consumer_offset": (
+        "The group's committed offsets summed over the topic's queues (its progress, what "
+        "rocketmq-exporter calls the consumer offset)",
+        GROUP_TOPIC,
+    ),
+    "txmq_topic_offset": (
+        "Each queue's end summed over the topic's queues: the messages ever stored in it "
+        "(rocketmq-exporter's topic offset; retry and dead-letter topics included)",
+        ["topic"],
+    ),
     "txmq_disk_used_ratio": ("Used share of the filesystem holding the store (0..1)", []),
     "txmq_disk_free_ratio": (
         "Share of the store's filesystem still free for the broker (0..1)",
@@ -120,6 +130,7 @@ def consumer_lag(
             if topic in INTERNAL_TOPICS:
                 continue
             committed = offsets.offsets(group, topic)
+            out.add("txmq_consumer_offset", sum(committed.values()), group, topic)
             lag = 0
             oldest: int | None = None
             for qid in store.queue_ids(topic):
@@ -135,6 +146,13 @@ def consumer_lag(
             out.add("txmq_consumer_lag_messages", lag, group, topic)
             age = max(0.0, (now_ms - oldest) / 1000.0) if lag and oldest is not None else 0.0
             out.add("txmq_consumer_lag_seconds", age, group, topic)
+
+
+def topic_offsets(out: Families, store: MessageStore) -> None:
+    """Every stored topic's queue ends, summed (one step per queue)."""
+    for topic in store.topics():
+        end = sum(store.get_max_offset_in_queue(topic, qid) for qid in store.queue_ids(topic))
+        out.add("txmq_topic_offset", end, topic)
 
 
 def store_timestamp(store: MessageStore, topic: str, qid: int, offset: int) -> int | None:
@@ -186,6 +204,7 @@ class BrokerFigures(Figures):
         ctx = self.ctx
         now_ms = ctx.now_ms()
         consumer_lag(out, ctx.store, ctx.offsets, now_ms)
+        topic_offsets(out, ctx.store)
         disk(out, ctx.store)
         self.transactions.update_gauges()
         parked(out, self.transactions.machine, now_ms)
@@ -217,6 +236,7 @@ class FollowerFigures(Figures):
         offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
         offsets.load()
         consumer_lag(out, store, offsets, int(self.clock() * 1000))
+        topic_offsets(out, store)
         disk(out, store)
         fetcher = role.fetcher
         if fetcher is not None and fetcher.fetches:

@@ -28,6 +28,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from .metrics import IdentityLabels
+
 #: How long a scrape waits for the event loop to start refreshing the scrape-time figures
 #: before it refreshes them itself (seconds).
 LOOP_WAIT = 0.5
@@ -60,6 +62,8 @@ class OpsServer:
             running loop, if any).
         loop_stall: ``/healthz`` answers 503 once the loop has not stamped the heartbeat for
             this many seconds (0: never; without a loop there is no heartbeat).
+        labels: constant labels every sample of ``/metrics`` carries (the broker's
+            ``cluster`` and ``broker``: :class:`~txmq.broker.metrics.IdentityLabels`).
     """
 
     def __init__(
@@ -75,8 +79,10 @@ class OpsServer:
         client_auth_required: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
         loop_stall: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self._registry = registry
+        self._labels = labels or {}
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -137,7 +143,8 @@ class OpsServer:
             self._on_loop(refresh)
         last = self._last
         if last is None or last[0] is not registry:
-            last = self._last = (registry, make_wsgi_app(registry))
+            served = IdentityLabels(registry, self._labels) if self._labels else registry
+            last = self._last = (registry, make_wsgi_app(served))
         return last[1](environ, start_response)  # type: ignore[no-any-return]
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
@@ -204,4 +211,5 @@ def start_ops_server(
         else None,
         client_auth_required=https and cfg.tls_server_need_client_auth == "require",
         loop_stall=cfg.healthz_loop_stall_seconds,
+        labels={"cluster": cfg.broker_cluster_name, "broker": cfg.broker_name},
     )

@@ -123,6 +123,31 @@ def tls_files(cfg: BrokerConfig) -> TlsFiles:
     )
 
 
+def _grpc_server_class(cfg: BrokerConfig) -> Any:
+    """The gRPC front end's server class when ``grpcServerEnable`` is on (its extra must be
+    installed), else None."""
+    if not cfg.grpc_server_enable:
+        return None
+    try:
+        from .grpc.server import GrpcServer
+    except ImportError as exc:
+        raise RuntimeError(
+            "grpcServerEnable needs the grpc extra (pip install -e '.[grpc]' in the "
+            f"checkout, or the wheel with [grpc]): {exc}"
+        ) from exc
+    return GrpcServer
+
+
+def _restore_topics_from_store(store: MessageStore, topics: TopicManager) -> None:
+    """The topic table was lost with its backup: give every topic the store has queues
+    of a config again (as many queues as it has, read and write), logged per topic."""
+    for name in store.topics():
+        if name in INTERNAL_TOPICS or topics.get(name) is not None:
+            continue
+        tc = topics.create_or_update(config_from_queues(name, store.queue_ids(name)))
+        log.warning("topic_restored", topic=name, queues=tc.write_queue_nums, source="store")
+
+
 async def bind_broker_port(
     cfg: BrokerConfig,
     port: int,
@@ -258,99 +283,144 @@ class BrokerController:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Build the broker in dependency order, each part from what it needs, and serve:
+        the settings; what a bad setting or file refuses (gRPC, ACL, TLS), before the port or
+        the store opens; the port; the store and its tables; the context every component gets;
+        the components and their recovery; replication; then clients."""
         # settings an operator changed at run time (txmq config set) apply over the file's
         self.config = cfg = await self.in_background(
             functools.partial(runtime_config.load_saved, self.config)
         )
-        loop = asyncio.get_running_loop()
-        grpc_server: Any = None
-        if cfg.grpc_server_enable:
-            try:
-                from .grpc.server import GrpcServer
-            except ImportError as exc:
-                raise RuntimeError(
-                    "grpcServerEnable needs the grpc extra (pip install -e '.[grpc]' in the "
-                    f"checkout, or the wheel with [grpc]): {exc}"
-                ) from exc
-            grpc_server = GrpcServer
+        grpc_server = _grpc_server_class(cfg)
+        self.acl = await self._load_acl(cfg)
+        self.tls = await self._load_tls(cfg)
+        self._server = await self._bind(cfg, self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.store = self._open_store(cfg, self._server)
+        self.offsets = self._open_offsets(cfg, self.store)
+        groups = self._open_groups(cfg)
+        self.topics = self._open_topics(cfg, self.store)
+        ctx = self.ctx = self._context(cfg, self.store, self.offsets, groups, self.topics)
+        await self._build_components(ctx)
+        self._processors = self.metrics.timed(self._build_processors())
+        self._start_replication(ctx)
+        self._subscribe_to_appends(ctx)
+        await self._serve(cfg, self._server, grpc_server)
+
+    async def _load_acl(self, cfg: BrokerConfig) -> AclManager | None:
+        """The ACL in force: ``aclEnable``'s file, or ACL 2.0's users and policies."""
         if cfg.acl_enable:
             acl = AclManager(cfg.plain_acl_file)
             try:
                 await self.in_background(acl.load)
             except AclConfigError as exc:
                 raise ConfigError(f"aclEnable: {exc}") from None
-            self.acl = acl
-        elif cfg.authentication_enabled:
-            self.acl = await self._auth2(cfg)
-        if cfg.tls_server_mode != "disabled":
-            tls = ServerTls(tls_files(cfg))
-            try:
-                await self.in_background(tls.load)
-            except TlsConfigError as exc:
-                raise ConfigError(f"tls.server.mode = {cfg.tls_server_mode}: {exc}") from None
-            self.tls = tls
+            return acl
+        if cfg.authentication_enabled:
+            return await self._auth2(cfg)
+        return None
+
+    async def _load_tls(self, cfg: BrokerConfig) -> ServerTls | None:
+        """The TLS context of the broker port, unless ``tls.server.mode`` is disabled."""
+        if cfg.tls_server_mode == "disabled":
+            return None
+        tls = ServerTls(tls_files(cfg))
         try:
-            self._server = await bind_broker_port(
-                cfg, cfg.listen_port, self._new_connection, self.tls, self._tls_rejected
+            await self.in_background(tls.load)
+        except TlsConfigError as exc:
+            raise ConfigError(f"tls.server.mode = {cfg.tls_server_mode}: {exc}") from None
+        return tls
+
+    async def _bind(self, cfg: BrokerConfig, tls: ServerTls | None) -> asyncio.Server | TlsServer:
+        """The broker port, bound (so the advertised port is known) but not serving yet."""
+        try:
+            return await bind_broker_port(
+                cfg, cfg.listen_port, self._new_connection, tls, self._tls_rejected
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUseError(cfg.bind_address, cfg.listen_port) from exc
             raise
-        self.port = self._server.sockets[0].getsockname()[1]
-        root = cfg.store_path_root_dir
-        os.makedirs(root, exist_ok=True)
-        self.store = MessageStore(store_config(cfg), self.store_host, clock=self.clock)
+
+    def _open_store(self, cfg: BrokerConfig, server: asyncio.Server | TlsServer) -> MessageStore:
+        """The message store, recovered (the port closed again when it cannot be)."""
+        os.makedirs(cfg.store_path_root_dir, exist_ok=True)
+        store = MessageStore(store_config(cfg), self.store_host, clock=self.clock)
         try:
-            report = self.store.load()
+            report = store.load()
         except BaseException:
-            self._server.close()
+            server.close()
             raise
         self.recovery["store"] = report
-        self.offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
-        self.offsets.load()
+        return store
+
+    def _open_offsets(self, cfg: BrokerConfig, store: MessageStore) -> ConsumerOffsetManager:
+        root = cfg.store_path_root_dir
+        offsets = ConsumerOffsetManager(os.path.join(root, "config", "consumerOffset.json"))
+        offsets.load()
         # Offsets consumers committed are offsets handed out: never again (a log cut shorter
         # than them by a failed disk goes on above them).
-        skipped = self.store.raise_queue_floors(self.offsets.highest(), source="consumer offsets")
+        skipped = store.raise_queue_floors(offsets.highest(), source="consumer offsets")
         for (topic, qid), n in skipped.items():
             self.metrics.queue_offsets_skipped.labels(topic, str(qid)).inc(n)
         self.recovery["queue_offsets_skipped"] = sum(skipped.values())
+        return offsets
+
+    def _open_groups(self, cfg: BrokerConfig) -> SubscriptionGroupManager:
         groups = SubscriptionGroupManager(
-            os.path.join(root, "config", "subscriptionGroup.json"),
+            os.path.join(cfg.store_path_root_dir, "config", "subscriptionGroup.json"),
             default_retry_max_times=lambda: self.config.max_reconsume_times,
         )
         groups.load()
-        table = TopicConfigManager(os.path.join(root, "config", "topics.json"), write_behind=True)
+        return groups
+
+    def _open_topics(self, cfg: BrokerConfig, store: MessageStore) -> TopicManager:
+        path = os.path.join(cfg.store_path_root_dir, "config", "topics.json")
+        table = TopicConfigManager(path, write_behind=True)
         table.load()
-        self.topics = TopicManager(
+        topics = TopicManager(
             table,
             auto_create=cfg.auto_create_topic_enable,
             default_queue_nums=cfg.default_topic_queue_nums,
             delay_levels=len(self.delay_levels),
         )
         if table.damaged:
-            self._restore_topics_from_store()
+            _restore_topics_from_store(store, topics)
+        return topics
+
+    def _context(
+        self,
+        cfg: BrokerConfig,
+        store: MessageStore,
+        offsets: ConsumerOffsetManager,
+        groups: SubscriptionGroupManager,
+        topics: TopicManager,
+    ) -> BrokerContext:
+        """Everything the components get, in one piece, before any of them is built: the
+        store and its tables, the clients, the flusher and the write path."""
+        acl = self.acl
         self.clients = ClientManager(
-            on_producer_registered=lambda group: self.transactions.on_producer_registered(group)
+            # the transaction service is built with the context, after it
+            on_producer_registered=lambda group: self.transactions.on_producer_registered(group),
+            producer_filter=acl.may_produce if acl is not None else None,
         )
         self.flush = FlushService(
-            self.store,
+            store,
             sync=cfg.sync_flush,
             interval_ms=cfg.flush_interval_commit_log,
             sync_timeout_ms=cfg.sync_flush_timeout,
             metrics=self.metrics,
         )
-        self.write = WritePath(self.store, self.metrics)
-        # Everything the components get, in one piece, before any of them is built.
-        ctx = self.ctx = BrokerContext(
+        self.write = WritePath(store, self.metrics)
+        return BrokerContext(
             config=cfg,
             clock=self.clock,
             metrics=self.metrics,
-            store=self.store,
+            store=store,
             store_host=self.store_host,
-            offsets=self.offsets,
+            offsets=offsets,
             groups=groups,
-            topics=self.topics,
+            topics=topics,
             clients=self.clients,
             flush=self.flush,
             write=self.write,
@@ -360,58 +430,81 @@ class BrokerController:
             lifecycle=self.lifecycle,
             cluster=self.cluster,
         )
+
+    async def _build_components(self, ctx: BrokerContext) -> None:
+        """The transaction service, the messaging core and the services around them, then
+        what each rebuilds from the store (transactions, the duplicate window, timers)."""
+        cfg = ctx.config
         #: the message trace (``traceTopicEnable``): the send use cases and the transaction
         #: service report to the same one
         trace = BrokerTrace(ctx) if cfg.trace_topic_enable else None
         self.transactions = TransactionalMessageService(ctx, self._check_sender, trace)
         if self.acl is not None:
+            # The ACL is read before the port is bound (a bad file stops the start before
+            # anything opens); the transactions it looks decisions up in exist only now.
             self.acl.transactions = self.transactions
-            self.clients.producer_filter = self.acl.may_produce
-        self.core = MessagingCore(ctx, self.transactions, trace)
-        self.schedule = ScheduleMessageService(
-            self.store, self.offsets, self.write, self.clock, self.delay_levels
+        self.timer = TimerService(ctx)
+        self.quota = self._quotas()
+        # a send's permission and produce quota: the send use case's, for both front ends
+        admission = (
+            SendAdmission(self.acl, self.quota)
+            if self.acl is not None or self.quota is not None
+            else None
         )
-        # Told of every append, in this order: the flusher, replication (below), parked long
-        # polls, the delay levels.
-        self.write.subscribe(self.flush)
+        self.core = MessagingCore(
+            ctx, self.transactions, trace, timer=self.timer, admission=admission
+        )
+        self.schedule = ScheduleMessageService(
+            ctx.store, ctx.offsets, ctx.write, self.clock, self.delay_levels
+        )
+        # Told of every append, in this order: the flusher, replication, parked long polls,
+        # the delay levels, the message index, the timers (_subscribe_to_appends).
+        ctx.write.subscribe(ctx.flush)
         self.sender = SendMessageProcessor(self.core)
         self.puller = PullMessageProcessor(ctx, self.core.reads)
         self.admin = AdminProcessor(ctx, self.transactions, self.advertised_address)
         self.tx_processor = TransactionProcessor(self.core, self.cluster)
         self.locks = QueueLockTable(ctx.clock)
         self.locker = LockProcessor(self.locks)
-        self.index = await open_message_index(cfg, self.store, self.in_background)
+        self.index = await open_message_index(cfg, ctx.store, self.in_background)
         self.recovery["transactions"] = self.transactions.load()
         self.recovery["dedup_keys"] = self.core.recover()
-        self.timer = TimerService(ctx)
         self.recovery["timers"] = self.timer.recover()
         self.stats = BrokerStats(self._traffic_counts)
-        self.core.timer = self.timer
-        self._processors = self.metrics.timed(self._build_processors())
-        self.quota = self._quotas()
-        if self.acl is not None or self.quota is not None:
-            # a send's permission and produce quota: the send use case's, for both front ends
-            self.core.admission = SendAdmission(self.acl, self.quota)
-        if self.make_replication is not None:
-            rep = self.replication = self.make_replication(ctx, self.transactions)
-            self.flush.replication = rep
-            self.write.subscribe(rep)
-            self._processors.update(rep.processors())
-            self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+
+    def _start_replication(self, ctx: BrokerContext) -> None:
+        """Cluster mode: the leader's replication, built once the store is open; the flusher
+        (built before it, in the context) waits on it for durability."""
+        if self.make_replication is None:
+            return
+        rep = self.replication = self.make_replication(ctx, self.transactions)
+        self.flush.replication = rep
+        ctx.write.subscribe(rep)
+        self._processors.update(rep.processors())
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(rep.run(), name="txmq-replication"))
+
+    def _subscribe_to_appends(self, ctx: BrokerContext) -> None:
         self.metrics.watch(BrokerFigures(ctx, self.transactions, lambda: self.replication))
         if self.replication is None:
-            self.write.subscribe(ctx.hold)  # a leader's replication wakes them once confirmed
-        self.write.subscribe(self.schedule)
+            ctx.write.subscribe(ctx.hold)  # a leader's replication wakes them once confirmed
+        ctx.write.subscribe(self.schedule)
         if self.index is not None:
-            self.write.subscribe(self.index)
+            ctx.write.subscribe(self.index)
             self.index.start()
-        self.write.subscribe(self.timer)
+        ctx.write.subscribe(self.timer)
+
+    async def _serve(
+        self, cfg: BrokerConfig, server: asyncio.Server | TlsServer, grpc_server: Any
+    ) -> None:
+        """Start the services, then take clients (remoting, and gRPC when enabled)."""
         if self.before_serving is not None:
             self.before_serving()
         self.flush.start()
         self.schedule.start()
         self.timer.start()
         self.transactions.start()
+        loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._housekeeping(), name="txmq-housekeeping"))
         if cfg.commit_log_scrub_bytes_per_second > 0:
             self.scrub = CommitLogScrub(
@@ -429,13 +522,13 @@ class BrokerController:
             self.grpc = grpc_server(self.core, self.acl, self.tls, self.quota)
             self.grpc_port = await self.grpc.start()
         self.started_monotonic = time.monotonic()
-        await self._server.start_serving()
+        await server.start_serving()
         self._serving = True
         log.info(
             "broker_started",
             address=self.address,
             advertised=self.advertised_address,
-            store=root,
+            store=cfg.store_path_root_dir,
             flush=cfg.flush_disk_type,
             version=self.version,
             tls=cfg.tls_server_mode,
@@ -565,15 +658,6 @@ class BrokerController:
             R.LOCK_BATCH_MQ: self.locker.lock_batch_mq,
             R.UNLOCK_BATCH_MQ: self.locker.unlock_batch_mq,
         }
-
-    def _restore_topics_from_store(self) -> None:
-        """The topic table was lost with its backup: give every topic the store has queues
-        of a config again (as many queues as it has, read and write), logged per topic."""
-        for name in self.store.topics():
-            if name in INTERNAL_TOPICS or self.topics.get(name) is not None:
-                continue
-            tc = self.topics.create_or_update(config_from_queues(name, self.store.queue_ids(name)))
-            log.warning("topic_restored", topic=name, queues=tc.write_queue_nums, source="store")
 
     async def update_config(self, changes: dict[str, str]) -> BrokerConfig:
         """Apply settings changed at run time (RocketMQ key names) and keep them in the store.

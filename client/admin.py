@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from txmq.protocol import fastjson
 from txmq.protocol.acl import Credentials
@@ -35,6 +35,7 @@ from txmq.protocol.headers import (
     GetProducerConnectionListRequestHeader,
     GetRouteInfoRequestHeader,
     GetTransactionRequestHeader,
+    ListPageRequestHeader,
     ListTransactionsRequestHeader,
     QueryMessageRequestHeader,
     QueryMessageResponseHeader,
@@ -108,6 +109,30 @@ FIND_TOPICS_MAX = 500
 
 #: Transactions asked for in one answer (a transaction of 100 messages is about 30 KB of JSON).
 TRANSACTION_PAGE = 200
+#: Topics or consumer groups asked for in one answer.
+LIST_PAGE = 1000
+#: Messages asked for in one answer of a key query (the broker's cap).
+MESSAGE_PAGE = 64
+
+T = TypeVar("T")
+
+
+async def _pages(
+    fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]], after: str | None
+) -> AsyncIterator[T]:
+    """Every entry of a paged listing from cursor ``after`` on: ``fetch(cursor)`` answers a
+    page and the next page's cursor (None after the last)."""
+    while True:
+        page, after = await fetch(after)
+        for entry in page:
+            yield entry
+        if after is None:
+            return
+
+
+def _next_cursor(resp: RemotingCommand) -> str | None:
+    cursor = resp.ext_fields.get("nextCursor")
+    return str(cursor) if cursor else None
 
 
 class AsyncAdminClient:
@@ -254,8 +279,32 @@ class AsyncAdminClient:
         )
 
     async def list_topics(self) -> dict[str, dict[str, Any]]:
-        doc = await self._json(RequestCode.GET_ALL_TOPIC_CONFIG)
-        return dict(doc["topicConfigTable"])
+        """Every topic's config by name, asked for a page of :data:`LIST_PAGE` at a time (so
+        no answer passes the frame limit however many there are)."""
+        return {name: tc async for name, tc in self.iter_topics()}
+
+    async def list_topics_page(
+        self, *, limit: int = LIST_PAGE, after: str | None = None
+    ) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """One page of :meth:`list_topics`: the first ``limit`` topics by name after cursor
+        ``after`` (None: from the first), and the cursor of the next page (None: this was the
+        last).  A broker without paging answers every topic and no cursor."""
+        ext = ListPageRequestHeader(after=after or "", limit=limit).to_ext_fields()
+        resp = await self._call(RequestCode.GET_ALL_TOPIC_CONFIG, ext)
+        return dict(json.loads(resp.body)["topicConfigTable"]), _next_cursor(resp)
+
+    async def iter_topics(
+        self, *, page: int = LIST_PAGE, after: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """``(name, config)`` of every topic by name (after cursor ``after``), a page of
+        ``page`` asked for at a time."""
+
+        async def fetch(cursor: str | None) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+            table, nxt = await self.list_topics_page(limit=page, after=cursor)
+            return list(table.items()), nxt
+
+        async for entry in _pages(fetch, after):
+            yield entry
 
     async def topic_stats(self, topic: str) -> dict[str, Any]:
         """``topic``, ``offsetTable`` (per queue: ``queueId``, ``minOffset``, ``maxOffset``,
@@ -291,9 +340,36 @@ class AsyncAdminClient:
 
     async def consumer_groups(self) -> list[str]:
         """Every consumer group the broker knows (settings, committed offsets or live
-        consumers)."""
-        resp = await self._call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
-        return sorted(fastjson.loads(resp.body)["subscriptionGroupTable"])
+        consumers), by name; asked for a page of :data:`LIST_PAGE` at a time."""
+        return sorted([name async for name, _ in self.iter_groups()])
+
+    async def list_groups_page(
+        self, *, limit: int = LIST_PAGE, after: str | None = None
+    ) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """One page of the consumer groups: the first ``limit`` by name after cursor ``after``
+        (None: from the first) with their settings (as :meth:`group_config`), and the cursor
+        of the next page (None: this was the last)."""
+        ext = ListPageRequestHeader(after=after or "", limit=limit).to_ext_fields()
+        resp = await self._call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, ext)
+        try:
+            doc = json.loads(resp.body)  # txmq's answer is plain JSON, and json reads it fast
+        except ValueError:
+            doc = fastjson.loads(resp.body)  # fastjson's own forms (a RocketMQ broker's)
+        table = doc["subscriptionGroupTable"]
+        return {str(k): dict(v) for k, v in dict(table).items()}, _next_cursor(resp)
+
+    async def iter_groups(
+        self, *, page: int = LIST_PAGE, after: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """``(name, settings)`` of every consumer group by name (after cursor ``after``), a page
+        of ``page`` asked for at a time."""
+
+        async def fetch(cursor: str | None) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+            table, nxt = await self.list_groups_page(limit=page, after=cursor)
+            return list(table.items()), nxt
+
+        async for entry in _pages(fetch, after):
+            yield entry
 
     async def consume_stats(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
         """The group's progress per queue (of ``topic``, or of every topic it consumed):
@@ -491,6 +567,32 @@ class AsyncAdminClient:
         cursor = resp.ext_fields.get("nextCursor")
         return page, str(cursor) if cursor else None
 
+    async def iter_transactions(
+        self,
+        *,
+        group: str | None = None,
+        topic: str | None = None,
+        state: str | None = None,
+        two_phase: bool = False,
+        page: int = TRANSACTION_PAGE,
+        after: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every transaction :meth:`list_transactions` would list, oldest first (after cursor
+        ``after``), a page of ``page`` asked for at a time."""
+
+        async def fetch(cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+            return await self.list_transactions_page(
+                group=group,
+                topic=topic,
+                state=state,
+                limit=page,
+                after=cursor,
+                two_phase=two_phase,
+            )
+
+        async for entry in _pages(fetch, after):
+            yield entry
+
     async def get_transaction(self, transaction_id: str) -> dict[str, Any]:
         return dict(
             await self._json(
@@ -600,12 +702,67 @@ class AsyncAdminClient:
         message id with ``unique``), stored between ``begin`` and ``end`` (ms since the epoch or
         datetimes; default: all time), newest first, at most ``max_num`` (the broker caps it at
         64).  None found is an empty result, not an error."""
+        result, _ = await self._query(topic, key, unique, begin, end, max_num, None)
+        return result
+
+    async def query_messages_page(
+        self,
+        topic: str,
+        key: str,
+        *,
+        unique: bool = False,
+        begin: int | float | datetime | None = None,
+        end: int | float | datetime | None = None,
+        limit: int = MESSAGE_PAGE,
+        after: str | None = None,
+    ) -> tuple[QueryResult, str | None]:
+        """One page of a key query (as :meth:`query_messages`): the ``limit`` newest (64 at
+        most) older than cursor ``after`` (None: from the newest), at most about 4 MiB of
+        them, and the cursor of the next page (None: this was the last; a page may be empty).
+        A broker without paging answers the first page and no cursor."""
+        return await self._query(topic, key, unique, begin, end, limit, after or "")
+
+    async def iter_messages(
+        self,
+        topic: str,
+        key: str,
+        *,
+        unique: bool = False,
+        begin: int | float | datetime | None = None,
+        end: int | float | datetime | None = None,
+        page: int = MESSAGE_PAGE,
+        after: str | None = None,
+    ) -> AsyncIterator[MessageExt]:
+        """Every message of ``topic`` with ``key``, newest first (after cursor ``after``), a
+        page of ``page`` asked for at a time: unlike :meth:`query_messages`, not capped at
+        64."""
+
+        async def fetch(cursor: str | None) -> tuple[list[MessageExt], str | None]:
+            result, nxt = await self.query_messages_page(
+                topic, key, unique=unique, begin=begin, end=end, limit=page, after=cursor
+            )
+            return result.messages, nxt
+
+        async for msg in _pages(fetch, after):
+            yield msg
+
+    async def _query(
+        self,
+        topic: str,
+        key: str,
+        unique: bool,
+        begin: int | float | datetime | None,
+        end: int | float | datetime | None,
+        max_num: int,
+        after: str | None,
+    ) -> tuple[QueryResult, str | None]:
         h = QueryMessageRequestHeader(
             topic=topic,
             key=key,
             max_num=max_num,
             begin_timestamp=to_millis(begin, 0),
             end_timestamp=to_millis(end, int(time.time() * 1000) + 86_400_000),
+            after=after,
         )
         ext = h.to_ext_fields()
         if unique:
@@ -620,7 +777,8 @@ class AsyncAdminClient:
         msgs = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS else []
         if unique:
             msgs = [m for m in msgs if m.msg_id == key][:max_num]
-        return QueryResult(msgs, rh.index_last_update_timestamp, rh.index_last_update_phyoffset)
+        result = QueryResult(msgs, rh.index_last_update_timestamp, rh.index_last_update_phyoffset)
+        return result, _next_cursor(resp) if after is not None else None
 
     # -- ACL 2.0: users and policies ------------------------------------------------------------
 

@@ -15,6 +15,7 @@ instead of storing a second copy.  After the window a repeated resend stores ano
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from txmq.protocol.message import Message, MessageConst, MessageExt
@@ -44,37 +45,103 @@ def resend_msg_id(msg: MessageExt) -> str:
     )
 
 
+#: Dead-lettered messages read for one page.
+DLQ_PAGE = 1000
+
+
 async def read_dlq(
     group: str, broker: str, config: ClientConfig | None = None, limit: int = 10_000
 ) -> list[MessageExt]:
     """The messages stored in ``%DLQ%<group>`` (oldest first, at most ``limit``); an empty list
     when the group never dead-lettered anything."""
+    msgs, _ = await read_dlq_page(group, broker, config, limit=limit)
+    return msgs
+
+
+async def iter_dlq(
+    group: str,
+    broker: str,
+    config: ClientConfig | None = None,
+    *,
+    page: int = DLQ_PAGE,
+    after: str | None = None,
+) -> AsyncIterator[MessageExt]:
+    """Every message stored in ``%DLQ%<group>`` (after cursor ``after``), oldest first per
+    queue, a page of ``page`` read at a time."""
+    while True:
+        msgs, after = await read_dlq_page(group, broker, config, limit=page, after=after)
+        for m in msgs:
+            yield m
+        if after is None:
+            return
+
+
+async def read_dlq_page(
+    group: str,
+    broker: str,
+    config: ClientConfig | None = None,
+    *,
+    limit: int = DLQ_PAGE,
+    after: str | None = None,
+) -> tuple[list[MessageExt], str | None]:
+    """One page of ``%DLQ%<group>``: the first ``limit`` messages after cursor ``after`` (None:
+    from the first), queue by queue, oldest first in each, and the cursor of the next page
+    (None: this was the last).  A cursor (``<broker>/<queue id>/<offset>``) is the position of
+    the next message to read, so messages dead-lettered between two pages are listed too."""
     from txmq.protocol.errors import TopicNotExistError
 
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    start = _dlq_cursor(after) if after else None
     topic = dlq_topic(group)
     out: list[MessageExt] = []
     consumer = AsyncPullConsumer(READER_GROUP, broker=broker, config=config)
     await consumer.start()
     try:
         try:
-            queues = await consumer.fetch_message_queues(topic)
+            queues = sorted(await consumer.fetch_message_queues(topic))
         except TopicNotExistError:
-            return []
+            return [], None
         for q in queues:
+            if start is not None and (q.broker, q.queue_id) < start[:2]:
+                continue
             offset = await consumer.min_offset(topic, q.queue_id, broker=q.broker)
+            if start is not None and (q.broker, q.queue_id) == start[:2]:
+                offset = max(offset, start[2])
             end = await consumer.max_offset(topic, q.queue_id, broker=q.broker)
-            while offset < end and len(out) < limit:
-                res = await consumer.pull(topic, q.queue_id, offset, 32, "*", broker=q.broker)
+            while offset < end:
+                if len(out) >= limit:
+                    return out, f"{q.broker}/{q.queue_id}/{offset}"
+                want = min(32, limit - len(out))
+                res = await consumer.pull(topic, q.queue_id, offset, want, "*", broker=q.broker)
                 if res.status is PullStatus.OFFSET_ILLEGAL:
                     offset = res.min_offset
                     continue
                 if not res.messages or res.next_begin_offset <= offset:
                     break
-                offset = res.next_begin_offset
-                out.extend(res.messages[: limit - len(out)])
+                taken = res.messages[:want]
+                out.extend(taken)
+                offset = (
+                    res.next_begin_offset
+                    if len(taken) == len(res.messages)
+                    else taken[-1].queue_offset + 1
+                )
     finally:
         await consumer.shutdown()
-    return out
+    return out, None
+
+
+def _dlq_cursor(cursor: str) -> tuple[str, int, int]:
+    broker, _, rest = cursor.rpartition("/")
+    broker, _, queue = broker.rpartition("/")
+    try:
+        if not broker:
+            raise ValueError(cursor)
+        return broker, int(queue), int(rest)
+    except ValueError:
+        raise ValueError(
+            f"cursor {cursor!r} is not one a DLQ page answered (<broker>/<queue id>/<offset>)"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
@@ -102,6 +102,37 @@ def blocking(
 
     def run(self: _SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._run(method(self._core, *args, **kwargs))
+
+    functools.update_wrapper(run, method, assigned=("__name__", "__doc__"))
+    return run
+
+
+async def _next(it: AsyncIterator[R]) -> R:
+    return await anext(it)
+
+
+async def _close(it: AsyncIterator[Any]) -> None:
+    if isinstance(it, AsyncGenerator):
+        await it.aclose()
+
+
+def blocking_iter(
+    method: Callable[Concatenate[Any, P], AsyncIterator[R]],
+) -> Callable[Concatenate[_SyncClient, P], Iterator[R]]:
+    """The blocking form of an async client's async-iterator method (the paged listings): a
+    generator that asks for the next entry on the shared loop each time it is advanced."""
+
+    def run(self: _SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[R]:
+        it = method(self._core, *args, **kwargs)
+        try:
+            while True:
+                try:
+                    entry = self._run(_next(it))
+                except StopAsyncIteration:
+                    return
+                yield entry
+        finally:
+            self._run(_close(it))
 
     functools.update_wrapper(run, method, assigned=("__name__", "__doc__"))
     return run
@@ -312,9 +343,13 @@ class AdminClient(_SyncClient):
     update_topic = blocking(AsyncAdminClient.update_topic)
     delete_topic = blocking(AsyncAdminClient.delete_topic)
     list_topics = blocking(AsyncAdminClient.list_topics)
+    list_topics_page = blocking(AsyncAdminClient.list_topics_page)
+    iter_topics = blocking_iter(AsyncAdminClient.iter_topics)
     topic_stats = blocking(AsyncAdminClient.topic_stats)
     route = blocking(AsyncAdminClient.route)
     consumer_groups = blocking(AsyncAdminClient.consumer_groups)
+    list_groups_page = blocking(AsyncAdminClient.list_groups_page)
+    iter_groups = blocking_iter(AsyncAdminClient.iter_groups)
     consume_stats = blocking(AsyncAdminClient.consume_stats)
     consumer_connections = blocking(AsyncAdminClient.consumer_connections)
     producer_connections = blocking(AsyncAdminClient.producer_connections)
@@ -326,6 +361,7 @@ class AdminClient(_SyncClient):
     update_broker_config = blocking(AsyncAdminClient.update_broker_config)
     list_transactions = blocking(AsyncAdminClient.list_transactions)
     list_transactions_page = blocking(AsyncAdminClient.list_transactions_page)
+    iter_transactions = blocking_iter(AsyncAdminClient.iter_transactions)
     get_transaction = blocking(AsyncAdminClient.get_transaction)
     resume_transaction = blocking(AsyncAdminClient.resume_transaction)
     force_decide = blocking(AsyncAdminClient.force_decide)
@@ -333,3 +369,5 @@ class AdminClient(_SyncClient):
     view_message = blocking(AsyncAdminClient.view_message)
     find_message = blocking(AsyncAdminClient.find_message)
     query_messages = blocking(AsyncAdminClient.query_messages)
+    query_messages_page = blocking(AsyncAdminClient.query_messages_page)
+    iter_messages = blocking_iter(AsyncAdminClient.iter_messages)

@@ -454,12 +454,29 @@ class QueryMessageRequestHeader(Header):
     max_num: int
     begin_timestamp: int
     end_timestamp: int
+    #: txmq: answer a page (see :class:`ListPageRequestHeader`): the ``maxNum`` newest after
+    #: this cursor ("" for the first page) and ``nextCursor``; None (a stock client): as
+    #: RocketMQ, the ``maxNum`` newest in one answer.
+    after: str | None = None
 
 
 @dataclass
 class QueryMessageResponseHeader(Header):
     index_last_update_timestamp: int
     index_last_update_phyoffset: int
+
+
+@dataclass
+class ListPageRequestHeader(Header):
+    """txmq's paging of a listing RocketMQ answers whole (GET_ALL_TOPIC_CONFIG,
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG).  With ``after`` the answer is one page: at most ``limit``
+    entries by name after the cursor ``after`` ("" for the first page), cut at about 4 MiB,
+    and the answer's ``nextCursor`` names where the next page starts (none after the last).
+    Without it (a stock RocketMQ client) the whole listing is answered, or, past the frame
+    limit, an error naming the limit."""
+
+    after: str | None = None
+    limit: int | None = None
 
 
 # --- transactions -----------------------------------------------------------------------------

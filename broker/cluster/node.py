@@ -13,6 +13,10 @@ itself as a member of its group, watches the cluster's keys and acts on them:
 * it led and lost the lease or the leader key (paused, partitioned): stop serving at once, fail
   every write still waiting for replicas, and rejoin as a follower (cutting what nobody
   acknowledged).
+
+The follower's side is :mod:`.follower`; the commit points of transactions across broker groups
+(batch decisions, pipeline positions) are :mod:`.decisions`; what a replica signs and encrypts
+its replication requests with is :mod:`.access`.
 """
 
 from __future__ import annotations
@@ -20,63 +24,37 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import hashlib
-import json
 import os
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import quote
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from txmq.protocol import fastjson
-from txmq.protocol.aio import Connection, wait_event
-from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.aio import wait_event
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.errors import IllegalOperationError, RequestTimeoutError
 
 from ..config import BrokerConfig
 from ..context import BrokerContext
 from ..metrics_scrape import follower_registry
 from ..ops import OpsServer, start_ops_server
-from ..processors.tool_views import cluster_info_body, follower_runtime_table, topic_list_body
-from ..server import (
-    BrokerController,
-    _ipv4_of,
-    bind_broker_port,
-    run_until_signal,
-    store_config,
-    tls_files,
-)
-from ..store import MessageStore, TopicConfig
+from ..server import BrokerController, _ipv4_of, run_until_signal
+from ..store import TopicConfig
 from ..topics import INTERNAL_TOPICS, config_from_queues
 from ..transaction.service import TransactionalMessageService
+from .access import client_ssl, replication_signer
+from .decisions import CommitPoints
 from .etcd import EtcdError, EtcdSession
-from .forward import FORWARDED, WriteForwarder
-from .replication import EpochHistory, LeaderReplication, ReplicaFetcher
+from .follower import FollowerRole
+from .replication import EpochHistory, LeaderReplication
 from .view import ClusterView, Keys
 
 log = structlog.get_logger(__name__)
 
-#: Seconds a cross-group batch decision stays in etcd: every group applies it long before.
-BATCH_RECORD_TTL = 3600
-#: Where pipelines' positions are kept in etcd (outside every cluster's watched prefix).
-PIPELINE_ROOT = "/txmq-pipelines/"
-#: Compare-and-swap attempts of a pipeline decision whose head moves under it.
-PIPELINE_CAS_ATTEMPTS = 5
-#: Where the consumer offsets committed by transactions across broker groups are fenced in
-#: etcd (outside every cluster's watched prefix): one key per consumer group, broker group,
-#: topic and queue, holding the next offset the last such commit moved it to.
-TXN_OFFSETS_ROOT = "/txmq-txn-offsets/"
 #: Longest wait between two attempts to reach etcd at start.
 ETCD_RETRY_MAX_S = 5.0
-#: A follower's first wait before it reconnects to its leader (doubling to 2 s while it fails;
-#: short again once the leader has served).
-FOLLOW_RETRY_S = 0.1
 #: How long one attempt to record a vote against the leader may take before it is made again
 #: (a call stuck on a dead etcd member, or in etcd's own election, is not waited for).
 VOTE_ATTEMPT_S = 0.5
@@ -93,26 +71,6 @@ LEADER_RENEW_S = 0.2
 #: How often a follower that finds a silent leader asks etcd whether its lease went unrenewed
 #: long enough.
 SILENCE_POLL_S = 0.1
-
-
-#: What a follower answers itself (any other request is forwarded, or told where the leader
-#: is): routes, the cluster's status, the name server's views and its own runtime figures.
-_FOLLOWER_VIEWS = frozenset(
-    {
-        RequestCode.GET_ROUTEINFO_BY_TOPIC,
-        RequestCode.TXMQ_CLUSTER_STATUS,
-        RequestCode.GET_BROKER_CLUSTER_INFO,
-        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-        RequestCode.GET_TOPICS_BY_CLUSTER,
-        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
-        RequestCode.GET_BROKER_RUNTIME_INFO,
-    }
-)
-
-
-def _position(value: Any) -> tuple[str, str, str]:
-    pipeline, start, end = value
-    return (str(pipeline), str(start), str(end))
 
 
 class ClusterHooks:
@@ -149,7 +107,7 @@ class ClusterHooks:
     async def batch_decision(
         self, producer_group: str, batch_key: str, commit: list[str]
     ) -> list[str]:
-        return await self.node.batch_decision(producer_group, batch_key, commit)
+        return await self.node.decisions.batch_decision(producer_group, batch_key, commit)
 
     async def offsets_decision(
         self,
@@ -158,7 +116,7 @@ class ClusterHooks:
         commit: list[str],
         moves: list[tuple[str, str, str, int, int, int]],
     ) -> tuple[list[str], str | None]:
-        return await self.node.offsets_decision(producer_group, batch_key, commit, moves)
+        return await self.node.decisions.offsets_decision(producer_group, batch_key, commit, moves)
 
     async def pipeline_decision(
         self,
@@ -167,245 +125,19 @@ class ClusterHooks:
         commit: list[str],
         position: tuple[str, str, str],
     ) -> tuple[list[str], tuple[str, str, str] | None]:
-        return await self.node.pipeline_decision(producer_group, batch_key, commit, position)
+        return await self.node.decisions.pipeline_decision(
+            producer_group, batch_key, commit, position
+        )
 
     async def recorded_batch(
         self, producer_group: str, batch_key: str
     ) -> tuple[list[str], tuple[str, str, str] | None] | None:
-        return await self.node.recorded_batch(producer_group, batch_key)
+        return await self.node.decisions.recorded_batch(producer_group, batch_key)
 
     async def pipeline_where(
         self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
     ) -> dict[str, Any]:
-        return await self.node.pipeline_where(producer_group, pipeline, start, batch_key)
-
-
-class FollowerRole:
-    """A following replica: its store, the fetch loop and a server that redirects clients."""
-
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
-        cfg = node.config
-        self.store = MessageStore(store_config(cfg), node.store_host)
-        self.epochs = EpochHistory(cfg.store_path_root_dir)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txmq-replica")
-        self._server: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._flusher: asyncio.Task[None] | None = None
-        self.target: tuple[str, int] | None = None
-        self.fetcher: ReplicaFetcher | None = None
-        self._connections: set[Connection] = set()
-        self.acl: Any = None
-        self.forwarder = (
-            WriteForwarder(node.view, node.group, node.replica, node.client_ssl, cfg.max_frame_size)
-            if cfg.route_write_replicas
-            else None
-        )
-
-    async def start(self) -> None:
-        await self.run_blocking(self.store.load)
-        self.epochs.load()
-        if self.node.config.acl_enable:
-            from ..acl import AclManager
-
-            acl = AclManager(self.node.config.plain_acl_file)
-            await self.run_blocking(acl.load)
-            self.acl = acl
-        elif self.node.config.authentication_enabled:
-            from ..auth2 import Auth2Manager
-
-            # ACL 2.0: the users and policies its leader's copy (replicated with the other
-            # state files) holds
-            auth = Auth2Manager(
-                os.path.join(self.node.config.store_path_root_dir, "config", "auth.json"),
-                authorization=self.node.config.authorization_enabled,
-                cluster=self.node.config.broker_cluster_name,
-            )
-            await self.run_blocking(auth.load)
-            self.acl = auth
-        cfg = self.node.config
-        tls = None
-        if cfg.tls_server_mode != "disabled":
-            # The broker port keeps its TLS rule whichever role the replica has.
-            from ..tls import ServerTls
-
-            tls = ServerTls(tls_files(cfg))
-            await self.run_blocking(tls.load)
-        server = await bind_broker_port(cfg, self.node.port, self._new_connection, tls)
-        await server.start_serving()
-        self._server = server
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-        log.info("follower_started", group=cfg.broker_name, replica=cfg.broker_id)
-
-    async def run_blocking(self, fn: Callable[[], Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    def follow(self, addr: str, epoch: int) -> None:
-        if self.target == (addr, epoch) and self._task is not None and not self._task.done():
-            return
-        self.target = (addr, epoch)
-        if self._task is not None:
-            self._task.cancel()
-        self._task = asyncio.get_running_loop().create_task(
-            self._follow(addr, epoch), name="txmq-replica-fetch"
-        )
-
-    async def _follow(self, addr: str, epoch: int) -> None:
-        cfg = self.node.config
-        delay = FOLLOW_RETRY_S
-        #: This leader answered a handshake once: it served this epoch.
-        served = False
-
-        def connected() -> None:
-            nonlocal served
-            served = True
-            self.node.leader_reached()
-
-        while True:
-            self.fetcher = ReplicaFetcher(
-                self.store,
-                self.epochs,
-                addr,
-                cfg.broker_name,
-                cfg.broker_id,
-                epoch,
-                segment_size=cfg.mapped_file_size_commit_log,
-                sync=cfg.sync_flush,
-                run_blocking=self.run_blocking,
-                ssl=self.node.client_ssl(),
-                signer=self.node.replication_signer(),
-                on_connected=connected,
-            )
-            try:
-                await self.fetcher.run()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.info("replica_fetch_failed", leader=addr, epoch=epoch, error=str(exc))
-                if served and isinstance(exc.__cause__, ConnectionRefusedError):
-                    # Nothing listens any more on the port of a leader that served this epoch:
-                    # its process is gone (one just elected may not listen yet, hence
-                    # "served"). Say so in etcd.
-                    self.node.leader_refused(addr, epoch)
-                elif served and isinstance(exc, RequestTimeoutError):
-                    # It served this epoch and now does not answer (paused, its host or
-                    # network gone, or only slow): say so too; it is deposed only if its
-                    # lease also goes unrenewed (ClusterNode._depose).
-                    self.node.leader_refused(addr, epoch, silent=True)
-            if self.fetcher.fetches:
-                delay = FOLLOW_RETRY_S  # it served: a new failure starts from the short wait
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    async def _flush_loop(self) -> None:
-        cfg = self.node.config
-        while True:
-            await asyncio.sleep(cfg.flush_interval_commit_log / 1000.0)
-            try:
-                await self.run_blocking(self.store.flush)
-                await self.run_blocking(self.store.flush_consume_queues)
-            except Exception as exc:
-                log.error("follower_flush_failed", error=repr(exc))
-
-    def _new_connection(self) -> Connection:
-        conn = Connection(
-            self._handle,
-            max_frame_size=self.node.config.max_frame_size,
-            on_close=self._connections.discard,
-        )
-        self._connections.add(conn)
-        return conn
-
-    async def _handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-        node = self.node
-        if self.acl is not None and (
-            cmd.code in _FOLLOWER_VIEWS or (self.forwarder is not None and cmd.code in FORWARDED)
-        ):
-            # A follower serves no messages; routes, the cluster status and the name server's
-            # views go to any valid account (the leader checks topic permissions on everything
-            # else). A request it forwards is authenticated here against the client's own
-            # address first: the leader sees the follower's address, which must not stand in
-            # for the client's (whiteRemoteAddress, globalWhiteRemoteAddresses).
-            from txmq.protocol.acl import ACCESS_KEY, verify_signature
-
-            from ..acl import AclDenied
-
-            ext = cmd.ext_fields
-            ak = ext.get(ACCESS_KEY)
-            if not node.config.acl_enable:
-                await self.run_blocking(self.acl.poll)  # ACL 2.0: the leader's latest copy
-            try:
-                self.acl.authenticate(
-                    conn.peer[0],
-                    ak if isinstance(ak, str) else None,
-                    lambda a: verify_signature(ext, cmd.body, a.secret_key),
-                    f"request code {cmd.code}",
-                    {"peer": f"{conn.peer[0]}:{conn.peer[1]}", "code": cmd.code},
-                )
-            except AclDenied as exc:
-                return cmd.response(ResponseCode.NO_PERMISSION, str(exc))
-        if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-            topic = str(cmd.ext_fields.get("topic", ""))
-            route = node.view.route(topic)
-            if route is None:
-                return cmd.response(
-                    ResponseCode.TOPIC_NOT_EXIST,
-                    f"No topic route info in name server for the topic: {topic}",
-                )
-            return cmd.response(body=json.dumps(route).encode())
-        if cmd.code == RequestCode.TXMQ_CLUSTER_STATUS:
-            return cmd.response(body=json.dumps(node.status()).encode())
-        named = self._name_server_view(cmd)
-        if named is not None:
-            return named
-        if cmd.code in (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT):
-            return cmd.response()
-        if self.forwarder is not None and cmd.code in FORWARDED:
-            return await self.forwarder.forward(cmd)
-        leader = node.view.leader(node.group)
-        where = f"its leader is at {leader.addr}" if leader else "no leader is elected yet"
-        return cmd.response(
-            ResponseCode.SERVICE_NOT_AVAILABLE,
-            f"this broker is a follower in broker group {node.group!r}; {where}",
-        )
-
-    def _name_server_view(self, cmd: RemotingCommand) -> RemotingCommand | None:
-        """A follower is a name server too (clients may list any replica's address): the
-        cluster's views from the watched copy, and its own runtime figures (it serves no
-        clients: ``brokerActive`` false, no traffic)."""
-        view, cfg = self.node.view, self.node.config
-        code = cmd.code
-        if code == RequestCode.GET_BROKER_CLUSTER_INFO:
-            return cmd.response(body=cluster_info_body(view.cluster, view.broker_addrs()))
-        if code == RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
-            return cmd.response(body=topic_list_body(view.topic_names()))
-        if code == RequestCode.GET_TOPICS_BY_CLUSTER:
-            known = cmd.ext_fields.get("cluster") == view.cluster
-            return cmd.response(body=topic_list_body(view.topic_names() if known else ()))
-        if code == RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS:
-            groups = view.broker_addrs()
-            leader = next((a[0] for _, a in sorted(groups.items()) if 0 in a), None)
-            return cmd.response(body=topic_list_body([view.cluster, *groups], leader))
-        if code == RequestCode.GET_BROKER_RUNTIME_INFO:
-            table = follower_runtime_table(cfg, self.store)
-            return cmd.response(body=fastjson.dumps({"table": table}).encode())
-        return None
-
-    async def stop(self) -> None:
-        if self.forwarder is not None:
-            await self.forwarder.close()
-        for t in (self._task, self._flusher):
-            if t is not None:
-                t.cancel()
-                await asyncio.wait({t}, timeout=5.0)
-        if self._server is not None:
-            self._server.close()
-            for c in list(self._connections):
-                c.close()
-            await asyncio.wait({asyncio.ensure_future(self._server.wait_closed())}, timeout=5.0)
-        await self.run_blocking(self.store.close)
-        self._executor.shutdown(wait=True)
-        log.info("follower_stopped", group=self.node.group)
+        return await self.node.decisions.pipeline_where(producer_group, pipeline, start, batch_key)
 
 
 class ClusterNode:
@@ -428,6 +160,8 @@ class ClusterNode:
             config.broker_cluster_name, write_replicas=config.route_write_replicas
         )
         self.etcd = EtcdSession(config.etcd_endpoints, timeout=min(3.0, config.etcd_lease_ttl / 2))
+        #: The cross-group batch decisions and pipeline positions this group records in etcd.
+        self.decisions = CommitPoints(self.etcd, self.keys, config, self.group, clock)
         self.addr = f"{config.broker_i_p1}:{config.listen_port}"
         #: Where the group's other replicas reach this one (brokerIP2, else brokerIP1).
         self.ha_addr = f"{config.broker_i_p2 or config.broker_i_p1}:{config.listen_port}"
@@ -1009,221 +743,6 @@ class ClusterNode:
                 log.info("cluster_publish_failed", error=str(exc))
             await asyncio.sleep(0.3)
 
-    # -- batch decisions across groups ----------------------------------------------------
-
-    async def batch_decision(
-        self, producer_group: str, batch_key: str, commit: list[str]
-    ) -> list[str]:
-        """The commit point of a batch (TXMQ_DECIDE_BATCH) that may span broker groups: one
-        create-if-absent etcd record.  Returns the decision in force (the first one made)."""
-        key = self.keys.batch(producer_group, batch_key)
-        lease = await self.etcd.grant(BATCH_RECORD_TTL)
-        created = await self.etcd.txn(
-            "batch decision",
-            [(key, "version", 0)],
-            [(key, {"commit": sorted(set(commit)), "ts": int(self.clock() * 1000)}, lease)],
-        )
-        if created:
-            log.info("batch_commit_point", producer_group=producer_group, batch_key=batch_key)
-            return sorted(set(commit))
-        await self.etcd.revoke(lease)
-        got = await self.etcd.get(key)
-        if got is None:
-            raise EtcdError(f"batch decision {key} vanished while it was read")
-        return [str(t) for t in got[0]["commit"]]
-
-    def _offsets_key(self, consumer_group: str, topic: str, queue_id: int) -> str:
-        cluster, cgroup, group, name = (
-            quote(x, safe="")
-            for x in (self.config.broker_cluster_name, consumer_group, self.group, topic)
-        )
-        return f"{TXN_OFFSETS_ROOT}{cluster}/{cgroup}/{group}/{name}/{queue_id}"
-
-    async def offsets_decision(
-        self,
-        producer_group: str,
-        batch_key: str,
-        commit: list[str],
-        moves: list[tuple[str, str, str, int, int, int]],
-    ) -> tuple[list[str], str | None]:
-        """The commit point of a transaction across broker groups that commits consumer offsets
-        of this group (``moves``: consumer group, the queue's broker group, topic, queue id,
-        the offset the consumer started from, the next one).  One etcd transaction creates the batch's decision record
-        (as :meth:`batch_decision`) and moves each queue's offset key from the expected offset
-        to the next one, by a compare-and-swap of its revision: of two attempts at the same
-        input (a zombie and the queue's new owner) one commits at most.  An offset key that
-        is at another offset fences the transaction: its rollback is recorded instead.
-        Returns the decision in force and, when this call fenced it, why."""
-        batch = self.keys.batch(producer_group, batch_key)
-        commit = sorted(set(commit))
-        for _ in range(PIPELINE_CAS_ATTEMPTS):
-            compare: list[tuple[str, str, int]] = [(batch, "version", 0)]
-            puts: list[tuple[str, Any, int | None]] = []
-            fenced = None
-            for cgroup, owner, topic, queue_id, expect, offset in moves:
-                if owner and owner != self.group:
-                    # its offsets would land in a table its consumers never read
-                    fenced = (
-                        f"the offsets of {topic}:{queue_id} (broker group {owner}) were sent to "
-                        f"broker group {self.group}"
-                    )
-                    break
-                key = self._offsets_key(cgroup, topic, queue_id)
-                got = await self.etcd.get(key)
-                if got is None:
-                    # no commit across groups yet: the group's offset table holds the start
-                    compare.append((key, "version", 0))
-                elif int(got[0]["offset"]) != expect:
-                    fenced = (
-                        f"the committed offset of {topic}:{queue_id} is {got[0]['offset']}, "
-                        f"not {expect} (another attempt committed it)"
-                    )
-                    break
-                else:
-                    compare.append((key, "mod", got[1]))
-                puts.append((key, {"offset": offset, "batchKey": batch_key}, None))
-            if fenced is not None:
-                decided = await self.batch_decision(producer_group, batch_key, [])
-                return decided, fenced
-            lease = await self.etcd.grant(BATCH_RECORD_TTL)
-            ts = int(self.clock() * 1000)
-            puts.insert(0, (batch, {"commit": commit, "ts": ts}, lease))
-            if await self.etcd.txn("offsets batch decision", compare, puts):
-                log.info("offsets_commit_point", producer_group=producer_group, batch_key=batch_key)
-                return commit, None
-            await self.etcd.revoke(lease)
-            before = await self._recorded_batch(batch)
-            if before is not None:
-                return before[0], None
-            # an offset key moved meanwhile: look again (fenced unless it moved to the start)
-        decided = await self.batch_decision(producer_group, batch_key, [])
-        return decided, "the consumed queues' offsets kept moving while it was decided"
-
-    # -- pipeline positions -----------------------------------------------------------------
-
-    def _pipeline_key(self, producer_group: str, pipeline: str, leaf: str) -> str:
-        """A key of a pipeline's position records: ``/txmq-pipelines/<cluster>/<producer
-        group>/<pipeline>/<leaf>``, outside the prefix every broker watches (a pipeline keeps
-        one range per batch decided within ``transactionBatchRetention``)."""
-        cluster, group, name = (
-            quote(x, safe="") for x in (self.config.broker_cluster_name, producer_group, pipeline)
-        )
-        return f"{PIPELINE_ROOT}{cluster}/{group}/{name}/{leaf}"
-
-    def _range_key(self, producer_group: str, pipeline: str, start: str) -> str:
-        digest = hashlib.sha256(start.encode()).hexdigest()
-        return self._pipeline_key(producer_group, pipeline, f"ranges/{digest}")
-
-    async def pipeline_decision(
-        self,
-        producer_group: str,
-        batch_key: str,
-        commit: list[str],
-        position: tuple[str, str, str],
-    ) -> tuple[list[str], tuple[str, str, str] | None]:
-        """The commit point of a pipeline's batch: one etcd transaction creates the batch's
-        decision record (as :meth:`batch_decision`), moves the pipeline's head (the end of its
-        last decided batch and that batch's key, kept forever) from ``start`` to ``end`` by a
-        compare-and-swap of its revision, and records the decided range ``start -> end`` on a
-        lease of ``transactionBatchRetention``.  Returns the decision in force and the position
-        it recorded (the first decision's, for a batch decided before).
-
-        Raises:
-            IllegalOperationError: the pipeline is not at ``start`` (another query runs it, or
-                its source did not resume from it); nothing was recorded.
-        """
-        pipeline, start, end = position
-        batch = self.keys.batch(producer_group, batch_key)
-        head_key = self._pipeline_key(producer_group, pipeline, "head")
-        range_key = self._range_key(producer_group, pipeline, start)
-        commit = sorted(set(commit))
-        for _ in range(PIPELINE_CAS_ATTEMPTS):
-            head = await self.etcd.get(head_key)
-            if head is not None and head[0]["end"] != start:
-                before = await self._recorded_batch(batch)
-                if before is not None:
-                    return before
-                raise IllegalOperationError(
-                    f"pipeline {pipeline!r} of producer group {producer_group} is at "
-                    f"{head[0]['end']} (batch {head[0]['batchKey']!r}); batch {batch_key!r} starts "
-                    f"at {start}: another query runs this pipeline, or its source does not resume "
-                    "from the pipeline"
-                )
-            ts = int(self.clock() * 1000)
-            retention = max(1, -(-self.config.transaction_batch_retention // 1000))
-            lease = await self.etcd.grant(BATCH_RECORD_TTL)
-            kept = await self.etcd.grant(retention)
-            created = await self.etcd.txn(
-                "pipeline batch decision",
-                [
-                    (batch, "version", 0),
-                    (head_key, "version", 0) if head is None else (head_key, "mod", head[1]),
-                ],
-                [
-                    (batch, {"commit": commit, "ts": ts, "position": list(position)}, lease),
-                    (head_key, {"end": end, "batchKey": batch_key, "ts": ts}, None),
-                    (range_key, {"start": start, "end": end, "batchKey": batch_key}, kept),
-                ],
-            )
-            if created:
-                log.info(
-                    "pipeline_commit_point",
-                    producer_group=producer_group,
-                    batch_key=batch_key,
-                    pipeline=pipeline,
-                )
-                return commit, position
-            for unused in (lease, kept):
-                await self.etcd.revoke(unused)
-            before = await self._recorded_batch(batch)
-            if before is not None:
-                return before
-            # The head moved meanwhile: look again (refused unless it moved to ``start``).
-        raise IllegalOperationError(
-            f"pipeline {pipeline!r} of producer group {producer_group} kept moving while batch "
-            f"{batch_key!r} was decided; nothing was recorded"
-        )
-
-    async def _recorded_batch(
-        self, key: str
-    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
-        got = await self.etcd.get(key)
-        if got is None:
-            return None
-        pos = got[0].get("position")
-        return [str(t) for t in got[0]["commit"]], None if pos is None else _position(pos)
-
-    async def recorded_batch(
-        self, producer_group: str, batch_key: str
-    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
-        """A batch's decision as etcd records it (while its record is kept): the transactions
-        it commits in every group, and the pipeline position it recorded."""
-        return await self._recorded_batch(self.keys.batch(producer_group, batch_key))
-
-    async def pipeline_where(
-        self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
-    ) -> dict[str, Any]:
-        """Where a pipeline is, read from etcd: ``end`` and ``batchKey`` of its last decided
-        batch, ``next``: the end of the decided batch that started at ``start`` (while its
-        range is kept), ``position``: the range ``batch_key`` recorded (while its decision
-        record is kept)."""
-        head = await self.etcd.get(self._pipeline_key(producer_group, pipeline, "head"))
-        found: dict[str, Any] = {
-            "end": head[0]["end"] if head else None,
-            "batchKey": head[0]["batchKey"] if head else None,
-            "next": None,
-            "position": None,
-        }
-        if start is not None:
-            got = await self.etcd.get(self._range_key(producer_group, pipeline, start))
-            if got is not None and got[0]["start"] == start:
-                found["next"] = got[0]["end"]
-        if batch_key is not None:
-            before = await self._recorded_batch(self.keys.batch(producer_group, batch_key))
-            if before is not None:
-                found["position"] = before[1]
-        return found
-
     async def _apply_batches(self, broker: Any) -> None:
         """Apply every batch decision recorded in etcd that this group holds pending members
         of: a batch decided through another group (or through a leader that died before it
@@ -1340,56 +859,12 @@ class ClusterNode:
 
     def replication_signer(self) -> Callable[[RemotingCommand], None] | None:
         """With ``aclEnable``, replicas sign replication requests with an admin account of the
-        group's shared ``plainAclFile`` (the first one, by AccessKey, not tied to addresses)."""
-        cfg = self.config
-        if cfg.authentication_enabled:
-            return self._auth2_signer()
-        if not cfg.acl_enable:
-            return None
-        from txmq.protocol.acl import Credentials
-
-        from ..acl import load_acl_file
-
-        accounts = load_acl_file(cfg.plain_acl_file).accounts
-        admins = sorted(
-            (a for a in accounts.values() if a.admin and a.white_remote_address is None),
-            key=lambda a: a.access_key,
-        )
-        if not admins:
-            raise ValueError(
-                f"aclEnable in cluster mode: {cfg.plain_acl_file} needs an admin account without "
-                "whiteRemoteAddress, which replicas sign replication requests with"
-            )
-        return Credentials(admins[0].access_key, admins[0].secret_key).sign
-
-    def _auth2_signer(self) -> Callable[[RemotingCommand], None]:
-        """ACL 2.0: replicas sign replication requests as ``initAuthenticationUser``, the super
-        user every replica of the group creates at its first start (RocketMQ's brokers sign
-        their own requests with configured inner credentials alike)."""
-        from txmq.protocol.acl import Credentials
-
-        try:
-            doc = json.loads(self.config.init_authentication_user or "null")
-            user, password = str(doc["username"]), str(doc["password"])
-        except (ValueError, TypeError, KeyError):
-            raise ValueError(
-                "authenticationEnabled in cluster mode needs initAuthenticationUser (a UserInfo "
-                "JSON with username and password), which replicas sign replication requests with"
-            ) from None
-        return Credentials(user, password).sign
+        group's shared ``plainAclFile``; with ACL 2.0, as ``initAuthenticationUser``."""
+        return replication_signer(self.config)
 
     def client_ssl(self) -> Any:
         """The TLS context a follower connects to its leader with, when TLS is enforced."""
-        cfg = self.config
-        if cfg.tls_server_mode != "enforcing":
-            return None
-        import ssl
-
-        ctx = ssl.create_default_context(cafile=cfg.tls_server_trust_cert_path or None)
-        ctx.check_hostname = False
-        if cfg.tls_server_cert_path and cfg.tls_server_key_path:
-            ctx.load_cert_chain(cfg.tls_server_cert_path, cfg.tls_server_key_path)
-        return ctx
+        return client_ssl(self.config)
 
 
 def serving_obstacle(host: str, port: int, store_root: str) -> str | None:

@@ -4,8 +4,9 @@ The generated modules are committed in ``v2/``, with type stubs (``.pyi``) of th
 modules so that the code using them is type-checked; ``tests/compat/test_grpc_codegen.py``
 regenerates them into a temporary folder and compares, so they never drift from the ``.proto``
 files.  Run ``python -m txmq.broker.grpc.codegen`` (or ``make grpc-gen``) after editing a
-``.proto`` file; it needs ``grpcio-tools`` (the ``dev`` extra pins the version, because the
-output embeds it).
+``.proto`` file; it needs ``grpcio-tools`` at the version the Makefile pins (``make grpc-gen``
+runs it in the venv ``make grpc-tools`` makes: the output depends on the version, and the
+oldest that serves keeps the ``grpc`` extra's floors low).
 
 protoc names the modules after the proto paths (``apache/rocketmq/v2/...``); they are moved
 into one flat folder and their imports rewritten to ``txmq.broker.grpc.v2``, so the package

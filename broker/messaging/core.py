@@ -50,7 +50,8 @@ from ..transaction.service import TransactionalMessageService
 from ..transaction.state import Decision, TxRecord
 from .admission import Caller, SendAdmission
 from .dedup import DedupIndex, Key, Stored
-from .fastpath import FastPaths, HalfSend
+from .fastpath import FastPaths
+from .fastpath_one import HalfSend
 from .outcome import SendOutcome, SendReceipt, StoredBatch
 from .pop import PopService
 from .read import ReadSide
@@ -100,11 +101,14 @@ class MessagingCore:
         ctx: BrokerContext,
         transactions: TransactionalMessageService,
         trace: BrokerTrace | None = None,
+        *,
+        timer: TimerService | None = None,
+        admission: SendAdmission | None = None,
     ) -> None:
         self.ctx = ctx
         self.tx = transactions
-        #: The timer service, once the broker has built it (recalls go to it).
-        self.timer: TimerService | None = None
+        #: The timer service (recalls go to it).
+        self.timer = timer
         #: the broker's message trace (:mod:`.trace`), None when ``traceTopicEnable`` is off;
         #: the transaction service tells the same one of its transactions' steps
         self.trace = trace
@@ -119,8 +123,8 @@ class MessagingCore:
             ctx.store.lookup_message,
         )
         #: the ACL and quotas a send is admitted by (:mod:`.admission`), None when neither
-        #: is in force (the broker sets it once it has built them)
-        self.admission: SendAdmission | None = None
+        #: is in force
+        self.admission = admission
         #: the direct paths (:mod:`.fastpath`), behind :meth:`send_direct` and
         #: :meth:`send_batch`
         self.fast = FastPaths(ctx, transactions, self.dedup, trace)

@@ -286,6 +286,8 @@ class MessageIndexService:
         end: int,
         *,
         unique: bool = False,
+        before: int | None = None,
+        max_bytes: int = 0,
     ) -> IndexQueryResult:
         """:meth:`query`, once the index has been rebuilt after the start (waiting up to
         :data:`REBUILD_WAIT`): what it found so far may be answered, but not a "not found"
@@ -299,7 +301,9 @@ class MessageIndexService:
                 await asyncio.wait_for(self._rebuilt.wait(), REBUILD_WAIT)
             except TimeoutError:
                 pass
-        result = self.query(topic, key, max_num, begin, end, unique=unique)
+        result = self.query(
+            topic, key, max_num, begin, end, unique=unique, before=before, max_bytes=max_bytes
+        )
         if not result.messages and self.rebuilding:
             raise SystemBusyError(
                 "the message index is being rebuilt after the broker's start "
@@ -317,16 +321,24 @@ class MessageIndexService:
         end: int,
         *,
         unique: bool = False,
+        before: int | None = None,
+        max_bytes: int = 0,
     ) -> IndexQueryResult:
         """The stored messages of ``topic`` with ``key`` among their KEYS or as their UNIQ_KEY
         (only UNIQ_KEY when ``unique``), stored in ``[begin, end]`` (ms), newest first, at
-        most ``max_num`` (capped at 64).  Each candidate is read and checked."""
+        most ``max_num`` (capped at 64).  Each candidate is read and checked.
+
+        A page (``before`` given: only messages at commit-log offsets below it) stops at
+        ``max_bytes`` too (0: no bound; one message at least) and says where the next page
+        starts (:attr:`IndexQueryResult.next_before`) when more match."""
         limit = max(1, min(max_num, MAX_QUERY_NUM))
         found: list[bytes] = []
         seen: set[int] = set()
+        size = 0
+        last = -1
         h = key_hash(topic.encode("utf-8"), key.encode("utf-8"))
         for phy in self.files.lookup(h, begin, end):
-            if phy in seen:
+            if phy in seen or (before is not None and phy >= before):
                 continue
             seen.add(phy)
             try:
@@ -341,8 +353,15 @@ class MessageIndexService:
                 unique or key not in (props.get(MessageConst.KEYS) or "").split(" ")
             ):
                 continue
+            if before is not None and (len(found) >= limit or (found and size >= max_bytes > 0)):
+                # one more matches: the page ends at the message before it
+                return IndexQueryResult(
+                    found, self.files.last_timestamp, self.files.position, next_before=last
+                )
             found.append(bytes(payload))
-            if len(found) >= limit:
+            size += len(payload)
+            last = phy
+            if before is None and len(found) >= limit:
                 break
         return IndexQueryResult(found, self.files.last_timestamp, self.files.position)
 

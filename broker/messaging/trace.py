@@ -54,7 +54,7 @@ from ..topics import RMQ_SYS_TRANS_HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 if TYPE_CHECKING:
     from ..context import BrokerContext
     from ..transaction.state import HalfRef, TxRecord
-    from .fastpath import PlainSend
+    from .fastpath_one import PlainSend
 
 log = structlog.get_logger(__name__)
 

@@ -36,6 +36,7 @@ from ..store import TopicConfig
 from ..store.errors import StoreIOError
 from ..topics import INTERNAL_TOPICS, SYSTEM_TOPICS, retry_topic
 from ..transaction.service import TransactionalMessageService
+from .paging import json_table, page_by_name, page_request
 
 log = structlog.get_logger(__name__)
 
@@ -229,8 +230,20 @@ class AdminProcessor:
         return cmd.response()
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        table = {name: tc.to_json() for name, tc in self.ctx.topics.all().items()}
-        return cmd.response(body=json_body({"topicConfigTable": table}))
+        """Every topic's config (``topicConfigTable``), or with txmq's ``after`` field a page of
+        them by name and ``nextCursor`` (:mod:`.paging`)."""
+        topics = self.ctx.topics.all()
+        paging = page_request(cmd.ext_fields)
+        if paging is None:
+            table = {name: tc.to_json() for name, tc in topics.items()}
+            return cmd.response(body=json_body({"topicConfigTable": table}))
+        page, cursor = page_by_name(
+            topics, paging, lambda name: json.dumps(topics[name].to_json(), separators=(",", ":"))
+        )
+        resp = cmd.response(body=f'{{"topicConfigTable":{json_table(page)}}}'.encode())
+        if cursor is not None:
+            resp.ext_fields["nextCursor"] = cursor
+        return resp
 
     async def get_route_info_by_topic(
         self, conn: Connection, cmd: RemotingCommand

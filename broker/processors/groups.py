@@ -41,6 +41,7 @@ from ..context import BrokerContext
 from ..runtime_config import NotRuntimeChangeable, parse_properties
 from ..stats import BrokerStats
 from ..store.subscription_group import SubscriptionGroupConfig
+from .paging import json_table, page_by_name, page_request
 
 log = structlog.get_logger(__name__)
 
@@ -226,6 +227,17 @@ class GroupViewProcessor:
         consumers but no stored config."""
         groups = self.ctx.groups
         names = self._known_groups() | set(groups.all())
+        paging = page_request(cmd.ext_fields)
+        if paging is not None:  # txmq's paging (.paging): a page by name and nextCursor
+            page, cursor = page_by_name(
+                names, paging, lambda g: json.dumps(groups.effective(g).to_json())
+            )
+            head = dumps({"dataVersion": groups.data_version(), "forbiddenTable": {}})
+            body = f'{head[:-1]},"subscriptionGroupTable":{json_table(page)}}}'
+            resp = cmd.response(body=body.encode())
+            if cursor is not None:
+                resp.ext_fields["nextCursor"] = cursor
+            return resp
         table = {g: groups.effective(g).to_json() for g in sorted(names)}
         doc = {
             "dataVersion": groups.data_version(),

@@ -8,16 +8,16 @@ from .consume_queue import ConsumeQueue
 from .consumer_offset import ConsumerOffsetManager
 from .errors import StoreCorruptError, StoreIOError, StoreLockedError
 from .fileio import atomic_write
-from .message_store import (
+from .message_store import MessageStore
+from .recovery import RecoveryReport
+from .results import (
     AppendResult,
     EncodedMessage,
     GetMessageResult,
     GetMessageStatus,
-    MessageStore,
     PutMessageResult,
     encode_for_store,
 )
-from .recovery import RecoveryReport
 from .topic_config import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicConfig, TopicConfigManager
 
 __all__ = [

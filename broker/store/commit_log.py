@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import mmap
 import os
 import struct
 import threading
@@ -161,6 +162,33 @@ def _payload_matches(payload: bytes | memoryview, length: int, offset: int) -> b
         and _I32.unpack_from(payload, _POS_MAGIC)[0] in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
         and _I64.unpack_from(payload, _POS_PHYSICAL_OFFSET)[0] == offset
     )
+
+
+def intact_record_size(
+    data: bytes | memoryview | mmap.mmap, rel: int, cap_left: int, offset: int
+) -> int | None:
+    """The record size (header included) of the intact message record at ``rel`` of ``data``
+    (``cap_left``: bytes from there to the segment's end; ``offset``: its commit-log offset),
+    or None.  Raises IndexError when ``data`` ends inside it."""
+    if len(data) - rel < RECORD_HEADER_SIZE:
+        raise IndexError
+    magic, length, crc = RECORD_HEADER.unpack_from(data, rel)
+    if magic != RECORD_MAGIC or not FIXED_SIZE <= length <= cap_left - RECORD_HEADER_SIZE:
+        return None
+    stop = rel + RECORD_HEADER_SIZE + length
+    if stop > len(data):
+        raise IndexError
+    with memoryview(data) as mv:
+        payload = mv[rel + RECORD_HEADER_SIZE : stop]
+        try:
+            if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
+                return None
+            parse_dispatch_info(payload)
+        except ValueError:
+            return None
+        finally:
+            payload.release()
+    return int(RECORD_HEADER_SIZE + length)
 
 
 class _Stop(enum.Enum):
@@ -360,23 +388,13 @@ class CommitLog:
         """The payload length of the intact message record at ``pos`` of ``seg``, or None."""
         assert seg.mm is not None
         rel = pos - seg.start
-        cap = seg.capacity
-        if rel < 0 or cap - rel < RECORD_HEADER_SIZE:
+        if rel < 0:
             return None
-        magic, length, crc = RECORD_HEADER.unpack_from(seg.mm, rel)
-        if magic != RECORD_MAGIC or not FIXED_SIZE <= length <= cap - rel - RECORD_HEADER_SIZE:
+        try:
+            size = intact_record_size(seg.mm, rel, seg.capacity - rel, pos)
+        except IndexError:  # the segment ends inside a record header
             return None
-        with memoryview(seg.mm) as mv:
-            payload = mv[rel + RECORD_HEADER_SIZE : rel + RECORD_HEADER_SIZE + length]
-            try:
-                if zlib.crc32(payload) != crc or not _payload_matches(payload, length, pos):
-                    return None
-                parse_dispatch_info(payload)
-            except ValueError:
-                return None
-            finally:
-                payload.release()
-        return int(length)
+        return None if size is None else size - RECORD_HEADER_SIZE
 
     def _next_record(self, seg: MappedFile, pos: int) -> int | None:
         """The offset of the first intact record of ``seg`` after ``pos``, or None.  Only the

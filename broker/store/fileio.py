@@ -35,6 +35,15 @@ def fdatasync(fd: int) -> None:
     getattr(os, "fdatasync", os.fsync)(fd)
 
 
+def sync_segment(fd: int, synced_once: bool) -> None:
+    """Make what was written to a preallocated segment file durable: its first sync is a full
+    fsync (its size and block map are new), later ones are :func:`fdatasync`."""
+    if synced_once:
+        fdatasync(fd)
+    else:
+        os.fsync(fd)
+
+
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 

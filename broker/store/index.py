@@ -397,6 +397,9 @@ class IndexQueryResult:
     messages: list[bytes]
     last_update_timestamp: int
     last_update_phy_offset: int
+    #: A paged query (``before`` given): the commit-log offset of the last message found,
+    #: where the next page starts, when more may match (None: none more).
+    next_before: int | None = None
 
 
 #: A file to sync: its header, its slots (None: the mapping has them) and whether it is sealed.

@@ -20,7 +20,7 @@ import re
 
 import structlog
 
-from .fileio import fdatasync, preallocate
+from .fileio import preallocate, sync_segment
 
 log = structlog.get_logger(__name__)
 
@@ -143,11 +143,8 @@ class MappedFile:
         fd = self.fd
         if fd is None:
             return
-        if self._synced_once:
-            fdatasync(fd)
-        else:
-            os.fsync(fd)
-            self._synced_once = True
+        sync_segment(fd, self._synced_once)
+        self._synced_once = True
 
     def mtime(self) -> float:
         """Last modification time of the file (what retention ages by)."""

@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 import structlog
 
-from .fileio import fdatasync, preallocate
+from .fileio import preallocate, sync_segment
 
 log = structlog.get_logger(__name__)
 
@@ -178,11 +178,8 @@ class QueueFile:
         if fd is None:
             return
         self.dirty = False
-        if self._synced_once:
-            fdatasync(fd)
-        else:
-            os.fsync(fd)
-            self._synced_once = True
+        sync_segment(fd, self._synced_once)
+        self._synced_once = True
 
     def sync(self) -> None:
         """Make everything written so far durable (flush thread).  A closed file was fsynced

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from txmq.protocol.message import MessageExt, decode_message
 
-from .message_store import GetMessageStatus
+from .results import GetMessageStatus
 
 if TYPE_CHECKING:
     from .message_store import MessageStore

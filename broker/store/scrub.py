@@ -19,21 +19,16 @@ the broker's background thread.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 
 import structlog
-
-from txmq.protocol.message import FIXED_SIZE
 
 from .commit_log import (
     _MAGIC_BYTES,
     BLANK_MAGIC,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
-    RECORD_MAGIC,
-    _payload_matches,
-    parse_dispatch_info,
+    intact_record_size,
 )
 
 log = structlog.get_logger(__name__)
@@ -58,32 +53,8 @@ class Chunk:
     damaged: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _intact(data: bytes | memoryview, rel: int, cap_left: int, offset: int) -> int | None:
-    """The record size (header included) of the intact message record at ``rel`` of ``data``
-    (``cap_left``: bytes from there to the segment's end; ``offset``: its commit-log offset),
-    or None.  Raises IndexError when ``data`` ends inside it."""
-    if len(data) - rel < RECORD_HEADER_SIZE:
-        raise IndexError
-    magic, length, crc = RECORD_HEADER.unpack_from(data, rel)
-    if magic != RECORD_MAGIC or not FIXED_SIZE <= length <= cap_left - RECORD_HEADER_SIZE:
-        return None
-    stop = rel + RECORD_HEADER_SIZE + length
-    if stop > len(data):
-        raise IndexError
-    payload = memoryview(data)[rel + RECORD_HEADER_SIZE : stop]
-    try:
-        if zlib.crc32(payload) != crc or not _payload_matches(payload, length, offset):
-            return None
-        parse_dispatch_info(payload)
-    except ValueError:
-        return None
-    finally:
-        payload.release()
-    return int(RECORD_HEADER_SIZE + length)
-
-
 def _record_at(fd: int, seg_start: int, capacity: int, offset: int) -> int | None:
-    """:func:`_intact` read straight from the file."""
+    """:func:`~.commit_log.intact_record_size` read straight from the file."""
     rel = offset - seg_start
     head = os.pread(fd, RECORD_HEADER_SIZE, rel)
     if len(head) < RECORD_HEADER_SIZE:
@@ -93,7 +64,7 @@ def _record_at(fd: int, seg_start: int, capacity: int, offset: int) -> int | Non
         return None
     data = os.pread(fd, RECORD_HEADER_SIZE + length, rel)
     try:
-        return _intact(data, 0, capacity - rel, offset)
+        return intact_record_size(data, 0, capacity - rel, offset)
     except IndexError:
         return None
 
@@ -147,7 +118,7 @@ def check_chunk(path: str, seg_start: int, capacity: int, pos: int, end: int, bu
                         out.checked += left
                         pos = seg_start + capacity  # the rest of the segment is blank
                         break
-                size = _intact(data, rel, left, pos)
+                size = intact_record_size(data, rel, left, pos)
             except IndexError:  # the record goes on past what was read
                 if rel > 0:
                     break  # the rest is for the next chunk

@@ -290,7 +290,12 @@ def test_txmq_message_find_and_show(broker_thread: BrokerController) -> None:
         "1",
         "--json",
     )
-    assert [x["body"] for x in json.loads(recent)] == ["body 2"]
+    shown, more = recent.split("more: --cursor ")  # stdout, then where the next page starts
+    assert [x["body"] for x in json.loads(shown)] == ["body 2"]
+    older = run(
+        "message", "find", "-t", "cli-msgs", "-k", "ck-0", "--cursor", more.strip(), "-o", "json"
+    )
+    assert [x["body"] for x in json.loads(older)] == ["body 0"]
 
     shown = json.loads(run("message", "show", sent[1].offset_msg_id, "--json"))
     assert [x["body"] for x in shown] == ["body 1"]

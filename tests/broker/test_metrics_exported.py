@@ -7,14 +7,29 @@ out per (topic, group), pending and parked transactions, disk."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
-from tests.support.scrape import ALERTS, CLUSTER_ONLY, Samples, names, referenced, scrape, value
+from tests.support.scrape import (
+    ALERTS,
+    CLUSTER_ONLY,
+    EXPORTER_RULES,
+    Samples,
+    names,
+    referenced,
+    scrape,
+    value,
+)
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -105,8 +120,16 @@ async def test_dashboard_and_alert_metrics_are_exported_with_the_traffics_values
             missing = used - CLUSTER_ONLY - exported
             assert not missing, f"{where} uses metrics the broker does not export: {missing}"
 
+        # every sample carries the broker's identity (what rocketmq-exporter groups by)
+        raw = await asyncio.to_thread(scrape, port, identity=True)
+        ident = {("cluster", b.config.broker_cluster_name), ("broker", b.config.broker_name)}
+        assert raw and all(ident <= labels for _, labels in raw), "a sample without identity"
+
         # consumer lag: 10 sent, 4 consumed; the age is the clock minus the oldest's store time
         assert value(s, "txmq_consumer_lag_messages", group=GROUP, topic=TOPIC) == 10 - 4
+        # rocketmq-exporter's offsets: the topic's end and the group's committed progress
+        assert value(s, "txmq_topic_offset", topic=TOPIC) == 10
+        assert value(s, "txmq_consumer_offset", group=GROUP, topic=TOPIC) == 4
         assert value(s, "txmq_consumer_lag_seconds", group=GROUP, topic=TOPIC) == AGE
         assert value(s, "txmq_messages_out_total", topic=TOPIC, group=GROUP) == 4
 
@@ -237,3 +260,83 @@ def test_the_alert_rules_cover_what_an_operator_is_paged_for() -> None:
     }
     for name, metric in wanted.items():
         assert metric in by_name[name]["expr"], (name, by_name[name]["expr"])
+
+
+#: What rocketmq-exporter exports (its RMQMetricsCollector): the rules record these names only.
+EXPORTER_NAMES = frozenset(
+    {
+        "rocketmq_broker_tps",
+        "rocketmq_broker_qps",
+        "rocketmq_producer_tps",
+        "rocketmq_producer_message_size",
+        "rocketmq_producer_offset",
+        "rocketmq_topic_retry_offset",
+        "rocketmq_topic_dlq_offset",
+        "rocketmq_consumer_tps",
+        "rocketmq_group_consume_tps",
+        "rocketmq_consumer_message_size",
+        "rocketmq_consumer_offset",
+        "rocketmq_group_diff",
+        "rocketmq_group_retrydiff",
+        "rocketmq_message_accumulation",
+        "rocketmq_group_get_latency_by_storetime",
+        *(
+            f"rocketmq_brokeruntime_{kind}_tps{window}"
+            for kind in ("put", "gettransfered", "gettotal")
+            for window in (10, 60, 600)
+        ),
+        "rocketmq_brokeruntime_putmessage_times_total",
+        "rocketmq_brokeruntime_put_message_size_total",
+        "rocketmq_brokeruntime_put_message_average_size",
+        "rocketmq_brokeruntime_commitlog_disk_ratio",
+        "rocketmq_brokeruntime_start_accept_sendrequest_time",
+    }
+)
+RULES_TEST = Path(__file__).resolve().parents[1] / "support" / "prometheus"
+
+
+def _promtool() -> str:
+    """promtool (``make promtool``: Debian's prometheus package unpacked), or a skip (a failure
+    under CI)."""
+    made = Path(__file__).resolve().parents[2] / "build" / "prometheus" / "bin" / "promtool"
+    path = str(made) if os.access(made, os.X_OK) else shutil.which("promtool")
+    if path:
+        return path
+    why = f"promtool not found at {made} or on PATH: run `make promtool` (`make test` does)"
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    print(why, file=sys.stderr)
+    pytest.skip(why)
+
+
+def test_the_exporter_rules_record_rocketmq_exporter_names_by_cluster_and_broker() -> None:
+    """Each rule records one of rocketmq-exporter's names, once, keeping the cluster and broker
+    labels its dashboards group by (the txmq series they read: the test above)."""
+    doc = yaml.safe_load(EXPORTER_RULES.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    recorded = [r["record"] for r in rules]
+    assert len(recorded) == len(set(recorded)), "a name recorded twice"
+    assert set(recorded) <= EXPORTER_NAMES, set(recorded) - EXPORTER_NAMES
+    for r in rules:
+        assert "by (cluster, broker" in r["expr"], r
+
+
+def test_the_rule_files_pass_promtool() -> None:
+    """promtool parses every expression (check rules) and computes what the exporter's
+    names should be from txmq series (test rules)."""
+    promtool = _promtool()
+    check = subprocess.run(
+        [promtool, "check", "rules", str(EXPORTER_RULES), str(ALERTS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = subprocess.run(
+        [promtool, "test", "rules", "rocketmq-exporter-rules.test.yml"],
+        cwd=RULES_TEST,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unit.returncode == 0, unit.stdout + unit.stderr

@@ -351,6 +351,11 @@ async def test_metrics_over_http_and_as_json(make_broker_config):
                 .decode()
             ),
         )
-        assert 'txmq_messages_put_total{topic="metered"} 1.0' in text
+        # with the broker's identity, as every sample (labels in name order)
+        cfg = ctl.config
+        assert (
+            f'txmq_messages_put_total{{broker="{cfg.broker_name}",'
+            f'cluster="{cfg.broker_cluster_name}",topic="metered"}} 1.0'
+        ) in text
     finally:
         await ctl.shutdown()

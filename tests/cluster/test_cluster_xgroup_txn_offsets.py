@@ -193,14 +193,23 @@ async def test_exactly_once_across_groups_under_kills(
                 await proc.end()
             processors = []
 
+        seen: dict[str, object] = {}
+
         async def drained() -> bool:
-            ends = await offsets_at_end(seeds)
+            seen["offsets (committed, end) by queue"] = ends = await offsets_at_end(seeds)
             if ends is None or any(c != end for c, end in ends.values()):
                 return False
-            left = await undecided(bc)
+            seen["undecided"] = left = await undecided(bc)
             return left is not None and not any(left.values())
 
-        await bc.wait(drained, 120, "offsets of g1 at the end of xa, nothing undecided")
+        await bc.wait(
+            drained,
+            120,
+            lambda: (
+                f"offsets of g1 at the end of xa, nothing undecided; last seen {seen}, "
+                f"kills {killed}"
+            ),
+        )
         got = await outputs(seeds)
         assert got is not None
         counts = Counter(got)

@@ -210,16 +210,23 @@ class BrokerCluster:
     # -- asking the brokers ------------------------------------------------------------------
 
     async def wait(
-        self, predicate: Callable[[], Awaitable[bool]], timeout: float, message: str
+        self,
+        predicate: Callable[[], Awaitable[bool]],
+        timeout: float,
+        message: str | Callable[[], str],
     ) -> None:
-        """Poll ``predicate`` every 0.2 s; fail with ``message`` and the replicas' log tails
-        after ``timeout``."""
+        """Poll ``predicate`` every 0.2 s; fail with ``message`` (or what it returns, for the
+        state last seen) and the replicas' log tails after ``timeout``."""
         deadline = time.monotonic() + timeout
+
+        def what() -> str:
+            return message if isinstance(message, str) else message()
+
         while not await predicate():
             if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f}s: {message}\n{self.log_tail()}")
+                pytest.fail(f"timed out after {timeout:.0f}s: {what()}\n{self.log_tail()}")
             if not any(r.running for r in self.replicas.values()):
-                pytest.fail(f"every broker process exited: {message}\n{self.log_tail()}")
+                pytest.fail(f"every broker process exited: {what()}\n{self.log_tail()}")
             await asyncio.sleep(0.2)
 
     async def status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:

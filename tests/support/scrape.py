@@ -15,6 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "txmq-dashboard.json"
 ALERTS = ROOT / "docs" / "prometheus" / "txmq-alerts.yml"
+#: rocketmq-exporter's names as recording rules over txmq's series.
+EXPORTER_RULES = ROOT / "docs" / "prometheus" / "rocketmq-exporter-rules.yml"
+#: The constant labels every sample of /metrics carries (the broker's identity).
+IDENTITY = ("cluster", "broker")
 
 _NAME = re.compile(r"\btxmq_[A-Za-z0-9_]+")
 
@@ -32,14 +36,18 @@ CLUSTER_ONLY = frozenset(
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(port: int) -> Samples:
-    """``{(sample name, labels): value}`` of one /metrics answer."""
+def scrape(port: int, *, identity: bool = False) -> Samples:
+    """``{(sample name, labels): value}`` of one /metrics answer; without ``identity`` the
+    constant labels every sample carries (:data:`IDENTITY`) are left out of the keys."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=15) as r:
         text = r.read().decode()
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
+            labels = (
+                s.labels if identity else {k: v for k, v in s.labels.items() if k not in IDENTITY}
+            )
+            out[(s.name, frozenset(labels.items()))] = s.value
     return out
 
 
@@ -67,7 +75,8 @@ def referenced() -> dict[str, set[str]]:
     """``{file: txmq_* names its PromQL expressions use}`` for the dashboard and the rules."""
     dashboard = json.loads(DASHBOARD.read_text())
     rules = yaml.safe_load(ALERTS.read_text())
+    exporter = yaml.safe_load(EXPORTER_RULES.read_text())
     out: dict[str, set[str]] = {}
-    for path, doc in ((DASHBOARD, dashboard), (ALERTS, rules)):
+    for path, doc in ((DASHBOARD, dashboard), (ALERTS, rules), (EXPORTER_RULES, exporter)):
         out[path.name] = {m for e in _exprs(doc) for m in _NAME.findall(e)}
     return out

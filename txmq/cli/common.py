@@ -185,3 +185,47 @@ def _body_preview(body: bytes, size: int = 200) -> str:
     except UnicodeDecodeError:
         return body[: size // 2].hex() + ("..." if len(body) > size // 2 else "") + " (hex)"
     return text + ("..." if len(body) > size else "")
+
+
+def _page_options(limit_help: str, default_limit: int | None = None) -> Callable[[F], F]:
+    """``--limit`` and ``--cursor`` of a listing: at most ``--limit`` entries (asked for a page
+    at a time), starting after ``--cursor`` (what a listing cut by ``--limit`` printed)."""
+
+    def wrap(fn: F) -> F:
+        fn = click.option(
+            "--cursor",
+            help="Start after this cursor (printed on stderr by a listing cut by --limit).",
+        )(fn)
+        return click.option(
+            "--limit",
+            type=click.IntRange(min=1),
+            default=default_limit,
+            show_default=default_limit is not None,
+            help=limit_help,
+        )(fn)
+
+    return wrap
+
+
+async def _collect_pages(
+    fetch: Callable[[int, str | None], Awaitable[tuple[list[T], str | None]]],
+    limit: int | None,
+    cursor: str | None,
+    page: int,
+) -> tuple[list[T], str | None]:
+    """Up to ``limit`` entries (None: all) of a paged listing from ``cursor`` on, and the
+    cursor after the last one given (None: the listing's end).  ``fetch(n, cursor)`` answers a
+    page of at most ``n`` and the next page's cursor."""
+    out: list[T] = []
+    while True:
+        n = page if limit is None else min(page, limit - len(out))
+        rows, cursor = await fetch(n, cursor)
+        out += rows
+        if cursor is None or (limit is not None and len(out) >= limit):
+            return out, cursor
+
+
+def _more(cursor: str | None) -> None:
+    """Say on stderr where a listing cut by ``--limit`` goes on (stdout stays the listing)."""
+    if cursor is not None:
+        click.echo(f"more: --cursor {cursor}", err=True)

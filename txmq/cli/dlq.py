@@ -7,7 +7,17 @@ from typing import Any
 
 import click
 
-from .common import BROKER_OPTION, _body_preview, _client_config, _emit, _output_options, _run
+from .common import (
+    BROKER_OPTION,
+    _body_preview,
+    _client_config,
+    _collect_pages,
+    _emit,
+    _more,
+    _output_options,
+    _page_options,
+    _run,
+)
 
 
 @click.group()
@@ -36,11 +46,23 @@ def _dlq_doc(m: Any) -> dict[str, Any]:
 @BROKER_OPTION
 @_output_options
 @click.argument("group_name", metavar="GROUP")
-def dlq_list(broker: str, group_name: str, as_json: bool) -> None:
-    """The messages GROUP dead-lettered, oldest first."""
-    from txmq.client.dlq import read_dlq
+@_page_options("At most this many messages (default: all).")
+def dlq_list(
+    broker: str, group_name: str, limit: int | None, cursor: str | None, as_json: bool
+) -> None:
+    """The messages GROUP dead-lettered, oldest first (read a page at a time)."""
+    from txmq.client.dlq import DLQ_PAGE, read_dlq_page
 
-    msgs = _run(read_dlq(group_name, broker, _client_config()))
+    config = _client_config()
+
+    async def page(n: int, after: str | None) -> Any:
+        try:
+            return await read_dlq_page(group_name, broker, config, limit=n, after=after)
+        except ValueError as exc:  # a cursor no listing answered
+            raise click.BadParameter(str(exc), param_hint="--cursor") from None
+
+    msgs, more = _run(_collect_pages(page, limit, cursor, DLQ_PAGE))
+    _more(more)
     _emit(
         [_dlq_doc(m) for m in msgs],
         "json" if as_json else "table",

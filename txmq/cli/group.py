@@ -12,10 +12,13 @@ from .common import (
     BROKER_OPTION,
     OUTPUT_OPTION,
     _admin,
+    _collect_pages,
     _echo_json,
     _emit,
     _leaders,
+    _more,
     _output_options,
+    _page_options,
     _parse_time,
 )
 
@@ -29,14 +32,26 @@ def group() -> None:
 @group.command("list")
 @BROKER_OPTION
 @OUTPUT_OPTION
-def group_list(broker: str, output: str) -> None:
-    """Every consumer group the broker knows, with its live consumers and total lag."""
+@_page_options("At most this many groups, by name (default: all).")
+def group_list(broker: str, output: str, limit: int | None, cursor: str | None) -> None:
+    """Every consumer group the broker knows, by name, with its live consumers and total lag
+    (asked for a page at a time)."""
+    from txmq.client.admin import LIST_PAGE
+
+    more: str | None = None
 
     async def collect(admin: Any) -> list[dict[str, Any]]:
         from txmq.protocol.errors import BrokerResponseError
 
+        nonlocal more
+
+        async def page(n: int, after: str | None) -> Any:
+            table, nxt = await admin.list_groups_page(limit=n, after=after)
+            return sorted(table), nxt
+
+        names, more = await _collect_pages(page, limit, cursor, LIST_PAGE)
         rows = []
-        for g in await admin.consumer_groups():
+        for g in names:
             stats = await admin.consume_stats(g)
             try:
                 members = len((await admin.consumer_connections(g))["connectionSet"])
@@ -56,6 +71,7 @@ def group_list(broker: str, output: str) -> None:
         [("group", "group", 32), ("consumers", "consumers", -9), ("lag", "lag", -10)]
         + [("topics", "topics", 0)],
     )
+    _more(more)
 
 
 @group.command("show")

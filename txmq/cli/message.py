@@ -6,7 +6,16 @@ from typing import Any
 
 import click
 
-from .common import BROKER_OPTION, _admin, _body_preview, _echo_json, _output_options, _parse_time
+from .common import (
+    BROKER_OPTION,
+    _admin,
+    _body_preview,
+    _collect_pages,
+    _echo_json,
+    _more,
+    _output_options,
+    _parse_time,
+)
 
 
 def _message_doc(m: Any) -> dict[str, Any]:
@@ -88,7 +97,18 @@ def message_show(broker: str, msg_id: str, topic: str | None, as_json: bool) -> 
 @click.option("--unique-key", is_flag=True, help="Match the message id (UNIQ_KEY) only.")
 @click.option("--begin", help="Stored at or after: ms since the epoch or an ISO time.")
 @click.option("--end", help="Stored at or before: ms since the epoch or an ISO time.")
-@click.option("--max", "max_num", default=32, show_default=True, help="At most (the broker: 64).")
+@click.option(
+    "--max",
+    "--limit",
+    "max_num",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="At most this many, newest first (asked for 64 at a time).",
+)
+@click.option(
+    "--cursor", help="Start after this cursor (printed on stderr by a search cut by --max)."
+)
 @_output_options
 def message_find(
     broker: str,
@@ -98,17 +118,26 @@ def message_find(
     begin: str | None,
     end: str | None,
     max_num: int,
+    cursor: str | None,
     as_json: bool,
 ) -> None:
     """Find messages of a topic by key, newest first."""
+    from txmq.client.admin import MESSAGE_PAGE
+
     b, e = _parse_time(begin), _parse_time(end)
-    result = _admin(
-        broker,
-        lambda admin: admin.query_messages(
-            topic, key, unique=unique_key, begin=b, end=e, max_num=max_num
-        ),
-    )
-    docs = [_message_doc(m) for m in result.messages]
+
+    async def fetch(admin: Any) -> tuple[list[Any], str | None]:
+        async def page(n: int, after: str | None) -> Any:
+            result, nxt = await admin.query_messages_page(
+                topic, key, unique=unique_key, begin=b, end=e, limit=n, after=after
+            )
+            return result.messages, nxt
+
+        return await _collect_pages(page, max_num, cursor, MESSAGE_PAGE)
+
+    msgs, more = _admin(broker, fetch)
+    docs = [_message_doc(m) for m in msgs]
     if not docs and not as_json:
         raise click.ClickException(f"no message of topic {topic} with key {key}")
     _echo_messages(docs, as_json)
+    _more(more)

@@ -10,10 +10,13 @@ from .common import (
     BROKER_OPTION,
     OUTPUT_OPTION,
     _admin,
+    _collect_pages,
     _echo_json,
     _emit,
     _leaders,
+    _more,
     _output_options,
+    _page_options,
 )
 
 
@@ -50,23 +53,36 @@ def topic_create(broker: str, output: str, name: str, queues: int, order: bool) 
 @BROKER_OPTION
 @_output_options
 @click.option("--all", "show_all", is_flag=True, help="Include system, retry and DLQ topics.")
-def topic_list(broker: str, show_all: bool, as_json: bool) -> None:
-    """List topics."""
-    result = _admin(broker, lambda admin: admin.list_topics())
+@_page_options("At most this many topics, by name (default: all).")
+def topic_list(
+    broker: str, show_all: bool, limit: int | None, cursor: str | None, as_json: bool
+) -> None:
+    """List topics, by name (asked for a page at a time)."""
 
+    async def fetch(admin: Any) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        async def page(n: int, after: str | None) -> Any:
+            table, nxt = await admin.list_topics_page(limit=n, after=after)
+            return list(table.items()), nxt
+
+        return await _collect_pages(page, limit, cursor, LIST_PAGE)
+
+    from txmq.client.admin import LIST_PAGE
+
+    result, more = _admin(broker, fetch)
     shown = {}
-    for name, tc in sorted(result.items()):
+    for name, tc in sorted(result):
         system = name.startswith(("%", "RMQ_SYS_", "TRANS_CHECK_", "SCHEDULE_TOPIC"))
         if system and not show_all:
             continue
         shown[name] = tc
     if as_json:
         _echo_json(shown)
-        return
-    for name, tc in shown.items():
-        click.echo(
-            f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}"
-        )
+    else:
+        for name, tc in shown.items():
+            click.echo(
+                f"{name}\tqueues={tc['writeQueueNums']}/{tc['readQueueNums']}\tperm={tc['perm']}"
+            )
+    _more(more)
 
 
 @topic.command("route")

@@ -9,7 +9,16 @@ from typing import Any
 
 import click
 
-from .common import BROKER_OPTION, OUTPUT_OPTION, _admin, _echo_json, _output_options
+from .common import (
+    BROKER_OPTION,
+    OUTPUT_OPTION,
+    _admin,
+    _collect_pages,
+    _echo_json,
+    _more,
+    _output_options,
+    _page_options,
+)
 
 
 @click.group()
@@ -28,7 +37,7 @@ def txn() -> None:
     show_default=True,
     help="Comma-separated states: PENDING, DISCARDED, COMMITTED, ROLLED_BACK.",
 )
-@click.option("--limit", default=100, show_default=True)
+@_page_options("At most this many transactions, oldest first.", default_limit=100)
 @click.option(
     "--two-phase",
     is_flag=True,
@@ -41,20 +50,25 @@ def txn_list(
     topic: str | None,
     state: str,
     limit: int,
+    cursor: str | None,
     two_phase: bool,
     as_json: bool,
 ) -> None:
-    """List transactions (default: pending and parked ones)."""
-    result = _admin(
-        broker,
-        lambda admin: admin.list_transactions(
-            group=group, topic=topic, state=state, limit=limit, two_phase=two_phase
-        ),
-    )
+    """List transactions, oldest first (default: pending and parked ones)."""
+    from txmq.client.admin import TRANSACTION_PAGE
 
-    rows = result
+    async def fetch(admin: Any) -> tuple[list[dict[str, Any]], str | None]:
+        async def page(n: int, after: str | None) -> Any:
+            return await admin.list_transactions_page(
+                group=group, topic=topic, state=state, limit=n, after=after, two_phase=two_phase
+            )
+
+        return await _collect_pages(page, limit, cursor, TRANSACTION_PAGE)
+
+    rows, more = _admin(broker, fetch)
     if as_json:
         _echo_json(rows)
+        _more(more)
         return
     click.echo(
         f"{'transaction id':34} {'state':11} {'group':20} {'msgs':>4} {'checks':>6} {'age s':>8}"
@@ -64,6 +78,7 @@ def txn_list(
             f"{r['transactionId']:34} {r['state']:11} {r['producerGroup']:20} "
             f"{len(r['halves']):>4} {r['checkTimes']:>6} {r.get('ageMs', 0) / 1000:>8.1f}"
         )
+    _more(more)
 
 
 @txn.command("show")

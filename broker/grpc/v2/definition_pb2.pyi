@@ -1,30 +1,27 @@
-import datetime
-
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TransactionResolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     TRANSACTION_RESOLUTION_UNSPECIFIED: _ClassVar[TransactionResolution]
     COMMIT: _ClassVar[TransactionResolution]
     ROLLBACK: _ClassVar[TransactionResolution]
 
 class TransactionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     SOURCE_UNSPECIFIED: _ClassVar[TransactionSource]
     SOURCE_CLIENT: _ClassVar[TransactionSource]
     SOURCE_SERVER_CHECK: _ClassVar[TransactionSource]
 
 class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     PERMISSION_UNSPECIFIED: _ClassVar[Permission]
     NONE: _ClassVar[Permission]
     READ: _ClassVar[Permission]
@@ -32,20 +29,20 @@ class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_WRITE: _ClassVar[Permission]
 
 class FilterType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     FILTER_TYPE_UNSPECIFIED: _ClassVar[FilterType]
     TAG: _ClassVar[FilterType]
     SQL: _ClassVar[FilterType]
 
 class AddressScheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     ADDRESS_SCHEME_UNSPECIFIED: _ClassVar[AddressScheme]
     IPv4: _ClassVar[AddressScheme]
     IPv6: _ClassVar[AddressScheme]
     DOMAIN_NAME: _ClassVar[AddressScheme]
 
 class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     MESSAGE_TYPE_UNSPECIFIED: _ClassVar[MessageType]
     NORMAL: _ClassVar[MessageType]
     FIFO: _ClassVar[MessageType]
@@ -55,14 +52,14 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRIORITY: _ClassVar[MessageType]
 
 class DigestType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     DIGEST_TYPE_UNSPECIFIED: _ClassVar[DigestType]
     CRC32: _ClassVar[DigestType]
     MD5: _ClassVar[DigestType]
     SHA1: _ClassVar[DigestType]
 
 class ClientType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     CLIENT_TYPE_UNSPECIFIED: _ClassVar[ClientType]
     PRODUCER: _ClassVar[ClientType]
     PUSH_CONSUMER: _ClassVar[ClientType]
@@ -72,13 +69,13 @@ class ClientType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LITE_SIMPLE_CONSUMER: _ClassVar[ClientType]
 
 class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     ENCODING_UNSPECIFIED: _ClassVar[Encoding]
     IDENTITY: _ClassVar[Encoding]
     GZIP: _ClassVar[Encoding]
 
 class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     CODE_UNSPECIFIED: _ClassVar[Code]
     OK: _ClassVar[Code]
     MULTIPLE_RESULTS: _ClassVar[Code]
@@ -131,7 +128,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILED_TO_CONSUME_MESSAGE: _ClassVar[Code]
 
 class Language(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     LANGUAGE_UNSPECIFIED: _ClassVar[Language]
     JAVA: _ClassVar[Language]
     CPP: _ClassVar[Language]
@@ -249,7 +246,7 @@ DART: Language
 KOTLIN: Language
 
 class FilterExpression(_message.Message):
-    __slots__ = ("type", "expression")
+    __slots__ = ["type", "expression"]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     EXPRESSION_FIELD_NUMBER: _ClassVar[int]
     type: FilterType
@@ -257,7 +254,7 @@ class FilterExpression(_message.Message):
     def __init__(self, type: _Optional[_Union[FilterType, str]] = ..., expression: _Optional[str] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
-    __slots__ = ("max_attempts", "exponential_backoff", "customized_backoff")
+    __slots__ = ["max_attempts", "exponential_backoff", "customized_backoff"]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     EXPONENTIAL_BACKOFF_FIELD_NUMBER: _ClassVar[int]
     CUSTOMIZED_BACKOFF_FIELD_NUMBER: _ClassVar[int]
@@ -267,23 +264,23 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., exponential_backoff: _Optional[_Union[ExponentialBackoff, _Mapping]] = ..., customized_backoff: _Optional[_Union[CustomizedBackoff, _Mapping]] = ...) -> None: ...
 
 class ExponentialBackoff(_message.Message):
-    __slots__ = ("initial", "max", "multiplier")
+    __slots__ = ["initial", "max", "multiplier"]
     INITIAL_FIELD_NUMBER: _ClassVar[int]
     MAX_FIELD_NUMBER: _ClassVar[int]
     MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     initial: _duration_pb2.Duration
     max: _duration_pb2.Duration
     multiplier: float
-    def __init__(self, initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., multiplier: _Optional[float] = ...) -> None: ...
+    def __init__(self, initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., multiplier: _Optional[float] = ...) -> None: ...
 
 class CustomizedBackoff(_message.Message):
-    __slots__ = ("next",)
+    __slots__ = ["next"]
     NEXT_FIELD_NUMBER: _ClassVar[int]
     next: _containers.RepeatedCompositeFieldContainer[_duration_pb2.Duration]
-    def __init__(self, next: _Optional[_Iterable[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]]] = ...) -> None: ...
+    def __init__(self, next: _Optional[_Iterable[_Union[_duration_pb2.Duration, _Mapping]]] = ...) -> None: ...
 
 class Resource(_message.Message):
-    __slots__ = ("resource_namespace", "name")
+    __slots__ = ["resource_namespace", "name"]
     RESOURCE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     resource_namespace: str
@@ -291,7 +288,7 @@ class Resource(_message.Message):
     def __init__(self, resource_namespace: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class SubscriptionEntry(_message.Message):
-    __slots__ = ("topic", "expression")
+    __slots__ = ["topic", "expression"]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     EXPRESSION_FIELD_NUMBER: _ClassVar[int]
     topic: Resource
@@ -299,7 +296,7 @@ class SubscriptionEntry(_message.Message):
     def __init__(self, topic: _Optional[_Union[Resource, _Mapping]] = ..., expression: _Optional[_Union[FilterExpression, _Mapping]] = ...) -> None: ...
 
 class Address(_message.Message):
-    __slots__ = ("host", "port")
+    __slots__ = ["host", "port"]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     host: str
@@ -307,7 +304,7 @@ class Address(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class Endpoints(_message.Message):
-    __slots__ = ("scheme", "addresses")
+    __slots__ = ["scheme", "addresses"]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     scheme: AddressScheme
@@ -315,7 +312,7 @@ class Endpoints(_message.Message):
     def __init__(self, scheme: _Optional[_Union[AddressScheme, str]] = ..., addresses: _Optional[_Iterable[_Union[Address, _Mapping]]] = ...) -> None: ...
 
 class Broker(_message.Message):
-    __slots__ = ("name", "id", "endpoints")
+    __slots__ = ["name", "id", "endpoints"]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
@@ -325,7 +322,7 @@ class Broker(_message.Message):
     def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., endpoints: _Optional[_Union[Endpoints, _Mapping]] = ...) -> None: ...
 
 class MessageQueue(_message.Message):
-    __slots__ = ("topic", "id", "permission", "broker", "accept_message_types")
+    __slots__ = ["topic", "id", "permission", "broker", "accept_message_types"]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     PERMISSION_FIELD_NUMBER: _ClassVar[int]
@@ -339,7 +336,7 @@ class MessageQueue(_message.Message):
     def __init__(self, topic: _Optional[_Union[Resource, _Mapping]] = ..., id: _Optional[int] = ..., permission: _Optional[_Union[Permission, str]] = ..., broker: _Optional[_Union[Broker, _Mapping]] = ..., accept_message_types: _Optional[_Iterable[_Union[MessageType, str]]] = ...) -> None: ...
 
 class Digest(_message.Message):
-    __slots__ = ("type", "checksum")
+    __slots__ = ["type", "checksum"]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     type: DigestType
@@ -347,7 +344,7 @@ class Digest(_message.Message):
     def __init__(self, type: _Optional[_Union[DigestType, str]] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class SystemProperties(_message.Message):
-    __slots__ = ("tag", "keys", "message_id", "body_digest", "body_encoding", "message_type", "born_timestamp", "born_host", "store_timestamp", "store_host", "delivery_timestamp", "receipt_handle", "queue_id", "queue_offset", "invisible_duration", "delivery_attempt", "message_group", "trace_context", "orphaned_transaction_recovery_duration", "dead_letter_queue", "lite_topic", "priority")
+    __slots__ = ["tag", "keys", "message_id", "body_digest", "body_encoding", "message_type", "born_timestamp", "born_host", "store_timestamp", "store_host", "delivery_timestamp", "receipt_handle", "queue_id", "queue_offset", "invisible_duration", "delivery_attempt", "message_group", "trace_context", "orphaned_transaction_recovery_duration", "dead_letter_queue", "lite_topic", "priority"]
     TAG_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -392,10 +389,10 @@ class SystemProperties(_message.Message):
     dead_letter_queue: DeadLetterQueue
     lite_topic: str
     priority: int
-    def __init__(self, tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., message_id: _Optional[str] = ..., body_digest: _Optional[_Union[Digest, _Mapping]] = ..., body_encoding: _Optional[_Union[Encoding, str]] = ..., message_type: _Optional[_Union[MessageType, str]] = ..., born_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., born_host: _Optional[str] = ..., store_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., store_host: _Optional[str] = ..., delivery_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., invisible_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_attempt: _Optional[int] = ..., message_group: _Optional[str] = ..., trace_context: _Optional[str] = ..., orphaned_transaction_recovery_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_queue: _Optional[_Union[DeadLetterQueue, _Mapping]] = ..., lite_topic: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    def __init__(self, tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., message_id: _Optional[str] = ..., body_digest: _Optional[_Union[Digest, _Mapping]] = ..., body_encoding: _Optional[_Union[Encoding, str]] = ..., message_type: _Optional[_Union[MessageType, str]] = ..., born_timestamp: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., born_host: _Optional[str] = ..., store_timestamp: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., store_host: _Optional[str] = ..., delivery_timestamp: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., invisible_duration: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., delivery_attempt: _Optional[int] = ..., message_group: _Optional[str] = ..., trace_context: _Optional[str] = ..., orphaned_transaction_recovery_duration: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter_queue: _Optional[_Union[DeadLetterQueue, _Mapping]] = ..., lite_topic: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class DeadLetterQueue(_message.Message):
-    __slots__ = ("topic", "message_id")
+    __slots__ = ["topic", "message_id"]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
@@ -403,9 +400,9 @@ class DeadLetterQueue(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("topic", "user_properties", "system_properties", "body")
+    __slots__ = ["topic", "user_properties", "system_properties", "body"]
     class UserPropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
+        __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
@@ -422,13 +419,13 @@ class Message(_message.Message):
     def __init__(self, topic: _Optional[_Union[Resource, _Mapping]] = ..., user_properties: _Optional[_Mapping[str, str]] = ..., system_properties: _Optional[_Union[SystemProperties, _Mapping]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("message_queue",)
+    __slots__ = ["message_queue"]
     MESSAGE_QUEUE_FIELD_NUMBER: _ClassVar[int]
     message_queue: MessageQueue
     def __init__(self, message_queue: _Optional[_Union[MessageQueue, _Mapping]] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ["code", "message"]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     code: Code
@@ -436,7 +433,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class UA(_message.Message):
-    __slots__ = ("language", "version", "platform", "hostname")
+    __slots__ = ["language", "version", "platform", "hostname"]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
@@ -448,7 +445,7 @@ class UA(_message.Message):
     def __init__(self, language: _Optional[_Union[Language, str]] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("client_type", "access_point", "backoff_policy", "request_timeout", "publishing", "subscription", "user_agent", "metric")
+    __slots__ = ["client_type", "access_point", "backoff_policy", "request_timeout", "publishing", "subscription", "user_agent", "metric"]
     CLIENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -465,20 +462,20 @@ class Settings(_message.Message):
     subscription: Subscription
     user_agent: UA
     metric: Metric
-    def __init__(self, client_type: _Optional[_Union[ClientType, str]] = ..., access_point: _Optional[_Union[Endpoints, _Mapping]] = ..., backoff_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., request_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., publishing: _Optional[_Union[Publishing, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ..., user_agent: _Optional[_Union[UA, _Mapping]] = ..., metric: _Optional[_Union[Metric, _Mapping]] = ...) -> None: ...
+    def __init__(self, client_type: _Optional[_Union[ClientType, str]] = ..., access_point: _Optional[_Union[Endpoints, _Mapping]] = ..., backoff_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., request_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., publishing: _Optional[_Union[Publishing, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ..., user_agent: _Optional[_Union[UA, _Mapping]] = ..., metric: _Optional[_Union[Metric, _Mapping]] = ...) -> None: ...
 
 class Publishing(_message.Message):
-    __slots__ = ("topics", "max_body_size", "validate_message_type")
+    __slots__ = ["topics", "max_body_size", "validate_message_type"]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     MAX_BODY_SIZE_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[Resource]
     max_body_size: int
     validate_message_type: bool
-    def __init__(self, topics: _Optional[_Iterable[_Union[Resource, _Mapping]]] = ..., max_body_size: _Optional[int] = ..., validate_message_type: _Optional[bool] = ...) -> None: ...
+    def __init__(self, topics: _Optional[_Iterable[_Union[Resource, _Mapping]]] = ..., max_body_size: _Optional[int] = ..., validate_message_type: bool = ...) -> None: ...
 
 class Subscription(_message.Message):
-    __slots__ = ("group", "subscriptions", "fifo", "receive_batch_size", "long_polling_timeout")
+    __slots__ = ["group", "subscriptions", "fifo", "receive_batch_size", "long_polling_timeout"]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     FIFO_FIELD_NUMBER: _ClassVar[int]
@@ -489,12 +486,12 @@ class Subscription(_message.Message):
     fifo: bool
     receive_batch_size: int
     long_polling_timeout: _duration_pb2.Duration
-    def __init__(self, group: _Optional[_Union[Resource, _Mapping]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionEntry, _Mapping]]] = ..., fifo: _Optional[bool] = ..., receive_batch_size: _Optional[int] = ..., long_polling_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, group: _Optional[_Union[Resource, _Mapping]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionEntry, _Mapping]]] = ..., fifo: bool = ..., receive_batch_size: _Optional[int] = ..., long_polling_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Metric(_message.Message):
-    __slots__ = ("on", "endpoints")
+    __slots__ = ["on", "endpoints"]
     ON_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     on: bool
     endpoints: Endpoints
-    def __init__(self, on: _Optional[bool] = ..., endpoints: _Optional[_Union[Endpoints, _Mapping]] = ...) -> None: ...
+    def __init__(self, on: bool = ..., endpoints: _Optional[_Union[Endpoints, _Mapping]] = ...) -> None: ...
