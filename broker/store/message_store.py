@@ -75,7 +75,6 @@ from .disk import DiskGuard, read_only_error
 from .errors import StoreLockedError
 from .fileio import fsync_dir
 from .mapped_file import MappedFile
-from .reads import QueueReads
 from .recovery import (
     RecoveryDispatcher,
     RecoveryReport,
@@ -90,9 +89,10 @@ log = structlog.get_logger(__name__)
 _I64 = struct.Struct(">q")
 
 
-class MessageStore(Appends, QueueReads):
+class MessageStore(Appends):
     """The durable store: commit log, consume queues, checkpoint.  Its appends are
-    :class:`~.appends.Appends`, its reads :class:`~.reads.QueueReads`; the state is here.
+    :class:`~.appends.Appends`, its reads :class:`~.reads.QueueReads` (the base of the
+    appends); the state is here.
 
     Args:
         config: where and how to store.
