@@ -40,12 +40,12 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_messages, inflate_body
 
 from . import telemetry
+from ._validation import validate_topic
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .filter import SqlExpression
 from .lifecycle import ConnectedClient
 from .logs import get_logger
-from .producer import validate_topic
 from .pull_consumer import normalize_expression
 from .remoting import BrokerConnection
 
