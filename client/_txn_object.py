@@ -55,13 +55,8 @@ class _TransactionBlock:
         self._txn: AsyncTransaction | None = None
 
     async def __aenter__(self) -> AsyncTransaction:
-        if self._across_groups:
-            self._producer.require_cluster()
-        self._txn = AsyncTransaction(
-            self._producer,
-            self._transaction_id or new_uniq_id(),
-            across_groups=self._across_groups,
-            two_phase=self._two_phase,
+        self._txn = new_transaction(
+            self._producer, self._transaction_id, self._across_groups, self._two_phase
         )
         return self._txn
 
@@ -73,6 +68,24 @@ class _TransactionBlock:
             exc = exc_type()
         await self._txn.finish(exc)
         return False  # an exception goes on
+
+
+def new_transaction(
+    producer: AsyncTransactionProducer,
+    transaction_id: str | None,
+    across_groups: bool,
+    two_phase: bool,
+) -> AsyncTransaction:
+    """A transaction of ``producer`` (a new id unless one is given); one across groups checks
+    for a cluster first."""
+    if across_groups:
+        producer.require_cluster()
+    return AsyncTransaction(
+        producer,
+        transaction_id or new_uniq_id(),
+        across_groups=across_groups,
+        two_phase=two_phase,
+    )
 
 
 @dataclass

@@ -649,6 +649,8 @@ class AsyncProducer(ConnectedClient):
             )
             return result
 
+    # One function for the whole retry loop (route, queue, connection, answer): every send runs
+    # it, and a helper coroutine per attempt would cost each send another await.
     async def _send_attempts(
         self,
         msg: Message,

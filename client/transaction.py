@@ -56,11 +56,11 @@ from ._txn_common import (
     _call,
     end_transaction_fields,
 )
-from ._txn_object import AsyncTransaction, _TransactionBlock
+from ._txn_object import AsyncTransaction, _TransactionBlock, new_transaction
 from .config import DEFAULT_BROKER, ClientConfig
 from .lifecycle import AsyncClient
 from .logs import get_logger
-from .producer import AsyncProducer, SendResult, SendStatus, new_uniq_id
+from .producer import AsyncProducer, SendResult, SendStatus
 from .remoting import BrokerConnection, current_connection
 from .sync import _SyncClient, blocking
 from .two_phase import PreparedResolver, PreparedTransaction, PreparedTransactionUnknownError
@@ -534,23 +534,9 @@ class AsyncTransactionProducer(AsyncClient):
                 if txid and msg.properties.get(MessageConst.TXMQ_BATCH_KEY) == txid:
                     await self._answer_check_across(txid, state, conn)
                     return
-                end = EndTransactionRequestHeader(
-                    producer_group=self.group,
-                    tran_state_table_offset=header.tran_state_table_offset,
-                    commit_log_offset=header.commit_log_offset,
-                    commit_or_rollback=state.wire_value,
-                    from_transaction_check=True,
-                    msg_id=header.msg_id,
-                    transaction_id=header.transaction_id or msg.transaction_id,
+                await self._answer_check(
+                    header, state, header.transaction_id or msg.transaction_id, remark, conn
                 )
-                try:
-                    await self._end(end, remark, conn)
-                    self.checks_answered += 1
-                except TxmqError as exc:
-                    # the broker checks again next round if this did not land
-                    log.info(
-                        "check_answer_failed", transaction_id=end.transaction_id, error=str(exc)
-                    )
         finally:
             self._checks_waiting -= 1
 
@@ -583,6 +569,17 @@ class AsyncTransactionProducer(AsyncClient):
                     transaction_id=handle.transaction_id,
                     error=repr(exc),
                 )
+        await self._answer_check(header, state, handle.transaction_id, remark, conn)
+
+    async def _answer_check(
+        self,
+        header: CheckTransactionStateRequestHeader,
+        state: LocalTransactionState,
+        transaction_id: str | None,
+        remark: str | None,
+        conn: BrokerConnection,
+    ) -> None:
+        """Answer the check ``header`` with END_TRANSACTION ``state`` (from a check)."""
         end = EndTransactionRequestHeader(
             producer_group=self.group,
             tran_state_table_offset=header.tran_state_table_offset,
@@ -590,12 +587,13 @@ class AsyncTransactionProducer(AsyncClient):
             commit_or_rollback=state.wire_value,
             from_transaction_check=True,
             msg_id=header.msg_id,
-            transaction_id=handle.transaction_id,
+            transaction_id=transaction_id,
         )
         try:
             await self._end(end, remark, conn)
             self.checks_answered += 1
         except TxmqError as exc:
+            # the broker checks again next round if this did not land
             log.info("check_answer_failed", transaction_id=end.transaction_id, error=str(exc))
 
     async def _answer_check_across(
@@ -661,15 +659,9 @@ class TransactionProducer(_SyncClient):
         """The blocking form of :meth:`AsyncTransactionProducer.transaction`."""
         if two_phase and across_groups:
             self.core.transaction(across_groups=True, two_phase=True)  # raises ValueError
-        if across_groups:
-            self.core.require_cluster()
-        core = AsyncTransaction(
-            self.core,
-            transaction_id or new_uniq_id(),
-            across_groups=across_groups,
-            two_phase=two_phase,
+        txn = Transaction(
+            self, new_transaction(self.core, transaction_id, across_groups, two_phase)
         )
-        txn = Transaction(self, core)
         try:
             yield txn
         except BaseException as exc:
