@@ -23,7 +23,8 @@ from .producer import (
     SendStatus,  # noqa: F401 - the API docs resolve the inherited fields of TransactionSendResult here
 )
 
-log = get_logger(__name__)
+# The transaction module's logger: an application's settings for it cover these events too.
+log = get_logger("txmq.client.transaction")
 
 _END_TRANSACTION = int(RequestCode.END_TRANSACTION)
 

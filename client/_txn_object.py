@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .orderly import AsyncOrderlyPushConsumer
     from .transaction import AsyncTransactionProducer
 
-log = get_logger(__name__)
+# The transaction module's logger: an application's settings for it cover these events too.
+log = get_logger("txmq.client.transaction")
 
 
 class _TransactionBlock:

@@ -15,7 +15,8 @@ from .web import ConsoleError, Request, Response
 if TYPE_CHECKING:
     from .server import Console
 
-log = get_logger(__name__)
+# The console server's logger: an application's settings for it cover these events too.
+log = get_logger("txmq.client.console.server")
 
 
 def reset_target(form: dict[str, str]) -> tuple[str, str, int]:

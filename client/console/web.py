@@ -21,7 +21,8 @@ from ..logs import get_logger
 if TYPE_CHECKING:
     from .server import Console
 
-log = get_logger(__name__)
+# The console server's logger: an application's settings for it cover these events too.
+log = get_logger("txmq.client.console.server")
 
 COOKIE = "txmq_console"
 #: Seconds a session lives without a request.
