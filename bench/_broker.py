@@ -163,6 +163,16 @@ def emit(doc: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
+def emitted(stdout: str) -> dict[str, Any] | None:
+    """The document of the last JSON line a benchmark printed (:func:`emit`) in ``stdout``;
+    None when it printed none."""
+    doc: dict[str, Any] | None = None
+    for line in stdout.splitlines():
+        if line.startswith("JSON "):
+            doc = json.loads(line[5:])
+    return doc
+
+
 async def run_for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
     """Run ``one()`` in ``workers`` concurrent loops for ``seconds``: (calls completed, elapsed
     seconds)."""
