@@ -168,3 +168,15 @@ def _as_state(value: Any) -> LocalTransactionState:
     if isinstance(value, str) and value.upper() in LocalTransactionState.__members__:
         return LocalTransactionState[value.upper()]
     raise TypeError(f"a transaction listener must return a LocalTransactionState, got {value!r}")
+
+
+async def _ask(
+    fn: Any, *args: Any, name: str, event: str, transaction_id: str | None
+) -> tuple[LocalTransactionState, str | None]:
+    """``fn(*args)``'s answer as a state (no remark); UNKNOW when ``fn`` raised, with the
+    END_TRANSACTION remark naming ``fn`` (as ``name``) and its exception, logged as ``event``."""
+    try:
+        return _as_state(await _call(fn, *args)), None
+    except Exception as exc:
+        log.warning(event, transaction_id=transaction_id, error=repr(exc))
+        return LocalTransactionState.UNKNOW, f"{name} exception: {type(exc).__name__}: {exc}"

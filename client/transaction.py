@@ -52,8 +52,7 @@ from ._txn_common import (
     LocalTransactionState,
     TransactionListener,
     TransactionSendResult,
-    _as_state,
-    _call,
+    _ask,
     end_transaction_fields,
 )
 from ._txn_object import AsyncTransaction, _TransactionBlock, new_transaction
@@ -184,13 +183,14 @@ class AsyncTransactionProducer(AsyncClient):
                 f"the half message was not flushed in time ({result.status.value}); the "
                 "transaction was rolled back and no local transaction ran"
             )
-        remark = None
-        try:
-            state = _as_state(await _call(self.listener.execute_local_transaction, msg, arg))
-        except Exception as exc:
-            state = LocalTransactionState.UNKNOW
-            remark = f"executeLocalTransactionBranch exception: {type(exc).__name__}: {exc}"
-            log.warning("local_transaction_failed", transaction_id=txid, error=repr(exc))
+        state, remark = await _ask(
+            self.listener.execute_local_transaction,
+            msg,
+            arg,
+            name="executeLocalTransactionBranch",
+            event="local_transaction_failed",
+            transaction_id=txid,
+        )
         await self.end_transaction(result, state, remark)
         return TransactionSendResult.of(result, txid, state)
 
@@ -507,7 +507,6 @@ class AsyncTransactionProducer(AsyncClient):
     ) -> None:
         try:
             async with self._check_sem:
-                remark = None
                 if msg.properties.get(MessageConst.TXMQ_2PC) == "1":
                     # An outside coordinator decides: its resolver answers, never the listener.
                     handle = PreparedTransaction(
@@ -520,16 +519,13 @@ class AsyncTransactionProducer(AsyncClient):
                     )
                     await self._answer_prepared_check(header, handle, conn)
                     return
-                try:
-                    state = _as_state(await _call(self.listener.check_local_transaction, msg))
-                except Exception as exc:
-                    state = LocalTransactionState.UNKNOW
-                    remark = f"checkLocalTransaction exception: {type(exc).__name__}: {exc}"
-                    log.warning(
-                        "check_listener_failed",
-                        transaction_id=header.transaction_id,
-                        error=repr(exc),
-                    )
+                state, remark = await _ask(
+                    self.listener.check_local_transaction,
+                    msg,
+                    name="checkLocalTransaction",
+                    event="check_listener_failed",
+                    transaction_id=header.transaction_id,
+                )
                 txid = header.transaction_id or msg.transaction_id or ""
                 if txid and msg.properties.get(MessageConst.TXMQ_BATCH_KEY) == txid:
                     await self._answer_check_across(txid, state, conn)
@@ -548,8 +544,8 @@ class AsyncTransactionProducer(AsyncClient):
     ) -> None:
         """A check of a two-phase transaction: the prepared resolver's answer (UNKNOW without
         one, or when it fails: the broker asks again)."""
-        remark = None
         resolver = self.prepared_resolver
+        remark: str | None
         if resolver is None:
             state = LocalTransactionState.UNKNOW
             remark = "no prepared resolver in this producer"
@@ -559,16 +555,13 @@ class AsyncTransactionProducer(AsyncClient):
                 action="answered UNKNOW; set_prepared_resolver() lets the coordinator decide",
             )
         else:
-            try:
-                state = _as_state(await _call(resolver, handle))
-            except Exception as exc:
-                state = LocalTransactionState.UNKNOW
-                remark = f"prepared resolver exception: {type(exc).__name__}: {exc}"
-                log.warning(
-                    "prepared_resolver_failed",
-                    transaction_id=handle.transaction_id,
-                    error=repr(exc),
-                )
+            state, remark = await _ask(
+                resolver,
+                handle,
+                name="prepared resolver",
+                event="prepared_resolver_failed",
+                transaction_id=handle.transaction_id,
+            )
         await self._answer_check(header, state, handle.transaction_id, remark, conn)
 
     async def _answer_check(
