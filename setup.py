@@ -67,6 +67,7 @@ COMPILED = [
     "txmq.broker.messaging.timer",
     "txmq.client.remoting",
     "txmq.client.producer",
+    "txmq.client._validation",
 ]
 
 #: Written beside the compiled modules at build time: module name -> SHA-256 of the .py
