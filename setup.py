@@ -44,6 +44,7 @@ COMPILED = [
     "txmq.broker.store.mapped_file",
     "txmq.broker.store.queue_file",
     "txmq.client.producer",
+    "txmq.client._validation",
     "txmq.client.remoting",
     "txmq.broker.store.message_store",
     "txmq.broker.store.appends",

@@ -163,6 +163,16 @@ def emit(doc: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
+def emitted(stdout: str) -> dict[str, Any] | None:
+    """The document of the last JSON line a benchmark printed (:func:`emit`) in ``stdout``;
+    None when it printed none."""
+    doc: dict[str, Any] | None = None
+    for line in stdout.splitlines():
+        if line.startswith("JSON "):
+            doc = json.loads(line[5:])
+    return doc
+
+
 async def run_for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
     """Run ``one()`` in ``workers`` concurrent loops for ``seconds``: (calls completed, elapsed
     seconds)."""
@@ -190,6 +200,43 @@ class CommitAll(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
+async def send_request(
+    connection: Any,
+    *,
+    group: str,
+    topic: str,
+    queues: int,
+    queue_id: int,
+    sys_flag: int,
+    properties: str,
+    body: bytes,
+    timeout: float,
+    batch: bool | None = None,
+) -> None:
+    """One SEND_MESSAGE_V2 request (``batch``: SEND_BATCH_MESSAGE) as a producer makes it, sent
+    on ``connection`` (a :class:`~txmq.client.BrokerConnection`); raises unless it was stored."""
+    from txmq.protocol.codes import RequestCode
+    from txmq.protocol.command import RemotingCommand
+    from txmq.protocol.headers import SendMessageRequestHeader
+
+    header = SendMessageRequestHeader(
+        producer_group=group,
+        topic=topic,
+        default_topic_queue_nums=queues,
+        queue_id=queue_id,
+        sys_flag=sys_flag,
+        born_timestamp=int(time.time() * 1000),
+        flag=0,
+        properties=properties,
+        batch=batch,
+    )
+    code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+    cmd = RemotingCommand.request(code, header.to_v2_ext_fields(), body)
+    resp = await connection.request(cmd, timeout)
+    if resp.code != 0:
+        raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
+
+
 async def send_raw(
     address: str,
     *,
@@ -206,9 +253,6 @@ async def send_raw(
     SEND_MESSAGE_V2 requests, round-robin over ``queues`` queues, ``in_flight`` at a time on
     each of ``conns`` connections (no SDK in between: the broker's cost alone); the seconds it
     took."""
-    from txmq.protocol.codes import RequestCode
-    from txmq.protocol.command import RemotingCommand
-    from txmq.protocol.headers import SendMessageRequestHeader
     from txmq.protocol.message import MessageConst, UniqIdGenerator, properties_to_string
     from txmq.spark_connector.session import BrokerSession
 
@@ -222,25 +266,20 @@ async def send_raw(
             tasks: set[asyncio.Future[None]] = set()
 
             async def one(qid: int, props: str) -> None:
-                header = SendMessageRequestHeader(
-                    producer_group=group,
-                    topic=topic,
-                    default_topic_queue_nums=queues,
-                    queue_id=qid,
-                    sys_flag=sys_flag,
-                    born_timestamp=int(time.time() * 1000),
-                    flag=0,
-                    properties=props,
-                )
-                cmd = RemotingCommand.request(
-                    RequestCode.SEND_MESSAGE_V2, header.to_v2_ext_fields(), body
-                )
                 try:
-                    resp = await session.connection.request(cmd, 120.0)
+                    await send_request(
+                        session.connection,
+                        group=group,
+                        topic=topic,
+                        queues=queues,
+                        queue_id=qid,
+                        sys_flag=sys_flag,
+                        properties=props,
+                        body=body,
+                        timeout=120.0,
+                    )
                 finally:
                     sem.release()
-                if resp.code != 0:
-                    raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
 
             for i, extra in items:  # shared by the connections: each item is sent once
                 props = properties_to_string({MessageConst.UNIQ_KEY: ids.next_id(), **extra})

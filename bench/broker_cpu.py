@@ -42,7 +42,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from _broker import cpu_ticks, free_port, running
+from _broker import cpu_ticks, emitted, free_port, running
 from _scratch import scratch_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,10 +112,7 @@ def measure(target: Target, mode: str, seconds: float, timeout: float) -> dict[s
             cmd, capture_output=True, text=True, timeout=seconds * 10 + timeout, check=False
         )
         c1 = cpu_ticks(pid)
-    doc = None
-    for line in out.stdout.splitlines():
-        if line.startswith("JSON "):
-            doc = json.loads(line[5:])
+    doc = emitted(out.stdout)
     if doc is None:
         raise RuntimeError(f"{target.name} {mode}: throughput.py failed:\n{out.stderr[-2000:]}")
     sent = int(doc["sent"])

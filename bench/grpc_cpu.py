@@ -77,12 +77,7 @@ async def grpc_sender(
     prefix = f"{os.getpid():08X}{int(time.time()):08X}"
 
     async def send() -> None:
-        m = pb.Message(topic=pb.Resource(name=TOPIC), body=BODY)
-        sp = m.system_properties
-        sp.message_id = f"{prefix}{next(_ids):016X}"
-        sp.message_type = pb.NORMAL
-        sp.born_host = "127.0.0.1"
-        sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
+        m = _message(pb, prefix)
         r = await stub.SendMessage(spb.SendMessageRequest(messages=[m]), metadata=md, timeout=30)
         if r.status.code != pb.OK:
             raise RuntimeError(f"SendMessage answered {r.status}")
@@ -90,14 +85,19 @@ async def grpc_sender(
     return send, channel.close
 
 
-def _request(pb: Any, spb: Any, prefix: str) -> bytes:
+def _message(pb: Any, prefix: str) -> Any:
+    """A message to send, with a new message id, as a gRPC client makes it."""
     m = pb.Message(topic=pb.Resource(name=TOPIC), body=BODY)
     sp = m.system_properties
     sp.message_id = f"{prefix}{next(_ids):016X}"
     sp.message_type = pb.NORMAL
     sp.born_host = "127.0.0.1"
     sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
-    return bytes(spb.SendMessageRequest(messages=[m]).SerializeToString())
+    return m
+
+
+def _request(pb: Any, spb: Any, prefix: str) -> bytes:
+    return bytes(spb.SendMessageRequest(messages=[_message(pb, prefix)]).SerializeToString())
 
 
 def _literal(name: bytes, value: bytes) -> bytes:

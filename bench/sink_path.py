@@ -31,11 +31,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import emit, quiet_logs, spawn_broker  # noqa: E402
+from _broker import emit, quiet_logs, send_request, spawn_broker  # noqa: E402
 
-from txmq.protocol.codes import RequestCode  # noqa: E402
-from txmq.protocol.command import RemotingCommand  # noqa: E402
-from txmq.protocol.headers import SendMessageRequestHeader  # noqa: E402
 from txmq.protocol.message import (  # noqa: E402
     BatchBody,
     MessageConst,
@@ -95,26 +92,21 @@ async def send_partition(
         sem = asyncio.Semaphore(max_in_flight)
 
         async def one(qid: int, body: bytes) -> None:
-            header = SendMessageRequestHeader(
-                producer_group=GROUP,
-                topic=TOPIC,
-                default_topic_queue_nums=QUEUES,
-                queue_id=qid,
-                sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
-                born_timestamp=int(time.time() * 1000),
-                flag=0,
-                properties=properties_to_string({MessageConst.WAIT_STORE_MSG_OK: "true"}),
-                batch=True,
-            )
-            cmd = RemotingCommand.request(
-                RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext_fields(), body
-            )
             try:
-                resp = await session.connection.request(cmd, 60.0)
+                await send_request(
+                    session.connection,
+                    group=GROUP,
+                    topic=TOPIC,
+                    queues=QUEUES,
+                    queue_id=qid,
+                    sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE,
+                    properties=properties_to_string({MessageConst.WAIT_STORE_MSG_OK: "true"}),
+                    body=body,
+                    timeout=60.0,
+                    batch=True,
+                )
             finally:
                 sem.release()
-            if resp.code != 0:
-                raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
 
         tasks = []
         for qid, body in requests:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -26,7 +25,7 @@ import tempfile
 import urllib.request
 from collections.abc import Iterator
 
-from _broker import cpu_ticks, free_port, running
+from _broker import cpu_ticks, emitted, free_port, running
 from _scratch import scratch_dir
 from broker_cpu import Target, parse_target
 
@@ -78,10 +77,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, float]:
             check=False,
         )
         f1, c1 = flushes(mport), cpu_ticks(pid)
-    doc = None
-    for line in out.stdout.splitlines():
-        if line.startswith("JSON "):
-            doc = json.loads(line[5:])
+    doc = emitted(out.stdout)
     if doc is None:
         raise RuntimeError(f"{target.name}: throughput.py failed:\n{out.stderr[-2000:]}")
     sent = max(int(doc["sent"]), 1)

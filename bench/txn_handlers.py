@@ -117,28 +117,24 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, float]:
     conn: Any = SimpleNamespace(peer=("127.0.0.1", 40000), context={})
     k = args.messages
 
-    async def one(i: int, prof: cProfile.Profile | None) -> float:
-        txid = f"bench-{i}"
-        cmd = halves(k, txid)
+    async def handled(cmd: RemotingCommand, prof: cProfile.Profile | None) -> tuple[Any, float]:
+        """The broker's answer to ``cmd`` and the CPU seconds it took (profiled with ``prof``)."""
         t0 = time.process_time()
         if prof:
             prof.enable()
         answer = await broker.handle(conn, cmd)
         if prof:
             prof.disable()
-        t1 = time.process_time()
+        return answer, time.process_time() - t0
+
+    async def one(i: int, prof: cProfile.Profile | None) -> float:
+        txid = f"bench-{i}"
+        answer, half_cpu = await handled(halves(k, txid), prof)
         assert answer is not None and answer.code == 0, answer and answer.remark
-        end = commit(answer, txid)
-        t2 = time.process_time()
-        if prof:
-            prof.enable()
-        done = await broker.handle(conn, end)
-        if prof:
-            prof.disable()
-        t3 = time.process_time()
+        done, end_cpu = await handled(commit(answer, txid), prof)
         assert done is not None and done.code == 0, done and done.remark
         await asyncio.sleep(0)  # the index's turn, as between requests
-        return (t1 - t0) + (t3 - t2)
+        return half_cpu + end_cpu
 
     try:
         for i in range(args.warmup):

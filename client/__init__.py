@@ -51,6 +51,7 @@ from txmq.protocol.errors import (
 from txmq.protocol.message import Message, MessageExt
 
 from . import telemetry
+from ._txn_common import RollbackOnCheck, TransactionInDoubtError
 from .admin import AsyncAdminClient
 from .callbacks import ConnectionState
 from .config import ClientConfig, RetryPolicy
@@ -77,9 +78,7 @@ from .transaction import (
     AsyncTransactionProducer,
     CrossGroupUnavailableError,
     LocalTransactionState,
-    RollbackOnCheck,
     Transaction,
-    TransactionInDoubtError,
     TransactionListener,
     TransactionProducer,
     TransactionSendResult,

@@ -27,19 +27,14 @@ How it works, in RocketMQ's terms:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import enum
-import inspect
 import json
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from txmq.protocol import fastjson
 from txmq.protocol.aio import wait_event
@@ -54,13 +49,15 @@ from txmq.protocol.message import MessageConst, MessageExt, parse_subscription
 from txmq.protocol.topics import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
 from . import telemetry
+from ._queues import _FROM_WHERE, ConsumeFrom, ProcessQueue, allocate_averagely, parse_consume_from
+from ._sync_workers import _SKIPPED, _is_async_callable, _SyncWorkers
+from ._validation import validate_topic
 from .callbacks import RebalanceCallback, call_hook
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .lifecycle import ConnectedClient
 from .logs import EventLogger, get_logger
 from .offset_store import LocalOffsetStore, OffsetStoreError, default_offset_path
-from .producer import validate_topic
 from .pull_consumer import (
     PullStatus,
     check_client_config,
@@ -72,7 +69,6 @@ from .pull_consumer import (
     query_committed_offset,
     search_offset,
     subscription_data,
-    timestamp_ms,
     update_committed_offset,
 )
 from .remoting import BrokerConnection
@@ -81,162 +77,9 @@ from .trace import ConsumerTrace
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
-
 #: A message callback: ``f(msg)`` or ``async f(msg)``.  Returning normally acknowledges the
 #: message; raising asks for it again later.
 MessageCallback = Callable[[MessageExt], Any]
-
-
-class ConsumeFrom(enum.Enum):
-    """Where a group starts in a queue it has no committed offset for."""
-
-    #: At the queue's end: only messages sent from now on.
-    LAST = "last"
-    #: At the queue's first stored message.
-    FIRST = "first"
-    #: At the first message stored at or after a timestamp.
-    TIMESTAMP = "timestamp"
-
-
-_FROM_WHERE = {
-    ConsumeFrom.LAST: "CONSUME_FROM_LAST_OFFSET",
-    ConsumeFrom.FIRST: "CONSUME_FROM_FIRST_OFFSET",
-    ConsumeFrom.TIMESTAMP: "CONSUME_FROM_TIMESTAMP",
-}
-
-
-def parse_consume_from(
-    value: ConsumeFrom | str | int | float | datetime,
-) -> tuple[ConsumeFrom, int | None]:
-    """``"last"``, ``"first"``, a timestamp in ms or a datetime -> (mode, timestamp ms).
-
-    Raises:
-        ValueError: anything else.
-    """
-    if isinstance(value, ConsumeFrom):
-        if value is ConsumeFrom.TIMESTAMP:
-            raise ValueError("give the timestamp itself (ms or a datetime) as consume_from")
-        return value, None
-    if isinstance(value, str):
-        try:
-            mode = ConsumeFrom(value.strip().lower())
-        except ValueError:
-            raise ValueError(
-                f"consume_from must be 'last', 'first', a timestamp in ms or a datetime, "
-                f"got {value!r}"
-            ) from None
-        if mode is ConsumeFrom.TIMESTAMP:
-            raise ValueError("give the timestamp itself (ms or a datetime) as consume_from")
-        return mode, None
-    if isinstance(value, datetime) or (
-        isinstance(value, (int, float)) and not isinstance(value, bool)
-    ):
-        ms = timestamp_ms(value)
-        if ms < 0:
-            raise ValueError(f"consume_from timestamp must not be negative, got {value!r}")
-        return ConsumeFrom.TIMESTAMP, ms
-    raise ValueError(
-        f"consume_from must be 'last', 'first', a timestamp in ms or a datetime, got {value!r}"
-    )
-
-
-def allocate_averagely(queues: Sequence[T], consumer_ids: Sequence[str], me: str) -> list[T]:
-    """RocketMQ's AllocateMessageQueueAveragely: consecutive blocks of the (sorted) queues, the
-    first ``len(queues) % len(consumer_ids)`` consumers getting one more.
-
-    Args:
-        queues: every queue, sorted the same way by every member.
-        consumer_ids: every member, sorted the same way by every member.
-        me: this member's id.
-
-    Returns:
-        This member's queues (none if ``me`` is not a member).
-    """
-    if me not in consumer_ids or not queues:
-        return []
-    n, c = len(queues), len(consumer_ids)
-    index = list(consumer_ids).index(me)
-    mod = n % c
-    if n <= c:
-        size = 1
-    elif mod > 0 and index < mod:
-        size = n // c + 1
-    else:
-        size = n // c
-    start = index * size if mod > 0 and index < mod else index * size + mod
-    count = min(size, n - start)
-    return [queues[(start + i) % n] for i in range(max(count, 0))]
-
-
-class ProcessQueue:
-    """The messages of one queue pulled and not yet acknowledged (RocketMQ's ProcessQueue).
-
-    Offsets arrive in increasing order, so the dict's first key is the smallest one still in
-    processing; after an offset jump backwards (PULL_OFFSET_MOVED) ``min()`` is used instead.
-    """
-
-    def __init__(
-        self, topic: str, queue_id: int, offset: int, broker: str = "", conn: Any = None
-    ) -> None:
-        self.topic = topic
-        self.queue_id = queue_id
-        #: The broker group holding the queue, and the connection to its leader.
-        self.broker = broker
-        self.conn: BrokerConnection | None = conn
-        #: The next offset to pull.
-        self.next_offset = offset
-        #: The last offset stored at the broker.
-        self.committed: int | None = offset
-        self.msgs: dict[int, MessageExt] = {}
-        self.dropped = False
-        #: Messages handed to callbacks (or to send-back) and not settled yet.
-        self.running = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-        self.space = asyncio.Event()
-        self.space.set()
-        self.pull_task: asyncio.Task[None] | None = None
-        self._ordered = True
-        #: The group generation of the last rebalance that kept this queue here (None until
-        #: the broker tells one).
-        self.generation: int | None = None
-
-    @property
-    def key(self) -> MessageQueue:
-        return MessageQueue(self.topic, self.broker, self.queue_id)
-
-    def add(self, msgs: list[MessageExt]) -> None:
-        if self.msgs and msgs and msgs[0].queue_offset < next(reversed(self.msgs)):
-            self._ordered = False
-        for m in msgs:
-            self.msgs[m.queue_offset] = m
-
-    def remove(self, offset: int, threshold: int) -> None:
-        self.msgs.pop(offset, None)
-        if len(self.msgs) < threshold:
-            self.space.set()
-
-    def offset_moved(self, offset: int) -> None:
-        self.next_offset = offset
-        if self.msgs:
-            self._ordered = False
-
-    def offset_to_commit(self) -> int:
-        """The smallest offset still in processing, or the next offset to pull."""
-        if not self.msgs:
-            return self.next_offset
-        return next(iter(self.msgs)) if self._ordered else min(self.msgs)
-
-    def begin(self, n: int = 1) -> None:
-        self.running += n
-        self.idle.clear()
-
-    def end(self, n: int = 1) -> None:
-        self.running -= n
-        if self.running <= 0:
-            self.running = 0
-            self.idle.set()
 
 
 @dataclass
@@ -246,94 +89,6 @@ class _Subscription:
     callback: MessageCallback | None
     is_async: bool
     sub_version: int
-
-
-def _is_async_callable(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 -- objects with an async __call__
-    )
-
-
-_SKIPPED = object()
-_STOP = object()
-
-
-class _SyncWorkers:
-    """``consume_thread_max`` threads running sync callbacks from one FIFO work queue.
-
-    Results go back to the event loop in bulk: a worker appends to a deque and schedules one
-    drain on the loop only if none is pending, so a busy pool costs one loop wake-up per burst,
-    not per message.
-    """
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        n: int,
-        name: str,
-        on_result: Callable[[ProcessQueue, MessageExt, object], None],
-        group: str = "",
-    ) -> None:
-        self._loop = loop
-        self._group = group
-        self._on_result = on_result
-        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._results: collections.deque[tuple[ProcessQueue, MessageExt, object]] = (
-            collections.deque()
-        )
-        self._lock = threading.Lock()
-        self._drain_scheduled = False
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, pq: ProcessQueue, msg: MessageExt, callback: MessageCallback) -> None:
-        self._work.put((pq, msg, callback))
-
-    def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is _STOP:
-                return
-            pq, msg, callback = item
-            outcome: object
-            if pq.dropped:
-                outcome = _SKIPPED
-            else:
-                try:
-                    if telemetry.AVAILABLE:
-                        with telemetry.process_span(msg, self._group):
-                            callback(msg)
-                    else:
-                        callback(msg)
-                    outcome = None
-                except Exception as exc:  # the callback asked for a retry
-                    outcome = exc
-            self._results.append((pq, msg, outcome))
-            with self._lock:
-                if self._drain_scheduled:
-                    continue
-                self._drain_scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop is closed: the consumer is gone
-                return
-
-    def _drain(self) -> None:
-        with self._lock:
-            self._drain_scheduled = False
-        while self._results:
-            pq, msg, outcome = self._results.popleft()
-            self._on_result(pq, msg, outcome)
-
-    def stop(self, timeout: float) -> None:
-        for _ in self._threads:
-            self._work.put(_STOP)
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(deadline - time.monotonic(), 0))
 
 
 class AsyncPushConsumer(ConnectedClient):
@@ -1097,3 +852,13 @@ class AsyncPushConsumer(ConnectedClient):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+__all__ = [
+    "AsyncPushConsumer",
+    "ConsumeFrom",
+    "MessageCallback",
+    "ProcessQueue",
+    "allocate_averagely",
+    "parse_consume_from",
+]

@@ -56,8 +56,9 @@ from txmq.protocol.locks import LockBatchRequest, decode_lock_response
 from txmq.protocol.message import MessageExt
 
 from . import telemetry
+from ._queues import ProcessQueue
 from .config import DEFAULT_BROKER
-from .consumer import AsyncPushConsumer, ProcessQueue, _Subscription
+from .consumer import AsyncPushConsumer, _Subscription
 from .errors import ClientStateError
 from .logs import EventLogger, get_logger
 from .pull_consumer import query_committed_offset, update_committed_offset

@@ -39,10 +39,10 @@ from txmq.protocol.message import (
     tags_code,
 )
 
+from ._validation import validate_topic
 from .filter import SqlExpression
 from .lifecycle import ConnectedClient
 from .logs import get_logger
-from .producer import validate_topic
 from .remoting import BrokerConnection
 from .route import MessageQueue, fetch_route
 

@@ -40,12 +40,12 @@ from txmq.protocol.headers import (
 from txmq.protocol.message import MessageExt, MessageSysFlag, decode_messages, inflate_body
 
 from . import telemetry
+from ._validation import validate_topic
 from .config import DEFAULT_BROKER, ClientConfig
 from .errors import ClientStateError
 from .filter import SqlExpression
 from .lifecycle import ConnectedClient
 from .logs import get_logger
-from .producer import validate_topic
 from .pull_consumer import normalize_expression
 from .remoting import BrokerConnection
 
@@ -276,15 +276,18 @@ class AsyncSimpleConsumer(ConnectedClient):
                 ran out and it was delivered again, or it was acked already).
         """
         await self.connection.invoke(
-            RequestCode.ACK_MESSAGE,
-            AckMessageRequestHeader(
-                consumer_group=self.group,
-                topic=msg.message.topic,
-                queue_id=msg.message.queue_id,
-                extra_info=msg.receipt_handle,
-                offset=msg.message.queue_offset,
-            ),
+            RequestCode.ACK_MESSAGE, AckMessageRequestHeader(**self._delivery(msg))
         )
+
+    def _delivery(self, msg: ReceivedMessage) -> dict[str, Any]:
+        """The header fields naming ``msg``'s delivery (its receipt handle) to the broker."""
+        return {
+            "consumer_group": self.group,
+            "topic": msg.message.topic,
+            "queue_id": msg.message.queue_id,
+            "extra_info": msg.receipt_handle,
+            "offset": msg.message.queue_offset,
+        }
 
     async def change_invisible_duration(self, msg: ReceivedMessage, duration: float) -> None:
         """Make ``msg`` invisible for ``duration`` seconds from now (0: deliverable again at
@@ -298,14 +301,7 @@ class AsyncSimpleConsumer(ConnectedClient):
         ms = int(duration * 1000)
         resp = await self.connection.invoke(
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
-            ChangeInvisibleTimeRequestHeader(
-                consumer_group=self.group,
-                topic=msg.message.topic,
-                queue_id=msg.message.queue_id,
-                extra_info=msg.receipt_handle,
-                offset=msg.message.queue_offset,
-                invisible_time=ms,
-            ),
+            ChangeInvisibleTimeRequestHeader(**self._delivery(msg), invisible_time=ms),
         )
         parts = msg.receipt_handle.split(" ")
         parts[1] = str(resp.ext_fields.get("popTime", parts[1]))

@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote
 from txmq.protocol.errors import TxmqError
 
 if TYPE_CHECKING:
-    from .transaction import LocalTransactionState
+    from ._txn_common import LocalTransactionState
 
 #: The text form's prefix (format version 1).
 HANDLE_PREFIX = "txmq-2pc:1:"

@@ -95,6 +95,8 @@ async def run(ctx) -> None:
             ctx.pid_name = PID_NAME
 
 
+# One function, as the harness's other adapters are: every figure's run and check is a closure
+# over the clients and the topic made here.
 async def _suite(ctx, address: str, prefix: str) -> None:
     from txmq.client import (
         AsyncProducer,
@@ -284,64 +286,60 @@ async def _suite(ctx, address: str, prefix: str) -> None:
                 total += mx
         return None if total == res.count else f"consumed {res.count}, stored {total}"
 
-    try:
+    async def figure(name: str, what: str, run: Any, verify: Any, cls: str | None) -> None:
+        """One figure on a fresh topic; ``cls``: its comparison class (None: none)."""
+        classed = {} if cls is None else {"cls": cls}
         await ctx.figure(
-            f"{prefix}pub.one",
-            f"send, wait for each SEND_OK ({tag})",
-            pub_one,
-            prepare=fresh_topic,
-            cls="pub.one",
-            verify=vstored,
+            name, f"{what} ({tag})", run, prepare=fresh_topic, verify=verify, **classed
         )
+
+    try:
+        await figure(f"{prefix}pub.one", "send, wait for each SEND_OK", pub_one, vstored, "pub.one")
         for win in (100, 1000):
-            await ctx.figure(
+            await figure(
                 f"{prefix}pub.win{win}",
-                f"send, <= {win} in flight ({tag})",
+                f"send, <= {win} in flight",
                 lambda n, d, win=win: pub_window(n, d, win),
-                prepare=fresh_topic,
-                cls=f"pub.win{win}",
-                verify=vstored,
+                vstored,
+                f"pub.win{win}",
             )
         if not prefix:
-            await ctx.figure(
+            await figure(
                 "dedup.one",
-                f"send with a message id, each 10th resent ({tag})",
+                "send with a message id, each 10th resent",
                 dedup_one,
-                prepare=fresh_topic,
-                cls="dedup.one",
-                verify=vstored,
+                vstored,
+                "dedup.one",
             )
-            await ctx.figure(
+            await figure(
                 "dedup.win1000",
-                f"as dedup.one, <= 1000 in flight ({tag})",
+                "as dedup.one, <= 1000 in flight",
                 lambda n, d: dedup_window(n, d, 1000),
-                prepare=fresh_topic,
-                cls="dedup.win1000",
-                verify=vstored,
+                vstored,
+                "dedup.win1000",
             )
-            await ctx.figure(
+            await figure(
                 "pub.batch100",
-                f"send_batch, 100 per request ({tag})",
+                "send_batch, 100 per request",
                 lambda n, d: pub_batch(n, d, 100),
-                prepare=fresh_topic,
-                verify=vstored,
+                vstored,
+                None,
             )
         for k in (1, 10, 100) if not prefix else (1, 100):
-            await ctx.figure(
+            await figure(
                 f"{prefix}txn.{k}",
-                f"transaction(): {k} half(s) + END_TRANSACTION commit ({tag})",
+                f"transaction(): {k} half(s) + END_TRANSACTION commit",
                 lambda n, d, k=k: txn(n, d, k),
-                prepare=fresh_topic,
-                cls=f"txn.{k}",
-                verify=vtxn,
+                vtxn,
+                f"txn.{k}",
             )
         if not prefix:
-            await ctx.figure(
+            await figure(
                 "txn.seq.10",
-                f"as txn.10, halves one after the other ({tag})",
+                "as txn.10, halves one after the other",
                 lambda n, d: txn(n, d, 10, concurrent=False),
-                prepare=fresh_topic,
-                verify=vtxn,
+                vtxn,
+                None,
             )
             await ctx.figure(
                 "consume",

@@ -7,6 +7,7 @@ dead letters (with resend).  With a users file people sign in with the console's
 (viewer or operator); without one and with the broker's ACL on, with their broker accounts, and
 what they do is signed with them."""
 
-from .server import Console, Sessions
+from .server import Console
+from .web import Sessions
 
 __all__ = ["Console", "Sessions"]

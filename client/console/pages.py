@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from txmq.protocol.message import MessageConst, MessageExt
+from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
 
 #: Bytes of a message body the message page shows.
 BODY_PREVIEW = 4096
@@ -917,4 +918,12 @@ def reset_done(group: str, topic: str, what: str, moved: dict[int, int]) -> str:
         str(notice("ok", f"The offsets of {group} on {topic} were moved to {what}."))
         + table(["queue", "new offset"], sorted(moved.items()), numeric=(0, 1), css_id="moved")
         + f"<p>{link(path('groups', group), 'back to the group')}</p>"
+    )
+
+
+def internal_topic(name: str) -> bool:
+    return (
+        name in INTERNAL_TOPICS
+        or name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
+        or name == "TBW102"
     )

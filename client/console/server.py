@@ -1,4 +1,6 @@
-"""The console's HTTP side: routing, sessions, sign-in, CSRF tokens and the broker calls.
+"""The console: routing, sign-in, CSRF checks and the broker calls (its HTTP server and
+sessions: :mod:`.web`; the dead-letter and offset-reset pages: :mod:`.dead_letters`,
+:mod:`.offsets`).
 
 The standard library's :class:`~http.server.ThreadingHTTPServer` serves it (a page is a
 handful of admin requests; no framework is needed).  Each page opens one admin connection on
@@ -11,17 +13,11 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import re
-import secrets
 import ssl
 import threading
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from txmq.protocol.errors import (
     BrokerResponseError,
@@ -30,15 +26,15 @@ from txmq.protocol.errors import (
     ServiceNotAvailableError,
     TxmqError,
 )
-from txmq.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, INTERNAL_TOPICS, RETRY_GROUP_TOPIC_PREFIX
 from txmq.protocol.trace import TRACE_TOPIC
 
 from ..admin import AsyncAdminClient
 from ..bridge import LoopThread
 from ..logs import get_logger
 from ..trace_timeline import collect, timeline
-from . import charts, pages
+from . import charts, dead_letters, offsets, pages
 from .users import Users
+from .web import ConsoleError, Handler, Request, Response, Server, Sessions
 
 log = get_logger(__name__)
 
@@ -46,110 +42,9 @@ T = TypeVar("T")
 
 #: A message id (UNIQ_KEY) or an offset message id: 32 hex digits.
 _MSG_ID = re.compile(r"[0-9A-Fa-f]{32}")
-COOKIE = "txmq_console"
-#: Seconds a session lives without a request.
-SESSION_IDLE = 1800.0
-#: Sessions kept at most (the oldest go first): a flood of cookie-less requests cannot grow
-#: the table without bound.
-MAX_SESSIONS = 10_000
-#: Largest form body read.
-MAX_FORM = 64 * 1024
-#: Security headers of every answer: no script at all, nothing from elsewhere.
-HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 #: What the broker answers for a key it knows whose account lacks a right: the sign-in check
 #: accepts these (the key and secret are right); anything else refused is a failed sign-in.
 _AUTHENTICATED_REFUSALS = ("needs an admin account", "missing permission")
-
-
-@dataclass
-class Session:
-    token: str
-    csrf: str
-    last_seen: float
-    access_key: str | None = None
-    secret_key: str | None = field(default=None, repr=False)
-    admin: bool = False
-    #: who signed in (a console user, or the broker account) and the console role they have
-    user: str | None = None
-    role: str | None = None
-
-
-class Sessions:
-    """Browser sessions in memory: a random token in an HttpOnly cookie, a CSRF token, and
-    after sign-in the account (its secret stays here, never in a page or a cookie)."""
-
-    def __init__(
-        self,
-        idle: float = SESSION_IDLE,
-        limit: int = MAX_SESSIONS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.idle = idle
-        self.limit = limit
-        self.clock = clock
-        self._by_token: dict[str, Session] = {}
-        self._lock = threading.Lock()
-
-    def get(self, token: str | None) -> Session | None:
-        if not token:
-            return None
-        now = self.clock()
-        with self._lock:
-            s = self._by_token.get(token)
-            if s is None:
-                return None
-            if now - s.last_seen > self.idle:
-                del self._by_token[token]
-                return None
-            s.last_seen = now
-            return s
-
-    def new(self, access_key: str | None = None, secret_key: str | None = None) -> Session:
-        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), self.clock())
-        s.access_key, s.secret_key = access_key, secret_key
-        with self._lock:
-            now = self.clock()
-            for token in [t for t, x in self._by_token.items() if now - x.last_seen > self.idle]:
-                del self._by_token[token]
-            while len(self._by_token) >= self.limit:
-                del self._by_token[next(iter(self._by_token))]
-            self._by_token[s.token] = s
-        return s
-
-    def drop(self, token: str) -> None:
-        with self._lock:
-            self._by_token.pop(token, None)
-
-
-@dataclass
-class Request:
-    method: str
-    parts: list[str]
-    query: dict[str, str]
-    form: dict[str, str]
-    session: Session
-    target: str
-
-
-@dataclass
-class Response:
-    status: int
-    body: str = ""
-    location: str | None = None
-    session: Session | None = None  # a new session to set the cookie of
-
-
-class ConsoleError(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
 
 
 def _loopback(host: str) -> bool:
@@ -157,14 +52,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def internal_topic(name: str) -> bool:
-    return (
-        name in INTERNAL_TOPICS
-        or name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
-        or name == "TBW102"
-    )
 
 
 class Console:
@@ -207,14 +94,14 @@ class Console:
         self.timeout = timeout
         self.sessions = sessions or Sessions()
         self._acl: bool | None = None
-        self._loop = LoopThread("txmq-console-loop")
+        self.loop = LoopThread("txmq-console-loop")
         try:
-            self.httpd = _Server((host, port), _Handler)
+            self.httpd = Server((host, port), Handler)
         except BaseException:
-            self._loop.stop()
+            self.loop.stop()
             raise
         if https is not None:
-            # the handshake is made in each request's own thread (see _Server.finish_request)
+            # the handshake is made in each request's own thread (see Server.finish_request)
             self.httpd.socket = https.wrap_socket(
                 self.httpd.socket, server_side=True, do_handshake_on_connect=False
             )
@@ -223,7 +110,7 @@ class Console:
         self.sampler: charts.Sampler | None = None
         if sample_interval is not None:
             self.sampler = charts.Sampler(
-                lambda: self.call(lambda a: charts.read_figures(a, internal_topic)),
+                lambda: self.call(lambda a: charts.read_figures(a, pages.internal_topic)),
                 sample_interval,
             )
 
@@ -252,7 +139,7 @@ class Console:
         if self.sampler is not None:
             self.sampler.stop(timeout)
         self.httpd.server_close()
-        self._loop.stop(timeout)
+        self.loop.stop(timeout)
 
     def host_allowed(self, host_header: str | None) -> bool:
         """A console listening on loopback answers only requests addressed to a loopback
@@ -288,7 +175,7 @@ class Console:
             ) as admin:
                 return await fn(admin)
 
-        return self._loop.run(go(), timeout=self.timeout * 6)
+        return self.loop.run(go(), timeout=self.timeout * 6)
 
     def acl_enabled(self) -> bool:
         """Whether the broker checks an ACL (asked once, then remembered)."""
@@ -306,25 +193,25 @@ class Console:
         try:
             return self._route(req)
         except ConsoleError as exc:
-            return self._page(req, exc.status, "Error", pages.error(str(exc)))
+            return self.page(req, exc.status, "Error", pages.error(str(exc)))
         except NoPermissionError as exc:
-            return self._page(
+            return self.page(
                 req,
                 HTTPStatus.FORBIDDEN,
                 "Refused",
                 pages.error(f"The broker refused the console's request: {exc}"),
             )
         except (ProtocolError, BrokerResponseError) as exc:
-            return self._page(req, HTTPStatus.BAD_REQUEST, "Error", pages.error(str(exc)))
+            return self.page(req, HTTPStatus.BAD_REQUEST, "Error", pages.error(str(exc)))
         except (TxmqError, OSError) as exc:
-            return self._page(
+            return self.page(
                 req,
                 HTTPStatus.BAD_GATEWAY,
                 "Broker unreachable",
                 pages.error(f"The broker at {self.broker} does not answer: {exc}"),
             )
 
-    def _page(
+    def page(
         self, req: Request, status: int, title: str, content: str, active: str = ""
     ) -> Response:
         body = pages.layout(
@@ -351,9 +238,7 @@ class Console:
     def can_act(self, req: Request) -> bool:
         return self.role(req) == "operator"
 
-    def _operator(
-        self, req: Request, what: str
-    ) -> tuple[tuple[str | None, str | None], str | None]:
+    def operator(self, req: Request, what: str) -> tuple[tuple[str | None, str | None], str | None]:
         """The account an action is made with and who made it; 403 for a viewer."""
         if not self.can_act(req):
             log.info("console_action_forbidden", what=what, by=req.session.user)
@@ -395,12 +280,12 @@ class Console:
             if len(p) == 2 and p[0] == "groups":
                 return self._group(req, p[1])
             if len(p) == 3 and p[0] == "groups" and p[2] == "reset":
-                return self._reset_form(req, p[1])
+                return offsets.reset_form(self, req, p[1])
             if p == ["transactions"]:
                 return self._transactions(req)
             if len(p) == 2 and p[0] == "transactions":
                 t = self._transaction_or_404(p[1])
-                return self._page(
+                return self.page(
                     req,
                     HTTPStatus.OK,
                     f"Transaction {p[1]}",
@@ -416,15 +301,15 @@ class Console:
             if p == ["trace"]:
                 return self._trace(req)
             if p == ["dlq"]:
-                return self._dlq(req)
+                return dead_letters.dlq(self, req)
             if p == ["dlq", "confirm"]:
-                return self._dlq_confirm(req)
+                return dead_letters.dlq_confirm(self, req)
         if m == "POST" and len(p) == 3 and p[0] == "transactions":
             return self._act(req, p[1], p[2])
         if m == "POST" and p == ["dlq", "resend"]:
-            return self._dlq_resend(req)
+            return dead_letters.dlq_resend(self, req)
         if m == "POST" and len(p) == 3 and p[0] == "groups" and p[2] == "reset":
-            return self._reset(req, p[1])
+            return offsets.reset(self, req, p[1])
         raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such page: {req.target}")
 
     # -- sign-in -----------------------------------------------------------------------------
@@ -438,7 +323,7 @@ class Console:
         if not self.acl_enabled():
             return Response(HTTPStatus.SEE_OTHER, location=next_url)
         if req.method == "GET":
-            return self._page(
+            return self.page(
                 req, HTTPStatus.OK, "Sign in", pages.login(next_url, req.session.csrf, None)
             )
         ak = req.form.get("access_key", "").strip()
@@ -460,7 +345,7 @@ class Console:
                     problem = f"The broker refused these credentials: {exc}"
         if problem is not None:
             log.info("console_sign_in_refused", access_key=ak)
-            return self._page(
+            return self.page(
                 req,
                 HTTPStatus.UNAUTHORIZED,
                 "Sign in",
@@ -477,14 +362,14 @@ class Console:
     def _user_login(self, req: Request, next_url: str) -> Response:
         assert self.users is not None
         if req.method == "GET":
-            return self._page(
+            return self.page(
                 req, HTTPStatus.OK, "Sign in", pages.user_login(next_url, req.session.csrf, None)
             )
         name = req.form.get("username", "").strip()
         user = self.users.authenticate(name, req.form.get("password", ""))
         if user is None:
             log.info("console_sign_in_refused", user=name)
-            return self._page(
+            return self.page(
                 req,
                 HTTPStatus.UNAUTHORIZED,
                 "Sign in",
@@ -508,7 +393,7 @@ class Console:
             return info, cluster
 
         info, cluster = self.call(collect)
-        return self._page(
+        return self.page(
             req,
             HTTPStatus.OK,
             f"Broker {info.get('brokerName')}",
@@ -523,7 +408,7 @@ class Console:
             table = await a.list_topics()
             rows = []
             for name in sorted(table):
-                if not show_all and internal_topic(name):
+                if not show_all and pages.internal_topic(name):
                     continue
                 stats = await a.topic_stats(name)
                 queues = stats.get("offsetTable") or []
@@ -537,7 +422,7 @@ class Console:
                 )
             return rows
 
-        return self._page(
+        return self.page(
             req, HTTPStatus.OK, "Topics", pages.topics(self.call(collect), show_all), "topics"
         )
 
@@ -549,7 +434,7 @@ class Console:
             return config, await a.topic_stats(name)
 
         config, stats = self.call(collect)
-        return self._page(
+        return self.page(
             req, HTTPStatus.OK, f"Topic {name}", pages.topic(name, config, stats), "topics"
         )
 
@@ -577,7 +462,7 @@ class Console:
                 )
             return rows
 
-        return self._page(
+        return self.page(
             req, HTTPStatus.OK, "Consumer groups", pages.groups(self.call(collect)), "groups"
         )
 
@@ -590,7 +475,7 @@ class Console:
             return await a.consume_stats(name), await self._members(a, name)
 
         stats, conns = self.call(collect)
-        return self._page(
+        return self.page(
             req,
             HTTPStatus.OK,
             f"Consumer group {name}",
@@ -605,7 +490,7 @@ class Console:
         txns = self.call(
             lambda a: a.list_transactions(group=group, topic=topic, state=state, limit=1000)
         )
-        return self._page(
+        return self.page(
             req,
             HTTPStatus.OK,
             "Transactions",
@@ -626,10 +511,10 @@ class Console:
     def _confirm(self, req: Request, transaction_id: str, action: str) -> Response:
         if action not in pages.ACTIONS:
             raise ConsoleError(HTTPStatus.BAD_REQUEST, f"No such action: {action!r}")
-        self._operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
+        self.operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
         t = self._transaction_or_404(transaction_id)
         user = req.session.user
-        return self._page(
+        return self.page(
             req,
             HTTPStatus.OK,
             f"{pages.ACTIONS[action][0]} transaction?",
@@ -640,7 +525,7 @@ class Console:
     def _act(self, req: Request, transaction_id: str, action: str) -> Response:
         if action not in pages.ACTIONS:
             raise ConsoleError(HTTPStatus.NOT_FOUND, f"No such action: {action!r}")
-        credentials, who = self._operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
+        credentials, who = self.operator(req, f"{pages.ACTIONS[action][0].lower()} a transaction")
         reason = req.form.get("reason", "").strip()[:200] or (
             f"txmq console ({who})" if who else "txmq console"
         )
@@ -661,26 +546,26 @@ class Console:
                 f"Refused: the broker's ACL did not let {who or 'the console'} "
                 f"{label.lower()} this transaction. Nothing was changed. ({exc})",
             )
-            return self._page(
+            return self.page(
                 req, HTTPStatus.FORBIDDEN, f"{label}: refused", content, "transactions"
             )
         except BrokerResponseError as exc:
             content = pages.action_result(
                 transaction_id, False, f"The broker did not {label.lower()} it: {exc}"
             )
-            return self._page(req, HTTPStatus.CONFLICT, f"{label}: failed", content, "transactions")
+            return self.page(req, HTTPStatus.CONFLICT, f"{label}: failed", content, "transactions")
         log.info("console_action", action=action, transaction=transaction_id, by=who)
         done = {"commit": "committed", "rollback": "rolled back", "resume": "resumed"}[action]
         content = pages.action_result(
             transaction_id, True, f"Transaction {transaction_id} {done}. {text}".strip()
         )
-        return self._page(req, HTTPStatus.OK, f"{label}: done", content, "transactions")
+        return self.page(req, HTTPStatus.OK, f"{label}: done", content, "transactions")
 
     def _message(self, req: Request) -> Response:
         msg_id = req.query.get("id", "").strip()
         topic = req.query.get("topic", "").strip() or None
         if not msg_id:
-            return self._page(req, HTTPStatus.OK, "Message", pages.message_form("", ""), "messages")
+            return self.page(req, HTTPStatus.OK, "Message", pages.message_form("", ""), "messages")
         if not _MSG_ID.fullmatch(msg_id):
             raise ConsoleError(
                 HTTPStatus.BAD_REQUEST,
@@ -692,7 +577,7 @@ class Console:
             raise
         except BrokerResponseError as exc:
             raise ConsoleError(HTTPStatus.NOT_FOUND, f"No message {msg_id!r}: {exc}") from None
-        return self._page(req, HTTPStatus.OK, "Message", pages.message(msg, msg_id), "messages")
+        return self.page(req, HTTPStatus.OK, "Message", pages.message(msg, msg_id), "messages")
 
     # -- charts ------------------------------------------------------------------------------
 
@@ -700,41 +585,30 @@ class Console:
         if self.sampler is None:
             return None
         sm = self.sampler
+        boxes = [
+            # heading, points, chart title, unit, element id
+            ("Messages sent per second", sm.points(charts.SEND_RATE), "sent/s", "msg/s", "send"),
+            (
+                "Messages consumed per second",
+                sm.points(charts.CONSUME_RATE),
+                "consumed/s",
+                "msg/s",
+                "consume",
+            ),
+            (
+                "Pending transactions",
+                sm.points(charts.PENDING),
+                "pending transactions",
+                "",
+                "pending",
+            ),
+            ("Total lag of all groups", self._total_lag(), "total lag", "messages", "lag"),
+        ]
         return "".join(
-            [
-                pages.chart_box(
-                    "Messages sent per second",
-                    charts.svg(
-                        sm.points(charts.SEND_RATE),
-                        title="sent/s",
-                        unit="msg/s",
-                        css_id="chart-send",
-                    ),
-                ),
-                pages.chart_box(
-                    "Messages consumed per second",
-                    charts.svg(
-                        sm.points(charts.CONSUME_RATE),
-                        title="consumed/s",
-                        unit="msg/s",
-                        css_id="chart-consume",
-                    ),
-                ),
-                pages.chart_box(
-                    "Pending transactions",
-                    charts.svg(
-                        sm.points(charts.PENDING),
-                        title="pending transactions",
-                        css_id="chart-pending",
-                    ),
-                ),
-                pages.chart_box(
-                    "Total lag of all groups",
-                    charts.svg(
-                        self._total_lag(), title="total lag", unit="messages", css_id="chart-lag"
-                    ),
-                ),
-            ]
+            pages.chart_box(
+                heading, charts.svg(points, title=title, unit=unit, css_id=f"chart-{css_id}")
+            )
+            for heading, points, title, unit, css_id in boxes
         )
 
     def _total_lag(self) -> list[tuple[float, float]]:
@@ -767,7 +641,7 @@ class Console:
         found = None
         if topic and key:
             found = self.call(lambda a: a.query_messages(topic, key, max_num=64)).messages
-        return self._page(
+        return self.page(
             req, HTTPStatus.OK, "Search by key", pages.search(topic, key, found), "search"
         )
 
@@ -777,233 +651,4 @@ class Console:
         rows = None
         if key:
             rows = timeline(self.call(lambda a: collect(a, key, TRACE_TOPIC)))
-        return self._page(req, HTTPStatus.OK, "Trace", pages.trace(key, rows), "trace")
-
-    # -- dead letters ------------------------------------------------------------------------
-
-    def _client_config(self, credentials: tuple[str | None, str | None]) -> Any:
-        from ..config import ClientConfig
-
-        return ClientConfig(access_key=credentials[0], secret_key=credentials[1], tls=self.tls)
-
-    def _dlq_groups(self) -> list[str]:
-        names = self.call(lambda a: a.list_topics())
-        return sorted(
-            n[len(DLQ_GROUP_TOPIC_PREFIX) :] for n in names if n.startswith(DLQ_GROUP_TOPIC_PREFIX)
-        )
-
-    def _dlq_messages(self, group: str) -> list[Any]:
-        from ..dlq import read_dlq
-
-        msgs: list[Any] = self._loop.run(
-            read_dlq(group, self.broker, self._client_config(self.credentials), limit=500),
-            timeout=self.timeout * 6,
-        )
-        return msgs
-
-    def _dlq(self, req: Request) -> Response:
-        group = req.query.get("group", "").strip()
-        msgs = self._dlq_messages(group) if group else None
-        return self._page(
-            req,
-            HTTPStatus.OK,
-            f"Dead letters of {group}" if group else "Dead letters",
-            pages.dlq(self._dlq_groups(), group, msgs, self.can_act(req)),
-            "dlq",
-        )
-
-    def _dlq_pick(self, group: str, msg_id: str) -> list[Any]:
-        if not group:
-            raise ConsoleError(HTTPStatus.BAD_REQUEST, "Name the consumer group.")
-        msgs = self._dlq_messages(group)
-        if msg_id:
-            msgs = [m for m in msgs if msg_id in (m.msg_id, m.offset_msg_id)]
-            if not msgs:
-                raise ConsoleError(HTTPStatus.NOT_FOUND, f"No message {msg_id!r} in %DLQ%{group}.")
-        if not msgs:
-            raise ConsoleError(HTTPStatus.NOT_FOUND, f"No dead-lettered message of {group}.")
-        return msgs
-
-    def _dlq_confirm(self, req: Request) -> Response:
-        self._operator(req, "resend dead letters")
-        group, msg_id = req.query.get("group", ""), req.query.get("id", "")
-        msgs = self._dlq_pick(group, msg_id)
-        return self._page(
-            req,
-            HTTPStatus.OK,
-            "Resend dead letters?",
-            pages.dlq_confirm(group, msg_id, msgs, req.session.csrf),
-            "dlq",
-        )
-
-    def _dlq_resend(self, req: Request) -> Response:
-        from ..dlq import resend
-
-        credentials, who = self._operator(req, "resend dead letters")
-        group, msg_id = req.form.get("group", ""), req.form.get("id", "")
-        msgs = self._dlq_pick(group, msg_id)
-        try:
-            done = self._loop.run(
-                resend(msgs, self.broker, self._client_config(credentials)),
-                timeout=self.timeout * 6,
-            )
-        except ValueError as exc:
-            raise ConsoleError(HTTPStatus.CONFLICT, str(exc)) from None
-        log.info("console_dlq_resend", group=group, count=len(done), by=who)
-        return self._page(req, HTTPStatus.OK, "Resent", pages.dlq_resent(group, done), "dlq")
-
-    # -- reset offset ------------------------------------------------------------------------
-
-    def _reset_target(self, form: dict[str, str]) -> tuple[str, str, int]:
-        """topic, what it is reset to in words, and the timestamp in ms."""
-        topic = form.get("topic", "").strip()
-        to = form.get("to", "")
-        if not topic:
-            raise ConsoleError(HTTPStatus.BAD_REQUEST, "Name the topic.")
-        if to == "earliest":
-            return topic, "the earliest message", 0
-        if to == "latest":
-            return topic, "the end of each queue", int(time.time() * 1000) + 86_400_000
-        if to == "time":
-            raw = form.get("time", "").strip()
-            try:
-                ms = pages.parse_time(raw)
-            except ValueError:
-                raise ConsoleError(
-                    HTTPStatus.BAD_REQUEST,
-                    f"{raw!r} is not a time (give YYYY-MM-DD HH:MM:SS in UTC, or ms since the "
-                    "epoch).",
-                ) from None
-            return topic, f"the first message stored at or after {pages.when(ms)}", ms
-        raise ConsoleError(HTTPStatus.BAD_REQUEST, "Choose earliest, latest or a time.")
-
-    def _reset_form(self, req: Request, group: str) -> Response:
-        self._operator(req, "reset offsets")
-
-        async def collect(a: AsyncAdminClient) -> list[dict[str, Any]]:
-            if group not in await a.consumer_groups():
-                raise ConsoleError(
-                    HTTPStatus.NOT_FOUND, f"The broker knows no consumer group {group!r}."
-                )
-            return await a.consume_stats(group)
-
-        stats = self.call(collect)
-        topics = sorted({s["topic"] for s in stats if not internal_topic(s["topic"])})
-        if req.query.get("to"):
-            topic, what, _ = self._reset_target(req.query)
-            return self._page(
-                req,
-                HTTPStatus.OK,
-                f"Reset the offsets of {group}?",
-                pages.reset_confirm(group, topic, what, req.query, stats, req.session.csrf),
-                "groups",
-            )
-        return self._page(
-            req,
-            HTTPStatus.OK,
-            f"Reset the offsets of {group}",
-            pages.reset_form(group, topics, req.query.get("topic", "")),
-            "groups",
-        )
-
-    def _reset(self, req: Request, group: str) -> Response:
-        credentials, who = self._operator(req, "reset offsets")
-        topic, what, ms = self._reset_target(req.form)
-        moved = self.call(lambda a: a.reset_offset(group, topic, timestamp=ms), credentials)
-        log.info("console_reset_offset", group=group, topic=topic, timestamp=ms, by=who)
-        return self._page(
-            req,
-            HTTPStatus.OK,
-            "Offsets reset",
-            pages.reset_done(group, topic, what, moved),
-            "groups",
-        )
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    console: Console
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if isinstance(request, ssl.SSLSocket):
-            # the TLS handshake, in this request's thread (a slow or silent client holds up
-            # no other); a failed one (plain HTTP to an HTTPS console, say) ends here
-            request.settimeout(self.console.timeout * 2)
-            try:
-                request.do_handshake()
-            except (OSError, ValueError) as exc:
-                log.debug("console_tls_handshake_failed", client=client_address, error=str(exc))
-                return
-        super().finish_request(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "txmq-console"
-    sys_version = ""
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        log.debug("console_http", client=self.client_address[0], line=format % args)
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def _serve(self, method: str) -> None:
-        console = self.server.console
-        if not console.host_allowed(self.headers.get("Host")):
-            # a page of another site reaching a console on loopback through a name of its own
-            # (DNS rebinding) is not served
-            self.send_error(HTTPStatus.MISDIRECTED_REQUEST, "unknown Host for this console")
-            return
-        url = urlsplit(self.path)
-        parts = [unquote(s) for s in url.path.split("/") if s]
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        form: dict[str, str] = {}
-        if method == "POST":
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_FORM:
-                self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-                return
-            raw = self.rfile.read(length).decode("utf-8", errors="replace")
-            form = {k: v[0] for k, v in parse_qs(raw).items()}
-        token = None
-        try:
-            cookie = SimpleCookie(self.headers.get("Cookie") or "")
-            if COOKIE in cookie:
-                token = cookie[COOKIE].value
-        except CookieError:
-            pass
-        session = console.sessions.get(token)
-        fresh = session is None
-        if session is None:
-            session = console.sessions.new()
-        req = Request(
-            method, parts, query, form, session, url.path + (f"?{url.query}" if url.query else "")
-        )
-        resp = console.handle(req)
-        if resp.session is not None:
-            session, fresh = resp.session, True
-        body = resp.body.encode("utf-8")
-        self.send_response(resp.status)
-        for k, v in HEADERS.items():
-            self.send_header(k, v)
-        if console.https is not None:
-            # browsers that reached it over HTTPS once never try plain HTTP for it again
-            self.send_header("Strict-Transport-Security", "max-age=31536000")
-        if resp.location is not None:
-            self.send_header("Location", resp.location)
-        if fresh:
-            self.send_header(
-                "Set-Cookie",
-                f"{COOKIE}={session.token}; Path=/; HttpOnly; SameSite=Strict"
-                + ("; Secure" if console.https is not None else ""),
-            )
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(body)
+        return self.page(req, HTTPStatus.OK, "Trace", pages.trace(key, rows), "trace")

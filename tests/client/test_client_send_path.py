@@ -338,7 +338,7 @@ def test_validation_shortcut_accepts_only_what_the_full_checks_accept(
     props: dict[str, str],
     delay: int,
 ) -> None:
-    from txmq.client.producer import validate_message
+    from txmq.client._validation import validate_message
 
     def outcome(m: Message) -> object:
         try:
@@ -373,7 +373,7 @@ def test_validation_shortcut_accepts_only_what_the_full_checks_accept(
 def test_batch_entries_carry_the_properties_the_general_writer_gives(
     msgs: list[Message], extra: dict[str, str] | None
 ) -> None:
-    from txmq.client.producer import validate_message
+    from txmq.client._validation import validate_message
     from txmq.protocol.message import BatchBody
 
     p = AsyncProducer("g", config=FAST_CLIENT)

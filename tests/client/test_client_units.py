@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 import txmq.client as client
 from txmq.client import ClientConfig, ConsumeFrom, InvalidMessageError, Message
+from txmq.client._validation import validate_message, validate_topic
 from txmq.client.config import parse_address
 from txmq.client.consumer import ProcessQueue, allocate_averagely, parse_consume_from
-from txmq.client.producer import _plain_properties, validate_message, validate_topic
+from txmq.client.producer import _plain_properties
 from txmq.protocol.errors import ProtocolError
 from txmq.protocol.message import MessageConst, MessageExt, properties_to_string
 

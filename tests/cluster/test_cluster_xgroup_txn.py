@@ -33,8 +33,8 @@ from txmq.client import (
     TransactionListener,
     TransactionProducer,
 )
+from txmq.client._txn_common import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.client.admin import AsyncAdminClient
-from txmq.client.transaction import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import TxmqError
 

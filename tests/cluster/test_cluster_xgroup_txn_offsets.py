@@ -35,8 +35,8 @@ from txmq.client import (
     MessageExt,
     RollbackOnCheck,
 )
+from txmq.client._txn_common import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.client.admin import AsyncAdminClient
-from txmq.client.transaction import PAUSE_AT_ENV, PAUSE_FILE_ENV
 from txmq.protocol.errors import TxmqError
 
 pytestmark = [pytest.mark.slow, pytest.mark.external]

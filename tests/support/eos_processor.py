@@ -30,7 +30,7 @@ from txmq.client import (
     RollbackOnCheck,
     TxmqError,
 )
-from txmq.client.transaction import _pause_point
+from txmq.client._txn_common import _pause_point
 
 CONFIG = ClientConfig(
     request_timeout=3.0,

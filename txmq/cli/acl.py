@@ -39,6 +39,27 @@ def _everywhere(broker: str, call: Callable[[Any], Awaitable[T]]) -> list[T]:
     return [_admin(addr, call) for _, addr in _leaders(broker)]
 
 
+def _change(
+    broker: str,
+    output: str,
+    change: Callable[[Any], Awaitable[object]],
+    read: Callable[[Any], Awaitable[object]],
+    done: str,
+) -> None:
+    """Make ``change`` everywhere (:func:`_everywhere`), then print what ``read`` gives on the
+    first leader (-o json: the broker's state after the change), or ``done``."""
+
+    async def go(a: Any) -> object:
+        await change(a)
+        return await read(a) if output == "json" else None
+
+    changed = _everywhere(broker, go)
+    if output == "json":
+        _echo_json(next(iter(changed), None))
+        return
+    click.echo(done)
+
+
 def _subject(user: str) -> str:
     return user if user.startswith("User:") else f"User:{user}"
 
@@ -77,15 +98,13 @@ def user_create(
     if password is None:  # asked on stderr: stdout holds only the result (-o json in a pipe)
         password = str(click.prompt("Password", hide_input=True, err=True))
 
-    async def create(a: Any) -> dict[str, Any] | None:
-        await a.create_user(username, password, super_user=super_user, enabled=not disabled)
-        return await a.get_user(username) if output == "json" else None
-
-    done = _everywhere(broker, create)
-    if output == "json":
-        _echo_json(next(iter(done), None))
-        return
-    click.echo(f"created user {username}")
+    _change(
+        broker,
+        output,
+        lambda a: a.create_user(username, password, super_user=super_user, enabled=not disabled),
+        lambda a: a.get_user(username),
+        f"created user {username}",
+    )
 
 
 @user.command("update")
@@ -112,15 +131,15 @@ def user_update(
 
     With -o json, prints the user as the broker now holds it (never its password)."""
 
-    async def update(a: Any) -> dict[str, Any] | None:
-        await a.update_user(username, password=password, super_user=super_user, enabled=enabled)
-        return await a.get_user(username) if output == "json" else None
-
-    done = _everywhere(broker, update)
-    if output == "json":
-        _echo_json(next(iter(done), None))
-        return
-    click.echo(f"updated user {username}")
+    _change(
+        broker,
+        output,
+        lambda a: a.update_user(
+            username, password=password, super_user=super_user, enabled=enabled
+        ),
+        lambda a: a.get_user(username),
+        f"updated user {username}",
+    )
 
 
 @user.command("list")
@@ -210,15 +229,13 @@ def policy_create(
     policies = [{"policyType": policy_type, "entries": entries}]
     subject = _subject(username)
 
-    async def create(a: Any) -> dict[str, Any] | None:
-        await a.create_acl(subject, policies)
-        return await a.get_acl(subject) if output == "json" else None
-
-    done = _everywhere(broker, create)
-    if output == "json":
-        _echo_json(next(iter(done), None))
-        return
-    click.echo(f"{decision} {','.join(actions)} on {', '.join(resources)} for {username}")
+    _change(
+        broker,
+        output,
+        lambda a: a.create_acl(subject, policies),
+        lambda a: a.get_acl(subject),
+        f"{decision} {','.join(actions)} on {', '.join(resources)} for {username}",
+    )
 
 
 @policy.command("list")

@@ -115,14 +115,19 @@ def _echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
-OUTPUT_OPTION = click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
+def output_option(default: str, text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--output table|json`` (``-o``), defaulting to ``default``."""
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(["table", "json"]),
+        default=default,
+        show_default=True,
+        help=text,
+    )
+
+
+OUTPUT_OPTION = output_option("table", "A table for people, or JSON for scripts.")
 
 
 def _output_options(fn: Callable[..., None]) -> Callable[..., None]:

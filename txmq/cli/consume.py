@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .common import BROKER_OPTION, _body_preview, _client_config, _run
+from .common import BROKER_OPTION, _body_preview, _client_config, _run, output_option
 
 
 @click.command()
@@ -37,13 +37,8 @@ from .common import BROKER_OPTION, _body_preview, _client_config, _run
 )
 @click.option("--count", "-n", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="json",
-    show_default=True,
-    help="One JSON line per message (for scripts), or one short line each for people.",
+@output_option(
+    "json", "One JSON line per message (for scripts), or one short line each for people."
 )
 def consume(
     broker: str,
