@@ -87,4 +87,6 @@ class BrokerContext:
             except OSError as exc:
                 if isinstance(exc, StoreIOError):
                     raise
-                raise StoreIOError(f"cannot write the topic table {table.path}: {exc}") from exc
+                raise StoreIOError.wrapping(
+                    f"cannot write the topic table {table.path}: {exc}", exc
+                ) from exc

@@ -284,8 +284,8 @@ class Appends(QueueReads):
                 try:
                     cq.prepare_range(cq.max_offset, count)
                 except OSError as exc:
-                    raise StoreIOError(
-                        f"cannot extend consume queue {key[0]}/{key[1]}: {exc}"
+                    raise StoreIOError.wrapping(
+                        f"cannot extend consume queue {key[0]}/{key[1]}: {exc}", exc
                     ) from exc
                 packed: list[bytes] = []
                 queues[key] = [cq.max_offset, packed]

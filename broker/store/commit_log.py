@@ -494,7 +494,9 @@ class CommitLog:
             new = MappedFile.create(self.directory, pos, self.segment_size, writable=False)
         except OSError as exc:
             log.error("segment_create_failed", path=self.segment_path(pos), error=str(exc))
-            raise StoreIOError(f"cannot create commit-log segment at offset {pos}: {exc}") from exc
+            raise StoreIOError.wrapping(
+                f"cannot create commit-log segment at offset {pos}: {exc}", exc
+            ) from exc
         self._append_segment(new)
         self._dir_dirty = True
         log.debug("segment_created", path=new.path)
@@ -537,8 +539,8 @@ class CommitLog:
             log.error(
                 "commit_log_write_failed", path=seg.path, offset=pos, size=total, error=str(exc)
             )
-            raise StoreIOError(
-                f"writing {total} bytes to the commit log at offset {pos} failed: {exc}"
+            raise StoreIOError.wrapping(
+                f"writing {total} bytes to the commit log at offset {pos} failed: {exc}", exc
             ) from exc
         return written
 
@@ -602,8 +604,8 @@ class CommitLog:
                 try:
                     seg = MappedFile.create(self.directory, pos, self.segment_size, writable=False)
                 except OSError as exc:
-                    raise StoreIOError(
-                        f"cannot create commit-log segment at offset {pos}: {exc}"
+                    raise StoreIOError.wrapping(
+                        f"cannot create commit-log segment at offset {pos}: {exc}", exc
                     ) from exc
                 self._append_segment(seg)
                 self._dir_dirty = True

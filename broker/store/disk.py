@@ -30,18 +30,12 @@ _REFUSING_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 
 def disk_errno(exc: BaseException) -> int | None:
-    """The errno of ``exc`` (or of what caused it) when it says the disk takes no writes.
-
-    The chain is followed through ``__context__`` too: code compiled by mypyc raises
-    ``raise X from exc`` with ``__cause__`` unset (the exception handled is still its
-    context)."""
+    """The errno of ``exc`` (or of what caused it) when it says the disk takes no writes."""
     seen: BaseException | None = exc
-    for _ in range(16):  # a chain is short; the bound guards against a cycle
-        if seen is None:
-            break
+    while seen is not None:
         if isinstance(seen, OSError) and seen.errno in _REFUSING_ERRNOS:
             return seen.errno
-        seen = seen.__cause__ or seen.__context__
+        seen = seen.__cause__
     return None
 
 

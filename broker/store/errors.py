@@ -26,3 +26,14 @@ class StoreCorruptError(TxmqError):  # type: ignore[misc, unused-ignore]
 class StoreIOError(BrokerSystemError, OSError):  # type: ignore[misc, unused-ignore]
     """Writing to the commit log failed (disk full, I/O error).  Nothing of the failed append
     is visible; the store stays usable once the cause is gone."""
+
+    @classmethod
+    def wrapping(cls, message: str, cause: BaseException) -> StoreIOError:
+        """The error for a write that failed with ``cause``: its errno (what the disk-full
+        refusal reads) and its ``__cause__`` set here, not left to ``raise ... from``, which
+        code compiled by mypyc does not always honour."""
+        err = cls(message)
+        if isinstance(cause, OSError):
+            err.errno = cause.errno
+        err.__cause__ = cause
+        return err

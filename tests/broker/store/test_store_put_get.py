@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -438,6 +439,9 @@ def test_failed_write_leaves_nothing_visible(make_store: MakeStore, tmp_path: Pa
         with pytest.raises(StoreIOError) as err:
             store.put_message(make_msg(body=b"lost"))
         assert isinstance(err.value, OSError) and "commit log" in str(err.value)
+        # the errno and the cause travel with it (the disk-full refusal reads them), also
+        # when the store runs compiled
+        assert err.value.errno == errno.EBADF and isinstance(err.value.__cause__, OSError)
         assert store.max_phy_offset == ok.end_offset
         assert store.get_max_offset_in_queue("TopicA", 0) == 1
     finally:
