@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, AddressPattern, parse_acl_document
@@ -91,12 +92,10 @@ def acl_file(tmp_path: Path) -> Path:
 async def acl_broker(
     make_broker_config: Callable[..., BrokerConfig], acl_file: Path
 ) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(acl_file)))
-    await controller.start()
-    try:
+    async with started(
+        make_broker_config(acl_enable=True, plain_acl_file=str(acl_file))
+    ) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 def send_header(topic: str, group: str, *, transactional: bool = False) -> dict[str, Any]:
@@ -538,17 +537,13 @@ async def test_global_white_addresses_are_trusted_without_credentials(
 ) -> None:
     path = tmp_path / "acl.yml"
     path.write_text("globalWhiteRemoteAddresses:\n  - 127.0.0.*\naccounts: []\n")
-    broker = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(path)))
-    await broker.start()
-    try:
+    async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as broker:
         c = await RawClient.connect(broker.address)
         try:
             resp = await c.call(RequestCode.GET_BROKER_RUNTIME_INFO)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
         finally:
             await c.close()
-    finally:
-        await broker.shutdown()
 
 
 async def test_with_acl_off_signed_and_unsigned_requests_are_served(

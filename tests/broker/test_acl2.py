@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.auth2 import Acl, PolicyEntry, Resource, decide
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -47,12 +48,8 @@ def entry(resource: str, actions: list[str], decision: str = "Allow", ips: Any =
 async def auth_broker(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
-    b = BrokerController(make_broker_config(**SETTINGS))
-    await b.start()
-    try:
+    async with started(make_broker_config(**SETTINGS)) as b:
         yield b
-    finally:
-        await b.shutdown()
 
 
 async def setup_users(broker: BrokerController) -> None:
@@ -191,19 +188,11 @@ async def test_users_and_policies_survive_a_restart(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     config = make_broker_config(**SETTINGS)
-    b = BrokerController(config)
-    await b.start()
-    try:
+    async with started(config) as b:
         await setup_users(b)
-    finally:
-        await b.shutdown()
     # no initial user this time: everything comes from the store
-    b = BrokerController(config.replace(init_authentication_user=""))
-    await b.start()
-    try:
+    async with started(config.replace(init_authentication_user="")) as b:
         await check_policies(b)
-    finally:
-        await b.shutdown()
     stored = Path(config.store_path_root_dir) / "config" / "auth.json"
     doc = json.loads(stored.read_text(encoding="utf-8"))
     assert {u["username"] for u in doc["state"]["users"]} == {"root-user", "alice", "bob-user"}
@@ -211,16 +200,12 @@ async def test_users_and_policies_survive_a_restart(
     # the last change, the policy update) is read instead
     doc["state"]["users"][0]["userType"] = "Super"
     stored.write_text(json.dumps(doc), encoding="utf-8")
-    b = BrokerController(config)
-    await b.start()
-    try:
+    async with started(config) as b:
         assert not b.acl.state.users["alice"].super  # type: ignore[union-attr]
         async with admin(b) as a:
             acl = await a.get_acl("User:alice")
         assert acl is not None
         assert "Topic:secret" not in json.dumps(acl)  # the last change was lost with the file
-    finally:
-        await b.shutdown()
     # the damaged file was set aside and the state written again, the backup left as it was
     assert [p.name.split("-")[0] for p in stored.parent.glob("auth.json.damaged-*")] == [
         "auth.json.damaged"

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.brokers import started
 from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.broker.store.mapped_file import segment_name
 from txmq.broker.store.scrub import check_chunk
 from txmq.protocol.message import decode_message
@@ -35,9 +35,7 @@ def _fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _filled(cfg: BrokerConfig) -> tuple[int, dict[bytes, int], int]:
     """60 messages over several segments; the port, each body's commit-log offset, and the
     end of the log."""
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         c = await RawClient.connect(b.address)
         try:
             for i in range(60):
@@ -50,8 +48,6 @@ async def _filled(cfg: BrokerConfig) -> tuple[int, dict[bytes, int], int]:
             m = decode_message(raw)
             offsets[m.body] = m.commit_log_offset
         end = b.store.max_phy_offset
-    finally:
-        await b.shutdown()
     return b.port, offsets, end
 
 
@@ -85,9 +81,7 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
 
     scrubbing = dataclasses.replace(cfg, listen_port=port, commit_log_scrub_bytes_per_second=RATE)
     with capture_logs() as logs:
-        b = BrokerController(scrubbing)
-        await b.start()
-        try:
+        async with started(scrubbing) as b:
             # recovery starts at the checkpoint: it does not see the damage
             assert b.recovery["store"].damaged_records == 0
             scrub = b.scrub
@@ -125,8 +119,6 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
             assert {(e["file"], e["commit_log_offset"]) for e in failed} == {
                 (str(segment), offsets[victim])
             }
-        finally:
-            await b.shutdown()
 
 
 async def test_chunks_of_any_size_find_the_same_damage(

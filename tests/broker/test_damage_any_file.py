@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import scratch
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
 from txmq.protocol.message import decode_message
 
@@ -52,9 +52,7 @@ def _config(root: str) -> BrokerConfig:
 
 
 async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
-    b = BrokerController(_config(root))
-    await b.start()
-    try:
+    async with started(_config(root)) as b:
         c = await RawClient.connect(b.address)
         try:
             for i in range(60):  # several commit-log segments and consume-queue files
@@ -74,8 +72,6 @@ async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
             for raw in r.messages:
                 m = decode_message(raw)
                 records[m.body] = (m.commit_log_offset, RECORD_HEADER_SIZE + len(raw))
-    finally:
-        await b.shutdown()
     return records, b"tx-rolled-back"
 
 
@@ -97,9 +93,7 @@ def template() -> Template:
 
 
 async def _read_back(root: str) -> list[bytes]:
-    b = BrokerController(_config(root))
-    await b.start()  # must not fail, whatever was damaged
-    try:
+    async with started(_config(root)) as b:  # must not fail, whatever was damaged
         c = await RawClient.connect(b.address)
         try:
             bodies: list[bytes] = []
@@ -115,8 +109,6 @@ async def _read_back(root: str) -> list[bytes]:
             return bodies
         finally:
             await c.close()
-    finally:
-        await b.shutdown()
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -53,20 +54,12 @@ async def test_a_damaged_snapshot_is_set_aside_and_the_table_rebuilt(
         data[len(data) // 3 : len(data) // 3 + 8] = b"\xc1" * 8  # never-used msgpack byte
     path.write_bytes(bytes(data))
 
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert _table(b) == before
         assert b.recovery["transactions"]["snapshot"] == 0  # rebuilt from the queues
         assert not path.exists()
         assert path.with_name("snapshot.msgpack.damaged").read_bytes() == bytes(data)
-    finally:
-        await b.shutdown()
     # The next start reads the fresh snapshot written at shutdown.
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert _table(b) == before
         assert b.recovery["transactions"]["snapshot"] == 1
-    finally:
-        await b.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -81,15 +82,11 @@ async def test_a_restarted_broker_hands_out_higher_generations(
     config = make_broker_config()
     seen = []
     for _ in range(2):
-        controller = BrokerController(config)
-        await controller.start()
-        try:
+        async with started(config) as controller:
             c = await RawClient.connect(controller.address)
             await c.heartbeat(consumer_groups={GROUP: {"t": "*"}})
             seen.append((await members(c))[1])
             await c.close()
-        finally:
-            await controller.shutdown()
     assert seen[1] > seen[0]
 
 

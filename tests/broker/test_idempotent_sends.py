@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from tests.support.brokers import raw_broker
 from tests.support.fastpath import batch_body, batch_header
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -70,10 +71,7 @@ async def test_a_resent_batch_is_stored_once_on_both_paths(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(fast_path_enable=fast))
-        await b.start()
-        c = await RawClient.connect(b.address)
-        try:
+        async with raw_broker(make_broker_config(fast_path_enable=fast)) as (b, c):
             rows = [
                 (f"m{i}".encode(), 0, properties_to_string({C.UNIQ_KEY: f"B{i}"}).encode())
                 for i in range(5)
@@ -97,9 +95,6 @@ async def test_a_resent_batch_is_stored_once_on_both_paths(
             assert ids[:2] == _answer(first)[0].split(",")[3:]
             got = sorted(await _bodies(c, "bt"))
             assert got == [f"m{i}".encode() for i in range(6)], f"fast path {fast}: {got}"
-        finally:
-            await c.close()
-            await b.shutdown()
 
 
 async def test_a_resent_half_joins_its_transaction_once(broker: BrokerController) -> None:
@@ -192,16 +187,10 @@ async def test_the_window_survives_a_restart_and_ends(
 
 
 async def test_off_when_the_window_is_zero(make_broker_config: Callable[..., BrokerConfig]) -> None:
-    b = BrokerController(make_broker_config(duplicate_window_seconds=0))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(duplicate_window_seconds=0)) as (b, c):
         for _ in range(2):
             await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("do", "O1"), b"o")
         assert await _bodies(c, "do") == [b"o", b"o"]
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerController) -> None:
@@ -228,10 +217,7 @@ async def test_a_message_twice_in_one_batch_is_stored_once(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(fast_path_enable=fast))
-        await b.start()
-        c = await RawClient.connect(b.address)
-        try:
+        async with raw_broker(make_broker_config(fast_path_enable=fast)) as (b, c):
             row = (b"twice", 0, properties_to_string({C.UNIQ_KEY: "W1"}).encode())
             other = (b"other", 0, properties_to_string({C.UNIQ_KEY: "W2"}).encode())
             resp = await c.call(
@@ -242,9 +228,6 @@ async def test_a_message_twice_in_one_batch_is_stored_once(
             ids = _answer(resp)[0].split(",")
             assert len(ids) == 3 and ids[0] == ids[2] != ids[1], f"fast path {fast}: {ids}"
             assert sorted(await _bodies(c, "bw")) == [b"other", b"twice"], f"fast path {fast}"
-        finally:
-            await c.close()
-            await b.shutdown()
 
 
 def test_the_window_is_bounded_and_says_when_it_is_cut_short() -> None:

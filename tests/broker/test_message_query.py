@@ -11,6 +11,7 @@ from collections.abc import Callable
 from click.testing import CliRunner
 
 from tests.client.helpers import FAST_CLIENT
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
@@ -209,9 +210,7 @@ async def test_query_message_on_the_wire(broker: BrokerController) -> None:
 async def test_a_broker_without_the_index_says_so(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(message_index_enable=False))
-    await b.start()
-    try:
+    async with started(make_broker_config(message_index_enable=False)) as b:
         assert b.index is None
         async with AsyncAdminClient(b.address) as admin:
             await admin.create_topic("plain")
@@ -231,8 +230,6 @@ async def test_a_broker_without_the_index_says_so(
                 pass
             else:
                 raise AssertionError("viewing a malformed id succeeded")
-    finally:
-        await b.shutdown()
 
 
 def test_txmq_message_find_and_show(broker_thread: BrokerController) -> None:

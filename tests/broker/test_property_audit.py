@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.compat_audit import (
     DOC,
     probe_grpc,
@@ -80,16 +81,12 @@ async def test_a_served_property_does_what_the_table_says(
     the refusals it documents."""
     if key == "__SHARDINGKEY":
         pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
-    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
-    await b.start()
-    try:
+    async with started(make_broker_config(grpc_server_enable=True, grpc_server_port=0)) as b:
         c = await RawClient.connect(b.address)
         try:
             await PROBES[key](b, c)
         finally:
             await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_ignored_properties_are_stored_and_delivered_as_sent(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -23,12 +24,8 @@ SQL = "a > 5 AND region = 'eu'"
 async def broker_off(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(make_broker_config(enable_property_filter=False))
-    await controller.start()
-    try:
+    async with started(make_broker_config(enable_property_filter=False)) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerController) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -27,12 +28,8 @@ async def clocked(
 ) -> AsyncIterator[tuple[BrokerController, list[float]]]:
     """A broker whose clock runs ``shift[0]`` seconds ahead of the wall clock."""
     shift = [0.0]
-    controller = BrokerController(make_broker_config(), clock=lambda: time.time() + shift[0])
-    await controller.start()
-    try:
+    async with started(make_broker_config(), clock=lambda: time.time() + shift[0]) as controller:
         yield controller, shift
-    finally:
-        await controller.shutdown()
 
 
 #: The broker, its clock shift, and two connected clients (closed after the test).

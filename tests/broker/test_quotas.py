@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.brokers import raw_broker, started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, parse_acl_document
@@ -54,12 +55,8 @@ async def quota_broker(
 ) -> AsyncIterator[BrokerController]:
     path = tmp_path / "plain_acl.yml"
     path.write_text(ACL_FILE, encoding="utf-8")
-    b = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(path)))
-    await b.start()
-    try:
+    async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as b:
         yield b
-    finally:
-        await b.shutdown()
 
 
 def throttled(b: BrokerController, account: str, kind: str) -> float:
@@ -187,10 +184,7 @@ async def test_a_consume_rate_slows_pulls(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     rate = 32 * 1024
-    b = BrokerController(make_broker_config(quota_consume_byte_rate=rate))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(quota_consume_byte_rate=rate)) as (b, c):
         for _ in range(40):  # 160 KiB
             assert (await c.send("slow", b"s" * 4096, queue_id=0)).code == ResponseCode.SUCCESS
         t0 = time.monotonic()
@@ -209,9 +203,6 @@ async def test_a_consume_rate_slows_pulls(
         # 160 KiB at 32 KiB/s after a 32 KiB burst: four seconds; at least half of it.
         assert took >= 2.0, took
         assert throttled(b, "address:127.0.0.1", "consume") > 0
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 def test_quota_settings_are_checked() -> None:
@@ -245,11 +236,9 @@ async def test_the_sdk_producer_slows_to_its_rate_and_sees_the_refusal(
 
     # Refused past it (here at once: quotaMaxThrottleMs 0): the SDK retries SYSTEM_BUSY, then
     # raises it with the broker's words.
-    b = BrokerController(
+    async with started(
         make_broker_config(quota_produce_byte_rate=8 * 1024, quota_max_throttle_ms=0)
-    )
-    await b.start()
-    try:
+    ) as b:
         async with AsyncProducer("sdk-busy", b.address) as producer:
             # Passes (no debt yet) and leaves five seconds of debt.
             await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
@@ -257,5 +246,3 @@ async def test_the_sdk_producer_slows_to_its_rate_and_sees_the_refusal(
                 await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
         # Each attempt, the SDK's retries included, was refused and counted.
         assert throttled(b, "address:127.0.0.1", "produce") == 3
-    finally:
-        await b.shutdown()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.broker.test_ops_port import get
+from tests.support.brokers import raw_broker
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -133,16 +134,10 @@ async def test_a_filesystem_gone_read_only_refuses_writes_serves_reads_and_loses
     _run("umount", str(mnt))
     subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
     _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
-    again = BrokerController(_config(make_broker_config, mnt / "store"))
-    await again.start()
-    c = await RawClient.connect(again.address)
-    try:
+    async with raw_broker(_config(make_broker_config, mnt / "store")) as (again, c):
         got = await c.pull_all("ro")
         assert sorted(m.body for m in got) == sorted(b"m%d" % i for i in range(acked))
         assert (await c.send("ro", b"after")).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
-        await again.shutdown()
 
 
 class _Flags:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -94,15 +95,11 @@ async def test_tbw102_routes_a_new_topic_that_the_first_send_creates(
 async def test_no_tbw102_route_without_auto_creation(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(auto_create_topic_enable=False))
-    await b.start()
-    try:
+    async with started(make_broker_config(auto_create_topic_enable=False)) as b:
         c = await RawClient.connect(b.address)
         resp = await c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}, st=JSON)
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_a_new_group_is_told_offset_zero_while_the_queue_starts_at_zero(

@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+from tests.support.brokers import raw_broker
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
@@ -196,10 +197,7 @@ async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) 
 
 
 async def test_pop_refuses_a_bad_filter_and_a_bad_invisible_time(make_broker_config: Any) -> None:
-    broker = BrokerController(make_broker_config(enable_property_filter=False))
-    await broker.start()
-    c = await RawClient.connect(broker.address)
-    try:
+    async with raw_broker(make_broker_config(enable_property_filter=False)) as (broker, c):
         await create_topic(c)
         r, _ = await pop(c, 1, invisible_ms=10)
         assert r.code == ResponseCode.INVALID_PARAMETER and "invisibleTime" in (r.remark or "")
@@ -223,16 +221,10 @@ async def test_pop_refuses_a_bad_filter_and_a_bad_invisible_time(make_broker_con
         assert bad.code == ResponseCode.INVALID_PARAMETER and "extraInfo" in (bad.remark or "")
         # the broker goes on serving
         assert (await c.send(TOPIC, b"still", queue_id=0)).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
-        await broker.shutdown()
 
 
 async def test_pop_sql_filter(make_broker_config: Any) -> None:
-    b = BrokerController(make_broker_config(enable_property_filter=True))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(enable_property_filter=True)) as (b, c):
         await create_topic(c, queues=1)
         for i in range(4):
             r = await c.send(TOPIC, f"s{i}".encode(), props={"n": str(i)})
@@ -248,6 +240,3 @@ async def test_pop_sql_filter(make_broker_config: Any) -> None:
         assert sorted(m.body for m in got) == [b"s2", b"s3"]
         r, _ = await pop(c, 1, expType="SQL92", exp="n >")
         assert r.code == SUBSCRIPTION_PARSE_FAILED, (r.code, r.remark)
-    finally:
-        await c.close()
-        await b.shutdown()

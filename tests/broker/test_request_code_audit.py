@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.compat_audit import DOC, grpc_methods, probe_grpc, replace_section, tables
 from tests.support.grpc_probes import PROBES as GRPC_PROBES
 from tests.support.raw import RawClient
@@ -81,16 +82,12 @@ async def test_a_served_request_does_its_job(
     make_broker_config: Callable[..., BrokerConfig], code: int
 ) -> None:
     """Each served request code sent to a broker, with the answer and the effect checked."""
-    b = BrokerController(make_broker_config(**CONFIG.get(code, {})))
-    await b.start()
-    try:
+    async with started(make_broker_config(**CONFIG.get(code, {}))) as b:
         c = await RawClient.connect(b.address)
         try:
             await PROBES[code](b, c)
         finally:
             await c.close()
-    finally:
-        await b.shutdown()
 
 
 def test_every_served_rpc_has_a_probe(broker_thread_factory: Callable[..., BrokerThread]) -> None:
@@ -113,10 +110,6 @@ async def test_a_served_rpc_does_its_job(
 
     from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
 
-    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
-    await b.start()
-    try:
+    async with started(make_broker_config(grpc_server_enable=True, grpc_server_port=0)) as b:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:
             await GRPC_PROBES[rpc](b, sgrpc.MessagingServiceStub(ch))
-    finally:
-        await b.shutdown()

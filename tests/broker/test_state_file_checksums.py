@@ -17,6 +17,7 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.brokers import raw_broker, started
 from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from txmq.broker import runtime_config
@@ -161,15 +162,11 @@ async def test_consumer_offsets_with_a_changed_offset_are_read_from_the_backup(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         b.ctx.offsets.commit("billing", "orders", 0, 5)
         assert await b.in_background(b.ctx.offsets.persist)
         b.ctx.offsets.commit("billing", "orders", 0, 7)
         assert await b.in_background(b.ctx.offsets.persist)  # the first one is the backup
-    finally:
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "config" / "consumerOffset.json"
     doc = json.loads(path.read_bytes())
     # RocketMQ's shape, the checksum one more top-level field
@@ -195,17 +192,11 @@ async def test_a_topic_table_with_a_changed_queue_count_is_read_from_the_backup(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(cfg) as (b, c):
         assert (await c.send("first", b"x")).code == 0
         await b.persist_topics()
         assert (await c.send("second", b"y")).code == 0
         await b.persist_topics()
-    finally:
-        await c.close()
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "config" / "topics.json"
     doc = json.loads(path.read_bytes())
     assert doc["topicConfigTable"]["second"]["readQueueNums"] == 4
@@ -232,13 +223,9 @@ async def test_tables_written_before_checksums_load_and_are_written_with_one(
     config.mkdir(parents=True)
     old = {"offsetTable": {"orders@billing": {"0": 42}}, "dataVersion": {"counter": 3}}
     (config / "consumerOffset.json").write_text(json.dumps(old, indent=2))
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         assert b.ctx.offsets.query("billing", "orders", 0) == 42
         assert not _aside(config / "consumerOffset.json")
-    finally:
-        await b.shutdown()
     doc = json.loads((config / "consumerOffset.json").read_bytes())
     assert CHECKSUM_FIELD in doc and doc["offsetTable"] == old["offsetTable"]
 
@@ -250,15 +237,9 @@ async def test_a_store_checkpoint_with_a_changed_offset_is_set_aside(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(cfg) as (b, c):
         for i in range(5):
             assert (await c.send("orders", f"m{i}".encode())).code == 0
-    finally:
-        await c.close()
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "checkpoint"
     assert CRC in path.read_bytes()
     _flip_digit(path, "logicOffset")

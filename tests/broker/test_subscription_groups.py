@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.broker.test_admin_commands import cli
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -110,9 +111,7 @@ async def test_configs_survive_a_restart_and_delete_removes_them(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    first = BrokerController(cfg)
-    await first.start()
-    try:
+    async with started(cfg) as first:
         c = await RawClient.connect(first.address)
         try:
             assert (await _update(c, MQADMIN_BODY)).code == ResponseCode.SUCCESS
@@ -120,17 +119,13 @@ async def test_configs_survive_a_restart_and_delete_removes_them(
             assert (await _update(c, body)).code == ResponseCode.SUCCESS
         finally:
             await c.close()
-    finally:
-        await first.shutdown()
     path = os.path.join(cfg.store_path_root_dir, "config", "subscriptionGroup.json")
     with open(path, encoding="utf-8") as f:
         on_disk = json.load(f)
     assert sorted(on_disk["subscriptionGroupTable"]) == ["orders-fifo", "slow"]
     assert on_disk["dataVersion"]["counter"] == 2
 
-    second = BrokerController(cfg)
-    await second.start()
-    try:
+    async with started(cfg) as second:
         c = await RawClient.connect(second.address)
         try:
             assert (await _get(c, "orders-fifo")).body == MQADMIN_BODY
@@ -146,8 +141,6 @@ async def test_configs_survive_a_restart_and_delete_removes_them(
             assert again.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
         finally:
             await c.close()
-    finally:
-        await second.shutdown()
     with open(path, encoding="utf-8") as f:
         assert sorted(json.load(f)["subscriptionGroupTable"]) == ["orders-fifo"]
 
@@ -295,9 +288,7 @@ async def test_a_subscription_group_file_from_rocketmq_is_read(
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(rocketmq_file, f, indent=4)
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         async with AsyncAdminClient(b.address) as admin:
             orders = await admin.group_config("orders")
             assert (orders["consumeMessageOrderly"], orders["retryMaxTimes"]) == (True, 5)
@@ -305,5 +296,3 @@ async def test_a_subscription_group_file_from_rocketmq_is_read(
             assert orders["attributes"] == {"+owner": "team-a"}
             assert sorted(await admin.consumer_groups()) == ["TOOLS_CONSUMER", "orders"]
         assert b.ctx.groups.data_version()["counter"] == 7
-    finally:
-        await b.shutdown()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.brokers import pulled
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -49,14 +50,6 @@ async def recall(c: RawClient, handle: str, topic: str = TOPIC) -> RemotingComma
     )
 
 
-async def pulled(address: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
-        return await c.pull_all(TOPIC)
-    finally:
-        await c.close()
-
-
 async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerController) -> None:
     c = await RawClient.connect(broker.address)
     try:
@@ -77,7 +70,7 @@ async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerControl
         assert again.code == ResponseCode.SUCCESS, again.remark
         await wait_until(past(deliver + 300), 10, "past the delivery time")
         await wait_until(lambda: broker.timer.pending == 0, 10, "the kept one fired")
-        got = await pulled(broker.address)
+        got = await pulled(broker.address, TOPIC)
         assert sorted(m.body for m in got) == [b"kept", b"warm-up"]
         # Too late: the kept one was delivered.
         late = await recall(c, h2)
@@ -139,9 +132,9 @@ async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> N
             TOPIC, b"0", props={"TIMER_DEL_UNIQKEY": "other+x", "TIMER_DELIVER_MS": str(deliver)}
         )
         assert bad.code == ResponseCode.MESSAGE_ILLEGAL
-        await wait_until(lambda: pulled(broker.address), 10, "the kept one delivered")
+        await wait_until(lambda: pulled(broker.address, TOPIC), 10, "the kept one delivered")
         await wait_until(lambda: broker.timer.pending == 0, 10, "nothing pending")
-        assert [m.body for m in await pulled(broker.address)] == [b"marker-kept"]
+        assert [m.body for m in await pulled(broker.address, TOPIC)] == [b"marker-kept"]
     finally:
         await c.close()
 
@@ -179,7 +172,7 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
         await wait_until(past(deliver + 700), 15, "past the delivery times")
 
         async def six() -> list[MessageExt]:
-            got = await pulled(bp.address)
+            got = await pulled(bp.address, TOPIC)
             return got if len(got) >= 6 else []
 
         got = await wait_until(six, 20, "the six not recalled delivered")

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
@@ -240,11 +241,9 @@ class NeverKnows(TransactionListener):
 async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    controller = BrokerController(
+    async with started(
         make_broker_config(trace_topic_enable=True, transaction_check_max=2)
-    )
-    await controller.start()
-    try:
+    ) as controller:
         listener = NeverKnows()
         async with AsyncTransactionProducer("undecided", listener, controller.address) as tx:
             sent = await tx.send_message_in_transaction(Message("orders", b"never"))
@@ -274,8 +273,6 @@ async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
             )
         assert got == want
         assert listener.checks == 2
-    finally:
-        await controller.shutdown()
 
 
 async def _when(probe: Any, ok: Callable[[Any], bool]) -> Any:
@@ -288,9 +285,7 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
 ) -> None:
     from txmq.spark_connector.session import BrokerSession
 
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
         c = await RawClient.connect(controller.address)
         try:
             for name in ("a", "b"):
@@ -320,16 +315,12 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
             assert await wait_until(
                 lambda: events("batch9-b"), 30, "the batch's rollback traced"
             ) == [("rolled-back", "batch")]
-    finally:
-        await controller.shutdown()
 
 
 async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerConfig]) -> None:
     from txmq.protocol.message import decode_offset_msg_id
 
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
         c = await RawClient.connect(controller.address)
         try:
             sent = RawClient.send_header(
@@ -358,8 +349,6 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
                 lambda: _when(backs(), lambda b: len(b) == 2), 30, "both send-backs traced"
             )
         assert got == [("settlers", "retry", False), ("settlers", "dlq", False)]
-    finally:
-        await controller.shutdown()
 
 
 async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> None:
@@ -390,9 +379,7 @@ async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> N
 async def test_the_brokers_pub_records_of_single_and_batched_sends(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
         async with AsyncProducer("shop", controller.address) as producer:
             one = await producer.send(Message("orders", b"one", tags="TagA", keys="order-1"))
             batch = await producer.send_batch([Message("orders", b"b1"), Message("orders", b"b2")])
@@ -427,8 +414,6 @@ async def test_the_brokers_pub_records_of_single_and_batched_sends(
                 offset_id,
                 "",
             )
-    finally:
-        await controller.shutdown()
 
 
 def test_a_grpc_receive_is_traced_as_a_delivery(

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
@@ -144,15 +145,11 @@ async def test_oneway_end_transaction_is_accepted(ctl):
 
 
 async def test_reject_transaction_message(make_broker_config):
-    b = BrokerController(make_broker_config(reject_transaction_message=True))
-    await b.start()
-    try:
+    async with started(make_broker_config(reject_transaction_message=True)) as b:
         c = await RawClient.connect(b.address)
         r = await c.send("orders", b"x", group=G, transactional=True)
         assert r.code == ResponseCode.NO_PERMISSION
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_multi_message_transaction_is_all_or_nothing(ctl):
@@ -263,11 +260,9 @@ class CheckingProducer:
 
 
 async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
-    b = BrokerController(
+    async with started(
         make_broker_config(transaction_time_out=200, transaction_check_interval=100)
-    )
-    await b.start()
-    try:
+    ) as b:
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
         half = await c.send("orders", b"x", group=G, transactional=True)
@@ -278,18 +273,14 @@ async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_co
         assert len(p.checks) == 1  # zero checks for a decided transaction
         assert c.send_header(half).transaction_id == p.checks[0].transaction_id
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(make_broker_config):
-    b = BrokerController(
+    async with started(
         make_broker_config(
             transaction_time_out=0, transaction_check_interval=50, transaction_check_max=3
         )
-    )
-    await b.start()
-    try:
+    ) as b:
         p = CheckingProducer(UNKNOWN)
         c = await p.connect(b.address)
         half = await c.send("orders", b"x", group=G, transactional=True)
@@ -306,18 +297,14 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
         await wait_until(lambda: b.transactions.records[txid].state.value == "COMMITTED")
         assert len(await c.pull_all("orders")) == 1
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_no_producer_online_keeps_the_budget(make_broker_config):
-    b = BrokerController(
+    async with started(
         make_broker_config(
             transaction_time_out=0, transaction_check_interval=50, transaction_check_max=2
         )
-    )
-    await b.start()
-    try:
+    ) as b:
         c = await RawClient.connect(b.address)  # sends, but registers no producer group
         half = await c.send("orders", b"x", group=G, transactional=True)
         txid = c.send_header(half).transaction_id
@@ -331,18 +318,14 @@ async def test_no_producer_online_keeps_the_budget(make_broker_config):
         assert len(p.checks) == 1
         await pc.close()
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_immunity_delays_the_first_check(make_broker_config):
     now = [time.time()]  # the broker's clock, moved by the test
-    b = BrokerController(
+    async with started(
         make_broker_config(transaction_time_out=0, transaction_check_interval=50),
         clock=lambda: now[0],
-    )
-    await b.start()
-    try:
+    ) as b:
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
         await c.send(
@@ -357,8 +340,6 @@ async def test_immunity_delays_the_first_check(make_broker_config):
         now[0] += 1.5
         await wait_until(lambda: len(p.checks) == 1)
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_operator_force_decide_and_listing(ctl):

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -57,12 +58,8 @@ def acl_config(make_broker_config: Callable[..., BrokerConfig], tmp_path: Path) 
 
 @pytest.fixture
 async def acl_broker(acl_config: BrokerConfig) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(acl_config)
-    await controller.start()
-    try:
+    async with started(acl_config) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 class CheckBackCommits(TransactionListener):

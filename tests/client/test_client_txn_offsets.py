@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.support.brokers import started
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.broker.store.fileio import with_checksum
@@ -39,12 +40,8 @@ async def broker(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
     """A broker that checks transactions only after 10 s: no check-back races the commits."""
-    controller = BrokerController(make_broker_config(transaction_time_out=10_000))
-    await controller.start()
-    try:
+    async with started(make_broker_config(transaction_time_out=10_000)) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 async def outputs(address: str, topic: str, queues: int = 1) -> list[MessageExt]:
@@ -167,24 +164,32 @@ async def test_rollback_leaves_offsets_and_outputs(
     assert broker.transactions.summary()["rolledBack"] == 3
 
 
+async def _held_input(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> tuple[str, str, str, list[MessageExt], AsyncOrderlyPushConsumer]:
+    """An input topic holding one message, an output topic, and a consumer (not started) of a
+    new group whose callback keeps failing, so the message stays unconsumed and is delivered
+    again in place: ``(input, output, group, the deliveries, the consumer)``."""
+    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
+    await create_topic(broker.address, a, 1)
+    await create_topic(broker.address, b, 1)
+    await fill(broker, a, 1)
+    seen: list[MessageExt] = []
+    c = consumer(broker, group)
+
+    async def hold(msg: MessageExt) -> None:
+        seen.append(msg)
+        raise RuntimeError("not now")  # retried in place: keeps the queue
+
+    c.subscribe(a, "*", hold)
+    return a, b, group, seen, c
+
+
 async def test_abandoned_transaction_leaves_offsets_and_is_rolled_back_by_check(
     make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
-    controller = BrokerController(make_broker_config())  # checks after 300 ms
-    await controller.start()
-    try:
-        a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-        await create_topic(controller.address, a, 1)
-        await create_topic(controller.address, b, 1)
-        await fill(controller, a, 1)
-        seen: list[MessageExt] = []
-        c = consumer(controller, group)
-
-        async def hold(msg: MessageExt) -> None:
-            seen.append(msg)
-            raise RuntimeError("not now")  # retried in place: keeps the queue
-
-        c.subscribe(a, "*", hold)
+    async with started(make_broker_config()) as controller:  # checks after 300 ms
+        a, b, group, seen, c = await _held_input(controller, unique)
         async with (
             AsyncTransactionProducer(
                 "eos-abandon", RollbackOnCheck(), broker=controller.address, config=FAST_CLIENT
@@ -202,8 +207,6 @@ async def test_abandoned_transaction_leaves_offsets_and_is_rolled_back_by_check(
             )
             assert await committed(controller.address, group, a) == 0
             assert await outputs(controller.address, b) == []
-    finally:
-        await controller.shutdown()
 
 
 async def test_a_stale_generation_is_fenced(
@@ -314,21 +317,8 @@ async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way
     """The producer never sends its decision; the broker's check gets COMMIT.  With the
     consumer still the queue's owner the offsets move with the output; once it has left the
     group the check's commit is fenced and the transaction rolled back."""
-    controller = BrokerController(make_broker_config())  # checks after 300 ms
-    await controller.start()
-    try:
-        a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-        await create_topic(controller.address, a, 1)
-        await create_topic(controller.address, b, 1)
-        await fill(controller, a, 1)
-        seen: list[MessageExt] = []
-        c = consumer(controller, group)
-
-        async def hold(msg: MessageExt) -> None:
-            seen.append(msg)
-            raise RuntimeError("not now")  # retried in place: keeps the queue
-
-        c.subscribe(a, "*", hold)
+    async with started(make_broker_config()) as controller:  # checks after 300 ms
+        a, b, group, seen, c = await _held_input(controller, unique)
         async with AsyncTransactionProducer(
             "eos-check", CommitOnCheck(), broker=controller.address, config=FAST_CLIENT
         ) as p:
@@ -357,8 +347,6 @@ async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way
             assert summary()["committed"] == 1
             assert [m.body for m in outs] == [b"out"]
             assert await committed(controller.address, group, a) == 1
-    finally:
-        await controller.shutdown()
 
 
 async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
@@ -440,15 +428,11 @@ async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
                     what=f"offset {upto} committed",
                 )
 
-    first = BrokerController(config)
-    await first.start()
-    try:
+    async with started(config) as first:
         await create_topic(first.address, a, 1)
         await create_topic(first.address, b, 1)
         await fill(first, a, 2)
         await process(first, 2)
-    finally:
-        await first.shutdown()
     path = os.path.join(config.store_path_root_dir, "config", "consumerOffset.json")
     with open(path) as f:
         doc = json.load(f)
@@ -457,11 +441,7 @@ async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
     doc["offsetTable"][key] = {"0": 99}
     with open(path, "w") as f:
         json.dump(with_checksum(doc), f)  # a file the broker wrote, checksum and all
-    second = BrokerController(config)
-    await second.start()
-    try:
+    async with started(config) as second:
         await fill(second, a, 1)
         await process(second, 3)
         assert [m.body for m in await outputs(second.address, b)] == [b"in-0", b"in-1", b"in-0"]
-    finally:
-        await second.shutdown()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import netns
+from tests.support.cluster import first_send_after
 from tests.support.netns import Network
 from tests.support.partitions import (
     BROKERS,
@@ -38,7 +39,6 @@ from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.client import AsyncProducer, Message
 from txmq.protocol.codes import ResponseCode
-from txmq.protocol.errors import TxmqError
 
 pytestmark = pytest.mark.slow
 
@@ -202,14 +202,7 @@ async def test_a_leader_cut_off_from_everything_is_replaced_within_seconds(
                 acked.append(f"before-{i}".encode())
             t0 = time.monotonic()
             net.isolate(node, [*ETCD, *BROKERS, CLIENT])
-            while True:
-                try:
-                    await p.send(Message(TOPIC, b"after"), timeout=30.0)
-                    break
-                except TxmqError as exc:
-                    errors.append(str(exc))
-                    assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
-            took = time.monotonic() - t0
+            took = await first_send_after(p, TOPIC, t0, errors)
             acked.append(b"after")
         finally:
             await p.shutdown()

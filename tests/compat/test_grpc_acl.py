@@ -24,7 +24,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 from txmq.broker.grpc.auth import RPC_NEEDS  # noqa: E402
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 __all__ = ["py5"]  # the fixture, imported for this module's tests
 
@@ -77,12 +76,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread], acl_file: Path) -> Br
         plain_acl_file=str(acl_file),
         transaction_check_max=10_000,
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(who: str | None, client_id: str = "", **override: str) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
 
     asyncio.run(setup())
     return b
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(user: str | None, secret: str | None = None) -> list[tuple[str, str]]:

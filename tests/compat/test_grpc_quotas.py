@@ -25,7 +25,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 __all__ = ["py5"]  # the fixture, imported for this module's tests
 
@@ -75,12 +74,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path) -> Br
     return broker_thread_factory(
         grpc_server_enable=True, grpc_server_port=0, acl_enable=True, plain_acl_file=str(path)
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(who: str, client_id: str = "") -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -40,9 +41,5 @@ async def test_an_unreadable_check_state_index_is_ignored(
     path = Path(cfg.store_path_root_dir) / "transaction" / "checkState.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert {t: r.state.value for t, r in b.transactions.records.items()} == before
-    finally:
-        await b.shutdown()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
@@ -145,9 +146,7 @@ async def test_recover_lists_prepared_handles_across_a_restart(fast_broker):
         assert [h.transaction_id for h in await p.recover()] == ["tx-1", "tx-2"]
     cfg = fast_broker.config
     await fast_broker.shutdown()
-    b2 = BrokerController(cfg)
-    await b2.start()
-    try:
+    async with started(cfg) as b2:
         assert b2.transactions.records["tx-1"].two_phase
         async with AsyncTransactionProducer(G, NoListener(), b2.address) as p:
             found = await p.recover()
@@ -158,8 +157,6 @@ async def test_recover_lists_prepared_handles_across_a_restart(fast_broker):
             assert await p.recover() == []
         bodies = sorted(m.body for m in await delivered(b2.address))
         assert bodies == [b"1", b"3", b"plain"]
-    finally:
-        await b2.shutdown()
     fast_broker.__init__(cfg)
     await fast_broker.start()
 
@@ -228,9 +225,7 @@ async def test_a_block_without_prepare_rolls_back(fast_broker):
 
 
 async def test_decision_is_remembered_past_the_decided_retention(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_decided_retention=1))
-    await b.start()
-    try:
+    async with started(make_broker_config(transaction_decided_retention=1)) as b:
         async with AsyncTransactionProducer(G, NoListener(), b.address) as p:
             handle = await prepared(p, b"z")
             await p.commit(handle)
@@ -247,8 +242,6 @@ async def test_decision_is_remembered_past_the_decided_retention(make_broker_con
             with pytest.raises(PreparedTransactionUnknownError):
                 await p.commit(handle)
             assert plain is not None
-    finally:
-        await b.shutdown()
 
 
 async def test_admin_lists_two_phase_transactions(fast_broker):

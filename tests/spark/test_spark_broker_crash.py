@@ -25,8 +25,8 @@ from tests.spark.helpers import (
     by_state,
     order_ids,
     pull_all,
-    running_spark,
     slow_body_udf,
+    spark_fixture,
     transactions,
 )
 from tests.support.process import BrokerProcess
@@ -43,14 +43,7 @@ SECONDS_PER_ROW = 0.005
 RUN_TIMEOUT = 150.0
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2]",
-        "txmq-broker-crash-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-broker-crash-tests", batch_rows=50)
 
 
 @pytest.fixture

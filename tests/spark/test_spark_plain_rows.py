@@ -4,7 +4,6 @@ every row delivered exactly once and the failed attempt's halves rolled back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from tests.spark.helpers import (
     failing_body_udf,
     order_ids,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -28,14 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2,4]",
-        "txmq-plain-rows-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2,4]", "txmq-plain-rows-tests", batch_rows=50)
 
 
 def test_body_only_rows_survive_a_retried_task_exactly_once(

@@ -4,7 +4,6 @@ with every row delivered exactly once and nothing from a failed attempt ever vis
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from tests.spark.helpers import (
     forget_commit,
     order_ids,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -29,14 +28,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2,4]",
-        "txmq-recovery-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2,4]", "txmq-recovery-tests", batch_rows=50)
 
 
 def _start(

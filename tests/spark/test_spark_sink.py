@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from tests.spark.helpers import (
     forget_commit,
     order_ids,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -34,12 +33,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2]", "txmq-sink-tests", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"}
-    ) as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-sink-tests", batch_rows=100)
 
 
 def _orders(spark: Any, folder: str) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import BROKER_SETTINGS, order_ids, pull_all, running_spark
+from tests.spark.helpers import BROKER_SETTINGS, order_ids, pull_all, spark_fixture
 from tests.support.certs import Certs, make_certs
 from txmq.broker.config import BrokerConfig
 from txmq.client import ClientConfig
@@ -46,10 +46,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterat
         bt.stop()
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark("local[2]", "txmq-tls-tests") as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-tls-tests")
 
 
 def tls_options(certs: Certs, ca: Path | None = None) -> dict[str, str]:

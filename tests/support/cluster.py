@@ -317,3 +317,18 @@ class BrokerCluster:
 
     def elapsed(self, t0: float) -> float:
         return time.monotonic() - t0
+
+
+async def first_send_after(p: Any, topic: str, t0: float, errors: list[str]) -> float:
+    """Send ``b"after"`` with the producer ``p`` until one send is acknowledged, the errors
+    meanwhile added to ``errors``; the seconds from ``t0`` (a leader killed, paused or cut
+    off) to that acknowledgement.  Fails once a send fails 30 s after ``t0``."""
+    from txmq.client import Message
+
+    while True:
+        try:
+            await p.send(Message(topic, b"after"), timeout=30.0)
+            return time.monotonic() - t0
+        except TxmqError as exc:
+            errors.append(str(exc))
+            assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"

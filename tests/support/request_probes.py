@@ -16,7 +16,8 @@ from tests.broker.test_remoting_pop import TOPIC as POP_TOPIC
 from tests.broker.test_remoting_pop import ack as pop_ack
 from tests.broker.test_remoting_pop import create_topic as pop_create_topic
 from tests.broker.test_remoting_pop import extra_infos, pop
-from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok, stored
+from tests.support.brokers import stored
+from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController

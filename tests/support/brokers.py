@@ -1,0 +1,81 @@
+"""Brokers as tests use them: one started for a block and shut down after it (with a raw
+client connected to it when asked), and what tests read of a broker's store."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tests.support.raw import RawClient
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import BrokerController
+from txmq.protocol.message import MessageExt, decode_message
+
+
+@contextlib.asynccontextmanager
+async def started(config: BrokerConfig, **kwargs: Any) -> AsyncIterator[BrokerController]:
+    """A broker started with ``config`` (``kwargs``: the controller's seams), shut down when
+    the block ends."""
+    b = BrokerController(config, **kwargs)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def raw_broker(
+    config: BrokerConfig, **kwargs: Any
+) -> AsyncIterator[tuple[BrokerController, RawClient]]:
+    """:func:`started`, with a :class:`RawClient` connected to it (closed first)."""
+    async with started(config, **kwargs) as b:
+        c = await RawClient.connect(b.address)
+        try:
+            yield b, c
+        finally:
+            await c.close()
+
+
+def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
+    """Every message of ``topic`` in the broker's store, queue by queue."""
+    out: list[MessageExt] = []
+    for qid in broker.store.queue_ids(topic):
+        offset = 0
+        while True:
+            r = broker.store.get_messages(topic, qid, offset, 256)
+            if not r.messages:
+                break
+            out.extend(decode_message(raw) for raw in r.messages)
+            offset = r.next_begin_offset
+    return out
+
+
+async def pulled(address: str, topic: str) -> list[MessageExt]:
+    """Every message a raw client pulls from ``topic`` (all its queues)."""
+    c = await RawClient.connect(address)
+    try:
+        return await c.pull_all(topic)
+    finally:
+        await c.close()
+
+
+def dropped(b: BrokerController, reason: str) -> float:
+    """Connections the broker dropped for ``reason`` (its metric)."""
+    key = f"txmq_connections_dropped_total{{reason={reason}}}"
+    return float(b.metrics.snapshot().get(key, 0.0))
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the broker closed ``sock`` (reads what is there without blocking)."""
+    try:
+        while True:
+            data = sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
