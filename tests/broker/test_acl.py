@@ -169,6 +169,21 @@ ADMIN_ONLY = _allow("operator")
 EVERYONE = _allow("producerA", "producerB", "consumerC", "operator")
 
 
+async def answered_as_the_file_says(
+    case: Case, clients: dict[str, RawClient], refusal_prefix: str | None = None
+) -> None:
+    """Each client (by access key) sends ``case``: served if the case allows its key, else
+    refused (NO_PERMISSION, the remark starting with ``refusal_prefix`` when given)."""
+    for key, client in clients.items():
+        resp = await client.call(case.code, dict(case.ext), case.body)
+        if key in case.allowed:
+            assert resp.code != ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+        else:
+            assert resp.code == ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+            if refusal_prefix is not None:
+                assert resp.remark is not None and resp.remark.startswith(refusal_prefix)
+
+
 async def cases(broker: BrokerController) -> list[Case]:
     R = RequestCode
     half = await half_of(broker)
@@ -342,13 +357,7 @@ async def test_every_request_code_is_allowed_or_refused_as_the_file_says(
     anonymous = await RawClient.connect(acl_broker.address)
     try:
         for case in table:
-            for key, client in clients.items():
-                resp = await client.call(case.code, dict(case.ext), case.body)
-                if key in case.allowed:
-                    assert resp.code != ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
-                else:
-                    assert resp.code == ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
-                    assert resp.remark is not None and resp.remark.startswith("ACL: ")
+            await answered_as_the_file_says(case, clients, refusal_prefix="ACL: ")
             resp = await anonymous.call(case.code, dict(case.ext), case.body)
             assert resp.code == ResponseCode.NO_PERMISSION
             assert "carries no AccessKey" in (resp.remark or "")

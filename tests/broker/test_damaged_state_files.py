@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.brokers import started, with_transactions
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 
@@ -27,17 +26,7 @@ async def test_a_damaged_snapshot_is_set_aside_and_the_table_rebuilt(
     make_broker_config: Callable[..., BrokerConfig], damage: str
 ) -> None:
     cfg = make_broker_config(transaction_check_interval=600_000)
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        sent = [
-            await c.send("snap", f"h{i}".encode(), group="g", transactional=True) for i in range(3)
-        ]
-        assert (await c.end_transaction("g", sent[0], COMMIT)).code == 0
-        assert (await c.end_transaction("g", sent[1], ROLLBACK)).code == 0
-    finally:
-        await c.close()
+    b = await with_transactions(cfg, "snap", [COMMIT, ROLLBACK])
     before = _table(b)
     assert sorted(s for s, _ in before.values()) == ["COMMITTED", "PENDING", "ROLLED_BACK"]
     await b.shutdown()  # writes the snapshot

@@ -4,13 +4,13 @@ broker is SIGKILLed between the commit and the delivery; rolled back, never."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from tests.support.brokers import pulled, started, stored
+from tests.support.decisions import C, R, U, now_ms
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -26,11 +26,6 @@ from txmq.protocol.codes import ResponseCode
 from txmq.protocol.message import Message, MessageConst, MessageExt
 from txmq.protocol.topics import SCHEDULE_TOPIC
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "delay-level-tx"
 TOPIC = "delay-level-orders"
 #: The level these tests use: 3 s, long enough that "not delivered at the commit" holds on a
@@ -39,10 +34,6 @@ LEVEL, LEVEL_MS = 2, 3000
 LEVELS = "100ms 3s"
 #: Margin for a loaded test machine (the timer's target is 100 ms).
 LATE_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Listener(TransactionListener):

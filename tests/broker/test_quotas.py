@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.acl_files import acl_file, open_account
 from tests.support.brokers import raw_broker, started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -26,23 +27,11 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import SystemBusyError
 
 RATE = 64 * 1024
-ACL_FILE = f"""
-accounts:
-  - accessKey: flooder
-    secretKey: secret-flood-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    produceByteRate: {RATE}
-  - accessKey: quieter
-    secretKey: secret-quiet-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-  - accessKey: limited
-    secretKey: secret-limit-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    maxConnections: 2
-"""
+ACL_FILE = acl_file(
+    open_account("flooder", "secret-flood-1", produceByteRate=RATE),
+    open_account("quieter", "secret-quiet-1"),
+    open_account("limited", "secret-limit-1", maxConnections=2),
+)
 
 FLOODER = Credentials("flooder", "secret-flood-1")
 QUIET = Credentials("quieter", "secret-quiet-1")

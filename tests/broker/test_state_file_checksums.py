@@ -17,7 +17,7 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
-from tests.support.brokers import raw_broker, started
+from tests.support.brokers import raw_broker, started, with_transactions
 from tests.support.logs import fresh_loggers
 from tests.support.raw import RawClient
 from txmq.broker import runtime_config
@@ -83,18 +83,8 @@ async def _restart(cfg: BrokerConfig, port: int) -> BrokerController:
 
 
 async def _transactions(cfg: BrokerConfig) -> tuple[BrokerController, dict[str, Any]]:
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        await c.send("padding", b"p" * 300)  # so the halves' offsets take two bytes or more
-        sent = [
-            await c.send("snap", f"h{i}".encode(), group="g", transactional=True) for i in range(3)
-        ]
-        assert (await c.end_transaction("g", sent[0], COMMIT)).code == 0
-        assert (await c.end_transaction("g", sent[1], ROLLBACK)).code == 0
-    finally:
-        await c.close()
+    # the padding: so the halves' offsets take two bytes or more
+    b = await with_transactions(cfg, "snap", [COMMIT, ROLLBACK], padding=b"p" * 300)
     return b, _tx_table(b)
 
 

@@ -6,12 +6,12 @@ saying so."""
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.support.brokers import pulled
+from tests.support.decisions import now_ms
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -21,10 +21,6 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.message import MessageExt
 
 TOPIC = "recallable"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def past(moment_ms: int) -> Callable[[], bool]:

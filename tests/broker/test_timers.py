@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.support.brokers import started, stored
+from tests.support.decisions import now_ms
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -31,10 +31,6 @@ TOPIC = "timed"
 #: How late a copy may be stored in these tests: the target is 100 ms, the margin is for a
 #: loaded test machine (bench/timers.py measures the lateness).
 LATE_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def past(moment_ms: int) -> Callable[[], bool]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import BrokerCluster, Replica
+from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster, Replica
 from tests.support.etcd import EtcdCluster, etcd_binary
 from tests.support.raw import RawClient
 from txmq.client import (
@@ -484,25 +484,11 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
     assert applied and applied[0]["batch_key"] == batch
 
 
-ACL_FILE = """
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-"""
-
-
 async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
     """With aclEnable, replicas replicate with the file's admin account, anonymous clients get
     neither log bytes nor routes, and a producer with its account follows a failover."""
     acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE)
+    acl.write_text(CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")

@@ -22,7 +22,7 @@ from typing import IO, Any
 import pytest
 
 from tests.compat.stock import cpp_client
-from tests.support.cluster import BrokerCluster
+from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.cluster.etcd import Entry
@@ -346,20 +346,6 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
         assert not twice, f"{who} consumer got messages twice: {twice[:5]}"
 
 
-ACL_FILE = """
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-"""
-
-
 async def test_forwarded_sends_keep_the_clients_acl_identity(
     make_cluster: Any, tmp_path: Path
 ) -> None:
@@ -367,7 +353,7 @@ async def test_forwarded_sends_keep_the_clients_acl_identity(
     signature and permissions (a signed send is stored, one the account may not make or an
     anonymous one is refused there), never the follower's."""
     acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE)
+    acl.write_text(CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")

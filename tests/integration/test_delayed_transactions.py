@@ -4,10 +4,10 @@ remoting with the SDK's transaction producer and a real broker."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.support.brokers import pulled, started, stored
+from tests.support.decisions import C, R, U, now_ms
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.topics import TIMER_TOPIC
@@ -18,19 +18,10 @@ from txmq.client.transaction import (
 )
 from txmq.protocol.message import Message, MessageConst, MessageExt
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "delayed-tx"
 TOPIC = "delayed-orders"
 #: Margin for a loaded test machine (the target is 100 ms; bench/timers.py measures it).
 LATE_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def at(ms: int) -> dict[str, str]:

@@ -12,13 +12,13 @@ import time
 import pytest
 
 from tests.support.brokers import started
+from tests.support.decisions import C, R, U
 from tests.support.raw import RawClient
 from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
 from txmq.client.transaction import (
     AsyncTransactionProducer,
-    LocalTransactionState,
     TransactionListener,
 )
 from txmq.protocol.codes import RequestCode
@@ -29,11 +29,6 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageConst, MessageExt
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "order-tx"
 
 

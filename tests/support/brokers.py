@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tests.support.raw import RawClient
@@ -79,3 +79,36 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return False
     except ConnectionResetError:
         return True
+
+
+async def with_transactions(
+    config: BrokerConfig,
+    topic: str,
+    decisions: Sequence[int],
+    pending: int = 1,
+    *,
+    padding: bytes = b"",
+) -> BrokerController:
+    """A started broker holding transactions of group ``g`` in ``topic`` (halves ``h0``,
+    ``h1``, ...): the first decided as ``decisions`` say (8 commit, 12 roll back), then
+    ``pending`` undecided; ``padding``: a plain message stored first.  The caller shuts it
+    down."""
+    b = BrokerController(config)
+    await b.start()
+    try:
+        c = await RawClient.connect(b.address)
+        try:
+            if padding:
+                await c.send("padding", padding)
+            sent = [
+                await c.send(topic, f"h{i}".encode(), group="g", transactional=True)
+                for i in range(len(decisions) + pending)
+            ]
+            for resp, decision in zip(sent, decisions, strict=False):
+                assert (await c.end_transaction("g", resp, decision)).code == 0
+        finally:
+            await c.close()
+    except BaseException:
+        await b.shutdown()
+        raise
+    return b

@@ -43,6 +43,22 @@ FAST_CLUSTER = {
 }
 
 
+#: The ACL of the cluster tests with ``aclEnable``: a producer of ``orders`` and the admin
+#: account replicas replicate with.
+CLUSTER_ACL_FILE = """
+accounts:
+  - accessKey: producerA
+    secretKey: secret-a-123
+    topicPerms:
+      - orders=PUB
+    groupPerms:
+      - groupA=PUB
+  - accessKey: operator
+    secretKey: secret-op-123
+    admin: true
+"""
+
+
 @dataclass
 class Replica:
     group: str

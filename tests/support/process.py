@@ -132,3 +132,17 @@ class BrokerProcess:
             self.proc.wait(10)
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (dedented) in a new interpreter with stdout and stderr as pipes; a
+    non-zero exit raises."""
+    import textwrap
+
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )

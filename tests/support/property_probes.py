@@ -7,12 +7,12 @@ property without a probe."""
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from tests.support.brokers import stored
+from tests.support.decisions import now_ms
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.delivery import (
@@ -46,10 +46,6 @@ SHARDING_KEY = "__SHARDINGKEY"
 COMMIT, ROLLBACK = 8, 12
 
 Probe = Callable[[BrokerController, RawClient], Awaitable[None]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def ok(resp: RemotingCommand) -> RemotingCommand:
