@@ -104,13 +104,30 @@ async def fill(broker: BrokerController, topic: str, n: int) -> list[str]:
         ]
 
 
-async def test_commit_moves_offsets_with_the_outputs(
-    broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
-) -> None:
+async def in_and_out(
+    broker: BrokerController, unique: Callable[[str], str], n: int
+) -> tuple[str, str, str, list[str]]:
+    """A new input topic holding ``n`` messages, a new output topic and a new group (one
+    queue each): ``(input, output, group, the input's ids)``."""
     a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
     await create_topic(broker.address, a, 1)
     await create_topic(broker.address, b, 1)
-    ids = await fill(broker, a, 5)
+    return a, b, group, await fill(broker, a, n)
+
+
+async def bump_generation(broker: BrokerController, group: str, join: Any) -> None:
+    """``await join()`` makes a member join ``group``: wait until its generation moved on."""
+    before = await generation(broker.address, group)
+    await join()
+    await wait_until(
+        lambda: _gt(generation(broker.address, group), before), what="the generation bumped"
+    )
+
+
+async def test_commit_moves_offsets_with_the_outputs(
+    broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
+) -> None:
+    a, b, group, ids = await in_and_out(broker, unique, 5)
     c = consumer(broker, group)
 
     async def transform(msg: MessageExt) -> None:
@@ -138,10 +155,7 @@ async def _eq(value: Any, expected: Any) -> bool:
 async def test_rollback_leaves_offsets_and_outputs(
     broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
 ) -> None:
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    ids = await fill(broker, a, 3)
+    a, b, group, ids = await in_and_out(broker, unique, 3)
     attempts: dict[str, int] = {}
     c = consumer(broker, group)
 
@@ -170,10 +184,7 @@ async def _held_input(
     """An input topic holding one message, an output topic, and a consumer (not started) of a
     new group whose callback keeps failing, so the message stays unconsumed and is delivered
     again in place: ``(input, output, group, the deliveries, the consumer)``."""
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     seen: list[MessageExt] = []
     c = consumer(broker, group)
 
@@ -212,10 +223,7 @@ async def test_abandoned_transaction_leaves_offsets_and_is_rolled_back_by_check(
 async def test_a_stale_generation_is_fenced(
     broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
 ) -> None:
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     c = consumer(broker, group)
     other = consumer(broker, group)
     other.subscribe(a, "*", lambda m: None)
@@ -230,12 +238,8 @@ async def test_a_stale_generation_is_fenced(
             async with txp.transaction() as txn:
                 await txn.send(Message(b, b"fenced-output"), queue_id=0)
                 txn.send_offsets(c, msg)
-                before = await generation(broker.address, group)
-                await other.start()  # a member joins: the group's generation moves on
-                await wait_until(
-                    lambda: _gt(generation(broker.address, group), before),
-                    what="the generation bumped",
-                )
+                # a member joins: the group's generation moves on
+                await bump_generation(broker, group, other.start)
         except FencedError as exc:
             fenced.append(exc)
             raise
@@ -264,10 +268,7 @@ async def test_a_repeated_attempt_from_an_old_base_offset_is_refused(
 ) -> None:
     """Two attempts at one input that both start from committed offset 0 (a retry after a lost
     answer, or a zombie): the second commit is refused, so one output exists."""
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     seen: list[MessageExt] = []
     gate = asyncio.Event()
     c = consumer(broker, group)
@@ -355,10 +356,7 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
     """With no retries allowed (``max_reconsume_times=0``), a commit fenced because a member
     joined does not send the message to the dead-letter queue: the member rebalances (keeping
     the queue: the joiner's id sorts after its own) and commits the message once."""
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     c = consumer(broker, group, max_reconsume_times=0)
     joiner = BrokerConnection(broker.address, FAST_CLIENT, client_id="~joiner-sorts-last")
     joiner.register_consumer(
@@ -378,13 +376,12 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
                 await txn.send(Message(b, b"fenced" if not fenced else b"ok"), queue_id=0)
                 txn.send_offsets(c, msg)
                 if not fenced:
-                    before = await generation(broker.address, group)
-                    await joiner.start()
-                    await joiner.send_heartbeat()  # a member joins mid-transaction
-                    await wait_until(
-                        lambda: _gt(generation(broker.address, group), before),
-                        what="the generation bumped",
-                    )
+
+                    async def join() -> None:  # a member joins mid-transaction
+                        await joiner.start()
+                        await joiner.send_heartbeat()
+
+                    await bump_generation(broker, group, join)
         except FencedError as exc:
             fenced.append(exc)
             raise
