@@ -58,6 +58,13 @@ def ext4_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         subprocess.run(["umount", str(mnt)], check=False, timeout=60)
 
 
+def _repair(mnt: Path, image: Path) -> None:
+    """The operator's repair of a filesystem that failed: unmount, fsck, mount again."""
+    _run("umount", str(mnt))
+    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
+    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
+
+
 def _fail_filesystem(mnt: Path) -> None:
     """Make ext4 take an error: with errors=remount-ro the kernel remounts it read-only."""
     dev = _run("findmnt", "-no", "SOURCE", str(mnt)).stdout.strip()
@@ -131,9 +138,7 @@ async def test_a_filesystem_gone_read_only_refuses_writes_serves_reads_and_loses
 
     # The operator's repair: unmount, fsck, mount read-write; every acknowledged message is
     # there.
-    _run("umount", str(mnt))
-    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
-    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
+    _repair(mnt, image)
     async with raw_broker(_config(make_broker_config, mnt / "store")) as (again, c):
         got = await c.pull_all("ro")
         assert sorted(m.body for m in got) == sorted(b"m%d" % i for i in range(acked))

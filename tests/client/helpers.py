@@ -43,3 +43,23 @@ async def create_topic(address: str, topic: str, queues: int = 4, **header: Any)
 
 
 __all__ = ["FAST_CLIENT", "create_topic", "wait_until", "wait_until_sync"]
+
+
+async def settled(address: str, group: str, queues: dict[str, int]) -> None:
+    """Wait until ``group``'s committed offset is at the end of every queue of the topics in
+    ``queues`` (topic -> queue count): every message the group pulled was consumed and
+    acknowledged, so a duplicate (a message pulled again from an earlier offset, or a failed
+    delivery sent back) would already be in.  What "no duplicate shows up" waits on, instead
+    of a fixed time."""
+    from txmq.client import AsyncPullConsumer
+
+    async with AsyncPullConsumer(group, broker=address, config=FAST_CLIENT) as pc:
+
+        async def at_end() -> bool:
+            for topic, n in queues.items():
+                for q in range(n):
+                    if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
+                        return False
+            return True
+
+        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {queues}")

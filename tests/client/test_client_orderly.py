@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until, wait_until_sync
+from tests.client.helpers import FAST_CLIENT, create_topic, settled, wait_until, wait_until_sync
 from tests.support.raw import RawClient
 from txmq.broker.messaging.locks import LOCK_MAX_LIVE_S
 from txmq.broker.server import BrokerController
@@ -116,19 +116,6 @@ async def send_keys(producer: AsyncProducer, topic: str, keys: list[str], per_ke
             await producer.send(Message(topic, b"x", keys=f"{key}:{seq}"), sharding_key=key)
 
 
-async def settled(broker: BrokerController, group: str, topic: str, queues: int = 4) -> None:
-    """Wait until ``group``'s committed offsets are at the end of the topic's queues."""
-    async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
-
-        async def at_end() -> bool:
-            for q in range(queues):
-                if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
-                    return False
-            return True
-
-        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {topic}")
-
-
 async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
@@ -155,7 +142,7 @@ async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
             )
         await send_keys(producer, topic, keys, per_key)
         await wait_until(lambda: journal.count() >= len(keys) * per_key, what="every message")
-        await settled(broker, group, topic)
+        await settled(broker.address, group, {topic: 4})
     finally:
         await consumer.shutdown()
     check_order(journal, keys, per_key)
@@ -189,7 +176,7 @@ async def test_a_failure_is_retried_in_place_then_parked_in_the_dlq(
         for seq in range(4):
             await producer.send(Message(topic, f"body-{seq}".encode(), keys=f"k:{seq}"))
         await wait_until(lambda: ("k:3", 0) in calls, what="the last message handled")
-        await settled(broker, group, topic, queues=1)
+        await settled(broker.address, group, {topic: 1})
     finally:
         await consumer.shutdown()
     # k:1 three times (1 + max_reconsume_times) in place, nothing behind it meanwhile; then
@@ -384,7 +371,7 @@ async def test_two_members_hand_queues_over_mid_stream_without_breaking_order(
         )
         await sending
         await wait_until(lambda: journal.count() >= len(keys) * per_key, what="every message")
-        await settled(broker, group, topic)
+        await settled(broker.address, group, {topic: 4})
     finally:
         if sending is not None:
             sending.cancel()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, create_topic, settled, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -52,24 +52,6 @@ async def producer(broker: BrokerController) -> AsyncIterator[AsyncProducer]:
 
 def consumer_for(broker: BrokerController, group: str, **kw: Any) -> AsyncPushConsumer:
     return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)
-
-
-async def settled(broker: BrokerController, group: str, queues: dict[str, int]) -> None:
-    """Wait until ``group``'s committed offset is at the end of every queue of the topics in
-    ``queues`` (topic -> queue count): every message the group pulled was consumed and
-    acknowledged, so a duplicate (a message pulled again from an earlier offset, or a failed
-    delivery sent back) would already be in the inbox.  What "no duplicate shows up" waits
-    on, instead of a fixed time."""
-    async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
-
-        async def at_end() -> bool:
-            for topic, n in queues.items():
-                for q in range(n):
-                    if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
-                        return False
-            return True
-
-        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {queues}")
 
 
 async def test_round_trip_with_tags_keys_properties_and_ids(
@@ -193,7 +175,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
         for i in range(40):
             await producer.send(Message(topic, f"two-{i}".encode()))
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
-        await settled(broker, group, {topic: 4})  # a duplicate would have shown by now
+        await settled(broker.address, group, {topic: 4})  # a duplicate would have shown by now
     finally:
         await a.shutdown()
         await b.shutdown()
@@ -229,7 +211,7 @@ async def test_a_failing_callback_gets_the_message_again(
         await wait_until(lambda: len(deliveries) >= 2, what="the redelivery")
         # Both the original and the retry topic acknowledged: a third delivery would have
         # been sent back (or pulled again) before the offsets reached their ends.
-        await settled(broker, group, {topic: 2, f"%RETRY%{group}": 1})
+        await settled(broker.address, group, {topic: 2, f"%RETRY%{group}": 1})
     finally:
         await consumer.shutdown()
     assert len(deliveries) == 2
@@ -292,7 +274,7 @@ async def test_restart_resumes_from_the_committed_offset(
     c2.subscribe(topic, "*", inbox2)
     async with c2:
         await wait_until(lambda: inbox2.count() >= 5, what="the next five")
-        await settled(broker, group, {topic: 4})  # a repeat of "first-*" would be in by now
+        await settled(broker.address, group, {topic: 4})  # a repeat of "first-*" would be in by now
     assert sorted(inbox1.bodies) == sorted(f"first-{i}".encode() for i in range(12))
     assert sorted(inbox2.bodies) == sorted(f"second-{i}".encode() for i in range(5))
 
@@ -338,7 +320,7 @@ async def test_consume_from(
                 lambda: inbox.count() >= len(expected), what=f"{len(expected)} messages"
             )
             # every queue consumed to its end: anything before the start would be in by now
-            await settled(broker, group, {topic: 2})
+            await settled(broker.address, group, {topic: 2})
         finally:
             await consumer.shutdown()
     assert sorted(b.decode() for b in inbox.bodies) == sorted(expected)
