@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, end_header
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, AddressPattern, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -27,14 +27,12 @@ from txmq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     CreateTopicRequestHeader,
     DecideBatchRequestHeader,
-    EndTransactionRequestHeader,
     ForceDecideRequestHeader,
     SendMessageRequestHeader,
 )
 from txmq.protocol.message import (
     MessageConst,
     UniqIdGenerator,
-    decode_offset_msg_id,
     encode_batch,
     properties_to_string,
 )
@@ -127,17 +125,7 @@ async def half_of(broker: BrokerController, group: str = "groupA") -> RemotingCo
 
 
 def end_tx_fields(half: RemotingCommand, group: str, decision: int = 0) -> dict[str, Any]:
-    h = RawClient.send_header(half)
-    _, offset = decode_offset_msg_id(h.msg_id)
-    return EndTransactionRequestHeader(
-        producer_group=group,
-        tran_state_table_offset=h.queue_offset,
-        commit_log_offset=offset,
-        commit_or_rollback=decision,
-        from_transaction_check=False,
-        msg_id=h.msg_id,
-        transaction_id=h.transaction_id,
-    ).to_ext_fields()
+    return end_header(group, half, decision).to_ext_fields()
 
 
 def heartbeat_body(consumer: str | None = None, topic: str = "orders") -> bytes:

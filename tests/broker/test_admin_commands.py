@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.raw import RawClient
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_caught_up, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main
@@ -221,12 +221,9 @@ async def test_reset_offset_of_a_live_sdk_consumer(broker: BrokerController) -> 
         await consumer.start()
         await wait_until(lambda: len(got) == 8, 30, "the consumer gets all 8 messages")
         async with AsyncAdminClient(addr) as admin:
-
-            async def caught_up() -> bool:
-                stats = await admin.consume_stats("replayers", "replay")
-                return bool(stats) and sum(s["lag"] for s in stats) == 0
-
-            await wait_until(caught_up, 30, "the group's committed offsets reach the end")
+            await wait_caught_up(
+                admin, "replayers", "replay", "the group's committed offsets reach the end"
+            )
 
         # back to a time before the late messages: the live consumer receives them again
         out = await cli(

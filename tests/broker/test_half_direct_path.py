@@ -23,10 +23,10 @@ from tests.support.fastpath import (
     sent_by_path,
     single_header,
 )
+from tests.support.raw import end_header
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.headers import EndTransactionRequestHeader
 from txmq.protocol.message import (
     MessageConst,
     decode_offset_msg_id,
@@ -79,17 +79,7 @@ async def send_both(
 
 
 async def end_both(pair: BrokerPair, resp: RemotingCommand, decision: int) -> None:
-    h = pair.clients[0].send_header(resp)
-    _, offset = decode_offset_msg_id(h.msg_id)
-    eh = EndTransactionRequestHeader(
-        producer_group=GROUP,
-        tran_state_table_offset=h.queue_offset,
-        commit_log_offset=offset,
-        commit_or_rollback=decision,
-        from_transaction_check=False,
-        msg_id=h.msg_id,
-        transaction_id=h.transaction_id,
-    )
+    eh = end_header(GROUP, resp, decision)
     a, b = await pair.call(RequestCode.END_TRANSACTION, eh.to_ext_fields(), b"")
     assert (a.code, a.remark) == (b.code, b.remark)
     assert a.code == ResponseCode.SUCCESS, a.remark

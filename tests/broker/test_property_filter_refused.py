@@ -79,19 +79,7 @@ async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerControl
             assert "SQL92" in (resp.remark or "")
 
         # The expression registered by the heartbeat, the pull carrying none.
-        hb = {
-            "clientID": c.client_id,
-            "producerDataSet": [],
-            "consumerDataSet": [
-                {
-                    "groupName": "sql-hb",
-                    "subscriptionDataSet": [
-                        {"topic": "filtered", "subString": SQL, "expressionType": "SQL92"}
-                    ],
-                }
-            ],
-        }
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"filtered": SQL}}, expression_type="SQL92")
         h2 = PullMessageRequestHeader(
             consumer_group="sql-hb", topic="filtered", queue_id=0, queue_offset=0, sys_flag=0
         )

@@ -186,7 +186,7 @@ async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway
         assert h.transaction_id == producer.send_header(half).transaction_id
         assert await producer.pull_all("stock-orders") == []  # still invisible
         # The answer a stock producer gives: END_TRANSACTION, oneway, from the check.
-        await producer.end_transaction("stock-tx", half, COMMIT, from_check=True, oneway=True)
+        await producer.end_transaction_oneway("stock-tx", half, COMMIT, from_check=True)
         await wait_until(lambda: not b.transactions.pending, what="the half to be decided")
         [m] = await producer.pull_all("stock-orders")
         assert m.body == b"half"

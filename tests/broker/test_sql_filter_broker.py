@@ -86,19 +86,7 @@ async def test_heartbeat_registered_sql92_filters_pulls_without_expression(
     c = await RawClient.connect(broker.address)
     try:
         await _send_numbered(c, "sqlhb", 10)
-        hb = {
-            "clientID": c.client_id,
-            "producerDataSet": [],
-            "consumerDataSet": [
-                {
-                    "groupName": "sql-hb",
-                    "subscriptionDataSet": [
-                        {"topic": "sqlhb", "subString": "a <= 2", "expressionType": "SQL92"}
-                    ],
-                }
-            ],
-        }
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"sqlhb": "a <= 2"}}, expression_type="SQL92")
         resp = await c.call(
             RequestCode.PULL_MESSAGE, _pull_header("sqlhb", 0, None, "sql-hb").to_ext_fields()
         )
@@ -106,8 +94,7 @@ async def test_heartbeat_registered_sql92_filters_pulls_without_expression(
         assert [m.body for m in decode_messages(resp.body)] == [b"m0", b"m1", b"m2"]
 
         # A heartbeat with an expression that does not compile: its pulls are refused.
-        hb["consumerDataSet"][0]["subscriptionDataSet"][0]["subString"] = "a <="  # type: ignore[index]
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"sqlhb": "a <="}}, expression_type="SQL92")
         resp = await c.call(
             RequestCode.PULL_MESSAGE, _pull_header("sqlhb", 0, None, "sql-hb").to_ext_fields()
         )

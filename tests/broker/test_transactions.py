@@ -137,7 +137,7 @@ async def test_mismatched_end_transaction_names_the_reason(ctl):
 async def test_oneway_end_transaction_is_accepted(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     half = await c.send("orders", b"x", group=G, transactional=True)
-    await c.end_transaction(G, half, COMMIT, oneway=True)
+    await c.end_transaction_oneway(G, half, COMMIT)
     # no answer to wait for: wait until the commit shows
     got = await wait_until(lambda: c.pull_all("orders"), what="the oneway commit to deliver")
     assert len(got) == 1

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from tests.support.brokers import closed_by_peer, dropped
 from tests.support.logs import fresh_loggers
 from tests.support.ports import free_port
-from tests.support.raw import RawClient, unread_pulls
+from tests.support.raw import RawClient, long_poll, unread_pulls
 from tests.support.scrape import scrape, value
 from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.config import BrokerConfig
@@ -30,7 +30,6 @@ from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
-from txmq.protocol.headers import PullMessageRequestHeader
 
 STALL_MS = 2000
 
@@ -241,20 +240,6 @@ async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(
         await b.shutdown()
 
 
-def _long_poll() -> RemotingCommand:
-    h = PullMessageRequestHeader(
-        consumer_group="pollers",
-        topic="idle",
-        queue_id=0,
-        queue_offset=0,
-        max_msg_nums=1,
-        sys_flag=0x4 | 0x2,
-        suspend_timeout_millis=60_000,
-        subscription="*",
-    )
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, h.to_ext_fields())
-
-
 async def test_a_connection_that_sends_nothing_is_closed_and_a_long_poll_is_kept(
     make_broker_config: Callable[..., BrokerConfig], logs: list[MutableMapping[str, Any]]
 ) -> None:
@@ -273,7 +258,7 @@ async def test_a_connection_that_sends_nothing_is_closed_and_a_long_poll_is_kept
         assert made.code == ResponseCode.SUCCESS, made.remark
         # The poller connects first: its deadline passes before the silent ones'.
         poller = await open_connection(host, int(port))
-        poll = asyncio.ensure_future(poller.request(_long_poll(), timeout=90))
+        poll = asyncio.ensure_future(poller.request(long_poll("pollers", "idle"), timeout=90))
         await wait_until(lambda: parked_pulls(b, "idle", 0) == 1, 30, "the long poll parked")
         connected = time.monotonic()
         silent = [socket.create_connection((host, int(port))) for _ in range(3)]

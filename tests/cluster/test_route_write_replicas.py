@@ -153,7 +153,7 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
             assert f.send_header(resp).queue_offset == int(not v2), resp
         # A half sent through the follower, decided (oneway, as stock producers do) through it.
         half = await f.send("fwd", b"half-via-follower", transactional=True, group="fwd-tx")
-        await f.end_transaction("fwd-tx", half, 8, oneway=True)
+        await f.end_transaction_oneway("fwd-tx", half, 8)
         lc = await RawClient.connect(leader.addr)
         try:
             await lc.heartbeat(consumer_groups={"fwd-readers": {"fwd": "*"}})

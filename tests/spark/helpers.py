@@ -91,6 +91,17 @@ def spark_fixture(master: str, app: str, *, batch_rows: int | None = None) -> An
     return spark
 
 
+def order_rows(spark: Any, folder: str) -> Any:
+    """The rows ``{"id", "customer", "amount"}`` of the JSON files in ``folder`` (what the
+    ``json_input`` fixture writes) as a stream, one file per micro-batch, in two partitions."""
+    return (
+        spark.readStream.schema("id INT, customer STRING, amount DOUBLE")
+        .option("maxFilesPerTrigger", 1)
+        .json(folder)
+        .repartition(2)
+    )
+
+
 def pull_all(address: str, topic: str, config: ClientConfig | None = None) -> list[MessageExt]:
     """Every message of every queue of ``topic`` (in every broker group of a cluster), pulled
     with the SDK's pull consumer (with ``config``: e.g. TLS)."""

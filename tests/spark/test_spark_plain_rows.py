@@ -15,6 +15,7 @@ from tests.spark.helpers import (
     by_state,
     failing_body_udf,
     order_ids,
+    order_rows,
     pull_all,
     spark_fixture,
     transactions,
@@ -23,8 +24,6 @@ from tests.spark.helpers import (
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
 spark = spark_fixture("local[2,4]", "txmq-plain-rows-tests", batch_rows=50)
@@ -37,7 +36,7 @@ def test_body_only_rows_survive_a_retried_task_exactly_once(
     folder = json_input([range(0, 1000), range(1000, 2000)])
     # In the second batch, the first attempt of partition 0 fails after storing halves.
     flaky = failing_body_udf(address, ids=range(1000, 2000), after=300, attempts=(0,))
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder).repartition(2)
+    df = order_rows(spark, folder)
     query = (
         df.select(flaky("id").alias("body"))  # a string body and no other column
         .writeStream.format("txmq")

@@ -16,6 +16,7 @@ from tests.spark.helpers import (
     failing_body_udf,
     forget_commit,
     order_ids,
+    order_rows,
     pull_all,
     spark_fixture,
     transactions,
@@ -24,8 +25,6 @@ from tests.spark.helpers import (
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
 spark = spark_fixture("local[2,4]", "txmq-recovery-tests", batch_rows=50)
@@ -38,7 +37,7 @@ def _start(
     ``topic`` and wait for the query to end."""
     from pyspark.sql import functions as F
 
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder).repartition(2)
+    df = order_rows(spark, folder)
     if body_udf is None:
         body = F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|"))
     else:

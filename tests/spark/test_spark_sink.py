@@ -21,6 +21,7 @@ from tests.spark.helpers import (
     failing_body_udf,
     forget_commit,
     order_ids,
+    order_rows,
     pull_all,
     spark_fixture,
     transactions,
@@ -30,8 +31,6 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'tx
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
-
 
 spark = spark_fixture("local[2]", "txmq-sink-tests", batch_rows=100)
 
@@ -39,18 +38,12 @@ spark = spark_fixture("local[2]", "txmq-sink-tests", batch_rows=100)
 def _orders(spark: Any, folder: str) -> Any:
     from pyspark.sql import functions as F
 
-    return (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(folder)
-        .repartition(2)
-        .select(
-            F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
-            F.col("customer").alias("keys"),
-            F.lit("created").alias("tags"),
-            F.create_map(F.lit("amount"), F.col("amount").cast("string")).alias("properties"),
-            "customer",
-        )
+    return order_rows(spark, folder).select(
+        F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
+        F.col("customer").alias("keys"),
+        F.lit("created").alias("tags"),
+        F.create_map(F.lit("amount"), F.col("amount").cast("string")).alias("properties"),
+        "customer",
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import BROKER_SETTINGS, order_ids, pull_all, spark_fixture
+from tests.spark.helpers import BROKER_SETTINGS, order_ids, order_rows, pull_all, spark_fixture
 from tests.support.certs import Certs, make_certs
 from txmq.broker.config import BrokerConfig
 from txmq.client import ClientConfig
@@ -21,8 +21,6 @@ from txmq.client.config import tls_context
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +59,9 @@ def tls_options(certs: Certs, ca: Path | None = None) -> dict[str, str]:
 def _orders(spark: Any, folder: str) -> Any:
     from pyspark.sql import functions as F
 
-    return (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(folder)
-        .repartition(2)
-        .select(
-            F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body"),
-            F.col("customer").alias("keys"),
-        )
+    return order_rows(spark, folder).select(
+        F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body"),
+        F.col("customer").alias("keys"),
     )
 
 
