@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.acl_files import write_acl
 from tests.support.brokers import started
 from tests.support.raw import RawClient, end_header
 from tests.support.waiting import wait_until
@@ -81,9 +82,7 @@ _ids = UniqIdGenerator()
 
 @pytest.fixture
 def acl_file(tmp_path: Path) -> Path:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
-    return path
+    return write_acl(tmp_path, ACL_FILE)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.acl_files import write_acl
 from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.auth2 import Acl, PolicyEntry, Resource, decide
@@ -274,8 +275,7 @@ async def test_every_request_code_is_decided_as_acl1_decided_it_after_migration(
     from tests.broker import test_acl as v1
     from txmq.broker.auth2 import migrate_plain_acl
 
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(v1.ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, v1.ACL_FILE)
     async with admin(auth_broker) as a:
         for m in migrate_plain_acl(str(path)):
             assert not m.notes

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from tests.support.raw import RawClient
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import ResponseCode
@@ -167,8 +168,7 @@ def test_cli_manages_users_and_policies(bt: BrokerThread) -> None:
 
 
 def test_migrate_a_plain_acl_file(bt: BrokerThread, tmp_path: Path) -> None:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(PLAIN_ACL, encoding="utf-8")
+    path = write_acl(tmp_path, PLAIN_ACL)
     create_topics(bt, "orders", "audit", "payroll", "news")
 
     dry = txmq(bt, "acl", "migrate", "--from", str(path), "--dry-run")

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.acl_files import write_acl
 from tests.support.fastpath import batch_body, comparable
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -175,6 +176,12 @@ class Received:
     message_id: str
     queue_offset: int
     raw: Any = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, m: MessageExt) -> Received:
+        """A message a remoting pull answered."""
+        keys = tuple(m.keys.split(" ")) if m.keys else ()
+        return cls(m.body, m.tags, keys, m.msg_id, m.queue_offset, m)
 
 
 @dataclass(frozen=True)
@@ -454,17 +461,7 @@ class Remoting(FrontEnd):
         assert resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND), (
             f"{self}: PULL_MESSAGE answered {resp.code}: {resp.remark}"
         )
-        return [
-            Received(
-                m.body,
-                m.tags,
-                tuple(m.keys.split(" ")) if m.keys else (),
-                m.msg_id,
-                m.queue_offset,
-                m,
-            )
-            for m in msgs
-        ]
+        return [Received.of(m) for m in msgs]
 
     async def dead_letter(self, topic: str, group: str, m: Received) -> Answer:
         # What the SDK's consumer sends back (client/consumer.py), with delay level -1: to the
@@ -501,17 +498,7 @@ class Remoting(FrontEnd):
                 {"consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": nxt},
             )
             assert u.code == ResponseCode.SUCCESS, f"{self}: offset commit answered {u.remark}"
-        return [
-            Received(
-                m.body,
-                m.tags,
-                tuple(m.keys.split(" ")) if m.keys else (),
-                m.msg_id,
-                m.queue_offset,
-                m,
-            )
-            for m in msgs
-        ]
+        return [Received.of(m) for m in msgs]
 
 
 class Grpc(FrontEnd):
@@ -1131,8 +1118,7 @@ async def test_both_front_ends_store_and_answer_alike(
     scenario = SCENARIOS[name]
     config = {**CONFIG, **scenario.config}
     if scenario.acl:
-        acl = tmp_path / "plain_acl.yml"
-        acl.write_text(scenario.acl, encoding="utf-8")
+        acl = write_acl(tmp_path, scenario.acl)
         config.update(acl_enable=True, plain_acl_file=str(acl))
     born = int(time.time() * 1000)
     observed: dict[str, Observed] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.acl_files import acl_file, open_account
+from tests.support.acl_files import acl_file, open_account, write_acl
 from tests.support.brokers import raw_broker, started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -42,8 +42,7 @@ LIMITED = Credentials("limited", "secret-limit-1")
 async def quota_broker(
     make_broker_config: Callable[..., BrokerConfig], tmp_path: Path
 ) -> AsyncIterator[BrokerController]:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, ACL_FILE)
     async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as b:
         yield b
 

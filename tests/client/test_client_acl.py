@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from tests.support.brokers import started
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -51,8 +52,7 @@ CONSUMER = ClientConfig(access_key="billingReader", secret_key="consumer-secret-
 
 @pytest.fixture
 def acl_config(make_broker_config: Callable[..., BrokerConfig], tmp_path: Path) -> BrokerConfig:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL, encoding="utf-8")
+    path = write_acl(tmp_path, ACL)
     return make_broker_config(acl_enable=True, plain_acl_file=str(path))
 
 

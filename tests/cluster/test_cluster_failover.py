@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.acl_files import write_acl
 from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster, Replica
 from tests.support.etcd import EtcdCluster, etcd_binary
 from tests.support.raw import RawClient
@@ -487,8 +488,7 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
 async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
     """With aclEnable, replicas replicate with the file's admin account, anonymous clients get
     neither log bytes nor routes, and a producer with its account follows a failover."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(CLUSTER_ACL_FILE)
+    acl = write_acl(tmp_path, CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")

@@ -22,6 +22,7 @@ from typing import IO, Any
 import pytest
 
 from tests.compat.stock import cpp_client
+from tests.support.acl_files import write_acl
 from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until, wait_until_sync
@@ -352,8 +353,7 @@ async def test_forwarded_sends_keep_the_clients_acl_identity(
     """A follower forwards headers and body unchanged: the leader checks the client's own
     signature and permissions (a signed send is stored, one the account may not make or an
     anonymous one is refused there), never the follower's."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(CLUSTER_ACL_FILE)
+    acl = write_acl(tmp_path, CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")

@@ -16,6 +16,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused, tx_state
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -62,9 +63,7 @@ KEYS = {
 
 @pytest.fixture
 def acl_file(tmp_path: Path) -> Path:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
-    return path
+    return write_acl(tmp_path, ACL_FILE)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -143,8 +144,7 @@ def test_every_rpc_is_decided_as_acl1_decided_it_after_migration(
     from tests.compat import test_grpc_acl as v1
     from txmq.broker.auth2 import migrate_plain_acl
 
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(v1.ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, v1.ACL_FILE)
     b = broker_thread_factory(
         grpc_server_enable=True,
         grpc_server_port=0,

@@ -18,7 +18,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
-from tests.support.acl_files import acl_file, open_account
+from tests.support.acl_files import acl_file, open_account, write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -50,8 +50,7 @@ SECRETS = {
 
 @pytest.fixture
 def bt(broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path) -> BrokerThread:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, ACL_FILE)
     return broker_thread_factory(
         grpc_server_enable=True, grpc_server_port=0, acl_enable=True, plain_acl_file=str(path)
     )

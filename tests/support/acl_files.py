@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def open_account(key: str, secret: str, **settings: object) -> str:
     """An account that may publish and subscribe on every topic and group, with ``settings``
@@ -18,3 +20,10 @@ def open_account(key: str, secret: str, **settings: object) -> str:
 
 def acl_file(*accounts: str) -> str:
     return "accounts:\n" + "".join(accounts)
+
+
+def write_acl(folder: Path, text: str) -> Path:
+    """``text`` written as ``folder/plain_acl.yml``; its path."""
+    path = folder / "plain_acl.yml"
+    path.write_text(text, encoding="utf-8")
+    return path
