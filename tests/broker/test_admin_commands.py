@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_caught_up, wait_until
 from txmq.broker.config import BrokerConfig
@@ -410,9 +411,7 @@ async def test_a_deleted_topic_stays_deleted_after_a_restart(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
-    try:
+    async with started(config, stop_within=30) as first:
         async with AsyncProducer("p", first.address) as producer:
             for i in range(6):
                 await producer.send(Message("gone", b"g%d" % i))
@@ -421,11 +420,7 @@ async def test_a_deleted_topic_stays_deleted_after_a_restart(
         async with AsyncAdminClient(first.address) as admin:
             await admin.delete_topic("gone")
         end = first.store.max_phy_offset
-    finally:
-        await asyncio.wait_for(first.shutdown(), 30)
-    second = BrokerController(config)
-    await second.start()
-    try:
+    async with started(config, stop_within=30) as second:
         assert second.ctx.topics.get("gone") is None
         assert second.store.queue_ids("gone") == []
         assert second.ctx.offsets.offsets("g", "gone") == {}
@@ -436,8 +431,6 @@ async def test_a_deleted_topic_stays_deleted_after_a_restart(
             assert len(await c.pull_all("stays")) == 1
         finally:
             await c.close()
-    finally:
-        await asyncio.wait_for(second.shutdown(), 30)
 
 
 async def test_reset_offset_of_a_live_orderly_consumer(broker: BrokerController) -> None:

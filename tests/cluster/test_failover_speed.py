@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import BrokerCluster, first_send_after
+from tests.support.cluster import BrokerCluster, first_send_after, send_before
 from tests.support.raw import RawClient
 from txmq.broker.cluster.etcd import Entry
 from txmq.broker.cluster.node import LEADER_FENCE_S, SILENCE_S, ClusterNode
 from txmq.broker.cluster.view import ClusterView
 from txmq.broker.config import BrokerConfig
-from txmq.client import AsyncProducer, Message
+from txmq.client import AsyncProducer
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.errors import TxmqError
 
@@ -45,10 +45,7 @@ async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster
     p = AsyncProducer("speed", bc.seeds("g1"), request_timeout=30.0)
     await p.start()
     try:
-        acked = []
-        for i in range(10):
-            await p.send(Message(TOPIC, f"before-{i}".encode()))
-            acked.append(f"before-{i}".encode())
+        acked = await send_before(p, TOPIC)
         t0 = time.monotonic()
         bc.kill("g1", leader.replica)
         errors: list[str] = []
@@ -96,10 +93,7 @@ async def test_a_paused_leader_is_replaced_within_seconds_and_acknowledges_nothi
     await p.start()
     stuck = await RawClient.connect(old.addr)
     try:
-        acked = []
-        for i in range(10):
-            await p.send(Message(TOPIC, f"before-{i}".encode()))
-            acked.append(f"before-{i}".encode())
+        acked = await send_before(p, TOPIC)
         t0 = time.monotonic()
         bc.pause("g1", old.replica)
         try:

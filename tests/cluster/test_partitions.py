@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import netns
-from tests.support.cluster import first_send_after
+from tests.support.cluster import first_send_after, send_before
 from tests.support.netns import Network
 from tests.support.partitions import (
     BROKERS,
@@ -37,7 +37,7 @@ from tests.support.partitions import (
 )
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
-from txmq.client import AsyncProducer, Message
+from txmq.client import AsyncProducer
 from txmq.protocol.codes import ResponseCode
 
 pytestmark = pytest.mark.slow
@@ -197,9 +197,7 @@ async def test_a_leader_cut_off_from_everything_is_replaced_within_seconds(
         acked: list[bytes] = []
         errors: list[str] = []
         try:
-            for i in range(10):
-                await p.send(Message(TOPIC, f"before-{i}".encode()))
-                acked.append(f"before-{i}".encode())
+            acked += await send_before(p, TOPIC)
             t0 = time.monotonic()
             net.isolate(node, [*ETCD, *BROKERS, CLIENT])
             took = await first_send_after(p, TOPIC, t0, errors)

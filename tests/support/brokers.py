@@ -3,6 +3,7 @@ client connected to it when asked), and what tests read of a broker's store."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -15,15 +16,17 @@ from txmq.protocol.message import MessageExt, decode_message
 
 
 @contextlib.asynccontextmanager
-async def started(config: BrokerConfig, **kwargs: Any) -> AsyncIterator[BrokerController]:
+async def started(
+    config: BrokerConfig, *, stop_within: float | None = None, **kwargs: Any
+) -> AsyncIterator[BrokerController]:
     """A broker started with ``config`` (``kwargs``: the controller's seams), shut down when
-    the block ends."""
+    the block ends (``stop_within``: a shutdown taking longer fails)."""
     b = BrokerController(config, **kwargs)
     await b.start()
     try:
         yield b
     finally:
-        await b.shutdown()
+        await asyncio.wait_for(b.shutdown(), stop_within)
 
 
 @contextlib.asynccontextmanager

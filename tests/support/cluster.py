@@ -14,7 +14,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
 
 from .ports import free_port
+from .process import broker_command
 
 #: Test timers: short lease (quick failover), short lag limit, fast transaction checks.
 FAST_CLUSTER = {
@@ -122,28 +122,18 @@ class BrokerCluster:
         return ",".join(r.addr for r in self.replicas.values() if group in (None, r.group))
 
     def command(self, r: Replica) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "txmq",
-            "broker",
-            "--store-dir",
+        cmd = broker_command(
             str(r.store),
-            "--port",
-            str(r.port),
-            "--flush",
+            r.port,
             self.flush,
-            "--set",
-            f"etcdEndpoints={self.etcd}",
-            "--set",
-            f"brokerClusterName={self.name}",
-            "--set",
-            f"brokerName={r.group}",
-            "--set",
-            f"brokerId={r.replica}",
-        ]
-        for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
+            {
+                "etcdEndpoints": self.etcd,
+                "brokerClusterName": self.name,
+                "brokerName": r.group,
+                "brokerId": r.replica,
+                **self.settings,
+            },
+        )
         if r.grpc_port:
             cmd += ["--set", "grpcServerEnable=true", "--set", f"grpcServerPort={r.grpc_port}"]
         if r.ops_port:
@@ -348,3 +338,15 @@ async def first_send_after(p: Any, topic: str, t0: float, errors: list[str]) -> 
         except TxmqError as exc:
             errors.append(str(exc))
             assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
+
+
+async def send_before(p: Any, topic: str, n: int = 10) -> list[bytes]:
+    """Send ``before-0`` ... ``before-<n-1>`` with the producer ``p``, each acknowledged; the
+    bodies."""
+    from txmq.client import Message
+
+    acked = []
+    for i in range(n):
+        await p.send(Message(topic, f"before-{i}".encode()))
+        acked.append(f"before-{i}".encode())
+    return acked

@@ -32,21 +32,7 @@ class BrokerProcess:
         self.log_lines: list[dict[str, Any]] = []
 
     def command(self) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "txmq",
-            "broker",
-            "--store-dir",
-            self.store_dir,
-            "--port",
-            str(self.port),
-            "--flush",
-            self.flush,
-        ]
-        for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
-        return cmd
+        return broker_command(self.store_dir, self.port, self.flush, self.settings)
 
     def start(self, timeout: float = 30.0) -> str:
         self._close_previous()
@@ -146,3 +132,25 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=True,
     )
+
+
+def broker_command(
+    store_dir: str, port: int, flush: str, settings: dict[str, Any] | None = None
+) -> list[str]:
+    """``python -m txmq broker`` on ``port`` with its store in ``store_dir``, the flush mode
+    ``flush`` and ``--set key=value`` for each of ``settings``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "txmq",
+        "broker",
+        "--store-dir",
+        store_dir,
+        "--port",
+        str(port),
+        "--flush",
+        flush,
+    ]
+    for k, v in (settings or {}).items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
