@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.acl_files import write_acl
 from tests.support.brokers import started
-from tests.support.raw import RawClient, end_header
+from tests.support.raw import RawClient, connected, end_header
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, AddressPattern, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -112,13 +112,10 @@ def send_header(topic: str, group: str, *, transactional: bool = False) -> dict[
 
 async def half_of(broker: BrokerController, group: str = "groupA") -> RemotingCommand:
     """A pending half message of ``group`` on topic orders, sent by an admin."""
-    c = await RawClient.connect(broker.address, credentials=ADMIN)
-    try:
+    async with connected(broker.address, credentials=ADMIN) as c:
         resp = await c.call(
             RequestCode.SEND_MESSAGE, send_header("orders", group, transactional=True), b"half"
         )
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.SUCCESS, resp.remark
     return resp
 
@@ -359,13 +356,10 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def call(cred: Credentials | None, **ext: Any) -> RemotingCommand:
-        c = await RawClient.connect(acl_broker.address, credentials=cred)
-        try:
+        async with connected(acl_broker.address, credentials=cred) as c:
             return await c.call(
                 RequestCode.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0, **ext}
             )
-        finally:
-            await c.close()
 
     forged = await call(Credentials("consumerC", "not-the-secret"))
     assert forged.code == ResponseCode.NO_PERMISSION
@@ -380,8 +374,7 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
     assert "DENY on topic 'hidden'" in hidden.remark
 
     # a valid signature replayed onto other content (another topic) does not verify
-    c = await RawClient.connect(acl_broker.address)
-    try:
+    async with connected(acl_broker.address) as c:
         cmd = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0})
         C.sign(cmd)
         cmd.ext_fields["queueId"] = 1
@@ -392,8 +385,6 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
         )
         C.sign(again)
         assert (await c.conn.request(again)).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
 
     # Where the lines go depends on how logging was configured earlier in this process (printed,
     # or through the standard library once the CLI configured it): look at both.
@@ -409,8 +400,7 @@ async def test_a_refused_send_creates_no_topic_on_any_path(acl_broker: BrokerCon
     looked up: one the account may not send to is refused without auto-creating the topic,
     whether a direct path could store it (SEND_MESSAGE_V2 of one plain message or one half, a
     batch) or only the generic one (SEND_MESSAGE with a delay)."""
-    c = await RawClient.connect(acl_broker.address, credentials=P)
-    try:
+    async with connected(acl_broker.address, credentials=P) as c:
         plain = SendMessageRequestHeader.from_ext_fields(send_header("fresh-1", "groupA"))
         half = SendMessageRequestHeader.from_ext_fields(
             send_header("fresh-2", "groupA", transactional=True)
@@ -435,8 +425,6 @@ async def test_a_refused_send_creates_no_topic_on_any_path(acl_broker: BrokerCon
         resp = await c.call(RequestCode.SEND_MESSAGE_V2, other.to_v2_ext_fields(), b"h")
         assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
         assert resp.remark is not None and "group 'groupB'" in resp.remark
-    finally:
-        await c.close()
     for topic in ("fresh-1", "fresh-2", "fresh-3", "fresh-4"):
         assert acl_broker.topics.get(topic) is None, f"{topic} was created by a refused send"
 
@@ -498,8 +486,7 @@ async def test_a_producer_of_another_account_cannot_decide_or_be_checked(
 async def test_the_file_is_reloaded_without_a_restart(
     acl_broker: BrokerController, acl_file: Path
 ) -> None:
-    c = await RawClient.connect(acl_broker.address, credentials=C)
-    try:
+    async with connected(acl_broker.address, credentials=C) as c:
 
         async def max_offset(topic: str) -> RemotingCommand:
             return await c.call(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
@@ -524,8 +511,6 @@ async def test_the_file_is_reloaded_without_a_restart(
         )
         assert (await max_offset("payments")).code == ResponseCode.SUCCESS
         assert (await max_offset("elsewhere")).code == ResponseCode.NO_PERMISSION
-    finally:
-        await c.close()
 
 
 async def test_global_white_addresses_are_trusted_without_credentials(
@@ -534,12 +519,9 @@ async def test_global_white_addresses_are_trusted_without_credentials(
     path = tmp_path / "acl.yml"
     path.write_text("globalWhiteRemoteAddresses:\n  - 127.0.0.*\naccounts: []\n")
     async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as broker:
-        c = await RawClient.connect(broker.address)
-        try:
+        async with connected(broker.address) as c:
             resp = await c.call(RequestCode.GET_BROKER_RUNTIME_INFO)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
 
 
 async def test_with_acl_off_signed_and_unsigned_requests_are_served(
@@ -547,12 +529,9 @@ async def test_with_acl_off_signed_and_unsigned_requests_are_served(
 ) -> None:
     assert broker.acl is None
     for cred in (None, Credentials("anything", "whatever")):
-        c = await RawClient.connect(broker.address, credentials=cred)
-        try:
+        async with connected(broker.address, credentials=cred) as c:
             resp = await c.call(RequestCode.GET_BROKER_RUNTIME_INFO)
             assert resp.code == ResponseCode.SUCCESS
-        finally:
-            await c.close()
 
 
 async def test_a_missing_or_broken_file_stops_the_broker_from_starting(

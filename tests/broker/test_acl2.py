@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.acl_files import write_acl
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.auth2 import Acl, PolicyEntry, Resource, decide
 from txmq.broker.config import BrokerConfig, ConfigError
 from txmq.broker.server import BrokerController
@@ -83,20 +83,14 @@ async def setup_users(broker: BrokerController) -> None:
 
 
 async def send_code(broker: BrokerController, who: Credentials | None, topic: str) -> int:
-    c = await RawClient.connect(broker.address, credentials=who)
-    try:
+    async with connected(broker.address, credentials=who) as c:
         return (await c.send(topic, b"x")).code
-    finally:
-        await c.close()
 
 
 async def pull_code(broker: BrokerController, who: Credentials, topic: str, group: str) -> int:
-    c = await RawClient.connect(broker.address, credentials=who)
-    try:
+    async with connected(broker.address, credentials=who) as c:
         resp, _ = await c.pull(topic, group=group)
         return resp.code
-    finally:
-        await c.close()
 
 
 async def check_policies(broker: BrokerController) -> None:
@@ -119,18 +113,12 @@ async def test_policies_decide_sends_and_pulls(auth_broker: BrokerController) ->
     await check_policies(auth_broker)
     # unsigned, unknown user, wrong password
     assert await send_code(auth_broker, None, "orders") == ResponseCode.NO_PERMISSION
-    c = await RawClient.connect(auth_broker.address, credentials=Credentials("alice", "wrong-1"))
-    try:
+    async with connected(auth_broker.address, credentials=Credentials("alice", "wrong-1")) as c:
         resp = await c.send("orders", b"x")
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.NO_PERMISSION
     assert "bad signature" in (resp.remark or "")
-    c = await RawClient.connect(auth_broker.address, credentials=ALICE)
-    try:
+    async with connected(auth_broker.address, credentials=ALICE) as c:
         resp = await c.send("order-audit", b"x")
-    finally:
-        await c.close()
     assert "User:alice has no permission to Pub Topic:order-audit" in (resp.remark or "")
     assert "denied by Topic:order-audit" in (resp.remark or "")
 
@@ -177,11 +165,8 @@ async def test_user_and_policy_requests(auth_broker: BrokerController) -> None:
     async with admin(auth_broker) as a:
         await a.delete_user("bob-user")
         assert await a.get_user("bob-user") is None
-    c = await RawClient.connect(auth_broker.address, credentials=BOB)
-    try:
+    async with connected(auth_broker.address, credentials=BOB) as c:
         resp = await c.call(RequestCode.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0})
-    finally:
-        await c.close()
     assert resp.remark == "ACL: unknown AccessKey 'bob-user'"
 
 
@@ -332,12 +317,9 @@ async def test_malformed_user_and_policy_requests_are_answered_and_change_nothin
         (R.AUTH_GET_ACL, {"subject": "Group:g"}, b""),
     ]
     before = json.dumps(auth_broker.acl.state.to_json())  # type: ignore[union-attr]
-    c = await RawClient.connect(auth_broker.address, credentials=ROOT)
-    try:
+    async with connected(auth_broker.address, credentials=ROOT) as c:
         for code, ext, body in bad:
             resp = await c.call(code, ext, body)
             assert resp.code == ResponseCode.INVALID_PARAMETER, (code, ext, body, resp)
-    finally:
-        await c.close()
     assert json.dumps(auth_broker.acl.state.to_json()) == before  # type: ignore[union-attr]
     await check_policies(auth_broker)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.support.acl_files import write_acl
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import ResponseCode
 
@@ -104,23 +104,17 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 def send(bt: BrokerThread, who: Credentials, topic: str, group: str = "g") -> int:
     async def go() -> int:
-        c = await RawClient.connect(address(bt), credentials=who)
-        try:
+        async with connected(address(bt), credentials=who) as c:
             return (await c.send(topic, b"x", group=group, transactional=group != "g")).code
-        finally:
-            await c.close()
 
     return asyncio.run(go())
 
 
 def pull(bt: BrokerThread, who: Credentials, topic: str, group: str) -> int:
     async def go() -> int:
-        c = await RawClient.connect(address(bt), credentials=who)
-        try:
+        async with connected(address(bt), credentials=who) as c:
             resp, _ = await c.pull(topic, group=group)
             return resp.code
-        finally:
-            await c.close()
 
     return asyncio.run(go())
 

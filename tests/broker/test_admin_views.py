@@ -12,7 +12,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_caught_up, wait_until
 from txmq.broker.server import BrokerController
 from txmq.cli import main
@@ -44,8 +44,7 @@ async def _heartbeat(c: RawClient, producer: str | None, consumer: dict[str, Any
 
 
 async def test_views_at_the_wire_in_rocketmq_encodings(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.call(
             RequestCode.UPDATE_AND_CREATE_TOPIC,
             {"topic": "orders", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
@@ -127,8 +126,6 @@ async def test_views_at_the_wire_in_rocketmq_encodings(broker: BrokerController)
         assert broker.ctx.offsets.query("billing", "orders", 0) == -1
         resp = await c.call(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "billing"})
         assert resp.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
-    finally:
-        await c.close()
 
 
 def test_group_commands_of_the_cli(broker_thread_factory: Callable[..., BrokerThread]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.server import BrokerController
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -74,15 +74,12 @@ def test_group_delete(broker_thread: BrokerController) -> None:
     addr = broker_thread.address
 
     async def commit_offset() -> None:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             resp = await c.call(
                 RequestCode.UPDATE_CONSUMER_OFFSET,
                 {"consumerGroup": "jg", "topic": "jgt", "queueId": 0, "commitOffset": 1},
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
 
     as_json(txmq(addr, "topic", "create", "jgt", "-o", "json"))
     asyncio.run(commit_offset())
@@ -97,12 +94,9 @@ def test_txn_resume_commit_and_rollback(broker_thread: BrokerController) -> None
     as_json(txmq(addr, "topic", "create", "jtx", "-o", "json"))
 
     async def halves() -> None:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             for body in (b"a", b"b"):
                 RawClient.send_header(await c.send("jtx", body, group="jp", transactional=True))
-        finally:
-            await c.close()
 
     asyncio.run(halves())
     pending = as_json(txmq(addr, "txn", "list", "--group", "jp", "-o", "json"))

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from tests.support.brokers import started
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.store.mapped_file import segment_name
@@ -36,13 +36,10 @@ async def _filled(cfg: BrokerConfig) -> tuple[int, dict[bytes, int], int]:
     """60 messages over several segments; the port, each body's commit-log offset, and the
     end of the log."""
     async with started(cfg) as b:
-        c = await RawClient.connect(b.address)
-        try:
+        async with connected(b.address) as c:
             for i in range(60):
                 body = f"m{i:03d}-".encode() + bytes([65 + i % 26]) * (50 * (i % 7) + 200)
                 assert (await c.send(TOPIC, body)).code == 0
-        finally:
-            await c.close()
         offsets = {}
         for raw in b.store.get_messages(TOPIC, 0, 0, 1000).messages:
             m = decode_message(raw)
@@ -100,8 +97,7 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
             assert samples["txmq_commit_log_scrubbed_bytes_total"] >= end - b.store.min_phy_offset
 
             # every other record is served
-            c = await RawClient.connect(b.address)
-            try:
+            async with connected(b.address) as c:
                 got: list[bytes] = []
                 offset = 0
                 while True:
@@ -111,8 +107,6 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
                     if not msgs and nxt <= offset:
                         break
                     offset = nxt
-            finally:
-                await c.close()
             assert sorted(got) == sorted(set(bodies) - {victim})
             failed = _events(logs, "message_read_failed")  # the read names the file too
             assert failed, "the damaged record was read"

@@ -30,7 +30,7 @@ import pytest
 
 from tests.support.acl_files import write_acl
 from tests.support.fastpath import batch_body, comparable
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
@@ -302,12 +302,9 @@ class FrontEnd(abc.ABC):
     async def reset_to_earliest(self, topic: str, group: str) -> Answer:
         """What ``txmq group reset-offset --to-earliest`` asks (INVOKE_BROKER_TO_RESET_OFFSET),
         over remoting whatever the front end: an operator's request."""
-        admin = await RawClient.connect(self.broker.address)
-        try:
+        async with connected(self.broker.address) as admin:
             h = ResetOffsetRequestHeader(topic=topic, group=group, timestamp=0, is_force=True)
             r = await admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, h.to_ext_fields())
-        finally:
-            await admin.close()
         ok = r.code == ResponseCode.SUCCESS
         return Answer(ok, error="" if ok else f"{r.code}: {r.remark}")
 
@@ -1097,16 +1094,13 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 async def create_topic(broker: BrokerController, topic: str) -> None:
-    admin = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as admin:
         h = CreateTopicRequestHeader(topic=topic, read_queue_nums=1, write_queue_nums=1)
         cmd = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
         if broker.config.acl_enable:
             OPERATOR.sign(cmd)
         r = await admin.conn.request(cmd, WAIT_S)
         assert r.code == ResponseCode.SUCCESS, r.remark
-    finally:
-        await admin.close()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

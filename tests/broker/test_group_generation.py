@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -59,12 +59,9 @@ async def test_every_membership_change_moves_the_generation_on(broker: BrokerCon
         assert a.client_id in {ch.client_id for ch in expired}
         g6 = broker.clients.generation(GROUP)
         assert g6 > g5
-        d = await RawClient.connect(broker.address)
-        try:
+        async with connected(broker.address) as d:
             await d.heartbeat(consumer_groups={GROUP: {"t": "*"}})
             assert await members(d) == ([d.client_id], g6 + 1)
-        finally:
-            await d.close()
     finally:
         for x in (a, b, c):
             x.conn.close()

@@ -12,7 +12,7 @@ import pytest
 from tests.support.brokers import pulled, started, stored
 from tests.support.decisions import C, R, U, now_ms
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -148,13 +148,10 @@ async def test_rolled_back_with_a_delay_level_is_never_delivered(
 
 
 async def test_a_level_that_is_no_number_is_refused(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(
             TOPIC, b"x", group=G, props={MessageConst.DELAY: "soon"}, transactional=True
         )
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.MESSAGE_ILLEGAL
     assert "DELAY" in (resp.remark or "")
     assert stored(broker, broker.transactions.half_topic) == []

@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.support.brokers import raw_broker
 from tests.support.fastpath import batch_body, batch_header
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -46,8 +46,7 @@ async def _bodies(client: RawClient, topic: str) -> list[bytes]:
 async def test_a_resend_is_answered_with_the_first_result_and_stored_once(
     broker: BrokerController,
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         first = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd", "U1"), b"one")
         # A resend may go to another queue (the SDK picks anew): still the first result.
         ext = _send_header("dd", "U1")
@@ -63,8 +62,6 @@ async def test_a_resend_is_answered_with_the_first_result_and_stored_once(
         elsewhere = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd2", "U1"), b"one")
         assert elsewhere.code == ResponseCode.SUCCESS
         assert await _bodies(c, "dd2") == [b"one"]
-    finally:
-        await c.close()
 
 
 async def test_a_resent_batch_is_stored_once_on_both_paths(
@@ -98,8 +95,7 @@ async def test_a_resent_batch_is_stored_once_on_both_paths(
 
 
 async def test_a_resent_half_joins_its_transaction_once(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         props = {C.UNIQ_KEY: "H1", C.TRAN_MSG: "true", C.PGROUP: "tx-g"}
         h = SendMessageRequestHeader(
             producer_group="tx-g",
@@ -129,8 +125,6 @@ async def test_a_resent_half_joins_its_transaction_once(broker: BrokerController
         late = await c.call(RequestCode.SEND_MESSAGE_V2, h, b"half")
         assert _answer(late) == _answer(first)
         assert await _bodies(c, "dh") == [b"half"]
-    finally:
-        await c.close()
 
 
 async def test_a_resend_on_a_new_connection_after_a_cut_is_stored_once(
@@ -147,13 +141,10 @@ async def test_a_resend_on_a_new_connection_after_a_cut_is_stored_once(
     await wait_until(
         lambda: broker.store.get_max_offset_in_queue("dc", 0) == 1, 10, "the cut send stored"
     )
-    c2 = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c2:
         again = await c2.call(RequestCode.SEND_MESSAGE_V2, _send_header("dc", "C1"), b"cut")
         assert again.code == ResponseCode.SUCCESS
         assert await _bodies(c2, "dc") == [b"cut"]
-    finally:
-        await c2.close()
 
 
 async def test_the_window_survives_a_restart_and_ends(
@@ -196,8 +187,7 @@ async def test_off_when_the_window_is_zero(make_broker_config: Callable[..., Bro
 async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerController) -> None:
     # The broker's own copies carry the original's UNIQ_KEY: two retries of one message
     # (two CONSUMER_SEND_MSG_BACKs) are two messages in %RETRY%<group>.
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         sent = RawClient.send_header(
             await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("drt", "T1"), b"t")
         )
@@ -209,8 +199,6 @@ async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerC
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert await _bodies(c, "%DLQ%cg") == [b"t", b"t"]
-    finally:
-        await c.close()
 
 
 async def test_a_message_twice_in_one_batch_is_stored_once(

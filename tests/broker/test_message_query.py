@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tests.client.helpers import FAST_CLIENT
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -157,8 +157,7 @@ async def test_query_message_on_the_wire(broker: BrokerController) -> None:
     async with AsyncProducer("q-producer", broker=broker.address, config=FAST_CLIENT) as p:
         sent = [await p.send(Message("wire", f"m{i}", keys="wk")) for i in range(3)]
     await _indexed(broker)
-    raw = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as raw:
         # What a stock Java client sends: JSON header, string values, RocketMQ's field names.
         ext = {
             "topic": "wire",
@@ -203,8 +202,6 @@ async def test_query_message_on_the_wire(broker: BrokerController) -> None:
             RequestCode.VIEW_MESSAGE_BY_ID, {"offset": _offset(sent[0].offset_msg_id)}
         )
         assert resp.code == ResponseCode.SUCCESS and decode_messages(resp.body)[0].body == b"m0"
-    finally:
-        await raw.close()
 
 
 async def test_a_broker_without_the_index_says_so(

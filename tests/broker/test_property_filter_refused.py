@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -29,8 +29,7 @@ async def broker_off(
 
 
 async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerController) -> None:
-    c = await RawClient.connect(broker_off.address)
-    try:
+    async with connected(broker_off.address) as c:
         assert (await c.send("filtered", b"m", props={"a": "7"})).code == ResponseCode.SUCCESS
         check = await c.call(
             RequestCode.CHECK_CLIENT_CONFIG,
@@ -89,5 +88,3 @@ async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerControl
         # Tag subscriptions are served as before.
         got = [m.body for m in await c.pull_all("filtered")]
         assert got == [b"m"]
-    finally:
-        await c.close()

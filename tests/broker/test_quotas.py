@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.acl_files import acl_file, open_account, write_acl
 from tests.support.brokers import raw_broker, started
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -139,11 +139,8 @@ async def test_an_account_over_its_connection_limit_is_refused_and_closed(
         # One closes: a new connection of the account is admitted again.
         await second.close()
         await wait_until(lambda: b.quota is not None and b.quota.connections["limited"] == 1)
-        fourth = await RawClient.connect(b.address, credentials=LIMITED)
-        try:
+        async with connected(b.address, credentials=LIMITED) as fourth:
             assert (await fourth.send("t", b"y")).code == ResponseCode.SUCCESS
-        finally:
-            await fourth.close()
     finally:
         for c in (first, second, other, third):
             await c.close()

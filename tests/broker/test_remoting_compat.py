@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.support.brokers import started
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -136,8 +136,7 @@ async def test_notify_consumer_ids_changed_speaks_the_clients_encoding(
         }
         return json.dumps(doc).encode()
 
-    stock = await RawClient.connect(broker.address, handler)
-    try:
+    async with connected(broker.address, handler) as stock:
         resp = await stock.call(RequestCode.HEART_BEAT, body=heartbeat_body(stock), st=JSON)
         assert resp.code == ResponseCode.SUCCESS
         # A second member joins: the first one is told, in JSON.
@@ -147,8 +146,6 @@ async def test_notify_consumer_ids_changed_speaks_the_clients_encoding(
         assert seen[0].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
         assert seen[0].serialize_type == JSON
         assert seen[0].ext_fields == {"consumerGroup": "json-group"}
-    finally:
-        await stock.close()
 
 
 async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway(

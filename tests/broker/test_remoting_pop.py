@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from tests.support.brokers import raw_broker
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.sql_filter import SUBSCRIPTION_PARSE_FAILED
@@ -101,8 +101,7 @@ async def ack(c: RawClient, m: MessageExt, extra_info: str) -> RemotingCommand:
 
 
 async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await create_topic(c)
         bodies = [f"p{i}".encode() for i in range(5)]
         for i, b in enumerate(bodies):
@@ -192,8 +191,6 @@ async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) 
             assert broker.offsets.query(GROUP, TOPIC, qid) == end, qid
         r, msgs = await pop(c, 5)
         assert (r.code, msgs) == (ResponseCode.PULL_NOT_FOUND, []), r.remark
-    finally:
-        await c.close()
 
 
 async def test_pop_refuses_a_bad_filter_and_a_bad_invisible_time(make_broker_config: Any) -> None:

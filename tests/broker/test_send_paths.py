@@ -12,7 +12,7 @@ import structlog
 from tests.support.brokers import raw_broker, started
 from tests.support.fastpath import batch_body, batch_header
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.config import load_config
 from txmq.broker.messaging.fastpath import PATHS
 from txmq.broker.server import BrokerController
@@ -45,8 +45,7 @@ async def _send_one_of_each(b: BrokerController) -> dict[str, float]:
     """A plain message, a half, a batch of each, and a delayed message (no direct path);
     the ``txmq_send_path_total`` samples after them."""
     prepared = MessageSysFlag.TRANSACTION_PREPARED_TYPE
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         calls: list[tuple[int, dict[str, Any], bytes]] = [
             (RequestCode.SEND_MESSAGE_V2, _one({C.UNIQ_KEY: "P1"}), b"plain"),
             (RequestCode.SEND_MESSAGE_V2, _one(_half("H1", "tx-1"), prepared), b"half"),
@@ -75,8 +74,6 @@ async def _send_one_of_each(b: BrokerController) -> dict[str, float]:
         for code, ext, body in calls:
             resp = await c.call(code, ext, body)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await c.close()
     snap = b.metrics.snapshot()
     return {p: snap.get(f"txmq_send_path_total{{path={p}}}", 0.0) for p in PATHS}
 

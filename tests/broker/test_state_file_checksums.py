@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from tests.support.brokers import raw_broker, started, with_transactions
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker import runtime_config
 from txmq.broker.cluster.replication import EpochHistory
 from txmq.broker.config import BrokerConfig
@@ -252,13 +252,10 @@ async def test_a_timer_checkpoint_with_a_changed_time_is_set_aside_and_the_timer
     cfg = make_broker_config()
     b = BrokerController(cfg)
     await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         due = int(time.time() * 1000) + 3_600_000
         sent = await c.send("later", b"t", props={"TIMER_DELIVER_MS": str(due)})
         assert sent.code == 0, sent.remark
-    finally:
-        await c.close()
     assert b.timer.pending == 1
     await b.shutdown()  # writes the timer checkpoint
     path = Path(cfg.store_path_root_dir) / "config" / "timerCheckpoint.json"

@@ -13,7 +13,7 @@ import pytest
 from tests.support.brokers import pulled
 from tests.support.decisions import now_ms
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -47,8 +47,7 @@ async def recall(c: RawClient, handle: str, topic: str = TOPIC) -> RemotingComma
 
 
 async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await c.send(TOPIC, b"warm-up")  # the topic exists
         deliver = now_ms() + 2500
         h1 = handle_of(await c.send(TOPIC, b"recalled", props={"TIMER_DELIVER_MS": str(deliver)}))
@@ -72,13 +71,10 @@ async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerControl
         late = await recall(c, h2)
         assert late.code == ResponseCode.ILLEGAL_OPERATION
         assert "delivered" in (late.remark or ""), late.remark
-    finally:
-        await c.close()
 
 
 async def test_recall_refusals_say_what_is_wrong(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await c.send(TOPIC, b"warm-up")
         name = broker.config.broker_name
         future = now_ms() + 30_000
@@ -105,15 +101,12 @@ async def test_recall_refusals_say_what_is_wrong(broker: BrokerController) -> No
         # No timer: no recall handle.
         plain = await c.send(TOPIC, b"plain")
         assert plain.code == ResponseCode.SUCCESS and "recallHandle" not in plain.ext_fields
-    finally:
-        await c.close()
 
 
 async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> None:
     """RocketMQ 5's own form of a recall: a message of the same topic carrying
     ``TIMER_DEL_UNIQKEY = <topic>+<message id>`` and the recalled message's time."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         deliver = now_ms() + 2000
         sent = await c.send(TOPIC, b"cancelled", props={"TIMER_DELIVER_MS": str(deliver)})
         msg_id = base64.urlsafe_b64decode(handle_of(sent)).decode().split(" ")[4]
@@ -131,8 +124,6 @@ async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> N
         await wait_until(lambda: pulled(broker.address, TOPIC), 10, "the kept one delivered")
         await wait_until(lambda: broker.timer.pending == 0, 10, "nothing pending")
         assert [m.body for m in await pulled(broker.address, TOPIC)] == [b"marker-kept"]
-    finally:
-        await c.close()
 
 
 @pytest.mark.external
@@ -174,11 +165,9 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
         got = await wait_until(six, 20, "the six not recalled delivered")
         bodies = sorted(m.body for m in got)
         assert bodies == sorted(set(handles) - recalled), bodies
-        c = await RawClient.connect(bp.address)
-        try:  # recalled before: the answer is the same; their times passed: not pending
+        # recalled before: the answer is the same; their times passed: not pending
+        async with connected(bp.address) as c:
             r = await recall(c, handles[b"t0"])
             assert r.code == ResponseCode.ILLEGAL_OPERATION, r.remark
-        finally:
-            await c.close()
     finally:
         bp.stop_quietly()

@@ -12,7 +12,7 @@ import pytest
 from tests.support.brokers import started, stored
 from tests.support.decisions import now_ms
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.messaging.timer import TimerIndex
 from txmq.broker.server import BrokerController
@@ -39,11 +39,8 @@ def past(moment_ms: int) -> Callable[[], bool]:
 
 
 async def pulled(address: str, topic: str = TOPIC) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 def check_on_time(copies: list[MessageExt]) -> None:
@@ -104,8 +101,7 @@ def test_index_low_water_is_the_lowest_pending_queue_offset() -> None:
 async def test_delivery_time_is_exact_not_a_delay_level(broker: BrokerController) -> None:
     """Times between 1.3 s and 2 s ahead (no delay level of the test config waits that long):
     each timer property is honoured to the millisecond, not rounded to a level."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         start = now_ms()
         asks = {
             "TIMER_DELIVER_MS": (str(start + 1500), start + 1500),
@@ -128,8 +124,6 @@ async def test_delivery_time_is_exact_not_a_delay_level(broker: BrokerController
             deliver = int(by_body[key.encode()].properties["TIMER_DELIVER_MS"])
             assert 0 <= deliver - sent_at[key] - want < 1000, f"{key}: delivered at {deliver}"
         assert broker.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 1) == 0, "used a level"
-    finally:
-        await c.close()
 
 
 def _copies(broker: BrokerController, n: int) -> list[MessageExt]:
@@ -138,21 +132,17 @@ def _copies(broker: BrokerController, n: int) -> list[MessageExt]:
 
 
 async def test_a_time_now_or_past_is_delivered_at_once(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"past", props={"TIMER_DELIVER_MS": str(now_ms() - 60_000)})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         [m] = stored(broker, TOPIC)
         assert m.body == b"past"
         assert stored(broker, TIMER_TOPIC) == []
-    finally:
-        await c.close()
 
 
 async def test_beyond_the_max_delay_is_refused_naming_the_limit(make_broker_config) -> None:
     async with started(make_broker_config(timer_max_delay_sec=10)) as b:
-        c = await RawClient.connect(b.address)
-        try:
+        async with connected(b.address) as c:
             resp = await c.send(TOPIC, b"far", props={"TIMER_DELAY_SEC": "11"})
             assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (resp.code, resp.remark)
             assert "timerMaxDelaySec" in (resp.remark or ""), resp.remark
@@ -163,31 +153,23 @@ async def test_beyond_the_max_delay_is_refused_naming_the_limit(make_broker_conf
             ok = await c.send(TOPIC, b"near", props={"TIMER_DELAY_SEC": "9"})
             assert ok.code == ResponseCode.SUCCESS, ok.remark
             assert [m.body for m in stored(b, TIMER_TOPIC)] == [b"near"]
-        finally:
-            await c.close()
 
 
 async def test_longer_than_the_longest_delay_level_is_accepted(broker: BrokerController) -> None:
     """Three hours ahead: beyond the default levels' 2 h, well within 3 days."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"later", props={"TIMER_DELAY_SEC": str(3 * 3600)})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         await wait_until(lambda: broker.timer.pending == 1, 5, "the timer pending")
-    finally:
-        await c.close()
 
 
 async def test_delay_levels_still_serve_delay(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"lvl", props={MessageConst.DELAY: "2"})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         [m] = stored(broker, SCHEDULE_TOPIC)
         assert m.queue_id == 1 and stored(broker, TIMER_TOPIC) == []
         await wait_until(lambda: stored(broker, TOPIC), 10, "the delayed message delivered")
-    finally:
-        await c.close()
 
 
 async def test_pending_timers_survive_a_restart_and_fire_once(make_broker_config) -> None:

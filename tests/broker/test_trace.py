@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from tests.conftest import BrokerThread
 from tests.support.brokers import started
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -52,8 +52,7 @@ async def test_a_stock_clients_trace_record_is_stored_and_read_back(
 ) -> None:
     """Tracing off on the broker: a client's trace message is still accepted (the topic is
     auto-created) and found by its message id."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         body = stock_pub("C0A8000100002A9F0000000000AA", "order-7") + (
             S.join(["SubBefore", "1700000000200", "DefaultRegion", "CID_x", "r1"])
             + S
@@ -67,8 +66,6 @@ async def test_a_stock_clients_trace_record_is_stored_and_read_back(
             props={MessageConst.KEYS: "C0A8000100002A9F0000000000AA order-7"},
         )
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await c.close()
     async with AsyncAdminClient(broker.address) as admin:
         records = await wait_until(
             lambda: collect(admin, "C0A8000100002A9F0000000000AA"), 30, "the trace indexed"
@@ -113,8 +110,7 @@ def test_txmq_trace_shows_a_transactions_life(
     listener = CheckBackCommits()
 
     async def scenario() -> tuple[str, str, str]:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             # The producer stays online until the commit its check answer sends is in: closed
             # as soon as the check came, a loaded machine may close it first.
             async with AsyncTransactionProducer("shop", listener, addr) as tx:
@@ -126,8 +122,6 @@ def test_txmq_trace_shows_a_transactions_life(
             assert [m.body for m in got] == [b"by-check"]
             half = await c.send("orders", b"by-operator", group="ops-shop", transactional=True)
             operator_txid = str(RawClient.send_header(half).transaction_id)
-        finally:
-            await c.close()
         async with AsyncAdminClient(addr) as admin:
             await admin.force_decide(operator_txid, False, "ticket 42")
         return checked.msg_id, str(checked.transaction_id), operator_txid
@@ -177,8 +171,7 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
     async with AsyncProducer("p", broker.address) as producer:
         for i in range(20):
             await producer.send(Message("plain", f"m{i}".encode()))
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         half = await c.send("plain", b"half", transactional=True)
         done = await c.end_transaction("raw-producer", half, 0x8)
         assert done.code == ResponseCode.SUCCESS, done.remark
@@ -186,8 +179,6 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
         assert (await c.send("plain", b"marker")).code == ResponseCode.SUCCESS
         msgs = await wait_until(lambda: c.pull_all("plain"), 30, "the marker")
         assert b"marker" in [m.body for m in msgs]
-    finally:
-        await c.close()
     assert broker.topics.get(TRACE_TOPIC) is None
     assert broker.store.get_max_offset_in_queue(TRACE_TOPIC, 0) == 0
 
@@ -286,8 +277,7 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
     from txmq.spark_connector.session import BrokerSession
 
     async with started(make_broker_config(trace_topic_enable=True)) as controller:
-        c = await RawClient.connect(controller.address)
-        try:
+        async with connected(controller.address) as c:
             for name in ("a", "b"):
                 resp = await c.send(
                     "sink",
@@ -300,8 +290,6 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
                     },
                 )
                 assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
         async with BrokerSession(controller.address, 10.0) as session:
             await session.decide_batch("spark", "9", ["batch9-a"])
         async with AsyncAdminClient(controller.address) as admin:
@@ -321,8 +309,7 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
     from txmq.protocol.message import decode_offset_msg_id
 
     async with started(make_broker_config(trace_topic_enable=True)) as controller:
-        c = await RawClient.connect(controller.address)
-        try:
+        async with connected(controller.address) as c:
             sent = RawClient.send_header(
                 await c.send("pay", b"p", props={MessageConst.UNIQ_KEY: "PAY-1", "KEYS": "o-1"})
             )
@@ -333,8 +320,6 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
                     {"group": "settlers", "offset": offset, "delayLevel": delay},
                 )
                 assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
         async with AsyncAdminClient(controller.address) as admin:
 
             async def backs() -> list[tuple[str, str, bool]]:

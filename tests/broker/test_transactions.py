@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import rounds_pass, wait_until
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
 from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
 from txmq.protocol.message import MessageConst, decode_message
 
@@ -259,6 +263,25 @@ class CheckingProducer:
         return self.client
 
 
+async def _half(c: RawClient) -> tuple[RemotingCommand, str]:
+    """A half of group ``G`` in ``orders``: the answer and its transaction id."""
+    half = await c.send("orders", b"x", group=G, transactional=True)
+    txid = c.send_header(half).transaction_id
+    assert txid is not None
+    return half, txid
+
+
+def _checked_often(
+    make_broker_config: Callable[..., BrokerConfig], check_max: int
+) -> contextlib.AbstractAsyncContextManager[BrokerController]:
+    """A broker that checks every half at once, every 50 ms, at most ``check_max`` times."""
+    return started(
+        make_broker_config(
+            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=check_max
+        )
+    )
+
+
 async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
     async with started(
         make_broker_config(transaction_time_out=200, transaction_check_interval=100)
@@ -276,16 +299,10 @@ async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_co
 
 
 async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(make_broker_config):
-    async with started(
-        make_broker_config(
-            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=3
-        )
-    ) as b:
+    async with _checked_often(make_broker_config, check_max=3) as b:
         p = CheckingProducer(UNKNOWN)
         c = await p.connect(b.address)
-        half = await c.send("orders", b"x", group=G, transactional=True)
-        txid = c.send_header(half).transaction_id
-        assert txid is not None
+        half, txid = await _half(c)
         await wait_until(lambda: b.transactions.records[txid].state.value == "DISCARDED")
         assert len(p.checks) == 3
         _, parked = await c.pull("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
@@ -300,15 +317,9 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
 
 
 async def test_no_producer_online_keeps_the_budget(make_broker_config):
-    async with started(
-        make_broker_config(
-            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=2
-        )
-    ) as b:
+    async with _checked_often(make_broker_config, check_max=2) as b:
         c = await RawClient.connect(b.address)  # sends, but registers no producer group
-        half = await c.send("orders", b"x", group=G, transactional=True)
-        txid = c.send_header(half).transaction_id
-        assert txid is not None
+        half, txid = await _half(c)
         await rounds_pass(lambda: b.transactions.rounds, 10)  # nobody to ask
         rec = b.transactions.records[txid]
         assert rec.state.value == "PENDING" and rec.check_times == 0
@@ -345,8 +356,7 @@ async def test_immunity_delays_the_first_check(make_broker_config):
 async def test_operator_force_decide_and_listing(ctl):
     b = ctl["ctl"]
     c = await RawClient.connect(b.address)
-    half = await c.send("orders", b"x", group=G, transactional=True)
-    txid = c.send_header(half).transaction_id
+    half, txid = await _half(c)
     listed = json.loads((await c.call(RequestCode.TXMQ_LIST_TRANSACTIONS, {})).body)
     assert [t["transactionId"] for t in listed] == [txid]
     assert listed[0]["halves"][0]["topic"] == "orders"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import BrokerCluster, first_send_after, send_before
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.cluster.etcd import Entry
 from txmq.broker.cluster.node import LEADER_FENCE_S, SILENCE_S, ClusterNode
 from txmq.broker.cluster.view import ClusterView
@@ -65,11 +65,8 @@ async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster
     ]
     assert revoked, "the new leader was elected without the followers revoking the dead lease"
     assert all(e["leader"] == leader.replica for e in revoked), revoked
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         stored = {m.body for m in await c.pull_all(TOPIC, 4)}
-    finally:
-        await c.close()
     missing = [b for b in [*acked, b"after"] if b not in stored]
     assert not missing, f"acknowledged sends missing on the new leader: {missing}"
     # The killed replica comes back as a follower of the new epoch and catches up.
@@ -129,11 +126,8 @@ async def test_a_paused_leader_is_replaced_within_seconds_and_acknowledges_nothi
     # The old leader rejoins as a follower of the new epoch and catches up; what it stored
     # while it could not acknowledge is cut, every acknowledged send is there.
     await bc.wait_rejoined("g1", new.replica, old.replica, timeout=60)
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         stored = {m.body for m in await c.pull_all(TOPIC, 4)}
-    finally:
-        await c.close()
     missing = [b for b in [*acked, b"after"] if b not in stored]
     assert not missing, f"acknowledged sends missing on the new leader: {missing}"
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.brokers import started
 from tests.support.decisions import C, R, U
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
@@ -57,11 +57,8 @@ class Scripted(TransactionListener):
 
 
 async def delivered(address: str, topic: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from tests.spark.helpers import (
     spark_fixture,
     transactions,
 )
-from tests.support.process import BrokerProcess
+from tests.support.process import BrokerProcess, running
 from tests.support.waiting import wait_until_sync
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
@@ -48,12 +48,8 @@ spark = spark_fixture("local[2]", "txmq-broker-crash-tests", batch_rows=50)
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
         yield bp
-    finally:
-        bp.stop_quietly()
 
 
 def _inputs(folder: Path) -> str:

@@ -9,7 +9,7 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.message import MessageExt, decode_message
@@ -35,11 +35,8 @@ async def raw_broker(
 ) -> AsyncIterator[tuple[BrokerController, RawClient]]:
     """:func:`started`, with a :class:`RawClient` connected to it (closed first)."""
     async with started(config, **kwargs) as b:
-        c = await RawClient.connect(b.address)
-        try:
+        async with connected(b.address) as c:
             yield b, c
-        finally:
-            await c.close()
 
 
 def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
@@ -58,11 +55,8 @@ def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
 
 async def pulled(address: str, topic: str) -> list[MessageExt]:
     """Every message a raw client pulls from ``topic`` (all its queues)."""
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 def dropped(b: BrokerController, reason: str) -> float:
@@ -99,8 +93,7 @@ async def with_transactions(
     b = BrokerController(config)
     await b.start()
     try:
-        c = await RawClient.connect(b.address)
-        try:
+        async with connected(b.address) as c:
             if padding:
                 await c.send("padding", padding)
             sent = [
@@ -109,8 +102,6 @@ async def with_transactions(
             ]
             for resp, decision in zip(sent, decisions, strict=False):
                 assert (await c.end_transaction("g", resp, decision)).code == 0
-        finally:
-            await c.close()
     except BaseException:
         await b.shutdown()
         raise

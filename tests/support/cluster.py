@@ -350,3 +350,13 @@ async def send_before(p: Any, topic: str, n: int = 10) -> list[bytes]:
         await p.send(Message(topic, f"before-{i}".encode()))
         acked.append(f"before-{i}".encode())
     return acked
+
+
+def enforced_tls(certs: Any) -> dict[str, str]:
+    """The replicas' settings that enforce TLS with ``certs`` (:func:`.certs.make_certs`)."""
+    return {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(certs.server_cert),
+        "tls.server.keyPath": str(certs.server_key),
+        "tls.server.trustCertPath": str(certs.ca),
+    }

@@ -3,6 +3,7 @@ and start it again on the same data folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -154,3 +155,15 @@ def broker_command(
     for k, v in (settings or {}).items():
         cmd += ["--set", f"{k}={v}"]
     return cmd
+
+
+@contextlib.contextmanager
+def running(store_dir: str, **kwargs: Any) -> Iterator[BrokerProcess]:
+    """A :class:`BrokerProcess` (``kwargs``: its settings) started for a block, stopped when
+    it ends."""
+    bp = BrokerProcess(store_dir, **kwargs)
+    bp.start()
+    try:
+        yield bp
+    finally:
+        bp.stop_quietly()

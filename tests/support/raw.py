@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from txmq.protocol.acl import Credentials
@@ -251,3 +252,15 @@ def long_poll(group: str, topic: str, queue_id: int = 0) -> RemotingCommand:
         subscription="*",
     )
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, h.to_ext_fields())
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    address: str, handler: Handler | None = None, *, credentials: Credentials | None = None
+) -> AsyncIterator[RawClient]:
+    """:meth:`RawClient.connect` for a block: the client is closed when it ends."""
+    c = await RawClient.connect(address, handler, credentials=credentials)
+    try:
+        yield c
+    finally:
+        await c.close()
