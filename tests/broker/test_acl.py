@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.acl_files import write_acl
+from tests.support import acl_files
+from tests.support.acl_files import account, write_acl
 from tests.support.brokers import started
 from tests.support.raw import RawClient, connected, end_header
 from tests.support.waiting import wait_until
@@ -38,39 +39,27 @@ from txmq.protocol.message import (
     properties_to_string,
 )
 
-ACL_FILE = """
-globalWhiteRemoteAddresses:
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: producerB
-    secretKey: secret-b-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupB=PUB
-  - accessKey: consumerC
-    secretKey: secret-c-123
-    defaultTopicPerm: DENY
-    topicPerms:
-      - orders=SUB
-      - hidden=DENY
-    groupPerms:
-      - cgroup=SUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-  - accessKey: elsewhere
-    secretKey: secret-e-123
-    whiteRemoteAddress: 10.20.30.*
-    admin: true
-"""
+ACL_FILE = acl_files.acl_file(
+    account(
+        "producerA",
+        "secret-a-123",
+        defaultTopicPerm="DENY",
+        defaultGroupPerm="DENY",
+        topics=("orders=PUB",),
+        groups=("groupA=PUB",),
+    ),
+    account("producerB", "secret-b-123", topics=("orders=PUB",), groups=("groupB=PUB",)),
+    account(
+        "consumerC",
+        "secret-c-123",
+        defaultTopicPerm="DENY",
+        topics=("orders=SUB", "hidden=DENY"),
+        groups=("cgroup=SUB",),
+    ),
+    account("operator", "secret-op-123", admin=True),
+    account("elsewhere", "secret-e-123", whiteRemoteAddress="10.20.30.*", admin=True),
+    white_listed=True,
+)
 
 P = Credentials("producerA", "secret-a-123")
 B = Credentials("producerB", "secret-b-123")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.acl_files import acl2_with_root
 from tests.support.raw import RawClient, connected
 from txmq.broker.server import BrokerController
 from txmq.protocol.acl import Credentials
@@ -121,13 +122,7 @@ def test_txn_resume_commit_and_rollback(broker_thread: BrokerController) -> None
 
 @pytest.fixture
 def acl_broker(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
-    return broker_thread_factory(
-        authentication_enabled=True,
-        authorization_enabled=True,
-        init_authentication_user=json.dumps(
-            {"username": ROOT.access_key, "password": ROOT.secret_key}
-        ),
-    )
+    return broker_thread_factory(**acl2_with_root(ROOT.access_key, ROOT.secret_key))
 
 
 def test_acl_users_and_policies(acl_broker: BrokerThread) -> None:

@@ -5,7 +5,6 @@ stubs and the official Python client."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
-from tests.support.acl_files import write_acl
+from tests.support.acl_files import acl2_with_root, write_acl
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -40,9 +39,7 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
     b = broker_thread_factory(
         grpc_server_enable=True,
         grpc_server_port=0,
-        authentication_enabled=True,
-        authorization_enabled=True,
-        init_authentication_user=json.dumps({"username": "root", "password": KEYS["root"]}),
+        **acl2_with_root("root", KEYS["root"]),
     )
     assert b.controller is not None
 
@@ -148,10 +145,8 @@ def test_every_rpc_is_decided_as_acl1_decided_it_after_migration(
     b = broker_thread_factory(
         grpc_server_enable=True,
         grpc_server_port=0,
-        authentication_enabled=True,
-        authorization_enabled=True,
         transaction_check_max=10_000,
-        init_authentication_user=json.dumps({"username": "root", "password": KEYS["root"]}),
+        **acl2_with_root("root", KEYS["root"]),
     )
     assert b.controller is not None
     address = b.controller.address

@@ -27,6 +27,7 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
 
+from .acl_files import account, acl_file
 from .ports import free_port
 from .process import broker_command
 
@@ -45,18 +46,10 @@ FAST_CLUSTER = {
 
 #: The ACL of the cluster tests with ``aclEnable``: a producer of ``orders`` and the admin
 #: account replicas replicate with.
-CLUSTER_ACL_FILE = """
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-"""
+CLUSTER_ACL_FILE = acl_file(
+    account("producerA", "secret-a-123", topics=("orders=PUB",), groups=("groupA=PUB",)),
+    account("operator", "secret-op-123", admin=True),
+)
 
 
 @dataclass
