@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, settled, wait_until, wait_until_sync
+from tests.client.helpers import (
+    FAST_CLIENT,
+    settled,
+    topic_and_group,
+    wait_until,
+    wait_until_sync,
+)
 from tests.support.raw import RawClient
 from txmq.broker.messaging.locks import LOCK_MAX_LIVE_S
 from txmq.broker.server import BrokerController
@@ -119,8 +125,7 @@ async def send_keys(producer: AsyncProducer, topic: str, keys: list[str], per_ke
 async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly")
     keys, per_key = [f"acct-{i}" for i in range(8)], 25
     journal = Journal()
 
@@ -154,8 +159,7 @@ async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
 async def test_a_failure_is_retried_in_place_then_parked_in_the_dlq(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly", 1)
     calls: list[tuple[str, int]] = []
     failures_left = {"k:2": 1}
 
@@ -234,8 +238,7 @@ async def contested(
     broker: BrokerController, unique: Callable[[str], str], **kw: Any
 ) -> AsyncIterator[Contested]:
     """:class:`Contested` (``kw``: the consumer's settings), both clients closed at the end."""
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=2)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly", 2)
     got: list[str] = []
     consumer = orderly(broker, group, **kw)
     consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
@@ -329,8 +332,7 @@ async def test_after_a_reconnect_a_queue_is_consumed_only_once_locked_again(
 async def test_two_members_hand_queues_over_mid_stream_without_breaking_order(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly")
     keys, per_key = [f"acct-{i}" for i in range(8)], 50
     journal = Journal()
 

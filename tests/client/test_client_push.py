@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, settled, wait_until
+from tests.client.helpers import FAST_CLIENT, settled, topic_and_group, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -57,8 +57,7 @@ def consumer_for(broker: BrokerController, group: str, **kw: Any) -> AsyncPushCo
 async def test_round_trip_with_tags_keys_properties_and_ids(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("orders"), unique("billing")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "orders", "billing")
     inbox = Inbox()
     consumer = consumer_for(broker, group)
     consumer.subscribe(topic, "created || paid", inbox)
@@ -100,8 +99,7 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
 async def test_tag_filter_delivers_only_matching_tags(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("tags"), unique("g")
-    await create_topic(broker.address, topic, 1)
+    topic, group = await topic_and_group(broker.address, unique, "tags", "g", 1)
     inbox = Inbox()
     consumer = consumer_for(broker, group, consume_from="first")
     consumer.subscribe(topic, "a || b", inbox)
@@ -124,8 +122,7 @@ async def test_tag_filter_delivers_only_matching_tags(
 async def test_async_callbacks_work_too(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("async-cb"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "async-cb", "g", 2)
     got: list[bytes] = []
 
     async def on_message(msg: MessageExt) -> None:
@@ -144,8 +141,7 @@ async def test_async_callbacks_work_too(
 async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("split"), unique("workers")
-    await create_topic(broker.address, topic, 4)
+    topic, group = await topic_and_group(broker.address, unique, "split", "workers", 4)
     inbox_a, inbox_b = Inbox(), Inbox()
     a = consumer_for(broker, group, consume_from="first")
     a.subscribe(topic, "*", inbox_a)
@@ -189,8 +185,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
 async def test_a_failing_callback_gets_the_message_again(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("flaky"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "flaky", "g", 2)
     deliveries: list[MessageExt] = []
     lock = threading.Lock()
 
@@ -225,8 +220,7 @@ async def test_a_failing_callback_gets_the_message_again(
 async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("poison"), unique("g")
-    await create_topic(broker.address, topic, 1)
+    topic, group = await topic_and_group(broker.address, unique, "poison", "g", 1)
     attempts: list[int] = []
 
     def on_message(msg: MessageExt) -> None:
@@ -258,8 +252,7 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
 async def test_restart_resumes_from_the_committed_offset(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("resume"), unique("g")
-    await create_topic(broker.address, topic, 4)
+    topic, group = await topic_and_group(broker.address, unique, "resume", "g", 4)
     for i in range(12):
         await producer.send(Message(topic, f"first-{i}".encode()))
     inbox1 = Inbox()
@@ -286,8 +279,7 @@ async def test_consume_from(
     where: str,
 ) -> None:
     broker, shift = shifted_broker
-    topic, group = unique("from"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "from", "g", 2)
     inbox = Inbox()
     async with AsyncProducer(
         "push-test-producer", broker=broker.address, config=FAST_CLIENT

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, AsyncPullConsumer, Message
@@ -82,15 +82,7 @@ class Processor:
 
 
 async def read_all(address: str, topic: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    async with AsyncPullConsumer("eos-chaos-reader", broker=address, config=FAST_CLIENT) as pc:
-        for q in range(QUEUES):
-            offset, end = await pc.min_offset(topic, q), await pc.max_offset(topic, q)
-            while offset < end:
-                r = await pc.pull(topic, q, offset, 64)
-                out.extend(json.loads(m.body) for m in r.messages)
-                offset = r.next_begin_offset
-    return out
+    return await json_bodies(address, topic, QUEUES, "eos-chaos-reader")
 
 
 async def all_committed(address: str, group: str, topic: str) -> bool:

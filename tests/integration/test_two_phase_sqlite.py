@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic
+from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies
 from tests.support.process import BrokerProcess
 from tests.support.waiting import wait_until
-from txmq.client import AsyncProducer, AsyncPullConsumer, Message
+from txmq.client import AsyncProducer, Message
 from txmq.client.admin import AsyncAdminClient
 
 pytestmark = pytest.mark.slow
@@ -150,15 +150,7 @@ class Coordinator:
 
 
 async def read_events(address: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    async with AsyncPullConsumer("two-phase-reader", broker=address, config=FAST_CLIENT) as pc:
-        for q in range(QUEUES):
-            offset, end = await pc.min_offset(TOPIC, q), await pc.max_offset(TOPIC, q)
-            while offset < end:
-                r = await pc.pull(TOPIC, q, offset, 64)
-                out.extend(json.loads(m.body) for m in r.messages)
-                offset = r.next_begin_offset
-    return out
+    return await json_bodies(address, TOPIC, QUEUES, "two-phase-reader")
 
 
 async def transactions(address: str, state: str) -> list[dict[str, Any]]:
