@@ -14,20 +14,15 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.acl_files import write_acl
+from tests.support.acl_files import account, acl_file, write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.client import Message, Producer
 from txmq.client.console import Console, Sessions
 
-ACL_FILE = """
-accounts:
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-  - accessKey: viewer
-    secretKey: secret-view-123
-    defaultTopicPerm: SUB
-"""
+ACL_FILE = acl_file(
+    account("operator", "secret-op-123", admin=True),
+    account("viewer", "secret-view-123", defaultTopicPerm="SUB"),
+)
 
 
 class Http:

@@ -7,7 +7,6 @@ the broker expired meanwhile) are fenced when they come back."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies, wait_until
+from tests.support.logs import json_lines
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, AsyncPullConsumer, Message
@@ -72,13 +72,7 @@ class Processor:
         self.proc.wait(10)
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.out.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        return json_lines(self.out)
 
 
 async def read_all(address: str, topic: str) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies
+from tests.support.logs import json_lines
 from tests.support.process import BrokerProcess
 from tests.support.waiting import wait_until
 from txmq.client import AsyncProducer, Message
@@ -137,13 +138,7 @@ class Coordinator:
         return self.proc.returncode
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.out.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by the kill
-        return out
+        return json_lines(self.out)
 
     def stderr_tail(self) -> str:
         return self.err.read_text()[-3000:]
