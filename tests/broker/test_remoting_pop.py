@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.support.brokers import raw_broker
@@ -89,6 +90,27 @@ def extra_infos(r: RemotingCommand, msgs: list[MessageExt]) -> dict[bytes, str]:
     return out
 
 
+async def pop_all(
+    c: RawClient, n: int, answered: Callable[[RemotingCommand], None] | None = None
+) -> tuple[list[MessageExt], dict[bytes, str]]:
+    """POP_MESSAGE until ``n`` messages came (each answer given to ``answered``): the messages
+    and their extraInfo by body."""
+    got: list[MessageExt] = []
+    infos: dict[bytes, str] = {}
+
+    async def all_in() -> bool:
+        r, msgs = await pop(c, n - len(got), poll_ms=200)
+        if answered is not None:
+            answered(r)
+        if msgs:
+            infos.update(extra_infos(r, msgs))
+        got.extend(msgs)
+        return len(got) >= n
+
+    await wait_until(all_in, 20, f"{n} messages popped")
+    return got, infos
+
+
 async def ack(c: RawClient, m: MessageExt, extra_info: str) -> RemotingCommand:
     ext = {
         "consumerGroup": GROUP,
@@ -107,20 +129,13 @@ async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) 
         for i, b in enumerate(bodies):
             r = await c.send(TOPIC, b, queue_id=i % 2)
             assert r.code == ResponseCode.SUCCESS, r.remark
-        got: list[MessageExt] = []
-        infos: dict[bytes, str] = {}
 
-        async def all_five() -> bool:
-            r, msgs = await pop(c, 5 - len(got), poll_ms=200)
+        def answered(r: RemotingCommand) -> None:
             assert r.code in (ResponseCode.SUCCESS, ResponseCode.POLLING_TIMEOUT), r.remark
             for k in ("popTime", "invisibleTime", "reviveQid", "restNum"):
                 assert k in r.ext_fields, f"{k} missing from {r.ext_fields}"
-            if msgs:
-                infos.update(extra_infos(r, msgs))
-            got.extend(msgs)
-            return len(got) >= 5
 
-        await wait_until(all_five, 20, "the five messages popped")
+        got, infos = await pop_all(c, 5, answered)
         by = {m.body: m for m in got}
         assert sorted(by) == bodies
         assert all(m.reconsume_times == 0 for m in got)

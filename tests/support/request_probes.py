@@ -15,7 +15,7 @@ from tests.broker.test_remoting_pop import GROUP as POP_GROUP
 from tests.broker.test_remoting_pop import TOPIC as POP_TOPIC
 from tests.broker.test_remoting_pop import ack as pop_ack
 from tests.broker.test_remoting_pop import create_topic as pop_create_topic
-from tests.broker.test_remoting_pop import extra_infos, pop
+from tests.broker.test_remoting_pop import pop, pop_all
 from tests.support.brokers import stored
 from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok
 from tests.support.raw import RawClient, connected
@@ -335,17 +335,7 @@ async def _pop(b: BrokerController, c: RawClient) -> None:
     await pop_create_topic(c, queues=1)
     for i in range(3):
         ok(await c.send(POP_TOPIC, f"p{i}".encode()))
-    got: list[Any] = []
-    infos: dict[bytes, str] = {}
-
-    async def all_three() -> bool:
-        r, msgs = await pop(c, 3 - len(got), poll_ms=200)
-        if msgs:
-            infos.update(extra_infos(r, msgs))
-        got.extend(msgs)
-        return len(got) >= 3
-
-    await wait_until(all_three, 20, "three messages popped")
+    got, infos = await pop_all(c, 3)
     by = {m.body: m for m in got}
     r, none = await pop(c, 3)
     assert none == [], "handed out while invisible"
