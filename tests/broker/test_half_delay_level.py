@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.brokers import pulled, started, stored
 from tests.support.decisions import C, R, U, now_ms
-from tests.support.process import BrokerProcess
+from tests.support.process import running
 from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -166,11 +166,10 @@ async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay
     commits, and again while they fire: each is delivered once, never before 3 s after its
     commit."""
     delay = 3000
-    bp = BrokerProcess(
+    with running(
         str(tmp_path / "store"), flush="ASYNC_FLUSH", settings={"messageDelayLevel": "3s 4s"}
-    )
-    address = bp.start()
-    try:
+    ) as bp:
+        address = bp.address
         lst = Listener(C)
         async with AsyncTransactionProducer(G, lst, address) as p:
             for i in range(20):
@@ -196,5 +195,3 @@ async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay
             assert m.store_timestamp >= lst.answered_ms[m.body] + delay, (
                 f"{m.body!r} delivered before its delay after the commit"
             )
-    finally:
-        bp.stop_quietly()

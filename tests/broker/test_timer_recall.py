@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.brokers import pulled
 from tests.support.decisions import now_ms
-from tests.support.process import BrokerProcess
+from tests.support.process import running
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
@@ -132,9 +132,8 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
     """Twelve timers, six recalled; the broker is SIGKILLed before the checkpoint can hold
     the recalls, started, SIGKILLed again after it did: the six others are delivered once,
     the recalled never."""
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    address = bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
+        address = bp.address
         c = await RawClient.connect(address)
         deliver = now_ms() + 6000
         handles: dict[bytes, str] = {}
@@ -169,5 +168,3 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
         async with connected(bp.address) as c:
             r = await recall(c, handles[b"t0"])
             assert r.code == ResponseCode.ILLEGAL_OPERATION, r.remark
-    finally:
-        bp.stop_quietly()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.brokers import started, stored
 from tests.support.decisions import now_ms
-from tests.support.process import BrokerProcess
+from tests.support.process import running
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.messaging.timer import TimerIndex
@@ -223,9 +223,8 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
     before any is due); every timer and committed message is delivered once, none early, no
     rolled-back one."""
     rnd = random.Random(seed)
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    address = bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
+        address = bp.address
         c = await RawClient.connect(address)
         start = now_ms() + 3000
         want: dict[bytes, int] = {}
@@ -272,8 +271,6 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
             if m.store_timestamp < want[m.body]
         ]
         assert not early, f"delivered early (ms): {early[:5]}"
-    finally:
-        bp.stop_quietly()
 
 
 async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) -> None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
 from tests.support.brokers import started
-from tests.support.process import BrokerProcess
+from tests.support.process import running
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
@@ -186,11 +186,9 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
 @pytest.mark.external
 async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Path) -> None:
     # SYNC_FLUSH: an acknowledged send's trace record is fsynced with it, before its answer
-    bp = BrokerProcess(
+    with running(
         str(tmp_path / "store"), flush="SYNC_FLUSH", settings={"traceTopicEnable": "true"}
-    )
-    bp.start()
-    try:
+    ) as bp:
         ids = []
         async with AsyncProducer("p", bp.address) as producer:
             for i in range(50):
@@ -213,8 +211,6 @@ async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Pa
                 assert [r.type for r in records] == [TraceType.PUB], (msg_id, records)
                 assert records[0].topic == "kept"
                 assert abs(records[0].timestamp - time.time() * 1000) < 600_000  # stored lately
-    finally:
-        bp.stop_quietly()
 
 
 class NeverKnows(TransactionListener):
