@@ -98,6 +98,11 @@ from .h2frames import (
 
 log = structlog.get_logger(__name__)
 
+#: A unary answer's HEADERS frame, its DATA frame's head and the message prefix; then (after
+#: the message) its trailers frame: each packed at once.
+_UNARY_HEAD = struct.Struct(f">HBBBL{len(RESPONSE_HEADERS)}sHBBBLBL")
+_UNARY_TAIL = struct.Struct(f">HBBBL{len(TRAILERS_OK)}s")
+
 #: Streams one connection may have open at once (more are refused with REFUSED_STREAM).
 MAX_CONCURRENT_STREAMS = 1024
 #: What a client may send on one stream before the broker's WINDOW_UPDATE (also sent as soon as
@@ -323,8 +328,22 @@ class H2Connection(asyncio.Protocol):
             elif kind == HEADERS:
                 self._headers(sid, flags, payload)
             elif kind == WINDOW_UPDATE:
-                if sid and length == 4 and sid not in self.streams and sid <= self.last_stream:
-                    continue  # a stream already answered: grpc-core sends one per answer
+                # grpc-core sends two a call (one on the stream, one on the connection): the
+                # common ones, nothing waiting for window, are added here
+                if length == 4:
+                    inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+                    if sid:
+                        s = self.streams.get(sid)
+                        if s is None:
+                            if sid <= self.last_stream:
+                                continue  # a stream already answered
+                        elif inc and s.window + inc <= MAX_WINDOW and not s.pending:
+                            if s.pending_trailers is None:
+                                s.window += inc
+                                continue
+                    elif inc and self.window + inc <= MAX_WINDOW and not self._blocked:
+                        self.window += inc
+                        continue
                 self._window_update(sid, payload)
             elif kind == SETTINGS:
                 self._settings(sid, flags, payload)
@@ -741,17 +760,35 @@ class H2Connection(asyncio.Protocol):
             s.window -= n
             self.window -= n
             s.headers_sent = True
-            s.ended = True
             self._write(
-                FRAME_HEAD.pack(0, len(RESPONSE_HEADERS), HEADERS, END_HEADERS, sid)
-                + RESPONSE_HEADERS
-                + FRAME_HEAD.pack(n >> 8, n & 0xFF, DATA, 0, sid)
-                + MESSAGE_PREFIX.pack(0, n - 5)
+                _UNARY_HEAD.pack(
+                    0,
+                    len(RESPONSE_HEADERS),
+                    HEADERS,
+                    END_HEADERS,
+                    sid,
+                    RESPONSE_HEADERS,
+                    n >> 8,
+                    n & 0xFF,
+                    DATA,
+                    0,
+                    sid,
+                    0,
+                    n - 5,
+                )
                 + body
-                + FRAME_HEAD.pack(0, len(TRAILERS_OK), HEADERS, END_HEADERS | END_STREAM, sid)
-                + TRAILERS_OK
+                + _UNARY_TAIL.pack(
+                    0, len(TRAILERS_OK), HEADERS, END_HEADERS | END_STREAM, sid, TRAILERS_OK
+                )
             )
-            self._close(s)
+            if s.remote_ended and s.timer is None and not self._goaway_sent:
+                # the call is over both ways: forget it (what _close does, in short)
+                s.ended = True
+                if self.streams.get(sid) is s:
+                    del self.streams[sid]
+            else:
+                s.ended = True
+                self._close(s)
             return
         self._queue_message(s, body)
         self._finish(s, OK, "")
