@@ -301,7 +301,7 @@ def test_the_header_decoder_reads_what_hpack_encodes() -> None:
 
     import hpack
 
-    from txmq.broker.grpc.h2 import COMPRESSION_ERROR, ConnectionError_, HpackDecoder
+    from txmq.broker.grpc.h2frames import COMPRESSION_ERROR, ConnectionError_, HpackDecoder
 
     rng = random.Random(7)
     encoder = hpack.Encoder()
