@@ -66,7 +66,7 @@ pytest: install docker-setup py5-client node5-client etcd spark35 chromium grpc-
 ## The edit-test loop: the in-process tests (protocol, store, broker, SDK, fuzz corpus, the
 ## CLI's shape; no process started, no Spark, etcd, Docker or browser) on every core, no gates.
 ## `make test` stays the whole suite.
-FAST_TIER := tests/protocol tests/broker tests/client tests/fuzz tests/test_layering.py \
+FAST_TIER := tests/protocol tests/core tests/broker tests/client tests/fuzz tests/test_layering.py \
 	tests/test_cli_tree.py
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n auto -m "not slow and not external and not spark" $(FAST_TIER)

@@ -38,7 +38,7 @@ from . import convert
 
 if TYPE_CHECKING:
     from ..transaction.service import TransactionalMessageService
-    from .h2 import CallContext
+    from .h2calls import CallContext
 
 #: The caller of the RPC being served: its access key, "" for a peer trusted by
 #: ``globalWhiteRemoteAddresses``, None when the ACL is off.  Set per call (each gRPC call runs

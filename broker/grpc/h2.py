@@ -3,10 +3,10 @@ front end (``grpcTransport = native``), serving the same :class:`~.service.Messa
 methods as the ``grpc.aio`` server, without grpcio's completion-queue thread and its hand-offs.
 
 What it speaks.  HTTP/2 (RFC 9113) as a server, the subset gRPC uses: plain text with prior
-knowledge (h2c, the connection preface first) or TLS with ALPN ``h2``.  Frames are read and
-written here; header blocks are decoded with ``hpack`` (python-hyper), responses use constant
-header blocks of static-table references and literals never added to the peer's dynamic table,
-encoded once.  Both flow-control windows are honoured when sending (a large ReceiveMessage batch
+knowledge (h2c, the connection preface first) or TLS with ALPN ``h2``.  The connection and its
+streams are kept here; the frame layout, the constant response header blocks and the request
+header decoder are in :mod:`.h2frames`, the per-call state and the handler's context in
+:mod:`.h2calls`.  Both flow-control windows are honoured when sending (a large ReceiveMessage batch
 waits for the peer's WINDOW_UPDATEs) and replenished when receiving.  PING is answered, PRIORITY
 ignored, RST_STREAM cancels the call, a protocol error is answered with GOAWAY and the
 connection closed; other connections are not affected.
@@ -29,42 +29,79 @@ import asyncio
 import contextvars
 import struct
 import zlib
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, NoReturn
-from urllib.parse import quote
+from typing import Any
 
 import structlog
-from hpack.exceptions import HPACKError
-from hpack.huffman_table import decode_huffman
-from hpack.table import HeaderTable
 
 from txmq.protocol.aio import _reraise, _reset_on_close, _resume
 
+from .h2calls import (
+    BIDI,
+    CANCELLED,
+    DEADLINE_EXCEEDED,
+    INTERNAL,
+    OK,
+    RESOURCE_EXHAUSTED,
+    UNARY,
+    UNIMPLEMENTED,
+    UNKNOWN,
+    AbortError,
+    CallContext,
+    Method,
+    RequestStream,
+    Stream,
+    StreamClosed,
+)
+from .h2frames import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_HEAD,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    MAX_HEADER_BLOCK,
+    MAX_WINDOW,
+    MESSAGE_PREFIX,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    RESPONSE_HEADERS,
+    RST_STREAM,
+    S_ENABLE_PUSH,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_CONCURRENT_STREAMS,
+    S_MAX_FRAME_SIZE,
+    S_MAX_HEADER_LIST_SIZE,
+    SETTINGS,
+    STREAM_CLOSED,
+    TRAILERS_OK,
+    WINDOW_UPDATE,
+    ConnectionError_,
+    HpackDecoder,
+    frame,
+    parse_timeout,
+    trailers,
+)
+
 log = structlog.get_logger(__name__)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-# frame types (RFC 9113 section 6)
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
-WINDOW_UPDATE, CONTINUATION = 8, 9
-# flags
-END_STREAM = ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 5, 6, 7, 8
-COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 9, 11
-# settings
-S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 1, 2, 3
-S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 4, 5, 6
-
-MAX_WINDOW = 2**31 - 1
-DEFAULT_WINDOW = 65_535
-DEFAULT_FRAME = 16_384
+#: A unary answer's HEADERS frame, its DATA frame's head and the message prefix; then (after
+#: the message) its trailers frame: each packed at once.
+_UNARY_HEAD = struct.Struct(f">HBBBL{len(RESPONSE_HEADERS)}sHBBBLBL")
+_UNARY_TAIL = struct.Struct(f">HBBBL{len(TRAILERS_OK)}s")
 
 #: Streams one connection may have open at once (more are refused with REFUSED_STREAM).
 MAX_CONCURRENT_STREAMS = 1024
@@ -75,367 +112,6 @@ CONNECTION_WINDOW = 16 << 20
 #: Request messages of a bidirectional call (Telemetry) received and not read by it yet, at
 #: most (a call that reads none of them is ended RESOURCE_EXHAUSTED).
 MAX_UNREAD_MESSAGES = 1024
-#: Bytes of one request header block (with its CONTINUATIONs) at most.
-MAX_HEADER_BLOCK = 64 * 1024
-
-# gRPC status codes (grpc.StatusCode values)
-OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED = 0, 1, 2, 4
-RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
-
-_STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
-_STATIC_LEN = len(_STATIC)
-
-_FRAME = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
-_PREFIX = struct.Struct(">BL")  # gRPC message: compressed flag, length
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 8, n & 0xFF, kind, flags, stream) + payload
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK literal header field never indexed (the peer's dynamic table stays as it is,
-    so the block is the same bytes every time); no Huffman coding."""
-    return b"\x10" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-def _hpack_int(value: int, prefix_bits: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([value])
-    out = bytearray([limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: ``:status: 200`` (static index 8) and ``content-type: application/grpc``.
-RESPONSE_HEADERS = b"\x88" + _literal(b"content-type", b"application/grpc")
-TRAILERS_OK = _literal(b"grpc-status", b"0")
-
-
-def trailers(code: int, message: str = "") -> bytes:
-    block = _literal(b"grpc-status", str(code).encode())
-    if message:
-        text = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode("ascii")
-        block += _literal(b"grpc-message", text)
-    return block
-
-
-def parse_timeout(value: bytes) -> float | None:
-    """``grpc-timeout`` (``<digits><unit>``) in seconds; None when malformed."""
-    unit = {
-        b"H": 3600.0,
-        b"M": 60.0,
-        b"S": 1.0,
-        b"m": 1e-3,
-        b"u": 1e-6,
-        b"n": 1e-9,
-    }.get(value[-1:])
-    digits = value[:-1]
-    if unit is None or not digits.isdigit() or len(digits) > 8:
-        return None
-    return int(digits) * unit
-
-
-class HpackDecoder:
-    """HPACK (RFC 7541) request header blocks to ``(name, value)`` byte pairs.
-
-    ``hpack``'s decoder spends some 20 µs on even a block of indexed fields; this one walks the
-    block with plain indexing and keeps ``hpack``'s Huffman decoder and static table (with a
-    memo of the strings it decoded: a client sends the same values call after call).
-    ``changes`` counts the changes to the dynamic table.
-
-    Raises :class:`ConnectionError_` (COMPRESSION_ERROR) on a malformed block.
-    """
-
-    __slots__ = ("dynamic", "size", "max_size", "limit", "changes", "_huffman")
-
-    def __init__(self, limit: int = 4096) -> None:
-        self.dynamic: deque[tuple[bytes, bytes]] = deque()
-        self.size = 0
-        #: The table size the encoder chose (at most ``limit``, what the broker advertised).
-        self.max_size = limit
-        self.limit = limit
-        self.changes = 0
-        self._huffman: dict[bytes, bytes] = {}
-
-    def _entry(self, index: int) -> tuple[bytes, bytes]:
-        if 0 < index <= _STATIC_LEN:
-            return _STATIC[index - 1]
-        i = index - _STATIC_LEN - 1
-        if index == 0 or i >= len(self.dynamic):
-            raise ConnectionError_(COMPRESSION_ERROR, f"header table index {index} out of range")
-        return self.dynamic[i]
-
-    def _add(self, name: bytes, value: bytes) -> None:
-        self.changes += 1
-        size = len(name) + len(value) + 32
-        if size > self.max_size:
-            self.dynamic.clear()
-            self.size = 0
-            return
-        self.dynamic.appendleft((name, value))
-        self.size += size
-        self._shrink()
-
-    def _shrink(self) -> None:
-        while self.size > self.max_size:
-            n, v = self.dynamic.pop()
-            self.size -= len(n) + len(v) + 32
-
-    @staticmethod
-    def _int(data: bytes, pos: int, bits: int) -> tuple[int, int]:
-        mask = (1 << bits) - 1
-        value = data[pos] & mask
-        pos += 1
-        if value < mask:
-            return value, pos
-        shift = 0
-        while True:
-            if pos >= len(data) or shift > 28:
-                raise ConnectionError_(COMPRESSION_ERROR, "bad HPACK integer")
-            b = data[pos]
-            pos += 1
-            value += (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return value, pos
-
-    def _string(self, data: bytes, pos: int) -> tuple[bytes, int]:
-        if pos >= len(data):
-            raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
-        huffman = data[pos] & 0x80
-        n, pos = self._int(data, pos, 7)
-        end = pos + n
-        if end > len(data):
-            raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
-        raw = data[pos:end]
-        if not huffman:
-            return raw, end
-        text = self._huffman.get(raw)
-        if text is None:
-            try:
-                text = decode_huffman(raw)
-            except HPACKError as exc:
-                raise ConnectionError_(COMPRESSION_ERROR, f"bad Huffman string: {exc}") from None
-            if len(self._huffman) >= 1024:
-                self._huffman.clear()
-            self._huffman[raw] = text
-        return text, end
-
-    def decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        out: list[tuple[bytes, bytes]] = []
-        pos = 0
-        end = len(data)
-        total = 0
-        while pos < end:
-            b = data[pos]
-            if b & 0x80:  # indexed field
-                index, pos = self._int(data, pos, 7)
-                field = self._entry(index)
-            elif b & 0x40:  # literal, added to the table
-                index, pos = self._int(data, pos, 6)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                field = (name, value)
-                self._add(name, value)
-            elif b & 0x20:  # dynamic table size update (only before the first field)
-                size, pos = self._int(data, pos, 5)
-                if size > self.limit or out:
-                    raise ConnectionError_(COMPRESSION_ERROR, f"bad table size update {size}")
-                self.max_size = size
-                self.changes += 1
-                self._shrink()
-                continue
-            else:  # literal not indexed / never indexed
-                index, pos = self._int(data, pos, 4)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                field = (name, value)
-            total += len(field[0]) + len(field[1]) + 32
-            if total > MAX_HEADER_BLOCK:
-                raise ConnectionError_(ENHANCE_YOUR_CALM, "header list too large")
-            out.append(field)
-        return out
-
-
-class ConnectionError_(Exception):
-    """A connection error: GOAWAY with ``code``, then close."""
-
-    def __init__(self, code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-
-
-class AbortError(Exception):
-    """Raised by :meth:`CallContext.abort`: the call ends with the status set on its context."""
-
-
-class StreamClosed(Exception):
-    """The stream of a call is gone (reset by the peer, or its connection closed)."""
-
-
-UNARY, SERVER_STREAMING, BIDI = 0, 1, 2
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    """One RPC: how to parse its request, the handler, and its kind."""
-
-    kind: int
-    deserialize: Callable[[bytes], Any]
-    handler: Callable[..., Any]
-
-
-# -- calls --------------------------------------------------------------------------------------
-
-
-class RequestStream:
-    """The request messages of a bidirectional call, as an async iterator."""
-
-    __slots__ = ("_items", "_waiter", "_ended", "_deserialize")
-
-    def __init__(self, deserialize: Callable[[bytes], Any]) -> None:
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._ended = False
-        self._deserialize = deserialize
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, payload: bytes) -> None:
-        self._items.append(self._deserialize(payload))
-        self._wake()
-
-    def end(self) -> None:
-        self._ended = True
-        self._wake()
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        while not self._items:
-            if self._ended:
-                raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
-
-
-class Stream:
-    """One HTTP/2 stream carrying one call."""
-
-    __slots__ = (
-        "id",
-        "method",
-        "context",
-        "buf",
-        "remote_ended",
-        "ended",
-        "headers_sent",
-        "window",
-        "pending",
-        "pending_trailers",
-        "drained",
-        "task",
-        "requests",
-        "unacked",
-        "deadline",
-        "timer",
-        "encoding",
-        "messages",
-    )
-
-    def __init__(self, sid: int, window: int) -> None:
-        self.id = sid
-        self.method: Method | None = None
-        self.context: CallContext | None = None
-        #: Bytes of the request message(s) not complete yet.
-        self.buf = bytearray()
-        self.remote_ended = False
-        #: The response is over (trailers written or queued) or the stream was reset.
-        self.ended = False
-        self.headers_sent = False
-        #: The peer's flow-control window of this stream (what may still be sent).
-        self.window = window
-        #: DATA waiting for window: the payloads (gRPC-framed) not sent yet.
-        self.pending: deque[bytes] = deque()
-        self.pending_trailers: bytes | None = None
-        self.drained: asyncio.Future[None] | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.requests: RequestStream | None = None
-        #: Request bytes received and not given back to the peer's window yet.
-        self.unacked = 0
-        self.deadline: float | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        #: The request's ``grpc-encoding`` (None: identity).
-        self.encoding: bytes | None = None
-        #: Request messages of a unary / server-streaming call (one expected).
-        self.messages: list[bytes] = []
-
-
-class CallContext:
-    """What :class:`~.service.MessagingService` uses of grpc's ``ServicerContext``."""
-
-    __slots__ = ("_conn", "_stream", "_metadata", "code", "details")
-
-    def __init__(
-        self, conn: H2Connection, stream: Stream, metadata: tuple[tuple[str, str], ...]
-    ) -> None:
-        self._conn = conn
-        self._stream = stream
-        self._metadata = metadata
-        self.code = OK
-        self.details = ""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    def peer(self) -> str:
-        return self._conn.peer_name
-
-    def time_remaining(self) -> float | None:
-        d = self._stream.deadline
-        if d is None:
-            return None
-        return max(0.0, d - asyncio.get_running_loop().time())
-
-    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> NoReturn:
-        """End the call with ``code`` (a ``grpc.StatusCode`` or its number) and ``details``."""
-        self.code = code.value[0] if hasattr(code, "value") else int(code)
-        self.details = details
-        raise AbortError(details)
-
-    def set_code(self, code: Any) -> None:
-        self.code = code.value[0] if hasattr(code, "value") else int(code)
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
-    async def write(self, message: Any) -> None:
-        """Send one response message of a streaming call (waits for the peer's window)."""
-        await self._conn.send_message(self._stream, message.SerializeToString())
 
 
 # -- the connection -----------------------------------------------------------------------------
@@ -633,7 +309,7 @@ class H2Connection(asyncio.Protocol):
     def _frames(self, data: bytes) -> None:
         pos = 0
         end = len(data)
-        unpack = _FRAME.unpack_from
+        unpack = FRAME_HEAD.unpack_from
         while end - pos >= 9:
             hi, lo, kind, flags, sid = unpack(data, pos)
             length = (hi << 8) | lo
@@ -652,8 +328,22 @@ class H2Connection(asyncio.Protocol):
             elif kind == HEADERS:
                 self._headers(sid, flags, payload)
             elif kind == WINDOW_UPDATE:
-                if sid and length == 4 and sid not in self.streams and sid <= self.last_stream:
-                    continue  # a stream already answered: grpc-core sends one per answer
+                # grpc-core sends two a call (one on the stream, one on the connection): the
+                # common ones, nothing waiting for window, are added here
+                if length == 4:
+                    inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+                    if sid:
+                        s = self.streams.get(sid)
+                        if s is None:
+                            if sid <= self.last_stream:
+                                continue  # a stream already answered
+                        elif inc and s.window + inc <= MAX_WINDOW and not s.pending:
+                            if s.pending_trailers is None:
+                                s.window += inc
+                                continue
+                    elif inc and self.window + inc <= MAX_WINDOW and not self._blocked:
+                        self.window += inc
+                        continue
                 self._window_update(sid, payload)
             elif kind == SETTINGS:
                 self._settings(sid, flags, payload)
@@ -912,7 +602,7 @@ class H2Connection(asyncio.Protocol):
                 pos = 0
                 size = len(payload)
                 while size - pos >= 5:
-                    compressed, length = _PREFIX.unpack_from(payload, pos)
+                    compressed, length = MESSAGE_PREFIX.unpack_from(payload, pos)
                     if pos + 5 + length > size:
                         break
                     if not self._message(s, compressed, payload[pos + 5 : pos + 5 + length]):
@@ -936,7 +626,7 @@ class H2Connection(asyncio.Protocol):
         """Take the complete messages out of ``s.buf``; False when the stream was ended."""
         buf = s.buf
         while len(buf) >= 5:
-            compressed, length = _PREFIX.unpack_from(buf, 0)
+            compressed, length = MESSAGE_PREFIX.unpack_from(buf, 0)
             if length > self.max_receive:
                 return self._too_large(s, length)
             if len(buf) < 5 + length:
@@ -946,7 +636,7 @@ class H2Connection(asyncio.Protocol):
             if not self._message(s, compressed, message):
                 return False
         if len(buf) >= 5:
-            _, length = _PREFIX.unpack_from(buf, 0)
+            _, length = MESSAGE_PREFIX.unpack_from(buf, 0)
             if length > self.max_receive:
                 return self._too_large(s, length)
         return True
@@ -1070,17 +760,35 @@ class H2Connection(asyncio.Protocol):
             s.window -= n
             self.window -= n
             s.headers_sent = True
-            s.ended = True
             self._write(
-                _FRAME.pack(0, len(RESPONSE_HEADERS), HEADERS, END_HEADERS, sid)
-                + RESPONSE_HEADERS
-                + _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, sid)
-                + _PREFIX.pack(0, n - 5)
+                _UNARY_HEAD.pack(
+                    0,
+                    len(RESPONSE_HEADERS),
+                    HEADERS,
+                    END_HEADERS,
+                    sid,
+                    RESPONSE_HEADERS,
+                    n >> 8,
+                    n & 0xFF,
+                    DATA,
+                    0,
+                    sid,
+                    0,
+                    n - 5,
+                )
                 + body
-                + _FRAME.pack(0, len(TRAILERS_OK), HEADERS, END_HEADERS | END_STREAM, sid)
-                + TRAILERS_OK
+                + _UNARY_TAIL.pack(
+                    0, len(TRAILERS_OK), HEADERS, END_HEADERS | END_STREAM, sid, TRAILERS_OK
+                )
             )
-            self._close(s)
+            if s.remote_ended and s.timer is None and not self._goaway_sent:
+                # the call is over both ways: forget it (what _close does, in short)
+                s.ended = True
+                if self.streams.get(sid) is s:
+                    del self.streams[sid]
+            else:
+                s.ended = True
+                self._close(s)
             return
         self._queue_message(s, body)
         self._finish(s, OK, "")
@@ -1144,7 +852,7 @@ class H2Connection(asyncio.Protocol):
         if not s.headers_sent:
             s.headers_sent = True
             self._write(frame(HEADERS, END_HEADERS, s.id, RESPONSE_HEADERS))
-        s.pending.append(_PREFIX.pack(0, len(body)) + body)
+        s.pending.append(MESSAGE_PREFIX.pack(0, len(body)) + body)
         self._send_pending(s)
 
     def _send_pending(self, s: Stream) -> None:
@@ -1165,7 +873,7 @@ class H2Connection(asyncio.Protocol):
             n = len(chunk)
             s.window -= n
             self.window -= n
-            self._write(_FRAME.pack(n >> 8, n & 0xFF, DATA, 0, s.id) + chunk)
+            self._write(FRAME_HEAD.pack(n >> 8, n & 0xFF, DATA, 0, s.id) + chunk)
         if s.drained is not None and not s.drained.done():
             s.drained.set_result(None)
         if s.pending_trailers is not None:

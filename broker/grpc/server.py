@@ -31,7 +31,8 @@ from txmq.protocol.errors import SystemBusyError
 from ..tls import TlsServer
 from .auth import Context
 from .convert import Code, status
-from .h2 import H2Server, Method
+from .h2 import H2Server
+from .h2calls import Method
 from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
 from .v2 import service_pb2 as spb
 

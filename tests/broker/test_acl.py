@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support import acl_files
+from tests.support.acl_files import account, write_acl
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected, end_header
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, AddressPattern, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -26,51 +29,37 @@ from txmq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     CreateTopicRequestHeader,
     DecideBatchRequestHeader,
-    EndTransactionRequestHeader,
     ForceDecideRequestHeader,
     SendMessageRequestHeader,
 )
 from txmq.protocol.message import (
     MessageConst,
     UniqIdGenerator,
-    decode_offset_msg_id,
     encode_batch,
     properties_to_string,
 )
 
-ACL_FILE = """
-globalWhiteRemoteAddresses:
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: producerB
-    secretKey: secret-b-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupB=PUB
-  - accessKey: consumerC
-    secretKey: secret-c-123
-    defaultTopicPerm: DENY
-    topicPerms:
-      - orders=SUB
-      - hidden=DENY
-    groupPerms:
-      - cgroup=SUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-  - accessKey: elsewhere
-    secretKey: secret-e-123
-    whiteRemoteAddress: 10.20.30.*
-    admin: true
-"""
+ACL_FILE = acl_files.acl_file(
+    account(
+        "producerA",
+        "secret-a-123",
+        defaultTopicPerm="DENY",
+        defaultGroupPerm="DENY",
+        topics=("orders=PUB",),
+        groups=("groupA=PUB",),
+    ),
+    account("producerB", "secret-b-123", topics=("orders=PUB",), groups=("groupB=PUB",)),
+    account(
+        "consumerC",
+        "secret-c-123",
+        defaultTopicPerm="DENY",
+        topics=("orders=SUB", "hidden=DENY"),
+        groups=("cgroup=SUB",),
+    ),
+    account("operator", "secret-op-123", admin=True),
+    account("elsewhere", "secret-e-123", whiteRemoteAddress="10.20.30.*", admin=True),
+    white_listed=True,
+)
 
 P = Credentials("producerA", "secret-a-123")
 B = Credentials("producerB", "secret-b-123")
@@ -82,21 +71,17 @@ _ids = UniqIdGenerator()
 
 @pytest.fixture
 def acl_file(tmp_path: Path) -> Path:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
-    return path
+    return write_acl(tmp_path, ACL_FILE)
 
 
 @pytest.fixture
 async def acl_broker(
     make_broker_config: Callable[..., BrokerConfig], acl_file: Path
 ) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(acl_file)))
-    await controller.start()
-    try:
+    async with started(
+        make_broker_config(acl_enable=True, plain_acl_file=str(acl_file))
+    ) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 def send_header(topic: str, group: str, *, transactional: bool = False) -> dict[str, Any]:
@@ -116,29 +101,16 @@ def send_header(topic: str, group: str, *, transactional: bool = False) -> dict[
 
 async def half_of(broker: BrokerController, group: str = "groupA") -> RemotingCommand:
     """A pending half message of ``group`` on topic orders, sent by an admin."""
-    c = await RawClient.connect(broker.address, credentials=ADMIN)
-    try:
+    async with connected(broker.address, credentials=ADMIN) as c:
         resp = await c.call(
             RequestCode.SEND_MESSAGE, send_header("orders", group, transactional=True), b"half"
         )
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.SUCCESS, resp.remark
     return resp
 
 
 def end_tx_fields(half: RemotingCommand, group: str, decision: int = 0) -> dict[str, Any]:
-    h = RawClient.send_header(half)
-    _, offset = decode_offset_msg_id(h.msg_id)
-    return EndTransactionRequestHeader(
-        producer_group=group,
-        tran_state_table_offset=h.queue_offset,
-        commit_log_offset=offset,
-        commit_or_rollback=decision,
-        from_transaction_check=False,
-        msg_id=h.msg_id,
-        transaction_id=h.transaction_id,
-    ).to_ext_fields()
+    return end_header(group, half, decision).to_ext_fields()
 
 
 def heartbeat_body(consumer: str | None = None, topic: str = "orders") -> bytes:
@@ -168,6 +140,21 @@ PUBLISHERS = _allow("producerA", "producerB", "operator")
 SUBSCRIBER = _allow("consumerC", "operator")
 ADMIN_ONLY = _allow("operator")
 EVERYONE = _allow("producerA", "producerB", "consumerC", "operator")
+
+
+async def answered_as_the_file_says(
+    case: Case, clients: dict[str, RawClient], refusal_prefix: str | None = None
+) -> None:
+    """Each client (by access key) sends ``case``: served if the case allows its key, else
+    refused (NO_PERMISSION, the remark starting with ``refusal_prefix`` when given)."""
+    for key, client in clients.items():
+        resp = await client.call(case.code, dict(case.ext), case.body)
+        if key in case.allowed:
+            assert resp.code != ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+        else:
+            assert resp.code == ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
+            if refusal_prefix is not None:
+                assert resp.remark is not None and resp.remark.startswith(refusal_prefix)
 
 
 async def cases(broker: BrokerController) -> list[Case]:
@@ -343,13 +330,7 @@ async def test_every_request_code_is_allowed_or_refused_as_the_file_says(
     anonymous = await RawClient.connect(acl_broker.address)
     try:
         for case in table:
-            for key, client in clients.items():
-                resp = await client.call(case.code, dict(case.ext), case.body)
-                if key in case.allowed:
-                    assert resp.code != ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
-                else:
-                    assert resp.code == ResponseCode.NO_PERMISSION, (case.code.name, key, resp)
-                    assert resp.remark is not None and resp.remark.startswith("ACL: ")
+            await answered_as_the_file_says(case, clients, refusal_prefix="ACL: ")
             resp = await anonymous.call(case.code, dict(case.ext), case.body)
             assert resp.code == ResponseCode.NO_PERMISSION
             assert "carries no AccessKey" in (resp.remark or "")
@@ -364,13 +345,10 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def call(cred: Credentials | None, **ext: Any) -> RemotingCommand:
-        c = await RawClient.connect(acl_broker.address, credentials=cred)
-        try:
+        async with connected(acl_broker.address, credentials=cred) as c:
             return await c.call(
                 RequestCode.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0, **ext}
             )
-        finally:
-            await c.close()
 
     forged = await call(Credentials("consumerC", "not-the-secret"))
     assert forged.code == ResponseCode.NO_PERMISSION
@@ -385,8 +363,7 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
     assert "DENY on topic 'hidden'" in hidden.remark
 
     # a valid signature replayed onto other content (another topic) does not verify
-    c = await RawClient.connect(acl_broker.address)
-    try:
+    async with connected(acl_broker.address) as c:
         cmd = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0})
         C.sign(cmd)
         cmd.ext_fields["queueId"] = 1
@@ -397,8 +374,6 @@ async def test_refusals_say_which_check_failed_and_never_log_the_secret(
         )
         C.sign(again)
         assert (await c.conn.request(again)).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
 
     # Where the lines go depends on how logging was configured earlier in this process (printed,
     # or through the standard library once the CLI configured it): look at both.
@@ -414,8 +389,7 @@ async def test_a_refused_send_creates_no_topic_on_any_path(acl_broker: BrokerCon
     looked up: one the account may not send to is refused without auto-creating the topic,
     whether a direct path could store it (SEND_MESSAGE_V2 of one plain message or one half, a
     batch) or only the generic one (SEND_MESSAGE with a delay)."""
-    c = await RawClient.connect(acl_broker.address, credentials=P)
-    try:
+    async with connected(acl_broker.address, credentials=P) as c:
         plain = SendMessageRequestHeader.from_ext_fields(send_header("fresh-1", "groupA"))
         half = SendMessageRequestHeader.from_ext_fields(
             send_header("fresh-2", "groupA", transactional=True)
@@ -440,8 +414,6 @@ async def test_a_refused_send_creates_no_topic_on_any_path(acl_broker: BrokerCon
         resp = await c.call(RequestCode.SEND_MESSAGE_V2, other.to_v2_ext_fields(), b"h")
         assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
         assert resp.remark is not None and "group 'groupB'" in resp.remark
-    finally:
-        await c.close()
     for topic in ("fresh-1", "fresh-2", "fresh-3", "fresh-4"):
         assert acl_broker.topics.get(topic) is None, f"{topic} was created by a refused send"
 
@@ -503,8 +475,7 @@ async def test_a_producer_of_another_account_cannot_decide_or_be_checked(
 async def test_the_file_is_reloaded_without_a_restart(
     acl_broker: BrokerController, acl_file: Path
 ) -> None:
-    c = await RawClient.connect(acl_broker.address, credentials=C)
-    try:
+    async with connected(acl_broker.address, credentials=C) as c:
 
         async def max_offset(topic: str) -> RemotingCommand:
             return await c.call(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
@@ -529,8 +500,6 @@ async def test_the_file_is_reloaded_without_a_restart(
         )
         assert (await max_offset("payments")).code == ResponseCode.SUCCESS
         assert (await max_offset("elsewhere")).code == ResponseCode.NO_PERMISSION
-    finally:
-        await c.close()
 
 
 async def test_global_white_addresses_are_trusted_without_credentials(
@@ -538,17 +507,10 @@ async def test_global_white_addresses_are_trusted_without_credentials(
 ) -> None:
     path = tmp_path / "acl.yml"
     path.write_text("globalWhiteRemoteAddresses:\n  - 127.0.0.*\naccounts: []\n")
-    broker = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(path)))
-    await broker.start()
-    try:
-        c = await RawClient.connect(broker.address)
-        try:
+    async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as broker:
+        async with connected(broker.address) as c:
             resp = await c.call(RequestCode.GET_BROKER_RUNTIME_INFO)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
-    finally:
-        await broker.shutdown()
 
 
 async def test_with_acl_off_signed_and_unsigned_requests_are_served(
@@ -556,12 +518,9 @@ async def test_with_acl_off_signed_and_unsigned_requests_are_served(
 ) -> None:
     assert broker.acl is None
     for cred in (None, Credentials("anything", "whatever")):
-        c = await RawClient.connect(broker.address, credentials=cred)
-        try:
+        async with connected(broker.address, credentials=cred) as c:
             resp = await c.call(RequestCode.GET_BROKER_RUNTIME_INFO)
             assert resp.code == ResponseCode.SUCCESS
-        finally:
-            await c.close()
 
 
 async def test_a_missing_or_broken_file_stops_the_broker_from_starting(

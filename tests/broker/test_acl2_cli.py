@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
+from tests.support.acl_files import account, acl2_with_root, acl_file, write_acl
+from tests.support.raw import connected
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import ResponseCode
 
@@ -25,50 +26,33 @@ pytestmark = pytest.mark.external
 ROOT_DIR = Path(__file__).resolve().parents[2]
 ROOT = Credentials("root-user", "root-secret-123")
 
-PLAIN_ACL = """
-globalWhiteRemoteAddresses:
-accounts:
-  - accessKey: shop-producer
-    secretKey: shop-secret-1
-    topicPerms:
-      - orders=PUB
-      - audit=DENY
-    groupPerms:
-      - shop=PUB
-  - accessKey: billing-reader
-    secretKey: billing-secret-1
-    defaultTopicPerm: SUB
-    topicPerms:
-      - orders=SUB
-      - payroll=DENY
-    groupPerms:
-      - billing=SUB
-  - accessKey: operator
-    secretKey: operator-secret-1
-    admin: true
-  - accessKey: faraway
-    secretKey: faraway-secret-1
-    whiteRemoteAddress: 10.20.30.*
-    admin: true
-    topicPerms:
-      - orders=PUB
-  - accessKey: newsdesk
-    secretKey: newsdesk-secret-1
-    defaultTopicPerm: SUB
-    topicPerms:
-      - news=PUB
-"""
+PLAIN_ACL = acl_file(
+    account(
+        "shop-producer", "shop-secret-1", topics=("orders=PUB", "audit=DENY"), groups=("shop=PUB",)
+    ),
+    account(
+        "billing-reader",
+        "billing-secret-1",
+        defaultTopicPerm="SUB",
+        topics=("orders=SUB", "payroll=DENY"),
+        groups=("billing=SUB",),
+    ),
+    account("operator", "operator-secret-1", admin=True),
+    account(
+        "faraway",
+        "faraway-secret-1",
+        whiteRemoteAddress="10.20.30.*",
+        admin=True,
+        topics=("orders=PUB",),
+    ),
+    account("newsdesk", "newsdesk-secret-1", defaultTopicPerm="SUB", topics=("news=PUB",)),
+    white_listed=True,
+)
 
 
 @pytest.fixture
 def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
-    return broker_thread_factory(
-        authentication_enabled=True,
-        authorization_enabled=True,
-        init_authentication_user=json.dumps(
-            {"username": ROOT.access_key, "password": ROOT.secret_key}
-        ),
-    )
+    return broker_thread_factory(**acl2_with_root(ROOT.access_key, ROOT.secret_key))
 
 
 def address(bt: BrokerThread) -> str:
@@ -103,23 +87,17 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 def send(bt: BrokerThread, who: Credentials, topic: str, group: str = "g") -> int:
     async def go() -> int:
-        c = await RawClient.connect(address(bt), credentials=who)
-        try:
+        async with connected(address(bt), credentials=who) as c:
             return (await c.send(topic, b"x", group=group, transactional=group != "g")).code
-        finally:
-            await c.close()
 
     return asyncio.run(go())
 
 
 def pull(bt: BrokerThread, who: Credentials, topic: str, group: str) -> int:
     async def go() -> int:
-        c = await RawClient.connect(address(bt), credentials=who)
-        try:
+        async with connected(address(bt), credentials=who) as c:
             resp, _ = await c.pull(topic, group=group)
             return resp.code
-        finally:
-            await c.close()
 
     return asyncio.run(go())
 
@@ -167,8 +145,7 @@ def test_cli_manages_users_and_policies(bt: BrokerThread) -> None:
 
 
 def test_migrate_a_plain_acl_file(bt: BrokerThread, tmp_path: Path) -> None:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(PLAIN_ACL, encoding="utf-8")
+    path = write_acl(tmp_path, PLAIN_ACL)
     create_topics(bt, "orders", "audit", "payroll", "news")
 
     dry = txmq(bt, "acl", "migrate", "--from", str(path), "--dry-run")

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.support.raw import RawClient
-from tests.support.waiting import wait_until
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected
+from tests.support.waiting import wait_caught_up, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main
@@ -69,8 +70,7 @@ async def _topic(c: RawClient, topic: str, queues: int) -> None:
 
 
 async def test_delete_topic_at_the_wire(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _topic(c, "doomed", 2)
         await _topic(c, "kept", 1)
         for i in range(4):
@@ -122,8 +122,6 @@ async def test_delete_topic_at_the_wire(broker: BrokerController) -> None:
         RawClient.send_header(await c.send("doomed", b"new"))
         resp, msgs = await c.pull("doomed")
         assert [(m.body, m.queue_offset) for m in msgs] == [(b"new", 0)]
-    finally:
-        await c.close()
 
 
 async def test_reset_offset_at_the_wire(broker: BrokerController) -> None:
@@ -134,8 +132,7 @@ async def test_reset_offset_at_the_wire(broker: BrokerController) -> None:
             told.append(cmd)
         return None
 
-    c = await RawClient.connect(broker.address, client_side)
-    try:
+    async with connected(broker.address, client_side) as c:
         await _topic(c, "ledger", 2)
         for i in range(6):
             RawClient.send_header(await c.send("ledger", b"l%d" % i, queue_id=i % 2))
@@ -199,8 +196,6 @@ async def test_reset_offset_at_the_wire(broker: BrokerController) -> None:
         assert broker.ctx.offsets.offsets("g2", "ledger") == {0: 0, 1: 3}
         resp = await c.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {"topic": "ledger"})
         assert resp.code != ResponseCode.SUCCESS and "group" in (resp.remark or "")
-    finally:
-        await c.close()
 
 
 async def test_reset_offset_of_a_live_sdk_consumer(broker: BrokerController) -> None:
@@ -221,12 +216,9 @@ async def test_reset_offset_of_a_live_sdk_consumer(broker: BrokerController) -> 
         await consumer.start()
         await wait_until(lambda: len(got) == 8, 30, "the consumer gets all 8 messages")
         async with AsyncAdminClient(addr) as admin:
-
-            async def caught_up() -> bool:
-                stats = await admin.consume_stats("replayers", "replay")
-                return bool(stats) and sum(s["lag"] for s in stats) == 0
-
-            await wait_until(caught_up, 30, "the group's committed offsets reach the end")
+            await wait_caught_up(
+                admin, "replayers", "replay", "the group's committed offsets reach the end"
+            )
 
         # back to a time before the late messages: the live consumer receives them again
         out = await cli(
@@ -327,8 +319,7 @@ async def _dead_letter(c: RawClient, topic: str, body: bytes, group: str, **prop
 
 async def test_dlq_list_and_resend(broker: BrokerController) -> None:
     addr = broker.address
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _topic(c, "payments", 1)
         first = await _dead_letter(
             c, "payments", b"pay-1", "settlers",
@@ -377,8 +368,6 @@ async def test_dlq_list_and_resend(broker: BrokerController) -> None:
         assert "payments" in out
         bodies = sorted(m.body for m in await c.pull_all("payments", queues=1))
         assert bodies == [b"pay-1", b"pay-1", b"pay-2", b"pay-2"]
-    finally:
-        await c.close()
 
 
 def test_output_option_and_shell_completion() -> None:
@@ -413,9 +402,7 @@ async def test_a_deleted_topic_stays_deleted_after_a_restart(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
-    try:
+    async with started(config, stop_within=30) as first:
         async with AsyncProducer("p", first.address) as producer:
             for i in range(6):
                 await producer.send(Message("gone", b"g%d" % i))
@@ -424,23 +411,14 @@ async def test_a_deleted_topic_stays_deleted_after_a_restart(
         async with AsyncAdminClient(first.address) as admin:
             await admin.delete_topic("gone")
         end = first.store.max_phy_offset
-    finally:
-        await asyncio.wait_for(first.shutdown(), 30)
-    second = BrokerController(config)
-    await second.start()
-    try:
+    async with started(config, stop_within=30) as second:
         assert second.ctx.topics.get("gone") is None
         assert second.store.queue_ids("gone") == []
         assert second.ctx.offsets.offsets("g", "gone") == {}
         assert second.store.max_phy_offset == end  # the messages stay until retention
         assert second.store.queue_ids("stays") != []
-        c = await RawClient.connect(second.address)
-        try:
+        async with connected(second.address) as c:
             assert len(await c.pull_all("stays")) == 1
-        finally:
-            await c.close()
-    finally:
-        await asyncio.wait_for(second.shutdown(), 30)
 
 
 async def test_reset_offset_of_a_live_orderly_consumer(broker: BrokerController) -> None:
@@ -481,11 +459,8 @@ async def test_send_and_consume_print_either_form(broker: BrokerController) -> N
 
 
 async def test_topic_route_and_cluster_list_through_the_cli(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _topic(c, "routed", 3)
-    finally:
-        await c.close()
     route = json.loads(await cli("topic", "route", "routed", "-b", broker.address, "-o", "json"))
     assert route == [
         {

@@ -12,8 +12,8 @@ from typing import Any
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
-from tests.support.waiting import wait_until
+from tests.support.raw import RawClient, connected
+from tests.support.waiting import wait_caught_up, wait_until
 from txmq.broker.server import BrokerController
 from txmq.cli import main
 from txmq.client import AsyncProducer, AsyncPushConsumer, Message
@@ -44,8 +44,7 @@ async def _heartbeat(c: RawClient, producer: str | None, consumer: dict[str, Any
 
 
 async def test_views_at_the_wire_in_rocketmq_encodings(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.call(
             RequestCode.UPDATE_AND_CREATE_TOPIC,
             {"topic": "orders", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
@@ -127,8 +126,6 @@ async def test_views_at_the_wire_in_rocketmq_encodings(broker: BrokerController)
         assert broker.ctx.offsets.query("billing", "orders", 0) == -1
         resp = await c.call(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "billing"})
         assert resp.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
-    finally:
-        await c.close()
 
 
 def test_group_commands_of_the_cli(broker_thread_factory: Callable[..., BrokerThread]) -> None:
@@ -154,12 +151,9 @@ def test_group_commands_of_the_cli(broker_thread_factory: Callable[..., BrokerTh
             await consumer.start()
             await wait_until(lambda: len(got) == 6, 30, "the consumer gets all 6 messages")
             async with AsyncAdminClient(addr) as admin:
-
-                async def caught_up() -> bool:
-                    stats = await admin.consume_stats("views", "views-topic")
-                    return bool(stats) and sum(s["lag"] for s in stats) == 0
-
-                await wait_until(caught_up, 30, "the group's offsets reach the end (lag 0)")
+                await wait_caught_up(
+                    admin, "views", "views-topic", "the group's offsets reach the end (lag 0)"
+                )
             await consumer.shutdown()
             for i in range(6, 9):  # not consumed: the group's lag is 3
                 await producer.send(Message("views-topic", b"v%d" % i))

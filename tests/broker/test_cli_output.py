@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
+from tests.support.acl_files import acl2_with_root
+from tests.support.raw import RawClient, connected
 from txmq.broker.server import BrokerController
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -74,15 +75,12 @@ def test_group_delete(broker_thread: BrokerController) -> None:
     addr = broker_thread.address
 
     async def commit_offset() -> None:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             resp = await c.call(
                 RequestCode.UPDATE_CONSUMER_OFFSET,
                 {"consumerGroup": "jg", "topic": "jgt", "queueId": 0, "commitOffset": 1},
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
 
     as_json(txmq(addr, "topic", "create", "jgt", "-o", "json"))
     asyncio.run(commit_offset())
@@ -97,12 +95,9 @@ def test_txn_resume_commit_and_rollback(broker_thread: BrokerController) -> None
     as_json(txmq(addr, "topic", "create", "jtx", "-o", "json"))
 
     async def halves() -> None:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             for body in (b"a", b"b"):
                 RawClient.send_header(await c.send("jtx", body, group="jp", transactional=True))
-        finally:
-            await c.close()
 
     asyncio.run(halves())
     pending = as_json(txmq(addr, "txn", "list", "--group", "jp", "-o", "json"))
@@ -127,13 +122,7 @@ def test_txn_resume_commit_and_rollback(broker_thread: BrokerController) -> None
 
 @pytest.fixture
 def acl_broker(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
-    return broker_thread_factory(
-        authentication_enabled=True,
-        authorization_enabled=True,
-        init_authentication_user=json.dumps(
-            {"username": ROOT.access_key, "password": ROOT.secret_key}
-        ),
-    )
+    return broker_thread_factory(**acl2_with_root(ROOT.access_key, ROOT.secret_key))
 
 
 def test_acl_users_and_policies(acl_broker: BrokerThread) -> None:

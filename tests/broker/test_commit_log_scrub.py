@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.brokers import started
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.broker.store.mapped_file import segment_name
 from txmq.broker.store.scrub import check_chunk
 from txmq.protocol.message import decode_message
@@ -35,23 +35,16 @@ def _fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _filled(cfg: BrokerConfig) -> tuple[int, dict[bytes, int], int]:
     """60 messages over several segments; the port, each body's commit-log offset, and the
     end of the log."""
-    b = BrokerController(cfg)
-    await b.start()
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(cfg) as b:
+        async with connected(b.address) as c:
             for i in range(60):
                 body = f"m{i:03d}-".encode() + bytes([65 + i % 26]) * (50 * (i % 7) + 200)
                 assert (await c.send(TOPIC, body)).code == 0
-        finally:
-            await c.close()
         offsets = {}
         for raw in b.store.get_messages(TOPIC, 0, 0, 1000).messages:
             m = decode_message(raw)
             offsets[m.body] = m.commit_log_offset
         end = b.store.max_phy_offset
-    finally:
-        await b.shutdown()
     return b.port, offsets, end
 
 
@@ -85,9 +78,7 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
 
     scrubbing = dataclasses.replace(cfg, listen_port=port, commit_log_scrub_bytes_per_second=RATE)
     with capture_logs() as logs:
-        b = BrokerController(scrubbing)
-        await b.start()
-        try:
+        async with started(scrubbing) as b:
             # recovery starts at the checkpoint: it does not see the damage
             assert b.recovery["store"].damaged_records == 0
             scrub = b.scrub
@@ -106,8 +97,7 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
             assert samples["txmq_commit_log_scrubbed_bytes_total"] >= end - b.store.min_phy_offset
 
             # every other record is served
-            c = await RawClient.connect(b.address)
-            try:
+            async with connected(b.address) as c:
                 got: list[bytes] = []
                 offset = 0
                 while True:
@@ -117,16 +107,12 @@ async def test_a_damaged_record_below_the_checkpoint_is_reported_by_the_scrub(
                     if not msgs and nxt <= offset:
                         break
                     offset = nxt
-            finally:
-                await c.close()
             assert sorted(got) == sorted(set(bodies) - {victim})
             failed = _events(logs, "message_read_failed")  # the read names the file too
             assert failed, "the damaged record was read"
             assert {(e["file"], e["commit_log_offset"]) for e in failed} == {
                 (str(segment), offsets[victim])
             }
-        finally:
-            await b.shutdown()
 
 
 async def test_chunks_of_any_size_find_the_same_damage(

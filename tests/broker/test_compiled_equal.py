@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.fastpath import comparable
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq import _compiled
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -295,11 +295,8 @@ async def test_compiled_and_pure_answer_and_store_the_same(
     assert pure["compiled"] == 0 and "TXMQ_PURE_PYTHON" in pure["path"], pure
     answers = {}
     for name, p in brokers.items():
-        client = await RawClient.connect(p.address)
-        try:
+        async with connected(p.address) as client:
             answers[name] = await drive(client, p.address, seed, 150)
-        finally:
-            await client.close()
     a, b = answers["compiled"], answers["pure"]
     assert len(a) == len(b)
     for i, (x, y) in enumerate(zip(a, b, strict=True)):

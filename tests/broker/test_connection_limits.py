@@ -9,6 +9,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 
+from tests.support.brokers import closed_by_peer, dropped, raw_broker
 from tests.support.raw import RawClient, unread_pulls
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -18,38 +19,17 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
 
 
-def _dropped(b: BrokerController, reason: str) -> float:
-    key = f"txmq_connections_dropped_total{{reason={reason}}}"
-    return float(b.metrics.snapshot().get(key, 0.0))
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the broker closed ``sock`` (reads what is there without blocking)."""
-    try:
-        while True:
-            data = sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            if not data:
-                return True
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 async def test_a_client_that_never_reads_is_dropped_and_others_are_served(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(max_connection_write_buffer=1024 * 1024))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(max_connection_write_buffer=1024 * 1024)) as (b, c):
         frames = await unread_pulls(c, "flood")  # 25 MiB of answers never read
         host, port = b.address.rsplit(":", 1)
         greedy = socket.create_connection((host, int(port)))
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         greedy.sendall(frames)
         await wait_until(
-            lambda: _dropped(b, "write_buffer") >= 1, 30, "the client that never reads dropped"
+            lambda: dropped(b, "write_buffer") >= 1, 30, "the client that never reads dropped"
         )
         # Everyone else is served as before.
         assert (await c.send("flood", b"after", queue_id=1)).code == ResponseCode.SUCCESS
@@ -59,9 +39,6 @@ async def test_a_client_that_never_reads_is_dropped_and_others_are_served(
             lambda: len(b._connections) == 1, 10, "the dropped connection gone from the broker"
         )
         greedy.close()
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_a_partial_frame_held_too_long_is_dropped(
@@ -82,11 +59,11 @@ async def test_a_partial_frame_held_too_long_is_dropped(
             steady.sendall(frame[i : i + 8])
             await asyncio.sleep(0.01)  # pacing the pieces, not waiting for a result
         await wait_until(
-            lambda: _dropped(b, "partial_frame") >= 20, 30, "the 20 slow-loris connections dropped"
+            lambda: dropped(b, "partial_frame") >= 20, 30, "the 20 slow-loris connections dropped"
         )
         # counted when the broker closes them; the close reaches the socket a moment later
         await wait_until(
-            lambda: all(_closed_by_peer(s) for s in lorises), 10, "the lorises' sockets closed"
+            lambda: all(closed_by_peer(s) for s in lorises), 10, "the lorises' sockets closed"
         )
         steady.settimeout(10)
         assert len(steady.recv(4096)) > 0, "the steady client got no answer"

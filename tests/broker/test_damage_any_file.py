@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import scratch
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import connected
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
 from txmq.protocol.message import decode_message
 
@@ -52,11 +52,8 @@ def _config(root: str) -> BrokerConfig:
 
 
 async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
-    b = BrokerController(_config(root))
-    await b.start()
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(_config(root)) as b:
+        async with connected(b.address) as c:
             for i in range(60):  # several commit-log segments and consume-queue files
                 body = f"m{i:03d}-".encode() + bytes([65 + i % 26]) * (37 * (i % 9))
                 sent = await c.send(TOPIC, body, queue_id=i % 2, props={"KEYS": f"k{i}"})
@@ -65,8 +62,6 @@ async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
             assert (await c.end_transaction("g", half, COMMIT)).code == 0
             gone = await c.send(TOPIC, b"tx-rolled-back", group="g", transactional=True)
             assert (await c.end_transaction("g", gone, ROLLBACK)).code == 0
-        finally:
-            await c.close()
         b.ctx.offsets.commit("billing", TOPIC, 0, 2)
         records = {}
         for qid in b.store.queue_ids(TOPIC):
@@ -74,8 +69,6 @@ async def _fill(root: str) -> tuple[dict[bytes, tuple[int, int]], bytes]:
             for raw in r.messages:
                 m = decode_message(raw)
                 records[m.body] = (m.commit_log_offset, RECORD_HEADER_SIZE + len(raw))
-    finally:
-        await b.shutdown()
     return records, b"tx-rolled-back"
 
 
@@ -97,11 +90,8 @@ def template() -> Template:
 
 
 async def _read_back(root: str) -> list[bytes]:
-    b = BrokerController(_config(root))
-    await b.start()  # must not fail, whatever was damaged
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(_config(root)) as b:  # must not fail, whatever was damaged
+        async with connected(b.address) as c:
             bodies: list[bytes] = []
             for qid in (0, 1):
                 offset = 0
@@ -113,10 +103,6 @@ async def _read_back(root: str) -> list[bytes]:
                         break
                     offset = nxt
             return bodies
-        finally:
-            await c.close()
-    finally:
-        await b.shutdown()
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started, with_transactions
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 
@@ -26,17 +26,7 @@ async def test_a_damaged_snapshot_is_set_aside_and_the_table_rebuilt(
     make_broker_config: Callable[..., BrokerConfig], damage: str
 ) -> None:
     cfg = make_broker_config(transaction_check_interval=600_000)
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        sent = [
-            await c.send("snap", f"h{i}".encode(), group="g", transactional=True) for i in range(3)
-        ]
-        assert (await c.end_transaction("g", sent[0], COMMIT)).code == 0
-        assert (await c.end_transaction("g", sent[1], ROLLBACK)).code == 0
-    finally:
-        await c.close()
+    b = await with_transactions(cfg, "snap", [COMMIT, ROLLBACK])
     before = _table(b)
     assert sorted(s for s, _ in before.values()) == ["COMMITTED", "PENDING", "ROLLED_BACK"]
     await b.shutdown()  # writes the snapshot
@@ -53,20 +43,12 @@ async def test_a_damaged_snapshot_is_set_aside_and_the_table_rebuilt(
         data[len(data) // 3 : len(data) // 3 + 8] = b"\xc1" * 8  # never-used msgpack byte
     path.write_bytes(bytes(data))
 
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert _table(b) == before
         assert b.recovery["transactions"]["snapshot"] == 0  # rebuilt from the queues
         assert not path.exists()
         assert path.with_name("snapshot.msgpack.damaged").read_bytes() == bytes(data)
-    finally:
-        await b.shutdown()
     # The next start reads the fresh snapshot written at shutdown.
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert _table(b) == before
         assert b.recovery["transactions"]["snapshot"] == 1
-    finally:
-        await b.shutdown()

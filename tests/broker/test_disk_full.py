@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.broker.test_ops_port import get
+from tests.support.brokers import raw_broker
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 
 MiB = 1024 * 1024
@@ -67,10 +67,7 @@ async def test_a_full_disk_refuses_writes_keeps_every_message_and_recovers(
     small_disk: Path, disk_config: Callable[..., BrokerConfig]
 ) -> None:
     ops = free_port()
-    b = BrokerController(disk_config(metrics_port=ops))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(disk_config(metrics_port=ops)) as (b, c):
         acked = 0
         for i in range(200):
             code, _ = await _send(c, "full", i)
@@ -107,18 +104,12 @@ async def test_a_full_disk_refuses_writes_keeps_every_message_and_recovers(
         code, remark = await _send(c, "full", 1000)
         assert code == ResponseCode.SUCCESS, remark
         assert len(await c.pull_all("full")) == acked + 1
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_delete_oldest_frees_only_what_is_needed(
     small_disk: Path, disk_config: Callable[..., BrokerConfig]
 ) -> None:
-    b = BrokerController(disk_config(disk_full_policy="delete_oldest"))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(disk_config(disk_full_policy="delete_oldest")) as (b, c):
         for i in range(1500):  # about 6 MiB: six segments
             code, _ = await _send(c, "oldest", i)
             assert code == ResponseCode.SUCCESS
@@ -131,9 +122,6 @@ async def test_delete_oldest_frees_only_what_is_needed(
         assert deleted == 2, (deleted, len(segments))
         assert _used(small_disk) <= 50 + 1
         assert sorted(os.listdir(small_disk / "store" / "commitlog")) == segments[deleted:]
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_a_disk_with_no_byte_left_still_takes_heartbeats(
@@ -142,10 +130,7 @@ async def test_a_disk_with_no_byte_left_still_takes_heartbeats(
     """Another process took the last byte: a new consumer group's heartbeat (which creates its
     retry topic) is answered, so are the heartbeats after it, and the topic table is written
     once there is room again."""
-    b = BrokerController(disk_config())
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(disk_config()) as (b, c):
         code, _ = await _send(c, "nobyte", 0)
         assert code == ResponseCode.SUCCESS
         filler = small_disk / "filler"
@@ -169,6 +154,3 @@ async def test_a_disk_with_no_byte_left_still_takes_heartbeats(
             "%RETRY%late-group"
             in (Path(b.config.store_path_root_dir) / "config" / "topics.json").read_text()
         )
-    finally:
-        await c.close()
-        await b.shutdown()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.broker.test_read_only_disk import _fail_filesystem, ext4_disk  # noqa: F401
+from tests.support.brokers import raw_broker
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
@@ -86,7 +87,7 @@ async def test_a_read_only_store_refuses_table_writes_like_appends(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     mnt, _ = ext4_disk
-    b = BrokerController(
+    async with raw_broker(
         make_broker_config(
             store_path_root_dir=str(mnt / "store"),
             mapped_file_size_commit_log=4 * MiB,
@@ -94,10 +95,7 @@ async def test_a_read_only_store_refuses_table_writes_like_appends(
             max_message_size=64 * 1024,
             message_index_enable=False,
         )
-    )
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    ) as (b, c):
         assert (await c.send("ro-tables", b"before")).code == ResponseCode.SUCCESS
         _fail_filesystem(mnt)
         # a new consumer group's heartbeat: its retry topic dirties the topic table
@@ -116,6 +114,3 @@ async def test_a_read_only_store_refuses_table_writes_like_appends(
         assert _refused(r.code, r.remark, "read-only"), (r.code, r.remark)
         # reads go on
         assert [m.body for m in await c.pull_all("ro-tables")] == [b"before"]
-    finally:
-        await c.close()
-        await b.shutdown()

@@ -15,14 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.raw import RawClient, unread_pulls
+from tests.support.raw import RawClient, long_poll, unread_pulls
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import ANSWER_WINDOW, BrokerController
 from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.headers import PullMessageRequestHeader
 
 IDLE = 1000
 PARKED = 200
@@ -56,20 +55,6 @@ async def _latencies(c: RawClient, n: int) -> list[float]:
     return out
 
 
-def _parked_pull(queue_id: int) -> RemotingCommand:
-    h = PullMessageRequestHeader(
-        consumer_group="parkers",
-        topic="parked",
-        queue_id=queue_id,
-        queue_offset=0,
-        max_msg_nums=1,
-        sys_flag=0x4 | 0x2,
-        suspend_timeout_millis=60_000,
-        subscription="*",
-    )
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, h.to_ext_fields())
-
-
 async def test_idle_connections_and_parked_polls_leave_other_clients_served(
     many_files: None, make_broker_config: Callable[..., BrokerConfig]
 ) -> None:
@@ -98,7 +83,9 @@ async def test_idle_connections_and_parked_polls_leave_other_clients_served(
         for i, conn in enumerate(pollers):
             for j in range(10):
                 pulls.append(
-                    asyncio.create_task(conn.request(_parked_pull((i + j) % 8), timeout=90))
+                    asyncio.create_task(
+                        conn.request(long_poll("parkers", "parked", (i + j) % 8), timeout=90)
+                    )
                 )
         await wait_until(
             lambda: sum(b.ctx.hold.parked("parked", q) for q in range(8)) == PARKED,

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.acl_files import write_acl
 from tests.support.fastpath import batch_body, comparable
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.store.commit_log import RECORD_HEADER_SIZE
@@ -176,6 +177,12 @@ class Received:
     queue_offset: int
     raw: Any = field(compare=False, repr=False)
 
+    @classmethod
+    def of(cls, m: MessageExt) -> Received:
+        """A message a remoting pull answered."""
+        keys = tuple(m.keys.split(" ")) if m.keys else ()
+        return cls(m.body, m.tags, keys, m.msg_id, m.queue_offset, m)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -295,12 +302,9 @@ class FrontEnd(abc.ABC):
     async def reset_to_earliest(self, topic: str, group: str) -> Answer:
         """What ``txmq group reset-offset --to-earliest`` asks (INVOKE_BROKER_TO_RESET_OFFSET),
         over remoting whatever the front end: an operator's request."""
-        admin = await RawClient.connect(self.broker.address)
-        try:
+        async with connected(self.broker.address) as admin:
             h = ResetOffsetRequestHeader(topic=topic, group=group, timestamp=0, is_force=True)
             r = await admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, h.to_ext_fields())
-        finally:
-            await admin.close()
         ok = r.code == ResponseCode.SUCCESS
         return Answer(ok, error="" if ok else f"{r.code}: {r.remark}")
 
@@ -454,17 +458,7 @@ class Remoting(FrontEnd):
         assert resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND), (
             f"{self}: PULL_MESSAGE answered {resp.code}: {resp.remark}"
         )
-        return [
-            Received(
-                m.body,
-                m.tags,
-                tuple(m.keys.split(" ")) if m.keys else (),
-                m.msg_id,
-                m.queue_offset,
-                m,
-            )
-            for m in msgs
-        ]
+        return [Received.of(m) for m in msgs]
 
     async def dead_letter(self, topic: str, group: str, m: Received) -> Answer:
         # What the SDK's consumer sends back (client/consumer.py), with delay level -1: to the
@@ -501,17 +495,7 @@ class Remoting(FrontEnd):
                 {"consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": nxt},
             )
             assert u.code == ResponseCode.SUCCESS, f"{self}: offset commit answered {u.remark}"
-        return [
-            Received(
-                m.body,
-                m.tags,
-                tuple(m.keys.split(" ")) if m.keys else (),
-                m.msg_id,
-                m.queue_offset,
-                m,
-            )
-            for m in msgs
-        ]
+        return [Received.of(m) for m in msgs]
 
 
 class Grpc(FrontEnd):
@@ -1110,16 +1094,13 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 async def create_topic(broker: BrokerController, topic: str) -> None:
-    admin = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as admin:
         h = CreateTopicRequestHeader(topic=topic, read_queue_nums=1, write_queue_nums=1)
         cmd = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
         if broker.config.acl_enable:
             OPERATOR.sign(cmd)
         r = await admin.conn.request(cmd, WAIT_S)
         assert r.code == ResponseCode.SUCCESS, r.remark
-    finally:
-        await admin.close()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -1131,8 +1112,7 @@ async def test_both_front_ends_store_and_answer_alike(
     scenario = SCENARIOS[name]
     config = {**CONFIG, **scenario.config}
     if scenario.acl:
-        acl = tmp_path / "plain_acl.yml"
-        acl.write_text(scenario.acl, encoding="utf-8")
+        acl = write_acl(tmp_path, scenario.acl)
         config.update(acl_enable=True, plain_acl_file=str(acl))
     born = int(time.time() * 1000)
     observed: dict[str, Observed] = {}

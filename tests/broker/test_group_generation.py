@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -58,12 +59,9 @@ async def test_every_membership_change_moves_the_generation_on(broker: BrokerCon
         assert a.client_id in {ch.client_id for ch in expired}
         g6 = broker.clients.generation(GROUP)
         assert g6 > g5
-        d = await RawClient.connect(broker.address)
-        try:
+        async with connected(broker.address) as d:
             await d.heartbeat(consumer_groups={GROUP: {"t": "*"}})
             assert await members(d) == ([d.client_id], g6 + 1)
-        finally:
-            await d.close()
     finally:
         for x in (a, b, c):
             x.conn.close()
@@ -81,15 +79,11 @@ async def test_a_restarted_broker_hands_out_higher_generations(
     config = make_broker_config()
     seen = []
     for _ in range(2):
-        controller = BrokerController(config)
-        await controller.start()
-        try:
+        async with started(config) as controller:
             c = await RawClient.connect(controller.address)
             await c.heartbeat(consumer_groups={GROUP: {"t": "*"}})
             seen.append((await members(c))[1])
             await c.close()
-        finally:
-            await controller.shutdown()
     assert seen[1] > seen[0]
 
 

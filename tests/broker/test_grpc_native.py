@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.brokers import started
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 
@@ -36,19 +37,15 @@ GOAWAY = 7
 
 @pytest.fixture
 async def b(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(
+    async with started(
         make_broker_config(
             grpc_server_enable=True,
             grpc_server_port=0,
             grpc_transport="native",
             max_message_size=LIMIT,
         )
-    )
-    await controller.start()
-    try:
+    ) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 @pytest.fixture
@@ -304,7 +301,7 @@ def test_the_header_decoder_reads_what_hpack_encodes() -> None:
 
     import hpack
 
-    from txmq.broker.grpc.h2 import COMPRESSION_ERROR, ConnectionError_, HpackDecoder
+    from txmq.broker.grpc.h2frames import COMPRESSION_ERROR, ConnectionError_, HpackDecoder
 
     rng = random.Random(7)
     encoder = hpack.Encoder()
@@ -329,11 +326,9 @@ def test_the_header_decoder_reads_what_hpack_encodes() -> None:
 
 
 async def test_stop_says_goaway_and_closes(make_broker_config: Callable[..., BrokerConfig]) -> None:
-    controller = BrokerController(
+    async with started(
         make_broker_config(grpc_server_enable=True, grpc_server_port=0, grpc_transport="native")
-    )
-    await controller.start()
-    try:
+    ) as controller:
         reader, writer = await asyncio.open_connection("127.0.0.1", controller.grpc_port)
         writer.write(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # empty SETTINGS
         await writer.drain()
@@ -341,8 +336,6 @@ async def test_stop_says_goaway_and_closes(make_broker_config: Callable[..., Bro
         head = await asyncio.wait_for(reader.readexactly(9), 10)
         assert head[3] == 0x4, "the broker's first frame is not SETTINGS"
         await asyncio.wait_for(reader.readexactly(int.from_bytes(head[:3], "big")), 10)
-    finally:
-        await controller.shutdown()
     try:
         frames = await read_frames(reader)
     finally:

@@ -7,6 +7,7 @@ GZIP body, a resend) are answered as before."""
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -52,6 +53,10 @@ def message(mid: str, **sp: Any) -> Any:
     return m
 
 
+def _clock_free(answer: Any) -> str:
+    return re.sub(r"delivery in \d+s", "delivery in Ns", str(answer))
+
+
 async def send_both(pair: BrokerPair, stubs: list[Any], m: Any) -> list[Any]:
     """The answers of both brokers; the record each stored at the same offset is the same."""
     offset = pair.fast.store.max_phy_offset
@@ -61,7 +66,9 @@ async def send_both(pair: BrokerPair, stubs: list[Any], m: Any) -> list[Any]:
         r = await stub.SendMessage(spb.SendMessageRequest(messages=[m]), metadata=MD, timeout=10)
         answers.append(r)
     a, b = answers
-    assert a == b
+    # the same answer, but for a delay counted from each broker's own clock ("delivery in Ns"):
+    # the two answers may straddle a second on a loaded machine
+    assert _clock_free(a) == _clock_free(b), (a, b)
     if pair.fast.store.max_phy_offset > offset:
         same_record(pair, offset)
     return answers

@@ -4,14 +4,15 @@ broker is SIGKILLed between the commit and the delivery; rolled back, never."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.brokers import pulled, started, stored
+from tests.support.decisions import C, R, U, now_ms
+from tests.support.process import running
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -22,14 +23,9 @@ from txmq.client.transaction import (
     TransactionListener,
 )
 from txmq.protocol.codes import ResponseCode
-from txmq.protocol.message import Message, MessageConst, MessageExt, decode_message
+from txmq.protocol.message import Message, MessageConst, MessageExt
 from txmq.protocol.topics import SCHEDULE_TOPIC
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "delay-level-tx"
 TOPIC = "delay-level-orders"
 #: The level these tests use: 3 s, long enough that "not delivered at the commit" holds on a
@@ -38,10 +34,6 @@ LEVEL, LEVEL_MS = 2, 3000
 LEVELS = "100ms 3s"
 #: Margin for a loaded test machine (the timer's target is 100 ms).
 LATE_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Listener(TransactionListener):
@@ -71,27 +63,6 @@ class Listener(TransactionListener):
         return self.check
 
 
-def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    for qid in broker.store.queue_ids(topic):
-        offset = 0
-        while True:
-            r = broker.store.get_messages(topic, qid, offset, 256)
-            if not r.messages:
-                break
-            out.extend(decode_message(raw) for raw in r.messages)
-            offset = r.next_begin_offset
-    return out
-
-
-async def pulled(address: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
-        return await c.pull_all(TOPIC)
-    finally:
-        await c.close()
-
-
 def check_after_commit(got: list[MessageExt], committed_ms: dict[bytes, int], delay: int) -> None:
     """Each message once, stored its delay after its commit (never before, not much later)."""
     bodies = [m.body for m in got]
@@ -106,12 +77,8 @@ def check_after_commit(got: list[MessageExt], committed_ms: dict[bytes, int], de
 async def broker(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
-    b = BrokerController(make_broker_config(message_delay_level=LEVELS))
-    await b.start()
-    try:
+    async with started(make_broker_config(message_delay_level=LEVELS)) as b:
         yield b
-    finally:
-        await b.shutdown()
 
 
 async def test_delay_level_counts_from_the_commit(broker: BrokerController) -> None:
@@ -127,10 +94,10 @@ async def test_delay_level_counts_from_the_commit(broker: BrokerController) -> N
     held = [m for m in stored(broker, TIMER_TOPIC) if m.queue_id == 0]
     assert [m.body for m in held] == [b"one"]
     assert stored(broker, SCHEDULE_TOPIC) == []
-    assert await pulled(broker.address) == [], "delivered at the commit"
-    await wait_until(lambda: pulled(broker.address), 15, "the committed message delivered")
+    assert await pulled(broker.address, TOPIC) == [], "delivered at the commit"
+    await wait_until(lambda: pulled(broker.address, TOPIC), 15, "the committed message delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
-    got = await pulled(broker.address)
+    got = await pulled(broker.address, TOPIC)
     check_after_commit(got, lst.answered_ms, LEVEL_MS)
     [m] = got
     assert (m.body, m.tags, m.keys, m.msg_id) == (b"one", "t", "k1", r.msg_id)
@@ -154,10 +121,10 @@ async def test_a_batch_of_halves_waits_its_delay_after_the_commit(
             for body in (b"b1", b"b2", b"b3"):
                 await txn.send(Message(TOPIC, body, keys="k", delay_level=LEVEL))
         committed = now_ms()  # the commit is answered once durable: it was before this
-    assert await pulled(broker.address) == [], "delivered at the commit"
-    await wait_until(lambda: _n(pulled(broker.address), 3), 15, "all three delivered")
+    assert await pulled(broker.address, TOPIC) == [], "delivered at the commit"
+    await wait_until(lambda: _n(pulled(broker.address, TOPIC), 3), 15, "all three delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
-    got = await pulled(broker.address)
+    got = await pulled(broker.address, TOPIC)
     assert sorted(m.body for m in got) == [b"b1", b"b2", b"b3"]
     for m in got:
         assert m.store_timestamp <= committed + LEVEL_MS + LATE_MS
@@ -175,19 +142,16 @@ async def test_rolled_back_with_a_delay_level_is_never_delivered(
         await p.send_message_in_transaction(Message(TOPIC, b"rolled", delay_level=1))
     async with AsyncTransactionProducer(G, Listener(C), broker.address) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"marker", delay_level=LEVEL))
-    await wait_until(lambda: pulled(broker.address), 10, "the marker delivered")
+    await wait_until(lambda: pulled(broker.address, TOPIC), 10, "the marker delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
-    assert [m.body for m in await pulled(broker.address)] == [b"marker"]
+    assert [m.body for m in await pulled(broker.address, TOPIC)] == [b"marker"]
 
 
 async def test_a_level_that_is_no_number_is_refused(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(
             TOPIC, b"x", group=G, props={MessageConst.DELAY: "soon"}, transactional=True
         )
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.MESSAGE_ILLEGAL
     assert "DELAY" in (resp.remark or "")
     assert stored(broker, broker.transactions.half_topic) == []
@@ -202,11 +166,10 @@ async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay
     commits, and again while they fire: each is delivered once, never before 3 s after its
     commit."""
     delay = 3000
-    bp = BrokerProcess(
+    with running(
         str(tmp_path / "store"), flush="ASYNC_FLUSH", settings={"messageDelayLevel": "3s 4s"}
-    )
-    address = bp.start()
-    try:
+    ) as bp:
+        address = bp.address
         lst = Listener(C)
         async with AsyncTransactionProducer(G, lst, address) as p:
             for i in range(20):
@@ -222,7 +185,7 @@ async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay
         last = max(lst.answered_ms.values()) + delay
 
         async def all_there() -> list[MessageExt]:
-            got = await pulled(bp.address)
+            got = await pulled(bp.address, TOPIC)
             return got if len(got) >= 20 and now_ms() > last + 500 else []
 
         got = await wait_until(all_there, 60, "every committed message delivered")
@@ -232,5 +195,3 @@ async def test_sigkill_between_commit_and_delivery_delivers_once_after_the_delay
             assert m.store_timestamp >= lst.answered_ms[m.body] + delay, (
                 f"{m.body!r} delivered before its delay after the commit"
             )
-    finally:
-        bp.stop_quietly()

@@ -20,11 +20,13 @@ from tests.support.fastpath import (
     record_bytes,
     same_record,
     send_to_both,
+    sent_by_path,
+    single_header,
 )
+from tests.support.raw import end_header
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
-from txmq.protocol.headers import EndTransactionRequestHeader, SendMessageRequestHeader
 from txmq.protocol.message import (
     MessageConst,
     decode_offset_msg_id,
@@ -44,23 +46,13 @@ async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
 
 def stored_directly(b: BrokerController) -> int:
     """Halves ``b`` stored through the direct path (``txmq_send_path_total``)."""
-    return int(b.metrics.snapshot().get("txmq_send_path_total{path=one_half}", 0))
+    return sent_by_path(b, "one_half")
 
 
 def header(
     v2: bool, topic: str, props: str | None, qid: int = 1, sys_flag: int = 4, **more: Any
 ) -> dict[str, Any]:
-    h = SendMessageRequestHeader(
-        producer_group=GROUP,
-        topic=topic,
-        queue_id=qid,
-        sys_flag=sys_flag,
-        born_timestamp=1_700_000_000_123,
-        flag=more.pop("flag", 0),
-        properties=props,
-        **more,
-    )
-    return h.to_v2_ext_fields() if v2 else h.to_ext_fields()
+    return single_header(GROUP, v2, topic, props, qid, sys_flag, **more)
 
 
 def half_props(uniq: str, txid: str | None, *extra: tuple[str, str], lead: bool = True) -> str:
@@ -87,17 +79,7 @@ async def send_both(
 
 
 async def end_both(pair: BrokerPair, resp: RemotingCommand, decision: int) -> None:
-    h = pair.clients[0].send_header(resp)
-    _, offset = decode_offset_msg_id(h.msg_id)
-    eh = EndTransactionRequestHeader(
-        producer_group=GROUP,
-        tran_state_table_offset=h.queue_offset,
-        commit_log_offset=offset,
-        commit_or_rollback=decision,
-        from_transaction_check=False,
-        msg_id=h.msg_id,
-        transaction_id=h.transaction_id,
-    )
+    eh = end_header(GROUP, resp, decision)
     a, b = await pair.call(RequestCode.END_TRANSACTION, eh.to_ext_fields(), b"")
     assert (a.code, a.remark) == (b.code, b.remark)
     assert a.code == ResponseCode.SUCCESS, a.remark

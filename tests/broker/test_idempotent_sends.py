@@ -8,8 +8,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from tests.support.brokers import raw_broker
 from tests.support.fastpath import batch_body, batch_header
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -45,8 +46,7 @@ async def _bodies(client: RawClient, topic: str) -> list[bytes]:
 async def test_a_resend_is_answered_with_the_first_result_and_stored_once(
     broker: BrokerController,
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         first = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd", "U1"), b"one")
         # A resend may go to another queue (the SDK picks anew): still the first result.
         ext = _send_header("dd", "U1")
@@ -62,18 +62,13 @@ async def test_a_resend_is_answered_with_the_first_result_and_stored_once(
         elsewhere = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd2", "U1"), b"one")
         assert elsewhere.code == ResponseCode.SUCCESS
         assert await _bodies(c, "dd2") == [b"one"]
-    finally:
-        await c.close()
 
 
 async def test_a_resent_batch_is_stored_once_on_both_paths(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(fast_path_enable=fast))
-        await b.start()
-        c = await RawClient.connect(b.address)
-        try:
+        async with raw_broker(make_broker_config(fast_path_enable=fast)) as (b, c):
             rows = [
                 (f"m{i}".encode(), 0, properties_to_string({C.UNIQ_KEY: f"B{i}"}).encode())
                 for i in range(5)
@@ -97,14 +92,10 @@ async def test_a_resent_batch_is_stored_once_on_both_paths(
             assert ids[:2] == _answer(first)[0].split(",")[3:]
             got = sorted(await _bodies(c, "bt"))
             assert got == [f"m{i}".encode() for i in range(6)], f"fast path {fast}: {got}"
-        finally:
-            await c.close()
-            await b.shutdown()
 
 
 async def test_a_resent_half_joins_its_transaction_once(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         props = {C.UNIQ_KEY: "H1", C.TRAN_MSG: "true", C.PGROUP: "tx-g"}
         h = SendMessageRequestHeader(
             producer_group="tx-g",
@@ -134,8 +125,6 @@ async def test_a_resent_half_joins_its_transaction_once(broker: BrokerController
         late = await c.call(RequestCode.SEND_MESSAGE_V2, h, b"half")
         assert _answer(late) == _answer(first)
         assert await _bodies(c, "dh") == [b"half"]
-    finally:
-        await c.close()
 
 
 async def test_a_resend_on_a_new_connection_after_a_cut_is_stored_once(
@@ -152,13 +141,10 @@ async def test_a_resend_on_a_new_connection_after_a_cut_is_stored_once(
     await wait_until(
         lambda: broker.store.get_max_offset_in_queue("dc", 0) == 1, 10, "the cut send stored"
     )
-    c2 = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c2:
         again = await c2.call(RequestCode.SEND_MESSAGE_V2, _send_header("dc", "C1"), b"cut")
         assert again.code == ResponseCode.SUCCESS
         assert await _bodies(c2, "dc") == [b"cut"]
-    finally:
-        await c2.close()
 
 
 async def test_the_window_survives_a_restart_and_ends(
@@ -192,23 +178,16 @@ async def test_the_window_survives_a_restart_and_ends(
 
 
 async def test_off_when_the_window_is_zero(make_broker_config: Callable[..., BrokerConfig]) -> None:
-    b = BrokerController(make_broker_config(duplicate_window_seconds=0))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(duplicate_window_seconds=0)) as (b, c):
         for _ in range(2):
             await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("do", "O1"), b"o")
         assert await _bodies(c, "do") == [b"o", b"o"]
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerController) -> None:
     # The broker's own copies carry the original's UNIQ_KEY: two retries of one message
     # (two CONSUMER_SEND_MSG_BACKs) are two messages in %RETRY%<group>.
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         sent = RawClient.send_header(
             await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("drt", "T1"), b"t")
         )
@@ -220,18 +199,13 @@ async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerC
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert await _bodies(c, "%DLQ%cg") == [b"t", b"t"]
-    finally:
-        await c.close()
 
 
 async def test_a_message_twice_in_one_batch_is_stored_once(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     for fast in (True, False):
-        b = BrokerController(make_broker_config(fast_path_enable=fast))
-        await b.start()
-        c = await RawClient.connect(b.address)
-        try:
+        async with raw_broker(make_broker_config(fast_path_enable=fast)) as (b, c):
             row = (b"twice", 0, properties_to_string({C.UNIQ_KEY: "W1"}).encode())
             other = (b"other", 0, properties_to_string({C.UNIQ_KEY: "W2"}).encode())
             resp = await c.call(
@@ -242,9 +216,6 @@ async def test_a_message_twice_in_one_batch_is_stored_once(
             ids = _answer(resp)[0].split(",")
             assert len(ids) == 3 and ids[0] == ids[2] != ids[1], f"fast path {fast}: {ids}"
             assert sorted(await _bodies(c, "bw")) == [b"other", b"twice"], f"fast path {fast}"
-        finally:
-            await c.close()
-            await b.shutdown()
 
 
 def test_the_window_is_bounded_and_says_when_it_is_cut_short() -> None:

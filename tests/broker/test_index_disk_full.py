@@ -10,9 +10,9 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from tests.client.helpers import FAST_CLIENT
+from tests.support.brokers import started
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, Message
 from txmq.client.admin import AsyncAdminClient
 
@@ -30,9 +30,7 @@ async def test_no_room_for_an_index_file_stops_indexing_not_the_broker(
         max_message_size=64 * 1024,
         max_hash_slot_num=8_000_000,
     )
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         with capture_logs() as logs:
             async with AsyncProducer("p", broker=b.address, config=FAST_CLIENT) as p:
                 sent = [await p.send(Message("full", f"m{i}", keys=f"k{i}")) for i in range(20)]
@@ -48,12 +46,8 @@ async def test_no_room_for_an_index_file_stops_indexing_not_the_broker(
             # Everything else is served: the message is there by its offsetMsgId.
             assert (await admin.view_message(sent[3].offset_msg_id)).body == b"m3"
         assert os.listdir(os.path.join(store, "index")) == [], "no half-made index file is left"
-    finally:
-        await b.shutdown()
     # With files that fit, the index catches up with everything stored.
-    b = BrokerController(cfg.replace(max_hash_slot_num=1024, max_index_num=1024))
-    await b.start()
-    try:
+    async with started(cfg.replace(max_hash_slot_num=1024, max_index_num=1024)) as b:
         async with AsyncAdminClient(b.address) as admin:
 
             async def found() -> bool:
@@ -63,5 +57,3 @@ async def test_no_room_for_an_index_file_stops_indexing_not_the_broker(
             for i, r in enumerate(sent):
                 got = (await admin.query_messages("full", f"k{i}")).messages
                 assert [m.msg_id for m in got] == [r.msg_id]
-    finally:
-        await b.shutdown()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.broker.test_admin_commands import _dead_letter
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.store import TopicConfig
@@ -50,12 +50,9 @@ async def _pending(c: RawClient, n: int, group: str) -> None:
 async def test_transactions_are_listed_page_by_page_each_once_oldest_first(
     broker: BrokerController,
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _pending(c, 230, "shop")
         await _pending(c, 7, "other")
-    finally:
-        await c.close()
     async with AsyncAdminClient(broker.address) as admin:
         pages: list[list[str]] = []
         after = None
@@ -86,14 +83,11 @@ async def test_an_answer_past_the_frame_limit_is_an_error_naming_it(
     broker: BrokerController,
 ) -> None:
     """Sixteen 1 MiB messages under one key: the query's answer would be 16 MiB."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         body = b"m" * (1024 * 1024)
         for _ in range(16):
             r = await c.send("big", body, props={MessageConst.KEYS: "same-key"})
             assert r.code == ResponseCode.SUCCESS, r.remark
-    finally:
-        await c.close()
     async with AsyncAdminClient(broker.address, timeout=30.0) as admin:
 
         async def all_indexed() -> bool:

@@ -16,18 +16,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.support.process import run_python
+
 pytestmark = pytest.mark.external
-
-
-def run(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a new interpreter with stdout and stderr as pipes."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
 
 
 PROGRAM = """
@@ -54,7 +45,7 @@ PROGRAM = """
 
 def test_json_lines_when_stdout_is_a_pipe() -> None:
     before = datetime.now(UTC) - timedelta(seconds=5)
-    proc = run(PROGRAM.format(args='"INFO"'))
+    proc = run_python(PROGRAM.format(args='"INFO"'))
     lines = proc.stdout.strip().splitlines()
     events = [json.loads(line) for line in lines]  # every line is one JSON object
     by_event = {e["event"]: e for e in events}
@@ -91,17 +82,17 @@ def test_json_lines_when_stdout_is_a_pipe() -> None:
 
 
 def test_level_filtering() -> None:
-    proc = run(PROGRAM.format(args='"debug"'))
+    proc = run_python(PROGRAM.format(args='"debug"'))
     events = [json.loads(line)["event"] for line in proc.stdout.strip().splitlines()]
     assert "hidden_debug_event" in events and "hidden stdlib debug" in events
 
-    proc = run(PROGRAM.format(args='"ERROR"'))
+    proc = run_python(PROGRAM.format(args='"ERROR"'))
     events = [json.loads(line)["event"] for line in proc.stdout.strip().splitlines()]
     assert events == ["request_crashed"]
 
 
 def test_console_renderer_when_forced() -> None:
-    proc = run(PROGRAM.format(args='"INFO", json=False'))
+    proc = run_python(PROGRAM.format(args='"INFO", json=False'))
     out = proc.stdout
     assert "broker_started" in out and "port=10911" in out
     assert "peer=10.0.0.7:51234" in out

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from click.testing import CliRunner
 
 from tests.client.helpers import FAST_CLIENT
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -156,8 +157,7 @@ async def test_query_message_on_the_wire(broker: BrokerController) -> None:
     async with AsyncProducer("q-producer", broker=broker.address, config=FAST_CLIENT) as p:
         sent = [await p.send(Message("wire", f"m{i}", keys="wk")) for i in range(3)]
     await _indexed(broker)
-    raw = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as raw:
         # What a stock Java client sends: JSON header, string values, RocketMQ's field names.
         ext = {
             "topic": "wire",
@@ -202,16 +202,12 @@ async def test_query_message_on_the_wire(broker: BrokerController) -> None:
             RequestCode.VIEW_MESSAGE_BY_ID, {"offset": _offset(sent[0].offset_msg_id)}
         )
         assert resp.code == ResponseCode.SUCCESS and decode_messages(resp.body)[0].body == b"m0"
-    finally:
-        await raw.close()
 
 
 async def test_a_broker_without_the_index_says_so(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(message_index_enable=False))
-    await b.start()
-    try:
+    async with started(make_broker_config(message_index_enable=False)) as b:
         assert b.index is None
         async with AsyncAdminClient(b.address) as admin:
             await admin.create_topic("plain")
@@ -231,8 +227,6 @@ async def test_a_broker_without_the_index_says_so(
                 pass
             else:
                 raise AssertionError("viewing a malformed id succeeded")
-    finally:
-        await b.shutdown()
 
 
 def test_txmq_message_find_and_show(broker_thread: BrokerController) -> None:

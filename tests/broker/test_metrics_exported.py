@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.brokers import raw_broker, started
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.scrape import (
@@ -193,10 +194,7 @@ async def test_a_scrape_while_the_loop_is_blocked_still_answers(
     """A scrape whose loop does not answer (here: blocked by the test's own synchronous read)
     refreshes the figures from the server's thread instead of hanging."""
     port = free_port()
-    b = BrokerController(make_broker_config(metrics_port=port))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(metrics_port=port)) as (b, c):
         c.send_header(await c.send(TOPIC, b"x", queue_id=0))
         r = await c.call(
             RequestCode.UPDATE_CONSUMER_OFFSET,
@@ -207,9 +205,6 @@ async def test_a_scrape_while_the_loop_is_blocked_still_answers(
         s = scrape(port)  # blocks the loop on purpose
         assert time.monotonic() - t0 < 5.0
         assert value(s, "txmq_consumer_lag_messages", group=GROUP, topic=TOPIC) == 1
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 async def test_the_process_python_and_build_figures_every_exporter_has(
@@ -222,9 +217,7 @@ async def test_the_process_python_and_build_figures_every_exporter_has(
     from txmq import __version__
 
     port = free_port()
-    b = BrokerController(make_broker_config(metrics_port=port))
-    await b.start()
-    try:
+    async with started(make_broker_config(metrics_port=port)):
         s = await asyncio.to_thread(scrape, port)
         assert (value(s, "process_resident_memory_bytes") or 0) > 10_000_000
         assert (value(s, "process_cpu_seconds_total") or 0) > 0
@@ -238,8 +231,6 @@ async def test_the_process_python_and_build_figures_every_exporter_has(
             k for k in s if k[0] == "txmq_build_info"
         )
         assert any(name == "python_info" for name, _labels in s)
-    finally:
-        await b.shutdown()
 
 
 def test_the_alert_rules_cover_what_an_operator_is_paged_for() -> None:

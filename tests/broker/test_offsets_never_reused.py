@@ -11,13 +11,13 @@ counted (``txmq_queue_offsets_skipped_total``)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.broker.test_read_only_disk import _fail_filesystem, _run, ext4_disk  # noqa: F401
+from tests.broker.test_read_only_disk import _fail_filesystem, _repair, ext4_disk  # noqa: F401
+from tests.support.brokers import raw_broker
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -80,13 +80,8 @@ async def test_a_lost_unsynced_tail_never_gives_its_offsets_to_new_messages(
         await c.close()
         await b.shutdown()
 
-    _run("umount", str(mnt))
-    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
-    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
-    again = BrokerController(_config(make_broker_config, mnt / "store"))
-    await again.start()
-    c = await RawClient.connect(again.address)
-    try:
+    _repair(mnt, image)
+    async with raw_broker(_config(make_broker_config, mnt / "store")) as (again, c):
         kept = len(await c.pull_all(TOPIC, queues=2))
         assert kept < sent, (
             f"the failed filesystem kept all {sent} unsynced messages: nothing to show"
@@ -108,6 +103,3 @@ async def test_a_lost_unsynced_tail_never_gives_its_offsets_to_new_messages(
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             fresh += [m.body for m in msgs]
         assert sorted(fresh) == [b"new0", b"new1", b"new2", b"new3"], fresh
-    finally:
-        await c.close()
-        await again.shutdown()

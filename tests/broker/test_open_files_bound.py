@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from tests.support.process import BrokerProcess
+from tests.support.process import BrokerProcess, running
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.codes import ResponseCode
@@ -186,13 +186,12 @@ def check_bound(watch: FdWatch, idle: int, what: str) -> None:
 
 @pytest.mark.external
 async def test_2000_consume_queues_within_64_open_files(tmp_path) -> None:
-    bp = BrokerProcess(
+    with running(
         str(tmp_path / "store"),
         flush="ASYNC_FLUSH",
         settings={"maxOpenConsumeQueueFiles": BOUND},
-    )
-    address = bp.start()
-    try:
+    ) as bp:
+        address = bp.address
         assert bp.proc is not None
         idle, _ = fds(bp.proc.pid)
         async with FdWatch(bp) as watch:
@@ -215,5 +214,3 @@ async def test_2000_consume_queues_within_64_open_files(tmp_path) -> None:
         async with FdWatch(bp) as watch:
             assert await read_all(address) == expect(2), "lost across a clean restart"
         check_bound(watch, idle, "after restart")
-    finally:
-        bp.stop_quietly()

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.certs import issue, make_certs
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 
 pytestmark = pytest.mark.external
 
@@ -49,9 +49,7 @@ async def test_health_readiness_and_metrics(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     port = free_port()
-    b = BrokerController(make_broker_config(metrics_port=port))
-    await b.start()
-    try:
+    async with started(make_broker_config(metrics_port=port)):
         assert get(port, "/healthz") == (200, "ok: serving\n")
         assert get(port, "/readyz") == (200, "ok: serving\n")
         status, text = get(port, "/metrics")
@@ -60,8 +58,6 @@ async def test_health_readiness_and_metrics(
         assert r.returncode == 0 and "serving" in r.stdout, r
         assert probe(port, "health").returncode == 0
         # (a full disk makes /readyz answer 503 with the reason: tests/broker/test_disk_full.py)
-    finally:
-        await b.shutdown()
     r = probe(port)
     assert r.returncode == 1 and "no answer" in r.stderr
 
@@ -73,9 +69,7 @@ async def test_healthz_fails_while_the_event_loop_is_blocked(
     thread (with how long the loop has been quiet), /readyz and /metrics still answer, and
     /healthz is 200 again once the loop turns."""
     port = free_port()
-    b = BrokerController(make_broker_config(metrics_port=port, healthz_loop_stall_seconds=1.0))
-    await b.start()
-    try:
+    async with started(make_broker_config(metrics_port=port, healthz_loop_stall_seconds=1.0)):
         await wait_until(lambda: get(port, "/healthz")[0] == 200, what="/healthz 200 at start")
         seen: dict[str, tuple[int, str]] = {}
         done = threading.Event()
@@ -111,8 +105,6 @@ async def test_healthz_fails_while_the_event_loop_is_blocked(
             timeout=10,
             what="/healthz 200 again once the loop turns",
         )
-    finally:
-        await b.shutdown()
 
 
 @pytest.mark.parametrize("client_auth", ["none", "require"])
@@ -138,7 +130,7 @@ async def test_probe_reads_the_brokers_tls_settings_from_its_config(
     }
     config = tmp_path / "broker.toml"
     config.write_text("".join(f'"{k}" = {v!r}\n'.replace("'", '"') for k, v in settings.items()))
-    b = BrokerController(
+    async with started(
         make_broker_config(
             metrics_port=port,
             tls_server_mode="enforcing",
@@ -147,9 +139,7 @@ async def test_probe_reads_the_brokers_tls_settings_from_its_config(
             tls_server_trust_cert_path=str(certs.ca),
             tls_server_need_client_auth=client_auth,
         )
-    )
-    await b.start()
-    try:
+    ):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
         r = probe(None, env={**env, "TXMQ_CONFIG": str(config)})
         assert r.returncode == 0 and "serving" in r.stdout, r
@@ -165,5 +155,3 @@ async def test_probe_reads_the_brokers_tls_settings_from_its_config(
                     f"https://127.0.0.1:{port}/readyz", timeout=10, context=ctx
                 ) as answer:
                     answer.read()
-    finally:
-        await b.shutdown()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.compat_audit import (
     DOC,
     probe_grpc,
@@ -21,7 +22,7 @@ from tests.support.compat_audit import (
     subscription_table,
 )
 from tests.support.property_probes import PROBES
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -80,16 +81,9 @@ async def test_a_served_property_does_what_the_table_says(
     the refusals it documents."""
     if key == "__SHARDINGKEY":
         pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
-    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
-    await b.start()
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(make_broker_config(grpc_server_enable=True, grpc_server_port=0)) as b:
+        async with connected(b.address) as c:
             await PROBES[key](b, c)
-        finally:
-            await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_ignored_properties_are_stored_and_delivered_as_sent(
@@ -100,13 +94,10 @@ async def test_ignored_properties_are_stored_and_delivered_as_sent(
         for i, (key, _, what, _) in enumerate(ROCKETMQ_MESSAGE_PROPERTIES)
         if what == IGNORED
     }
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send("audit-props", b"ignored", props=ignored)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         (got,) = await c.pull_all("audit-props", queues=1)
-    finally:
-        await c.close()
     changed = {
         k: (v, got.properties.get(k)) for k, v in ignored.items() if got.properties.get(k) != v
     }
@@ -125,8 +116,7 @@ def test_subscription_types_are_what_the_broker_does(
     not_implemented = probe_grpc(controller.grpc_port)
 
     async def accepts(kind: str) -> bool:
-        c = await RawClient.connect(controller.address)
-        try:
+        async with connected(controller.address) as c:
             body = {
                 "clientId": c.client_id,
                 "group": "audit",
@@ -137,8 +127,6 @@ def test_subscription_types_are_what_the_broker_does(
                 },
             }
             resp = await c.call(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps(body).encode())
-        finally:
-            await c.close()
         return bool(resp.code == ResponseCode.SUCCESS)
 
     for where, name, what, _note, probe in SUBSCRIPTION_TYPES:

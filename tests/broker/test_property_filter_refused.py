@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -23,17 +24,12 @@ SQL = "a > 5 AND region = 'eu'"
 async def broker_off(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(make_broker_config(enable_property_filter=False))
-    await controller.start()
-    try:
+    async with started(make_broker_config(enable_property_filter=False)) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerController) -> None:
-    c = await RawClient.connect(broker_off.address)
-    try:
+    async with connected(broker_off.address) as c:
         assert (await c.send("filtered", b"m", props={"a": "7"})).code == ResponseCode.SUCCESS
         check = await c.call(
             RequestCode.CHECK_CLIENT_CONFIG,
@@ -82,19 +78,7 @@ async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerControl
             assert "SQL92" in (resp.remark or "")
 
         # The expression registered by the heartbeat, the pull carrying none.
-        hb = {
-            "clientID": c.client_id,
-            "producerDataSet": [],
-            "consumerDataSet": [
-                {
-                    "groupName": "sql-hb",
-                    "subscriptionDataSet": [
-                        {"topic": "filtered", "subString": SQL, "expressionType": "SQL92"}
-                    ],
-                }
-            ],
-        }
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"filtered": SQL}}, expression_type="SQL92")
         h2 = PullMessageRequestHeader(
             consumer_group="sql-hb", topic="filtered", queue_id=0, queue_offset=0, sys_flag=0
         )
@@ -104,5 +88,3 @@ async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerControl
         # Tag subscriptions are served as before.
         got = [m.body for m in await c.pull_all("filtered")]
         assert got == [b"m"]
-    finally:
-        await c.close()

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.messaging.locks import LOCK_MAX_LIVE_S, QueueLockTable
@@ -27,12 +28,8 @@ async def clocked(
 ) -> AsyncIterator[tuple[BrokerController, list[float]]]:
     """A broker whose clock runs ``shift[0]`` seconds ahead of the wall clock."""
     shift = [0.0]
-    controller = BrokerController(make_broker_config(), clock=lambda: time.time() + shift[0])
-    await controller.start()
-    try:
+    async with started(make_broker_config(), clock=lambda: time.time() + shift[0]) as controller:
         yield controller, shift
-    finally:
-        await controller.shutdown()
 
 
 #: The broker, its clock shift, and two connected clients (closed after the test).
@@ -135,8 +132,7 @@ async def test_a_closed_connection_loses_its_locks(
 ) -> None:
     broker, _ = clocked
     a = await RawClient.connect(broker.address)
-    b = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as b:
         assert await lock(a, mq(0), mq(1)) == [mq(0), mq(1)]
         assert await lock(b, mq(2)) == [mq(2)]
         await a.close()
@@ -146,8 +142,6 @@ async def test_a_closed_connection_loses_its_locks(
         )
         assert await lock(b, mq(0), mq(1)) == [mq(0), mq(1)]
         assert broker.locks.holder(GROUP, ("orders", "broker-a", 2)) == b.client_id
-    finally:
-        await b.close()
 
 
 async def test_a_client_scanned_out_for_missing_heartbeats_loses_its_locks(
@@ -172,8 +166,7 @@ async def test_bodies_as_the_stock_clients_write_them(
     clocked: tuple[BrokerController, list[float]],
 ) -> None:
     broker, _ = clocked
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         # The C++ client: jsoncpp's FastWriter (trailing newline), no mqSet when it is empty.
         resp = await c.call(
             RequestCode.LOCK_BATCH_MQ,
@@ -191,8 +184,6 @@ async def test_bodies_as_the_stock_clients_write_them(
         resp = await c.call(RequestCode.UNLOCK_BATCH_MQ, body=java, st=SerializeType.ROCKETMQ)
         assert resp.code == ResponseCode.SUCCESS
         assert broker.locks.holder("g", ("t", "broker-a", 3)) is None
-    finally:
-        await c.close()
 
 
 @pytest.mark.parametrize(
@@ -210,15 +201,12 @@ async def test_a_malformed_body_is_refused_saying_why(
     clocked: tuple[BrokerController, list[float]], bad: bytes, says: str
 ) -> None:
     broker, _ = clocked
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         for code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
             resp = await c.call(code, body=bad, st=SerializeType.JSON)
             assert resp.code == ResponseCode.INVALID_PARAMETER, (code, resp.remark)
             assert says in (resp.remark or "")
         assert broker.locks.held() == 0
-    finally:
-        await c.close()
 
 
 def test_the_lock_table_on_a_fake_clock() -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.acl_files import acl_file, open_account, write_acl
+from tests.support.brokers import raw_broker, started
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.acl import AclConfigError, parse_acl_document
 from txmq.broker.config import BrokerConfig, ConfigError
@@ -25,23 +27,11 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.errors import SystemBusyError
 
 RATE = 64 * 1024
-ACL_FILE = f"""
-accounts:
-  - accessKey: flooder
-    secretKey: secret-flood-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    produceByteRate: {RATE}
-  - accessKey: quieter
-    secretKey: secret-quiet-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-  - accessKey: limited
-    secretKey: secret-limit-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    maxConnections: 2
-"""
+ACL_FILE = acl_file(
+    open_account("flooder", "secret-flood-1", produceByteRate=RATE),
+    open_account("quieter", "secret-quiet-1"),
+    open_account("limited", "secret-limit-1", maxConnections=2),
+)
 
 FLOODER = Credentials("flooder", "secret-flood-1")
 QUIET = Credentials("quieter", "secret-quiet-1")
@@ -52,14 +42,9 @@ LIMITED = Credentials("limited", "secret-limit-1")
 async def quota_broker(
     make_broker_config: Callable[..., BrokerConfig], tmp_path: Path
 ) -> AsyncIterator[BrokerController]:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
-    b = BrokerController(make_broker_config(acl_enable=True, plain_acl_file=str(path)))
-    await b.start()
-    try:
+    path = write_acl(tmp_path, ACL_FILE)
+    async with started(make_broker_config(acl_enable=True, plain_acl_file=str(path))) as b:
         yield b
-    finally:
-        await b.shutdown()
 
 
 def throttled(b: BrokerController, account: str, kind: str) -> float:
@@ -154,11 +139,8 @@ async def test_an_account_over_its_connection_limit_is_refused_and_closed(
         # One closes: a new connection of the account is admitted again.
         await second.close()
         await wait_until(lambda: b.quota is not None and b.quota.connections["limited"] == 1)
-        fourth = await RawClient.connect(b.address, credentials=LIMITED)
-        try:
+        async with connected(b.address, credentials=LIMITED) as fourth:
             assert (await fourth.send("t", b"y")).code == ResponseCode.SUCCESS
-        finally:
-            await fourth.close()
     finally:
         for c in (first, second, other, third):
             await c.close()
@@ -187,10 +169,7 @@ async def test_a_consume_rate_slows_pulls(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     rate = 32 * 1024
-    b = BrokerController(make_broker_config(quota_consume_byte_rate=rate))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(quota_consume_byte_rate=rate)) as (b, c):
         for _ in range(40):  # 160 KiB
             assert (await c.send("slow", b"s" * 4096, queue_id=0)).code == ResponseCode.SUCCESS
         t0 = time.monotonic()
@@ -209,9 +188,6 @@ async def test_a_consume_rate_slows_pulls(
         # 160 KiB at 32 KiB/s after a 32 KiB burst: four seconds; at least half of it.
         assert took >= 2.0, took
         assert throttled(b, "address:127.0.0.1", "consume") > 0
-    finally:
-        await c.close()
-        await b.shutdown()
 
 
 def test_quota_settings_are_checked() -> None:
@@ -245,11 +221,9 @@ async def test_the_sdk_producer_slows_to_its_rate_and_sees_the_refusal(
 
     # Refused past it (here at once: quotaMaxThrottleMs 0): the SDK retries SYSTEM_BUSY, then
     # raises it with the broker's words.
-    b = BrokerController(
+    async with started(
         make_broker_config(quota_produce_byte_rate=8 * 1024, quota_max_throttle_ms=0)
-    )
-    await b.start()
-    try:
+    ) as b:
         async with AsyncProducer("sdk-busy", b.address) as producer:
             # Passes (no debt yet) and leaves five seconds of debt.
             await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
@@ -257,5 +231,3 @@ async def test_the_sdk_producer_slows_to_its_rate_and_sees_the_refusal(
                 await producer.send(Message("sdk-busy", b"b" * (48 * 1024)))
         # Each attempt, the SDK's retries included, was refused and counted.
         assert throttled(b, "address:127.0.0.1", "produce") == 3
-    finally:
-        await b.shutdown()

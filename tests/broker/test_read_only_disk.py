@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.broker.test_ops_port import get
+from tests.support.brokers import raw_broker
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -55,6 +56,13 @@ def ext4_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         yield mnt, image
     finally:
         subprocess.run(["umount", str(mnt)], check=False, timeout=60)
+
+
+def _repair(mnt: Path, image: Path) -> None:
+    """The operator's repair of a filesystem that failed: unmount, fsck, mount again."""
+    _run("umount", str(mnt))
+    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
+    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
 
 
 def _fail_filesystem(mnt: Path) -> None:
@@ -130,19 +138,11 @@ async def test_a_filesystem_gone_read_only_refuses_writes_serves_reads_and_loses
 
     # The operator's repair: unmount, fsck, mount read-write; every acknowledged message is
     # there.
-    _run("umount", str(mnt))
-    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
-    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
-    again = BrokerController(_config(make_broker_config, mnt / "store"))
-    await again.start()
-    c = await RawClient.connect(again.address)
-    try:
+    _repair(mnt, image)
+    async with raw_broker(_config(make_broker_config, mnt / "store")) as (again, c):
         got = await c.pull_all("ro")
         assert sorted(m.body for m in got) == sorted(b"m%d" % i for i in range(acked))
         assert (await c.send("ro", b"after")).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
-        await again.shutdown()
 
 
 class _Flags:

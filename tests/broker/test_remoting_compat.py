@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -94,15 +95,11 @@ async def test_tbw102_routes_a_new_topic_that_the_first_send_creates(
 async def test_no_tbw102_route_without_auto_creation(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(auto_create_topic_enable=False))
-    await b.start()
-    try:
+    async with started(make_broker_config(auto_create_topic_enable=False)) as b:
         c = await RawClient.connect(b.address)
         resp = await c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}, st=JSON)
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_a_new_group_is_told_offset_zero_while_the_queue_starts_at_zero(
@@ -139,8 +136,7 @@ async def test_notify_consumer_ids_changed_speaks_the_clients_encoding(
         }
         return json.dumps(doc).encode()
 
-    stock = await RawClient.connect(broker.address, handler)
-    try:
+    async with connected(broker.address, handler) as stock:
         resp = await stock.call(RequestCode.HEART_BEAT, body=heartbeat_body(stock), st=JSON)
         assert resp.code == ResponseCode.SUCCESS
         # A second member joins: the first one is told, in JSON.
@@ -150,8 +146,6 @@ async def test_notify_consumer_ids_changed_speaks_the_clients_encoding(
         assert seen[0].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
         assert seen[0].serialize_type == JSON
         assert seen[0].ext_fields == {"consumerGroup": "json-group"}
-    finally:
-        await stock.close()
 
 
 async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway(
@@ -189,7 +183,7 @@ async def test_a_stock_producer_gets_the_check_oneway_in_json_and_answers_oneway
         assert h.transaction_id == producer.send_header(half).transaction_id
         assert await producer.pull_all("stock-orders") == []  # still invisible
         # The answer a stock producer gives: END_TRANSACTION, oneway, from the check.
-        await producer.end_transaction("stock-tx", half, COMMIT, from_check=True, oneway=True)
+        await producer.end_transaction_oneway("stock-tx", half, COMMIT, from_check=True)
         await wait_until(lambda: not b.transactions.pending, what="the half to be decided")
         [m] = await producer.pull_all("stock-orders")
         assert m.body == b"half"

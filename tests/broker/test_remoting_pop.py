@@ -8,9 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from tests.support.raw import RawClient
+from tests.support.brokers import raw_broker
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.sql_filter import SUBSCRIPTION_PARSE_FAILED
@@ -88,6 +90,27 @@ def extra_infos(r: RemotingCommand, msgs: list[MessageExt]) -> dict[bytes, str]:
     return out
 
 
+async def pop_all(
+    c: RawClient, n: int, answered: Callable[[RemotingCommand], None] | None = None
+) -> tuple[list[MessageExt], dict[bytes, str]]:
+    """POP_MESSAGE until ``n`` messages came (each answer given to ``answered``): the messages
+    and their extraInfo by body."""
+    got: list[MessageExt] = []
+    infos: dict[bytes, str] = {}
+
+    async def all_in() -> bool:
+        r, msgs = await pop(c, n - len(got), poll_ms=200)
+        if answered is not None:
+            answered(r)
+        if msgs:
+            infos.update(extra_infos(r, msgs))
+        got.extend(msgs)
+        return len(got) >= n
+
+    await wait_until(all_in, 20, f"{n} messages popped")
+    return got, infos
+
+
 async def ack(c: RawClient, m: MessageExt, extra_info: str) -> RemotingCommand:
     ext = {
         "consumerGroup": GROUP,
@@ -100,27 +123,19 @@ async def ack(c: RawClient, m: MessageExt, extra_info: str) -> RemotingCommand:
 
 
 async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await create_topic(c)
         bodies = [f"p{i}".encode() for i in range(5)]
         for i, b in enumerate(bodies):
             r = await c.send(TOPIC, b, queue_id=i % 2)
             assert r.code == ResponseCode.SUCCESS, r.remark
-        got: list[MessageExt] = []
-        infos: dict[bytes, str] = {}
 
-        async def all_five() -> bool:
-            r, msgs = await pop(c, 5 - len(got), poll_ms=200)
+        def answered(r: RemotingCommand) -> None:
             assert r.code in (ResponseCode.SUCCESS, ResponseCode.POLLING_TIMEOUT), r.remark
             for k in ("popTime", "invisibleTime", "reviveQid", "restNum"):
                 assert k in r.ext_fields, f"{k} missing from {r.ext_fields}"
-            if msgs:
-                infos.update(extra_infos(r, msgs))
-            got.extend(msgs)
-            return len(got) >= 5
 
-        await wait_until(all_five, 20, "the five messages popped")
+        got, infos = await pop_all(c, 5, answered)
         by = {m.body: m for m in got}
         assert sorted(by) == bodies
         assert all(m.reconsume_times == 0 for m in got)
@@ -191,15 +206,10 @@ async def test_pop_ack_change_invisible_and_batch_ack(broker: BrokerController) 
             assert broker.offsets.query(GROUP, TOPIC, qid) == end, qid
         r, msgs = await pop(c, 5)
         assert (r.code, msgs) == (ResponseCode.PULL_NOT_FOUND, []), r.remark
-    finally:
-        await c.close()
 
 
 async def test_pop_refuses_a_bad_filter_and_a_bad_invisible_time(make_broker_config: Any) -> None:
-    broker = BrokerController(make_broker_config(enable_property_filter=False))
-    await broker.start()
-    c = await RawClient.connect(broker.address)
-    try:
+    async with raw_broker(make_broker_config(enable_property_filter=False)) as (broker, c):
         await create_topic(c)
         r, _ = await pop(c, 1, invisible_ms=10)
         assert r.code == ResponseCode.INVALID_PARAMETER and "invisibleTime" in (r.remark or "")
@@ -223,16 +233,10 @@ async def test_pop_refuses_a_bad_filter_and_a_bad_invisible_time(make_broker_con
         assert bad.code == ResponseCode.INVALID_PARAMETER and "extraInfo" in (bad.remark or "")
         # the broker goes on serving
         assert (await c.send(TOPIC, b"still", queue_id=0)).code == ResponseCode.SUCCESS
-    finally:
-        await c.close()
-        await broker.shutdown()
 
 
 async def test_pop_sql_filter(make_broker_config: Any) -> None:
-    b = BrokerController(make_broker_config(enable_property_filter=True))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(make_broker_config(enable_property_filter=True)) as (b, c):
         await create_topic(c, queues=1)
         for i in range(4):
             r = await c.send(TOPIC, f"s{i}".encode(), props={"n": str(i)})
@@ -248,6 +252,3 @@ async def test_pop_sql_filter(make_broker_config: Any) -> None:
         assert sorted(m.body for m in got) == [b"s2", b"s3"]
         r, _ = await pop(c, 1, expType="SQL92", exp="n >")
         assert r.code == SUBSCRIPTION_PARSE_FAILED, (r.code, r.remark)
-    finally:
-        await c.close()
-        await b.shutdown()

@@ -11,9 +11,10 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.brokers import started
 from tests.support.compat_audit import DOC, grpc_methods, probe_grpc, replace_section, tables
 from tests.support.grpc_probes import PROBES as GRPC_PROBES
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.request_probes import CONFIG, PROBES
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -27,8 +28,7 @@ async def test_every_unserved_rocketmq_request_is_refused_by_name(
     broker: BrokerController,
 ) -> None:
     served = broker.served_request_codes()
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         refused = 0
         for code, name in sorted(ROCKETMQ_REQUEST_CODES.items()):
             if code in served:
@@ -42,8 +42,6 @@ async def test_every_unserved_rocketmq_request_is_refused_by_name(
         resp = await c.call(9999, {})
         assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert "9999" in (resp.remark or "")
-    finally:
-        await c.close()
     assert refused > 100  # RocketMQ has ~160 codes; a handful are served
 
 
@@ -81,16 +79,9 @@ async def test_a_served_request_does_its_job(
     make_broker_config: Callable[..., BrokerConfig], code: int
 ) -> None:
     """Each served request code sent to a broker, with the answer and the effect checked."""
-    b = BrokerController(make_broker_config(**CONFIG.get(code, {})))
-    await b.start()
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(make_broker_config(**CONFIG.get(code, {}))) as b:
+        async with connected(b.address) as c:
             await PROBES[code](b, c)
-        finally:
-            await c.close()
-    finally:
-        await b.shutdown()
 
 
 def test_every_served_rpc_has_a_probe(broker_thread_factory: Callable[..., BrokerThread]) -> None:
@@ -113,10 +104,6 @@ async def test_a_served_rpc_does_its_job(
 
     from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
 
-    b = BrokerController(make_broker_config(grpc_server_enable=True, grpc_server_port=0))
-    await b.start()
-    try:
+    async with started(make_broker_config(grpc_server_enable=True, grpc_server_port=0)) as b:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:
             await GRPC_PROBES[rpc](b, sgrpc.MessagingServiceStub(ch))
-    finally:
-        await b.shutdown()

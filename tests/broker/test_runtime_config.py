@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.broker.test_admin_commands import cli
+from tests.support.brokers import started
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.runtime_config import RUNTIME_KEYS, runtime_file
@@ -37,9 +38,7 @@ async def test_a_change_takes_effect_at_once_and_survives_a_restart(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
-    try:
+    async with started(config, stop_within=30) as first:
         async with AsyncProducer("p", first.address) as producer:
             await producer.send(Message("made-before", b"x"))  # auto-created
             async with AsyncAdminClient(first.address) as admin:
@@ -52,15 +51,11 @@ async def test_a_change_takes_effect_at_once_and_survives_a_restart(
             with pytest.raises(TopicNotExistError):
                 await producer.send(Message("made-after", b"x"))
             await producer.send(Message("made-before", b"y"))  # existing topics keep working
-    finally:
-        await asyncio.wait_for(first.shutdown(), 30)
     saved = json.loads(Path(runtime_file(config)).read_text())
     assert saved.pop("txmqCrc32") > 0  # its checksum
     assert saved == {"autoCreateTopicEnable": False, "maxReconsumeTimes": 3}
 
-    second = BrokerController(config)  # the same configuration file values
-    await second.start()
-    try:
+    async with started(config, stop_within=30) as second:
         async with AsyncAdminClient(second.address) as admin:
             settings = await admin.broker_config()
         assert settings["autoCreateTopicEnable"] == "false"
@@ -68,8 +63,6 @@ async def test_a_change_takes_effect_at_once_and_survives_a_restart(
         async with AsyncProducer("p", second.address) as producer:
             with pytest.raises(TopicNotExistError):
                 await producer.send(Message("made-after", b"x"))
-    finally:
-        await asyncio.wait_for(second.shutdown(), 30)
 
 
 class _Unknown(TransactionListener):
@@ -89,9 +82,7 @@ class _Unknown(TransactionListener):
 async def test_a_shorter_transaction_timeout_reschedules_pending_halves(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    broker = BrokerController(make_broker_config(transaction_time_out=600_000))
-    await broker.start()
-    try:
+    async with started(make_broker_config(transaction_time_out=600_000), stop_within=30) as broker:
         listener = _Unknown()
         async with AsyncTransactionProducer("tx", listener, broker.address) as producer:
             await producer.send_message_in_transaction(Message("orders", b"o1"))
@@ -102,8 +93,6 @@ async def test_a_shorter_transaction_timeout_reschedules_pending_halves(
             async with AsyncAdminClient(broker.address) as admin:
                 await admin.update_broker_config({"transactionTimeOut": 100})
             await wait_until(lambda: listener.checked, what="the check of the pending half")
-    finally:
-        await asyncio.wait_for(broker.shutdown(), 30)
 
 
 async def test_what_cannot_change_is_refused_and_nothing_changes(
@@ -132,15 +121,11 @@ async def test_a_damaged_settings_file_is_set_aside_not_a_failed_start(
     path = Path(runtime_file(config))
     path.parent.mkdir(parents=True)
     path.write_text('{"maxReconsumeTimes": 3, "listenPort"')  # torn
-    broker = BrokerController(config)
-    await broker.start()
-    try:
+    async with started(config, stop_within=30) as broker:
         assert broker.config.max_reconsume_times == config.max_reconsume_times
         aside = [p.name for p in path.parent.iterdir() if p.name.startswith("runtime.json.")]
         assert len(aside) == 1 and aside[0].startswith("runtime.json.damaged-"), aside
         assert not path.exists()
-    finally:
-        await asyncio.wait_for(broker.shutdown(), 30)
 
 
 async def test_the_cli_and_the_sync_admin_client(broker: BrokerController) -> None:

@@ -19,6 +19,8 @@ from tests.support.fastpath import (
     comparable,
     same_record,
     send_to_both,
+    sent_by_path,
+    single_header,
 )
 from txmq.broker.messaging.core import SendOutcome, SendReceipt, StoredBatch
 from txmq.broker.processors.send import SendMessageProcessor
@@ -26,7 +28,7 @@ from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import FlushDiskTimeoutError
-from txmq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from txmq.protocol.headers import SendMessageResponseHeader
 from txmq.protocol.message import (
     MessageConst,
     decode_offset_msg_id,
@@ -46,23 +48,13 @@ async def pair(make_broker_config: Any) -> AsyncIterator[BrokerPair]:
 
 def direct(b: BrokerController) -> int:
     """Plain messages ``b`` stored through the direct path (``txmq_send_path_total``)."""
-    return int(b.metrics.snapshot().get("txmq_send_path_total{path=one_plain}", 0))
+    return sent_by_path(b, "one_plain")
 
 
 def header(
     v2: bool, topic: str, props: str | None, qid: int = 1, sys_flag: int = 0, **more: Any
 ) -> dict[str, Any]:
-    h = SendMessageRequestHeader(
-        producer_group="direct-g",
-        topic=topic,
-        queue_id=qid,
-        sys_flag=sys_flag,
-        born_timestamp=1_700_000_000_123,
-        flag=more.pop("flag", 0),
-        properties=props,
-        **more,
-    )
-    return h.to_v2_ext_fields() if v2 else h.to_ext_fields()
+    return single_header("direct-g", v2, topic, props, qid, sys_flag, **more)
 
 
 async def same_answers(

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import structlog
 
+from tests.support.brokers import raw_broker, started
 from tests.support.fastpath import batch_body, batch_header
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.config import load_config
 from txmq.broker.messaging.fastpath import PATHS
 from txmq.broker.server import BrokerController
@@ -44,8 +45,7 @@ async def _send_one_of_each(b: BrokerController) -> dict[str, float]:
     """A plain message, a half, a batch of each, and a delayed message (no direct path);
     the ``txmq_send_path_total`` samples after them."""
     prepared = MessageSysFlag.TRANSACTION_PREPARED_TYPE
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         calls: list[tuple[int, dict[str, Any], bytes]] = [
             (RequestCode.SEND_MESSAGE_V2, _one({C.UNIQ_KEY: "P1"}), b"plain"),
             (RequestCode.SEND_MESSAGE_V2, _one(_half("H1", "tx-1"), prepared), b"half"),
@@ -74,19 +74,13 @@ async def _send_one_of_each(b: BrokerController) -> dict[str, float]:
         for code, ext, body in calls:
             resp = await c.call(code, ext, body)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await c.close()
     snap = b.metrics.snapshot()
     return {p: snap.get(f"txmq_send_path_total{{path={p}}}", 0.0) for p in PATHS}
 
 
 async def test_each_path_a_send_takes_is_counted(make_broker_config: Any) -> None:
-    b = BrokerController(make_broker_config())
-    await b.start()
-    try:
+    async with started(make_broker_config()) as b:
         counted = await _send_one_of_each(b)
-    finally:
-        await b.shutdown()
     assert counted == {
         "plain": 1,
         "halves": 1,
@@ -98,12 +92,8 @@ async def test_each_path_a_send_takes_is_counted(make_broker_config: Any) -> Non
 
 
 async def test_one_switch_turns_every_direct_path_off(make_broker_config: Any) -> None:
-    b = BrokerController(make_broker_config(fast_path_enable=False))
-    await b.start()
-    try:
+    async with started(make_broker_config(fast_path_enable=False)) as b:
         counted = await _send_one_of_each(b)
-    finally:
-        await b.shutdown()
     assert counted == dict.fromkeys(PATHS, 0.0) | {"disabled": 5}
 
 
@@ -148,10 +138,9 @@ def test_the_new_switch_name_wins_over_the_old(tmp_path: Any, logs: Any) -> None
 async def test_a_send_is_admitted_before_its_topic_is_created(make_broker_config: Any) -> None:
     """The produce quota (like the ACL) admits a send before a direct path looks its topic up:
     a send refused for a client over its byte rate creates no topic."""
-    b = BrokerController(make_broker_config(quota_produce_byte_rate=64, quota_max_throttle_ms=0))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(
+        make_broker_config(quota_produce_byte_rate=64, quota_max_throttle_ms=0)
+    ) as (b, c):
         first = await c.call(RequestCode.SEND_MESSAGE_V2, _one({C.UNIQ_KEY: "Q1"}), b"x" * 200)
         assert first.code == ResponseCode.SUCCESS, first.remark
         ext = _one({C.UNIQ_KEY: "Q2"})
@@ -162,6 +151,3 @@ async def test_a_send_is_admitted_before_its_topic_is_created(make_broker_config
         snap = b.metrics.snapshot()
         assert snap.get("txmq_send_path_total{path=one_plain}") == 1  # the first, directly
         assert b.topics.get("paths-fresh") is None
-    finally:
-        await c.close()
-        await b.shutdown()

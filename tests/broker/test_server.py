@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
 from tests.support.waiting import parked_pulls, wait_until
@@ -84,9 +85,7 @@ async def test_unknown_code_gets_request_code_not_supported(client: RawClient):
 
 
 async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_config) -> None:
-    ctl = BrokerController(make_broker_config(max_message_size=1024))
-    await ctl.start()
-    try:
+    async with started(make_broker_config(max_message_size=1024)) as ctl:
         c = await RawClient.connect(ctl.address)
         resp = await c.send("big", b"x" * 2000)
         assert (
@@ -98,8 +97,6 @@ async def test_oversized_body_is_refused_and_nothing_is_stored(make_broker_confi
         assert ok.code == ResponseCode.SUCCESS
         assert [m.body for m in await c.pull_all("big")] == [b"small"]
         await c.close()
-    finally:
-        await ctl.shutdown()
 
 
 async def test_missing_header_field_names_the_field(client: RawClient):
@@ -169,9 +166,7 @@ async def test_long_poll_times_out_with_pull_not_found(client: RawClient):
 
 
 async def test_auto_create_can_be_switched_off(make_broker_config):
-    ctl = BrokerController(make_broker_config(auto_create_topic_enable=False))
-    await ctl.start()
-    try:
+    async with started(make_broker_config(auto_create_topic_enable=False)) as ctl:
         c = await RawClient.connect(ctl.address)
         resp = await c.send("nope", b"x")
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
@@ -184,8 +179,6 @@ async def test_auto_create_can_be_switched_off(make_broker_config):
         assert created.code == ResponseCode.SUCCESS
         assert (await c.send("nope", b"x")).code == ResponseCode.SUCCESS
         await c.close()
-    finally:
-        await ctl.shutdown()
 
 
 async def test_route_info_and_auto_created_queue_count(broker, client: RawClient):
@@ -304,11 +297,9 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
     import os
     import time as _time
 
-    ctl = BrokerController(
+    async with started(
         make_broker_config(mapped_file_size_commit_log=64 * 1024, max_message_size=4096)
-    )
-    await ctl.start()
-    try:
+    ) as ctl:
         c = await RawClient.connect(ctl.address)
         for _ in range(200):
             assert (await c.send("old", b"x" * 1000, queue_id=0)).code == ResponseCode.SUCCESS
@@ -326,17 +317,13 @@ async def test_retention_moves_a_consumer_to_the_new_minimum(make_broker_config)
         resp, msgs = await c.pull("old", 0, new_min)
         assert resp.code == ResponseCode.SUCCESS and msgs[0].queue_offset == new_min
         await c.close()
-    finally:
-        await ctl.shutdown()
 
 
 async def test_metrics_over_http_and_as_json(make_broker_config):
     import urllib.request
 
     port = free_port()
-    ctl = BrokerController(make_broker_config(metrics_port=port))
-    await ctl.start()
-    try:
+    async with started(make_broker_config(metrics_port=port)) as ctl:
         c = await RawClient.connect(ctl.address)
         await c.send("metered", b"x")
         doc = json.loads((await c.call(RequestCode.TXMQ_GET_METRICS)).body)
@@ -357,5 +344,3 @@ async def test_metrics_over_http_and_as_json(make_broker_config):
             f'txmq_messages_put_total{{broker="{cfg.broker_name}",'
             f'cluster="{cfg.broker_cluster_name}",topic="metered"}} 1.0'
         ) in text
-    finally:
-        await ctl.shutdown()

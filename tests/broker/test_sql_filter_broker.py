@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -45,8 +45,7 @@ async def _send_numbered(c: RawClient, topic: str, n: int) -> None:
 
 
 async def test_pull_carries_sql92_and_gets_only_matching_messages(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _send_numbered(c, "sqlt", 20)
         resp = await c.call(RequestCode.PULL_MESSAGE, _pull_header("sqlt", 0, SQL).to_ext_fields())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -76,29 +75,14 @@ async def test_pull_carries_sql92_and_gets_only_matching_messages(broker: Broker
             _pull_header("sqltags", 0, "TAGS IN ('TagA') AND a = 1").to_ext_fields(),
         )
         assert [m.body for m in decode_messages(resp.body)] == [b"tagged"]
-    finally:
-        await c.close()
 
 
 async def test_heartbeat_registered_sql92_filters_pulls_without_expression(
     broker: BrokerController,
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _send_numbered(c, "sqlhb", 10)
-        hb = {
-            "clientID": c.client_id,
-            "producerDataSet": [],
-            "consumerDataSet": [
-                {
-                    "groupName": "sql-hb",
-                    "subscriptionDataSet": [
-                        {"topic": "sqlhb", "subString": "a <= 2", "expressionType": "SQL92"}
-                    ],
-                }
-            ],
-        }
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"sqlhb": "a <= 2"}}, expression_type="SQL92")
         resp = await c.call(
             RequestCode.PULL_MESSAGE, _pull_header("sqlhb", 0, None, "sql-hb").to_ext_fields()
         )
@@ -106,28 +90,22 @@ async def test_heartbeat_registered_sql92_filters_pulls_without_expression(
         assert [m.body for m in decode_messages(resp.body)] == [b"m0", b"m1", b"m2"]
 
         # A heartbeat with an expression that does not compile: its pulls are refused.
-        hb["consumerDataSet"][0]["subscriptionDataSet"][0]["subString"] = "a <="  # type: ignore[index]
-        assert (await c.call(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        await c.heartbeat(consumer_groups={"sql-hb": {"sqlhb": "a <="}}, expression_type="SQL92")
         resp = await c.call(
             RequestCode.PULL_MESSAGE, _pull_header("sqlhb", 0, None, "sql-hb").to_ext_fields()
         )
         assert resp.code == SUBSCRIPTION_PARSE_FAILED
         assert "unexpected end of expression" in (resp.remark or "")
-    finally:
-        await c.close()
 
 
 async def test_invalid_expression_in_a_pull_is_refused(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _send_numbered(c, "sqlbad", 1)
         resp = await c.call(
             RequestCode.PULL_MESSAGE, _pull_header("sqlbad", 0, "a > 'x'").to_ext_fields()
         )
         assert resp.code == SUBSCRIPTION_PARSE_FAILED
         assert "cannot be compared" in (resp.remark or "")
-    finally:
-        await c.close()
 
 
 @pytest.mark.parametrize(
@@ -142,8 +120,7 @@ async def test_invalid_expression_in_a_pull_is_refused(broker: BrokerController)
 async def test_check_client_config_compiles_sql92(
     broker: BrokerController, expression: str, code: int, remark: str | None
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         body = {
             "clientId": c.client_id,
             "group": "sql-g",
@@ -158,15 +135,12 @@ async def test_check_client_config_compiles_sql92(
         if remark is not None:
             assert remark in (resp.remark or "")
             assert expression in (resp.remark or "")
-    finally:
-        await c.close()
 
 
 async def test_long_polled_pull_answers_with_the_matching_message(
     broker: BrokerController,
 ) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await c.send("sqlpoll", b"first", props={"a": "1"})
         h = _pull_header("sqlpoll", 1, "a = 7")
         h.sys_flag |= 0x2
@@ -184,8 +158,6 @@ async def test_long_polled_pull_answers_with_the_matching_message(
                 RequestCode.PULL_MESSAGE, _pull_header("sqlpoll", 1, "a = 7").to_ext_fields()
             )
             assert [m.body for m in decode_messages(resp.body)] == [b"seven"]
-    finally:
-        await c.close()
 
 
 # -- gRPC -------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.brokers import raw_broker, started, with_transactions
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker import runtime_config
 from txmq.broker.cluster.replication import EpochHistory
 from txmq.broker.config import BrokerConfig
@@ -82,18 +83,8 @@ async def _restart(cfg: BrokerConfig, port: int) -> BrokerController:
 
 
 async def _transactions(cfg: BrokerConfig) -> tuple[BrokerController, dict[str, Any]]:
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        await c.send("padding", b"p" * 300)  # so the halves' offsets take two bytes or more
-        sent = [
-            await c.send("snap", f"h{i}".encode(), group="g", transactional=True) for i in range(3)
-        ]
-        assert (await c.end_transaction("g", sent[0], COMMIT)).code == 0
-        assert (await c.end_transaction("g", sent[1], ROLLBACK)).code == 0
-    finally:
-        await c.close()
+    # the padding: so the halves' offsets take two bytes or more
+    b = await with_transactions(cfg, "snap", [COMMIT, ROLLBACK], padding=b"p" * 300)
     return b, _tx_table(b)
 
 
@@ -161,15 +152,11 @@ async def test_consumer_offsets_with_a_changed_offset_are_read_from_the_backup(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         b.ctx.offsets.commit("billing", "orders", 0, 5)
         assert await b.in_background(b.ctx.offsets.persist)
         b.ctx.offsets.commit("billing", "orders", 0, 7)
         assert await b.in_background(b.ctx.offsets.persist)  # the first one is the backup
-    finally:
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "config" / "consumerOffset.json"
     doc = json.loads(path.read_bytes())
     # RocketMQ's shape, the checksum one more top-level field
@@ -195,17 +182,11 @@ async def test_a_topic_table_with_a_changed_queue_count_is_read_from_the_backup(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(cfg) as (b, c):
         assert (await c.send("first", b"x")).code == 0
         await b.persist_topics()
         assert (await c.send("second", b"y")).code == 0
         await b.persist_topics()
-    finally:
-        await c.close()
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "config" / "topics.json"
     doc = json.loads(path.read_bytes())
     assert doc["topicConfigTable"]["second"]["readQueueNums"] == 4
@@ -232,13 +213,9 @@ async def test_tables_written_before_checksums_load_and_are_written_with_one(
     config.mkdir(parents=True)
     old = {"offsetTable": {"orders@billing": {"0": 42}}, "dataVersion": {"counter": 3}}
     (config / "consumerOffset.json").write_text(json.dumps(old, indent=2))
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         assert b.ctx.offsets.query("billing", "orders", 0) == 42
         assert not _aside(config / "consumerOffset.json")
-    finally:
-        await b.shutdown()
     doc = json.loads((config / "consumerOffset.json").read_bytes())
     assert CHECKSUM_FIELD in doc and doc["offsetTable"] == old["offsetTable"]
 
@@ -250,15 +227,9 @@ async def test_a_store_checkpoint_with_a_changed_offset_is_set_aside(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(cfg) as (b, c):
         for i in range(5):
             assert (await c.send("orders", f"m{i}".encode())).code == 0
-    finally:
-        await c.close()
-        await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "checkpoint"
     assert CRC in path.read_bytes()
     _flip_digit(path, "logicOffset")
@@ -281,13 +252,10 @@ async def test_a_timer_checkpoint_with_a_changed_time_is_set_aside_and_the_timer
     cfg = make_broker_config()
     b = BrokerController(cfg)
     await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         due = int(time.time() * 1000) + 3_600_000
         sent = await c.send("later", b"t", props={"TIMER_DELIVER_MS": str(due)})
         assert sent.code == 0, sent.remark
-    finally:
-        await c.close()
     assert b.timer.pending == 1
     await b.shutdown()  # writes the timer checkpoint
     path = Path(cfg.store_path_root_dir) / "config" / "timerCheckpoint.json"

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.broker.test_admin_commands import cli
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.raw import RawClient, connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
@@ -46,8 +47,7 @@ async def _get(c: RawClient, group: str) -> Any:
 
 
 async def test_mqadmin_update_sub_group_then_get_and_get_all(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await _update(c, MQADMIN_BODY)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         # GET_SUBSCRIPTIONGROUP_CONFIG answers the config in RocketMQ's encoding: the very
@@ -80,13 +80,10 @@ async def test_mqadmin_update_sub_group_then_get_and_get_all(broker: BrokerContr
         assert sorted(table) == ["orders-fifo", "plain"]
         assert json.dumps(table["orders-fifo"], separators=(",", ":")).encode() == MQADMIN_BODY
         assert table["plain"]["consumeMessageOrderly"] is False
-    finally:
-        await c.close()
 
 
 async def test_bad_updates_are_refused_and_change_nothing(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         cases = [
             (b"", "not a SubscriptionGroupConfig"),
             (b"not json", "not a SubscriptionGroupConfig"),
@@ -102,37 +99,25 @@ async def test_bad_updates_are_refused_and_change_nothing(broker: BrokerControll
             assert remark in (resp.remark or ""), (body, resp.remark)
         assert broker.ctx.groups.all() == {}
         assert not os.path.exists(broker.ctx.groups.path)
-    finally:
-        await c.close()
 
 
 async def test_configs_survive_a_restart_and_delete_removes_them(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     cfg = make_broker_config()
-    first = BrokerController(cfg)
-    await first.start()
-    try:
-        c = await RawClient.connect(first.address)
-        try:
+    async with started(cfg) as first:
+        async with connected(first.address) as c:
             assert (await _update(c, MQADMIN_BODY)).code == ResponseCode.SUCCESS
             body = b'{"groupName":"slow","consumeEnable":false,"retryMaxTimes":2,"future":[1]}'
             assert (await _update(c, body)).code == ResponseCode.SUCCESS
-        finally:
-            await c.close()
-    finally:
-        await first.shutdown()
     path = os.path.join(cfg.store_path_root_dir, "config", "subscriptionGroup.json")
     with open(path, encoding="utf-8") as f:
         on_disk = json.load(f)
     assert sorted(on_disk["subscriptionGroupTable"]) == ["orders-fifo", "slow"]
     assert on_disk["dataVersion"]["counter"] == 2
 
-    second = BrokerController(cfg)
-    await second.start()
-    try:
-        c = await RawClient.connect(second.address)
-        try:
+    async with started(cfg) as second:
+        async with connected(second.address) as c:
             assert (await _get(c, "orders-fifo")).body == MQADMIN_BODY
             slow = loads((await _get(c, "slow")).body)
             assert slow["consumeEnable"] is False and slow["retryMaxTimes"] == 2
@@ -144,17 +129,12 @@ async def test_configs_survive_a_restart_and_delete_removes_them(
             assert (await _get(c, "slow")).code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
             again = await c.call(R.DELETE_SUBSCRIPTIONGROUP, {"groupName": "slow"})
             assert again.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
-        finally:
-            await c.close()
-    finally:
-        await second.shutdown()
     with open(path, encoding="utf-8") as f:
         assert sorted(json.load(f)["subscriptionGroupTable"]) == ["orders-fifo"]
 
 
 async def test_a_disabled_group_cannot_pull(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         assert (await c.send("pulled", b"m")).code == ResponseCode.SUCCESS
         resp, msgs = await c.pull("pulled", 0, group="off-group")
         assert resp.code == ResponseCode.SUCCESS and len(msgs) == 1, resp.remark
@@ -172,8 +152,6 @@ async def test_a_disabled_group_cannot_pull(broker: BrokerController) -> None:
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         resp, msgs = await c.pull("pulled", 0, group="off-group")
         assert resp.code == ResponseCode.SUCCESS and len(msgs) == 1
-    finally:
-        await c.close()
 
 
 async def _send_back(c: RawClient, group: str, topic: str, offset: int, **ext: Any) -> None:
@@ -189,8 +167,7 @@ async def test_send_back_without_max_reconsume_times_uses_the_group_retry_max_ti
 ) -> None:
     """RocketMQ's consumerSendMsgBack: the header's maxReconsumeTimes when the client gives
     one, else the group's retryMaxTimes."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await _update(c, b'{"groupName":"brief","retryMaxTimes":0}')
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         props = {MessageConst.UNIQ_KEY: "0A0000000000000000000000000000B1"}
@@ -203,8 +180,6 @@ async def test_send_back_without_max_reconsume_times_uses_the_group_retry_max_ti
         await _send_back(c, "brief", "backs", offset, maxReconsumeTimes=5)
         assert broker.store.get_max_offset_in_queue("%DLQ%brief", 0) == 1
         assert broker.ctx.topics.get("%RETRY%brief") is not None
-    finally:
-        await c.close()
 
 
 async def test_admin_client_and_cli(broker: BrokerController) -> None:
@@ -295,9 +270,7 @@ async def test_a_subscription_group_file_from_rocketmq_is_read(
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(rocketmq_file, f, indent=4)
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         async with AsyncAdminClient(b.address) as admin:
             orders = await admin.group_config("orders")
             assert (orders["consumeMessageOrderly"], orders["retryMaxTimes"]) == (True, 5)
@@ -305,5 +278,3 @@ async def test_a_subscription_group_file_from_rocketmq_is_read(
             assert orders["attributes"] == {"+owner": "team-a"}
             assert sorted(await admin.consumer_groups()) == ["TOOLS_CONSUMER", "orders"]
         assert b.ctx.groups.data_version()["counter"] == 7
-    finally:
-        await b.shutdown()

@@ -6,13 +6,14 @@ saying so."""
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.brokers import pulled
+from tests.support.decisions import now_ms
+from tests.support.process import running
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -20,10 +21,6 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.message import MessageExt
 
 TOPIC = "recallable"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def past(moment_ms: int) -> Callable[[], bool]:
@@ -49,17 +46,8 @@ async def recall(c: RawClient, handle: str, topic: str = TOPIC) -> RemotingComma
     )
 
 
-async def pulled(address: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
-        return await c.pull_all(TOPIC)
-    finally:
-        await c.close()
-
-
 async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await c.send(TOPIC, b"warm-up")  # the topic exists
         deliver = now_ms() + 2500
         h1 = handle_of(await c.send(TOPIC, b"recalled", props={"TIMER_DELIVER_MS": str(deliver)}))
@@ -77,19 +65,16 @@ async def test_a_recalled_timer_message_is_never_delivered(broker: BrokerControl
         assert again.code == ResponseCode.SUCCESS, again.remark
         await wait_until(past(deliver + 300), 10, "past the delivery time")
         await wait_until(lambda: broker.timer.pending == 0, 10, "the kept one fired")
-        got = await pulled(broker.address)
+        got = await pulled(broker.address, TOPIC)
         assert sorted(m.body for m in got) == [b"kept", b"warm-up"]
         # Too late: the kept one was delivered.
         late = await recall(c, h2)
         assert late.code == ResponseCode.ILLEGAL_OPERATION
         assert "delivered" in (late.remark or ""), late.remark
-    finally:
-        await c.close()
 
 
 async def test_recall_refusals_say_what_is_wrong(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await c.send(TOPIC, b"warm-up")
         name = broker.config.broker_name
         future = now_ms() + 30_000
@@ -116,15 +101,12 @@ async def test_recall_refusals_say_what_is_wrong(broker: BrokerController) -> No
         # No timer: no recall handle.
         plain = await c.send(TOPIC, b"plain")
         assert plain.code == ResponseCode.SUCCESS and "recallHandle" not in plain.ext_fields
-    finally:
-        await c.close()
 
 
 async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> None:
     """RocketMQ 5's own form of a recall: a message of the same topic carrying
     ``TIMER_DEL_UNIQKEY = <topic>+<message id>`` and the recalled message's time."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         deliver = now_ms() + 2000
         sent = await c.send(TOPIC, b"cancelled", props={"TIMER_DELIVER_MS": str(deliver)})
         msg_id = base64.urlsafe_b64decode(handle_of(sent)).decode().split(" ")[4]
@@ -139,11 +121,9 @@ async def test_a_timer_del_uniqkey_marker_recalls(broker: BrokerController) -> N
             TOPIC, b"0", props={"TIMER_DEL_UNIQKEY": "other+x", "TIMER_DELIVER_MS": str(deliver)}
         )
         assert bad.code == ResponseCode.MESSAGE_ILLEGAL
-        await wait_until(lambda: pulled(broker.address), 10, "the kept one delivered")
+        await wait_until(lambda: pulled(broker.address, TOPIC), 10, "the kept one delivered")
         await wait_until(lambda: broker.timer.pending == 0, 10, "nothing pending")
-        assert [m.body for m in await pulled(broker.address)] == [b"marker-kept"]
-    finally:
-        await c.close()
+        assert [m.body for m in await pulled(broker.address, TOPIC)] == [b"marker-kept"]
 
 
 @pytest.mark.external
@@ -152,9 +132,8 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
     """Twelve timers, six recalled; the broker is SIGKILLed before the checkpoint can hold
     the recalls, started, SIGKILLed again after it did: the six others are delivered once,
     the recalled never."""
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    address = bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
+        address = bp.address
         c = await RawClient.connect(address)
         deliver = now_ms() + 6000
         handles: dict[bytes, str] = {}
@@ -179,17 +158,13 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
         await wait_until(past(deliver + 700), 15, "past the delivery times")
 
         async def six() -> list[MessageExt]:
-            got = await pulled(bp.address)
+            got = await pulled(bp.address, TOPIC)
             return got if len(got) >= 6 else []
 
         got = await wait_until(six, 20, "the six not recalled delivered")
         bodies = sorted(m.body for m in got)
         assert bodies == sorted(set(handles) - recalled), bodies
-        c = await RawClient.connect(bp.address)
-        try:  # recalled before: the answer is the same; their times passed: not pending
+        # recalled before: the answer is the same; their times passed: not pending
+        async with connected(bp.address) as c:
             r = await recall(c, handles[b"t0"])
             assert r.code == ResponseCode.ILLEGAL_OPERATION, r.remark
-        finally:
-            await c.close()
-    finally:
-        bp.stop_quietly()

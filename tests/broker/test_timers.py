@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.brokers import started, stored
+from tests.support.decisions import now_ms
+from tests.support.process import running
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.messaging.timer import TimerIndex
 from txmq.broker.server import BrokerController
@@ -23,7 +24,7 @@ from txmq.client import (
     TransactionListener,
 )
 from txmq.protocol.codes import ResponseCode
-from txmq.protocol.message import MessageConst, MessageExt, decode_message
+from txmq.protocol.message import MessageConst, MessageExt
 from txmq.protocol.topics import SCHEDULE_TOPIC
 
 TOPIC = "timed"
@@ -32,21 +33,14 @@ TOPIC = "timed"
 LATE_MS = 1000
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def past(moment_ms: int) -> Callable[[], bool]:
     """A probe: the wall clock has passed ``moment_ms``."""
     return lambda: now_ms() >= moment_ms
 
 
 async def pulled(address: str, topic: str = TOPIC) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 def check_on_time(copies: list[MessageExt]) -> None:
@@ -107,8 +101,7 @@ def test_index_low_water_is_the_lowest_pending_queue_offset() -> None:
 async def test_delivery_time_is_exact_not_a_delay_level(broker: BrokerController) -> None:
     """Times between 1.3 s and 2 s ahead (no delay level of the test config waits that long):
     each timer property is honoured to the millisecond, not rounded to a level."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         start = now_ms()
         asks = {
             "TIMER_DELIVER_MS": (str(start + 1500), start + 1500),
@@ -119,7 +112,7 @@ async def test_delivery_time_is_exact_not_a_delay_level(broker: BrokerController
         for key, (value, _) in asks.items():
             resp = await c.send(TOPIC, key.encode(), props={key: value})
             assert resp.code == ResponseCode.SUCCESS, (key, resp.remark)
-        assert len(_stored(broker, TIMER_TOPIC)) == len(asks), "not held by the timer"
+        assert len(stored(broker, TIMER_TOPIC)) == len(asks), "not held by the timer"
         copies = await wait_until(
             lambda: _copies(broker, len(asks)), 15, "the four timer messages delivered"
         )
@@ -131,46 +124,25 @@ async def test_delivery_time_is_exact_not_a_delay_level(broker: BrokerController
             deliver = int(by_body[key.encode()].properties["TIMER_DELIVER_MS"])
             assert 0 <= deliver - sent_at[key] - want < 1000, f"{key}: delivered at {deliver}"
         assert broker.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 1) == 0, "used a level"
-    finally:
-        await c.close()
 
 
 def _copies(broker: BrokerController, n: int) -> list[MessageExt]:
-    got = _stored(broker, TOPIC)
+    got = stored(broker, TOPIC)
     return got if len(got) >= n else []
 
 
-def _stored(broker: BrokerController, topic: str) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    for qid in broker.store.queue_ids(topic):
-        offset = 0
-        while True:
-            r = broker.store.get_messages(topic, qid, offset, 256)
-            if not r.messages:
-                break
-            out.extend(decode_message(raw) for raw in r.messages)
-            offset = r.next_begin_offset
-    return out
-
-
 async def test_a_time_now_or_past_is_delivered_at_once(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"past", props={"TIMER_DELIVER_MS": str(now_ms() - 60_000)})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-        [m] = _stored(broker, TOPIC)
+        [m] = stored(broker, TOPIC)
         assert m.body == b"past"
-        assert _stored(broker, TIMER_TOPIC) == []
-    finally:
-        await c.close()
+        assert stored(broker, TIMER_TOPIC) == []
 
 
 async def test_beyond_the_max_delay_is_refused_naming_the_limit(make_broker_config) -> None:
-    b = BrokerController(make_broker_config(timer_max_delay_sec=10))
-    await b.start()
-    try:
-        c = await RawClient.connect(b.address)
-        try:
+    async with started(make_broker_config(timer_max_delay_sec=10)) as b:
+        async with connected(b.address) as c:
             resp = await c.send(TOPIC, b"far", props={"TIMER_DELAY_SEC": "11"})
             assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (resp.code, resp.remark)
             assert "timerMaxDelaySec" in (resp.remark or ""), resp.remark
@@ -180,34 +152,24 @@ async def test_beyond_the_max_delay_is_refused_naming_the_limit(make_broker_conf
             assert half.code == ResponseCode.MESSAGE_ILLEGAL, (half.code, half.remark)
             ok = await c.send(TOPIC, b"near", props={"TIMER_DELAY_SEC": "9"})
             assert ok.code == ResponseCode.SUCCESS, ok.remark
-            assert [m.body for m in _stored(b, TIMER_TOPIC)] == [b"near"]
-        finally:
-            await c.close()
-    finally:
-        await b.shutdown()
+            assert [m.body for m in stored(b, TIMER_TOPIC)] == [b"near"]
 
 
 async def test_longer_than_the_longest_delay_level_is_accepted(broker: BrokerController) -> None:
     """Three hours ahead: beyond the default levels' 2 h, well within 3 days."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"later", props={"TIMER_DELAY_SEC": str(3 * 3600)})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         await wait_until(lambda: broker.timer.pending == 1, 5, "the timer pending")
-    finally:
-        await c.close()
 
 
 async def test_delay_levels_still_serve_delay(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         resp = await c.send(TOPIC, b"lvl", props={MessageConst.DELAY: "2"})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-        [m] = _stored(broker, SCHEDULE_TOPIC)
-        assert m.queue_id == 1 and _stored(broker, TIMER_TOPIC) == []
-        await wait_until(lambda: _stored(broker, TOPIC), 10, "the delayed message delivered")
-    finally:
-        await c.close()
+        [m] = stored(broker, SCHEDULE_TOPIC)
+        assert m.queue_id == 1 and stored(broker, TIMER_TOPIC) == []
+        await wait_until(lambda: stored(broker, TOPIC), 10, "the delayed message delivered")
 
 
 async def test_pending_timers_survive_a_restart_and_fire_once(make_broker_config) -> None:
@@ -224,18 +186,14 @@ async def test_pending_timers_survive_a_restart_and_fire_once(make_broker_config
         resp = await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(start + 300 + i * 150)})
         assert resp.code == ResponseCode.SUCCESS, resp.remark
     await c.close()
-    await wait_until(lambda: len(_stored(b, TOPIC)) >= 5, 10, "a few timers fired")
+    await wait_until(lambda: len(stored(b, TOPIC)) >= 5, 10, "a few timers fired")
     await b.shutdown()
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         copies = await wait_until(lambda: _copies(b, 20), 15, "all 20 timers delivered")
         await wait_until(lambda: b.timer.pending == 0, 5, "nothing pending")
-        got = [m.body for m in _stored(b, TOPIC)]
+        got = [m.body for m in stored(b, TOPIC)]
         assert sorted(got) == sorted(bodies), f"delivered {got}"
         check_on_time(copies)
-    finally:
-        await b.shutdown()
 
 
 # -- SIGKILL ------------------------------------------------------------------------------------
@@ -265,9 +223,8 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
     before any is due); every timer and committed message is delivered once, none early, no
     rolled-back one."""
     rnd = random.Random(seed)
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    address = bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
+        address = bp.address
         c = await RawClient.connect(address)
         start = now_ms() + 3000
         want: dict[bytes, int] = {}
@@ -314,8 +271,6 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
             if m.store_timestamp < want[m.body]
         ]
         assert not early, f"delivered early (ms): {early[:5]}"
-    finally:
-        bp.stop_quietly()
 
 
 async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) -> None:
@@ -328,16 +283,12 @@ async def test_a_resend_after_a_restart_is_not_stored_twice(make_broker_config) 
     first = RawClient.send_header(await c.send(TOPIC, b"once", props=props))
     await c.close()
     await b.shutdown()
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         c = await RawClient.connect(b.address)
         again = RawClient.send_header(await c.send(TOPIC, b"once", props=props))
         await c.close()
         assert again.msg_id == first.msg_id, "answered as a new message"
-        assert len(_stored(b, TIMER_TOPIC)) == 1 and b.timer.pending == 1
-    finally:
-        await b.shutdown()
+        assert len(stored(b, TIMER_TOPIC)) == 1 and b.timer.pending == 1
 
 
 async def test_sdk_batches_of_timer_messages_wait_for_their_time(broker: BrokerController) -> None:
@@ -361,7 +312,7 @@ async def test_sdk_batches_of_timer_messages_wait_for_their_time(broker: BrokerC
                 for i in range(20)
             )
         )
-    assert _stored(broker, TOPIC) == [], "delivered before its time"
+    assert stored(broker, TOPIC) == [], "delivered before its time"
     copies = await wait_until(lambda: _copies(broker, 25), 10, "the 25 timers delivered")
     check_on_time(copies)
 
@@ -380,15 +331,11 @@ async def test_timers_overdue_at_start_fire_once(make_broker_config) -> None:
     await c.close()
     await b.shutdown()
     await wait_until(lambda: now_ms() > due + 100, 10, "the timers' time passed")
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         c = await RawClient.connect(b.address)
         resp = await c.send("other", b"meanwhile")
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         await c.close()
         await wait_until(lambda: b.timer.pending == 0, 30, "the overdue timers fired")
-        bodies = [m.body for m in _stored(b, TOPIC)]
+        bodies = [m.body for m in stored(b, TOPIC)]
         assert len(bodies) == 2000 and len(set(bodies)) == 2000, f"{len(bodies)} copies"
-    finally:
-        await b.shutdown()

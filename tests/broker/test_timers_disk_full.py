@@ -7,10 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.broker.test_disk_full import _fill_to, disk_config  # noqa: F401  (a fixture)
-from tests.support.raw import RawClient
+from tests.support.brokers import raw_broker
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.protocol.codes import ResponseCode
 
 
@@ -18,10 +17,7 @@ async def test_timers_due_on_a_full_disk_fire_once_space_is_back(
     small_disk: Path,
     disk_config: Callable[..., BrokerConfig],  # noqa: F811
 ) -> None:
-    b = BrokerController(disk_config())
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with raw_broker(disk_config()) as (b, c):
         due = int(time.time() * 1000) + 1000
         for i in range(5):
             r = await c.send("full-timers", b"t%d" % i, props={"TIMER_DELIVER_MS": str(due)})
@@ -34,6 +30,3 @@ async def test_timers_due_on_a_full_disk_fire_once_space_is_back(
         await wait_until(lambda: b.timer.pending == 0 and b.timer.failures == 0, 15, "fired")
         got = sorted(m.body for m in await c.pull_all("full-timers"))
         assert got == [b"t%d" % i for i in range(5)], got
-    finally:
-        await c.close()
-        await b.shutdown()

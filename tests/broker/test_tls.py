@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.certs import Certs, issue, make_certs
 from tests.support.ports import free_port
 from tests.support.raw import RawClient
@@ -156,15 +157,11 @@ def test_permissive_works_on_the_standard_event_loop_too(
     certs: Certs, make_broker_config: Callable[..., BrokerConfig]
 ) -> None:
     async def scenario() -> None:
-        broker = BrokerController(make_broker_config(**certs.broker_settings("permissive")))
-        await broker.start()
-        try:
+        async with started(make_broker_config(**certs.broker_settings("permissive"))) as broker:
             for ctx in (None, certs.client_context()):
                 client = await connect(broker, ctx)
                 await ping(client)
                 await client.close()
-        finally:
-            await broker.shutdown()
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         runner.run(scenario())

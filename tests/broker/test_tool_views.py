@@ -10,7 +10,7 @@ import time
 from datetime import date
 from typing import Any
 
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.server import BrokerController
 from txmq.broker.stats import BrokerStats, Counts, human_bytes, runtime_text
 from txmq.client.admin import AsyncAdminClient
@@ -71,8 +71,7 @@ async def _setup(c: RawClient) -> None:
 async def test_name_server_views_at_the_wire(broker: BrokerController) -> None:
     cfg = broker.config
     bn, cl, addr = cfg.broker_name, cfg.broker_cluster_name, broker.advertised_address
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _setup(c)
 
         # clusterList, brokerStatus -c, the dashboard's cluster page: ClusterInfo
@@ -111,14 +110,11 @@ async def test_name_server_views_at_the_wire(broker: BrokerController) -> None:
             "TBW102",
         } <= (set(sys_topics))
         assert "orders" not in sys_topics
-    finally:
-        await c.close()
 
 
 async def test_broker_views_at_the_wire(broker: BrokerController) -> None:
     addr = broker.advertised_address
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _setup(c)
 
         # topicList -c, statsAll: who consumes a topic (live subscriptions, committed offsets)
@@ -199,19 +195,14 @@ async def test_broker_views_at_the_wire(broker: BrokerController) -> None:
         )
         assert resp.code == ResponseCode.SYSTEM_ERROR
         assert resp.remark == "The stats <TOPIC_PUT_NUMS> <nowhere> not exist"
-    finally:
-        await c.close()
 
 
 async def test_runtime_info_is_a_kv_table_the_tools_parse(broker: BrokerController) -> None:
     before = int(time.time() * 1000)
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _setup(c)
         await c.pull_all("orders", 2, group="billing")
         body = await _ok(c, R.GET_BROKER_RUNTIME_INFO)
-    finally:
-        await c.close()
     assert body.startswith(b'{"table":{'), body[:40]
     doc = json.loads(body)
     assert list(doc) == ["table"]

@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
-from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.process import running
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -51,8 +52,7 @@ async def test_a_stock_clients_trace_record_is_stored_and_read_back(
 ) -> None:
     """Tracing off on the broker: a client's trace message is still accepted (the topic is
     auto-created) and found by its message id."""
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         body = stock_pub("C0A8000100002A9F0000000000AA", "order-7") + (
             S.join(["SubBefore", "1700000000200", "DefaultRegion", "CID_x", "r1"])
             + S
@@ -66,8 +66,6 @@ async def test_a_stock_clients_trace_record_is_stored_and_read_back(
             props={MessageConst.KEYS: "C0A8000100002A9F0000000000AA order-7"},
         )
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await c.close()
     async with AsyncAdminClient(broker.address) as admin:
         records = await wait_until(
             lambda: collect(admin, "C0A8000100002A9F0000000000AA"), 30, "the trace indexed"
@@ -112,8 +110,7 @@ def test_txmq_trace_shows_a_transactions_life(
     listener = CheckBackCommits()
 
     async def scenario() -> tuple[str, str, str]:
-        c = await RawClient.connect(addr)
-        try:
+        async with connected(addr) as c:
             # The producer stays online until the commit its check answer sends is in: closed
             # as soon as the check came, a loaded machine may close it first.
             async with AsyncTransactionProducer("shop", listener, addr) as tx:
@@ -125,8 +122,6 @@ def test_txmq_trace_shows_a_transactions_life(
             assert [m.body for m in got] == [b"by-check"]
             half = await c.send("orders", b"by-operator", group="ops-shop", transactional=True)
             operator_txid = str(RawClient.send_header(half).transaction_id)
-        finally:
-            await c.close()
         async with AsyncAdminClient(addr) as admin:
             await admin.force_decide(operator_txid, False, "ticket 42")
         return checked.msg_id, str(checked.transaction_id), operator_txid
@@ -176,8 +171,7 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
     async with AsyncProducer("p", broker.address) as producer:
         for i in range(20):
             await producer.send(Message("plain", f"m{i}".encode()))
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         half = await c.send("plain", b"half", transactional=True)
         done = await c.end_transaction("raw-producer", half, 0x8)
         assert done.code == ResponseCode.SUCCESS, done.remark
@@ -185,8 +179,6 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
         assert (await c.send("plain", b"marker")).code == ResponseCode.SUCCESS
         msgs = await wait_until(lambda: c.pull_all("plain"), 30, "the marker")
         assert b"marker" in [m.body for m in msgs]
-    finally:
-        await c.close()
     assert broker.topics.get(TRACE_TOPIC) is None
     assert broker.store.get_max_offset_in_queue(TRACE_TOPIC, 0) == 0
 
@@ -194,11 +186,9 @@ async def test_tracing_off_writes_nothing(broker: BrokerController) -> None:
 @pytest.mark.external
 async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Path) -> None:
     # SYNC_FLUSH: an acknowledged send's trace record is fsynced with it, before its answer
-    bp = BrokerProcess(
+    with running(
         str(tmp_path / "store"), flush="SYNC_FLUSH", settings={"traceTopicEnable": "true"}
-    )
-    bp.start()
-    try:
+    ) as bp:
         ids = []
         async with AsyncProducer("p", bp.address) as producer:
             for i in range(50):
@@ -221,8 +211,6 @@ async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Pa
                 assert [r.type for r in records] == [TraceType.PUB], (msg_id, records)
                 assert records[0].topic == "kept"
                 assert abs(records[0].timestamp - time.time() * 1000) < 600_000  # stored lately
-    finally:
-        bp.stop_quietly()
 
 
 class NeverKnows(TransactionListener):
@@ -240,11 +228,9 @@ class NeverKnows(TransactionListener):
 async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    controller = BrokerController(
+    async with started(
         make_broker_config(trace_topic_enable=True, transaction_check_max=2)
-    )
-    await controller.start()
-    try:
+    ) as controller:
         listener = NeverKnows()
         async with AsyncTransactionProducer("undecided", listener, controller.address) as tx:
             sent = await tx.send_message_in_transaction(Message("orders", b"never"))
@@ -274,8 +260,6 @@ async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
             )
         assert got == want
         assert listener.checks == 2
-    finally:
-        await controller.shutdown()
 
 
 async def _when(probe: Any, ok: Callable[[Any], bool]) -> Any:
@@ -288,11 +272,8 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
 ) -> None:
     from txmq.spark_connector.session import BrokerSession
 
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
-        c = await RawClient.connect(controller.address)
-        try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
+        async with connected(controller.address) as c:
             for name in ("a", "b"):
                 resp = await c.send(
                     "sink",
@@ -305,8 +286,6 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
                     },
                 )
                 assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
         async with BrokerSession(controller.address, 10.0) as session:
             await session.decide_batch("spark", "9", ["batch9-a"])
         async with AsyncAdminClient(controller.address) as admin:
@@ -320,18 +299,13 @@ async def test_a_batch_decision_is_traced_as_the_batchs(
             assert await wait_until(
                 lambda: events("batch9-b"), 30, "the batch's rollback traced"
             ) == [("rolled-back", "batch")]
-    finally:
-        await controller.shutdown()
 
 
 async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerConfig]) -> None:
     from txmq.protocol.message import decode_offset_msg_id
 
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
-        c = await RawClient.connect(controller.address)
-        try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
+        async with connected(controller.address) as c:
             sent = RawClient.send_header(
                 await c.send("pay", b"p", props={MessageConst.UNIQ_KEY: "PAY-1", "KEYS": "o-1"})
             )
@@ -342,8 +316,6 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
                     {"group": "settlers", "offset": offset, "delayLevel": delay},
                 )
                 assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
         async with AsyncAdminClient(controller.address) as admin:
 
             async def backs() -> list[tuple[str, str, bool]]:
@@ -358,8 +330,6 @@ async def test_a_send_back_is_traced(make_broker_config: Callable[..., BrokerCon
                 lambda: _when(backs(), lambda b: len(b) == 2), 30, "both send-backs traced"
             )
         assert got == [("settlers", "retry", False), ("settlers", "dlq", False)]
-    finally:
-        await controller.shutdown()
 
 
 async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> None:
@@ -390,9 +360,7 @@ async def test_the_sdks_producer_traces_its_sends(broker: BrokerController) -> N
 async def test_the_brokers_pub_records_of_single_and_batched_sends(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    controller = BrokerController(make_broker_config(trace_topic_enable=True))
-    await controller.start()
-    try:
+    async with started(make_broker_config(trace_topic_enable=True)) as controller:
         async with AsyncProducer("shop", controller.address) as producer:
             one = await producer.send(Message("orders", b"one", tags="TagA", keys="order-1"))
             batch = await producer.send_batch([Message("orders", b"b1"), Message("orders", b"b2")])
@@ -427,8 +395,6 @@ async def test_the_brokers_pub_records_of_single_and_batched_sends(
                 offset_id,
                 "",
             )
-    finally:
-        await controller.shutdown()
 
 
 def test_a_grpc_receive_is_traced_as_a_delivery(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.message import MessageExt
@@ -48,14 +48,11 @@ async def _commit_one(c: RawClient, body: bytes, forget: BrokerController | None
 
 
 async def test_commit_from_memory_equals_commit_from_the_store(broker: BrokerController) -> None:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         await _commit_one(c, b"same", None)
         assert not broker.transactions._recent_halves  # the commit used (and dropped) it
         await _commit_one(c, b"same", broker)
         first, second = await c.pull_all("orders")
-    finally:
-        await c.close()
     a, b = _comparable(first), _comparable(second)
     # each transaction has its own ids and half
     for k in ("properties", "prepared_transaction_offset", "born_timestamp"):
@@ -73,12 +70,9 @@ async def test_recent_halves_stay_bounded(
     from txmq.broker.transaction import service
 
     monkeypatch.setattr(service, "RECENT_HALVES_MAX", 3)
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         for i in range(5):
             await c.send("orders", f"h{i}".encode(), group=G, transactional=True)
-    finally:
-        await c.close()
     tx = broker.transactions
     assert len(tx._recent_halves) == 3
     assert tx._recent_bytes == sum(len(m.body) for m in tx._recent_halves.values())

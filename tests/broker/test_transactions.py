@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from tests.support.waiting import rounds_pass, wait_until
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.command import RemotingCommand
 from txmq.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
 from txmq.protocol.message import MessageConst, decode_message
 
@@ -136,7 +141,7 @@ async def test_mismatched_end_transaction_names_the_reason(ctl):
 async def test_oneway_end_transaction_is_accepted(ctl):
     c = await RawClient.connect(ctl["ctl"].address)
     half = await c.send("orders", b"x", group=G, transactional=True)
-    await c.end_transaction(G, half, COMMIT, oneway=True)
+    await c.end_transaction_oneway(G, half, COMMIT)
     # no answer to wait for: wait until the commit shows
     got = await wait_until(lambda: c.pull_all("orders"), what="the oneway commit to deliver")
     assert len(got) == 1
@@ -144,15 +149,11 @@ async def test_oneway_end_transaction_is_accepted(ctl):
 
 
 async def test_reject_transaction_message(make_broker_config):
-    b = BrokerController(make_broker_config(reject_transaction_message=True))
-    await b.start()
-    try:
+    async with started(make_broker_config(reject_transaction_message=True)) as b:
         c = await RawClient.connect(b.address)
         r = await c.send("orders", b"x", group=G, transactional=True)
         assert r.code == ResponseCode.NO_PERMISSION
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_multi_message_transaction_is_all_or_nothing(ctl):
@@ -262,12 +263,29 @@ class CheckingProducer:
         return self.client
 
 
-async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
-    b = BrokerController(
-        make_broker_config(transaction_time_out=200, transaction_check_interval=100)
+async def _half(c: RawClient) -> tuple[RemotingCommand, str]:
+    """A half of group ``G`` in ``orders``: the answer and its transaction id."""
+    half = await c.send("orders", b"x", group=G, transactional=True)
+    txid = c.send_header(half).transaction_id
+    assert txid is not None
+    return half, txid
+
+
+def _checked_often(
+    make_broker_config: Callable[..., BrokerConfig], check_max: int
+) -> contextlib.AbstractAsyncContextManager[BrokerController]:
+    """A broker that checks every half at once, every 50 ms, at most ``check_max`` times."""
+    return started(
+        make_broker_config(
+            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=check_max
+        )
     )
-    await b.start()
-    try:
+
+
+async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_config):
+    async with started(
+        make_broker_config(transaction_time_out=200, transaction_check_interval=100)
+    ) as b:
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
         half = await c.send("orders", b"x", group=G, transactional=True)
@@ -278,23 +296,13 @@ async def test_check_back_commit_and_no_checks_after_the_decision(make_broker_co
         assert len(p.checks) == 1  # zero checks for a decided transaction
         assert c.send_header(half).transaction_id == p.checks[0].transaction_id
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(make_broker_config):
-    b = BrokerController(
-        make_broker_config(
-            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=3
-        )
-    )
-    await b.start()
-    try:
+    async with _checked_often(make_broker_config, check_max=3) as b:
         p = CheckingProducer(UNKNOWN)
         c = await p.connect(b.address)
-        half = await c.send("orders", b"x", group=G, transactional=True)
-        txid = c.send_header(half).transaction_id
-        assert txid is not None
+        half, txid = await _half(c)
         await wait_until(lambda: b.transactions.records[txid].state.value == "DISCARDED")
         assert len(p.checks) == 3
         _, parked = await c.pull("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
@@ -306,22 +314,12 @@ async def test_unknown_forever_uses_exactly_the_budget_then_parks_and_resumes(ma
         await wait_until(lambda: b.transactions.records[txid].state.value == "COMMITTED")
         assert len(await c.pull_all("orders")) == 1
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_no_producer_online_keeps_the_budget(make_broker_config):
-    b = BrokerController(
-        make_broker_config(
-            transaction_time_out=0, transaction_check_interval=50, transaction_check_max=2
-        )
-    )
-    await b.start()
-    try:
+    async with _checked_often(make_broker_config, check_max=2) as b:
         c = await RawClient.connect(b.address)  # sends, but registers no producer group
-        half = await c.send("orders", b"x", group=G, transactional=True)
-        txid = c.send_header(half).transaction_id
-        assert txid is not None
+        half, txid = await _half(c)
         await rounds_pass(lambda: b.transactions.rounds, 10)  # nobody to ask
         rec = b.transactions.records[txid]
         assert rec.state.value == "PENDING" and rec.check_times == 0
@@ -331,18 +329,14 @@ async def test_no_producer_online_keeps_the_budget(make_broker_config):
         assert len(p.checks) == 1
         await pc.close()
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_immunity_delays_the_first_check(make_broker_config):
     now = [time.time()]  # the broker's clock, moved by the test
-    b = BrokerController(
+    async with started(
         make_broker_config(transaction_time_out=0, transaction_check_interval=50),
         clock=lambda: now[0],
-    )
-    await b.start()
-    try:
+    ) as b:
         p = CheckingProducer(COMMIT)
         c = await p.connect(b.address)
         await c.send(
@@ -357,15 +351,12 @@ async def test_immunity_delays_the_first_check(make_broker_config):
         now[0] += 1.5
         await wait_until(lambda: len(p.checks) == 1)
         await c.close()
-    finally:
-        await b.shutdown()
 
 
 async def test_operator_force_decide_and_listing(ctl):
     b = ctl["ctl"]
     c = await RawClient.connect(b.address)
-    half = await c.send("orders", b"x", group=G, transactional=True)
-    txid = c.send_header(half).transaction_id
+    half, txid = await _half(c)
     listed = json.loads((await c.call(RequestCode.TXMQ_LIST_TRANSACTIONS, {})).body)
     assert [t["transactionId"] for t in listed] == [txid]
     assert listed[0]["halves"][0]["topic"] == "orders"

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.support.brokers import started
 from tests.support.raw import RawClient
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.protocol.codes import ResponseCode
 
 COMMIT = 8
@@ -33,9 +33,7 @@ async def test_a_decision_is_remembered_for_its_window_then_forgotten(
     cfg = make_broker_config(
         transaction_decided_retention=60_000, transaction_check_interval=60_000
     )
-    b = BrokerController(cfg, clock=clock)
-    await b.start()
-    try:
+    async with started(cfg, clock=clock) as b:
         c = await RawClient.connect(b.address)
         half = await c.send("orders", b"x", group="g", transactional=True)
         assert (await c.end_transaction("g", half, COMMIT)).code == ResponseCode.SUCCESS
@@ -58,25 +56,15 @@ async def test_a_decision_is_remembered_for_its_window_then_forgotten(
         # The message was delivered once, and stays so.
         assert [m.body for m in await c.pull_all("orders")] == [b"x"]
         await c.close()
-    finally:
-        await b.shutdown()
     # A restart starts from the shutdown's snapshot, which no longer holds it.
-    b = BrokerController(cfg, clock=clock)
-    await b.start()
-    try:
+    async with started(cfg, clock=clock) as b:
         tx = b.recovery["transactions"]
         assert (tx["snapshot"], tx["halves"], tx["ops"]) == (1, 0, 0)
         assert not b.transactions.records
         assert b.transactions.summary()["committed"] == 1, "the snapshot carries the count"
-    finally:
-        await b.shutdown()
     # Without the snapshot the op record is replayed, and forgotten again at once.
     (Path(cfg.store_path_root_dir) / "transaction" / "snapshot.msgpack").unlink()
-    b = BrokerController(cfg, clock=clock)
-    await b.start()
-    try:
+    async with started(cfg, clock=clock) as b:
         tx = b.recovery["transactions"]
         assert (tx["snapshot"], tx["halves"], tx["pruned"]) == (0, 1, 1)
         assert not b.transactions.records
-    finally:
-        await b.shutdown()

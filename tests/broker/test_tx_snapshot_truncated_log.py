@@ -20,7 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.support.logs import fresh_loggers
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.broker.clients import ClientChannel
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController, store_config
@@ -90,8 +90,7 @@ async def rewritten(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIte
     )
     b = BrokerController(cfg, clock=r.clock)
     await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         r.x = b.store.max_phy_offset
         for i in range(3):
             resp = await c.send(
@@ -105,8 +104,6 @@ async def rewritten(make_broker_config: Callable[..., BrokerConfig]) -> AsyncIte
             r.a_sends.append(resp)
         rec = b.transactions.records[A]
         assert rec.state is TxState.PENDING and rec.halves[0].commit_log_offset == r.x
-    finally:
-        await c.close()
     await b.shutdown()  # writes the snapshot
     assert r.snapshot.exists()
     clog = snapshot.decode(r.snapshot.read_bytes()).clog_offset
@@ -161,16 +158,13 @@ async def test_a_snapshot_of_a_cut_log_is_set_aside_and_the_table_rebuilt(
         assert _in(logs, "transaction_snapshot_stale"), logs
         # A's producer commits late (its END_TRANSACTION names A and offset X): refused, and
         # B, the transaction whose half is at X now, is left as it is.
-        c = await RawClient.connect(b.address)
-        try:
+        async with connected(b.address) as c:
             with capture_logs() as logs:
                 resp = await c.end_transaction(G, r.a_sends[0], COMMIT)
             assert resp.code == ResponseCode.SYSTEM_ERROR, resp.remark
             assert _in(logs, "half_message_mismatch", transaction_id=A, offset=r.x)
             assert await c.pull_all(TOPIC) == []
             assert tx.records[B].state is TxState.PENDING
-        finally:
-            await c.close()
     finally:
         await b.shutdown()
 
@@ -237,12 +231,9 @@ async def _one_half_stored(cfg: BrokerConfig, body: bytes) -> tuple[BrokerContro
     the commit-log end before the half, and the transaction snapshot its stop wrote."""
     b = BrokerController(cfg)
     await b.start()
-    c = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as c:
         before = b.store.max_phy_offset
         assert (await c.send(TOPIC, body, group=G, transactional=True)).code == 0
-    finally:
-        await c.close()
     await b.shutdown()
     return b, before, Path(cfg.store_path_root_dir, "transaction", "snapshot.msgpack")
 

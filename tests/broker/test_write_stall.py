@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.brokers import closed_by_peer, dropped
 from tests.support.logs import fresh_loggers
 from tests.support.ports import free_port
-from tests.support.raw import RawClient, unread_pulls
+from tests.support.raw import RawClient, long_poll, unread_pulls
 from tests.support.scrape import scrape, value
 from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.config import BrokerConfig
@@ -29,7 +30,6 @@ from txmq.protocol.aio import Connection, open_connection
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
-from txmq.protocol.headers import PullMessageRequestHeader
 
 STALL_MS = 2000
 
@@ -41,24 +41,6 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, A
     fresh_loggers(monkeypatch)
     with capture_logs() as captured:
         yield captured
-
-
-def _dropped(b: BrokerController, reason: str) -> float:
-    key = f"txmq_connections_dropped_total{{reason={reason}}}"
-    return float(b.metrics.snapshot().get(key, 0.0))
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the broker closed ``sock`` (reads what is there without blocking)."""
-    try:
-        while True:
-            data = sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            if not data:
-                return True
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
 
 
 def _server_side(b: BrokerController, sock: socket.socket) -> Connection | None:
@@ -122,13 +104,13 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_stall_timeout(
         paused_at = time.monotonic()
         # Every other client is served while the stalled one is held.
         assert (await c.send("stall", b"meanwhile", queue_id=1)).code == ResponseCode.SUCCESS
-        assert _dropped(b, "slow_reader") == 0, "dropped before its stall timeout"
+        assert dropped(b, "slow_reader") == 0, "dropped before its stall timeout"
 
-        await wait_until(lambda: _dropped(b, "slow_reader") >= 1, 30, "the stalled client dropped")
+        await wait_until(lambda: dropped(b, "slow_reader") >= 1, 30, "the stalled client dropped")
         held = time.monotonic() - paused_at  # at most the test's lag in seeing the pause short
         assert held >= STALL_MS / 1000 - 0.5, f"dropped {held:.2f}s after writing paused"
         # the reset reaches the client a moment after the drop is counted
-        await wait_until(lambda: _closed_by_peer(greedy), 10, "the broker's reset at the client")
+        await wait_until(lambda: closed_by_peer(greedy), 10, "the broker's reset at the client")
         await wait_until(lambda: len(b._connections) == 1, 10, "the dropped connection gone")
 
         (line,) = _drop_lines(logs, "slow_reader")
@@ -167,15 +149,15 @@ async def test_a_client_whose_unread_answers_fit_in_its_socket_is_dropped(
         sent = time.monotonic()
         paused: list[bool] = []
 
-        def dropped() -> bool:
+        def slow_reader_dropped() -> bool:
             paused.append(_paused(b, greedy))
-            return _dropped(b, "slow_reader") >= 1
+            return dropped(b, "slow_reader") >= 1
 
-        await wait_until(dropped, 30, "the client with unread answers dropped")
+        await wait_until(slow_reader_dropped, 30, "the client with unread answers dropped")
         assert time.monotonic() - sent >= STALL_MS / 1000
         assert not any(paused), "writing paused: the answers did not fit in the socket"
         # the reset reaches the client a moment after the drop is counted
-        await wait_until(lambda: _closed_by_peer(greedy), 10, "the broker's reset at the client")
+        await wait_until(lambda: closed_by_peer(greedy), 10, "the broker's reset at the client")
         (line,) = _drop_lines(logs, "slow_reader")
         assert line["peer"] == f"127.0.0.1:{port}"
         assert line["stalled_s"] >= STALL_MS / 1000
@@ -207,7 +189,7 @@ async def test_a_client_that_keeps_sending_and_never_reads_is_dropped(
         started = time.monotonic()
         deadline = started + 30
         beats = 0
-        while _dropped(b, "slow_reader") < 1 and time.monotonic() < deadline:
+        while dropped(b, "slow_reader") < 1 and time.monotonic() < deadline:
             try:
                 await loop.sock_sendall(wedged, beat)
             except OSError:
@@ -215,7 +197,7 @@ async def test_a_client_that_keeps_sending_and_never_reads_is_dropped(
             beats += 1
             await asyncio.sleep(0.1)  # pacing the heartbeats, not waiting for a result
         # Dropped while its heartbeats went on (a drop counts before the reset is sent).
-        assert _dropped(b, "slow_reader") == 1, "not dropped in 30 s of heartbeats"
+        assert dropped(b, "slow_reader") == 1, "not dropped in 30 s of heartbeats"
         assert time.monotonic() - started >= STALL_MS / 1000
         assert beats > 1
     finally:
@@ -250,26 +232,12 @@ async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(
         assert all(samples), "writing resumed: the reader was not slow enough to test anything"
         assert read > 0
         assert _server_side(b, slow) is not None, "the steady reader was dropped"
-        assert _dropped(b, "slow_reader") == 0
+        assert dropped(b, "slow_reader") == 0
     finally:
         if slow is not None:
             slow.close()
         await c.close()
         await b.shutdown()
-
-
-def _long_poll() -> RemotingCommand:
-    h = PullMessageRequestHeader(
-        consumer_group="pollers",
-        topic="idle",
-        queue_id=0,
-        queue_offset=0,
-        max_msg_nums=1,
-        sys_flag=0x4 | 0x2,
-        suspend_timeout_millis=60_000,
-        subscription="*",
-    )
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, h.to_ext_fields())
 
 
 async def test_a_connection_that_sends_nothing_is_closed_and_a_long_poll_is_kept(
@@ -290,14 +258,14 @@ async def test_a_connection_that_sends_nothing_is_closed_and_a_long_poll_is_kept
         assert made.code == ResponseCode.SUCCESS, made.remark
         # The poller connects first: its deadline passes before the silent ones'.
         poller = await open_connection(host, int(port))
-        poll = asyncio.ensure_future(poller.request(_long_poll(), timeout=90))
+        poll = asyncio.ensure_future(poller.request(long_poll("pollers", "idle"), timeout=90))
         await wait_until(lambda: parked_pulls(b, "idle", 0) == 1, 30, "the long poll parked")
         connected = time.monotonic()
         silent = [socket.create_connection((host, int(port))) for _ in range(3)]
-        await wait_until(lambda: _dropped(b, "idle") >= 3, 30, "the silent connections closed")
+        await wait_until(lambda: dropped(b, "idle") >= 3, 30, "the silent connections closed")
         assert time.monotonic() - connected >= first_frame_s - 0.1
-        assert all(_closed_by_peer(s) for s in silent)
-        assert _dropped(b, "idle") == 3, "a connection that had sent a frame was closed"
+        assert all(closed_by_peer(s) for s in silent)
+        assert dropped(b, "idle") == 3, "a connection that had sent a frame was closed"
         lines = _drop_lines(logs, "idle")
         assert sorted(e["peer"] for e in lines) == sorted(
             f"127.0.0.1:{s.getsockname()[1]}" for s in silent
@@ -340,8 +308,8 @@ async def test_the_first_frame_must_arrive_whole_in_time(
         done, _ = await asyncio.wait({answer}, timeout=10)
         answer.cancel()
         assert done and len(answer.result()) > 0, "the heartbeat got no answer"
-        await wait_until(lambda: _closed_by_peer(half), 30, "the half-frame connection closed")
-        assert _dropped(b, "idle") == 1
+        await wait_until(lambda: closed_by_peer(half), 30, "the half-frame connection closed")
+        assert dropped(b, "idle") == 1
         assert _server_side(b, whole) is not None, "the connection that sent a frame was closed"
     finally:
         whole.close()
@@ -375,7 +343,7 @@ async def test_the_grpc_port_closes_a_connection_that_sends_no_preface(
             return await stub.QueryRoute(req, metadata=md, timeout=10)
 
         first = await route()
-        await wait_until(lambda: _closed_by_peer(silent), 30, "the silent gRPC connection closed")
+        await wait_until(lambda: closed_by_peer(silent), 30, "the silent gRPC connection closed")
         assert time.monotonic() - connected >= 0.9
         # The channel that spoke HTTP/2 at once is kept past the deadline.
         assert channel.get_state() == grpc.ChannelConnectivity.READY

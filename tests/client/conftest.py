@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from tests.support.brokers import started
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 
@@ -32,9 +33,5 @@ async def shifted_broker(
     ahead of the wall clock, so a test can place messages on either side of a timestamp
     without waiting for the clock to move."""
     shift = [0.0]
-    controller = BrokerController(make_broker_config(), clock=lambda: time.time() + shift[0])
-    await controller.start()
-    try:
+    async with started(make_broker_config(), clock=lambda: time.time() + shift[0]) as controller:
         yield controller, shift
-    finally:
-        await controller.shutdown()

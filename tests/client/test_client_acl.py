@@ -11,6 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
+from tests.support.brokers import started
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -50,19 +52,14 @@ CONSUMER = ClientConfig(access_key="billingReader", secret_key="consumer-secret-
 
 @pytest.fixture
 def acl_config(make_broker_config: Callable[..., BrokerConfig], tmp_path: Path) -> BrokerConfig:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL, encoding="utf-8")
+    path = write_acl(tmp_path, ACL)
     return make_broker_config(acl_enable=True, plain_acl_file=str(path))
 
 
 @pytest.fixture
 async def acl_broker(acl_config: BrokerConfig) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(acl_config)
-    await controller.start()
-    try:
+    async with started(acl_config) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 class CheckBackCommits(TransactionListener):

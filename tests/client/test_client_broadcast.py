@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.helpers import create_topic
+from tests.client.helpers import topic_and_group
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, AsyncPushConsumer, Message, OffsetStoreError
@@ -42,8 +42,7 @@ def _member(address: str, group: str, topic: str, path: Path, got: list[bytes], 
 async def test_every_member_gets_every_message_and_resumes_from_its_file(
     broker: BrokerController, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("news"), unique("screens")
-    await create_topic(broker.address, topic, queues=4)
+    topic, group = await topic_and_group(broker.address, unique, "news", "screens", 4)
     first = [b"m%d" % i for i in range(8)]
     await _send(broker.address, topic, first)
     got_a: list[bytes] = []
@@ -87,8 +86,7 @@ async def test_every_member_gets_every_message_and_resumes_from_its_file(
 async def test_a_failing_message_is_retried_locally_then_skipped(
     broker: BrokerController, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("news"), unique("flaky")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "news", "flaky", 1)
     await _send(broker.address, topic, [b"bad", b"good"])
     calls: list[bytes] = []
 
@@ -126,8 +124,7 @@ async def test_a_failing_message_is_retried_locally_then_skipped(
 async def test_a_damaged_offset_file_falls_back_to_its_backup_or_says_which_file(
     broker: BrokerController, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("news"), unique("damaged")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "news", "damaged", 1)
     await _send(broker.address, topic, [b"x"])
     path = tmp_path / "o.json"
     got: list[bytes] = []

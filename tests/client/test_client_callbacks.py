@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, topic_and_group, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -21,8 +21,7 @@ from txmq.client import (
 async def test_on_rebalance_reports_queues_taken_and_given_up(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("rebalance"), unique("g")
-    await create_topic(broker.address, topic, queues=4)
+    topic, group = await topic_and_group(broker.address, unique, "rebalance", "g", 4)
     events: dict[str, list[tuple[list[MessageQueue], list[MessageQueue]]]] = {"a": [], "b": []}
 
     def on_message(msg: MessageExt) -> None:

@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Callable
 
 from tests.client.helpers import FAST_CLIENT
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, AsyncPullConsumer, Message, PullStatus
 from txmq.protocol.codes import RequestCode
@@ -29,11 +29,8 @@ async def test_a_large_body_is_stored_compressed_and_read_back_inflated(
         r_big = await p.send(Message(topic, big), queue_id=0)
         r_small = await p.send(Message(topic, small), queue_id=0)
     # On the wire and in the store: zlib, flagged (what a stock consumer inflates).
-    raw = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as raw:
         _, stored = await raw.pull(topic, 0, 0)
-    finally:
-        await raw.close()
     assert stored[0].sys_flag & MessageSysFlag.COMPRESSED
     assert zlib.decompress(stored[0].body) == big and len(stored[0].body) < len(big) // 4
     assert not stored[1].sys_flag & MessageSysFlag.COMPRESSED and stored[1].body == small
@@ -55,8 +52,7 @@ async def test_compression_is_off_by_default_and_a_foreign_codec_is_left_alone(
         await p.send(Message(topic, body), queue_id=0)
     # A body flagged compressed in a codec the SDK does not have (LZ4, from a 5.x client) is
     # delivered as stored, flag included, so the application can tell.
-    raw = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as raw:
         lz4_flag = MessageSysFlag.COMPRESSED | (0x1 << 8)
         h = SendMessageRequestHeader(
             producer_group="raw",
@@ -67,8 +63,6 @@ async def test_compression_is_off_by_default_and_a_foreign_codec_is_left_alone(
         )
         resp = await raw.call(RequestCode.SEND_MESSAGE, h.to_ext_fields(), LZ4_FRAME)
         assert resp.code == 0, resp.remark
-    finally:
-        await raw.close()
     async with AsyncPullConsumer("plain-reader", broker=broker.address, config=FAST_CLIENT) as c:
         pr = await c.pull(topic, 0, 0)
     first, foreign = pr.messages

@@ -9,17 +9,14 @@ import asyncio
 import pytest
 
 from tests.client.helpers import FAST_CLIENT
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, InvalidMessageError, Message
 
 
 async def _bodies(broker: BrokerController, topic: str) -> list[bytes]:
-    c = await RawClient.connect(broker.address)
-    try:
+    async with connected(broker.address) as c:
         return sorted(m.body for m in await c.pull_all(topic))
-    finally:
-        await c.close()
 
 
 async def test_a_message_id_of_the_application_is_sent_once(broker: BrokerController) -> None:

@@ -6,26 +6,15 @@ broker's own structured events inside a broker process.  Each case runs in a fre
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.process import run_python
+
 pytestmark = pytest.mark.external
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
 
 
 def test_no_sdk_module_uses_structlog() -> None:
@@ -36,7 +25,7 @@ def test_no_sdk_module_uses_structlog() -> None:
 
 
 def test_silent_unless_the_application_configures_logging() -> None:
-    proc = run(
+    proc = run_python(
         """
         from txmq.client.logs import get_logger
         import txmq.client, txmq.spark_connector  # importing logs nothing either
@@ -49,7 +38,7 @@ def test_silent_unless_the_application_configures_logging() -> None:
 
 
 def test_the_application_controls_level_handler_and_format() -> None:
-    proc = run(
+    proc = run_python(
         """
         import logging, sys
         logging.basicConfig(stream=sys.stdout, level=logging.INFO,
@@ -72,7 +61,7 @@ def test_the_application_controls_level_handler_and_format() -> None:
 
 
 def test_inside_a_broker_process_sdk_records_are_structured_events() -> None:
-    proc = run(
+    proc = run_python(
         """
         from txmq.broker.logging import configure_logging
         configure_logging("INFO", json=True)

@@ -6,6 +6,7 @@ order or by both at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -15,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until, wait_until_sync
+from tests.client.helpers import (
+    FAST_CLIENT,
+    settled,
+    topic_and_group,
+    wait_until,
+    wait_until_sync,
+)
 from tests.support.raw import RawClient
 from txmq.broker.messaging.locks import LOCK_MAX_LIVE_S
 from txmq.broker.server import BrokerController
@@ -115,24 +122,10 @@ async def send_keys(producer: AsyncProducer, topic: str, keys: list[str], per_ke
             await producer.send(Message(topic, b"x", keys=f"{key}:{seq}"), sharding_key=key)
 
 
-async def settled(broker: BrokerController, group: str, topic: str, queues: int = 4) -> None:
-    """Wait until ``group``'s committed offsets are at the end of the topic's queues."""
-    async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
-
-        async def at_end() -> bool:
-            for q in range(queues):
-                if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
-                    return False
-            return True
-
-        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {topic}")
-
-
 async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly")
     keys, per_key = [f"acct-{i}" for i in range(8)], 25
     journal = Journal()
 
@@ -154,7 +147,7 @@ async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
             )
         await send_keys(producer, topic, keys, per_key)
         await wait_until(lambda: journal.count() >= len(keys) * per_key, what="every message")
-        await settled(broker, group, topic)
+        await settled(broker.address, group, {topic: 4})
     finally:
         await consumer.shutdown()
     check_order(journal, keys, per_key)
@@ -166,8 +159,7 @@ async def test_each_key_is_handled_in_order_one_callback_at_a_time_per_queue(
 async def test_a_failure_is_retried_in_place_then_parked_in_the_dlq(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly", 1)
     calls: list[tuple[str, int]] = []
     failures_left = {"k:2": 1}
 
@@ -188,7 +180,7 @@ async def test_a_failure_is_retried_in_place_then_parked_in_the_dlq(
         for seq in range(4):
             await producer.send(Message(topic, f"body-{seq}".encode(), keys=f"k:{seq}"))
         await wait_until(lambda: ("k:3", 0) in calls, what="the last message handled")
-        await settled(broker, group, topic, queues=1)
+        await settled(broker.address, group, {topic: 1})
     finally:
         await consumer.shutdown()
     # k:1 three times (1 + max_reconsume_times) in place, nothing behind it meanwhile; then
@@ -209,20 +201,61 @@ async def test_a_failure_is_retried_in_place_then_parked_in_the_dlq(
     assert dlq.messages[0].properties.get("ORIGIN_MESSAGE_ID") is not None
 
 
+@dataclass
+class Contested:
+    """An orderly consumer of a new group on a new two-queue topic (not started; what it
+    handles, by key, in ``got``), and another client that can lock queue 0 away from it."""
+
+    topic: str
+    group: str
+    name: str
+    got: list[str]
+    consumer: AsyncOrderlyPushConsumer
+    other: RawClient
+
+    def _request(self) -> bytes:
+        return LockBatchRequest(
+            self.group, "someone-else", frozenset({(self.topic, self.name, 0)})
+        ).encode()
+
+    async def take_queue_0(self) -> None:
+        """The other client locks queue 0 (granted)."""
+        resp = await self.other.call(
+            RequestCode.LOCK_BATCH_MQ, body=self._request(), st=SerializeType.JSON
+        )
+        assert decode_lock_response(resp.body) == {(self.topic, self.name, 0)}
+
+    async def free_queue_0(self) -> None:
+        """The other client unlocks queue 0."""
+        resp = await self.other.call(
+            RequestCode.UNLOCK_BATCH_MQ, body=self._request(), st=SerializeType.JSON
+        )
+        assert resp.code == ResponseCode.SUCCESS
+
+
+@contextlib.asynccontextmanager
+async def contested(
+    broker: BrokerController, unique: Callable[[str], str], **kw: Any
+) -> AsyncIterator[Contested]:
+    """:class:`Contested` (``kw``: the consumer's settings), both clients closed at the end."""
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly", 2)
+    got: list[str] = []
+    consumer = orderly(broker, group, **kw)
+    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
+    other = await RawClient.connect(broker.address)
+    try:
+        yield Contested(topic, group, broker.config.broker_name, got, consumer, other)
+    finally:
+        await consumer.shutdown()
+        await other.close()
+
+
 async def test_a_queue_locked_by_another_client_is_not_consumed_until_it_is_free(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=2)
-    name = broker.config.broker_name
-    other = await RawClient.connect(broker.address)
-    req = LockBatchRequest(group, "someone-else", frozenset({(topic, name, 0)}))
-    resp = await other.call(RequestCode.LOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON)
-    assert decode_lock_response(resp.body) == {(topic, name, 0)}
-    got: list[str] = []
-    consumer = orderly(broker, group)
-    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
-    try:
+    async with contested(broker, unique) as ct:
+        topic, got, consumer = ct.topic, ct.got, ct.consumer
+        await ct.take_queue_0()
         await consumer.start()
         await producer.send(Message(topic, b"x", keys="q0"), queue_id=0)
         await producer.send(Message(topic, b"x", keys="q1"), queue_id=1)
@@ -230,74 +263,47 @@ async def test_a_queue_locked_by_another_client_is_not_consumed_until_it_is_free
         # Queue 0's lock is someone else's: not taken, its message not handled.
         assert (topic, 0) not in consumer.assignment()
         assert got == ["q1"]
-        resp = await other.call(
-            RequestCode.UNLOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
-        )
-        assert resp.code == ResponseCode.SUCCESS
+        await ct.free_queue_0()
         await wait_until(lambda: "q0" in got, what="queue 0's message once its lock was free")
         assert (topic, 0) in consumer.assignment()
-    finally:
-        await consumer.shutdown()
-        await other.close()
 
 
 async def test_a_lock_lost_to_another_client_stops_the_queue_until_it_is_granted_again(
     shifted_broker: tuple[BrokerController, list[float]], unique: Callable[[str], str]
 ) -> None:
     broker, shift = shifted_broker
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=2)
-    name = broker.config.broker_name
-    got: list[str] = []
-    consumer = orderly(broker, group, lock_interval=2.0)
-    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
-    other = await RawClient.connect(broker.address)
-    req = LockBatchRequest(group, "someone-else", frozenset({(topic, name, 0)}))
-    try:
-        async with AsyncProducer("orderly-producer", broker=broker.address) as producer:
-            await consumer.start()
-            assert [q for q in consumer.assignment() if q[0] == topic] == [(topic, 0), (topic, 1)]
-            # The broker's clock jumps past the locks' lifetime (the member renews every 2 s):
-            # another client takes queue 0.
-            shift[0] = LOCK_MAX_LIVE_S + 1
-            resp = await other.call(
-                RequestCode.LOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
-            )
-            assert decode_lock_response(resp.body) == {(topic, name, 0)}
-            # The member's next renewal is refused for queue 0 (granted again for queue 1):
-            # it gives queue 0 up.
-            await wait_until(
-                lambda: (topic, 0) not in consumer.assignment(),
-                what="queue 0 given up once its renewal was refused",
-            )
-            assert (topic, 1) in consumer.assignment()
-            await producer.send(Message(topic, b"x", keys="q0"), queue_id=0)
-            await producer.send(Message(topic, b"x", keys="q1"), queue_id=1)
-            await wait_until(lambda: "q1" in got, what="queue 1's message")
-            assert got == ["q1"]
-            resp = await other.call(
-                RequestCode.UNLOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
-            )
-            assert resp.code == ResponseCode.SUCCESS
-            await wait_until(lambda: "q0" in got, what="queue 0's message once granted again")
-            assert broker.locks.holder(group, (topic, name, 0)) == consumer.client_id
-    finally:
-        await consumer.shutdown()
-        await other.close()
+    async with (
+        contested(broker, unique, lock_interval=2.0) as ct,
+        AsyncProducer("orderly-producer", broker=broker.address) as producer,
+    ):
+        topic, group, got, consumer = ct.topic, ct.group, ct.got, ct.consumer
+        await consumer.start()
+        assert [q for q in consumer.assignment() if q[0] == topic] == [(topic, 0), (topic, 1)]
+        # The broker's clock jumps past the locks' lifetime (the member renews every 2 s):
+        # another client takes queue 0.
+        shift[0] = LOCK_MAX_LIVE_S + 1
+        await ct.take_queue_0()
+        # The member's next renewal is refused for queue 0 (granted again for queue 1):
+        # it gives queue 0 up.
+        await wait_until(
+            lambda: (topic, 0) not in consumer.assignment(),
+            what="queue 0 given up once its renewal was refused",
+        )
+        assert (topic, 1) in consumer.assignment()
+        await producer.send(Message(topic, b"x", keys="q0"), queue_id=0)
+        await producer.send(Message(topic, b"x", keys="q1"), queue_id=1)
+        await wait_until(lambda: "q1" in got, what="queue 1's message")
+        assert got == ["q1"]
+        await ct.free_queue_0()
+        await wait_until(lambda: "q0" in got, what="queue 0's message once granted again")
+        assert broker.locks.holder(group, (topic, ct.name, 0)) == consumer.client_id
 
 
 async def test_after_a_reconnect_a_queue_is_consumed_only_once_locked_again(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic, queues=2)
-    name = broker.config.broker_name
-    got: list[str] = []
-    consumer = orderly(broker, group, lock_interval=5.0)
-    consumer.subscribe(topic, "*", lambda m: got.append(str(m.keys)))
-    other = await RawClient.connect(broker.address)
-    req = LockBatchRequest(group, "someone-else", frozenset({(topic, name, 0)}))
-    try:
+    async with contested(broker, unique, lock_interval=5.0) as ct:
+        topic, group, name, got, consumer = ct.topic, ct.group, ct.name, ct.got, ct.consumer
         await consumer.start()
         assert broker.locks.holder(group, (topic, name, 0)) == consumer.client_id
         # The broker drops the member's connection: its locks end with it, and another client
@@ -309,8 +315,7 @@ async def test_after_a_reconnect_a_queue_is_consumed_only_once_locked_again(
             lambda: broker.locks.holder(group, (topic, name, 0)) is None,
             what="the member's locks freed with its connection",
         )
-        resp = await other.call(RequestCode.LOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON)
-        assert decode_lock_response(resp.body) == {(topic, name, 0)}
+        await ct.take_queue_0()
         await wait_until(lambda: consumer.connection.reconnects >= 1, what="the member back")
         # Its locks from before the reconnect are void: queue 0 is not consumed (its lock is
         # someone else's), queue 1 once locked again.
@@ -320,21 +325,14 @@ async def test_after_a_reconnect_a_queue_is_consumed_only_once_locked_again(
         await wait_until(lambda: (topic, 0) not in consumer.assignment(), what="queue 0 given up")
         assert got == ["q1"]
         assert broker.locks.holder(group, (topic, name, 1)) == consumer.client_id
-        resp = await other.call(
-            RequestCode.UNLOCK_BATCH_MQ, body=req.encode(), st=SerializeType.JSON
-        )
-        assert resp.code == ResponseCode.SUCCESS
+        await ct.free_queue_0()
         await wait_until(lambda: "q0" in got, what="queue 0's message once granted again")
-    finally:
-        await consumer.shutdown()
-        await other.close()
 
 
 async def test_two_members_hand_queues_over_mid_stream_without_breaking_order(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("ledger"), unique("orderly")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "ledger", "orderly")
     keys, per_key = [f"acct-{i}" for i in range(8)], 50
     journal = Journal()
 
@@ -375,7 +373,7 @@ async def test_two_members_hand_queues_over_mid_stream_without_breaking_order(
         )
         await sending
         await wait_until(lambda: journal.count() >= len(keys) * per_key, what="every message")
-        await settled(broker, group, topic)
+        await settled(broker.address, group, {topic: 4})
     finally:
         if sending is not None:
             sending.cancel()

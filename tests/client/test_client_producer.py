@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.support.brokers import started
 from tests.support.waiting import parked_pulls
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -184,16 +185,12 @@ async def test_invalid_topic_and_oversized_body_are_refused_clearly(
 async def test_broker_side_limit_surfaces_as_its_error(
     make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
-    controller = BrokerController(make_broker_config(max_message_size=1024))
-    await controller.start()
-    try:
+    async with started(make_broker_config(max_message_size=1024)) as controller:
         async with AsyncProducer(
             "p", broker=controller.address, config=FAST_CLIENT, max_message_size=4096
         ) as p:
             with pytest.raises(MessageIllegalError, match="exceeds the limit"):
                 await p.send(Message(unique("t"), b"x" * 2000))
-    finally:
-        await controller.shutdown()
 
 
 async def test_pull_consumer_offsets_filters_and_long_poll(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, settled, topic_and_group, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -54,29 +54,10 @@ def consumer_for(broker: BrokerController, group: str, **kw: Any) -> AsyncPushCo
     return AsyncPushConsumer(group, broker=broker.address, config=FAST_CLIENT, **kw)
 
 
-async def settled(broker: BrokerController, group: str, queues: dict[str, int]) -> None:
-    """Wait until ``group``'s committed offset is at the end of every queue of the topics in
-    ``queues`` (topic -> queue count): every message the group pulled was consumed and
-    acknowledged, so a duplicate (a message pulled again from an earlier offset, or a failed
-    delivery sent back) would already be in the inbox.  What "no duplicate shows up" waits
-    on, instead of a fixed time."""
-    async with AsyncPullConsumer(group, broker=broker.address, config=FAST_CLIENT) as pc:
-
-        async def at_end() -> bool:
-            for topic, n in queues.items():
-                for q in range(n):
-                    if await pc.committed_offset(topic, q) != await pc.max_offset(topic, q):
-                        return False
-            return True
-
-        await wait_until(at_end, what=f"{group}'s committed offsets at the end of {queues}")
-
-
 async def test_round_trip_with_tags_keys_properties_and_ids(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("orders"), unique("billing")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "orders", "billing")
     inbox = Inbox()
     consumer = consumer_for(broker, group)
     consumer.subscribe(topic, "created || paid", inbox)
@@ -118,8 +99,7 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
 async def test_tag_filter_delivers_only_matching_tags(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("tags"), unique("g")
-    await create_topic(broker.address, topic, 1)
+    topic, group = await topic_and_group(broker.address, unique, "tags", "g", 1)
     inbox = Inbox()
     consumer = consumer_for(broker, group, consume_from="first")
     consumer.subscribe(topic, "a || b", inbox)
@@ -142,8 +122,7 @@ async def test_tag_filter_delivers_only_matching_tags(
 async def test_async_callbacks_work_too(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("async-cb"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "async-cb", "g", 2)
     got: list[bytes] = []
 
     async def on_message(msg: MessageExt) -> None:
@@ -162,8 +141,7 @@ async def test_async_callbacks_work_too(
 async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("split"), unique("workers")
-    await create_topic(broker.address, topic, 4)
+    topic, group = await topic_and_group(broker.address, unique, "split", "workers", 4)
     inbox_a, inbox_b = Inbox(), Inbox()
     a = consumer_for(broker, group, consume_from="first")
     a.subscribe(topic, "*", inbox_a)
@@ -193,7 +171,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
         for i in range(40):
             await producer.send(Message(topic, f"two-{i}".encode()))
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
-        await settled(broker, group, {topic: 4})  # a duplicate would have shown by now
+        await settled(broker.address, group, {topic: 4})  # a duplicate would have shown by now
     finally:
         await a.shutdown()
         await b.shutdown()
@@ -207,8 +185,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
 async def test_a_failing_callback_gets_the_message_again(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("flaky"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "flaky", "g", 2)
     deliveries: list[MessageExt] = []
     lock = threading.Lock()
 
@@ -229,7 +206,7 @@ async def test_a_failing_callback_gets_the_message_again(
         await wait_until(lambda: len(deliveries) >= 2, what="the redelivery")
         # Both the original and the retry topic acknowledged: a third delivery would have
         # been sent back (or pulled again) before the offsets reached their ends.
-        await settled(broker, group, {topic: 2, f"%RETRY%{group}": 1})
+        await settled(broker.address, group, {topic: 2, f"%RETRY%{group}": 1})
     finally:
         await consumer.shutdown()
     assert len(deliveries) == 2
@@ -243,8 +220,7 @@ async def test_a_failing_callback_gets_the_message_again(
 async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("poison"), unique("g")
-    await create_topic(broker.address, topic, 1)
+    topic, group = await topic_and_group(broker.address, unique, "poison", "g", 1)
     attempts: list[int] = []
 
     def on_message(msg: MessageExt) -> None:
@@ -276,8 +252,7 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letter_queue(
 async def test_restart_resumes_from_the_committed_offset(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("resume"), unique("g")
-    await create_topic(broker.address, topic, 4)
+    topic, group = await topic_and_group(broker.address, unique, "resume", "g", 4)
     for i in range(12):
         await producer.send(Message(topic, f"first-{i}".encode()))
     inbox1 = Inbox()
@@ -292,7 +267,7 @@ async def test_restart_resumes_from_the_committed_offset(
     c2.subscribe(topic, "*", inbox2)
     async with c2:
         await wait_until(lambda: inbox2.count() >= 5, what="the next five")
-        await settled(broker, group, {topic: 4})  # a repeat of "first-*" would be in by now
+        await settled(broker.address, group, {topic: 4})  # a repeat of "first-*" would be in by now
     assert sorted(inbox1.bodies) == sorted(f"first-{i}".encode() for i in range(12))
     assert sorted(inbox2.bodies) == sorted(f"second-{i}".encode() for i in range(5))
 
@@ -304,8 +279,7 @@ async def test_consume_from(
     where: str,
 ) -> None:
     broker, shift = shifted_broker
-    topic, group = unique("from"), unique("g")
-    await create_topic(broker.address, topic, 2)
+    topic, group = await topic_and_group(broker.address, unique, "from", "g", 2)
     inbox = Inbox()
     async with AsyncProducer(
         "push-test-producer", broker=broker.address, config=FAST_CLIENT
@@ -338,7 +312,7 @@ async def test_consume_from(
                 lambda: inbox.count() >= len(expected), what=f"{len(expected)} messages"
             )
             # every queue consumed to its end: anything before the start would be in by now
-            await settled(broker, group, {topic: 2})
+            await settled(broker.address, group, {topic: 2})
         finally:
             await consumer.shutdown()
     assert sorted(b.decode() for b in inbox.bodies) == sorted(expected)

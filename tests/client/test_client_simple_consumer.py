@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic
+from tests.client.helpers import FAST_CLIENT, topic_and_group
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -43,8 +43,7 @@ async def _receive_all(
 async def test_acked_messages_stay_acked_and_the_others_come_back(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("simple"), unique("g")
-    await create_topic(broker.address, topic, queues=2)
+    topic, group = await topic_and_group(broker.address, unique, "simple", "g", 2)
     await _send(broker.address, topic, [b"a", b"b", b"c"])
     async with AsyncSimpleConsumer(
         group, broker=broker.address, subscriptions={topic: "*"}, config=FAST_CLIENT
@@ -70,8 +69,7 @@ async def test_acked_messages_stay_acked_and_the_others_come_back(
 async def test_change_invisible_duration_hands_a_message_back_or_keeps_it(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("simple-inv"), unique("g")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "simple-inv", "g", 1)
     await _send(broker.address, topic, [b"x", b"y"])
     async with AsyncSimpleConsumer(
         group, broker=broker.address, subscriptions={topic: "*"}, config=FAST_CLIENT
@@ -116,8 +114,7 @@ def test_blocking_simple_consumer(
 async def test_async_for_acks_on_next_and_on_clean_exit(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("stream"), unique("g")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "stream", "g", 1)
     await _send(broker.address, topic, [f"m{i}".encode() for i in range(5)])
     seen: list[bytes] = []
     async with AsyncStreamConsumer(
@@ -145,8 +142,7 @@ async def test_async_for_acks_on_next_and_on_clean_exit(
 async def test_async_for_leaves_a_failed_message_for_redelivery(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("stream-fail"), unique("g")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "stream-fail", "g", 1)
     await _send(broker.address, topic, [b"ok", b"boom"])
 
     class Boom(Exception):
@@ -179,8 +175,7 @@ async def test_async_for_leaves_a_failed_message_for_redelivery(
 async def test_shutdown_from_another_task_ends_the_loop(
     broker: BrokerController, unique: Callable[[str], str]
 ) -> None:
-    topic, group = unique("stream-stop"), unique("g")
-    await create_topic(broker.address, topic, queues=1)
+    topic, group = await topic_and_group(broker.address, unique, "stream-stop", "g", 1)
     stream = AsyncStreamConsumer(
         group, topic, broker=broker.address, await_duration=0.3, config=FAST_CLIENT
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, create_topic, topic_and_group, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncOrderlyPushConsumer,
@@ -70,8 +70,7 @@ class Inbox:
 async def test_push_consumers_receive_only_matching_messages(
     broker: BrokerController, unique: Callable[[str], str], kind: Any
 ) -> None:
-    topic, group = unique("sqlpush"), unique("sqlg")
-    await create_topic(broker.address, topic)
+    topic, group = await topic_and_group(broker.address, unique, "sqlpush", "sqlg")
     n = 40
     await send_numbered(broker, topic, n)
     expected = sorted(f"m{i}".encode() for i in range(n) if wanted(i))

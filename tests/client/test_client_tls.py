@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.client.helpers import FAST_CLIENT
+from tests.support.brokers import started
 from tests.support.certs import Certs, make_certs
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -38,14 +39,10 @@ def certs(tmp_path: Path) -> Certs:
 async def mtls_broker(
     make_broker_config: Callable[..., BrokerConfig], certs: Certs
 ) -> AsyncIterator[BrokerController]:
-    controller = BrokerController(
+    async with started(
         make_broker_config(**certs.broker_settings("enforcing", client_auth="require"))
-    )
-    await controller.start()
-    try:
+    ) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 def tls_config(certs: Certs) -> ClientConfig:

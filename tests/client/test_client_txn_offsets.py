@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.support.brokers import started
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.broker.store.fileio import with_checksum
@@ -39,12 +40,8 @@ async def broker(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> AsyncIterator[BrokerController]:
     """A broker that checks transactions only after 10 s: no check-back races the commits."""
-    controller = BrokerController(make_broker_config(transaction_time_out=10_000))
-    await controller.start()
-    try:
+    async with started(make_broker_config(transaction_time_out=10_000)) as controller:
         yield controller
-    finally:
-        await controller.shutdown()
 
 
 async def outputs(address: str, topic: str, queues: int = 1) -> list[MessageExt]:
@@ -107,13 +104,30 @@ async def fill(broker: BrokerController, topic: str, n: int) -> list[str]:
         ]
 
 
-async def test_commit_moves_offsets_with_the_outputs(
-    broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
-) -> None:
+async def in_and_out(
+    broker: BrokerController, unique: Callable[[str], str], n: int
+) -> tuple[str, str, str, list[str]]:
+    """A new input topic holding ``n`` messages, a new output topic and a new group (one
+    queue each): ``(input, output, group, the input's ids)``."""
     a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
     await create_topic(broker.address, a, 1)
     await create_topic(broker.address, b, 1)
-    ids = await fill(broker, a, 5)
+    return a, b, group, await fill(broker, a, n)
+
+
+async def bump_generation(broker: BrokerController, group: str, join: Any) -> None:
+    """``await join()`` makes a member join ``group``: wait until its generation moved on."""
+    before = await generation(broker.address, group)
+    await join()
+    await wait_until(
+        lambda: _gt(generation(broker.address, group), before), what="the generation bumped"
+    )
+
+
+async def test_commit_moves_offsets_with_the_outputs(
+    broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
+) -> None:
+    a, b, group, ids = await in_and_out(broker, unique, 5)
     c = consumer(broker, group)
 
     async def transform(msg: MessageExt) -> None:
@@ -141,10 +155,7 @@ async def _eq(value: Any, expected: Any) -> bool:
 async def test_rollback_leaves_offsets_and_outputs(
     broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
 ) -> None:
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    ids = await fill(broker, a, 3)
+    a, b, group, ids = await in_and_out(broker, unique, 3)
     attempts: dict[str, int] = {}
     c = consumer(broker, group)
 
@@ -167,24 +178,29 @@ async def test_rollback_leaves_offsets_and_outputs(
     assert broker.transactions.summary()["rolledBack"] == 3
 
 
+async def _held_input(
+    broker: BrokerController, unique: Callable[[str], str]
+) -> tuple[str, str, str, list[MessageExt], AsyncOrderlyPushConsumer]:
+    """An input topic holding one message, an output topic, and a consumer (not started) of a
+    new group whose callback keeps failing, so the message stays unconsumed and is delivered
+    again in place: ``(input, output, group, the deliveries, the consumer)``."""
+    a, b, group, _ = await in_and_out(broker, unique, 1)
+    seen: list[MessageExt] = []
+    c = consumer(broker, group)
+
+    async def hold(msg: MessageExt) -> None:
+        seen.append(msg)
+        raise RuntimeError("not now")  # retried in place: keeps the queue
+
+    c.subscribe(a, "*", hold)
+    return a, b, group, seen, c
+
+
 async def test_abandoned_transaction_leaves_offsets_and_is_rolled_back_by_check(
     make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
-    controller = BrokerController(make_broker_config())  # checks after 300 ms
-    await controller.start()
-    try:
-        a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-        await create_topic(controller.address, a, 1)
-        await create_topic(controller.address, b, 1)
-        await fill(controller, a, 1)
-        seen: list[MessageExt] = []
-        c = consumer(controller, group)
-
-        async def hold(msg: MessageExt) -> None:
-            seen.append(msg)
-            raise RuntimeError("not now")  # retried in place: keeps the queue
-
-        c.subscribe(a, "*", hold)
+    async with started(make_broker_config()) as controller:  # checks after 300 ms
+        a, b, group, seen, c = await _held_input(controller, unique)
         async with (
             AsyncTransactionProducer(
                 "eos-abandon", RollbackOnCheck(), broker=controller.address, config=FAST_CLIENT
@@ -202,17 +218,12 @@ async def test_abandoned_transaction_leaves_offsets_and_is_rolled_back_by_check(
             )
             assert await committed(controller.address, group, a) == 0
             assert await outputs(controller.address, b) == []
-    finally:
-        await controller.shutdown()
 
 
 async def test_a_stale_generation_is_fenced(
     broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
 ) -> None:
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     c = consumer(broker, group)
     other = consumer(broker, group)
     other.subscribe(a, "*", lambda m: None)
@@ -227,12 +238,8 @@ async def test_a_stale_generation_is_fenced(
             async with txp.transaction() as txn:
                 await txn.send(Message(b, b"fenced-output"), queue_id=0)
                 txn.send_offsets(c, msg)
-                before = await generation(broker.address, group)
-                await other.start()  # a member joins: the group's generation moves on
-                await wait_until(
-                    lambda: _gt(generation(broker.address, group), before),
-                    what="the generation bumped",
-                )
+                # a member joins: the group's generation moves on
+                await bump_generation(broker, group, other.start)
         except FencedError as exc:
             fenced.append(exc)
             raise
@@ -261,10 +268,7 @@ async def test_a_repeated_attempt_from_an_old_base_offset_is_refused(
 ) -> None:
     """Two attempts at one input that both start from committed offset 0 (a retry after a lost
     answer, or a zombie): the second commit is refused, so one output exists."""
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     seen: list[MessageExt] = []
     gate = asyncio.Event()
     c = consumer(broker, group)
@@ -314,21 +318,8 @@ async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way
     """The producer never sends its decision; the broker's check gets COMMIT.  With the
     consumer still the queue's owner the offsets move with the output; once it has left the
     group the check's commit is fenced and the transaction rolled back."""
-    controller = BrokerController(make_broker_config())  # checks after 300 ms
-    await controller.start()
-    try:
-        a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-        await create_topic(controller.address, a, 1)
-        await create_topic(controller.address, b, 1)
-        await fill(controller, a, 1)
-        seen: list[MessageExt] = []
-        c = consumer(controller, group)
-
-        async def hold(msg: MessageExt) -> None:
-            seen.append(msg)
-            raise RuntimeError("not now")  # retried in place: keeps the queue
-
-        c.subscribe(a, "*", hold)
+    async with started(make_broker_config()) as controller:  # checks after 300 ms
+        a, b, group, seen, c = await _held_input(controller, unique)
         async with AsyncTransactionProducer(
             "eos-check", CommitOnCheck(), broker=controller.address, config=FAST_CLIENT
         ) as p:
@@ -357,8 +348,6 @@ async def test_a_commit_decided_by_check_back_is_applied_and_fenced_the_same_way
             assert summary()["committed"] == 1
             assert [m.body for m in outs] == [b"out"]
             assert await committed(controller.address, group, a) == 1
-    finally:
-        await controller.shutdown()
 
 
 async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
@@ -367,10 +356,7 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
     """With no retries allowed (``max_reconsume_times=0``), a commit fenced because a member
     joined does not send the message to the dead-letter queue: the member rebalances (keeping
     the queue: the joiner's id sorts after its own) and commits the message once."""
-    a, b, group = unique("eos-a"), unique("eos-b"), unique("eos-g")
-    await create_topic(broker.address, a, 1)
-    await create_topic(broker.address, b, 1)
-    await fill(broker, a, 1)
+    a, b, group, _ = await in_and_out(broker, unique, 1)
     c = consumer(broker, group, max_reconsume_times=0)
     joiner = BrokerConnection(broker.address, FAST_CLIENT, client_id="~joiner-sorts-last")
     joiner.register_consumer(
@@ -390,13 +376,12 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
                 await txn.send(Message(b, b"fenced" if not fenced else b"ok"), queue_id=0)
                 txn.send_offsets(c, msg)
                 if not fenced:
-                    before = await generation(broker.address, group)
-                    await joiner.start()
-                    await joiner.send_heartbeat()  # a member joins mid-transaction
-                    await wait_until(
-                        lambda: _gt(generation(broker.address, group), before),
-                        what="the generation bumped",
-                    )
+
+                    async def join() -> None:  # a member joins mid-transaction
+                        await joiner.start()
+                        await joiner.send_heartbeat()
+
+                    await bump_generation(broker, group, join)
         except FencedError as exc:
             fenced.append(exc)
             raise
@@ -440,15 +425,11 @@ async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
                     what=f"offset {upto} committed",
                 )
 
-    first = BrokerController(config)
-    await first.start()
-    try:
+    async with started(config) as first:
         await create_topic(first.address, a, 1)
         await create_topic(first.address, b, 1)
         await fill(first, a, 2)
         await process(first, 2)
-    finally:
-        await first.shutdown()
     path = os.path.join(config.store_path_root_dir, "config", "consumerOffset.json")
     with open(path) as f:
         doc = json.load(f)
@@ -457,11 +438,7 @@ async def test_an_applied_position_past_the_commit_log_is_reset_at_start(
     doc["offsetTable"][key] = {"0": 99}
     with open(path, "w") as f:
         json.dump(with_checksum(doc), f)  # a file the broker wrote, checksum and all
-    second = BrokerController(config)
-    await second.start()
-    try:
+    async with started(config) as second:
         await fill(second, a, 1)
         await process(second, 3)
         assert [m.body for m in await outputs(second.address, b)] == [b"in-0", b"in-1", b"in-0"]
-    finally:
-        await second.shutdown()

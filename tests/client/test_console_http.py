@@ -14,19 +14,15 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.acl_files import account, acl_file, write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.client import Message, Producer
 from txmq.client.console import Console, Sessions
 
-ACL_FILE = """
-accounts:
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-  - accessKey: viewer
-    secretKey: secret-view-123
-    defaultTopicPerm: SUB
-"""
+ACL_FILE = acl_file(
+    account("operator", "secret-op-123", admin=True),
+    account("viewer", "secret-view-123", defaultTopicPerm="SUB"),
+)
 
 
 class Http:
@@ -176,8 +172,7 @@ def test_a_broker_that_does_not_answer_is_said_so() -> None:
 def acl_console(
     broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path
 ) -> Iterator[Console]:
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE, encoding="utf-8")
+    acl = write_acl(tmp_path, ACL_FILE)
     bt = broker_thread_factory(acl_enable=True, plain_acl_file=str(acl))
     c = Console(bt.address, access_key="operator", secret_key="secret-op-123", port=0)
     c.start()

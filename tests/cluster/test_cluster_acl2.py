@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.acl import Credentials
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -19,19 +19,13 @@ ALICE = Credentials("alice", "alice-secret-1")
 
 
 async def _send(addr: str, who: Credentials, topic: str) -> int:
-    c = await RawClient.connect(addr, credentials=who)
-    try:
+    async with connected(addr, credentials=who) as c:
         return (await c.send(topic, b"x")).code
-    finally:
-        await c.close()
 
 
 async def _route(addr: str, who: Credentials) -> int:
-    c = await RawClient.connect(addr, credentials=who)
-    try:
+    async with connected(addr, credentials=who) as c:
         return (await c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"})).code
-    finally:
-        await c.close()
 
 
 async def test_users_and_policies_replicate_and_survive_a_failover(make_cluster: Any) -> None:

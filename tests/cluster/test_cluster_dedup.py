@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.cluster import BrokerCluster
 from tests.support.etcd import EtcdCluster
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.client import AsyncProducer, Message
 from txmq.protocol.errors import TxmqError
 from txmq.protocol.message import MessageConst
@@ -25,11 +25,8 @@ TOPIC = "orders"
 
 
 async def _bodies(addr: str) -> list[bytes]:
-    c = await RawClient.connect(addr)
-    try:
+    async with connected(addr) as c:
         return [m.body for m in await c.pull_all(TOPIC, 4)]
-    finally:
-        await c.close()
 
 
 async def test_a_resend_after_a_failover_is_answered_by_the_new_leader(make_cluster: Any) -> None:
@@ -41,11 +38,8 @@ async def test_a_resend_after_a_failover_is_answered_by_the_new_leader(make_clus
     await c.close()
     bc.kill("g1", old.replica)
     new = await bc.wait_leader("g1", not_replica=old.replica)
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         again = RawClient.send_header(await c.send(TOPIC, b"once", props=props, queue_id=3))
-    finally:
-        await c.close()
     assert (again.msg_id, again.queue_id, again.queue_offset) == (
         first.msg_id,
         first.queue_id,

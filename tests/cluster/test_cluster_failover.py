@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import BrokerCluster, Replica
+from tests.support.acl_files import write_acl
+from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster, Replica, enforced_tls
 from tests.support.etcd import EtcdCluster, etcd_binary
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.client import (
     AsyncProducer,
     AsyncTransactionProducer,
@@ -37,11 +38,8 @@ TOPIC = "orders"
 
 
 async def stored_bodies(addr: str, topic: str = TOPIC, queues: int = 4) -> list[bytes]:
-    c = await RawClient.connect(addr)
-    try:
+    async with connected(addr) as c:
         return [m.body for m in await c.pull_all(topic, queues)]
-    finally:
-        await c.close()
 
 
 def grew(items: Sized, by: int) -> Callable[[], Awaitable[bool]]:
@@ -197,11 +195,8 @@ async def test_transactions_survive_leader_kills(make_cluster: Any) -> None:
         st = await bc.status(leader.addr)
         if st is None:
             return False
-        c = await RawClient.connect(leader.addr)
-        try:
+        async with connected(leader.addr) as c:
             resp = await c.call(RequestCode.TXMQ_LIST_TRANSACTIONS, {"state": "PENDING"})
-        finally:
-            await c.close()
         return resp.code == ResponseCode.SUCCESS and resp.body in (b"[]", b"")
 
     await bc.wait(resolved, 60, "every pending transaction resolved by check-back")
@@ -369,11 +364,8 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
 
     async def both() -> bool:
         for r in (l1, l2):
-            c = await RawClient.connect(r.addr)
-            try:
+            async with connected(r.addr) as c:
                 resp = await c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "wide"})
-            finally:
-                await c.close()
             if resp.code != ResponseCode.SUCCESS:
                 return False
             route = json.loads(resp.body)
@@ -423,11 +415,8 @@ async def test_routes_cover_every_group(make_cluster: Any) -> None:
 
     async def gone_everywhere() -> bool:
         for leader in (l1, l2):
-            c = await RawClient.connect(leader.addr)
-            try:
+            async with connected(leader.addr) as c:
                 resp = await c.call(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "wide"})
-            finally:
-                await c.close()
             if resp.code != ResponseCode.TOPIC_NOT_EXIST:
                 return False
         return True
@@ -448,8 +437,7 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
     group, batch = "spark-sink", "query-1:7"
     halves = {"a1": l1, "a2": l1, "b1": l2, "b2": l2}
     for txid, leader in halves.items():
-        c = await RawClient.connect(leader.addr)
-        try:
+        async with connected(leader.addr) as c:
             resp = await c.send(
                 "sunk",
                 f"row-{txid}".encode(),
@@ -458,19 +446,14 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
                 props={"TXMQ_BATCH_KEY": batch, "UNIQ_KEY": txid},
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
     bc.pause("g2", l2.replica)
-    c = await RawClient.connect(l1.addr)
-    try:
+    async with connected(l1.addr) as c:
         resp = await c.call(
             RequestCode.TXMQ_DECIDE_BATCH,
             {"producerGroup": group, "batchKey": batch},
             json.dumps({"commit": ["a1", "b1", "b2"]}).encode(),
         )
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await c.close()
     bc.kill("g2", l2.replica)
     new2 = await bc.wait_leader("g2", not_replica=l2.replica)
 
@@ -484,43 +467,22 @@ async def test_batch_decision_across_groups_survives_a_leader_death(make_cluster
     assert applied and applied[0]["batch_key"] == batch
 
 
-ACL_FILE = """
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-"""
-
-
 async def test_cluster_with_acl(make_cluster: Any, tmp_path: Any) -> None:
     """With aclEnable, replicas replicate with the file's admin account, anonymous clients get
     neither log bytes nor routes, and a producer with its account follows a failover."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE)
+    acl = write_acl(tmp_path, CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")
     follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)
-    anonymous = await RawClient.connect(leader.addr)
-    try:
+    async with connected(leader.addr) as anonymous:
         resp = await anonymous.call(
             RequestCode.TXMQ_HA_FETCH, {"brokerName": "g1", "replicaId": 9, "offset": 0}
         )
         assert resp.code == ResponseCode.NO_PERMISSION, resp
-    finally:
-        await anonymous.close()
-    anonymous = await RawClient.connect(follower.addr)
-    try:
+    async with connected(follower.addr) as anonymous:
         resp = await anonymous.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC})
         assert resp.code == ResponseCode.NO_PERMISSION, resp
-    finally:
-        await anonymous.close()
     p = AsyncProducer(
         "groupA",
         bc.seeds("g1"),
@@ -543,25 +505,16 @@ async def test_cluster_with_tls_enforced(make_cluster: Any, tmp_path: Any) -> No
     from tests.support.certs import make_certs
 
     certs = make_certs(tmp_path / "certs")
-    tls = {
-        "tls.server.mode": "enforcing",
-        "tls.server.certPath": str(certs.server_cert),
-        "tls.server.keyPath": str(certs.server_key),
-        "tls.server.trustCertPath": str(certs.ca),
-    }
-    bc: BrokerCluster = make_cluster(settings=tls)
+    bc: BrokerCluster = make_cluster(settings=enforced_tls(certs))
     bc.ssl = certs.client_context()
     leader = await bc.start_group("g1")
     # Every replica's broker port is TLS-only, followers' too.
     for r in bc.replicas.values():
         st = await bc.status(r.addr)
         assert st is not None, f"replica {r.replica} does not answer over TLS"
-        plain = await RawClient.connect(r.addr)
-        try:
+        async with connected(r.addr) as plain:
             with pytest.raises(TxmqError):
                 await plain.call(RequestCode.TXMQ_CLUSTER_STATUS, {}, timeout=5.0)
-        finally:
-            await plain.close()
     p = AsyncProducer("tls", bc.seeds("g1"), tls=certs.client_context(), request_timeout=10.0)
     await p.start()
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.scrape import CLUSTER_ONLY, Samples, names, referenced, scrape, value
 from txmq.protocol.codes import RequestCode, ResponseCode
 
@@ -26,8 +26,7 @@ async def test_leader_and_follower_export_replication_lag_and_consumer_lag(
     bc: BrokerCluster = make_cluster(groups={"g1": 2})
     leader = await bc.start_group("g1")
     follower = next(r for r in bc.replicas.values() if r is not leader)
-    c = await RawClient.connect(leader.addr)
-    try:
+    async with connected(leader.addr) as c:
         for i in range(5):
             c.send_header(await c.send(TOPIC, b"m%d" % i, queue_id=0))
         r = await c.call(
@@ -35,8 +34,6 @@ async def test_leader_and_follower_export_replication_lag_and_consumer_lag(
             {"consumerGroup": GROUP, "topic": TOPIC, "queueId": 0, "commitOffset": 2},
         )
         assert r.code == ResponseCode.SUCCESS, r.remark
-    finally:
-        await c.close()
 
     seen: dict[str, Samples] = {}
 

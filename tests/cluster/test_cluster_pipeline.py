@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.test_cluster_failover import stored_bodies, text
 from tests.support.cluster import BrokerCluster, Replica
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.spark_connector.session import BrokerSession
 
@@ -32,13 +32,10 @@ def offsets(n: int) -> str:
 
 async def call(addr: str, ext: dict[str, Any], doc: dict[str, Any]) -> tuple[int, Any]:
     """One TXMQ_DECIDE_BATCH: (response code, JSON answer or remark)."""
-    c = await RawClient.connect(addr)
-    try:
+    async with connected(addr) as c:
         resp = await c.call(
             RequestCode.TXMQ_DECIDE_BATCH, ext, json.dumps(doc).encode(), timeout=15
         )
-    finally:
-        await c.close()
     if resp.code != ResponseCode.SUCCESS:
         return resp.code, resp.remark
     return resp.code, json.loads(resp.body)
@@ -65,8 +62,7 @@ async def halves(leaders: dict[str, Replica], batch: str, tag: str) -> list[str]
     ids = []
     for group, leader in leaders.items():
         txid = f"{tag}-{group}"
-        c = await RawClient.connect(leader.addr)
-        try:
+        async with connected(leader.addr) as c:
             resp = await c.send(
                 TOPIC,
                 f"row-{txid}".encode(),
@@ -75,8 +71,6 @@ async def halves(leaders: dict[str, Replica], batch: str, tag: str) -> list[str]
                 props={"TXMQ_BATCH_KEY": batch, "UNIQ_KEY": txid},
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
-        finally:
-            await c.close()
         ids.append(txid)
     return ids
 

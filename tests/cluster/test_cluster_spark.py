@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.test_cluster_sdk import two_groups
-from tests.spark.helpers import bodies, forget_commit, pull_all, running_spark
+from tests.spark.helpers import bodies, forget_commit, pull_all, spark_fixture
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
@@ -24,12 +23,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TOPIC = "spread"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2]", "txmq-cluster-tests", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"}
-    ) as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-cluster-tests", batch_rows=100)
 
 
 def _rows(spark: Any, folder: str) -> Any:

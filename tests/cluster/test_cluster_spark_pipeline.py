@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.test_cluster_failover import txmq_cli
-from tests.spark.helpers import by_state, pull_all, running_spark, transactions
+from tests.spark.helpers import by_state, pull_all, spark_fixture, transactions
 from tests.spark.test_spark_pipeline import _batches, _forget_batches, _ids
 from tests.spark.test_spark_pipeline import _run as run_pipeline
 from tests.support.cluster import BrokerCluster
@@ -31,10 +30,7 @@ SOURCE, OUT, PIPE = "pipe-in", "pipe-out", "copy-cluster"
 RUN_TIMEOUT = 240.0
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark("local[2]", "txmq-cluster-pipeline-tests") as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-cluster-pipeline-tests")
 
 
 def _publish(seeds: str, ids: range) -> None:

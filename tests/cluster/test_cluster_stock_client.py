@@ -16,7 +16,7 @@ import pytest
 
 from tests.compat.stock import cpp_client
 from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 
 pytestmark = pytest.mark.slow
 
@@ -71,10 +71,7 @@ async def test_cpp_client_follows_a_leader_change(make_cluster: Any, tmp_path: P
         f"{(max(failed) - min(failed) + 1) * 0.5:.1f}s after the kill "
         f"(kill at {time.monotonic() - killed_at:.0f}s ago)"
     )
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         stored = {m.body.split(b"-")[1].split(b".")[0] for m in await c.pull_all("stock", 4)}
-    finally:
-        await c.close()
     missing = [i for i in ok if str(i).encode() not in stored]
     assert not missing, f"acknowledged sends {missing[:5]} are not on the new leader"

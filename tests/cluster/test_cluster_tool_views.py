@@ -10,18 +10,15 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import BrokerCluster, Replica
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 
 pytestmark = pytest.mark.slow
 
 
 async def _call(r: Replica, code: int, ext: dict[str, Any] | None = None) -> bytes:
-    c = await RawClient.connect(r.addr)
-    try:
+    async with connected(r.addr) as c:
         resp = await c.call(code, ext, st=SerializeType.JSON)
-    finally:
-        await c.close()
     assert resp.code == ResponseCode.SUCCESS, (r.addr, code, resp.code, resp.remark)
     return bytes(resp.body)
 

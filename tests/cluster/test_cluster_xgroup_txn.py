@@ -17,7 +17,7 @@ import pytest
 
 from tests.cluster.test_cluster_failover import txmq_cli
 from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -123,14 +123,11 @@ async def both_topics(bc: BrokerCluster) -> dict[str, list[str] | None]:
 async def batch_state(bc: BrokerCluster, group: str, txid: str) -> dict[str, Any] | None:
     """The decision of ``txid`` (its batch of one) as ``group``'s leader knows it."""
     leader = await bc.wait_leader(group)
-    c = await RawClient.connect(leader.addr)
-    try:
+    async with connected(leader.addr) as c:
         resp = await c.call(
             RequestCode.TXMQ_DECIDE_BATCH,
             {"producerGroup": GROUP, "batchKey": txid, "queryOnly": "true"},
         )
-    finally:
-        await c.close()
     if resp.code != ResponseCode.SUCCESS:
         return None
     doc: dict[str, Any] = json.loads(resp.body)

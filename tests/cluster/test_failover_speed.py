@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.cluster import BrokerCluster, first_send_after, send_before
+from tests.support.raw import RawClient, connected
 from txmq.broker.cluster.etcd import Entry
 from txmq.broker.cluster.node import LEADER_FENCE_S, SILENCE_S, ClusterNode
 from txmq.broker.cluster.view import ClusterView
 from txmq.broker.config import BrokerConfig
-from txmq.client import AsyncProducer, Message
+from txmq.client import AsyncProducer
 from txmq.protocol.codes import ResponseCode
 from txmq.protocol.errors import TxmqError
 
@@ -45,21 +45,11 @@ async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster
     p = AsyncProducer("speed", bc.seeds("g1"), request_timeout=30.0)
     await p.start()
     try:
-        acked = []
-        for i in range(10):
-            await p.send(Message(TOPIC, f"before-{i}".encode()))
-            acked.append(f"before-{i}".encode())
+        acked = await send_before(p, TOPIC)
         t0 = time.monotonic()
         bc.kill("g1", leader.replica)
         errors: list[str] = []
-        while True:
-            try:
-                await p.send(Message(TOPIC, b"after"), timeout=30.0)
-                break
-            except TxmqError as exc:
-                errors.append(str(exc))
-                assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
-        took = time.monotonic() - t0
+        took = await first_send_after(p, TOPIC, t0, errors)
     finally:
         await p.shutdown()
     assert took < BOUND_S, (
@@ -75,11 +65,8 @@ async def test_sdk_send_on_new_leader_well_before_the_lease_expires(make_cluster
     ]
     assert revoked, "the new leader was elected without the followers revoking the dead lease"
     assert all(e["leader"] == leader.replica for e in revoked), revoked
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         stored = {m.body for m in await c.pull_all(TOPIC, 4)}
-    finally:
-        await c.close()
     missing = [b for b in [*acked, b"after"] if b not in stored]
     assert not missing, f"acknowledged sends missing on the new leader: {missing}"
     # The killed replica comes back as a follower of the new epoch and catches up.
@@ -103,24 +90,14 @@ async def test_a_paused_leader_is_replaced_within_seconds_and_acknowledges_nothi
     await p.start()
     stuck = await RawClient.connect(old.addr)
     try:
-        acked = []
-        for i in range(10):
-            await p.send(Message(TOPIC, f"before-{i}".encode()))
-            acked.append(f"before-{i}".encode())
+        acked = await send_before(p, TOPIC)
         t0 = time.monotonic()
         bc.pause("g1", old.replica)
         try:
             # Waits in the paused leader's socket until it wakes.
             late = asyncio.ensure_future(stuck.send(TOPIC, b"to-the-paused-leader"))
             errors: list[str] = []
-            while True:
-                try:
-                    await p.send(Message(TOPIC, b"after"), timeout=30.0)
-                    break
-                except TxmqError as exc:
-                    errors.append(str(exc))
-                    assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
-            took = time.monotonic() - t0
+            took = await first_send_after(p, TOPIC, t0, errors)
             new = await bc.wait_leader("g1", not_replica=old.replica, timeout=5)
         finally:
             bc.resume("g1", old.replica)
@@ -149,11 +126,8 @@ async def test_a_paused_leader_is_replaced_within_seconds_and_acknowledges_nothi
     # The old leader rejoins as a follower of the new epoch and catches up; what it stored
     # while it could not acknowledge is cut, every acknowledged send is there.
     await bc.wait_rejoined("g1", new.replica, old.replica, timeout=60)
-    c = await RawClient.connect(new.addr)
-    try:
+    async with connected(new.addr) as c:
         stored = {m.body for m in await c.pull_all(TOPIC, 4)}
-    finally:
-        await c.close()
     missing = [b for b in [*acked, b"after"] if b not in stored]
     assert not missing, f"acknowledged sends missing on the new leader: {missing}"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import netns
+from tests.support.cluster import first_send_after, send_before
 from tests.support.netns import Network
 from tests.support.partitions import (
     BROKERS,
@@ -34,11 +35,10 @@ from tests.support.partitions import (
     group_in_namespaces,
     nemesis_run,
 )
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
-from txmq.client import AsyncProducer, Message
+from txmq.client import AsyncProducer
 from txmq.protocol.codes import ResponseCode
-from txmq.protocol.errors import TxmqError
 
 pytestmark = pytest.mark.slow
 
@@ -134,8 +134,7 @@ async def test_a_message_a_consumer_read_survives_its_leaders_fall(
     message unless the group keeps it."""
     async with group_in_namespaces(net, tmp_path) as (_etcd, bc):
         old = await bc.wait_leader(GROUP)
-        c = await RawClient.connect(old.addr)
-        try:
+        async with connected(old.addr) as c:
             assert (await c.send(TOPIC, b"before")).code == ResponseCode.SUCCESS
             for n in ETCD + BROKERS:
                 if n != bc.node(old.replica):
@@ -155,16 +154,11 @@ async def test_a_message_a_consumer_read_survives_its_leaders_fall(
                 acked = (await asyncio.wait_for(sending, 15)).code == ResponseCode.SUCCESS
             except Exception:
                 acked = False
-        finally:
-            await c.close()
         assert not acked, "a leader cut off from its followers and etcd acknowledged a write"
         await bc.wait_in_sync(GROUP, [0, 1, 2], timeout=60)
         leader = await bc.wait_leader(GROUP)
-        reader = await RawClient.connect(leader.addr)
-        try:
+        async with connected(leader.addr) as reader:
             bodies = [m.body for m in await reader.pull_all(TOPIC)]
-        finally:
-            await reader.close()
         assert b"before" in bodies
         assert not served, (
             "the old leader handed a consumer a message none of its in-sync replicas had"
@@ -197,19 +191,10 @@ async def test_a_leader_cut_off_from_everything_is_replaced_within_seconds(
         acked: list[bytes] = []
         errors: list[str] = []
         try:
-            for i in range(10):
-                await p.send(Message(TOPIC, f"before-{i}".encode()))
-                acked.append(f"before-{i}".encode())
+            acked += await send_before(p, TOPIC)
             t0 = time.monotonic()
             net.isolate(node, [*ETCD, *BROKERS, CLIENT])
-            while True:
-                try:
-                    await p.send(Message(TOPIC, b"after"), timeout=30.0)
-                    break
-                except TxmqError as exc:
-                    errors.append(str(exc))
-                    assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
-            took = time.monotonic() - t0
+            took = await first_send_after(p, TOPIC, t0, errors)
             acked.append(b"after")
         finally:
             await p.shutdown()
@@ -228,10 +213,7 @@ async def test_a_leader_cut_off_from_everything_is_replaced_within_seconds(
         assert revoked and all(e["silent"] for e in revoked), revoked
         net.heal()
         await bc.wait_rejoined(GROUP, new.replica, old.replica, timeout=90)
-        reader = await RawClient.connect(new.addr)
-        try:
+        async with connected(new.addr) as reader:
             bodies = {m.body for m in await reader.pull_all(TOPIC)}
-        finally:
-            await reader.close()
         missing = [b for b in acked if b not in bodies]
         assert not missing, f"acknowledged sends missing on the new leader: {missing}"

@@ -22,8 +22,9 @@ from typing import IO, Any
 import pytest
 
 from tests.compat.stock import cpp_client
-from tests.support.cluster import BrokerCluster
-from tests.support.raw import RawClient
+from tests.support.acl_files import write_acl
+from tests.support.cluster import CLUSTER_ACL_FILE, BrokerCluster, enforced_tls
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
 from txmq.broker.cluster.etcd import Entry
 from txmq.broker.cluster.forward import FORWARD_TIMEOUT_S, WriteForwarder
@@ -133,8 +134,7 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
     bc: BrokerCluster = make_cluster()
     leader = await bc.start_group("g1")
     followers = [r for r in bc.replicas.values() if r.replica != leader.replica]
-    lc = await RawClient.connect(leader.addr)
-    try:
+    async with connected(leader.addr) as lc:
         assert lc.send_header(await lc.send("fwd", b"direct")).queue_offset == 0
 
         async def routed() -> dict[str, str]:
@@ -143,19 +143,15 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
 
         entries = await wait_until(routed, 10, "the topic's route naming the followers")
         assert entries == {replica_entry("g1", r.replica): r.addr for r in followers}
-    finally:
-        await lc.close()
-    f = await RawClient.connect(followers[0].addr)
-    try:
+    async with connected(followers[0].addr) as f:
         # A send through a follower is stored by the leader (the answer is the leader's).
         for v2 in (True, False):
             resp = await f.send("fwd", f"via-follower-{v2}".encode(), v2=v2, queue_id=1)
             assert f.send_header(resp).queue_offset == int(not v2), resp
         # A half sent through the follower, decided (oneway, as stock producers do) through it.
         half = await f.send("fwd", b"half-via-follower", transactional=True, group="fwd-tx")
-        await f.end_transaction("fwd-tx", half, 8, oneway=True)
-        lc = await RawClient.connect(leader.addr)
-        try:
+        await f.end_transaction_oneway("fwd-tx", half, 8)
+        async with connected(leader.addr) as lc:
             await lc.heartbeat(consumer_groups={"fwd-readers": {"fwd": "*"}})
             want = {b"direct", b"via-follower-True", b"via-follower-False", b"half-via-follower"}
 
@@ -169,8 +165,6 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             assert json.loads(resp.body)["consumerIdList"] == [lc.client_id]
-        finally:
-            await lc.close()
         # The leader goes silent (SIGSTOP: its port still takes connections): the forwarded
         # send is refused within the forward timeout instead of hanging.
         bc.pause("g1", leader.replica)
@@ -183,8 +177,6 @@ async def test_followers_forward_sends_and_decisions_and_refuse_while_the_leader
             new = await bc.wait_leader("g1", not_replica=leader.replica, timeout=30)
         finally:
             bc.resume("g1", leader.replica)
-    finally:
-        await f.close()
     # The old leader wakes up, finds its lease gone and rejoins; what it may have stored of
     # the refused send was never acknowledged and is cut: no replica serves it.
     await bc.wait_in_sync("g1", [0, 1, 2], timeout=60)
@@ -346,28 +338,13 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
         assert not twice, f"{who} consumer got messages twice: {twice[:5]}"
 
 
-ACL_FILE = """
-accounts:
-  - accessKey: producerA
-    secretKey: secret-a-123
-    topicPerms:
-      - orders=PUB
-    groupPerms:
-      - groupA=PUB
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-"""
-
-
 async def test_forwarded_sends_keep_the_clients_acl_identity(
     make_cluster: Any, tmp_path: Path
 ) -> None:
     """A follower forwards headers and body unchanged: the leader checks the client's own
     signature and permissions (a signed send is stored, one the account may not make or an
     anonymous one is refused there), never the follower's."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE)
+    acl = write_acl(tmp_path, CLUSTER_ACL_FILE)
     bc: BrokerCluster = make_cluster(settings={"aclEnable": "true", "plainAclFile": str(acl)})
     bc.signer = Credentials("operator", "secret-op-123").sign
     leader = await bc.start_group("g1")
@@ -405,13 +382,7 @@ async def test_followers_forward_over_tls_when_it_is_enforced(
     from tests.support.certs import make_certs
 
     certs = make_certs(tmp_path / "certs")
-    tls = {
-        "tls.server.mode": "enforcing",
-        "tls.server.certPath": str(certs.server_cert),
-        "tls.server.keyPath": str(certs.server_key),
-        "tls.server.trustCertPath": str(certs.ca),
-    }
-    bc: BrokerCluster = make_cluster(settings=tls)
+    bc: BrokerCluster = make_cluster(settings=enforced_tls(certs))
     bc.ssl = certs.client_context()
     leader = await bc.start_group("g1")
     follower = next(r for r in bc.replicas.values() if r.replica != leader.replica)

@@ -11,6 +11,7 @@ import pytest
 
 from tests.compat.stock import StockClient, cpp_client
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from txmq.broker.config import BrokerConfig
 
 pytestmark = pytest.mark.slow
@@ -34,8 +35,7 @@ def acl_broker(
     broker_thread_factory: Callable[..., BrokerThread],
     tmp_path: Path,
 ) -> BrokerThread:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL, encoding="utf-8")
+    path = write_acl(tmp_path, ACL)
     return broker_thread_factory(make_broker_config(acl_enable=True, plain_acl_file=str(path)))
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused, tx_state
 from tests.conftest import BrokerThread
+from tests.support.acl_files import write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -24,7 +25,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 from txmq.broker.grpc.auth import RPC_NEEDS  # noqa: E402
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 __all__ = ["py5"]  # the fixture, imported for this module's tests
 
@@ -63,9 +63,7 @@ KEYS = {
 
 @pytest.fixture
 def acl_file(tmp_path: Path) -> Path:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
-    return path
+    return write_acl(tmp_path, ACL_FILE)
 
 
 @pytest.fixture
@@ -77,12 +75,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread], acl_file: Path) -> Br
         plain_acl_file=str(acl_file),
         transaction_check_max=10_000,
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(who: str | None, client_id: str = "", **override: str) -> list[tuple[str, str]]:

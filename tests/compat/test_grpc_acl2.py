@@ -5,9 +5,8 @@ stubs and the official Python client."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
+from tests.support.acl_files import acl2_with_root, write_acl
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -39,9 +39,7 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
     b = broker_thread_factory(
         grpc_server_enable=True,
         grpc_server_port=0,
-        authentication_enabled=True,
-        authorization_enabled=True,
-        init_authentication_user=json.dumps({"username": "root", "password": KEYS["root"]}),
+        **acl2_with_root("root", KEYS["root"]),
     )
     assert b.controller is not None
 
@@ -64,12 +62,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
 
     asyncio.run(setup())
     return b
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(user: str | None, secret: str | None = None) -> list[tuple[str, str]]:
@@ -149,15 +141,12 @@ def test_every_rpc_is_decided_as_acl1_decided_it_after_migration(
     from tests.compat import test_grpc_acl as v1
     from txmq.broker.auth2 import migrate_plain_acl
 
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(v1.ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, v1.ACL_FILE)
     b = broker_thread_factory(
         grpc_server_enable=True,
         grpc_server_port=0,
-        authentication_enabled=True,
-        authorization_enabled=True,
         transaction_check_max=10_000,
-        init_authentication_user=json.dumps({"username": "root", "password": KEYS["root"]}),
+        **acl2_with_root("root", KEYS["root"]),
     )
     assert b.controller is not None
     address = b.controller.address

@@ -8,7 +8,7 @@ official client is driven in test_grpc_python5_fifo.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +21,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 from tests.compat.test_grpc_frontend import MD, ack, message, receive  # noqa: E402
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 from txmq.broker.store.subscription_group import SubscriptionGroupConfig  # noqa: E402
 
 QUEUES = 4
@@ -32,16 +31,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
     return broker_thread_factory(
         grpc_server_enable=True, grpc_server_port=0, default_topic_queue_nums=QUEUES
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    assert bt.controller is not None
-    ch = grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}")
-    try:
-        yield sgrpc.MessagingServiceStub(ch)
-    finally:
-        ch.close()
 
 
 def set_group(bt: BrokerThread, group: str, **fields: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.grpc_probes import grpc_message
 from tests.support.waiting import wait_until_sync
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -47,13 +48,7 @@ def stub(channel: Any) -> Any:
 
 
 def message(topic: str, body: bytes, mid: str, **sp: Any) -> Any:
-    m = pb.Message(topic=pb.Resource(name=topic), body=body)
-    m.system_properties.message_id = mid
-    m.system_properties.message_type = sp.pop("message_type", pb.NORMAL)
-    m.system_properties.born_host = "127.0.0.1"
-    for k, v in sp.items():
-        setattr(m.system_properties, k, v)
-    return m
+    return grpc_message(topic, body, mid, **sp)
 
 
 def commit_log_end(bt: BrokerThread) -> int:

@@ -57,24 +57,36 @@ def of(group_name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["group"] == group_name]
 
 
+def consume_seven(
+    py5: Path, bt: BrokerThread, topic: str, group: str, op: str, *, orderly: bool, **args: Any
+) -> tuple[dict[str, Any], str, str]:
+    """The two message groups of :func:`send_groups` sent to ``topic`` (``group`` made orderly
+    when ``orderly``), then the client's ``op`` consuming the 7 messages as ``group`` (``args``:
+    the op's other arguments): its result and the two message groups."""
+    a, b = send_groups(py5, bt, topic)
+    if orderly:
+        make_orderly(bt, group)
+    out = run(
+        py5, op=op, endpoint=endpoint(bt), topic=topic, group=group, count=7, timeout=45, **args
+    )
+    return out, a, b
+
+
 def test_simple_consumer_keeps_each_message_group_in_order_across_redelivery(
     fifo_broker: BrokerThread, py5: Path
 ) -> None:
     topic, group = "py5-fifo-simple", "py5-fifo-simple-g"
-    a, b = send_groups(py5, fifo_broker, topic)
-    make_orderly(fifo_broker, group)
     # one message per receive; a2's first delivery is not acked (invisible 4 s)
-    out = run(
+    out, a, b = consume_seven(
         py5,
-        op="fifo_receive",
-        endpoint=endpoint(fifo_broker),
-        topic=topic,
-        group=group,
-        count=7,
+        fifo_broker,
+        topic,
+        group,
+        "fifo_receive",
+        orderly=True,
         batch=1,
         skip_once=["a2"],
         invisible_s=4,
-        timeout=45,
     )
     log = out["deliveries"]
     first_a2 = log.index({"body": "a2", "group": a, "attempt": 1, "acked": False})
@@ -102,17 +114,8 @@ def test_push_consumer_of_an_orderly_group_consumes_fifo(
     fifo_broker: BrokerThread, py5: Path
 ) -> None:
     topic, group = "py5-fifo-push", "py5-fifo-push-g"
-    a, b = send_groups(py5, fifo_broker, topic)
-    make_orderly(fifo_broker, group)
-    out = run(
-        py5,
-        op="push",
-        endpoint=endpoint(fifo_broker),
-        topic=topic,
-        group=group,
-        count=7,
-        fail_once=["a2"],
-        timeout=45,
+    out, a, b = consume_seven(
+        py5, fifo_broker, topic, group, "push", orderly=True, fail_once=["a2"]
     )
     assert out["fifo"] is True  # told by the broker: the client's settings did not ask
     handled = out["handled"]
@@ -142,16 +145,7 @@ def test_push_consumer_of_a_group_that_is_not_orderly_is_told_fifo_false(
     fifo_broker: BrokerThread, py5: Path
 ) -> None:
     topic, group = "py5-fifo-plain", "py5-plain-g"
-    send_groups(py5, fifo_broker, topic)
-    out = run(
-        py5,
-        op="push",
-        endpoint=endpoint(fifo_broker),
-        topic=topic,
-        group=group,
-        count=7,
-        timeout=45,
-    )
+    out, _, _ = consume_seven(py5, fifo_broker, topic, group, "push", orderly=False)
     assert out["fifo"] is False
     assert sorted(m["body"] for m in out["messages"]) == [
         "a1",

@@ -18,6 +18,7 @@ import pytest
 
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
+from tests.support.acl_files import acl_file, open_account, write_acl
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -25,40 +26,19 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 __all__ = ["py5"]  # the fixture, imported for this module's tests
 
 RATE = 64 * 1024
 CONSUME_RATE = 32 * 1024
 TOO_MANY_REQUESTS = 42900
-ACL_FILE = f"""
-accounts:
-  - accessKey: flooder
-    secretKey: secret-flood-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    produceByteRate: {RATE}
-  - accessKey: quieter
-    secretKey: secret-quiet-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-  - accessKey: reader
-    secretKey: secret-read-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    consumeByteRate: {CONSUME_RATE}
-  - accessKey: trickle
-    secretKey: secret-trickle-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    produceByteRate: 100
-  - accessKey: limited
-    secretKey: secret-limit-1
-    defaultTopicPerm: PUB|SUB
-    defaultGroupPerm: PUB|SUB
-    maxConnections: 1
-"""
+ACL_FILE = acl_file(
+    open_account("flooder", "secret-flood-1", produceByteRate=RATE),
+    open_account("quieter", "secret-quiet-1"),
+    open_account("reader", "secret-read-1", consumeByteRate=CONSUME_RATE),
+    open_account("trickle", "secret-trickle-1", produceByteRate=100),
+    open_account("limited", "secret-limit-1", maxConnections=1),
+)
 SECRETS = {
     "flooder": "secret-flood-1",
     "quieter": "secret-quiet-1",
@@ -70,17 +50,10 @@ SECRETS = {
 
 @pytest.fixture
 def bt(broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path) -> BrokerThread:
-    path = tmp_path / "plain_acl.yml"
-    path.write_text(ACL_FILE, encoding="utf-8")
+    path = write_acl(tmp_path, ACL_FILE)
     return broker_thread_factory(
         grpc_server_enable=True, grpc_server_port=0, acl_enable=True, plain_acl_file=str(path)
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    with grpc.insecure_channel(endpoint(bt)) as ch:
-        yield sgrpc.MessagingServiceStub(ch)
 
 
 def md(who: str, client_id: str = "") -> list[tuple[str, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +17,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 from txmq.protocol.message import decode_message  # noqa: E402
 
 MD = (("x-mq-client-id", "recall-client-1"), ("x-mq-language", "PYTHON"))
@@ -27,16 +26,6 @@ TOPIC = "grpc-recall"
 @pytest.fixture
 def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
     return broker_thread_factory(grpc_server_enable=True, grpc_server_port=0)
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    assert bt.controller is not None
-    ch = grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}")
-    try:
-        yield sgrpc.MessagingServiceStub(ch)
-    finally:
-        ch.close()
 
 
 def send(stub: Any, body: bytes, mid: str, deliver_ms: int | None) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +15,6 @@ grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is 
 
 from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 from txmq.protocol.message import decode_message  # noqa: E402
 
 MD = (("x-mq-client-id", "timer-client-1"), ("x-mq-language", "PYTHON"))
@@ -27,16 +26,6 @@ def bt(broker_thread_factory: Callable[..., BrokerThread]) -> BrokerThread:
     return broker_thread_factory(
         grpc_server_enable=True, grpc_server_port=0, timer_max_delay_sec=60
     )
-
-
-@pytest.fixture
-def stub(bt: BrokerThread) -> Iterator[Any]:
-    assert bt.controller is not None
-    ch = grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}")
-    try:
-        yield sgrpc.MessagingServiceStub(ch)
-    finally:
-        ch.close()
 
 
 def send_at(stub: Any, body: bytes, mid: str, deliver_ms: int) -> Any:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started, with_transactions
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 
 COMMIT = 8
 
@@ -23,16 +22,7 @@ async def test_an_unreadable_check_state_index_is_ignored(
     make_broker_config: Callable[..., BrokerConfig], content: bytes
 ) -> None:
     cfg = make_broker_config(transaction_check_interval=600_000)
-    b = BrokerController(cfg)
-    await b.start()
-    c = await RawClient.connect(b.address)
-    try:
-        sent = [
-            await c.send("chk", f"h{i}".encode(), group="g", transactional=True) for i in range(2)
-        ]
-        assert (await c.end_transaction("g", sent[0], COMMIT)).code == 0
-    finally:
-        await c.close()
+    b = await with_transactions(cfg, "chk", [COMMIT])
     before = {t: r.state.value for t, r in b.transactions.records.items()}
     assert sorted(before.values()) == ["COMMITTED", "PENDING"]
     await b.shutdown()
@@ -40,9 +30,5 @@ async def test_an_unreadable_check_state_index_is_ignored(
     path = Path(cfg.store_path_root_dir) / "transaction" / "checkState.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
-    b = BrokerController(dataclasses.replace(cfg, listen_port=b.port))
-    await b.start()
-    try:
+    async with started(dataclasses.replace(cfg, listen_port=b.port)) as b:
         assert {t: r.state.value for t, r in b.transactions.records.items()} == before
-    finally:
-        await b.shutdown()

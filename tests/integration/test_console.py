@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.support import scratch
+from tests.support.acl_files import account, acl_file, write_acl
 from tests.support.browser import PAGE_TIMEOUT, ConsoleProcess, chromium, need_chromium
 from tests.support.cluster import BrokerCluster
 from tests.support.etcd import EtcdCluster, etcd_binary
@@ -61,17 +62,11 @@ TX_GROUP = "shop-tx"
 NASTY_BODY = "order 42 <script>window.pwned = 1</script> & <b>bold</b>"
 NASTY_NOTE = '<img src=x onerror="window.pwned=2">'
 
-ACL_FILE = """
-globalWhiteRemoteAddresses:
-accounts:
-  - accessKey: operator
-    secretKey: secret-op-123
-    admin: true
-  - accessKey: viewer
-    secretKey: secret-view-123
-    defaultTopicPerm: SUB
-    defaultGroupPerm: SUB
-"""
+ACL_FILE = acl_file(
+    account("operator", "secret-op-123", admin=True),
+    account("viewer", "secret-view-123", defaultTopicPerm="SUB", defaultGroupPerm="SUB"),
+    white_listed=True,
+)
 OPERATOR = ("operator", "secret-op-123")
 VIEWER = ("viewer", "secret-view-123")
 
@@ -525,8 +520,7 @@ def test_a_parked_transaction_is_resumed_then_rolled_back_from_its_page(
 
 @pytest.fixture
 def acl_broker(broker_thread_factory: Callable[..., BrokerThread], tmp_path: Path) -> BrokerThread:
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL_FILE, encoding="utf-8")
+    acl = write_acl(tmp_path, ACL_FILE)
     return broker_thread_factory(
         transaction_check_max=100_000, acl_enable=True, plain_acl_file=str(acl)
     )

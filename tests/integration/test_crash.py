@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.support.brokers import started
 from tests.support.process import BrokerProcess
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
@@ -249,9 +250,7 @@ async def test_kill_mid_commit_of_a_multi_message_transaction_is_completed(make_
     for s in segs:
         if int(s) > int(seg):
             os.remove(os.path.join(seg_dir, s))
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         assert b.recovery["transactions"]["repaired"] == 4
         c = await RawClient.connect(b.address)
         again = await c.pull_all("multi")
@@ -259,5 +258,3 @@ async def test_kill_mid_commit_of_a_multi_message_transaction_is_completed(make_
         assert (await c.end_transaction("g", halves[1], COMMIT, txid=txid)).code == 0
         assert len(await c.pull_all("multi")) == 4
         await c.close()
-    finally:
-        await b.shutdown()

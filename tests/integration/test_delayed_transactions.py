@@ -4,10 +4,10 @@ remoting with the SDK's transaction producer and a real broker."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from tests.support.raw import RawClient
+from tests.support.brokers import pulled, started, stored
+from tests.support.decisions import C, R, U, now_ms
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.topics import TIMER_TOPIC
@@ -16,21 +16,12 @@ from txmq.client.transaction import (
     LocalTransactionState,
     TransactionListener,
 )
-from txmq.protocol.message import Message, MessageConst, MessageExt, decode_message
+from txmq.protocol.message import Message, MessageConst, MessageExt
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "delayed-tx"
 TOPIC = "delayed-orders"
 #: Margin for a loaded test machine (the target is 100 ms; bench/timers.py measures it).
 LATE_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def at(ms: int) -> dict[str, str]:
@@ -59,27 +50,6 @@ class Listener(TransactionListener):
         return self.check
 
 
-def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    for qid in broker.store.queue_ids(topic):
-        offset = 0
-        while True:
-            r = broker.store.get_messages(topic, qid, offset, 256)
-            if not r.messages:
-                break
-            out.extend(decode_message(raw) for raw in r.messages)
-            offset = r.next_begin_offset
-    return out
-
-
-async def pulled(address: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
-        return await c.pull_all(TOPIC)
-    finally:
-        await c.close()
-
-
 async def test_commit_is_delivered_at_its_time_not_at_the_commit(broker: BrokerController) -> None:
     deliver = now_ms() + 1500
     async with AsyncTransactionProducer(G, Listener(C), broker.address) as p:
@@ -90,10 +60,12 @@ async def test_commit_is_delivered_at_its_time_not_at_the_commit(broker: BrokerC
     # Committed, held by the timer: nothing in the topic yet.
     [held] = stored(broker, TIMER_TOPIC)
     assert held.properties[MessageConst.REAL_TOPIC] == TOPIC and held.body == b"later"
-    assert await pulled(broker.address) == [], "delivered at the commit, before its time"
-    got = await wait_until(lambda: pulled(broker.address), 15, "the committed message delivered")
+    assert await pulled(broker.address, TOPIC) == [], "delivered at the commit, before its time"
+    got = await wait_until(
+        lambda: pulled(broker.address, TOPIC), 15, "the committed message delivered"
+    )
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
-    [m] = await pulled(broker.address)
+    [m] = await pulled(broker.address, TOPIC)
     assert (m.body, m.tags, m.keys, m.msg_id) == (b"later", "t", "k1", r.msg_id), got
     assert 0 <= m.store_timestamp - deliver <= LATE_MS, (
         f"delivered {m.store_timestamp - deliver} ms after its time"
@@ -113,12 +85,12 @@ async def test_a_time_passed_before_the_commit_is_delivered_at_the_commit(
 
     async def slow(_: Message) -> None:
         await wait_until(lambda: now_ms() > deliver + 300, 5, "the delivery time passed")
-        assert await pulled(broker.address) == [], "delivered before the commit"
+        assert await pulled(broker.address, TOPIC) == [], "delivered before the commit"
 
     lst.before = slow
     async with AsyncTransactionProducer(G, lst, broker.address) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"due", properties=at(deliver)))
-    [m] = await wait_until(lambda: pulled(broker.address), 10, "delivered after the commit")
+    [m] = await wait_until(lambda: pulled(broker.address, TOPIC), 10, "delivered after the commit")
     assert m.store_timestamp >= lst.answered_ms[0], "stored before the commit was decided"
 
 
@@ -130,27 +102,23 @@ async def test_rollback_is_never_delivered(broker: BrokerController) -> None:
     # The marker: committed, due after the rolled-back one would have been.
     async with AsyncTransactionProducer(G, Listener(C), broker.address) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"marker", properties=at(soon + 700)))
-    await wait_until(lambda: pulled(broker.address), 10, "the marker delivered")
+    await wait_until(lambda: pulled(broker.address, TOPIC), 10, "the marker delivered")
     await wait_until(lambda: broker.timer.pending == 0, 5, "nothing pending")
-    assert [m.body for m in await pulled(broker.address)] == [b"marker"]
+    assert [m.body for m in await pulled(broker.address, TOPIC)] == [b"marker"]
     assert [m.body for m in stored(broker, TIMER_TOPIC) if m.queue_id == 0] == [b"marker"]
 
 
 async def test_check_back_commit_waits_for_the_time(make_broker_config) -> None:
-    b = BrokerController(
+    async with started(
         make_broker_config(transaction_time_out=100, transaction_check_interval=100)
-    )
-    await b.start()
-    try:
+    ) as b:
         deliver = now_ms() + 2500
         lst = Listener(U, check=C)
         async with AsyncTransactionProducer(G, lst, b.address) as p:
             await p.send_message_in_transaction(Message(TOPIC, b"checked", properties=at(deliver)))
             await wait_until(lambda: not b.transactions.pending, 10, "committed by a check")
-        [m] = await wait_until(lambda: pulled(b.address), 15, "delivered")
+        [m] = await wait_until(lambda: pulled(b.address, TOPIC), 15, "delivered")
         assert 0 <= m.store_timestamp - deliver <= LATE_MS, m.store_timestamp - deliver
-    finally:
-        await b.shutdown()
 
 
 async def test_a_delayed_commit_survives_a_restart_and_is_delivered_once(
@@ -163,13 +131,9 @@ async def test_a_delayed_commit_survives_a_restart_and_is_delivered_once(
     async with AsyncTransactionProducer(G, Listener(C), b.address) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"kept", properties=at(deliver)))
     await b.shutdown()
-    b = BrokerController(cfg)
-    await b.start()
-    try:
+    async with started(cfg) as b:
         assert b.timer.pending == 1
-        await wait_until(lambda: pulled(b.address), 15, "delivered after the restart")
+        await wait_until(lambda: pulled(b.address, TOPIC), 15, "delivered after the restart")
         await wait_until(lambda: b.timer.pending == 0, 5, "nothing pending")
-        [m] = await pulled(b.address)
+        [m] = await pulled(b.address, TOPIC)
         assert m.body == b"kept" and m.store_timestamp >= deliver
-    finally:
-        await b.shutdown()

@@ -7,7 +7,6 @@ the broker expired meanwhile) are fenced when they come back."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -21,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies, wait_until
+from tests.support.logs import json_lines
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import AsyncProducer, AsyncPullConsumer, Message
@@ -72,25 +72,11 @@ class Processor:
         self.proc.wait(10)
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.out.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        return json_lines(self.out)
 
 
 async def read_all(address: str, topic: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    async with AsyncPullConsumer("eos-chaos-reader", broker=address, config=FAST_CLIENT) as pc:
-        for q in range(QUEUES):
-            offset, end = await pc.min_offset(topic, q), await pc.max_offset(topic, q)
-            while offset < end:
-                r = await pc.pull(topic, q, offset, 64)
-                out.extend(json.loads(m.body) for m in r.messages)
-                offset = r.next_begin_offset
-    return out
+    return await json_bodies(address, topic, QUEUES, "eos-chaos-reader")
 
 
 async def all_committed(address: str, group: str, topic: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.client import (
     AsyncProducer,
     AsyncTransactionProducer,
@@ -40,20 +40,14 @@ class Commit(TransactionListener):
 
 
 async def _metric(address: str, name: str) -> float:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         resp = await c.call(RequestCode.TXMQ_GET_METRICS)
         return float(json.loads(resp.body).get(name, 0.0))
-    finally:
-        await c.close()
 
 
 async def _bodies(address: str, topic: str) -> list[bytes]:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return sorted(m.body for m in await c.pull_all(topic))
-    finally:
-        await c.close()
 
 
 async def _stalled(bp: BrokerProcess, *sends: Any) -> list[Any]:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.ports import free_port
 from tests.support.process import BrokerProcess
-from tests.support.raw import RawClient
+from tests.support.raw import connected
 from tests.support.waiting import wait_until
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.headers import CreateTopicRequestHeader
@@ -123,22 +123,16 @@ async def receive_until(c: Consumer, n: int, invisible_s: int, what: str) -> lis
 
 
 async def create_topic(address: str, topic: str) -> None:
-    admin = await RawClient.connect(address)
-    try:
+    async with connected(address) as admin:
         h = CreateTopicRequestHeader(topic=topic, read_queue_nums=2, write_queue_nums=2)
         r = await admin.call(RequestCode.UPDATE_AND_CREATE_TOPIC, h.to_ext_fields())
         assert r.code == ResponseCode.SUCCESS, r.remark
-    finally:
-        await admin.close()
 
 
 async def dlq_count(address: str) -> int:
-    admin = await RawClient.connect(address)
-    try:
+    async with connected(address) as admin:
         r = await admin.call(RequestCode.GET_MAX_OFFSET, {"topic": f"%DLQ%{GROUP}", "queueId": 0})
         return int(r.ext_fields.get("offset", 0)) if r.code == ResponseCode.SUCCESS else 0
-    finally:
-        await admin.close()
 
 
 @pytest.fixture

@@ -11,13 +11,14 @@ import time
 
 import pytest
 
-from tests.support.raw import RawClient
+from tests.support.brokers import started
+from tests.support.decisions import C, R, U
+from tests.support.raw import connected
 from tests.support.waiting import rounds_pass, wait_until
 from txmq.broker.server import BrokerController
 from txmq.client.admin import AsyncAdminClient
 from txmq.client.transaction import (
     AsyncTransactionProducer,
-    LocalTransactionState,
     TransactionListener,
 )
 from txmq.protocol.codes import RequestCode
@@ -28,11 +29,6 @@ from txmq.protocol.errors import (
 )
 from txmq.protocol.message import Message, MessageConst, MessageExt
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOWN,
-)
 G = "order-tx"
 
 
@@ -61,11 +57,8 @@ class Scripted(TransactionListener):
 
 
 async def delivered(address: str, topic: str) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
+    async with connected(address) as c:
         return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 @pytest.fixture
@@ -112,13 +105,9 @@ async def test_rollback_never_delivered_also_after_restart(fast_broker):
     assert r.local_transaction_state is R
     cfg = fast_broker.config
     await fast_broker.shutdown()
-    b2 = BrokerController(cfg)
-    await b2.start()
-    try:
+    async with started(cfg) as b2:
         await rounds_pass(lambda: b2.transactions.rounds, 3)
         assert await delivered(b2.address, "orders") == []
-    finally:
-        await b2.shutdown()
     fast_broker.__init__(cfg)  # the fixture shuts down a fresh, started broker
     await fast_broker.start()
 
@@ -156,11 +145,9 @@ async def test_unknown_forever_exactly_check_max_then_parked_then_resumed(fast_b
 
 
 async def test_no_check_before_the_timeout_and_immunity_delays_it(make_broker_config):
-    b = BrokerController(
+    async with started(
         make_broker_config(transaction_time_out=800, transaction_check_interval=50)
-    )
-    await b.start()
-    try:
+    ) as b:
         lst = Scripted(U, checks=[C])
         async with AsyncTransactionProducer(G, lst, b.address) as p:
             t0 = time.monotonic()
@@ -171,8 +158,6 @@ async def test_no_check_before_the_timeout_and_immunity_delays_it(make_broker_co
         first, second = lst.checks[0][0] - t0, lst.checks[1][0] - t1
         assert first >= 0.8, first
         assert second >= 2.0, second
-    finally:
-        await b.shutdown()
 
 
 async def test_repeated_and_contradicting_decisions(fast_broker):
@@ -203,16 +188,12 @@ async def test_mismatched_group_gets_system_error_naming_the_reason(fast_broker)
 
 
 async def test_rejected_transactions_run_no_local_transaction(make_broker_config):
-    b = BrokerController(make_broker_config(reject_transaction_message=True))
-    await b.start()
-    try:
+    async with started(make_broker_config(reject_transaction_message=True)) as b:
         lst = Scripted(C)
         async with AsyncTransactionProducer(G, lst, b.address) as p:
             with pytest.raises(NoPermissionError):
                 await p.send_message_in_transaction(Message("orders", b"x"))
         assert lst.executed == 0
-    finally:
-        await b.shutdown()
 
 
 async def test_delay_level_waits_after_the_commit(fast_broker):

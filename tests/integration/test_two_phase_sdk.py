@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.support.raw import RawClient
+from tests.support.brokers import pulled, started
+from tests.support.decisions import C, R, U
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
@@ -29,22 +30,9 @@ from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.errors import IllegalOperationError
 from txmq.protocol.message import Message, MessageExt
 
-C, R, U = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOW,
-)
 G = "coordinated"
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:")
 T = "payments"
-
-
-async def delivered(address: str, topic: str = T) -> list[MessageExt]:
-    c = await RawClient.connect(address)
-    try:
-        return await c.pull_all(topic)
-    finally:
-        await c.close()
 
 
 @pytest.fixture
@@ -95,7 +83,7 @@ async def test_prepared_is_invisible_then_committed_once_by_another_producer(fas
     lst = NoListener()
     async with AsyncTransactionProducer(G, lst, fast_broker.address) as p1:
         handle = await prepared(p1, b"a", b"b")
-    assert await delivered(fast_broker.address) == []
+    assert await pulled(fast_broker.address, T) == []
     text = str(handle)
     # a fresh producer of the group, with only the handle's text
     async with AsyncTransactionProducer(G, lst, fast_broker.address) as p2:
@@ -103,7 +91,7 @@ async def test_prepared_is_invisible_then_committed_once_by_another_producer(fas
         await p2.commit(text)  # idempotent
         with pytest.raises(IllegalOperationError, match="already COMMITTED"):
             await p2.rollback(text)
-    assert sorted(m.body for m in await delivered(fast_broker.address)) == [b"a", b"b"]
+    assert sorted(m.body for m in await pulled(fast_broker.address, T)) == [b"a", b"b"]
     assert lst.checked == []
 
 
@@ -114,9 +102,9 @@ async def test_concurrent_halves_then_prepare(fast_broker):
             handle = await txn.prepare()
         rec = fast_broker.transactions.records[handle.transaction_id]
         assert rec.two_phase and len(rec.halves) == 5
-        assert await delivered(fast_broker.address) == []
+        assert await pulled(fast_broker.address, T) == []
         await p.commit(handle)
-    assert sorted(m.body for m in await delivered(fast_broker.address)) == [
+    assert sorted(m.body for m in await pulled(fast_broker.address, T)) == [
         b"%d" % i for i in range(5)
     ]
 
@@ -131,7 +119,7 @@ async def test_rollback_by_handle_is_idempotent_and_a_late_commit_refused(fast_b
         with pytest.raises(ValueError, match="producer group"):
             async with AsyncTransactionProducer("other", NoListener(), fast_broker.address) as o:
                 await o.commit(handle)
-    assert await delivered(fast_broker.address) == []
+    assert await pulled(fast_broker.address, T) == []
 
 
 async def test_recover_lists_prepared_handles_across_a_restart(fast_broker):
@@ -145,9 +133,7 @@ async def test_recover_lists_prepared_handles_across_a_restart(fast_broker):
         assert [h.transaction_id for h in await p.recover()] == ["tx-1", "tx-2"]
     cfg = fast_broker.config
     await fast_broker.shutdown()
-    b2 = BrokerController(cfg)
-    await b2.start()
-    try:
+    async with started(cfg) as b2:
         assert b2.transactions.records["tx-1"].two_phase
         async with AsyncTransactionProducer(G, NoListener(), b2.address) as p:
             found = await p.recover()
@@ -156,10 +142,8 @@ async def test_recover_lists_prepared_handles_across_a_restart(fast_broker):
             await p.rollback(found[1])
             await p.commit(decided)  # remembered across the restart
             assert await p.recover() == []
-        bodies = sorted(m.body for m in await delivered(b2.address))
+        bodies = sorted(m.body for m in await pulled(b2.address, T))
         assert bodies == [b"1", b"3", b"plain"]
-    finally:
-        await b2.shutdown()
     fast_broker.__init__(cfg)
     await fast_broker.start()
 
@@ -188,7 +172,7 @@ async def test_checks_go_to_the_resolver_and_the_budget_never_parks(fast_broker)
         answers.append(C)
         await wait_until(lambda: rec.state.value == "COMMITTED")
     assert lst.checked == []
-    assert [m.body for m in await delivered(fast_broker.address)] == [b"late"]
+    assert [m.body for m in await pulled(fast_broker.address, T)] == [b"late"]
 
 
 async def test_without_a_resolver_checks_are_answered_unknown(fast_broker):
@@ -200,7 +184,7 @@ async def test_without_a_resolver_checks_are_answered_unknown(fast_broker):
         assert rec.state.value == "PENDING" and lst.checked == []
         p.set_prepared_resolver(lambda h: R)
         await wait_until(lambda: rec.state.value == "ROLLED_BACK")
-    assert await delivered(fast_broker.address) == []
+    assert await pulled(fast_broker.address, T) == []
 
 
 async def test_a_block_without_prepare_rolls_back(fast_broker):
@@ -224,13 +208,11 @@ async def test_a_block_without_prepare_rolls_back(fast_broker):
         assert records["boom"].state.value == "ROLLED_BACK"
         assert records["after"].state.value == "PENDING"
         await p.commit(txn.handle)  # type: ignore[arg-type]
-    assert [m.body for m in await delivered(fast_broker.address)] == [b"kept"]
+    assert [m.body for m in await pulled(fast_broker.address, T)] == [b"kept"]
 
 
 async def test_decision_is_remembered_past_the_decided_retention(make_broker_config):
-    b = BrokerController(make_broker_config(transaction_decided_retention=1))
-    await b.start()
-    try:
+    async with started(make_broker_config(transaction_decided_retention=1)) as b:
         async with AsyncTransactionProducer(G, NoListener(), b.address) as p:
             handle = await prepared(p, b"z")
             await p.commit(handle)
@@ -247,8 +229,6 @@ async def test_decision_is_remembered_past_the_decided_retention(make_broker_con
             with pytest.raises(PreparedTransactionUnknownError):
                 await p.commit(handle)
             assert plain is not None
-    finally:
-        await b.shutdown()
 
 
 async def test_admin_lists_two_phase_transactions(fast_broker):

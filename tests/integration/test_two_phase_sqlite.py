@@ -31,10 +31,11 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic
+from tests.client.helpers import FAST_CLIENT, create_topic, json_bodies
+from tests.support.logs import json_lines
 from tests.support.process import BrokerProcess
 from tests.support.waiting import wait_until
-from txmq.client import AsyncProducer, AsyncPullConsumer, Message
+from txmq.client import AsyncProducer, Message
 from txmq.client.admin import AsyncAdminClient
 
 pytestmark = pytest.mark.slow
@@ -137,28 +138,14 @@ class Coordinator:
         return self.proc.returncode
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.out.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by the kill
-        return out
+        return json_lines(self.out)
 
     def stderr_tail(self) -> str:
         return self.err.read_text()[-3000:]
 
 
 async def read_events(address: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    async with AsyncPullConsumer("two-phase-reader", broker=address, config=FAST_CLIENT) as pc:
-        for q in range(QUEUES):
-            offset, end = await pc.min_offset(TOPIC, q), await pc.max_offset(TOPIC, q)
-            while offset < end:
-                r = await pc.pull(TOPIC, q, offset, 64)
-                out.extend(json.loads(m.body) for m in r.messages)
-                offset = r.next_begin_offset
-    return out
+    return await json_bodies(address, TOPIC, QUEUES, "two-phase-reader")
 
 
 async def transactions(address: str, state: str) -> list[dict[str, Any]]:

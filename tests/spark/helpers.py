@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import FAST, BrokerThread
 from txmq.broker.config import BrokerConfig
 from txmq.client import ClientConfig, PullConsumer, PullStatus
@@ -70,6 +72,34 @@ def running_spark(master: str, app: str, **conf: str) -> Iterator[Any]:
         for q in session.streams.active:
             q.stop()
         session.stop()
+
+
+def spark_fixture(master: str, app: str, *, batch_rows: int | None = None) -> Any:
+    """A module's ``spark`` fixture (``spark = spark_fixture(...)``): :func:`running_spark`
+    once for the module; ``batch_rows``: ``spark.sql.execution.arrow.maxRecordsPerBatch``."""
+    conf = (
+        {}
+        if batch_rows is None
+        else {"spark.sql.execution.arrow.maxRecordsPerBatch": str(batch_rows)}
+    )
+
+    @pytest.fixture(scope="module")
+    def spark() -> Iterator[Any]:
+        with running_spark(master, app, **conf) as session:
+            yield session
+
+    return spark
+
+
+def order_rows(spark: Any, folder: str) -> Any:
+    """The rows ``{"id", "customer", "amount"}`` of the JSON files in ``folder`` (what the
+    ``json_input`` fixture writes) as a stream, one file per micro-batch, in two partitions."""
+    return (
+        spark.readStream.schema("id INT, customer STRING, amount DOUBLE")
+        .option("maxFilesPerTrigger", 1)
+        .json(folder)
+        .repartition(2)
+    )
 
 
 def pull_all(address: str, topic: str, config: ClientConfig | None = None) -> list[MessageExt]:

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.support.process import BrokerProcess
+from tests.support.process import BrokerProcess, running
 from txmq.client.sync import AdminClient
 from txmq.protocol.errors import TxmqError
 from txmq.spark_connector.options import offsets_text, parse_sink_options
@@ -41,12 +41,8 @@ E0, E1 = offsets_text({"orders": {"0": 10}}), offsets_text({"orders": {"0": 20}}
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    bp = BrokerProcess(str(tmp_path / "store"))
-    bp.start()
-    try:
+    with running(str(tmp_path / "store")) as bp:
         yield bp
-    finally:
-        bp.stop_quietly()
 
 
 def _write(

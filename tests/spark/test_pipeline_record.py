@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.support.process import BrokerProcess
+from tests.support.process import BrokerProcess, running
 from txmq.protocol.errors import TxmqError
 from txmq.spark_connector.options import offsets_text, parse_sink_options
 from txmq.spark_connector.pipeline import pipeline_batch_key
@@ -28,12 +28,8 @@ ENDS = [{"orders": {"0": 10, "1": 4}}, {"orders": {"0": 25, "1": 9}}, {"orders":
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    bp = BrokerProcess(str(tmp_path / "store"))
-    bp.start()
-    try:
+    with running(str(tmp_path / "store")) as bp:
         yield bp
-    finally:
-        bp.stop_quietly()
 
 
 def _query(address: str, start: str | None) -> dict[str, Any]:

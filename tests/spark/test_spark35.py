@@ -15,8 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +22,9 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.spark.cluster import clean_env
-from tests.spark.helpers import by_state, forget_commit, order_ids, pull_all, start_broker
+from tests.spark.helpers import by_state, forget_commit, order_ids, pull_all
 from tests.spark.helpers import transactions as txns
+from tests.support.unavailable import unavailable
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -60,21 +59,14 @@ def _unavailable() -> str | None:
 def spark35() -> Path:
     reason = _unavailable()
     if reason is not None:
-        message = f"pyspark 3.5 unavailable: {reason}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        print(message, file=sys.stderr)
-        pytest.skip(message)
+        unavailable(f"pyspark 3.5 unavailable: {reason}")
     return PYTHON
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerThread]:
-    bt = start_broker(tmp_path_factory.mktemp("broker"))
-    try:
-        yield bt
-    finally:
-        bt.stop()
+def broker(spark_broker: BrokerThread) -> BrokerThread:
+    """The module's broker (``spark_broker``), under the name its tests use."""
+    return spark_broker
 
 
 def _run(python: Path, args: list[str], log: Path) -> dict[str, Any]:

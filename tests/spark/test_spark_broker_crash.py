@@ -25,11 +25,11 @@ from tests.spark.helpers import (
     by_state,
     order_ids,
     pull_all,
-    running_spark,
     slow_body_udf,
+    spark_fixture,
     transactions,
 )
-from tests.support.process import BrokerProcess
+from tests.support.process import BrokerProcess, running
 from tests.support.waiting import wait_until_sync
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
@@ -43,24 +43,13 @@ SECONDS_PER_ROW = 0.005
 RUN_TIMEOUT = 150.0
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2]",
-        "txmq-broker-crash-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-broker-crash-tests", batch_rows=50)
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    bp = BrokerProcess(str(tmp_path / "store"), flush="ASYNC_FLUSH")
-    bp.start()
-    try:
+    with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
         yield bp
-    finally:
-        bp.stop_quietly()
 
 
 def _inputs(folder: Path) -> str:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import BrokerThread
 from tests.spark.cluster import StandaloneCluster, clean_env
-from tests.spark.helpers import by_state, pull_all, start_broker, transactions
+from tests.spark.helpers import by_state, pull_all, transactions
 from tests.support.waiting import wait_until_sync
 from txmq.client import Message, Producer
 
@@ -49,12 +49,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerThread]:
-    bt = start_broker(tmp_path_factory.mktemp("broker"))
-    try:
-        yield bt
-    finally:
-        bt.stop()
+def broker(spark_broker: BrokerThread) -> BrokerThread:
+    """The module's broker (``spark_broker``), under the name its tests use."""
+    return spark_broker
 
 
 def worker_python(folder: Path) -> Path:

@@ -18,13 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import by_state, order_ids, pull_all, start_broker, transactions
+from tests.spark.helpers import by_state, order_ids, pull_all, transactions
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
@@ -40,12 +39,9 @@ RUN_TIMEOUT = 150.0
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerThread]:
-    bt = start_broker(tmp_path_factory.mktemp("broker"))
-    try:
-        yield bt
-    finally:
-        bt.stop()
+def broker(spark_broker: BrokerThread) -> BrokerThread:
+    """The module's broker (``spark_broker``), under the name its tests use."""
+    return spark_broker
 
 
 class Driver:

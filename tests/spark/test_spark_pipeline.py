@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import by_state, pull_all, running_spark, transactions
+from tests.spark.helpers import by_state, pull_all, spark_fixture, transactions
 from txmq.client import Message, Producer
 from txmq.protocol.message import MessageExt
 
@@ -29,10 +28,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 RUN_TIMEOUT = 180.0
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark("local[2]", "txmq-pipeline-tests") as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-pipeline-tests")
 
 
 def _publish(address: str, topic: str, ids: range) -> None:

@@ -16,13 +16,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import by_state, pull_all, start_broker, transactions
+from tests.spark.helpers import by_state, pull_all, transactions
 from tests.spark.test_spark_pipeline import _forget_batches, _ids, _publish
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
@@ -73,12 +72,9 @@ class Pipeline:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerThread]:
-    bt = start_broker(tmp_path_factory.mktemp("broker"))
-    try:
-        yield bt
-    finally:
-        bt.stop()
+def broker(spark_broker: BrokerThread) -> BrokerThread:
+    """The module's broker (``spark_broker``), under the name its tests use."""
+    return spark_broker
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ every row delivered exactly once and the failed attempt's halves rolled back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ from tests.spark.helpers import (
     by_state,
     failing_body_udf,
     order_ids,
+    order_rows,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -25,17 +25,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'tx
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2,4]",
-        "txmq-plain-rows-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2,4]", "txmq-plain-rows-tests", batch_rows=50)
 
 
 def test_body_only_rows_survive_a_retried_task_exactly_once(
@@ -45,7 +36,7 @@ def test_body_only_rows_survive_a_retried_task_exactly_once(
     folder = json_input([range(0, 1000), range(1000, 2000)])
     # In the second batch, the first attempt of partition 0 fails after storing halves.
     flaky = failing_body_udf(address, ids=range(1000, 2000), after=300, attempts=(0,))
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder).repartition(2)
+    df = order_rows(spark, folder)
     query = (
         df.select(flaky("id").alias("body"))  # a string body and no other column
         .writeStream.format("txmq")

@@ -4,7 +4,6 @@ with every row delivered exactly once and nothing from a failed attempt ever vis
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,9 @@ from tests.spark.helpers import (
     failing_body_udf,
     forget_commit,
     order_ids,
+    order_rows,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -26,17 +26,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'tx
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2,4]",
-        "txmq-recovery-tests",
-        **{"spark.sql.execution.arrow.maxRecordsPerBatch": "50"},
-    ) as session:
-        yield session
+spark = spark_fixture("local[2,4]", "txmq-recovery-tests", batch_rows=50)
 
 
 def _start(
@@ -46,7 +37,7 @@ def _start(
     ``topic`` and wait for the query to end."""
     from pyspark.sql import functions as F
 
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(folder).repartition(2)
+    df = order_rows(spark, folder)
     if body_udf is None:
         body = F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|"))
     else:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ from tests.spark.helpers import (
     failing_body_udf,
     forget_commit,
     order_ids,
+    order_rows,
     pull_all,
-    running_spark,
+    spark_fixture,
     transactions,
 )
 
@@ -31,32 +31,19 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'tx
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark(
-        "local[2]", "txmq-sink-tests", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100"}
-    ) as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-sink-tests", batch_rows=100)
 
 
 def _orders(spark: Any, folder: str) -> Any:
     from pyspark.sql import functions as F
 
-    return (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(folder)
-        .repartition(2)
-        .select(
-            F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
-            F.col("customer").alias("keys"),
-            F.lit("created").alias("tags"),
-            F.create_map(F.lit("amount"), F.col("amount").cast("string")).alias("properties"),
-            "customer",
-        )
+    return order_rows(spark, folder).select(
+        F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
+        F.col("customer").alias("keys"),
+        F.lit("created").alias("tags"),
+        F.create_map(F.lit("amount"), F.col("amount").cast("string")).alias("properties"),
+        "customer",
     )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import pull_all, spark_session
+from tests.spark.helpers import pull_all, spark_fixture
 from txmq.client import Message, Producer
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
@@ -25,15 +24,7 @@ from txmq.spark_connector.options import offsets_behind  # noqa: E402  (after th
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "txmq-source-options-tests")
-    try:
-        yield session
-    finally:
-        for q in session.streams.active:
-            q.stop()
-        session.stop()
+spark = spark_fixture("local[2]", "txmq-source-options-tests")
 
 
 def _publish(address: str, topic: str, ids: range, *, queues: int = 2, size: int = 0) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.spark.helpers import BROKER_SETTINGS, order_ids, pull_all, running_spark
+from tests.spark.helpers import BROKER_SETTINGS, order_ids, order_rows, pull_all, spark_fixture
 from tests.support.certs import Certs, make_certs
 from txmq.broker.config import BrokerConfig
 from txmq.client import ClientConfig
@@ -21,8 +21,6 @@ from txmq.client.config import tls_context
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'txmq[spark]')")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +44,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterat
         bt.stop()
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with running_spark("local[2]", "txmq-tls-tests") as session:
-        yield session
+spark = spark_fixture("local[2]", "txmq-tls-tests")
 
 
 def tls_options(certs: Certs, ca: Path | None = None) -> dict[str, str]:
@@ -64,15 +59,9 @@ def tls_options(certs: Certs, ca: Path | None = None) -> dict[str, str]:
 def _orders(spark: Any, folder: str) -> Any:
     from pyspark.sql import functions as F
 
-    return (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(folder)
-        .repartition(2)
-        .select(
-            F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body"),
-            F.col("customer").alias("keys"),
-        )
+    return order_rows(spark, folder).select(
+        F.concat(F.lit("order-"), F.col("id").cast("string"), F.lit("|")).alias("body"),
+        F.col("customer").alias("keys"),
     )
 
 

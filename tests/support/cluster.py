@@ -14,7 +14,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,7 +27,9 @@ from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import TxmqError
 
+from .acl_files import account, acl_file
 from .ports import free_port
+from .process import broker_command
 
 #: Test timers: short lease (quick failover), short lag limit, fast transaction checks.
 FAST_CLUSTER = {
@@ -41,6 +42,14 @@ FAST_CLUSTER = {
     "maxMessageSize": 1024 * 1024,
     "flushIntervalCommitLog": 100,
 }
+
+
+#: The ACL of the cluster tests with ``aclEnable``: a producer of ``orders`` and the admin
+#: account replicas replicate with.
+CLUSTER_ACL_FILE = acl_file(
+    account("producerA", "secret-a-123", topics=("orders=PUB",), groups=("groupA=PUB",)),
+    account("operator", "secret-op-123", admin=True),
+)
 
 
 @dataclass
@@ -106,28 +115,18 @@ class BrokerCluster:
         return ",".join(r.addr for r in self.replicas.values() if group in (None, r.group))
 
     def command(self, r: Replica) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "txmq",
-            "broker",
-            "--store-dir",
+        cmd = broker_command(
             str(r.store),
-            "--port",
-            str(r.port),
-            "--flush",
+            r.port,
             self.flush,
-            "--set",
-            f"etcdEndpoints={self.etcd}",
-            "--set",
-            f"brokerClusterName={self.name}",
-            "--set",
-            f"brokerName={r.group}",
-            "--set",
-            f"brokerId={r.replica}",
-        ]
-        for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
+            {
+                "etcdEndpoints": self.etcd,
+                "brokerClusterName": self.name,
+                "brokerName": r.group,
+                "brokerId": r.replica,
+                **self.settings,
+            },
+        )
         if r.grpc_port:
             cmd += ["--set", "grpcServerEnable=true", "--set", f"grpcServerPort={r.grpc_port}"]
         if r.ops_port:
@@ -324,3 +323,40 @@ class BrokerCluster:
 
     def elapsed(self, t0: float) -> float:
         return time.monotonic() - t0
+
+
+async def first_send_after(p: Any, topic: str, t0: float, errors: list[str]) -> float:
+    """Send ``b"after"`` with the producer ``p`` until one send is acknowledged, the errors
+    meanwhile added to ``errors``; the seconds from ``t0`` (a leader killed, paused or cut
+    off) to that acknowledgement.  Fails once a send fails 30 s after ``t0``."""
+    from txmq.client import Message
+
+    while True:
+        try:
+            await p.send(Message(topic, b"after"), timeout=30.0)
+            return time.monotonic() - t0
+        except TxmqError as exc:
+            errors.append(str(exc))
+            assert time.monotonic() - t0 < 30, f"no send succeeded: {errors[-3:]}"
+
+
+async def send_before(p: Any, topic: str, n: int = 10) -> list[bytes]:
+    """Send ``before-0`` ... ``before-<n-1>`` with the producer ``p``, each acknowledged; the
+    bodies."""
+    from txmq.client import Message
+
+    acked = []
+    for i in range(n):
+        await p.send(Message(topic, f"before-{i}".encode()))
+        acked.append(f"before-{i}".encode())
+    return acked
+
+
+def enforced_tls(certs: Any) -> dict[str, str]:
+    """The replicas' settings that enforce TLS with ``certs`` (:func:`.certs.make_certs`)."""
+    return {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(certs.server_cert),
+        "tls.server.keyPath": str(certs.server_key),
+        "tls.server.trustCertPath": str(certs.ca),
+    }

@@ -501,14 +501,13 @@ def wait_port(port: int, proc: subprocess.Popen[Any], log: Path, timeout: float 
 
 
 async def _placeholders() -> dict[str, str]:
-    from tests.support.raw import RawClient
+    from tests.support.raw import RawClient, connected
     from txmq.client import AsyncPullConsumer
     from txmq.client.dlq import read_dlq
     from txmq.protocol.codes import RequestCode, ResponseCode
     from txmq.protocol.headers import ConsumerSendMsgBackRequestHeader
 
-    raw = await RawClient.connect(BROKER)
-    try:
+    async with connected(BROKER) as raw:
         # Two halves nobody decides: for `txn commit <transactionId>` and `txn resume <msgId>`.
         halves = [
             RawClient.send_header(
@@ -530,8 +529,6 @@ async def _placeholders() -> dict[str, str]:
         )
         resp = await raw.call(RequestCode.CONSUMER_SEND_MSG_BACK, header.to_ext_fields())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-    finally:
-        await raw.close()
     async with AsyncPullConsumer("billing", broker=BROKER) as billing:
         await billing.commit_offset("orders", 0, 1)
     dead = await read_dlq("billing", BROKER)

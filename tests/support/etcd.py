@@ -76,33 +76,15 @@ class EtcdCluster:
         assert m.proc is None or m.proc.poll() is not None
         args = [
             self.binary,
-            "--name",
-            m.name,
-            "--data-dir",
-            str(m.data_dir),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{m.client_port}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{m.client_port}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{m.peer_port}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{m.peer_port}",
-            "--initial-cluster",
-            self._initial_cluster(),
-            "--initial-cluster-state",
-            "new",
-            "--initial-cluster-token",
-            f"txmq-test-{os.getpid()}",
-            # Quick elections on loopback; a loaded machine still keeps up at these values.
-            "--heartbeat-interval",
-            "100",
-            "--election-timeout",
-            "1000",
-            "--logger",
-            "zap",
-            "--log-outputs",
-            str(m.log_path),
+            *member_args(
+                m.name,
+                str(m.data_dir),
+                f"127.0.0.1:{m.client_port}",
+                f"127.0.0.1:{m.peer_port}",
+                self._initial_cluster(),
+                f"txmq-test-{os.getpid()}",
+                str(m.log_path),
+            ),
         ]
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
         m.proc = subprocess.Popen(
@@ -218,3 +200,39 @@ class EtcdCluster:
         for m in self.members:
             assert m.proc is None or m.proc.poll() is not None, f"{m.name} still runs"
             shutil.rmtree(m.data_dir, ignore_errors=True)
+
+
+def member_args(
+    name: str, data_dir: str, client: str, peer: str, initial: str, token: str, log: str
+) -> list[str]:
+    """The arguments of one etcd member of a new cluster: its name, data folder, client and
+    peer ``host:port``, the initial cluster, the cluster token, its log file."""
+    return [
+        "--name",
+        name,
+        "--data-dir",
+        data_dir,
+        "--listen-client-urls",
+        f"http://{client}",
+        "--advertise-client-urls",
+        f"http://{client}",
+        "--listen-peer-urls",
+        f"http://{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://{peer}",
+        "--initial-cluster",
+        initial,
+        "--initial-cluster-state",
+        "new",
+        "--initial-cluster-token",
+        token,
+        # Quick elections on loopback; a loaded machine still keeps up at these values.
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "1000",
+        "--logger",
+        "zap",
+        "--log-outputs",
+        log,
+    ]

@@ -108,6 +108,29 @@ def batch_header(group: str, topic: str, qid: int, sys_flag: int) -> dict[str, A
     ).to_v2_ext_fields()
 
 
+def single_header(
+    group: str, v2: bool, topic: str, props: str | None, qid: int, sys_flag: int, **more: Any
+) -> dict[str, Any]:
+    """The SEND_MESSAGE_V2 (``v2``) or SEND_MESSAGE header of one message a producer of
+    ``group`` sends (``more``: other header fields, ``flag`` among them)."""
+    h = SendMessageRequestHeader(
+        producer_group=group,
+        topic=topic,
+        queue_id=qid,
+        sys_flag=sys_flag,
+        born_timestamp=1_700_000_000_123,
+        flag=more.pop("flag", 0),
+        properties=props,
+        **more,
+    )
+    return h.to_v2_ext_fields() if v2 else h.to_ext_fields()
+
+
+def sent_by_path(b: BrokerController, path: str) -> int:
+    """Sends ``b`` counted under ``path`` in ``txmq_send_path_total``."""
+    return int(b.metrics.snapshot().get(f"txmq_send_path_total{{path={path}}}", 0))
+
+
 #: The bytes of a stored record that differ between two brokers for the same request
 #: (BORNHOST, STORETIMESTAMP, STOREHOST).
 PER_BROKER_BYTES = slice(48, 72)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tests.support.property_probes import stored
+from tests.support.brokers import stored
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
@@ -33,8 +33,14 @@ def _pb() -> tuple[Any, Any]:
 
 
 def message(body: bytes, mid: str, **sp: Any) -> Any:
+    return grpc_message(TOPIC, body, mid, **sp)
+
+
+def grpc_message(topic: str, body: bytes, mid: str, **sp: Any) -> Any:
+    """A RocketMQ 5 ``Message`` of ``topic`` with the message id ``mid`` (``sp``: more system
+    properties; ``message_type`` NORMAL unless given)."""
     pb, _ = _pb()
-    m = pb.Message(topic=pb.Resource(name=TOPIC), body=body)
+    m = pb.Message(topic=pb.Resource(name=topic), body=body)
     m.system_properties.message_id = mid
     m.system_properties.message_type = sp.pop("message_type", pb.NORMAL)
     m.system_properties.born_host = "127.0.0.1"

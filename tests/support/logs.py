@@ -7,7 +7,10 @@ loaded txmq module a new proxy for the test (put back after it)."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -18,3 +21,15 @@ def fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, module in list(sys.modules.items()):
         if name.startswith("txmq.") and module is not None and hasattr(module, "log"):
             monkeypatch.setattr(module, "log", structlog.get_logger(name))
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a child process's output file, one a line; a line that is not one
+    (cut short by a kill) is left out."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -29,10 +29,10 @@ import pytest
 
 from tests.support import netns
 from tests.support.cluster import BrokerCluster, Replica
-from tests.support.etcd import etcd_binary
+from tests.support.etcd import etcd_binary, member_args
 from tests.support.history import CheckResult, History, Op, check, leader_events
 from tests.support.netns import Network, entered
-from tests.support.raw import RawClient
+from tests.support.raw import RawClient, connected
 from txmq.client import (
     AsyncProducer,
     AsyncPushConsumer,
@@ -85,32 +85,15 @@ class NsEtcd:
             args = [
                 *self.net.exec_prefix(n),
                 self.binary,
-                "--name",
-                n,
-                "--data-dir",
-                str(d / "data"),
-                "--listen-client-urls",
-                f"http://{ip}:2379",
-                "--advertise-client-urls",
-                f"http://{ip}:2379",
-                "--listen-peer-urls",
-                f"http://{ip}:2380",
-                "--initial-advertise-peer-urls",
-                f"http://{ip}:2380",
-                "--initial-cluster",
-                initial,
-                "--initial-cluster-state",
-                "new",
-                "--initial-cluster-token",
-                f"txmq-part-{os.getpid()}",
-                "--heartbeat-interval",
-                "100",
-                "--election-timeout",
-                "1000",
-                "--logger",
-                "zap",
-                "--log-outputs",
-                str(d / "etcd.log"),
+                *member_args(
+                    n,
+                    str(d / "data"),
+                    f"{ip}:2379",
+                    f"{ip}:2380",
+                    initial,
+                    f"txmq-part-{os.getpid()}",
+                    str(d / "etcd.log"),
+                ),
             ]
             self.procs[n] = subprocess.Popen(
                 args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -549,11 +532,8 @@ async def no_pending_transactions(addr: str) -> bool:
 async def drain(history: History, addr: str, queues: int) -> list[str]:
     """Read every stored message of the topic from ``addr`` (the leader) into the history."""
     inv = history.invoke("final", "drain", None)
-    c = await RawClient.connect(addr)
-    try:
+    async with connected(addr) as c:
         msgs = await c.pull_all(TOPIC, queues)
-    finally:
-        await c.close()
     ids = [m.body.decode() for m in msgs]
     history.ok(inv, ids)
     return ids

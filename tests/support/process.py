@@ -3,6 +3,7 @@ and start it again on the same data folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -32,21 +33,7 @@ class BrokerProcess:
         self.log_lines: list[dict[str, Any]] = []
 
     def command(self) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "txmq",
-            "broker",
-            "--store-dir",
-            self.store_dir,
-            "--port",
-            str(self.port),
-            "--flush",
-            self.flush,
-        ]
-        for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
-        return cmd
+        return broker_command(self.store_dir, self.port, self.flush, self.settings)
 
     def start(self, timeout: float = 30.0) -> str:
         self._close_previous()
@@ -132,3 +119,51 @@ class BrokerProcess:
             self.proc.wait(10)
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (dedented) in a new interpreter with stdout and stderr as pipes; a
+    non-zero exit raises."""
+    import textwrap
+
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def broker_command(
+    store_dir: str, port: int, flush: str, settings: dict[str, Any] | None = None
+) -> list[str]:
+    """``python -m txmq broker`` on ``port`` with its store in ``store_dir``, the flush mode
+    ``flush`` and ``--set key=value`` for each of ``settings``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "txmq",
+        "broker",
+        "--store-dir",
+        store_dir,
+        "--port",
+        str(port),
+        "--flush",
+        flush,
+    ]
+    for k, v in (settings or {}).items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+@contextlib.contextmanager
+def running(store_dir: str, **kwargs: Any) -> Iterator[BrokerProcess]:
+    """A :class:`BrokerProcess` (``kwargs``: its settings) started for a block, stopped when
+    it ends."""
+    bp = BrokerProcess(store_dir, **kwargs)
+    bp.start()
+    try:
+        yield bp
+    finally:
+        bp.stop_quietly()

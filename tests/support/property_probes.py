@@ -7,11 +7,12 @@ property without a probe."""
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from tests.support.brokers import stored
+from tests.support.decisions import now_ms
 from tests.support.raw import RawClient
 from tests.support.waiting import wait_until
 from txmq.broker.delivery import (
@@ -47,26 +48,9 @@ COMMIT, ROLLBACK = 8, 12
 Probe = Callable[[BrokerController, RawClient], Awaitable[None]]
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def ok(resp: RemotingCommand) -> RemotingCommand:
     assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
     return resp
-
-
-def stored(broker: BrokerController, topic: str) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    for qid in broker.store.queue_ids(topic):
-        offset = 0
-        while True:
-            r = broker.store.get_messages(topic, qid, offset, 256)
-            if not r.messages:
-                break
-            out.extend(decode_message(raw) for raw in r.messages)
-            offset = r.next_begin_offset
-    return out
 
 
 async def in_topic(c: RawClient, topic: str = TOPIC, **kw: Any) -> list[MessageExt]:

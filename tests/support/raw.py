@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, Literal, overload
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from txmq.protocol.acl import Credentials
 from txmq.protocol.aio import Connection, Handler, open_connection
@@ -69,14 +70,21 @@ class RawClient:
         self,
         producer_groups: Sequence[str] = (),
         consumer_groups: dict[str, dict[str, str]] | None = None,
+        expression_type: str | None = None,
     ) -> None:
+        """HEART_BEAT registering the producer groups and the consumer groups' subscriptions
+        (group -> topic -> expression; ``expression_type``: ``SQL92`` or ``TAG`` on each,
+        none given when None)."""
+        kind = {} if expression_type is None else {"expressionType": expression_type}
         data = {
             "clientID": self.client_id,
             "producerDataSet": [{"groupName": g} for g in producer_groups],
             "consumerDataSet": [
                 {
                     "groupName": g,
-                    "subscriptionDataSet": [{"topic": t, "subString": e} for t, e in subs.items()],
+                    "subscriptionDataSet": [
+                        {"topic": t, "subString": e, **kind} for t, e in subs.items()
+                    ],
                 }
                 for g, subs in (consumer_groups or {}).items()
             ],
@@ -160,7 +168,6 @@ class RawClient:
                 offset = int(resp.ext_fields["nextBeginOffset"])
         return out
 
-    @overload
     async def end_transaction(
         self,
         group: str,
@@ -169,55 +176,48 @@ class RawClient:
         *,
         from_check: bool = False,
         txid: str | None = None,
-        oneway: Literal[False] = False,
         **overrides: Any,
-    ) -> RemotingCommand: ...
-
-    @overload
-    async def end_transaction(
-        self,
-        group: str,
-        send_resp: RemotingCommand,
-        decision: int,
-        *,
-        from_check: bool = False,
-        txid: str | None = None,
-        oneway: Literal[True],
-        **overrides: Any,
-    ) -> None: ...
-
-    async def end_transaction(
-        self,
-        group: str,
-        send_resp: RemotingCommand,
-        decision: int,
-        *,
-        from_check: bool = False,
-        txid: str | None = None,
-        oneway: bool = False,
-        **overrides: Any,
-    ) -> RemotingCommand | None:
-        from txmq.protocol.message import decode_offset_msg_id
-
-        h = self.send_header(send_resp)
-        _, offset = decode_offset_msg_id(h.msg_id)
-        eh = EndTransactionRequestHeader(
-            producer_group=group,
-            tran_state_table_offset=h.queue_offset,
-            commit_log_offset=offset,
-            commit_or_rollback=decision,
-            from_transaction_check=from_check,
-            msg_id=h.msg_id,
-            transaction_id=txid or h.transaction_id,
-        )
+    ) -> RemotingCommand:
+        """END_TRANSACTION for the half ``send_resp`` answered (``overrides``: header fields
+        set to other values)."""
+        eh = end_header(group, send_resp, decision, from_check=from_check, txid=txid)
         for k, v in overrides.items():
             setattr(eh, k, v)
-        if oneway:
-            self.conn.send_oneway(
-                RemotingCommand.request(RequestCode.END_TRANSACTION, eh.to_ext_fields())
-            )
-            return None
         return await self.call(RequestCode.END_TRANSACTION, eh.to_ext_fields())
+
+    async def end_transaction_oneway(
+        self, group: str, send_resp: RemotingCommand, decision: int, *, from_check: bool = False
+    ) -> None:
+        """:meth:`end_transaction` sent oneway, as RocketMQ's producers send it."""
+        eh = end_header(group, send_resp, decision, from_check=from_check)
+        self.conn.send_oneway(
+            RemotingCommand.request(RequestCode.END_TRANSACTION, eh.to_ext_fields())
+        )
+
+
+def end_header(
+    group: str,
+    send_resp: RemotingCommand,
+    decision: int,
+    *,
+    from_check: bool = False,
+    txid: str | None = None,
+) -> EndTransactionRequestHeader:
+    """The END_TRANSACTION header of ``group``'s producer for the half ``send_resp`` answered
+    (``decision``: 8 commit, 12 roll back, 0 unknown)."""
+    from txmq.protocol.message import decode_offset_msg_id
+
+    h = RawClient.send_header(send_resp)
+    _, offset = decode_offset_msg_id(h.msg_id)
+    return EndTransactionRequestHeader(
+        producer_group=group,
+        tran_state_table_offset=h.queue_offset,
+        commit_log_offset=offset,
+        commit_or_rollback=decision,
+        from_transaction_check=from_check,
+        msg_id=h.msg_id,
+        transaction_id=txid or h.transaction_id,
+    )
 
 
 async def unread_pulls(c: RawClient, topic: str, count: int = 200) -> bytes:
@@ -237,3 +237,30 @@ async def unread_pulls(c: RawClient, topic: str, count: int = 200) -> bytes:
     )
     frame = encode_frame(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull.to_ext_fields()))
     return frame * count
+
+
+def long_poll(group: str, topic: str, queue_id: int = 0) -> RemotingCommand:
+    """A PULL_MESSAGE from offset 0 that the broker parks up to 60 s while nothing comes."""
+    h = PullMessageRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=0,
+        max_msg_nums=1,
+        sys_flag=0x4 | 0x2,
+        suspend_timeout_millis=60_000,
+        subscription="*",
+    )
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, h.to_ext_fields())
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    address: str, handler: Handler | None = None, *, credentials: Credentials | None = None
+) -> AsyncIterator[RawClient]:
+    """:meth:`RawClient.connect` for a block: the client is closed when it ends."""
+    c = await RawClient.connect(address, handler, credentials=credentials)
+    try:
+        yield c
+    finally:
+        await c.close()

@@ -15,9 +15,10 @@ from tests.broker.test_remoting_pop import GROUP as POP_GROUP
 from tests.broker.test_remoting_pop import TOPIC as POP_TOPIC
 from tests.broker.test_remoting_pop import ack as pop_ack
 from tests.broker.test_remoting_pop import create_topic as pop_create_topic
-from tests.broker.test_remoting_pop import extra_infos, pop
-from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok, stored
-from tests.support.raw import RawClient
+from tests.broker.test_remoting_pop import pop, pop_all
+from tests.support.brokers import stored
+from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok
+from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
 from txmq.broker.sql_filter import SUBSCRIPTION_PARSE_FAILED
@@ -257,8 +258,7 @@ async def _connections(b: BrokerController, c: RawClient) -> None:
 async def _locks(b: BrokerController, c: RawClient) -> None:
     """LOCK_BATCH_MQ gives the queue to one client; UNLOCK_BATCH_MQ frees it for another."""
     await _sent(c)
-    other = await RawClient.connect(b.address)
-    try:
+    async with connected(b.address) as other:
 
         def lock_body(client: RawClient) -> bytes:
             mq = {"topic": TOPIC, "queueId": 0, "brokerName": b.config.broker_name}
@@ -272,8 +272,6 @@ async def _locks(b: BrokerController, c: RawClient) -> None:
         ok(await c.call(R.UNLOCK_BATCH_MQ, {}, lock_body(c)))
         theirs = body_json(await other.call(R.LOCK_BATCH_MQ, {}, lock_body(other)))
         assert len(theirs["lockOKMQSet"]) == 1
-    finally:
-        await other.close()
 
 
 async def _transactions(b: BrokerController, c: RawClient) -> None:
@@ -337,17 +335,7 @@ async def _pop(b: BrokerController, c: RawClient) -> None:
     await pop_create_topic(c, queues=1)
     for i in range(3):
         ok(await c.send(POP_TOPIC, f"p{i}".encode()))
-    got: list[Any] = []
-    infos: dict[bytes, str] = {}
-
-    async def all_three() -> bool:
-        r, msgs = await pop(c, 3 - len(got), poll_ms=200)
-        if msgs:
-            infos.update(extra_infos(r, msgs))
-        got.extend(msgs)
-        return len(got) >= 3
-
-    await wait_until(all_three, 20, "three messages popped")
+    got, infos = await pop_all(c, 3)
     by = {m.body: m for m in got}
     r, none = await pop(c, 3)
     assert none == [], "handed out while invisible"
@@ -457,11 +445,8 @@ async def _auth(b: BrokerController, _: RawClient) -> None:
         ok(await root.call(R.AUTH_CREATE_ACL, {"subject": subject}, doc))
 
         async def send_code() -> int:
-            u = await RawClient.connect(b.address, credentials=user)
-            try:
+            async with connected(b.address, credentials=user) as u:
                 return int((await u.send(TOPIC, b"by-user")).code)
-            finally:
-                await u.close()
 
         assert await send_code() == ResponseCode.SUCCESS
         got = body_json(await root.call(R.AUTH_GET_ACL, {"subject": subject}))

@@ -102,3 +102,14 @@ def parked_pulls(broker: Any, topic: str, queue_id: int) -> int:
     """How many long-poll pulls the broker holds parked on a queue (they found nothing and
     wait for a message or their timeout): the probe for "the pull is parked"."""
     return int(broker.ctx.hold.parked(topic, queue_id))
+
+
+async def wait_caught_up(admin: Any, group: str, topic: str, what: str) -> None:
+    """Wait (30 s at most) until ``group``'s lag on ``topic`` is 0 in the admin's consume
+    stats: its committed offsets reach the end."""
+
+    async def caught_up() -> bool:
+        stats = await admin.consume_stats(group, topic)
+        return bool(stats) and sum(s["lag"] for s in stats) == 0
+
+    await wait_until(caught_up, 30, what)

@@ -160,13 +160,22 @@ def test_garbage_after_the_synced_entries_is_repaired_by_rebuilding_the_slots(
         assert list(again.lookup(h, 0, 2**62)) == [4 + i, i]
 
 
-def test_a_damaged_file_is_set_aside_and_indexing_restarts_at_its_offset(tmp_path: Path) -> None:
+#: The key of :func:`_three_files`' entries.
+KEY = key_hash(b"T", b"k")
+
+
+def _three_files(tmp_path: Path) -> IndexFiles:
+    """Six entries of :data:`KEY` (at offsets 0, 10, ... 50), two a file: three files."""
     files = _files(tmp_path, entries=2)
-    h = key_hash(b"T", b"k")
     for i in range(6):
         files.advance(i * 10)
-        files.add(h, i * 10, T0 + i)
+        files.add(KEY, i * 10, T0 + i)
     files.advance(60)
+    return files
+
+
+def test_a_damaged_file_is_set_aside_and_indexing_restarts_at_its_offset(tmp_path: Path) -> None:
+    files = _three_files(tmp_path)
     names = [f.name for f in files.files]
     files.close()
     damaged = os.path.join(files.directory, names[1])
@@ -189,18 +198,13 @@ def test_a_damaged_file_is_set_aside_and_indexing_restarts_at_its_offset(tmp_pat
 def test_files_whose_messages_are_all_gone_are_deleted_but_never_the_newest(
     tmp_path: Path,
 ) -> None:
-    files = _files(tmp_path, entries=2)
-    h = key_hash(b"T", b"k")
-    for i in range(6):
-        files.advance(i * 10)
-        files.add(h, i * 10, T0 + i)
-    files.advance(60)
+    files = _three_files(tmp_path)
     paths = [f.path for f in files.files]
     files.drop_below(25)  # the first file's entries point at 0 and 10, below 25
     files.sync(files.sync_snapshots())
     assert [os.path.exists(p) for p in paths] == [False, True, True]
-    assert list(files.lookup(h, 0, 2**62)) == [50, 40, 30, 20]
+    assert list(files.lookup(KEY, 0, 2**62)) == [50, 40, 30, 20]
     files.drop_below(10**9)
     files.sync(files.sync_snapshots())
     assert [f.path for f in files.files] == paths[2:], "the newest file stays"
-    assert list(files.lookup(h, 0, 2**62)) == [50, 40]
+    assert list(files.lookup(KEY, 0, 2**62)) == [50, 40]
