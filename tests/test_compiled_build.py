@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.external, pytest.mark.slow, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[1]
 #: The in-process tests of what the build compiles (the store, the broker's request path, the
 #: SDK's producer and connection, the wire format).
-IN_PROCESS = ["tests/protocol", "tests/broker", "tests/client"]
+IN_PROCESS = ["tests/protocol", "tests/core", "tests/broker", "tests/client"]
 #: mypyc on a loaded 2-core machine takes 1.5-5 minutes.
 COMPILE_TIMEOUT = 1500
 
