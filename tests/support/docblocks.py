@@ -453,11 +453,26 @@ class Runner:
 
 
 def make_recipe(target: str) -> str:
-    text = (ROOT / "Makefile").read_text()
-    m = re.search(rf"^{target}:.*\n\t(.+)$", text, re.M)
-    if not m:
+    """The command of ``target``'s recipe: its last command line, outside the conditional
+    parts (``ifeq ... endif``, for ``TXMQ_COMPILE=1``) a plain run does not take."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"{target}:")), None)
+    if start is None:
+        raise LookupError(f"the Makefile has no target {target}")
+    commands: list[str] = []
+    conditional = False
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        if line.startswith(("ifeq", "ifneq", "ifdef", "ifndef")):
+            conditional = True
+        elif line.startswith("endif"):
+            conditional = False
+        elif line.startswith("\t") and not conditional:
+            commands.append(line.strip())
+    if not commands:
         raise LookupError(f"the Makefile has no recipe for {target}")
-    return m.group(1).strip()
+    return commands[-1]
 
 
 def make_install() -> str:
