@@ -42,6 +42,9 @@ pytestmark = pytest.mark.slow
 #: Seconds from the leader's SIGKILL or SIGSTOP to the stock producer's first acknowledged send
 #: after it (the goal is 10 s on a quiet machine; this leaves room for a loaded one).
 CPP_BOUND_S = 15.0
+#: The longest silence of the stock producer's output, a send a line (with --keep-going each
+#: send ends within its 3 s timeout): longer means the client hangs.
+LINE_TIMEOUT_S = 60.0
 
 
 def view_of(perm: int = 6, leader: int | None = 0, *, write_replicas: bool = True) -> ClusterView:
@@ -249,7 +252,18 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
             bc.kill("g1", leader.replica)
         took = None
         while True:
-            line = await asyncio.to_thread(proc.stdout.readline)
+            try:
+                line = await asyncio.wait_for(
+                    asyncio.to_thread(proc.stdout.readline), LINE_TIMEOUT_S
+                )
+            except TimeoutError:
+                proc.kill()
+                _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+                pytest.fail(
+                    f"the stock producer printed nothing for {LINE_TIMEOUT_S:.0f} s after the "
+                    f"SIG{fault.upper()} (each send times out after 3 s): last lines "
+                    f"{lines[-5:]}; its stderr {err[-2000:]!r}\n{bc.log_tail()}"
+                )
             if not line:
                 break
             lines.append(line)
