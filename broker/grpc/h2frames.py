@@ -166,6 +166,16 @@ class HpackDecoder:
             if not b & 0x80:
                 return value, pos
 
+    def _literal(self, data: bytes, pos: int, bits: int) -> tuple[tuple[bytes, bytes], int]:
+        """A literal field whose name index has a ``bits``-bit prefix (0: the name follows)."""
+        index, pos = self._int(data, pos, bits)
+        if index:
+            name = self._entry(index)[0]
+        else:
+            name, pos = self._string(data, pos)
+        value, pos = self._string(data, pos)
+        return (name, value), pos
+
     def _string(self, data: bytes, pos: int) -> tuple[bytes, int]:
         if pos >= len(data):
             raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
@@ -199,14 +209,8 @@ class HpackDecoder:
                 index, pos = self._int(data, pos, 7)
                 field = self._entry(index)
             elif b & 0x40:  # literal, added to the table
-                index, pos = self._int(data, pos, 6)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                field = (name, value)
-                self._add(name, value)
+                field, pos = self._literal(data, pos, 6)
+                self._add(*field)
             elif b & 0x20:  # dynamic table size update (only before the first field)
                 size, pos = self._int(data, pos, 5)
                 if size > self.limit or out:
@@ -216,13 +220,7 @@ class HpackDecoder:
                 self._shrink()
                 continue
             else:  # literal not indexed / never indexed
-                index, pos = self._int(data, pos, 4)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                field = (name, value)
+                field, pos = self._literal(data, pos, 4)
             total += len(field[0]) + len(field[1]) + 32
             if total > MAX_HEADER_BLOCK:
                 raise ConnectionError_(ENHANCE_YOUR_CALM, "header list too large")
