@@ -196,6 +196,6 @@ grpc-tools:
 		&& echo '$(GRPC_TOOLS)' > $(GRPC_TOOLS_VENV)/.installed; } \
 		|| echo "grpc-tools: $(GRPC_TOOLS) could not be installed; the codegen test says why"
 
-## Regenerate broker/grpc/v2 from broker/grpc/protos after editing a .proto file.
+## Regenerate broker/grpc/vendor/v2 from broker/grpc/vendor/protos after editing a .proto file.
 grpc-gen: grpc-tools
 	PYTHONPATH=. $(GRPC_TOOLS_VENV)/bin/python -m txmq.broker.grpc.codegen

@@ -67,9 +67,9 @@ async def grpc_sender(
 ) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
     import grpc
 
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = sgrpc.MessagingServiceStub(channel)
@@ -112,8 +112,8 @@ async def raw_sender(
     table, the whole call in one write; it costs the load generator far less than grpcio, so
     a one-at-a-time run waits less between requests (a broker left idle longer pays more per
     wake-up)."""
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     big = 1 << 30

@@ -27,7 +27,7 @@ MAX_MODULE_LINES = 1000
 MAX_FUNCTION_LINES = 80
 
 #: Generated code under broker/ (the gRPC stubs): not held to the limits.
-BROKER_GENERATED = ("grpc/v2/",)
+BROKER_GENERATED = ("grpc/vendor/v2/",)
 #: Broker modules still over :data:`MAX_MODULE_LINES`, to be split (then taken off).
 BROKER_OVER_LIMIT: set[str] = set()
 #: Every package of the product (what ``txmq`` installs), held to :data:`MAX_MODULE_LINES`.
@@ -140,7 +140,7 @@ def test_no_module_of_the_product_is_over_the_limit() -> None:
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel.startswith("broker/grpc/v2/") or path.is_symlink():
+            if rel.startswith("broker/grpc/vendor/v2/") or path.is_symlink():
                 continue
             count = len(path.read_text(encoding="utf-8").splitlines())
             if count > MAX_MODULE_LINES and rel.removeprefix("broker/") not in BROKER_OVER_LIMIT:

@@ -17,7 +17,8 @@ to whichever loop started the server through that loop's thread-safe callbacks
 
 Modules:
 
-* :mod:`.v2` - the generated protobuf/gRPC modules (from ``protos/``, see :mod:`.codegen`);
+* :mod:`.vendor.v2` - the generated protobuf/gRPC modules (from ``vendor/protos/``, see
+  :mod:`.codegen`);
 * :mod:`.convert` - protobuf messages to stored messages and back, status codes;
 * POP consumption (receipt handles, invisibility) is the core's: :mod:`..messaging.pop`;
 * :mod:`.service` - the servicer, the client registry and the check-back sender;

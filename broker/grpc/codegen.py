@@ -1,6 +1,6 @@
-"""Generate the Python modules of the RocketMQ 5 protobuf definitions (``protos/``).
+"""Generate the Python modules of the RocketMQ 5 protobuf definitions (``vendor/protos/``).
 
-The generated modules are committed in ``v2/``, with type stubs (``.pyi``) of the message
+The generated modules are committed in ``vendor/v2/``, with type stubs (``.pyi``) of the message
 modules so that the code using them is type-checked; ``tests/compat/test_grpc_codegen.py``
 regenerates them into a temporary folder and compares, so they never drift from the ``.proto``
 files.  Run ``python -m txmq.broker.grpc.codegen`` (or ``make grpc-gen``) after editing a
@@ -9,9 +9,9 @@ runs it in the venv ``make grpc-tools`` makes: the output depends on the version
 oldest that serves keeps the ``grpc`` extra's floors low).
 
 protoc names the modules after the proto paths (``apache/rocketmq/v2/...``); they are moved
-into one flat folder and their imports rewritten to ``txmq.broker.grpc.v2``, so the package
-needs no top-level ``apache`` package.  The descriptors keep the public file names and the
-``apache.rocketmq.v2`` package, which is what clients see on the wire.
+into one flat folder and their imports rewritten to ``txmq.broker.grpc.vendor.v2``, so the
+package needs no top-level ``apache`` package.  The descriptors keep the public file names and
+the ``apache.rocketmq.v2`` package, which is what clients see on the wire.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROTO_ROOT = Path(__file__).resolve().parent / "protos"
+VENDOR = Path(__file__).resolve().parent / "vendor"
+PROTO_ROOT = VENDOR / "protos"
 PROTO_FILES = ("apache/rocketmq/v2/definition.proto", "apache/rocketmq/v2/service.proto")
-PACKAGE = "txmq.broker.grpc.v2"
+PACKAGE = "txmq.broker.grpc.vendor.v2"
 OUTPUTS = (
     "definition_pb2.py",
     "definition_pb2.pyi",
@@ -67,7 +68,7 @@ def generate(out_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def main() -> int:
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "v2"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else VENDOR / "v2"
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(tmp)
         for f in files:

@@ -39,7 +39,7 @@ from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag
 from ..messaging.core import TIMER_DELIVER_MS
 from ..messaging.pop import ReceiptHandleError
 from ..messaging.read import FilterNotServedError, FilterSyntaxError
-from .v2 import definition_pb2 as pb
+from .vendor.v2 import definition_pb2 as pb
 
 #: RocketMQ's property for the message group of a FIFO message.
 SHARDING_KEY = "__SHARDINGKEY"

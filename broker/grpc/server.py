@@ -34,7 +34,7 @@ from .convert import Code, status
 from .h2 import H2Server
 from .h2calls import Method
 from .service import GrpcCheckSender, GrpcPeer, Malformed, MessagingService
-from .v2 import service_pb2 as spb
+from .vendor.v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
     from ..acl import AclManager

@@ -55,8 +55,8 @@ from .auth import CALLER, Context, GrpcAccess
 from .auth import metadata as _metadata
 from .auth import peer_address as _peer_address
 from .convert import Code, GrpcStatusError, status, status_of
-from .v2 import definition_pb2 as pb
-from .v2 import service_pb2 as spb
+from .vendor.v2 import definition_pb2 as pb
+from .vendor.v2 import service_pb2 as spb
 
 if TYPE_CHECKING:
     from ..acl import AclManager

@@ -61,9 +61,9 @@ from txmq.protocol.topics import POP_STATE_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC, S
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 C = MessageConst
 TOPIC = "fe-orders"

@@ -23,9 +23,9 @@ import h2.config  # noqa: E402
 import h2.events  # noqa: E402
 import h2.settings  # noqa: E402
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 MD = (("x-mq-client-id", "native-client-1"), ("x-mq-language", "PYTHON"))
 TOPIC = "native-h2"

@@ -18,9 +18,9 @@ from txmq.broker.server import BrokerController
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 MD = (("x-mq-client-id", "direct-client-1"), ("x-mq-language", "PYTHON"))
 TOPIC = "grpc-direct"

@@ -102,7 +102,7 @@ async def test_a_served_rpc_does_its_job(
     checked."""
     import grpc
 
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     async with started(make_broker_config(grpc_server_enable=True, grpc_server_port=0)) as b:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:

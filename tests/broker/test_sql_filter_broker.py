@@ -165,9 +165,9 @@ async def test_long_polled_pull_answers_with_the_matching_message(
 
 def test_grpc_receive_with_sql_filter(broker_thread_factory: Callable[..., BrokerThread]) -> None:
     grpc = pytest.importorskip("grpc", reason="the grpc extra is not installed")
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     md = (("x-mq-client-id", "sql-client-1"), ("x-mq-language", "PYTHON"))
     bt = broker_thread_factory(grpc_server_enable=True, grpc_server_port=0)
@@ -216,9 +216,9 @@ def test_grpc_refuses_sql_with_the_setting_off(
     broker_thread_factory: Callable[..., BrokerThread],
 ) -> None:
     grpc = pytest.importorskip("grpc", reason="the grpc extra is not installed")
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     md = (("x-mq-client-id", "sql-client-2"), ("x-mq-language", "PYTHON"))
     bt = broker_thread_factory(

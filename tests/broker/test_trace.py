@@ -404,8 +404,8 @@ def test_a_grpc_receive_is_traced_as_a_delivery(
     import grpc
 
     from tests.compat.test_grpc_frontend import MD, message, receive
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     bt = broker_thread_factory(trace_topic_enable=True, grpc_server_enable=True, grpc_server_port=0)
     assert bt.controller is not None
@@ -441,9 +441,9 @@ def test_grpc_acks_nacks_and_dead_letters_are_traced(
     import grpc
 
     from tests.compat.test_grpc_frontend import MD, ack, message, receive
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     bt = broker_thread_factory(trace_topic_enable=True, grpc_server_enable=True, grpc_server_port=0)
     assert bt.controller is not None

@@ -324,9 +324,9 @@ async def test_the_grpc_port_closes_a_connection_that_sends_no_preface(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     grpc = pytest.importorskip("grpc", reason="the grpc extra is not installed")
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     b = BrokerController(
         make_broker_config(

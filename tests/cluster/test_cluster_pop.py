@@ -15,7 +15,7 @@ from tests.support.cluster import BrokerCluster
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

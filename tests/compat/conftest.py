@@ -16,7 +16,7 @@ def stub(bt: BrokerThread) -> Iterator[Any]:
     imported here: the modules that use it skip without it."""
     import grpc
 
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     assert bt.controller is not None
     with grpc.insecure_channel(f"127.0.0.1:{bt.controller.grpc_port}") as ch:

@@ -23,8 +23,8 @@ from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authoriza
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
 from txmq.broker.grpc.auth import RPC_NEEDS  # noqa: E402
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
 
 __all__ = ["py5"]  # the fixture, imported for this module's tests
 

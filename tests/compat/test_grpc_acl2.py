@@ -21,9 +21,9 @@ from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authoriza
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
 from tests.compat.test_grpc_acl import message, receive_request, res  # noqa: E402
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 __all__ = ["py5"]
 

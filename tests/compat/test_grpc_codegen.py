@@ -1,6 +1,6 @@
-"""The committed protobuf/gRPC modules (broker/grpc/v2) are what the .proto files generate,
-with the grpcio-tools the Makefile pins (in the venv ``make grpc-tools`` makes: that old
-release wants a protobuf older than the cluster extra's, so it has a venv of its own)."""
+"""The committed protobuf/gRPC modules (broker/grpc/vendor/v2) are what the .proto files
+generate, with the grpcio-tools the Makefile pins (in the venv ``make grpc-tools`` makes: that
+old release wants a protobuf older than the cluster extra's, so it has a venv of its own)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "broker" / "grpc" / "v2"
+COMMITTED = ROOT / "broker" / "grpc" / "vendor" / "v2"
 VENV = ROOT / "build" / "venvs" / "grpc-tools"
 OUTPUTS = (
     "definition_pb2.py",
@@ -58,7 +58,7 @@ def test_generated_modules_match_the_proto_files(tmp_path: Path) -> None:
         fresh = (tmp_path / name).read_text(encoding="utf-8")
         committed = (COMMITTED / name).read_text(encoding="utf-8")
         assert fresh == committed, (
-            f"broker/grpc/v2/{name} differs from what the .proto files generate: "
+            f"broker/grpc/vendor/v2/{name} differs from what the .proto files generate: "
             "run `make grpc-gen` and commit the result"
         )
 
@@ -74,7 +74,7 @@ def test_generated_modules_check_no_runtime_version() -> None:
 
 def test_public_names_and_field_numbers() -> None:
     """Spot checks against the public apache.rocketmq.v2 definitions."""
-    from txmq.broker.grpc.v2 import definition_pb2, service_pb2
+    from txmq.broker.grpc.vendor.v2 import definition_pb2, service_pb2
 
     sp = definition_pb2.SystemProperties.DESCRIPTOR
     assert sp.full_name == "apache.rocketmq.v2.SystemProperties"

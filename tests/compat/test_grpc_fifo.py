@@ -19,8 +19,8 @@ from txmq.protocol.message import java_string_hash
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
 from tests.compat.test_grpc_frontend import MD, ack, message, receive  # noqa: E402
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
 from txmq.broker.store.subscription_group import SubscriptionGroupConfig  # noqa: E402
 
 QUEUES = 4

@@ -14,9 +14,9 @@ from tests.support.scrape import scrape, value
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
 from tests.compat.test_grpc_frontend import MD, message, receive  # noqa: E402
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
 
 
 def test_grpc_methods_are_timed_and_receives_counted_per_group(

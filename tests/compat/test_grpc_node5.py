@@ -39,7 +39,7 @@ from txmq.client import AdminClient
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

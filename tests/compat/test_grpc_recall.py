@@ -15,8 +15,8 @@ from tests.support.waiting import wait_until_sync
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb  # noqa: E402
-from txmq.broker.grpc.v2 import service_pb2 as spb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
 from txmq.protocol.message import decode_message  # noqa: E402
 
 MD = (("x-mq-client-id", "recall-client-1"), ("x-mq-language", "PYTHON"))

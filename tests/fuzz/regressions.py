@@ -12,8 +12,8 @@ import gzip
 import os
 import struct
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb
-from txmq.broker.grpc.v2 import service_pb2 as spb
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 
 
 def _ack(handle: str) -> bytes:

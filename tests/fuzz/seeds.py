@@ -13,8 +13,8 @@ import os
 import sys
 import tempfile
 
-from txmq.broker.grpc.v2 import definition_pb2 as pb
-from txmq.broker.grpc.v2 import service_pb2 as spb
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 from txmq.broker.store.checkpoint import StoreCheckpoint
 from txmq.broker.store.consumer_offset import ConsumerOffsetManager
 from txmq.broker.store.topic_config import TopicConfig, TopicConfigManager

@@ -22,8 +22,8 @@ from tests.support import scratch
 from txmq.broker.acl import AclConfigError, load_acl_file, requirements
 from txmq.broker.clients import parse_heartbeat
 from txmq.broker.grpc import convert
-from txmq.broker.grpc.v2 import definition_pb2 as pb
-from txmq.broker.grpc.v2 import service_pb2 as spb
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 from txmq.broker.messaging.pop import ReceiptHandleError, parse_handle
 from txmq.broker.sql_filter import SqlFilterError, compile_sql
 from txmq.broker.store.checkpoint import StoreCheckpoint

@@ -254,9 +254,9 @@ def assert_grpc_route(address: str, topic: str) -> None:
     port, naming its 4 queues."""
     import grpc
 
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     with grpc.insecure_channel(address) as channel:
         grpc.channel_ready_future(channel).result(timeout=30)

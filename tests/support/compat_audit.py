@@ -79,7 +79,7 @@ def subscription_table() -> str:
 
 
 def grpc_methods() -> list[str]:
-    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 
     return list(spb.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name)
 
@@ -89,8 +89,8 @@ def probe_grpc(port: int) -> set[str]:
     stream the check-back runs on, is served: its own tests cover it)."""
     import grpc
 
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 
     service = spb.DESCRIPTOR.services_by_name["MessagingService"]
     out: set[str] = set()

@@ -26,8 +26,8 @@ Probe = Callable[[BrokerController, Any], Awaitable[None]]
 
 
 def _pb() -> tuple[Any, Any]:
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
 
     return pb, spb
 

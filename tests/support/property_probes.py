@@ -243,9 +243,9 @@ async def _sharding_key(b: BrokerController, c: RawClient) -> None:
     """gRPC's message_group: stored as __SHARDINGKEY, one group's messages in one queue."""
     import grpc
 
-    from txmq.broker.grpc.v2 import definition_pb2 as pb
-    from txmq.broker.grpc.v2 import service_pb2 as spb
-    from txmq.broker.grpc.v2 import service_pb2_grpc as sgrpc
+    from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb
+    from txmq.broker.grpc.vendor.v2 import service_pb2 as spb
+    from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc
 
     md = (("x-mq-client-id", "audit-fifo"), ("x-mq-language", "PYTHON"))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:

@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from txmq.broker.grpc.v2 import service_pb2 as apache_dot_rocketmq_dot_v2_dot_service__pb2
+from txmq.broker.grpc.vendor.v2 import service_pb2 as apache_dot_rocketmq_dot_v2_dot_service__pb2
 
 
 class MessagingServiceStub(object):

@@ -1,6 +1,6 @@
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
-from txmq.broker.grpc.v2 import definition_pb2 as _definition_pb2
+from txmq.broker.grpc.vendor.v2 import definition_pb2 as _definition_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
