@@ -136,17 +136,21 @@ class TraceRecord:
         return d
 
 
+# The message a PUB or END_TRANSACTION record is about: both types start with these fields.
+_MESSAGE_FIELDS = (
+    "timestamp",
+    "region_id",
+    "group",
+    "topic",
+    "msg_id",
+    "tags",
+    "keys",
+    "store_host",
+)
 # The fields of each type, in wire order after the type.
 _FIELDS: dict[TraceType, tuple[str, ...]] = {
     TraceType.PUB: (
-        "timestamp",
-        "region_id",
-        "group",
-        "topic",
-        "msg_id",
-        "tags",
-        "keys",
-        "store_host",
+        *_MESSAGE_FIELDS,
         "body_length",
         "cost_time",
         "msg_type",
@@ -174,14 +178,7 @@ _FIELDS: dict[TraceType, tuple[str, ...]] = {
         "group",
     ),
     TraceType.END_TRANSACTION: (
-        "timestamp",
-        "region_id",
-        "group",
-        "topic",
-        "msg_id",
-        "tags",
-        "keys",
-        "store_host",
+        *_MESSAGE_FIELDS,
         "msg_type",
         "transaction_id",
         "transaction_state",
