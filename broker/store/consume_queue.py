@@ -96,7 +96,7 @@ class FlushTracker:
         return segs, dirs, retired
 
 
-def _first_false(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+def first_false(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
     """The first index in ``[lo, hi)`` where ``pred`` is false (``pred`` is true on a prefix)."""
     while lo < hi:
         mid = (lo + hi) // 2
@@ -176,7 +176,7 @@ class ConsumeQueue:
             return size > 0 and (size == FILLER_SIZE or 0 <= phy < below)
 
         lo = segs[0].start // CQ_ENTRY_SIZE
-        cut = _first_false(lo, segs[-1].end // CQ_ENTRY_SIZE, keep)
+        cut = first_false(lo, segs[-1].end // CQ_ENTRY_SIZE, keep)
         cut_pos = cut * CQ_ENTRY_SIZE
         keep_n = len(segs)
         for i, seg in enumerate(segs):
@@ -408,7 +408,7 @@ class ConsumeQueue:
     def correct_min_offset(self, commit_log_min: int) -> None:
         """Move ``min_offset`` to the first entry whose message is at or above
         ``commit_log_min`` (entries are in commit-log order, so a binary search does)."""
-        self.min_offset = _first_false(
+        self.min_offset = first_false(
             self.base_offset, self.max_offset, lambda i: self._is_filler_or_below(i, commit_log_min)
         )
 

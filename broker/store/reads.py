@@ -9,7 +9,7 @@ from txmq.protocol.errors import ProtocolError, QueryNotFoundError
 from txmq.protocol.message import MessageExt, decode_message
 
 from .commit_log import CommitLog
-from .consume_queue import CQ_ENTRY, HOLE_SIZE, ConsumeQueue
+from .consume_queue import CQ_ENTRY, HOLE_SIZE, ConsumeQueue, first_false
 from .recovery import queue_log, valid_destination
 from .results import GetMessageResult, GetMessageStatus
 
@@ -107,13 +107,7 @@ class QueueReads:
 
         if hi <= lo or visible(hi - 1):
             return hi
-        while lo < hi:  # the first offset that is not visible
-            mid = (lo + hi) // 2
-            if visible(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return first_false(lo, hi, visible)
 
     # One scan of the consume queue, the hot path of every read: kept whole like the append.
     def _read_queue(
