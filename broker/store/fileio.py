@@ -120,6 +120,16 @@ def preallocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
+def extend_to(fd: int, min_size: int) -> int:
+    """The size of an existing file, extended with zeros (:func:`preallocate`) to ``min_size``
+    first if it is shorter (a crash between create and preallocate, or a damaged file)."""
+    size = os.fstat(fd).st_size
+    if size < min_size:
+        preallocate(fd, min_size)
+        size = min_size
+    return size
+
+
 def reserve_blocks(fd: int, offset: int, length: int) -> None:
     """Reserve disk blocks for ``[offset, offset + length)`` of a file (``posix_fallocate``).
 

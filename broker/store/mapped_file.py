@@ -20,7 +20,7 @@ import re
 
 import structlog
 
-from .fileio import preallocate, sync_segment
+from .fileio import extend_to, preallocate, sync_segment
 
 log = structlog.get_logger(__name__)
 
@@ -117,10 +117,7 @@ class MappedFile:
         """
         fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            if size < min_capacity:
-                preallocate(fd, min_capacity)
-                size = min_capacity
+            size = extend_to(fd, min_capacity)
             return cls(path, start, size, fd, writable=writable, map_now=map_now)
         except BaseException:
             os.close(fd)

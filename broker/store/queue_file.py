@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 import structlog
 
-from .fileio import preallocate, sync_segment
+from .fileio import extend_to, preallocate, sync_segment
 
 log = structlog.get_logger(__name__)
 
@@ -132,10 +132,7 @@ class QueueFile:
         """Open an existing segment; one shorter than ``min_capacity`` is extended with zeros."""
         fd = files.open(path, os.O_RDWR | _O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            if size < min_capacity:
-                preallocate(fd, min_capacity)
-                size = min_capacity
+            size = extend_to(fd, min_capacity)
         except BaseException:
             os.close(fd)
             files.unreserve()
