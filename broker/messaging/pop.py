@@ -49,6 +49,7 @@ from txmq.protocol.message import MessageExt, decode_message
 from txmq.protocol.topics import POP_STATE_TOPIC
 
 from ..store import GetMessageStatus
+from ..store.reading import read_queue
 from .read import ReadFilter, ReadSide, readable_topic
 
 if TYPE_CHECKING:
@@ -247,32 +248,19 @@ class PopService:
         return self._record({"k": "snap", "views": views}, now)
 
     def _records_from(self, offset: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        store = self.ctx.store
-        end = store.get_max_offset_in_queue(POP_STATE_TOPIC, 0)
-        while offset < end:
-            r = store.get_messages(POP_STATE_TOPIC, 0, offset, _READ_BATCH)
-            if r.status is not GetMessageStatus.FOUND:
-                if r.next_begin_offset > offset:
-                    offset = r.next_begin_offset
-                    continue
-                return
-            for raw in r.messages:
-                m = decode_message(raw)
-                offset = m.queue_offset + 1
-                try:
-                    doc = msgpack.unpackb(m.body, raw=False)
-                except (ValueError, msgpack.UnpackException) as exc:
-                    log.error(
-                        "pop_record_unreadable",
-                        queue_offset=m.queue_offset,
-                        commit_log_offset=m.commit_log_offset,
-                        error=str(exc),
-                    )
-                    continue
-                if isinstance(doc, dict):
-                    yield m.queue_offset, doc
-            if r.next_begin_offset > offset:
-                offset = r.next_begin_offset
+        for m in read_queue(self.ctx.store, POP_STATE_TOPIC, 0, offset, chunk=_READ_BATCH):
+            try:
+                doc = msgpack.unpackb(m.body, raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                log.error(
+                    "pop_record_unreadable",
+                    queue_offset=m.queue_offset,
+                    commit_log_offset=m.commit_log_offset,
+                    error=str(exc),
+                )
+                continue
+            if isinstance(doc, dict):
+                yield m.queue_offset, doc
 
     def _latest_snapshot(self) -> int | None:
         """The queue offset of the newest snapshot record, scanning backwards."""

@@ -28,11 +28,12 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from txmq.protocol.errors import ProtocolError, QueryNotFoundError, TxmqError
-from txmq.protocol.message import MessageSysFlag, decode_message
+from txmq.protocol.message import MessageSysFlag
 from txmq.protocol.txn_offsets import TXN_OFFSETS_TOPIC, TxnOffsets
 
 from ..clients import ClientManager
-from ..store import ConsumerOffsetManager, GetMessageStatus, MessageStore
+from ..store import ConsumerOffsetManager, MessageStore
+from ..store.reading import read_queue
 from .state import TxRecord
 
 log = structlog.get_logger(__name__)
@@ -170,40 +171,27 @@ class TxnOffsetsLedger:
             return 0
         if offset == end:
             return 0
-        offset = max(offset, store.get_min_offset_in_queue(topic, 0))
         n = 0
-        while offset < end:
-            r = store.get_messages(topic, 0, offset, 256)
-            if r.status is not GetMessageStatus.FOUND:
-                if r.next_begin_offset > offset:
-                    offset = r.next_begin_offset
-                    continue
+        for m in read_queue(store, topic, 0, offset):
+            if limit is not None and m.commit_log_offset >= limit:
                 break
-            for raw in r.messages:
-                m = decode_message(raw)
-                if limit is not None and m.commit_log_offset >= limit:
-                    self.applied += n
-                    return n
-                offset = m.queue_offset + 1
-                entries: list[tuple[str, int, int]] = []
-                group = ""
-                committed = (
-                    MessageSysFlag.transaction_value(m.sys_flag)
-                    == MessageSysFlag.TRANSACTION_COMMIT_TYPE
-                )
-                if committed:
-                    try:
-                        doc = TxnOffsets.decode(m.body)
-                    except ProtocolError as exc:
-                        log.warning(
-                            "txn_offsets_unreadable", queue_offset=m.queue_offset, error=str(exc)
-                        )
-                    else:
-                        group = doc.group
-                        entries = [(q.topic, q.queue_id, q.offset) for q in doc.offsets]
-                        n += 1
-                self.offsets.apply_txn(group, entries, topic, offset)
-            if r.next_begin_offset > offset:
-                offset = r.next_begin_offset
+            entries: list[tuple[str, int, int]] = []
+            group = ""
+            committed = (
+                MessageSysFlag.transaction_value(m.sys_flag)
+                == MessageSysFlag.TRANSACTION_COMMIT_TYPE
+            )
+            if committed:
+                try:
+                    doc = TxnOffsets.decode(m.body)
+                except ProtocolError as exc:
+                    log.warning(
+                        "txn_offsets_unreadable", queue_offset=m.queue_offset, error=str(exc)
+                    )
+                else:
+                    group = doc.group
+                    entries = [(q.topic, q.queue_id, q.offset) for q in doc.offsets]
+                    n += 1
+            self.offsets.apply_txn(group, entries, topic, m.queue_offset + 1)
         self.applied += n
         return n
