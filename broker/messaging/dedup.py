@@ -44,11 +44,12 @@ from typing import NamedTuple
 import structlog
 
 from txmq.protocol.errors import TxmqError
-from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag, decode_message
+from txmq.protocol.message import MessageConst, MessageExt, MessageSysFlag
 
 from ..metrics import BrokerMetrics
-from ..store import GetMessageStatus, MessageStore
+from ..store import MessageStore
 from ..store.commit_log import RECORD_HEADER_SIZE
+from ..store.reading import read_queue
 from ..topics import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -346,19 +347,10 @@ class DedupIndex:
 
 
 def _stored_since(store: MessageStore, topic: str, qid: int, since_ms: int) -> Iterator[MessageExt]:
-    offset = store.get_offset_by_time(topic, qid, since_ms)
-    while True:
-        r = store.get_messages(topic, qid, offset, _REBUILD_CHUNK)
-        if r.status is GetMessageStatus.FOUND:
-            for raw in r.messages:
-                m = decode_message(raw)
-                if m.store_timestamp >= since_ms:
-                    yield m
-            offset = r.next_begin_offset
-        elif r.next_begin_offset > offset:
-            offset = r.next_begin_offset
-        else:
-            return
+    start = store.get_offset_by_time(topic, qid, since_ms)
+    for m in read_queue(store, topic, qid, start, chunk=_REBUILD_CHUNK):
+        if m.store_timestamp >= since_ms:
+            yield m
 
 
 def _entry_of(m: MessageExt) -> tuple[Key, Stored] | None:
