@@ -42,6 +42,7 @@ LATENCY_BUCKETS = (
 )
 
 P = TypeVar("P", bound=Callable[..., Awaitable[Any]])
+K = TypeVar("K")
 
 #: The ``reason`` label values of ``txmq_connections_dropped_total``.
 DROP_REASONS = (SLOW_READER, IDLE, WRITE_BUFFER, PARTIAL_FRAME)
@@ -388,26 +389,10 @@ class BrokerMetrics:
         the counts only grow (on the loop) and are read here with one copy each, and folds
         take turns."""
         with self._fold_lock:
-            folded = self._requests_folded
-            for code, total in list(self._requests_seen.items()):
-                n = total - folded.get(code, 0)
-                if n:
-                    child = self._request_counters.get(code)
-                    if child is None:
-                        child = self._request_counters[code] = Counter.labels(
-                            self.requests, str(code)
-                        )
-                    child.inc(n)
-                    folded[code] = total
-            puts = self._puts_folded
-            for topic, total in list(self._puts_seen.items()):
-                n = total - puts.get(topic, 0)
-                if n:
-                    child = self._put_counters.get(topic)
-                    if child is None:
-                        child = self._put_counters[topic] = Counter.labels(self.messages_put, topic)
-                    child.inc(n)
-                    puts[topic] = total
+            _fold_totals(
+                self._requests_seen, self._requests_folded, self._request_counters, self.requests
+            )
+            _fold_totals(self._puts_seen, self._puts_folded, self._put_counters, self.messages_put)
             nbytes = self._bytes_seen
             if nbytes != self._bytes_folded:
                 self.bytes_put.inc(nbytes - self._bytes_folded)
@@ -457,3 +442,18 @@ def samples(metrics: Iterable[Any]) -> dict[str, Any]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return out
+
+
+def _fold_totals(
+    seen: dict[K, int], folded: dict[K, int], children: dict[K, Any], family: Counter
+) -> None:
+    """Add to the counter of ``family`` labelled with each key of ``seen`` what its running
+    total grew by since the last fold (``folded``); ``children`` keeps the labelled counters."""
+    for key, total in list(seen.items()):
+        n = total - folded.get(key, 0)
+        if n:
+            child = children.get(key)
+            if child is None:
+                child = children[key] = Counter.labels(family, str(key))
+            child.inc(n)
+            folded[key] = total
