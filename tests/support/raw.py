@@ -92,6 +92,15 @@ class RawClient:
         resp = await self.call(RequestCode.HEART_BEAT, body=json.dumps(data).encode())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
+    async def create_topic(self, topic: str, queues: int) -> None:
+        """UPDATE_AND_CREATE_TOPIC: ``topic`` with ``queues`` read and write queues, readable and
+        writable, as an operator tool creates it; fails the test unless the broker agrees."""
+        resp = await self.call(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": 6},
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
     async def send(
         self,
         topic: str,
