@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
 from tests.support.brokers import started
+from tests.support.grpc_probes import change_invisible_request
 from tests.support.process import running
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
@@ -469,12 +470,8 @@ def test_grpc_acks_nacks_and_dead_letters_are_traced(
         by_id = {m.system_properties.message_id: m for m in msgs}
         acked, dead = by_id["grpc-acked"], by_id["grpc-dead"]
         cid = stub.ChangeInvisibleDuration(
-            spb.ChangeInvisibleDurationRequest(
-                group=pb.Resource(name=group),
-                topic=pb.Resource(name=topic),
-                receipt_handle=acked.system_properties.receipt_handle,
-                invisible_duration={"seconds": 30},
-                message_id="grpc-acked",
+            change_invisible_request(
+                group, topic, acked.system_properties.receipt_handle, "grpc-acked"
             ),
             metadata=MD,
             timeout=10,

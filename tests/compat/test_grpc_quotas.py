@@ -19,6 +19,7 @@ import pytest
 from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
 from tests.conftest import BrokerThread
 from tests.support.acl_files import acl_file, open_account, write_acl
+from tests.support.grpc_probes import receive_request
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -157,14 +158,7 @@ def test_a_flooding_account_is_refused_with_42900_and_another_is_unaffected(
 
 def receive(stub: Any, who: str, topic: str, group: str) -> tuple[Any, int]:
     """One ReceiveMessage: its status and the number of messages it returned."""
-    r = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=group),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
-        batch_size=8,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-    )
-    r.invisible_duration.FromSeconds(60)
-    r.long_polling_timeout.FromMilliseconds(100)
+    r = receive_request(group, topic, batch=8, invisible_ms=60_000, poll_ms=100)
     items = list(stub.ReceiveMessage(r, metadata=md(who), timeout=15))
     return items[0].status, sum(1 for i in items if i.HasField("message"))
 
