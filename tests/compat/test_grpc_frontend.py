@@ -290,23 +290,18 @@ def test_check_budget_counts_only_checks_written_to_a_live_stream(
             assert rc.message.topic.name == "t-half"
             # counted once the write completed (the client may see the command first)
             wait_until_sync(lambda: b.run(rec).check_times >= 1, 10, "the check to be counted")
-            end = s.EndTransaction(
-                end_transaction_request(
-                    "t-half", "half-1", pb.ROLLBACK, pb.SOURCE_SERVER_CHECK, message_id="half-1"
-                ),
-                metadata=MD,
-                timeout=10,
-            )
+
+            def decide(resolution: int, source: int) -> Any:
+                req = end_transaction_request(
+                    "t-half", "half-1", resolution, source, message_id="half-1"
+                )
+                return s.EndTransaction(req, metadata=MD, timeout=10)
+
+            end = decide(pb.ROLLBACK, pb.SOURCE_SERVER_CHECK)
             assert end.status.code == pb.OK
             assert b.run(rec).state.value == "ROLLED_BACK"
             # a contradicting decision is refused, the outcome stays
-            again = s.EndTransaction(
-                end_transaction_request(
-                    "t-half", "half-1", pb.COMMIT, pb.SOURCE_CLIENT, message_id="half-1"
-                ),
-                metadata=MD,
-                timeout=10,
-            )
+            again = decide(pb.COMMIT, pb.SOURCE_CLIENT)
             assert again.status.code == pb.PRECONDITION_FAILED
             assert b.run(rec).state.value == "ROLLED_BACK"
         finally:
