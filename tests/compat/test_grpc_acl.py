@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused, tx_state
+from tests.compat.test_grpc_python5 import (
+    endpoint,
+    py5,
+    run,
+    run_refused,
+    stock_send_refused,
+    tx_state,
+)
 from tests.conftest import BrokerThread
 from tests.support.acl_files import write_acl
 from tests.support.grpc_probes import end_transaction_request, receive_request
@@ -390,15 +397,9 @@ def test_stock_client_without_or_with_wrong_credentials_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ep = endpoint(bt)
-    run_refused(py5, op="send", endpoint=ep, topic="orders", messages=[{"body": "x"}])
-    run_refused(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "x"}],
-        access_key="producerP",
-        secret_key="wrong-secret",
+    stock_send_refused(py5, ep, "orders", {"body": "x"})
+    stock_send_refused(
+        py5, ep, "orders", {"body": "x"}, access_key="producerP", secret_key="wrong-secret"
     )
     # a consumer key may not publish
     run_refused(py5, op="send", endpoint=ep, topic="orders", messages=[{}], **creds("C"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
+from tests.compat.test_grpc_python5 import endpoint, py5, stock_send, stock_send_refused
 from tests.conftest import BrokerThread
 from tests.support.acl_files import acl2_with_root, write_acl
 from tests.support.grpc_probes import receive_request
@@ -121,24 +121,12 @@ def test_policies_decide_grpc_calls(bt: BrokerThread, stub: Any) -> None:
 
 def test_stock_client_with_a_user_of_acl2(bt: BrokerThread, py5: Path) -> None:
     ep = endpoint(bt)
-    sent = run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "a"}],
-        access_key="alice",
-        secret_key=KEYS["alice"],
+    sent = stock_send(
+        py5, ep, "orders", {"body": "a"}, access_key="alice", secret_key=KEYS["alice"]
     )
     assert sent["ids"]
-    run_refused(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "x"}],
-        access_key="bob-user",
-        secret_key=KEYS["bob-user"],
+    stock_send_refused(
+        py5, ep, "orders", {"body": "x"}, access_key="bob-user", secret_key=KEYS["bob-user"]
     )
 
 

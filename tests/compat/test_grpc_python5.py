@@ -15,7 +15,6 @@ import os
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from tests.compat.stock import sdk_messages
 from tests.conftest import BrokerThread
 from tests.support.unavailable import unavailable
+from tests.support.waiting import wait_until_sync
 from txmq.client import Message, Producer
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -117,15 +117,19 @@ def run_refused(py5: Path, env: dict[str, str] | None = None, **args: Any) -> st
     return proc.stderr
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+def stock_send(
+    py5: Path, ep: str, topic: str, *messages: dict[str, Any], **args: Any
+) -> dict[str, Any]:
+    """The client's ``send`` of ``messages`` to ``topic`` at ``ep`` (``args``: more of its
+    arguments, an account's keys say); its result."""
+    return run(py5, op="send", endpoint=ep, topic=topic, messages=list(messages), **args)
+
+
+def stock_send_refused(
+    py5: Path, ep: str, topic: str, *messages: dict[str, Any], **args: Any
+) -> str:
+    """:func:`stock_send` that must be refused; the error the client printed."""
+    return run_refused(py5, op="send", endpoint=ep, topic=topic, messages=list(messages), **args)
 
 
 def tx_state(bt: BrokerThread, txid: str) -> str | None:
@@ -139,16 +143,13 @@ def tx_state(bt: BrokerThread, txid: str) -> str | None:
 
 def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-normal"
-    sent = run(
+    sent = stock_send(
         py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[
-            {"body": "one", "tag": "TagA", "keys": "k1", "properties": {"color": "red"}},
-            {"body": "two", "tag": "TagB"},
-            {"body": "three", "group": "order-1"},
-        ],
+        ep,
+        topic,
+        {"body": "one", "tag": "TagA", "keys": "k1", "properties": {"color": "red"}},
+        {"body": "two", "tag": "TagB"},
+        {"body": "three", "group": "order-1"},
     )
     assert len(sent["ids"]) == 3
     got = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=3, timeout=20)
@@ -171,13 +172,7 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
 
 def test_tag_filter_and_unacked_message_comes_back(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-redeliver"
-    run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[{"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"}],
-    )
+    stock_send(py5, ep, topic, {"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"})
     first = run(
         py5,
         op="receive",
@@ -254,9 +249,11 @@ def test_orphaned_half_is_resolved_by_check_back(grpc_broker: BrokerThread, py5:
                 pytest.fail(f"orphan client exited {proc.returncode}: {stderr.read()[-4000:]}")
             return ""
 
-        half = json.loads(wait_for(line, 30, "the half message to be sent"))["half_sent"]
+        half = json.loads(wait_until_sync(line, 30, "the half message to be sent"))["half_sent"]
         # The producer never decides; the broker's check makes its checker commit.
-        wait_for(lambda: tx_state(grpc_broker, half) == "COMMITTED", 30, "the check-back commit")
+        wait_until_sync(
+            lambda: tx_state(grpc_broker, half) == "COMMITTED", 30, "the check-back commit"
+        )
         proc.stdin.write("done\n")
         proc.stdin.flush()
         out, err = proc.communicate(timeout=30)
@@ -281,12 +278,8 @@ def test_orphaned_half_is_resolved_by_check_back(grpc_broker: BrokerThread, py5:
 
 def test_grpc_producer_to_txmq_sdk_consumer(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-to-sdk"
-    sent = run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[{"body": "cross", "tag": "T1", "keys": "key-1", "properties": {"p": "v"}}],
+    sent = stock_send(
+        py5, ep, topic, {"body": "cross", "tag": "T1", "keys": "key-1", "properties": {"p": "v"}}
     )
     [m] = sdk_messages(grpc_broker.address, topic)
     assert m.body == b"cross" and m.tags == "T1" and m.keys == "key-1"
@@ -316,7 +309,7 @@ def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path
 
 def test_push_consumer_consumes_and_retries_a_failure(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-push"
-    run(py5, op="send", endpoint=ep, topic=topic, messages=[{"body": "p1"}, {"body": "p2"}])
+    stock_send(py5, ep, topic, {"body": "p1"}, {"body": "p2"})
     got = run(
         py5,
         op="push",
@@ -335,4 +328,4 @@ def test_push_consumer_consumes_and_retries_a_failure(grpc_broker: BrokerThread,
         assert grpc_broker.controller is not None
         return sum(grpc_broker.controller.offsets.offsets("g-push", topic).values())
 
-    wait_for(lambda: grpc_broker.run(committed) == 2, 10, "both messages acked")
+    wait_until_sync(lambda: grpc_broker.run(committed) == 2, 10, "both messages acked")

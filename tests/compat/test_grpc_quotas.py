@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
+from tests.compat.test_grpc_python5 import endpoint, py5, stock_send, stock_send_refused
 from tests.conftest import BrokerThread
 from tests.support.acl_files import acl_file, open_account, write_acl
 from tests.support.grpc_probes import receive_request
@@ -252,12 +252,12 @@ def test_stock_client_over_its_rate_is_refused_and_another_sends(
     30 s debt), so its next send -- and the client's retries of it -- are refused with 42900;
     another account's client sends at once."""
     ep = endpoint(bt)
-    err = run_refused(
+    err = stock_send_refused(
         py5,
-        op="send",
-        endpoint=ep,
-        topic="trickled",
-        messages=[{"body": "x" * 3000}, {"body": "y"}],
+        ep,
+        "trickled",
+        {"body": "x" * 3000},
+        {"body": "y"},
         access_key="trickle",
         secret_key=SECRETS["trickle"],
     )
@@ -265,12 +265,12 @@ def test_stock_client_over_its_rate_is_refused_and_another_sends(
     assert "TooManyRequestsException: 42900" in err, err[-2000:]
     assert "[TOO_MANY_REQUESTS] account 'trickle'" in err, err[-2000:]
     assert throttled(bt, "trickle", "produce") >= 1
-    sent = run(
+    sent = stock_send(
         py5,
-        op="send",
-        endpoint=ep,
-        topic="trickled",
-        messages=[{"body": "z" * 3000}, {"body": "w"}],
+        ep,
+        "trickled",
+        {"body": "z" * 3000},
+        {"body": "w"},
         access_key="quieter",
         secret_key=SECRETS["quieter"],
     )
