@@ -92,6 +92,12 @@ async def send_numbered(producer: AsyncProducer, topic: str, prefix: str, n: int
     return bodies
 
 
+def order_message(topic: str, i: int, tag: str, body: bytes) -> Message:
+    """Order ``i``'s message: ``tag``, the key ``order-<i>`` and the property region=eu (what
+    the round-trip tests check comes back)."""
+    return Message(topic, body, tags=tag, keys=f"order-{i}", properties={"region": "eu"})
+
+
 async def topic_and_group(
     address: str, unique: Callable[[str], str], topic: str, group: str, queues: int = 4
 ) -> tuple[str, str]:

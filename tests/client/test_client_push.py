@@ -13,6 +13,7 @@ import pytest
 
 from tests.client.helpers import (
     FAST_CLIENT,
+    order_message,
     send_numbered,
     settled,
     topic_and_group,
@@ -79,15 +80,7 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
         ]
         sent = {}
         for i, tag in enumerate(["created", "paid", "created"]):
-            r = await producer.send(
-                Message(
-                    topic,
-                    f"body-{i}".encode(),
-                    tags=tag,
-                    keys=f"order-{i}",
-                    properties={"region": "eu"},
-                )
-            )
+            r = await producer.send(order_message(topic, i, tag, f"body-{i}".encode()))
             sent[r.msg_id] = (r, i, tag)
         await wait_until(lambda: inbox.count() == 3, what="three deliveries")
     finally:
