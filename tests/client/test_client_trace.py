@@ -18,6 +18,7 @@ from txmq.client import (
     AsyncProducer,
     AsyncPushConsumer,
     AsyncTransactionProducer,
+    ClientConfig,
     LocalTransactionState,
     Message,
     MessageExt,
@@ -204,11 +205,20 @@ async def test_a_transaction_producer_traces_its_decisions(broker: BrokerControl
     assert states[:2] == [("UNKNOW", False), ("COMMIT_MESSAGE", True)], states
 
 
+def _collecting(
+    addr: str, group: str, topic: str, config: ClientConfig
+) -> tuple[AsyncPushConsumer, list[bytes]]:
+    """A push consumer of ``group`` on all of ``topic`` from the first offset (not started)
+    and the list its callback appends each body to."""
+    got: list[bytes] = []
+    consumer = AsyncPushConsumer(group, addr, consume_from="first", config=config)
+    consumer.subscribe(topic, "*", lambda m: got.append(m.body))
+    return consumer, got
+
+
 async def test_consumers_without_trace_send_nothing(broker: BrokerController) -> None:
     addr = broker.address
-    got: list[bytes] = []
-    consumer = AsyncPushConsumer("quiet", addr, consume_from="first", config=FAST_CLIENT)
-    consumer.subscribe("plain", "*", lambda m: got.append(m.body))
+    consumer, got = _collecting(addr, "quiet", "plain", FAST_CLIENT)
     async with AsyncProducer("p", addr, config=FAST_CLIENT) as producer:
         await producer.send(Message("plain", b"x"))
         await consumer.start()
@@ -223,9 +233,7 @@ async def test_consumers_without_trace_send_nothing(broker: BrokerController) ->
 async def test_a_push_consumers_sync_callback_is_traced_too(broker: BrokerController) -> None:
     """A plain function runs on the consumer's worker threads: the records are the same."""
     addr = broker.address
-    got: list[bytes] = []
-    consumer = AsyncPushConsumer("threads", addr, consume_from="first", config=TRACED)
-    consumer.subscribe("jobs", "*", lambda m: got.append(m.body))
+    consumer, got = _collecting(addr, "threads", "jobs", TRACED)
     async with AsyncProducer("p", addr, config=FAST_CLIENT) as producer:
         sent = await producer.send(Message("jobs", b"job", keys="job-1"))
     await consumer.start()
