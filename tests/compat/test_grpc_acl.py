@@ -19,6 +19,7 @@ from tests.compat.test_grpc_python5 import (
     py5,
     run,
     run_refused,
+    stock_receive,
     stock_send_refused,
     tx_state,
 )
@@ -376,16 +377,7 @@ def test_stock_client_with_credentials_sends_receives_and_commits(
         **creds("P"),
     )
     assert tx_state(bt, tx["transaction_id"]) == "COMMITTED"
-    got = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic="orders",
-        group="cgroup",
-        count=2,
-        timeout=20,
-        **creds("C"),
-    )
+    got = stock_receive(py5, ep, "orders", "cgroup", 2, timeout=20, **creds("C"))
     assert sorted(m["body"] for m in got["messages"]) == ["a", "t"]
     assert sent["ids"][0] in {m["id"] for m in got["messages"]}
 

@@ -125,6 +125,15 @@ def stock_send(
     return run(py5, op="send", endpoint=ep, topic=topic, messages=list(messages), **args)
 
 
+def stock_receive(
+    py5: Path, ep: str, topic: str, group: str, count: int, **args: Any
+) -> dict[str, Any]:
+    """The client's ``receive`` of up to ``count`` messages of ``topic`` at ``ep`` for ``group``
+    (``args``: more of its arguments: a filter, no ack, the invisible time, the timeout); its
+    result."""
+    return run(py5, op="receive", endpoint=ep, topic=topic, group=group, count=count, **args)
+
+
 def stock_send_refused(
     py5: Path, ep: str, topic: str, *messages: dict[str, Any], **args: Any
 ) -> str:
@@ -152,7 +161,7 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
         {"body": "three", "group": "order-1"},
     )
     assert len(sent["ids"]) == 3
-    got = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=3, timeout=20)
+    got = stock_receive(py5, ep, topic, "py5-g", 3, timeout=20)
     by_body = {m["body"]: m for m in got["messages"]}
     assert sorted(by_body) == ["one", "three", "two"]
     assert by_body["one"]["tag"] == "TagA" and by_body["one"]["keys"] == ["k1"]
@@ -160,7 +169,7 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
     assert by_body["three"]["group"] == "order-1"
     assert {m["id"] for m in got["messages"]} == set(sent["ids"])
     # acked: the committed offsets cover every message, and nothing comes again
-    again = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=1, timeout=2)
+    again = stock_receive(py5, ep, topic, "py5-g", 1, timeout=2)
     assert again["messages"] == []
 
     def committed() -> int:
@@ -173,30 +182,11 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
 def test_tag_filter_and_unacked_message_comes_back(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-redeliver"
     stock_send(py5, ep, topic, {"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"})
-    first = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic=topic,
-        group="g-re",
-        count=1,
-        filter="Y",
-        ack=False,
-        invisible_s=1,
-        timeout=10,
+    first = stock_receive(
+        py5, ep, topic, "g-re", 1, filter="Y", ack=False, invisible_s=1, timeout=10
     )
     assert [m["body"] for m in first["messages"]] == ["b"]
-    second = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic=topic,
-        group="g-re",
-        count=1,
-        filter="Y",
-        invisible_s=5,
-        timeout=15,
-    )
+    second = stock_receive(py5, ep, topic, "g-re", 1, filter="Y", invisible_s=5, timeout=15)
     assert [(m["body"], m["attempt"]) for m in second["messages"]] == [("b", 2)]
 
 
@@ -210,7 +200,7 @@ def test_transaction_commit_and_rollback(grpc_broker: BrokerThread, py5: Path) -
     )
     assert tx_state(grpc_broker, committed["transaction_id"]) == "COMMITTED"
     assert tx_state(grpc_broker, rolled["transaction_id"]) == "ROLLED_BACK"
-    got = run(py5, op="receive", endpoint=ep, topic=topic, group="g-tx", count=2, timeout=4)
+    got = stock_receive(py5, ep, topic, "g-tx", 2, timeout=4)
     assert [m["body"] for m in got["messages"]] == ["yes"]
     # and the committed message reaches a remoting consumer too
     assert [m.body for m in sdk_messages(grpc_broker.address, topic)] == [b"yes"]
@@ -292,15 +282,7 @@ def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path
     topic = "sdk-to-py5"
     with Producer("sdk-producer", broker=grpc_broker.address) as p:
         r = p.send(Message(topic, b"from-sdk", tags="S", keys="sk", properties={"x": "1"}))
-    got = run(
-        py5,
-        op="receive",
-        endpoint=endpoint(grpc_broker),
-        topic=topic,
-        group="g-x",
-        count=1,
-        timeout=20,
-    )
+    got = stock_receive(py5, endpoint(grpc_broker), topic, "g-x", 1, timeout=20)
     [m] = got["messages"]
     assert m["body"] == "from-sdk" and m["tag"] == "S" and m["keys"] == ["sk"]
     assert m["properties"] == {"x": "1"}
