@@ -7,7 +7,6 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 from tests.client.helpers import FAST_CLIENT
 from tests.support.brokers import started
 from tests.support.certs import Certs, make_certs
+from tests.support.listeners import CheckBack
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
@@ -24,7 +24,6 @@ from txmq.client.config import tls_context
 from txmq.client.transaction import (
     AsyncTransactionProducer,
     LocalTransactionState,
-    TransactionListener,
 )
 from txmq.protocol.errors import ConnectionClosedError
 from txmq.protocol.message import Message, MessageExt
@@ -48,20 +47,6 @@ async def mtls_broker(
 def tls_config(certs: Certs) -> ClientConfig:
     ctx = tls_context(str(certs.ca), str(certs.client_cert), str(certs.client_key))
     return FAST_CLIENT.replace(tls=ctx)
-
-
-class CheckBack(TransactionListener):
-    """Leaves the local transaction unknown, then commits when the broker checks back."""
-
-    def __init__(self) -> None:
-        self.checks = 0
-
-    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOW
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checks += 1
-        return LocalTransactionState.COMMIT_MESSAGE
 
 
 async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
