@@ -6,7 +6,6 @@ and the queue's next offset moves past them."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -122,16 +121,7 @@ async def test_check_client_config_compiles_sql92(
     broker: BrokerController, expression: str, code: int, remark: str | None
 ) -> None:
     async with connected(broker.address) as c:
-        body = {
-            "clientId": c.client_id,
-            "group": "sql-g",
-            "subscriptionData": {
-                "topic": "filtered",
-                "subString": expression,
-                "expressionType": "SQL92",
-            },
-        }
-        resp = await c.call(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+        resp = await c.check_client_config("sql-g", "filtered", expression)
         assert resp.code == code, resp.remark
         if remark is not None:
             assert remark in (resp.remark or "")

@@ -101,6 +101,18 @@ class RawClient:
         )
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
+    async def check_client_config(
+        self, group: str, topic: str, expression: str, kind: str = "SQL92"
+    ) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG: whether the broker takes this client's subscription of ``group``
+        to ``topic`` with ``expression`` (``kind``: SQL92 or TAG); the broker's answer."""
+        body = {
+            "clientId": self.client_id,
+            "group": group,
+            "subscriptionData": {"topic": topic, "subString": expression, "expressionType": kind},
+        }
+        return await self.call(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+
     async def send(
         self,
         topic: str,
