@@ -245,6 +245,11 @@ def test_telemetry_streams_count_against_max_connections(bt: BrokerThread, stub:
     assert again.first.status.code == pb.OK, again.first.status
 
 
+def keys_of(account: str) -> dict[str, str]:
+    """The stock client's arguments that sign its requests as ``account``."""
+    return {"access_key": account, "secret_key": SECRETS[account]}
+
+
 def test_stock_client_over_its_rate_is_refused_and_another_sends(
     bt: BrokerThread, py5: Path
 ) -> None:
@@ -253,26 +258,14 @@ def test_stock_client_over_its_rate_is_refused_and_another_sends(
     another account's client sends at once."""
     ep = endpoint(bt)
     err = stock_send_refused(
-        py5,
-        ep,
-        "trickled",
-        {"body": "x" * 3000},
-        {"body": "y"},
-        access_key="trickle",
-        secret_key=SECRETS["trickle"],
+        py5, ep, "trickled", {"body": "x" * 3000}, {"body": "y"}, **keys_of("trickle")
     )
     # the client's own exception for the proxy's flow-control answer, with the broker's words
     assert "TooManyRequestsException: 42900" in err, err[-2000:]
     assert "[TOO_MANY_REQUESTS] account 'trickle'" in err, err[-2000:]
     assert throttled(bt, "trickle", "produce") >= 1
     sent = stock_send(
-        py5,
-        ep,
-        "trickled",
-        {"body": "z" * 3000},
-        {"body": "w"},
-        access_key="quieter",
-        secret_key=SECRETS["quieter"],
+        py5, ep, "trickled", {"body": "z" * 3000}, {"body": "w"}, **keys_of("quieter")
     )
     assert len(sent["ids"]) == 2
 
