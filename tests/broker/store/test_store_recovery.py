@@ -63,6 +63,15 @@ def queue_files(tmp_path: Path, topic: str = "TopicA", queue_id: int = 0) -> lis
     return sorted((tmp_path / "store" / "consumequeue" / topic / str(queue_id)).iterdir())
 
 
+def image_store(image: Path) -> MessageStore:
+    """A store over the crash image ``image`` with the test stores' small segments, not loaded
+    yet (the test reads what ``load`` reports)."""
+    cfg = StoreConfig(
+        str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+    )
+    return MessageStore(cfg, ("127.0.0.1", 1))
+
+
 def assert_queues(store: MessageStore, sent: dict[int, list[bytes]], topic: str = "TopicA") -> None:
     for q, bodies in sent.items():
         got = read_queue(store, topic, q)
@@ -205,12 +214,7 @@ def test_torn_tail_is_cut_and_everything_before_survives(
         (image / "commitlog" / f"{seg_end:020d}").write_bytes(rng.randbytes(4096))
     store.close()
 
-    recovered = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    recovered = image_store(image)
     first_report = recovered.load()
     assert first_report.truncated_bytes > 0
     if tear == "garbage_in_next_segment":
@@ -255,12 +259,7 @@ def test_recovery_report_measures_the_cut(tmp_path: Path, tear: str) -> None:
     else:
         last_segment_write(image, last.end_offset - 1, b"\x01")
         cut = last.end_offset - last.commit_log_offset
-    img = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    img = image_store(image)
     report = img.load()
     assert report.truncated_bytes == cut
     img.close()
@@ -292,12 +291,7 @@ def test_crash_without_checkpoint_progress_redispatches_the_tail(
     image = crash_image(tmp_path / "store", tmp_path / "image")
     store.close()
 
-    recovered = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    recovered = image_store(image)
     report = recovered.load()
     assert report.checkpoint_offset == report.scan_start_offset == checkpoint
     assert report.redispatched == 30
