@@ -61,13 +61,11 @@ async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
     inbox: asyncio.Queue[MessageExt] = asyncio.Queue()
     consumer = AsyncPushConsumer(group, broker=mtls_broker.address, config=config)
     consumer.subscribe(topic, "*", inbox.put_nowait)
-    await consumer.start()
     listener = CheckBack()
     tx = AsyncTransactionProducer(
         unique("tls-tx"), listener, broker=mtls_broker.address, config=config
     )
-    await tx.start()
-    try:
+    async with consumer, tx:  # started in this order, shut down in the other
         async with AsyncProducer(
             unique("tls-prod"), broker=mtls_broker.address, config=config
         ) as producer:
@@ -82,9 +80,6 @@ async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
             got[msg.tags] = msg.body
         assert got == {"plain": b"over tls", "tx": b"checked back"}
         assert listener.checks >= 1  # the check-back reached the producer over TLS
-    finally:
-        await tx.shutdown()
-        await consumer.shutdown()
 
 
 async def test_refusals_are_clear_connection_errors(
