@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.stock import sdk_messages
+from tests.compat.stock import run_setup, sdk_messages
 from tests.compat.test_grpc_fifo import two_message_groups
 from tests.conftest import BrokerThread
 from tests.support.unavailable import unavailable
@@ -50,16 +50,6 @@ SCRIPT = HERE / "node5_client.js"
 #: Seconds one client run may take.
 RUN_TIMEOUT = 90.0
 QUEUES = 4
-
-
-def _setup(cmd: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if r.returncode != 0:
-        return f"{' '.join(cmd)} exited {r.returncode}: {(r.stderr or r.stdout)[-2000:]}"
-    return None
 
 
 def _installed() -> bool:
@@ -82,13 +72,13 @@ def _client_missing() -> str | None:
         CLIENT_DIR.mkdir(parents=True)
         for name in ("package.json", "package-lock.json"):
             shutil.copyfile(LOCK_DIR / name, CLIENT_DIR / name)
-        err = _setup(
+        err = run_setup(
             ["npm", "ci", "--quiet", "--no-audit", "--no-fund", "--ignore-scripts"], CLIENT_DIR
         )
         if err is not None:
             return err
         STAMP.touch()
-    return _setup(["node", "-e", "require('rocketmq-client-nodejs').PushConsumer"], CLIENT_DIR)
+    return run_setup(["node", "-e", "require('rocketmq-client-nodejs').PushConsumer"], CLIENT_DIR)
 
 
 def client_version() -> str:

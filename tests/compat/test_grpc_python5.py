@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.stock import sdk_messages
+from tests.compat.stock import run_setup, sdk_messages
 from tests.conftest import BrokerThread
 from tests.support.unavailable import unavailable
 from tests.support.waiting import wait_until_sync
@@ -41,28 +41,18 @@ CLIENT = "rocketmq-python-client==5.1.2"
 STAMP = VENV / ".installed"
 
 
-def _setup(cmd: list[str]) -> str | None:
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if r.returncode != 0:
-        return f"{' '.join(cmd)} exited {r.returncode}: {(r.stderr or r.stdout)[-2000:]}"
-    return None
-
-
 def _client_missing() -> str | None:
     """Install the client if ``make py5-client`` has not (same steps); the reason if it
     cannot be."""
     if not STAMP.exists():
         print(f"installing {CLIENT} into {VENV}", file=sys.stderr)
-        err = _setup([sys.executable, "-m", "venv", "--clear", str(VENV)]) or _setup(
+        err = run_setup([sys.executable, "-m", "venv", "--clear", str(VENV)]) or run_setup(
             [str(PY5), "-m", "pip", "install", "--quiet", CLIENT]
         )
         if err is not None:
             return err
         STAMP.write_text(CLIENT + "\n")
-    return _setup([str(PY5), "-c", "import rocketmq.v5, rocketmq; rocketmq.Producer"])
+    return run_setup([str(PY5), "-c", "import rocketmq.v5, rocketmq; rocketmq.Producer"])
 
 
 @pytest.fixture(scope="module")
