@@ -115,23 +115,32 @@ class NodeProc:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
-    def event(self, name: str, timeout: float) -> dict[str, Any]:
-        """The next line that is event ``name``; fails when the process ends first or after
+    def _first(
+        self, wanted: Callable[[dict[str, Any]], bool], timeout: float, what: str, until: str
+    ) -> dict[str, Any]:
+        """The next line that is ``wanted``, skipping others; fails, naming ``what`` it waited
+        for (``until``: how the exit message names it), when the process ends first or after
         ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 doc = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                pytest.fail(f"no {name} event within {timeout}s: {''.join(self.stderr)[-3000:]}")
+                pytest.fail(f"no {what} within {timeout}s: {''.join(self.stderr)[-3000:]}")
             if doc is None:
                 self.proc.wait(10)
                 pytest.fail(
-                    f"client exited {self.proc.returncode} before {name}: "
-                    f"{''.join(self.stderr)[-3000:]}"
+                    f"client exited {self.proc.returncode}{until}: {''.join(self.stderr)[-3000:]}"
                 )
-            if doc.get("event") == name:
+            if wanted(doc):
                 return doc
+
+    def event(self, name: str, timeout: float) -> dict[str, Any]:
+        """The next line that is event ``name``; fails when the process ends first or after
+        ``timeout``."""
+        return self._first(
+            lambda d: d.get("event") == name, timeout, f"{name} event", f" before {name}"
+        )
 
     def finish(self, timeout: float = 30) -> dict[str, Any]:
         """Tell the process to end (a line on stdin); its result."""
@@ -143,17 +152,7 @@ class NodeProc:
         return doc
 
     def event_result(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                doc = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no result within {timeout}s: {''.join(self.stderr)[-3000:]}")
-            if doc is None:
-                self.proc.wait(10)
-                pytest.fail(f"client exited {self.proc.returncode}: {''.join(self.stderr)[-3000:]}")
-            if "result" in doc:
-                return dict(doc["result"])
+        return dict(self._first(lambda d: "result" in d, timeout, "result", "")["result"])
 
     def kill(self) -> None:
         if self.proc.poll() is None:
