@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.acl_files import write_acl
+from tests.support.acl_files import acl2_with_root, write_acl
 from tests.support.brokers import started
 from tests.support.raw import RawClient, connected
 from txmq.broker.auth2 import Acl, PolicyEntry, Resource, decide
@@ -28,13 +28,7 @@ ROOT = Credentials("root-user", "root-secret-123")
 ALICE = Credentials("alice", "alice-secret-1")
 BOB = Credentials("bob-user", "bob-secret-12")
 
-SETTINGS: dict[str, Any] = {
-    "authentication_enabled": True,
-    "authorization_enabled": True,
-    "init_authentication_user": json.dumps(
-        {"username": ROOT.access_key, "password": ROOT.secret_key}
-    ),
-}
+SETTINGS: dict[str, Any] = acl2_with_root(ROOT.access_key, ROOT.secret_key)
 
 
 def admin(broker: BrokerController, who: Credentials = ROOT) -> AsyncAdminClient:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from tests.support.brokers import started
 from tests.support.raw import RawClient, connected
-from tests.support.waiting import wait_caught_up, wait_until
+from tests.support.waiting import wait_all_consumed, wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main
@@ -61,18 +61,10 @@ async def cli(*args: str, input: str | None = None, ok: bool = True) -> str:
     return out.decode() + err.decode()
 
 
-async def _topic(c: RawClient, topic: str, queues: int) -> None:
-    resp = await c.call(
-        RequestCode.UPDATE_AND_CREATE_TOPIC,
-        {"topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": 6},
-    )
-    assert resp.code == ResponseCode.SUCCESS, resp.remark
-
-
 async def test_delete_topic_at_the_wire(broker: BrokerController) -> None:
     async with connected(broker.address) as c:
-        await _topic(c, "doomed", 2)
-        await _topic(c, "kept", 1)
+        await c.create_topic("doomed", 2)
+        await c.create_topic("kept", 1)
         for i in range(4):
             RawClient.send_header(await c.send("doomed", b"d%d" % i, queue_id=i % 2))
         RawClient.send_header(await c.send("kept", b"k"))
@@ -118,7 +110,7 @@ async def test_delete_topic_at_the_wire(broker: BrokerController) -> None:
         resp = await c.call(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "doomed"})
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         # a topic of the same name starts afresh
-        await _topic(c, "doomed", 2)
+        await c.create_topic("doomed", 2)
         RawClient.send_header(await c.send("doomed", b"new"))
         resp, msgs = await c.pull("doomed")
         assert [(m.body, m.queue_offset) for m in msgs] == [(b"new", 0)]
@@ -133,7 +125,7 @@ async def test_reset_offset_at_the_wire(broker: BrokerController) -> None:
         return None
 
     async with connected(broker.address, client_side) as c:
-        await _topic(c, "ledger", 2)
+        await c.create_topic("ledger", 2)
         for i in range(6):
             RawClient.send_header(await c.send("ledger", b"l%d" % i, queue_id=i % 2))
         commit = {"consumerGroup": "g2", "topic": "ledger", "commitOffset": 3}
@@ -214,11 +206,9 @@ async def test_reset_offset_of_a_live_sdk_consumer(broker: BrokerController) -> 
         for i in range(4):
             await producer.send(Message("replay", b"late-%d" % i))
         await consumer.start()
-        await wait_until(lambda: len(got) == 8, 30, "the consumer gets all 8 messages")
-        async with AsyncAdminClient(addr) as admin:
-            await wait_caught_up(
-                admin, "replayers", "replay", "the group's committed offsets reach the end"
-            )
+        await wait_all_consumed(
+            addr, got, 8, "replayers", "replay", "the group's committed offsets reach the end"
+        )
 
         # back to a time before the late messages: the live consumer receives them again
         out = await cli(
@@ -320,7 +310,7 @@ async def _dead_letter(c: RawClient, topic: str, body: bytes, group: str, **prop
 async def test_dlq_list_and_resend(broker: BrokerController) -> None:
     addr = broker.address
     async with connected(broker.address) as c:
-        await _topic(c, "payments", 1)
+        await c.create_topic("payments", 1)
         first = await _dead_letter(
             c, "payments", b"pay-1", "settlers",
             **{MessageConst.TAGS: "card", MessageConst.KEYS: "order-1", "tenant": "acme"},
@@ -460,7 +450,7 @@ async def test_send_and_consume_print_either_form(broker: BrokerController) -> N
 
 async def test_topic_route_and_cluster_list_through_the_cli(broker: BrokerController) -> None:
     async with connected(broker.address) as c:
-        await _topic(c, "routed", 3)
+        await c.create_topic("routed", 3)
     route = json.loads(await cli("topic", "route", "routed", "-b", broker.address, "-o", "json"))
     assert route == [
         {

@@ -13,11 +13,10 @@ from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
 from tests.support.raw import RawClient, connected
-from tests.support.waiting import wait_caught_up, wait_until
+from tests.support.waiting import wait_all_consumed
 from txmq.broker.server import BrokerController
 from txmq.cli import main
 from txmq.client import AsyncProducer, AsyncPushConsumer, Message
-from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.codes import RequestCode, ResponseCode, SerializeType
 from txmq.protocol.fastjson import ObjectKeyMap, loads
 
@@ -45,11 +44,7 @@ async def _heartbeat(c: RawClient, producer: str | None, consumer: dict[str, Any
 
 async def test_views_at_the_wire_in_rocketmq_encodings(broker: BrokerController) -> None:
     async with connected(broker.address) as c:
-        resp = await c.call(
-            RequestCode.UPDATE_AND_CREATE_TOPIC,
-            {"topic": "orders", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
-        )
-        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        await c.create_topic("orders", 2)
         for i in range(5):
             RawClient.send_header(await c.send("orders", b"m%d" % i, queue_id=i % 2))
         await _heartbeat(c, "orders-producer", CONSUMER_DATA)
@@ -149,11 +144,9 @@ def test_group_commands_of_the_cli(broker_thread_factory: Callable[..., BrokerTh
             for i in range(6):
                 await producer.send(Message("views-topic", b"v%d" % i))
             await consumer.start()
-            await wait_until(lambda: len(got) == 6, 30, "the consumer gets all 6 messages")
-            async with AsyncAdminClient(addr) as admin:
-                await wait_caught_up(
-                    admin, "views", "views-topic", "the group's offsets reach the end (lag 0)"
-                )
+            await wait_all_consumed(
+                addr, got, 6, "views", "views-topic", "the group's offsets reach the end (lag 0)"
+            )
             await consumer.shutdown()
             for i in range(6, 9):  # not consumed: the group's lag is 3
                 await producer.send(Message("views-topic", b"v%d" % i))

@@ -10,10 +10,9 @@ import socket
 from collections.abc import Callable
 
 from tests.support.brokers import closed_by_peer, dropped, raw_broker
-from tests.support.raw import RawClient, unread_pulls
+from tests.support.raw import unread_pulls
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
-from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
 from txmq.protocol.frame import encode_frame
@@ -44,33 +43,31 @@ async def test_a_client_that_never_reads_is_dropped_and_others_are_served(
 async def test_a_partial_frame_held_too_long_is_dropped(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(frame_read_timeout=500))
-    await b.start()
-    c = await RawClient.connect(b.address)
-    host, port = b.address.rsplit(":", 1)
-    lorises = [socket.create_connection((host, int(port))) for _ in range(20)]
-    try:
-        for s in lorises:
-            s.sendall(b"\x00\x00\x01\x00\x00\x00")  # half a frame's head, then nothing
-        # Slow but steady: a frame sent in pieces within the timeout is served.
-        steady = socket.create_connection((host, int(port)))
-        frame = encode_frame(RemotingCommand.request(RequestCode.HEART_BEAT, {}, b"{}"))
-        for i in range(0, len(frame), 8):
-            steady.sendall(frame[i : i + 8])
-            await asyncio.sleep(0.01)  # pacing the pieces, not waiting for a result
-        await wait_until(
-            lambda: dropped(b, "partial_frame") >= 20, 30, "the 20 slow-loris connections dropped"
-        )
-        # counted when the broker closes them; the close reaches the socket a moment later
-        await wait_until(
-            lambda: all(closed_by_peer(s) for s in lorises), 10, "the lorises' sockets closed"
-        )
-        steady.settimeout(10)
-        assert len(steady.recv(4096)) > 0, "the steady client got no answer"
-        steady.close()
-        assert (await c.send("loris", b"fine")).code == ResponseCode.SUCCESS
-    finally:
-        for s in lorises:
-            s.close()
-        await c.close()
-        await b.shutdown()
+    async with raw_broker(make_broker_config(frame_read_timeout=500)) as (b, c):
+        host, port = b.address.rsplit(":", 1)
+        lorises = [socket.create_connection((host, int(port))) for _ in range(20)]
+        try:
+            for s in lorises:
+                s.sendall(b"\x00\x00\x01\x00\x00\x00")  # half a frame's head, then nothing
+            # Slow but steady: a frame sent in pieces within the timeout is served.
+            steady = socket.create_connection((host, int(port)))
+            frame = encode_frame(RemotingCommand.request(RequestCode.HEART_BEAT, {}, b"{}"))
+            for i in range(0, len(frame), 8):
+                steady.sendall(frame[i : i + 8])
+                await asyncio.sleep(0.01)  # pacing the pieces, not waiting for a result
+            await wait_until(
+                lambda: dropped(b, "partial_frame") >= 20,
+                30,
+                "the 20 slow-loris connections dropped",
+            )
+            # counted when the broker closes them; the close reaches the socket a moment later
+            await wait_until(
+                lambda: all(closed_by_peer(s) for s in lorises), 10, "the lorises' sockets closed"
+            )
+            steady.settimeout(10)
+            assert len(steady.recv(4096)) > 0, "the steady client got no answer"
+            steady.close()
+            assert (await c.send("loris", b"fine")).code == ResponseCode.SUCCESS
+        finally:
+            for s in lorises:
+                s.close()

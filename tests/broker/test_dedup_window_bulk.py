@@ -5,6 +5,7 @@ one hash told apart by the stored records."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,10 +108,8 @@ T0 = 1_700_000_000_000
 def store(tmp_path: Path) -> Iterator[MessageStore]:
     s = MessageStore(StoreConfig(str(tmp_path / "store")), ("127.0.0.1", 10911), lambda: T0 / 1000)
     s.load()
-    try:
+    with contextlib.closing(s):
         yield s
-    finally:
-        s.close()
 
 
 def _put(store: MessageStore, topic: str, uniq: str) -> int:

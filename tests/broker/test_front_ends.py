@@ -30,6 +30,7 @@ import pytest
 
 from tests.support.acl_files import write_acl
 from tests.support.fastpath import batch_body, comparable
+from tests.support.grpc_probes import end_transaction_request, receive_request
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until
 from txmq.broker.server import BrokerController
@@ -573,12 +574,8 @@ class Grpc(FrontEnd):
         self, topic: str, message_id: str, txid: str, decision: str, source: Any
     ) -> Answer:
         r = await self.stub.EndTransaction(
-            spb.EndTransactionRequest(
-                topic=pb.Resource(name=topic),
-                message_id=message_id,
-                transaction_id=txid,
-                resolution=self._resolution(decision),
-                source=source,
+            end_transaction_request(
+                topic, txid, self._resolution(decision), source, message_id=message_id
             ),
             metadata=MD,
             timeout=WAIT_S,
@@ -634,14 +631,7 @@ class Grpc(FrontEnd):
             )
 
     async def _read(self, topic: str, group: str, offset: int, tag: str = "*") -> list[Received]:
-        req = spb.ReceiveMessageRequest(
-            group=pb.Resource(name=group),
-            message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
-            batch_size=32,
-            filter_expression=pb.FilterExpression(type=pb.TAG, expression=tag),
-        )
-        req.invisible_duration.FromSeconds(60)
-        req.long_polling_timeout.FromMilliseconds(200)
+        req = receive_request(group, topic, expression=tag, invisible_ms=60_000)
         out = [r async for r in self.stub.ReceiveMessage(req, metadata=MD, timeout=WAIT_S)]
         assert out[0].status.code in (pb.OK, pb.MESSAGE_NOT_FOUND), (
             f"{self}: ReceiveMessage answered {out[0].status}"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.brokers import started
+from tests.support.grpc_probes import receive_request
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 
@@ -239,14 +240,7 @@ async def test_a_large_receive_batch_keeps_within_the_client_windows(
     for i, body in enumerate(bodies):
         r = await send(stub, body, f"big-{i}")
         assert r.status.code == pb.OK, r.status
-    req = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=GROUP),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
-        batch_size=32,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-    )
-    req.invisible_duration.FromSeconds(30)
-    req.long_polling_timeout.FromSeconds(1)
+    req = receive_request(GROUP, TOPIC, queue_id=-1, invisible_ms=30_000, poll_ms=1000)
     client = RawClient(window=16_384)
     await client.connect(b.grpc_port)
     try:

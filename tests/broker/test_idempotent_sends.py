@@ -33,6 +33,12 @@ def _send_header(topic: str, uniq: str, **extra: str) -> dict[str, Any]:
     ).to_v2_ext_fields()
 
 
+async def _send(c: RawClient, topic: str, uniq: str, body: bytes) -> RemotingCommand:
+    """SEND_MESSAGE_V2 of ``body`` to ``topic`` under the UNIQ_KEY ``uniq`` (a resend when
+    that key was sent before)."""
+    return await c.call(RequestCode.SEND_MESSAGE_V2, _send_header(topic, uniq), body)
+
+
 def _answer(resp: Any) -> tuple[Any, ...]:
     assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
     f = resp.ext_fields
@@ -47,19 +53,19 @@ async def test_a_resend_is_answered_with_the_first_result_and_stored_once(
     broker: BrokerController,
 ) -> None:
     async with connected(broker.address) as c:
-        first = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd", "U1"), b"one")
+        first = await _send(c, "dd", "U1", b"one")
         # A resend may go to another queue (the SDK picks anew): still the first result.
         ext = _send_header("dd", "U1")
         ext["e"] = "2"  # queueId in the V2 header
         again = await c.call(RequestCode.SEND_MESSAGE_V2, ext, b"one")
-        other = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd", "U2"), b"two")
+        other = await _send(c, "dd", "U2", b"two")
         assert _answer(again) == _answer(first)
         assert _answer(other) != _answer(first)
         assert sorted(await _bodies(c, "dd")) == [b"one", b"two"]
         snap = broker.metrics.snapshot()
         assert snap["txmq_dedup_hits_total"] == 1
         # The same UNIQ_KEY to another topic is another message.
-        elsewhere = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dd2", "U1"), b"one")
+        elsewhere = await _send(c, "dd2", "U1", b"one")
         assert elsewhere.code == ResponseCode.SUCCESS
         assert await _bodies(c, "dd2") == [b"one"]
 
@@ -142,7 +148,7 @@ async def test_a_resend_on_a_new_connection_after_a_cut_is_stored_once(
         lambda: broker.store.get_max_offset_in_queue("dc", 0) == 1, 10, "the cut send stored"
     )
     async with connected(broker.address) as c2:
-        again = await c2.call(RequestCode.SEND_MESSAGE_V2, _send_header("dc", "C1"), b"cut")
+        again = await _send(c2, "dc", "C1", b"cut")
         assert again.code == ResponseCode.SUCCESS
         assert await _bodies(c2, "dc") == [b"cut"]
 
@@ -155,7 +161,7 @@ async def test_the_window_survives_a_restart_and_ends(
     b = BrokerController(cfg, clock=lambda: now[0])
     await b.start()
     c = await RawClient.connect(b.address)
-    first = _answer(await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dr", "R1"), b"r"))
+    first = _answer(await _send(c, "dr", "R1", b"r"))
     await c.close()
     await b.shutdown()
 
@@ -165,11 +171,11 @@ async def test_the_window_survives_a_restart_and_ends(
     assert b.recovery["dedup_keys"] == 1
     c = await RawClient.connect(b.address)
     try:
-        again = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dr", "R1"), b"r")
+        again = await _send(c, "dr", "R1", b"r")
         assert _answer(again) == first
         assert await _bodies(c, "dr") == [b"r"]
         now[0] += 31  # the window is over: the same id is a new message
-        late = await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("dr", "R1"), b"r")
+        late = await _send(c, "dr", "R1", b"r")
         assert _answer(late) != first
         assert await _bodies(c, "dr") == [b"r", b"r"]
     finally:
@@ -180,7 +186,7 @@ async def test_the_window_survives_a_restart_and_ends(
 async def test_off_when_the_window_is_zero(make_broker_config: Callable[..., BrokerConfig]) -> None:
     async with raw_broker(make_broker_config(duplicate_window_seconds=0)) as (b, c):
         for _ in range(2):
-            await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("do", "O1"), b"o")
+            await _send(c, "do", "O1", b"o")
         assert await _bodies(c, "do") == [b"o", b"o"]
 
 
@@ -188,9 +194,7 @@ async def test_retry_and_dead_letter_copies_are_not_deduplicated(broker: BrokerC
     # The broker's own copies carry the original's UNIQ_KEY: two retries of one message
     # (two CONSUMER_SEND_MSG_BACKs) are two messages in %RETRY%<group>.
     async with connected(broker.address) as c:
-        sent = RawClient.send_header(
-            await c.call(RequestCode.SEND_MESSAGE_V2, _send_header("drt", "T1"), b"t")
-        )
+        sent = RawClient.send_header(await _send(c, "drt", "T1", b"t"))
         offset = int(sent.msg_id[-16:], 16)
         for _ in range(2):
             resp = await c.call(

@@ -6,7 +6,6 @@ subscription row is what a running broker does."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ from tests.support.property_probes import PROBES
 from tests.support.raw import connected
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
-from txmq.protocol.codes import RequestCode, ResponseCode
+from txmq.protocol.codes import ResponseCode
 from txmq.protocol.rocketmq_codes import (
     IGNORED,
     REFUSED,
@@ -117,16 +116,8 @@ def test_subscription_types_are_what_the_broker_does(
 
     async def accepts(kind: str) -> bool:
         async with connected(controller.address) as c:
-            body = {
-                "clientId": c.client_id,
-                "group": "audit",
-                "subscriptionData": {
-                    "topic": "audit",
-                    "subString": "a > 1" if kind == "SQL92" else "*",
-                    "expressionType": kind,
-                },
-            }
-            resp = await c.call(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps(body).encode())
+            expression = "a > 1" if kind == "SQL92" else "*"
+            resp = await c.check_client_config("audit", "audit", expression, kind)
         return bool(resp.code == ResponseCode.SUCCESS)
 
     for where, name, what, _note, probe in SUBSCRIPTION_TYPES:

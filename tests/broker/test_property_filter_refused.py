@@ -31,20 +31,7 @@ async def broker_off(
 async def test_sql92_subscriptions_are_refused_clearly(broker_off: BrokerController) -> None:
     async with connected(broker_off.address) as c:
         assert (await c.send("filtered", b"m", props={"a": "7"})).code == ResponseCode.SUCCESS
-        check = await c.call(
-            RequestCode.CHECK_CLIENT_CONFIG,
-            body=json.dumps(
-                {
-                    "clientId": c.client_id,
-                    "group": "sql-g",
-                    "subscriptionData": {
-                        "topic": "filtered",
-                        "subString": SQL,
-                        "expressionType": "SQL92",
-                    },
-                }
-            ).encode(),
-        )
+        check = await c.check_client_config("sql-g", "filtered", SQL)
         assert check.code == ResponseCode.SYSTEM_ERROR
         assert "does not support consumer to filter message by SQL92" in (check.remark or "")
         tag_check = await c.call(

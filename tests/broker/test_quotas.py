@@ -149,20 +149,13 @@ async def test_an_account_over_its_connection_limit_is_refused_and_closed(
 async def test_clients_without_an_account_get_the_default_per_address(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
-    b = BrokerController(make_broker_config(quota_max_connections=1))
-    await b.start()
-    one = await RawClient.connect(b.address)
-    two = await RawClient.connect(b.address)
-    try:
-        assert (await one.send("t", b"x")).code == ResponseCode.SUCCESS
-        r = await two.send("t", b"y")
-        assert r.code == ResponseCode.SYSTEM_BUSY, (r.code, r.remark)
-        assert r.remark is not None and "client address 127.0.0.1" in r.remark, r.remark
-        assert await two.conn.wait_closed(5.0)
-    finally:
-        await one.close()
-        await two.close()
-        await b.shutdown()
+    async with raw_broker(make_broker_config(quota_max_connections=1)) as (b, one):
+        async with connected(b.address) as two:
+            assert (await one.send("t", b"x")).code == ResponseCode.SUCCESS
+            r = await two.send("t", b"y")
+            assert r.code == ResponseCode.SYSTEM_BUSY, (r.code, r.remark)
+            assert r.remark is not None and "client address 127.0.0.1" in r.remark, r.remark
+            assert await two.conn.wait_closed(5.0)
 
 
 async def test_a_consume_rate_slows_pulls(

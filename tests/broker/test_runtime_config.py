@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from tests.broker.test_admin_commands import cli
 from tests.support.brokers import started
+from tests.support.listeners import CheckBack
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.runtime_config import RUNTIME_KEYS, runtime_file
@@ -25,13 +26,10 @@ from txmq.client import (
     AdminClient,
     AsyncProducer,
     AsyncTransactionProducer,
-    LocalTransactionState,
     Message,
-    TransactionListener,
 )
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
-from txmq.protocol.message import MessageExt
 
 
 async def test_a_change_takes_effect_at_once_and_survives_a_restart(
@@ -65,25 +63,11 @@ async def test_a_change_takes_effect_at_once_and_survives_a_restart(
                 await producer.send(Message("made-after", b"x"))
 
 
-class _Unknown(TransactionListener):
-    """Leaves every transaction undecided, and commits when asked by a check."""
-
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-
-    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOWN
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checked.append(message.transaction_id or "")
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
 async def test_a_shorter_transaction_timeout_reschedules_pending_halves(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     async with started(make_broker_config(transaction_time_out=600_000), stop_within=30) as broker:
-        listener = _Unknown()
+        listener = CheckBack()
         async with AsyncTransactionProducer("tx", listener, broker.address) as producer:
             await producer.send_message_in_transaction(Message("orders", b"o1"))
             checks = broker.transactions.checks

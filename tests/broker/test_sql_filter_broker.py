@@ -6,13 +6,13 @@ and the queue's next offset moves past them."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.grpc_probes import receive_request
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import parked_pulls, wait_until
 from txmq.broker.server import BrokerController
@@ -121,16 +121,7 @@ async def test_check_client_config_compiles_sql92(
     broker: BrokerController, expression: str, code: int, remark: str | None
 ) -> None:
     async with connected(broker.address) as c:
-        body = {
-            "clientId": c.client_id,
-            "group": "sql-g",
-            "subscriptionData": {
-                "topic": "filtered",
-                "subString": expression,
-                "expressionType": "SQL92",
-            },
-        }
-        resp = await c.call(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+        resp = await c.check_client_config("sql-g", "filtered", expression)
         assert resp.code == code, resp.remark
         if remark is not None:
             assert remark in (resp.remark or "")
@@ -192,14 +183,9 @@ def test_grpc_receive_with_sql_filter(broker_thread_factory: Callable[..., Broke
 
         def receive(expression: str, group: str) -> tuple[Any, list[Any]]:
             # One receive reads every queue of the topic (up to batch_size).
-            req = spb.ReceiveMessageRequest(
-                group=pb.Resource(name=group),
-                message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
-                batch_size=32,
-                filter_expression=pb.FilterExpression(type=pb.SQL, expression=expression),
+            req = receive_request(
+                group, topic, expression=expression, sql=True, invisible_ms=30_000, poll_ms=100
             )
-            req.invisible_duration.FromSeconds(30)
-            req.long_polling_timeout.FromMilliseconds(100)
             out = list(stub.ReceiveMessage(req, metadata=md, timeout=10))
             return out[0].status, [r.message.body for r in out if r.HasField("message")]
 
@@ -235,13 +221,9 @@ def test_grpc_refuses_sql_with_the_setting_off(
         m.user_properties["a"] = "2"
         r = stub.SendMessage(spb.SendMessageRequest(messages=[m]), metadata=md, timeout=10)
         assert r.status.code == pb.OK, r.status.message
-        req = spb.ReceiveMessageRequest(
-            group=pb.Resource(name="g"),
-            message_queue=pb.MessageQueue(topic=pb.Resource(name="sqloff"), id=0),
-            batch_size=1,
-            filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        req = receive_request(
+            "g", "sqloff", batch=1, expression="a > 1", sql=True, invisible_ms=30_000, poll_ms=None
         )
-        req.invisible_duration.FromSeconds(30)
         out = list(stub.ReceiveMessage(req, metadata=md, timeout=10))
         assert out[0].status.code == pb.ILLEGAL_FILTER_EXPRESSION
         assert "enablePropertyFilter" in out[0].status.message

@@ -6,10 +6,11 @@ silently.  Files written before checksums still load, and are written with one n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
-from tests.support.brokers import raw_broker, started, with_transactions
+from tests.support.brokers import raw_broker, restart_on, started, with_transactions
 from tests.support.logs import fresh_loggers
 from tests.support.raw import connected
 from txmq.broker import runtime_config
@@ -76,10 +77,18 @@ def _tx_table(b: BrokerController) -> dict[str, tuple[str, list[int]]]:
     }
 
 
-async def _restart(cfg: BrokerConfig, port: int) -> BrokerController:
-    b = BrokerController(dataclasses.replace(cfg, listen_port=port))
-    await b.start()
-    return b
+@contextlib.asynccontextmanager
+async def _restarted(
+    cfg: BrokerConfig, port: int
+) -> AsyncIterator[tuple[BrokerController, list[MutableMapping[str, Any]]]]:
+    """A broker started on ``cfg`` at ``port`` (the stopped one's), with the log lines of its
+    start; shut down when the block ends."""
+    with capture_logs() as logs:
+        b = await restart_on(cfg, port)
+    try:
+        yield b, logs
+    finally:
+        await b.shutdown()
 
 
 async def _transactions(cfg: BrokerConfig) -> tuple[BrokerController, dict[str, Any]]:
@@ -114,9 +123,7 @@ async def test_a_snapshot_with_a_changed_half_offset_is_set_aside_and_rebuilt(
     rows = {r[0]: r for r in changed.records}
     assert rows[committed][10][0][0] == offset ^ 0x02
 
-    with capture_logs() as logs:
-        b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, logs):
         assert _tx_table(b) == before
         assert b.recovery["transactions"]["snapshot"] == 0  # rebuilt from the queues
         assert not path.exists()
@@ -124,8 +131,6 @@ async def test_a_snapshot_with_a_changed_half_offset_is_set_aside_and_rebuilt(
         (line,) = _events(logs, "transaction_snapshot_damaged")
         assert line["path"] == str(path) and "checksum mismatch" in line["error"]
         assert line["log_level"] == "warning"
-    finally:
-        await b.shutdown()
 
 
 async def test_a_snapshot_written_before_checksums_still_loads(
@@ -136,12 +141,9 @@ async def test_a_snapshot_written_before_checksums_still_loads(
     await b.shutdown()
     path = Path(cfg.store_path_root_dir) / "transaction" / "snapshot.msgpack"
     path.write_bytes(path.read_bytes()[snapshot.PREFIX_SIZE :])  # the map alone
-    b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, _):
         assert b.recovery["transactions"]["snapshot"] == 1
         assert _tx_table(b) == before
-    finally:
-        await b.shutdown()
     assert path.read_bytes().startswith(snapshot.CHECKSUM_MAGIC)  # written with one
 
 
@@ -165,17 +167,13 @@ async def test_consumer_offsets_with_a_changed_offset_are_read_from_the_backup(
     damaged = _flip_digit(path, "0")  # 7 -> 6
     assert json.loads(damaged)["offsetTable"] == {"orders@billing": {"0": 6}}
 
-    with capture_logs() as logs:
-        b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, logs):
         assert b.ctx.offsets.query("billing", "orders", 0) == 5  # the backup's
         (aside,) = _aside(path)
         assert aside.read_bytes() == damaged
         (line,) = _events(logs, "table_read_from_backup")
         assert line["file"] == str(path) and line["set_aside"] == str(aside)
         assert "checksum mismatch" in line["error"]
-    finally:
-        await b.shutdown()
 
 
 async def test_a_topic_table_with_a_changed_queue_count_is_read_from_the_backup(
@@ -191,9 +189,7 @@ async def test_a_topic_table_with_a_changed_queue_count_is_read_from_the_backup(
     doc = json.loads(path.read_bytes())
     assert doc["topicConfigTable"]["second"]["readQueueNums"] == 4
     _flip_digit(path, "readQueueNums", 0x02, after=b'"second"')  # 4 -> 6
-    with capture_logs() as logs:
-        b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, logs):
         assert _aside(path)
         assert {e["event"] for e in logs} & {"table_read_from_backup", "table_lost"}
         line = next(e for e in logs if e["event"] in ("table_read_from_backup", "table_lost"))
@@ -201,8 +197,6 @@ async def test_a_topic_table_with_a_changed_queue_count_is_read_from_the_backup(
         first, second = b.topics.get("first"), b.topics.get("second")
         assert first is not None and first.read_queue_nums == 4  # the backup's
         assert second is not None and second.read_queue_nums != 6  # never the damaged value
-    finally:
-        await b.shutdown()
 
 
 async def test_tables_written_before_checksums_load_and_are_written_with_one(
@@ -233,17 +227,13 @@ async def test_a_store_checkpoint_with_a_changed_offset_is_set_aside(
     path = Path(cfg.store_path_root_dir) / "checkpoint"
     assert CRC in path.read_bytes()
     _flip_digit(path, "logicOffset")
-    with capture_logs() as logs:
-        b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, logs):
         (line,) = _events(logs, "checkpoint_damaged")
         assert line["file"] == str(path) and "checksum mismatch" in line["error"]
         assert b.recovery["store"].checkpoint_offset == -1  # rebuilt from the whole log
         assert _aside(path)
         r = b.store.get_messages("orders", 0, 0, 32)
         assert len(r.messages) == 5
-    finally:
-        await b.shutdown()
 
 
 async def test_a_timer_checkpoint_with_a_changed_time_is_set_aside_and_the_timer_kept(
@@ -265,16 +255,12 @@ async def test_a_timer_checkpoint_with_a_changed_time_is_set_aside_and_the_timer
     data = path.read_bytes()
     _flip(path, data.index(b'"firedMs": ') + len(b'"firedMs": '), 0x08)
     assert json.loads(path.read_bytes())["firedMs"] > due
-    with capture_logs() as logs:
-        b = await _restart(cfg, b.port)
-    try:
+    async with _restarted(cfg, b.port) as (b, logs):
         (line,) = _events(logs, "timer_checkpoint_damaged")
         assert line["file"] == str(path) and "checksum mismatch" in line["error"]
         assert _aside(path)
         assert b.recovery["timers"]["pending"] == 1
         assert b.timer.pending == 1
-    finally:
-        await b.shutdown()
 
 
 # -- the other files -----------------------------------------------------------------------------
@@ -287,17 +273,12 @@ async def test_runtime_settings_with_a_changed_value_are_set_aside(
     runtime_config.save(dataclasses.replace(cfg, max_reconsume_times=3), {"maxReconsumeTimes": 3})
     path = Path(runtime_config.runtime_file(cfg))
     _flip_digit(path, "maxReconsumeTimes")  # 3 -> 2
-    with capture_logs() as logs:
-        b = BrokerController(cfg)
-        await b.start()
-    try:
+    async with _restarted(cfg, cfg.listen_port) as (b, logs):
         (line,) = _events(logs, "runtime_settings_set_aside")
         assert line["file"] == str(path) and "checksum mismatch" in line["error"]
         assert line["log_level"] == "error"
         assert b.config.max_reconsume_times == cfg.max_reconsume_times  # the configured one
         assert _aside(path)
-    finally:
-        await b.shutdown()
 
 
 def test_a_check_state_index_with_a_changed_count_is_refused() -> None:

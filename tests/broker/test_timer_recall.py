@@ -133,20 +133,18 @@ async def test_a_recall_survives_sigkill_and_restarts(tmp_path) -> None:
     the recalls, started, SIGKILLed again after it did: the six others are delivered once,
     the recalled never."""
     with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
-        address = bp.address
-        c = await RawClient.connect(address)
         deliver = now_ms() + 6000
         handles: dict[bytes, str] = {}
-        for i in range(12):
-            body = f"t{i}".encode()
-            handles[body] = handle_of(
-                await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(deliver + i)})
-            )
-        recalled = {b for i, b in enumerate(handles) if i % 2}
-        for body in recalled:
-            r = await recall(c, handles[body])
-            assert r.code == ResponseCode.SUCCESS, r.remark
-        await c.close()
+        async with connected(bp.address) as c:
+            for i in range(12):
+                body = f"t{i}".encode()
+                handles[body] = handle_of(
+                    await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(deliver + i)})
+                )
+            recalled = {b for i, b in enumerate(handles) if i % 2}
+            for body in recalled:
+                r = await recall(c, handles[body])
+                assert r.code == ResponseCode.SUCCESS, r.remark
         bp.kill()  # right after the recalls: the checkpoint (once a second) may not hold them
         bp.start()
         checkpoint = tmp_path / "store" / "config" / "timerCheckpoint.json"

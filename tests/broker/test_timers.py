@@ -224,18 +224,16 @@ async def test_sigkill_while_pending_and_firing_delivers_each_once_never_early(
     rolled-back one."""
     rnd = random.Random(seed)
     with running(str(tmp_path / "store"), flush="ASYNC_FLUSH") as bp:
-        address = bp.address
-        c = await RawClient.connect(address)
         start = now_ms() + 3000
         want: dict[bytes, int] = {}
-        for i in range(300):
-            deliver = start + rnd.randrange(0, 4000)
-            body = f"k{i}".encode()
-            want[body] = deliver
-            resp = await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(deliver)})
-            assert resp.code == ResponseCode.SUCCESS, resp.remark
-        await c.close()
-        async with AsyncTransactionProducer("timer-tx", CommitTx(), address) as p:
+        async with connected(bp.address) as c:
+            for i in range(300):
+                deliver = start + rnd.randrange(0, 4000)
+                body = f"k{i}".encode()
+                want[body] = deliver
+                resp = await c.send(TOPIC, body, props={"TIMER_DELIVER_MS": str(deliver)})
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+        async with AsyncTransactionProducer("timer-tx", CommitTx(), bp.address) as p:
             for i in range(40):
                 deliver = start + rnd.randrange(0, 4000)
                 body = f"{'tx' if i % 4 else 'rb'}{i}".encode()

@@ -53,11 +53,7 @@ async def _ok(c: RawClient, code: int, ext: dict[str, Any] | None = None) -> byt
 
 
 async def _setup(c: RawClient) -> None:
-    resp = await c.call(
-        R.UPDATE_AND_CREATE_TOPIC,
-        {"topic": "orders", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
-    )
-    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    await c.create_topic("orders", 2)
     for i in range(5):
         RawClient.send_header(await c.send("orders", b"m%d" % i, queue_id=i % 2))
     await c.heartbeat(consumer_groups={"billing": {"orders": "*"}})

@@ -17,6 +17,8 @@ from click.testing import CliRunner
 
 from tests.conftest import BrokerThread
 from tests.support.brokers import started
+from tests.support.grpc_probes import change_invisible_request
+from tests.support.listeners import CheckBack
 from tests.support.process import running
 from tests.support.raw import RawClient, connected
 from tests.support.waiting import wait_until, wait_until_sync
@@ -29,8 +31,6 @@ from txmq.client import (
     AsyncTransactionProducer,
     LocalTransactionState,
     Message,
-    MessageExt,
-    TransactionListener,
 )
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.codes import RequestCode, ResponseCode
@@ -83,18 +83,6 @@ async def test_a_stock_clients_trace_record_is_stored_and_read_back(
     assert broker.core.trace is None
 
 
-class CheckBackCommits(TransactionListener):
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-
-    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOWN
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checked.append(message.body.decode())
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
 def _cli(address: str, *args: str) -> Any:
     res = CliRunner().invoke(cli, ["trace", "-b", address, *args])
     assert res.exit_code == 0, res.output
@@ -107,7 +95,7 @@ def test_txmq_trace_shows_a_transactions_life(
 ) -> None:
     bt = broker_thread_factory(trace_topic_enable=True)
     addr = bt.address
-    listener = CheckBackCommits()
+    listener = CheckBack()
 
     async def scenario() -> tuple[str, str, str]:
         async with connected(addr) as c:
@@ -115,7 +103,7 @@ def test_txmq_trace_shows_a_transactions_life(
             # as soon as the check came, a loaded machine may close it first.
             async with AsyncTransactionProducer("shop", listener, addr) as tx:
                 checked = await tx.send_message_in_transaction(Message("orders", b"by-check"))
-                await wait_until(lambda: listener.checked == ["by-check"], 30, "the check-back")
+                await wait_until(lambda: listener.bodies == ["by-check"], 30, "the check-back")
                 got = await wait_until(
                     lambda: c.pull_all("orders", group="billing"), 30, "the committed message"
                 )
@@ -213,25 +201,13 @@ async def test_acknowledged_sends_keep_their_trace_across_a_sigkill(tmp_path: Pa
                 assert abs(records[0].timestamp - time.time() * 1000) < 600_000  # stored lately
 
 
-class NeverKnows(TransactionListener):
-    def __init__(self) -> None:
-        self.checks = 0
-
-    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOWN
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checks += 1
-        return LocalTransactionState.UNKNOWN
-
-
 async def test_a_transaction_out_of_check_budget_is_traced_as_timed_out(
     make_broker_config: Callable[..., BrokerConfig],
 ) -> None:
     async with started(
         make_broker_config(trace_topic_enable=True, transaction_check_max=2)
     ) as controller:
-        listener = NeverKnows()
+        listener = CheckBack(LocalTransactionState.UNKNOWN)
         async with AsyncTransactionProducer("undecided", listener, controller.address) as tx:
             sent = await tx.send_message_in_transaction(Message("orders", b"never"))
             txid = str(sent.transaction_id)
@@ -469,12 +445,8 @@ def test_grpc_acks_nacks_and_dead_letters_are_traced(
         by_id = {m.system_properties.message_id: m for m in msgs}
         acked, dead = by_id["grpc-acked"], by_id["grpc-dead"]
         cid = stub.ChangeInvisibleDuration(
-            spb.ChangeInvisibleDurationRequest(
-                group=pb.Resource(name=group),
-                topic=pb.Resource(name=topic),
-                receipt_handle=acked.system_properties.receipt_handle,
-                invisible_duration={"seconds": 30},
-                message_id="grpc-acked",
+            change_invisible_request(
+                group, topic, acked.system_properties.receipt_handle, "grpc-acked"
             ),
             metadata=MD,
             timeout=10,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.support.waiting import wait_until, wait_until_sync
-from txmq.client import ClientConfig
+from txmq.client import AsyncProducer, ClientConfig, Message
 from txmq.client.remoting import BrokerConnection
 from txmq.protocol.codes import RequestCode
 from txmq.protocol.headers import CreateTopicRequestHeader
@@ -81,6 +81,21 @@ async def json_bodies(address: str, topic: str, queues: int, reader: str) -> lis
                 out.extend(json.loads(m.body) for m in r.messages)
                 offset = r.next_begin_offset
     return out
+
+
+async def send_numbered(producer: AsyncProducer, topic: str, prefix: str, n: int) -> list[bytes]:
+    """Send ``n`` messages to ``topic`` one after another, bodies ``<prefix>0`` ... (``prefix``
+    carries any separator), and return their bodies in order."""
+    bodies = [f"{prefix}{i}".encode() for i in range(n)]
+    for body in bodies:
+        await producer.send(Message(topic, body))
+    return bodies
+
+
+def order_message(topic: str, i: int, tag: str, body: bytes) -> Message:
+    """Order ``i``'s message: ``tag``, the key ``order-<i>`` and the property region=eu (what
+    the round-trip tests check comes back)."""
+    return Message(topic, body, tags=tag, keys=f"order-{i}", properties={"region": "eu"})
 
 
 async def topic_and_group(

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from tests.conftest import BrokerThread
 from tests.support.acl_files import write_acl
 from tests.support.brokers import started
+from tests.support.listeners import CheckBack
 from tests.support.waiting import wait_until
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
@@ -24,9 +25,7 @@ from txmq.client import (
     ClientConfig,
     LocalTransactionState,
     Message,
-    MessageExt,
     RollbackOnCheck,
-    TransactionListener,
 )
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.errors import NoPermissionError
@@ -62,18 +61,6 @@ async def acl_broker(acl_config: BrokerConfig) -> AsyncIterator[BrokerController
         yield controller
 
 
-class CheckBackCommits(TransactionListener):
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-
-    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOWN  # decided later, by the check-back
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checked.append(message.body.decode())
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
 async def test_send_consume_and_a_checked_back_transaction_with_credentials(
     acl_broker: BrokerController,
 ) -> None:
@@ -81,13 +68,13 @@ async def test_send_consume_and_a_checked_back_transaction_with_credentials(
     got: list[bytes] = []
     consumer = AsyncPushConsumer("billing", addr, consume_from="first", config=CONSUMER)
     consumer.subscribe("orders", "*", lambda m: got.append(m.body))
-    listener = CheckBackCommits()
+    listener = CheckBack()
     async with AsyncProducer("shop", addr, config=PRODUCER) as producer:
         await producer.send(Message("orders", b"plain-1"))
         async with AsyncTransactionProducer("shop", listener, addr, config=PRODUCER) as tx:
             result = await tx.send_message_in_transaction(Message("orders", b"tx-1"))
             assert result.local_transaction_state is LocalTransactionState.UNKNOWN
-            await wait_until(lambda: listener.checked == ["tx-1"], what="the check-back")
+            await wait_until(lambda: listener.bodies == ["tx-1"], what="the check-back")
             await consumer.start()
             try:
                 await wait_until(lambda: sorted(got) == [b"plain-1", b"tx-1"], what="both messages")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.client.helpers import FAST_CLIENT, topic_and_group, wait_until
+from tests.support.brokers import restart_on, start_broker
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -69,9 +70,7 @@ async def test_on_connection_state_across_a_broker_restart(
     make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
-    port = first.port
+    first = await start_broker(config)
     topic = unique("state")
     states: list[tuple[str, ConnectionState]] = []
 
@@ -94,8 +93,7 @@ async def test_on_connection_state_across_a_broker_restart(
         await wait_until(
             lambda: (first.address, ConnectionState.LOST) in states, what="the loss reported"
         )
-        second = BrokerController(config.replace(listen_port=port))
-        await second.start()
+        second = await restart_on(config, first.port)
         await wait_until(
             lambda: (first.address, ConnectionState.RECONNECTED) in states,
             what="the reconnect reported",

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, create_topic, wait_until
+from tests.client.helpers import FAST_CLIENT, create_topic, send_numbered, wait_until
 from tests.support.brokers import started
 from tests.support.waiting import parked_pulls
 from txmq.broker.config import BrokerConfig
@@ -245,14 +245,12 @@ async def test_offset_for_timestamp(
         AsyncProducer("test-producer", broker=broker.address, config=FAST_CLIENT) as producer,
         AsyncPullConsumer("test-puller", broker=broker.address, config=FAST_CLIENT) as puller,
     ):
-        for i in range(3):
-            await producer.send(Message(topic, f"old{i}".encode()))
+        await send_numbered(producer, topic, "old", 3)
         # The broker's clock jumps a minute ahead: the cut lies 30 s after the "old" store
         # times and 30 s before the "new" ones, however slow the machine.
         shift[0] = 60.0
         cut = int((time.time() + 30) * 1000)
-        for i in range(2):
-            await producer.send(Message(topic, f"new{i}".encode()))
+        await send_numbered(producer, topic, "new", 2)
         assert await puller.offset_for_timestamp(topic, 0, cut) == 3
 
 

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, settled, topic_and_group, wait_until
+from tests.client.helpers import (
+    FAST_CLIENT,
+    order_message,
+    send_numbered,
+    settled,
+    topic_and_group,
+    wait_until,
+)
 from txmq.broker.server import BrokerController
 from txmq.client import (
     AsyncProducer,
@@ -73,15 +80,7 @@ async def test_round_trip_with_tags_keys_properties_and_ids(
         ]
         sent = {}
         for i, tag in enumerate(["created", "paid", "created"]):
-            r = await producer.send(
-                Message(
-                    topic,
-                    f"body-{i}".encode(),
-                    tags=tag,
-                    keys=f"order-{i}",
-                    properties={"region": "eu"},
-                )
-            )
+            r = await producer.send(order_message(topic, i, tag, f"body-{i}".encode()))
             sent[r.msg_id] = (r, i, tag)
         await wait_until(lambda: inbox.count() == 3, what="three deliveries")
     finally:
@@ -132,8 +131,7 @@ async def test_async_callbacks_work_too(
     consumer = consumer_for(broker, group, consume_from="first")
     consumer.subscribe(topic, "*", on_message)
     async with consumer:
-        for i in range(20):
-            await producer.send(Message(topic, f"{i}".encode()))
+        await send_numbered(producer, topic, "", 20)
         await wait_until(lambda: len(got) == 20, what="20 deliveries")
     assert sorted(int(b) for b in got) == list(range(20))
 
@@ -158,8 +156,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
 
         await wait_until(split, what="a 2/2 split of the queues")
 
-        for i in range(40):
-            await producer.send(Message(topic, f"one-{i}".encode()))
+        await send_numbered(producer, topic, "one-", 40)
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 40, what="phase one")
         assert inbox_a.count() > 0 and inbox_b.count() > 0
 
@@ -168,8 +165,7 @@ async def test_two_consumers_split_queues_and_rebalance_when_one_leaves(
             lambda: len([q for t, q in a.assignment() if t == topic]) == 4,
             what="the survivor to take every queue",
         )
-        for i in range(40):
-            await producer.send(Message(topic, f"two-{i}".encode()))
+        await send_numbered(producer, topic, "two-", 40)
         await wait_until(lambda: inbox_a.count() + inbox_b.count() >= 80, what="phase two")
         await settled(broker.address, group, {topic: 4})  # a duplicate would have shown by now
     finally:
@@ -253,15 +249,13 @@ async def test_restart_resumes_from_the_committed_offset(
     broker: BrokerController, producer: AsyncProducer, unique: Callable[[str], str]
 ) -> None:
     topic, group = await topic_and_group(broker.address, unique, "resume", "g", 4)
-    for i in range(12):
-        await producer.send(Message(topic, f"first-{i}".encode()))
+    await send_numbered(producer, topic, "first-", 12)
     inbox1 = Inbox()
     c1 = consumer_for(broker, group, consume_from="first")
     c1.subscribe(topic, "*", inbox1)
     async with c1:
         await wait_until(lambda: inbox1.count() == 12, what="the first twelve")
-    for i in range(5):
-        await producer.send(Message(topic, f"second-{i}".encode()))
+    await send_numbered(producer, topic, "second-", 5)
     inbox2 = Inbox()
     c2 = consumer_for(broker, group, consume_from="first")
     c2.subscribe(topic, "*", inbox2)
@@ -284,14 +278,12 @@ async def test_consume_from(
     async with AsyncProducer(
         "push-test-producer", broker=broker.address, config=FAST_CLIENT
     ) as producer:
-        for i in range(4):
-            await producer.send(Message(topic, f"old-{i}".encode()))
+        await send_numbered(producer, topic, "old-", 4)
         # The cut lies 30 s after the "old" store times and 30 s before the later ones: the
         # broker's clock jumps a minute ahead, so no machine is too slow (or too fast) for it.
         shift[0] = 60.0
         cut = int((time.time() + 30) * 1000)
-        for i in range(3):
-            await producer.send(Message(topic, f"mid-{i}".encode()))
+        await send_numbered(producer, topic, "mid-", 3)
         consume_from: object = cut if where == "timestamp" else where
         consumer = consumer_for(broker, group, consume_from=consume_from)
         consumer.subscribe(topic, "*", inbox)
@@ -301,8 +293,7 @@ async def test_consume_from(
                 lambda: len([q for t, q in consumer.assignment() if t == topic]) == 2,
                 what="assignment",
             )
-            for i in range(2):
-                await producer.send(Message(topic, f"new-{i}".encode()))
+            await send_numbered(producer, topic, "new-", 2)
             expected = {
                 "first": [f"old-{i}" for i in range(4)] + [f"mid-{i}" for i in range(3)],
                 "last": [],
@@ -328,8 +319,7 @@ async def test_a_topic_created_after_the_consumer_started_is_consumed_from_its_s
     await consumer.start()
     try:
         assert [t for t, _ in consumer.assignment()] == [f"%RETRY%{group}"]
-        for i in range(3):  # the first send creates the topic
-            await producer.send(Message(topic, f"early-{i}".encode()))
+        await send_numbered(producer, topic, "early-", 3)  # the first send creates the topic
         await wait_until(lambda: inbox.count() >= 3, what="the first messages of the new topic")
     finally:
         await consumer.shutdown()

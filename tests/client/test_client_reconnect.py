@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.client.helpers import FAST_CLIENT, wait_until
+from tests.support.brokers import restart_on, start_broker
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.client import (
@@ -26,9 +27,7 @@ async def test_producer_and_consumer_survive_a_broker_restart(
     make_broker_config: Callable[..., BrokerConfig], unique: Callable[[str], str]
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
-    port = first.port
+    first = await start_broker(config)
     topic, group = unique("restart"), unique("g")
     received: list[MessageExt] = []
     lock = threading.Lock()
@@ -67,9 +66,8 @@ async def test_producer_and_consumer_survive_a_broker_restart(
         with pytest.raises(ConnectionClosedError):
             await producer.send(Message(topic, b"while down"))
 
-        second = BrokerController(config.replace(listen_port=port))
-        await second.start()
-        assert second.port == port
+        second = await restart_on(config, first.port)
+        assert second.port == first.port
         await wait_until(
             lambda: producer.connection.reconnects >= 1 and consumer.connection.reconnects >= 1,
             what="both reconnects",
@@ -92,8 +90,7 @@ async def test_a_send_waits_for_the_reconnect_within_its_retries(
     unique: Callable[[str], str],
 ) -> None:
     config = make_broker_config()
-    first = BrokerController(config)
-    await first.start()
+    first = await start_broker(config)
     topic = unique("bounce")
     producer = AsyncProducer("p", broker=first.address, config=FAST_CLIENT, request_timeout=1.0)
     second: BrokerController | None = None
@@ -116,8 +113,7 @@ async def test_a_send_waits_for_the_reconnect_within_its_retries(
         sending = asyncio.ensure_future(producer.send(Message(topic, b"during"), queue_id=0))
         await wait_until(asked, what="the send waiting for the reconnect")
         assert not sending.done(), "the send ended while no broker was up"
-        second = BrokerController(config.replace(listen_port=first.port))
-        await second.start()
+        second = await restart_on(config, first.port)
         during = await sending
         assert during.queue_offset == before.queue_offset + 1  # the data dir survived
     finally:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.client.helpers import FAST_CLIENT, wait_until_sync
+from tests.client.helpers import FAST_CLIENT, order_message, wait_until_sync
 from txmq.broker.server import BrokerController
 from txmq.client import (
     ClientStateError,
@@ -46,15 +46,7 @@ def test_sync_round_trip(broker_thread: BrokerController, unique: Callable[[str]
             assert consumer.client_id and "@" in consumer.client_id
             results = {}
             for i, tag in enumerate(["created", "paid", "shipped", "created"]):
-                r = producer.send(
-                    Message(
-                        topic,
-                        f"order-{i}".encode(),
-                        tags=tag,
-                        keys=f"order-{i}",
-                        properties={"region": "eu"},
-                    )
-                )
+                r = producer.send(order_message(topic, i, tag, f"order-{i}".encode()))
                 results[r.msg_id] = (i, tag, r)
             wait_until_sync(lambda: len(received) >= 3, what="three deliveries")
         finally:

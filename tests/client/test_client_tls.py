@@ -7,7 +7,6 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 from tests.client.helpers import FAST_CLIENT
 from tests.support.brokers import started
 from tests.support.certs import Certs, make_certs
+from tests.support.listeners import CheckBack
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.cli import main as cli
@@ -24,7 +24,6 @@ from txmq.client.config import tls_context
 from txmq.client.transaction import (
     AsyncTransactionProducer,
     LocalTransactionState,
-    TransactionListener,
 )
 from txmq.protocol.errors import ConnectionClosedError
 from txmq.protocol.message import Message, MessageExt
@@ -50,20 +49,6 @@ def tls_config(certs: Certs) -> ClientConfig:
     return FAST_CLIENT.replace(tls=ctx)
 
 
-class CheckBack(TransactionListener):
-    """Leaves the local transaction unknown, then commits when the broker checks back."""
-
-    def __init__(self) -> None:
-        self.checks = 0
-
-    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
-        return LocalTransactionState.UNKNOW
-
-    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
-        self.checks += 1
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
 async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
     mtls_broker: BrokerController, certs: Certs, unique: Callable[[str], str]
 ) -> None:
@@ -76,13 +61,11 @@ async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
     inbox: asyncio.Queue[MessageExt] = asyncio.Queue()
     consumer = AsyncPushConsumer(group, broker=mtls_broker.address, config=config)
     consumer.subscribe(topic, "*", inbox.put_nowait)
-    await consumer.start()
     listener = CheckBack()
     tx = AsyncTransactionProducer(
         unique("tls-tx"), listener, broker=mtls_broker.address, config=config
     )
-    await tx.start()
-    try:
+    async with consumer, tx:  # started in this order, shut down in the other
         async with AsyncProducer(
             unique("tls-prod"), broker=mtls_broker.address, config=config
         ) as producer:
@@ -97,9 +80,6 @@ async def test_send_consume_and_a_checked_back_transaction_over_mutual_tls(
             got[msg.tags] = msg.body
         assert got == {"plain": b"over tls", "tx": b"checked back"}
         assert listener.checks >= 1  # the check-back reached the producer over TLS
-    finally:
-        await tx.shutdown()
-        await consumer.shutdown()
 
 
 async def test_refusals_are_clear_connection_errors(

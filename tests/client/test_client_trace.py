@@ -18,6 +18,7 @@ from txmq.client import (
     AsyncProducer,
     AsyncPushConsumer,
     AsyncTransactionProducer,
+    ClientConfig,
     LocalTransactionState,
     Message,
     MessageExt,
@@ -47,6 +48,18 @@ def _consumer_records(records: list[TraceRecord], group: str) -> list[TraceRecor
     ]
 
 
+async def _consumer_trace(
+    admin: AsyncAdminClient, msg_id: str, group: str, at_least: int, what: str
+) -> list[TraceRecord]:
+    """Wait (30 s at most) until the trace of ``msg_id`` holds ``at_least`` SubBefore and
+    SubAfter records of ``group``; return all its records."""
+    return await wait_until(
+        _records_of(admin, msg_id, lambda r: len(_consumer_records(r, group)) >= at_least),
+        30,
+        what,
+    )
+
+
 async def test_a_push_consumer_traces_each_callback(broker: BrokerController) -> None:
     """One message consumed at once, one whose callback fails once then succeeds (from the
     retry topic): a SubBefore before each call and a SubAfter after it, sharing a request id,
@@ -70,15 +83,11 @@ async def test_a_push_consumer_traces_each_callback(broker: BrokerController) ->
     finally:
         await consumer.shutdown()
     async with AsyncAdminClient(addr) as admin:
-        fine = await wait_until(
-            _records_of(admin, ok.msg_id, lambda r: len(_consumer_records(r, "billing")) >= 2),
-            30,
-            "the first message's consumer records",
+        fine = await _consumer_trace(
+            admin, ok.msg_id, "billing", 2, "the first message's consumer records"
         )
-        again = await wait_until(
-            _records_of(admin, flaky.msg_id, lambda r: len(_consumer_records(r, "billing")) >= 4),
-            30,
-            "the flaky message's consumer records",
+        again = await _consumer_trace(
+            admin, flaky.msg_id, "billing", 4, "the flaky message's consumer records"
         )
     before, after = _consumer_records(fine, "billing")
     assert (before.type, before.msg_id, before.keys, before.retry_times) == (
@@ -134,10 +143,8 @@ async def test_an_orderly_consumer_traces_each_callback(broker: BrokerController
         await consumer.shutdown()
     async with AsyncAdminClient(addr) as admin:
         for s in sent:
-            records = await wait_until(
-                _records_of(admin, s.msg_id, lambda r: len(_consumer_records(r, "in-order")) >= 2),
-                30,
-                "the orderly consumer's records",
+            records = await _consumer_trace(
+                admin, s.msg_id, "in-order", 2, "the orderly consumer's records"
             )
             before, after = _consumer_records(records, "in-order")
             assert (before.type, after.type, after.success) == (
@@ -198,11 +205,20 @@ async def test_a_transaction_producer_traces_its_decisions(broker: BrokerControl
     assert states[:2] == [("UNKNOW", False), ("COMMIT_MESSAGE", True)], states
 
 
+def _collecting(
+    addr: str, group: str, topic: str, config: ClientConfig
+) -> tuple[AsyncPushConsumer, list[bytes]]:
+    """A push consumer of ``group`` on all of ``topic`` from the first offset (not started)
+    and the list its callback appends each body to."""
+    got: list[bytes] = []
+    consumer = AsyncPushConsumer(group, addr, consume_from="first", config=config)
+    consumer.subscribe(topic, "*", lambda m: got.append(m.body))
+    return consumer, got
+
+
 async def test_consumers_without_trace_send_nothing(broker: BrokerController) -> None:
     addr = broker.address
-    got: list[bytes] = []
-    consumer = AsyncPushConsumer("quiet", addr, consume_from="first", config=FAST_CLIENT)
-    consumer.subscribe("plain", "*", lambda m: got.append(m.body))
+    consumer, got = _collecting(addr, "quiet", "plain", FAST_CLIENT)
     async with AsyncProducer("p", addr, config=FAST_CLIENT) as producer:
         await producer.send(Message("plain", b"x"))
         await consumer.start()
@@ -217,9 +233,7 @@ async def test_consumers_without_trace_send_nothing(broker: BrokerController) ->
 async def test_a_push_consumers_sync_callback_is_traced_too(broker: BrokerController) -> None:
     """A plain function runs on the consumer's worker threads: the records are the same."""
     addr = broker.address
-    got: list[bytes] = []
-    consumer = AsyncPushConsumer("threads", addr, consume_from="first", config=TRACED)
-    consumer.subscribe("jobs", "*", lambda m: got.append(m.body))
+    consumer, got = _collecting(addr, "threads", "jobs", TRACED)
     async with AsyncProducer("p", addr, config=FAST_CLIENT) as producer:
         sent = await producer.send(Message("jobs", b"job", keys="job-1"))
     await consumer.start()
@@ -228,11 +242,7 @@ async def test_a_push_consumers_sync_callback_is_traced_too(broker: BrokerContro
     finally:
         await consumer.shutdown()
     async with AsyncAdminClient(addr) as admin:
-        records = await wait_until(
-            _records_of(admin, sent.msg_id, lambda r: len(_consumer_records(r, "threads")) >= 2),
-            30,
-            "the consumer's records",
-        )
+        records = await _consumer_trace(admin, sent.msg_id, "threads", 2, "the consumer's records")
     before, after = _consumer_records(records, "threads")
     assert (before.type, before.keys, after.type, after.success, after.keys) == (
         TraceType.SUB_BEFORE,

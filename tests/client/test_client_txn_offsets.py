@@ -6,9 +6,10 @@ back), and a repeated attempt whose base offset moved is refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -124,6 +125,16 @@ async def bump_generation(broker: BrokerController, group: str, join: Any) -> No
     )
 
 
+@contextlib.contextmanager
+def noting_fenced(fenced: list[FencedError]) -> Iterator[None]:
+    """Add a :class:`FencedError` the block raises to ``fenced``, and let it go on."""
+    try:
+        yield
+    except FencedError as exc:
+        fenced.append(exc)
+        raise
+
+
 async def test_commit_moves_offsets_with_the_outputs(
     broker: BrokerController, txp: AsyncTransactionProducer, unique: Callable[[str], str]
 ) -> None:
@@ -234,15 +245,12 @@ async def test_a_stale_generation_is_fenced(
         if fenced:
             await gate.wait()  # hold the queue: nothing else may commit meanwhile
             raise RuntimeError("stop after the fenced attempt")
-        try:
+        with noting_fenced(fenced):
             async with txp.transaction() as txn:
                 await txn.send(Message(b, b"fenced-output"), queue_id=0)
                 txn.send_offsets(c, msg)
                 # a member joins: the group's generation moves on
                 await bump_generation(broker, group, other.start)
-        except FencedError as exc:
-            fenced.append(exc)
-            raise
 
     c.subscribe(a, "*", transform)
     try:
@@ -371,7 +379,7 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
     fenced: list[FencedError] = []
 
     async def transform(msg: MessageExt) -> None:
-        try:
+        with noting_fenced(fenced):
             async with txp.transaction() as txn:
                 await txn.send(Message(b, b"fenced" if not fenced else b"ok"), queue_id=0)
                 txn.send_offsets(c, msg)
@@ -382,9 +390,6 @@ async def test_fenced_attempts_do_not_count_towards_the_dead_letter_queue(
                         await joiner.send_heartbeat()
 
                     await bump_generation(broker, group, join)
-        except FencedError as exc:
-            fenced.append(exc)
-            raise
 
     c.subscribe(a, "*", transform)
     try:

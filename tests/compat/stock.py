@@ -35,7 +35,8 @@ def _unavailable(what: str, reason: str) -> None:
     pytest.skip(msg)
 
 
-def _run_setup(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> str | None:
+def run_setup(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> str | None:
+    """Run an install step of a stock client; what went wrong, or None."""
     try:
         r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -52,11 +53,11 @@ def install_cpp_client() -> Path:
     stamp = venv / ".installed"
     if not stamp.exists():
         print(f"installing {CPP_WHEEL} into {venv.relative_to(ROOT)}", file=sys.stderr)
-        err = _run_setup([sys.executable, "-m", "venv", "--clear", str(venv)]) or _run_setup(
+        err = run_setup([sys.executable, "-m", "venv", "--clear", str(venv)]) or run_setup(
             [str(python), "-m", "pip", "install", "--quiet", CPP_WHEEL]
         )
         if err is None:
-            err = _run_setup([str(python), "-c", "import rocketmq.client"])
+            err = run_setup([str(python), "-c", "import rocketmq.client"])
         if err is not None:
             _unavailable(f"PyPI {CPP_WHEEL}", err)
         stamp.write_text(CPP_WHEEL + "\n")
@@ -70,7 +71,7 @@ def install_ali_ons() -> Path:
     if not stamp.exists():
         print(f"installing {' '.join(ALI_ONS)} into {where.relative_to(ROOT)}", file=sys.stderr)
         where.mkdir(parents=True, exist_ok=True)
-        err = _run_setup(
+        err = run_setup(
             [
                 "npm",
                 "install",

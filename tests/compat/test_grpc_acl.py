@@ -14,9 +14,18 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused, tx_state
+from tests.compat.test_grpc_python5 import (
+    endpoint,
+    py5,
+    run,
+    run_refused,
+    stock_receive,
+    stock_send_refused,
+    tx_state,
+)
 from tests.conftest import BrokerThread
 from tests.support.acl_files import write_acl
+from tests.support.grpc_probes import end_transaction_request, receive_request
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -102,18 +111,6 @@ def message(topic: str, body: bytes = b"x", kind: pb.MessageType = pb.NORMAL) ->
     return m
 
 
-def receive_request(topic: str, group: str) -> Any:
-    r = spb.ReceiveMessageRequest(
-        group=res(group),
-        message_queue=pb.MessageQueue(topic=res(topic), id=0),
-        batch_size=8,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-    )
-    r.invisible_duration.FromSeconds(10)
-    r.long_polling_timeout.FromMilliseconds(100)
-    return r
-
-
 def publishing(topic: str) -> Any:
     return spb.TelemetryCommand(
         settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[res(topic)]))
@@ -166,7 +163,7 @@ TABLE: list[tuple[str, Any, set[str]]] = [
         spb.QueryAssignmentRequest(topic=res("orders"), group=res("cgroup")),
         SUB_SIDE,
     ),
-    ("ReceiveMessage", receive_request("orders", "cgroup"), SUB_SIDE),
+    ("ReceiveMessage", receive_request("cgroup", "orders", batch=8, poll_ms=100), SUB_SIDE),
     (
         "AckMessage",
         spb.AckMessageRequest(
@@ -333,12 +330,7 @@ def test_check_backs_go_only_to_streams_of_accounts_that_may_publish_the_topic(
         first = r.entries[0].transaction_id
         cmd = next(stream)
         assert cmd.recover_orphaned_transaction_command.transaction_id == first
-        end = spb.EndTransactionRequest(
-            topic=res("orders"),
-            transaction_id=first,
-            resolution=pb.ROLLBACK,
-            source=pb.SOURCE_SERVER_CHECK,
-        )
+        end = end_transaction_request("orders", first, pb.ROLLBACK, pb.SOURCE_SERVER_CHECK)
         assert stub.EndTransaction(end, metadata=md("P", "p-1")).status.code == pb.OK
 
         # P loses PUB on the topic: its open stream is asked about nothing any more
@@ -385,16 +377,7 @@ def test_stock_client_with_credentials_sends_receives_and_commits(
         **creds("P"),
     )
     assert tx_state(bt, tx["transaction_id"]) == "COMMITTED"
-    got = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic="orders",
-        group="cgroup",
-        count=2,
-        timeout=20,
-        **creds("C"),
-    )
+    got = stock_receive(py5, ep, "orders", "cgroup", 2, timeout=20, **creds("C"))
     assert sorted(m["body"] for m in got["messages"]) == ["a", "t"]
     assert sent["ids"][0] in {m["id"] for m in got["messages"]}
 
@@ -406,15 +389,9 @@ def test_stock_client_without_or_with_wrong_credentials_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ep = endpoint(bt)
-    run_refused(py5, op="send", endpoint=ep, topic="orders", messages=[{"body": "x"}])
-    run_refused(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "x"}],
-        access_key="producerP",
-        secret_key="wrong-secret",
+    stock_send_refused(py5, ep, "orders", {"body": "x"})
+    stock_send_refused(
+        py5, ep, "orders", {"body": "x"}, access_key="producerP", secret_key="wrong-secret"
     )
     # a consumer key may not publish
     run_refused(py5, op="send", endpoint=ep, topic="orders", messages=[{}], **creds("C"))

@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
+from tests.compat.test_grpc_python5 import endpoint, py5, stock_send, stock_send_refused
 from tests.conftest import BrokerThread
 from tests.support.acl_files import acl2_with_root, write_acl
+from tests.support.grpc_probes import receive_request
 from txmq.client.admin import AsyncAdminClient
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
 
-from tests.compat.test_grpc_acl import message, receive_request, res  # noqa: E402
+from tests.compat.test_grpc_acl import message, res  # noqa: E402
 from txmq.broker.grpc.vendor.v2 import definition_pb2 as pb  # noqa: E402
 from txmq.broker.grpc.vendor.v2 import service_pb2 as spb  # noqa: E402
 from txmq.broker.grpc.vendor.v2 import service_pb2_grpc as sgrpc  # noqa: E402
@@ -95,11 +96,19 @@ def test_policies_decide_grpc_calls(bt: BrokerThread, stub: Any) -> None:
     )
     assert route.status.code == pb.OK
     got = list(
-        stub.ReceiveMessage(receive_request("orders", "billing"), metadata=md("alice"), timeout=10)
+        stub.ReceiveMessage(
+            receive_request("billing", "orders", batch=8, poll_ms=100),
+            metadata=md("alice"),
+            timeout=10,
+        )
     )
     assert got[0].status.code not in (pb.UNAUTHORIZED, pb.FORBIDDEN), got[0].status
     other = list(
-        stub.ReceiveMessage(receive_request("orders", "other"), metadata=md("alice"), timeout=10)
+        stub.ReceiveMessage(
+            receive_request("other", "orders", batch=8, poll_ms=100),
+            metadata=md("alice"),
+            timeout=10,
+        )
     )
     assert other[0].status.code == pb.FORBIDDEN
 
@@ -112,24 +121,12 @@ def test_policies_decide_grpc_calls(bt: BrokerThread, stub: Any) -> None:
 
 def test_stock_client_with_a_user_of_acl2(bt: BrokerThread, py5: Path) -> None:
     ep = endpoint(bt)
-    sent = run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "a"}],
-        access_key="alice",
-        secret_key=KEYS["alice"],
+    sent = stock_send(
+        py5, ep, "orders", {"body": "a"}, access_key="alice", secret_key=KEYS["alice"]
     )
     assert sent["ids"]
-    run_refused(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="orders",
-        messages=[{"body": "x"}],
-        access_key="bob-user",
-        secret_key=KEYS["bob-user"],
+    stock_send_refused(
+        py5, ep, "orders", {"body": "x"}, access_key="bob-user", secret_key=KEYS["bob-user"]
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
+from tests.support.grpc_probes import receive_request
 from txmq.protocol.message import java_string_hash
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -96,14 +97,14 @@ def send_fifo(stub: Any, topic: str, specs: list[tuple[str, str]]) -> None:
 
 
 def receive_n(stub: Any, topic: str, group: str, batch: int, **kw: Any) -> list[Any]:
-    req = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=group),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
-        batch_size=batch,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+    req = receive_request(
+        group,
+        topic,
+        queue_id=-1,
+        batch=batch,
+        invisible_ms=int(kw.get("invisible", 10) * 1000),
+        poll_ms=int(kw.get("poll", 0.2) * 1000),
     )
-    req.invisible_duration.FromMilliseconds(int(kw.get("invisible", 10) * 1000))
-    req.long_polling_timeout.FromMilliseconds(int(kw.get("poll", 0.2) * 1000))
     out = list(stub.ReceiveMessage(req, metadata=MD, timeout=10))
     return [r.message for r in out if r.HasField("message")]
 

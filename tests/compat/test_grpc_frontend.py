@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerThread
-from tests.support.grpc_probes import grpc_message
+from tests.support.grpc_probes import (
+    change_invisible_request,
+    end_transaction_request,
+    grpc_message,
+    receive_request,
+)
 from tests.support.waiting import wait_until_sync
 
 grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -60,14 +65,9 @@ def commit_log_end(bt: BrokerThread) -> int:
 
 
 def receive(stub: Any, topic: str, group: str, invisible: float = 10, poll: float = 0.2) -> Any:
-    req = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=group),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
-        batch_size=32,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+    req = receive_request(
+        group, topic, invisible_ms=int(invisible * 1000), poll_ms=int(poll * 1000)
     )
-    req.invisible_duration.FromMilliseconds(int(invisible * 1000))
-    req.long_polling_timeout.FromMilliseconds(int(poll * 1000))
     out = list(stub.ReceiveMessage(req, metadata=MD, timeout=10))
     status = out[0].status
     msgs = [r.message for r in out if r.HasField("message")]
@@ -217,13 +217,7 @@ def test_invisible_message_comes_back_with_a_new_handle(bt: BrokerThread, stub: 
     assert stale.status.code == pb.INVALID_RECEIPT_HANDLE
     # ChangeInvisibleDuration gives a newer handle, which acks
     cid = stub.ChangeInvisibleDuration(
-        spb.ChangeInvisibleDurationRequest(
-            group=pb.Resource(name=group),
-            topic=pb.Resource(name=topic),
-            receipt_handle=m2.system_properties.receipt_handle,
-            invisible_duration={"seconds": 30},
-            message_id="mid-1",
-        ),
+        change_invisible_request(group, topic, m2.system_properties.receipt_handle, "mid-1"),
         metadata=MD,
         timeout=10,
     )
@@ -296,31 +290,18 @@ def test_check_budget_counts_only_checks_written_to_a_live_stream(
             assert rc.message.topic.name == "t-half"
             # counted once the write completed (the client may see the command first)
             wait_until_sync(lambda: b.run(rec).check_times >= 1, 10, "the check to be counted")
-            end = s.EndTransaction(
-                spb.EndTransactionRequest(
-                    topic=pb.Resource(name="t-half"),
-                    message_id="half-1",
-                    transaction_id="half-1",
-                    resolution=pb.ROLLBACK,
-                    source=pb.SOURCE_SERVER_CHECK,
-                ),
-                metadata=MD,
-                timeout=10,
-            )
+
+            def decide(resolution: int, source: int) -> Any:
+                req = end_transaction_request(
+                    "t-half", "half-1", resolution, source, message_id="half-1"
+                )
+                return s.EndTransaction(req, metadata=MD, timeout=10)
+
+            end = decide(pb.ROLLBACK, pb.SOURCE_SERVER_CHECK)
             assert end.status.code == pb.OK
             assert b.run(rec).state.value == "ROLLED_BACK"
             # a contradicting decision is refused, the outcome stays
-            again = s.EndTransaction(
-                spb.EndTransactionRequest(
-                    topic=pb.Resource(name="t-half"),
-                    message_id="half-1",
-                    transaction_id="half-1",
-                    resolution=pb.COMMIT,
-                    source=pb.SOURCE_CLIENT,
-                ),
-                metadata=MD,
-                timeout=10,
-            )
+            again = decide(pb.COMMIT, pb.SOURCE_CLIENT)
             assert again.status.code == pb.PRECONDITION_FAILED
             assert b.run(rec).state.value == "ROLLED_BACK"
         finally:

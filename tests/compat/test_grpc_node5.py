@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.stock import sdk_messages
+from tests.compat.stock import run_setup, sdk_messages
 from tests.compat.test_grpc_fifo import two_message_groups
 from tests.conftest import BrokerThread
 from tests.support.unavailable import unavailable
@@ -50,16 +50,6 @@ SCRIPT = HERE / "node5_client.js"
 #: Seconds one client run may take.
 RUN_TIMEOUT = 90.0
 QUEUES = 4
-
-
-def _setup(cmd: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if r.returncode != 0:
-        return f"{' '.join(cmd)} exited {r.returncode}: {(r.stderr or r.stdout)[-2000:]}"
-    return None
 
 
 def _installed() -> bool:
@@ -82,13 +72,13 @@ def _client_missing() -> str | None:
         CLIENT_DIR.mkdir(parents=True)
         for name in ("package.json", "package-lock.json"):
             shutil.copyfile(LOCK_DIR / name, CLIENT_DIR / name)
-        err = _setup(
+        err = run_setup(
             ["npm", "ci", "--quiet", "--no-audit", "--no-fund", "--ignore-scripts"], CLIENT_DIR
         )
         if err is not None:
             return err
         STAMP.touch()
-    return _setup(["node", "-e", "require('rocketmq-client-nodejs').PushConsumer"], CLIENT_DIR)
+    return run_setup(["node", "-e", "require('rocketmq-client-nodejs').PushConsumer"], CLIENT_DIR)
 
 
 def client_version() -> str:
@@ -125,23 +115,32 @@ class NodeProc:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
-    def event(self, name: str, timeout: float) -> dict[str, Any]:
-        """The next line that is event ``name``; fails when the process ends first or after
+    def _first(
+        self, wanted: Callable[[dict[str, Any]], bool], timeout: float, what: str, until: str
+    ) -> dict[str, Any]:
+        """The next line that is ``wanted``, skipping others; fails, naming ``what`` it waited
+        for (``until``: how the exit message names it), when the process ends first or after
         ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 doc = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                pytest.fail(f"no {name} event within {timeout}s: {''.join(self.stderr)[-3000:]}")
+                pytest.fail(f"no {what} within {timeout}s: {''.join(self.stderr)[-3000:]}")
             if doc is None:
                 self.proc.wait(10)
                 pytest.fail(
-                    f"client exited {self.proc.returncode} before {name}: "
-                    f"{''.join(self.stderr)[-3000:]}"
+                    f"client exited {self.proc.returncode}{until}: {''.join(self.stderr)[-3000:]}"
                 )
-            if doc.get("event") == name:
+            if wanted(doc):
                 return doc
+
+    def event(self, name: str, timeout: float) -> dict[str, Any]:
+        """The next line that is event ``name``; fails when the process ends first or after
+        ``timeout``."""
+        return self._first(
+            lambda d: d.get("event") == name, timeout, f"{name} event", f" before {name}"
+        )
 
     def finish(self, timeout: float = 30) -> dict[str, Any]:
         """Tell the process to end (a line on stdin); its result."""
@@ -153,17 +152,7 @@ class NodeProc:
         return doc
 
     def event_result(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                doc = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no result within {timeout}s: {''.join(self.stderr)[-3000:]}")
-            if doc is None:
-                self.proc.wait(10)
-                pytest.fail(f"client exited {self.proc.returncode}: {''.join(self.stderr)[-3000:]}")
-            if "result" in doc:
-                return dict(doc["result"])
+        return dict(self._first(lambda d: "result" in d, timeout, "result", "")["result"])
 
     def kill(self) -> None:
         if self.proc.poll() is None:

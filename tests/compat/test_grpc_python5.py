@@ -15,16 +15,16 @@ import os
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.compat.stock import sdk_messages
+from tests.compat.stock import run_setup, sdk_messages
 from tests.conftest import BrokerThread
 from tests.support.unavailable import unavailable
+from tests.support.waiting import wait_until_sync
 from txmq.client import Message, Producer
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -41,28 +41,18 @@ CLIENT = "rocketmq-python-client==5.1.2"
 STAMP = VENV / ".installed"
 
 
-def _setup(cmd: list[str]) -> str | None:
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if r.returncode != 0:
-        return f"{' '.join(cmd)} exited {r.returncode}: {(r.stderr or r.stdout)[-2000:]}"
-    return None
-
-
 def _client_missing() -> str | None:
     """Install the client if ``make py5-client`` has not (same steps); the reason if it
     cannot be."""
     if not STAMP.exists():
         print(f"installing {CLIENT} into {VENV}", file=sys.stderr)
-        err = _setup([sys.executable, "-m", "venv", "--clear", str(VENV)]) or _setup(
+        err = run_setup([sys.executable, "-m", "venv", "--clear", str(VENV)]) or run_setup(
             [str(PY5), "-m", "pip", "install", "--quiet", CLIENT]
         )
         if err is not None:
             return err
         STAMP.write_text(CLIENT + "\n")
-    return _setup([str(PY5), "-c", "import rocketmq.v5, rocketmq; rocketmq.Producer"])
+    return run_setup([str(PY5), "-c", "import rocketmq.v5, rocketmq; rocketmq.Producer"])
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +107,28 @@ def run_refused(py5: Path, env: dict[str, str] | None = None, **args: Any) -> st
     return proc.stderr
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+def stock_send(
+    py5: Path, ep: str, topic: str, *messages: dict[str, Any], **args: Any
+) -> dict[str, Any]:
+    """The client's ``send`` of ``messages`` to ``topic`` at ``ep`` (``args``: more of its
+    arguments, an account's keys say); its result."""
+    return run(py5, op="send", endpoint=ep, topic=topic, messages=list(messages), **args)
+
+
+def stock_receive(
+    py5: Path, ep: str, topic: str, group: str, count: int, **args: Any
+) -> dict[str, Any]:
+    """The client's ``receive`` of up to ``count`` messages of ``topic`` at ``ep`` for ``group``
+    (``args``: more of its arguments: a filter, no ack, the invisible time, the timeout); its
+    result."""
+    return run(py5, op="receive", endpoint=ep, topic=topic, group=group, count=count, **args)
+
+
+def stock_send_refused(
+    py5: Path, ep: str, topic: str, *messages: dict[str, Any], **args: Any
+) -> str:
+    """:func:`stock_send` that must be refused; the error the client printed."""
+    return run_refused(py5, op="send", endpoint=ep, topic=topic, messages=list(messages), **args)
 
 
 def tx_state(bt: BrokerThread, txid: str) -> str | None:
@@ -139,19 +142,16 @@ def tx_state(bt: BrokerThread, txid: str) -> str | None:
 
 def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-normal"
-    sent = run(
+    sent = stock_send(
         py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[
-            {"body": "one", "tag": "TagA", "keys": "k1", "properties": {"color": "red"}},
-            {"body": "two", "tag": "TagB"},
-            {"body": "three", "group": "order-1"},
-        ],
+        ep,
+        topic,
+        {"body": "one", "tag": "TagA", "keys": "k1", "properties": {"color": "red"}},
+        {"body": "two", "tag": "TagB"},
+        {"body": "three", "group": "order-1"},
     )
     assert len(sent["ids"]) == 3
-    got = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=3, timeout=20)
+    got = stock_receive(py5, ep, topic, "py5-g", 3, timeout=20)
     by_body = {m["body"]: m for m in got["messages"]}
     assert sorted(by_body) == ["one", "three", "two"]
     assert by_body["one"]["tag"] == "TagA" and by_body["one"]["keys"] == ["k1"]
@@ -159,7 +159,7 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
     assert by_body["three"]["group"] == "order-1"
     assert {m["id"] for m in got["messages"]} == set(sent["ids"])
     # acked: the committed offsets cover every message, and nothing comes again
-    again = run(py5, op="receive", endpoint=ep, topic=topic, group="py5-g", count=1, timeout=2)
+    again = stock_receive(py5, ep, topic, "py5-g", 1, timeout=2)
     assert again["messages"] == []
 
     def committed() -> int:
@@ -171,37 +171,12 @@ def test_send_then_simple_consumer_receives_and_acks(grpc_broker: BrokerThread, 
 
 def test_tag_filter_and_unacked_message_comes_back(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-redeliver"
-    run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[{"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"}],
-    )
-    first = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic=topic,
-        group="g-re",
-        count=1,
-        filter="Y",
-        ack=False,
-        invisible_s=1,
-        timeout=10,
+    stock_send(py5, ep, topic, {"body": "a", "tag": "X"}, {"body": "b", "tag": "Y"})
+    first = stock_receive(
+        py5, ep, topic, "g-re", 1, filter="Y", ack=False, invisible_s=1, timeout=10
     )
     assert [m["body"] for m in first["messages"]] == ["b"]
-    second = run(
-        py5,
-        op="receive",
-        endpoint=ep,
-        topic=topic,
-        group="g-re",
-        count=1,
-        filter="Y",
-        invisible_s=5,
-        timeout=15,
-    )
+    second = stock_receive(py5, ep, topic, "g-re", 1, filter="Y", invisible_s=5, timeout=15)
     assert [(m["body"], m["attempt"]) for m in second["messages"]] == [("b", 2)]
 
 
@@ -215,7 +190,7 @@ def test_transaction_commit_and_rollback(grpc_broker: BrokerThread, py5: Path) -
     )
     assert tx_state(grpc_broker, committed["transaction_id"]) == "COMMITTED"
     assert tx_state(grpc_broker, rolled["transaction_id"]) == "ROLLED_BACK"
-    got = run(py5, op="receive", endpoint=ep, topic=topic, group="g-tx", count=2, timeout=4)
+    got = stock_receive(py5, ep, topic, "g-tx", 2, timeout=4)
     assert [m["body"] for m in got["messages"]] == ["yes"]
     # and the committed message reaches a remoting consumer too
     assert [m.body for m in sdk_messages(grpc_broker.address, topic)] == [b"yes"]
@@ -254,9 +229,11 @@ def test_orphaned_half_is_resolved_by_check_back(grpc_broker: BrokerThread, py5:
                 pytest.fail(f"orphan client exited {proc.returncode}: {stderr.read()[-4000:]}")
             return ""
 
-        half = json.loads(wait_for(line, 30, "the half message to be sent"))["half_sent"]
+        half = json.loads(wait_until_sync(line, 30, "the half message to be sent"))["half_sent"]
         # The producer never decides; the broker's check makes its checker commit.
-        wait_for(lambda: tx_state(grpc_broker, half) == "COMMITTED", 30, "the check-back commit")
+        wait_until_sync(
+            lambda: tx_state(grpc_broker, half) == "COMMITTED", 30, "the check-back commit"
+        )
         proc.stdin.write("done\n")
         proc.stdin.flush()
         out, err = proc.communicate(timeout=30)
@@ -281,12 +258,8 @@ def test_orphaned_half_is_resolved_by_check_back(grpc_broker: BrokerThread, py5:
 
 def test_grpc_producer_to_txmq_sdk_consumer(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-to-sdk"
-    sent = run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic=topic,
-        messages=[{"body": "cross", "tag": "T1", "keys": "key-1", "properties": {"p": "v"}}],
+    sent = stock_send(
+        py5, ep, topic, {"body": "cross", "tag": "T1", "keys": "key-1", "properties": {"p": "v"}}
     )
     [m] = sdk_messages(grpc_broker.address, topic)
     assert m.body == b"cross" and m.tags == "T1" and m.keys == "key-1"
@@ -299,15 +272,7 @@ def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path
     topic = "sdk-to-py5"
     with Producer("sdk-producer", broker=grpc_broker.address) as p:
         r = p.send(Message(topic, b"from-sdk", tags="S", keys="sk", properties={"x": "1"}))
-    got = run(
-        py5,
-        op="receive",
-        endpoint=endpoint(grpc_broker),
-        topic=topic,
-        group="g-x",
-        count=1,
-        timeout=20,
-    )
+    got = stock_receive(py5, endpoint(grpc_broker), topic, "g-x", 1, timeout=20)
     [m] = got["messages"]
     assert m["body"] == "from-sdk" and m["tag"] == "S" and m["keys"] == ["sk"]
     assert m["properties"] == {"x": "1"}
@@ -316,7 +281,7 @@ def test_txmq_sdk_producer_to_grpc_consumer(grpc_broker: BrokerThread, py5: Path
 
 def test_push_consumer_consumes_and_retries_a_failure(grpc_broker: BrokerThread, py5: Path) -> None:
     ep, topic = endpoint(grpc_broker), "py5-push"
-    run(py5, op="send", endpoint=ep, topic=topic, messages=[{"body": "p1"}, {"body": "p2"}])
+    stock_send(py5, ep, topic, {"body": "p1"}, {"body": "p2"})
     got = run(
         py5,
         op="push",
@@ -335,4 +300,4 @@ def test_push_consumer_consumes_and_retries_a_failure(grpc_broker: BrokerThread,
         assert grpc_broker.controller is not None
         return sum(grpc_broker.controller.offsets.offsets("g-push", topic).values())
 
-    wait_for(lambda: grpc_broker.run(committed) == 2, 10, "both messages acked")
+    wait_until_sync(lambda: grpc_broker.run(committed) == 2, 10, "both messages acked")

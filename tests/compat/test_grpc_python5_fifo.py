@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from tests.compat.test_grpc_fifo import two_message_groups
-from tests.compat.test_grpc_python5 import endpoint, py5, run, wait_for
+from tests.compat.test_grpc_python5 import endpoint, py5, run
 from tests.conftest import BrokerThread
+from tests.support.waiting import wait_until_sync
 from txmq.client import AdminClient
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
@@ -138,7 +139,7 @@ def test_push_consumer_of_an_orderly_group_consumes_fifo(
         return sum(fifo_broker.controller.offsets.offsets(group, topic).values())
 
     # every message acked: the group's committed offsets cover all 7
-    wait_for(lambda: fifo_broker.run(committed) == 7, 10, "all 7 messages acked")
+    wait_until_sync(lambda: fifo_broker.run(committed) == 7, 10, "all 7 messages acked")
 
 
 def test_push_consumer_of_a_group_that_is_not_orderly_is_told_fifo_false(

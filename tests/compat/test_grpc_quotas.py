@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.compat.test_grpc_python5 import endpoint, py5, run, run_refused
+from tests.compat.test_grpc_python5 import endpoint, py5, stock_send, stock_send_refused
 from tests.conftest import BrokerThread
 from tests.support.acl_files import acl_file, open_account, write_acl
+from tests.support.grpc_probes import receive_request
 from tests.support.waiting import wait_until_sync
 from txmq.protocol.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, grpc_authorization
 
@@ -157,14 +158,7 @@ def test_a_flooding_account_is_refused_with_42900_and_another_is_unaffected(
 
 def receive(stub: Any, who: str, topic: str, group: str) -> tuple[Any, int]:
     """One ReceiveMessage: its status and the number of messages it returned."""
-    r = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=group),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=0),
-        batch_size=8,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-    )
-    r.invisible_duration.FromSeconds(60)
-    r.long_polling_timeout.FromMilliseconds(100)
+    r = receive_request(group, topic, batch=8, invisible_ms=60_000, poll_ms=100)
     items = list(stub.ReceiveMessage(r, metadata=md(who), timeout=15))
     return items[0].status, sum(1 for i in items if i.HasField("message"))
 
@@ -251,6 +245,11 @@ def test_telemetry_streams_count_against_max_connections(bt: BrokerThread, stub:
     assert again.first.status.code == pb.OK, again.first.status
 
 
+def keys_of(account: str) -> dict[str, str]:
+    """The stock client's arguments that sign its requests as ``account``."""
+    return {"access_key": account, "secret_key": SECRETS[account]}
+
+
 def test_stock_client_over_its_rate_is_refused_and_another_sends(
     bt: BrokerThread, py5: Path
 ) -> None:
@@ -258,27 +257,15 @@ def test_stock_client_over_its_rate_is_refused_and_another_sends(
     30 s debt), so its next send -- and the client's retries of it -- are refused with 42900;
     another account's client sends at once."""
     ep = endpoint(bt)
-    err = run_refused(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="trickled",
-        messages=[{"body": "x" * 3000}, {"body": "y"}],
-        access_key="trickle",
-        secret_key=SECRETS["trickle"],
+    err = stock_send_refused(
+        py5, ep, "trickled", {"body": "x" * 3000}, {"body": "y"}, **keys_of("trickle")
     )
     # the client's own exception for the proxy's flow-control answer, with the broker's words
     assert "TooManyRequestsException: 42900" in err, err[-2000:]
     assert "[TOO_MANY_REQUESTS] account 'trickle'" in err, err[-2000:]
     assert throttled(bt, "trickle", "produce") >= 1
-    sent = run(
-        py5,
-        op="send",
-        endpoint=ep,
-        topic="trickled",
-        messages=[{"body": "z" * 3000}, {"body": "w"}],
-        access_key="quieter",
-        secret_key=SECRETS["quieter"],
+    sent = stock_send(
+        py5, ep, "trickled", {"body": "z" * 3000}, {"body": "w"}, **keys_of("quieter")
     )
     assert len(sent["ids"]) == 2
 

@@ -29,6 +29,21 @@ async def started(
         await asyncio.wait_for(b.shutdown(), stop_within)
 
 
+async def start_broker(config: BrokerConfig, **kwargs: Any) -> BrokerController:
+    """A broker started with ``config`` (``kwargs``: the controller's seams), for a test that
+    stops it part-way (a restart, an outage): the test shuts it down."""
+    b = BrokerController(config, **kwargs)
+    await b.start()
+    return b
+
+
+async def restart_on(config: BrokerConfig, port: int) -> BrokerController:
+    """A broker started again on ``config`` (what the first one was given: its store) at
+    ``port`` (the first one's, so at its address) once that one has shut down; the test shuts
+    it down."""
+    return await start_broker(config.replace(listen_port=port))
+
+
 @contextlib.asynccontextmanager
 async def raw_broker(
     config: BrokerConfig, **kwargs: Any

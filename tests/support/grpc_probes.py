@@ -56,16 +56,68 @@ async def send(stub: Any, *msgs: Any) -> Any:
     return r
 
 
-async def receive(stub: Any, invisible_ms: int = 10_000) -> list[Any]:
+def receive_request(
+    group: str,
+    topic: str,
+    *,
+    queue_id: int = 0,
+    batch: int = 32,
+    expression: str = "*",
+    sql: bool = False,
+    invisible_ms: int = 10_000,
+    poll_ms: int | None = 200,
+) -> Any:
+    """A ``ReceiveMessageRequest`` of ``group`` on ``topic`` (``queue_id`` -1: any queue) for
+    up to ``batch`` messages matching ``expression`` (a tag expression, SQL92 when ``sql``),
+    invisible ``invisible_ms`` once received, long-polling ``poll_ms`` (None: not set)."""
     pb, spb = _pb()
     req = spb.ReceiveMessageRequest(
-        group=pb.Resource(name=GROUP),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=0),
-        batch_size=32,
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue_id),
+        batch_size=batch,
+        filter_expression=pb.FilterExpression(
+            type=pb.SQL if sql else pb.TAG, expression=expression
+        ),
     )
     req.invisible_duration.FromMilliseconds(invisible_ms)
-    req.long_polling_timeout.FromMilliseconds(200)
+    if poll_ms is not None:
+        req.long_polling_timeout.FromMilliseconds(poll_ms)
+    return req
+
+
+def change_invisible_request(
+    group: str, topic: str, handle: str, message_id: str, seconds: int = 30
+) -> Any:
+    """A ``ChangeInvisibleDurationRequest``: the message ``handle`` names (``message_id``)
+    invisible to ``group`` for ``seconds`` more."""
+    pb, spb = _pb()
+    req = spb.ChangeInvisibleDurationRequest(
+        group=pb.Resource(name=group),
+        topic=pb.Resource(name=topic),
+        receipt_handle=handle,
+        message_id=message_id,
+    )
+    req.invisible_duration.FromSeconds(seconds)
+    return req
+
+
+def end_transaction_request(
+    topic: str, txid: str, resolution: int, source: int, message_id: str = ""
+) -> Any:
+    """An ``EndTransactionRequest`` deciding transaction ``txid`` of ``topic`` (``resolution``:
+    COMMIT or ROLLBACK; ``source``: the client's own decision or a check's answer)."""
+    pb, spb = _pb()
+    return spb.EndTransactionRequest(
+        topic=pb.Resource(name=topic),
+        message_id=message_id,
+        transaction_id=txid,
+        resolution=resolution,
+        source=source,
+    )
+
+
+async def receive(stub: Any, invisible_ms: int = 10_000) -> list[Any]:
+    req = receive_request(GROUP, TOPIC, invisible_ms=invisible_ms)
     return [r.message async for r in stub.ReceiveMessage(req, metadata=MD) if r.HasField("message")]
 
 
@@ -134,16 +186,11 @@ async def _receive_and_ack(b: BrokerController, stub: Any) -> None:
 
 async def _change_invisible(b: BrokerController, stub: Any) -> None:
     """ChangeInvisibleDuration answers a new handle; the old one no longer acks."""
-    pb, spb = _pb()
+    pb, _ = _pb()
     await send(stub, message(b"c", "C0A8000100002A9F0000000000000B03"))
     [m] = await receive(stub)
-    req = spb.ChangeInvisibleDurationRequest(
-        group=pb.Resource(name=GROUP),
-        topic=pb.Resource(name=TOPIC),
-        receipt_handle=m.system_properties.receipt_handle,
-        message_id=m.system_properties.message_id,
-    )
-    req.invisible_duration.FromSeconds(30)
+    sp = m.system_properties
+    req = change_invisible_request(GROUP, TOPIC, sp.receipt_handle, sp.message_id)
     r = await stub.ChangeInvisibleDuration(req, metadata=MD)
     assert r.status.code == pb.OK and r.receipt_handle != m.system_properties.receipt_handle
     assert (await ack(stub, m)).status.code == pb.INVALID_RECEIPT_HANDLE
@@ -170,17 +217,11 @@ async def _dead_letter(b: BrokerController, stub: Any) -> None:
 
 
 async def _end_transaction(b: BrokerController, stub: Any) -> None:
-    pb, spb = _pb()
+    pb, _ = _pb()
     mid = "C0A8000100002A9F0000000000000B05"
     await send(stub, message(b"half", mid, message_type=pb.TRANSACTION))
     assert stored(b, TOPIC) == []
-    req = spb.EndTransactionRequest(
-        topic=pb.Resource(name=TOPIC),
-        message_id=mid,
-        transaction_id=mid,
-        resolution=pb.COMMIT,
-        source=pb.SOURCE_CLIENT,
-    )
+    req = end_transaction_request(TOPIC, mid, pb.COMMIT, pb.SOURCE_CLIENT, message_id=mid)
     r = await stub.EndTransaction(req, metadata=MD)
     assert r.status.code == pb.OK, r.status
     assert [m.body for m in stored(b, TOPIC)] == [b"half"]

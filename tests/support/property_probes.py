@@ -53,6 +53,12 @@ def ok(resp: RemotingCommand) -> RemotingCommand:
     return resp
 
 
+async def half(c: RawClient, body: bytes, props: dict[str, str] | None = None) -> RemotingCommand:
+    """A half of producer group ``audit-tx`` in the topic (``props``: its properties), stored
+    (the send answered SUCCESS)."""
+    return ok(await c.send(TOPIC, body, props=props, group="audit-tx", transactional=True))
+
+
 async def in_topic(c: RawClient, topic: str = TOPIC, **kw: Any) -> list[MessageExt]:
     return await c.pull_all(topic, queues=1, **kw)
 
@@ -122,8 +128,8 @@ async def _real_topic_and_queue(b: BrokerController, c: RawClient) -> None:
 
 async def _half(b: BrokerController, c: RawClient) -> None:
     """TRAN_MSG makes a half: invisible until committed; a rolled-back one never shows."""
-    h1 = ok(await c.send(TOPIC, b"committed", group="audit-tx", transactional=True))
-    h2 = ok(await c.send(TOPIC, b"rolled", group="audit-tx", transactional=True))
+    h1 = await half(c, b"committed")
+    h2 = await half(c, b"rolled")
     assert await in_topic(c) == []
     ok(await c.end_transaction("audit-tx", h1, COMMIT))
     ok(await c.end_transaction("audit-tx", h2, ROLLBACK))
@@ -132,18 +138,10 @@ async def _half(b: BrokerController, c: RawClient) -> None:
 
 async def _transaction_id(b: BrokerController, c: RawClient) -> None:
     """``__transactionId__`` is the half's transaction id: answered, and what decides it."""
-    half = ok(
-        await c.send(
-            TOPIC,
-            b"tx",
-            group="audit-tx",
-            transactional=True,
-            props={C.TRANSACTION_ID: "audit-txid-1"},
-        )
-    )
-    assert RawClient.send_header(half).transaction_id == "audit-txid-1"
+    sent = await half(c, b"tx", {C.TRANSACTION_ID: "audit-txid-1"})
+    assert RawClient.send_header(sent).transaction_id == "audit-txid-1"
     assert "audit-txid-1" in b.transactions.records
-    ok(await c.end_transaction("audit-tx", half, COMMIT, txid="audit-txid-1"))
+    ok(await c.end_transaction("audit-tx", sent, COMMIT, txid="audit-txid-1"))
     assert [m.body for m in await in_topic(c)] == [b"tx"]
 
 
@@ -202,16 +200,8 @@ async def _check_times_and_immunity(b: BrokerController, c: RawClient) -> None:
     checked; the check carries TRANSACTION_CHECK_TIMES, counting."""
     p, checks = await _checked_by(b, "audit-tx")
     try:
-        ok(
-            await c.send(
-                TOPIC,
-                b"immune",
-                group="audit-tx",
-                transactional=True,
-                props={C.CHECK_IMMUNITY_TIME_IN_SECONDS: "60"},
-            )
-        )
-        ok(await c.send(TOPIC, b"checked", group="audit-tx", transactional=True))
+        await half(c, b"immune", {C.CHECK_IMMUNITY_TIME_IN_SECONDS: "60"})
+        await half(c, b"checked")
         await wait_until(lambda: len(checks.got) >= 2, 10, "two checks of the plain half")
         assert set(checks.bodies()) == {b"checked"}, "the immune half was checked"
         times = [int(m.properties[C.TRANSACTION_CHECK_TIMES]) for m in checks.got]

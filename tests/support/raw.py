@@ -92,6 +92,27 @@ class RawClient:
         resp = await self.call(RequestCode.HEART_BEAT, body=json.dumps(data).encode())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
+    async def create_topic(self, topic: str, queues: int) -> None:
+        """UPDATE_AND_CREATE_TOPIC: ``topic`` with ``queues`` read and write queues, readable and
+        writable, as an operator tool creates it; fails the test unless the broker agrees."""
+        resp = await self.call(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": 6},
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+    async def check_client_config(
+        self, group: str, topic: str, expression: str, kind: str = "SQL92"
+    ) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG: whether the broker takes this client's subscription of ``group``
+        to ``topic`` with ``expression`` (``kind``: SQL92 or TAG); the broker's answer."""
+        body = {
+            "clientId": self.client_id,
+            "group": group,
+            "subscriptionData": {"topic": topic, "subString": expression, "expressionType": kind},
+        }
+        return await self.call(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+
     async def send(
         self,
         topic: str,

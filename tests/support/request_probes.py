@@ -16,6 +16,7 @@ from tests.broker.test_remoting_pop import TOPIC as POP_TOPIC
 from tests.broker.test_remoting_pop import ack as pop_ack
 from tests.broker.test_remoting_pop import create_topic as pop_create_topic
 from tests.broker.test_remoting_pop import pop, pop_all
+from tests.support.acl_files import acl2_with_root
 from tests.support.brokers import stored
 from tests.support.property_probes import COMMIT, FAR_FUTURE, in_topic, ok
 from tests.support.raw import RawClient, connected
@@ -412,13 +413,7 @@ async def _broker_views(b: BrokerController, c: RawClient) -> None:
 
 #: ACL 2.0 on, its first super user (the AUTH_* requests need both).
 ROOT = Credentials("audit-root", "audit-root-secret")
-AUTH_CONFIG: dict[str, Any] = {
-    "authentication_enabled": True,
-    "authorization_enabled": True,
-    "init_authentication_user": json.dumps(
-        {"username": ROOT.access_key, "password": ROOT.secret_key}
-    ),
-}
+AUTH_CONFIG: dict[str, Any] = acl2_with_root(ROOT.access_key, ROOT.secret_key)
 
 
 async def _auth(b: BrokerController, _: RawClient) -> None:

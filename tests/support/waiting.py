@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sized
 from typing import Any, NoReturn, TypeVar, overload
 
 import pytest
+
+from txmq.client.admin import AsyncAdminClient
 
 T = TypeVar("T")
 
@@ -113,3 +115,14 @@ async def wait_caught_up(admin: Any, group: str, topic: str, what: str) -> None:
         return bool(stats) and sum(s["lag"] for s in stats) == 0
 
     await wait_until(caught_up, 30, what)
+
+
+async def wait_all_consumed(
+    address: str, got: Sized, n: int, group: str, topic: str, caught_up: str
+) -> None:
+    """Wait (30 s at most each) until a consumer has received ``n`` messages into ``got``, then
+    until ``group``'s committed offsets on ``topic`` reach the end (``caught_up``: what that
+    wait is called when it fails)."""
+    await wait_until(lambda: len(got) == n, 30, f"the consumer gets all {n} messages")
+    async with AsyncAdminClient(address) as admin:
+        await wait_caught_up(admin, group, topic, caught_up)

@@ -46,6 +46,32 @@ def fill(
     return sent
 
 
+def filled_and_closed(
+    make_store: MakeStore, n: int, queues: int = 2
+) -> tuple[dict[int, list[bytes]], int]:
+    """A store of its own folder filled with :func:`fill` (``n`` messages over ``queues``
+    queues of TopicA), then closed: the bodies by queue and the commit log's end."""
+    store = make_store()
+    sent = fill(store, n, queues)
+    end = store.max_phy_offset
+    store.close()
+    return sent, end
+
+
+def queue_files(tmp_path: Path, topic: str = "TopicA", queue_id: int = 0) -> list[Path]:
+    """The consume-queue files of a queue of the store under ``tmp_path``, oldest first."""
+    return sorted((tmp_path / "store" / "consumequeue" / topic / str(queue_id)).iterdir())
+
+
+def image_store(image: Path) -> MessageStore:
+    """A store over the crash image ``image`` with the test stores' small segments, not loaded
+    yet (the test reads what ``load`` reports)."""
+    cfg = StoreConfig(
+        str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
+    )
+    return MessageStore(cfg, ("127.0.0.1", 1))
+
+
 def assert_queues(store: MessageStore, sent: dict[int, list[bytes]], topic: str = "TopicA") -> None:
     for q, bodies in sent.items():
         got = read_queue(store, topic, q)
@@ -101,11 +127,8 @@ def test_recovery_report_counts_what_was_rebuilt(make_store: MakeStore, tmp_path
 def test_truncated_consume_queue_file_is_rebuilt(
     make_store: MakeStore, tmp_path: Path, keep_entries: int
 ) -> None:
-    store = make_store()
-    sent = fill(store, 50)
-    store.close()
-    qdir = tmp_path / "store" / "consumequeue" / "TopicA" / "0"
-    files = sorted(qdir.iterdir())
+    sent, _ = filled_and_closed(make_store, 50)
+    files = queue_files(tmp_path)
     assert len(files) >= 3  # 25 entries in 10-entry files
     keep_file, keep_in_file = divmod(keep_entries, 10)
     for f in files[keep_file + 1 :]:
@@ -117,12 +140,10 @@ def test_truncated_consume_queue_file_is_rebuilt(
 
 
 def test_missing_checkpoint_rebuilds_everything(make_store: MakeStore, tmp_path: Path) -> None:
-    store = make_store()
-    sent = fill(store, 30)
-    store.close()
+    sent, _ = filled_and_closed(make_store, 30)
     os.unlink(tmp_path / "store" / "checkpoint")
     # make the old queues wrong: a rebuild must not trust them
-    qfile = sorted((tmp_path / "store" / "consumequeue" / "TopicA" / "0").iterdir())[0]
+    qfile = queue_files(tmp_path)[0]
     with open(qfile, "r+b") as fh:
         fh.write(CQ_ENTRY.pack(999_999, 50, 0) * 3)
 
@@ -193,12 +214,7 @@ def test_torn_tail_is_cut_and_everything_before_survives(
         (image / "commitlog" / f"{seg_end:020d}").write_bytes(rng.randbytes(4096))
     store.close()
 
-    recovered = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    recovered = image_store(image)
     first_report = recovered.load()
     assert first_report.truncated_bytes > 0
     if tear == "garbage_in_next_segment":
@@ -243,12 +259,7 @@ def test_recovery_report_measures_the_cut(tmp_path: Path, tear: str) -> None:
     else:
         last_segment_write(image, last.end_offset - 1, b"\x01")
         cut = last.end_offset - last.commit_log_offset
-    img = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    img = image_store(image)
     report = img.load()
     assert report.truncated_bytes == cut
     img.close()
@@ -257,11 +268,8 @@ def test_recovery_report_measures_the_cut(tmp_path: Path, tear: str) -> None:
 def test_consume_queue_entries_past_the_end_are_dropped(
     make_store: MakeStore, tmp_path: Path
 ) -> None:
-    store = make_store()
-    sent = fill(store, 24, 1)
-    end = store.max_phy_offset
-    store.close()
-    qfile = sorted((tmp_path / "store" / "consumequeue" / "TopicA" / "0").iterdir())[-1]
+    sent, end = filled_and_closed(make_store, 24, 1)
+    qfile = queue_files(tmp_path)[-1]
     with open(qfile, "r+b") as fh:  # entries 24, 25 exist in the queue, not in the commit log
         fh.seek((24 % 10) * 20)
         fh.write(CQ_ENTRY.pack(end, 120, 0) + CQ_ENTRY.pack(end + 132, 120, 0))
@@ -283,12 +291,7 @@ def test_crash_without_checkpoint_progress_redispatches_the_tail(
     image = crash_image(tmp_path / "store", tmp_path / "image")
     store.close()
 
-    recovered = MessageStore(
-        StoreConfig(
-            str(image), mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200
-        ),
-        ("127.0.0.1", 1),
-    )
+    recovered = image_store(image)
     report = recovered.load()
     assert report.checkpoint_offset == report.scan_start_offset == checkpoint
     assert report.redispatched == 30
@@ -340,9 +343,7 @@ def test_recovery_after_retention_keeps_queue_offsets(
 
 
 def test_unknown_files_are_ignored(make_store: MakeStore, tmp_path: Path) -> None:
-    store = make_store()
-    sent = fill(store, 10)
-    store.close()
+    sent, _ = filled_and_closed(make_store, 10)
     (tmp_path / "store" / "commitlog" / "README").write_text("hi")
     (tmp_path / "store" / "consumequeue" / "not a topic").mkdir()
     (tmp_path / "store" / "consumequeue" / "TopicA" / "x").mkdir()
@@ -434,12 +435,8 @@ def test_a_damaged_record_in_the_middle_costs_only_itself(
 def test_a_damaged_queue_entry_cannot_misdirect_the_rebuild(
     make_store: MakeStore, tmp_path: Path
 ) -> None:
-    store = make_store()
-    sent = fill(store, 30, 1)
-    end = store.max_phy_offset
-    store.close()
-    qdir = tmp_path / "store" / "consumequeue" / "TopicA" / "0"
-    files = sorted(qdir.iterdir())
+    sent, end = filled_and_closed(make_store, 30, 1)
+    files = queue_files(tmp_path)
     for f in files[1:]:
         f.unlink()
     # the queue now ends after 10 entries; make the last one point into the middle of a record

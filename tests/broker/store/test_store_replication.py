@@ -36,11 +36,18 @@ def queue_keys(store: MessageStore, queue_id: int) -> list[str]:
     return [m.properties["KEYS"] for m in read_queue(store, "TopicA", queue_id)]
 
 
-def test_follower_log_is_byte_identical_across_segment_rolls(
+@pytest.fixture
+def pair(
     make_store: Callable[..., MessageStore], tmp_path: Path
+) -> tuple[MessageStore, MessageStore]:
+    """A leader's store and an empty follower's, each in its own folder under ``tmp_path``."""
+    return make_store(tmp_path / "leader"), make_store(tmp_path / "follower")
+
+
+def test_follower_log_is_byte_identical_across_segment_rolls(
+    pair: tuple[MessageStore, MessageStore], tmp_path: Path
 ) -> None:
-    leader = make_store(tmp_path / "leader")
-    follower = make_store(tmp_path / "follower")
+    leader, follower = pair
     fill(leader, 120)
     # A half (no consume-queue entry) and a batch in one append.
     leader.put_messages(
@@ -69,10 +76,9 @@ def test_follower_log_is_byte_identical_across_segment_rolls(
 
 
 def test_follower_refuses_a_gap_and_damaged_records(
-    make_store: Callable[..., MessageStore], tmp_path: Path
+    pair: tuple[MessageStore, MessageStore],
 ) -> None:
-    leader = make_store(tmp_path / "leader")
-    follower = make_store(tmp_path / "follower")
+    leader, follower = pair
     fill(leader, 10)
     data, nxt = leader.read_replica_chunk(0, 100_000)
     follower.append_replicated(0, data, nxt)
