@@ -61,6 +61,12 @@ COMPILED = [
     "txmq.broker.messaging.read",
     "txmq.broker.processors.pull",
     "txmq.broker.store.reading",
+    "txmq.broker.messaging.fastpath",
+    "txmq.broker.messaging.fastpath_one",
+    "txmq.broker.messaging.fastpath_batch",
+    "txmq.broker.messaging.fastpath_forms",
+    "txmq.broker.messaging.core",
+    "txmq.broker.processors.send",
 ]
 
 #: Written beside the compiled modules at build time: module name -> SHA-256 of the .py

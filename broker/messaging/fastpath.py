@@ -232,13 +232,14 @@ class FastPaths:
         before, after = raw[:at], raw[sep:]
         key = (topic, sys_flag, before, after)
         forms = self._one_forms
-        form = forms.get(key, _MISSING)
-        if form is _MISSING:
+        try:
+            form = forms[key]  # None too: a form that does not qualify is remembered
+        except KeyError:
             if len(forms) >= _ONE_FORMS_MAX:
                 forms.clear()
             form = forms[key] = _plain_form(topic, sys_flag, before, after)
         head = form.head(len(uniq_raw)) if form is not None else None
-        if head is None:
+        if form is None or head is None:
             self.counts.generic += 1
             return None
         return PlainSend(
@@ -482,11 +483,13 @@ class FastPaths:
     def _shape(self, p: HalfSend, queue_id: int) -> _Shape | None:
         key = (p.topic, queue_id, p.sys_flag, p.group, p.mid, p.after)
         shapes = self._shapes
-        got: _Shape | None = shapes.get(key, _MISSING)
-        if got is _MISSING:
-            if len(shapes) >= _SHAPES_MAX:
-                shapes.clear()
-            got = shapes[key] = self._make_shape(p, queue_id)
+        try:
+            return shapes[key]  # None too: a shape that does not qualify is remembered
+        except KeyError:
+            pass
+        if len(shapes) >= _SHAPES_MAX:
+            shapes.clear()
+        got = shapes[key] = self._make_shape(p, queue_id)
         return got
 
     def _make_shape(self, p: HalfSend, queue_id: int) -> _Shape | None:
@@ -591,8 +594,6 @@ class FastPaths:
             batch=StoredBatch(prefix, placed, [p.uniq], queue_id, txid, res.end_offset)
         )
 
-
-_MISSING: Any = object()
 
 
 __all__ = [
