@@ -180,7 +180,12 @@ async def send_to_both(
     # each broker's clock ahead: the rest of it is compared.
     ha, hb = ea.pop("recallHandle", None), eb.pop("recallHandle", None)
     assert [_handle_but_time(h) for h in (ha, hb)] == [_handle_but_time(hb)] * 2, (ha, hb)
-    assert (off, ea) == (off_b, eb)
+    assert (off, ea) == (off_b, eb), (
+        "the brokers stored it apart",
+        ext,
+        a.ext_fields,
+        b.ext_fields,
+    )
     return a, took, off, ea
 
 
