@@ -29,6 +29,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from txmq.protocol.topics import AUTO_CREATE_TOPIC_KEY_TOPIC
+
 from .etcd import Entry
 
 #: RocketMQ's PermName write bit: a follower's route entry takes writes and serves no reads.
@@ -235,7 +237,7 @@ class ClusterView:
 
         With :attr:`write_replicas`, each follower of a group whose queues take writes is also
         a broker of its own, :func:`replica_entry` ``(group, replica)``, with the group's
-        write queues, write permission only (no read queues) and the follower's address as
+        write queues, write permission only (no read queues, but for TBW102's) and the follower's address as
         broker id 0: what stock producers need to send on while the leader is replaced (the
         follower forwards to the leader).  Its broker data says ``replicaOf`` the group, which
         the txmq SDK reads to leave it out."""
@@ -264,12 +266,18 @@ class ClusterView:
             )
             if not (self.write_replicas and int(tc["perm"]) & PERM_WRITE):
                 continue
+            # A producer sending to a topic it has no route for yet takes its queues from
+            # TBW102's route, counting min(defaultTopicQueueNums, readQueueNums) queues of each
+            # writable entry: there a follower's entry has read queues too (perm write-only,
+            # so nobody reads them), or the producer would know only the leader's queues and
+            # could not retry on a follower until its next route refresh.
+            replica_reads = int(tc["write"]) if topic == AUTO_CREATE_TOPIC_KEY_TOPIC else 0
             for rid, addr in followers:
                 name = replica_entry(group, rid)
                 queue_datas.append(
                     {
                         "brokerName": name,
-                        "readQueueNums": 0,
+                        "readQueueNums": replica_reads,
                         "writeQueueNums": int(tc["write"]),
                         "perm": PERM_WRITE,
                         "topicSysFlag": int(tc.get("sysFlag", 0)),

@@ -595,7 +595,6 @@ class FastPaths:
         )
 
 
-
 __all__ = [
     "PATHS",
     "PATH_DISABLED",

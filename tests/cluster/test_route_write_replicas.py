@@ -45,6 +45,12 @@ CPP_BOUND_S = 15.0
 #: The longest silence of the stock producer's output, a send a line (with --keep-going each
 #: send ends within its 3 s timeout): longer means the client hangs.
 LINE_TIMEOUT_S = 60.0
+#: Sends of the stock producer: 20 before the fault, the rest after.  Until its route is next
+#: refreshed (every 30 s, and not at all while the name server it asked is the paused leader)
+#: the producer still picks the paused leader's queues now and then, and each such send waits
+#: out its 3 s timeout before it is retried on a follower: a few dozen sends after the fault
+#: show the failover and keep the test's time bounded on a loaded machine.
+CPP_SENDS = 60
 
 
 def view_of(perm: int = 6, leader: int | None = 0, *, write_replicas: bool = True) -> ClusterView:
@@ -81,6 +87,26 @@ def test_routes_name_each_follower_as_a_write_only_broker() -> None:
         }
         assert brokers[name]["brokerAddrs"] == {"0": f"h:{rid}"}
         assert brokers[name]["replicaOf"] == "g"
+
+
+def test_the_default_topics_route_gives_each_follower_queues_to_send_on() -> None:
+    """A stock producer with no route for a topic builds its queues from TBW102's route, each
+    writable entry's min(defaultTopicQueueNums, readQueueNums): the followers' entries must
+    count there too, or it retries only on the leader (a SIGSTOPped one: every send times
+    out) until a later route refresh."""
+    v = view_of(leader=1)
+    tbw = Entry({"read": 8, "write": 8, "perm": 7, "sysFlag": 0}, 4, 0)
+    v.update({**v.table, v.keys.topic("g", "TBW102"): tbw})
+    route = v.route("TBW102")
+    assert route is not None
+    queues = {q["brokerName"]: q for q in route["queueDatas"]}
+    for name in (replica_entry("g", 0), replica_entry("g", 2)):
+        assert queues[name]["perm"] == 2  # write only: nobody reads them
+        assert min(4, queues[name]["readQueueNums"]) == 4
+    # Any other topic's follower entries stay without read queues.
+    other = v.route("t")
+    assert other is not None
+    assert {q["readQueueNums"] for q in other["queueDatas"][1:]} == {0}
 
 
 def test_no_write_entries_when_off_or_for_a_read_only_topic() -> None:
@@ -222,6 +248,7 @@ def settled(address: str, group: str) -> None:
     )
 
 
+@pytest.mark.timeout(360)  # a cluster, two stock clients, a failover and a rejoin
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
     make_cluster: Any, tmp_path: Path, fault: str
@@ -235,7 +262,7 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
     namesrv = ";".join(r.addr for r in bc.replicas.values())
     interval = 0.1
     proc = cpp.start(
-        "send", namesrv, "stock", "--count", 150, "--interval", interval, "--keep-going"
+        "send", namesrv, "stock", "--count", CPP_SENDS, "--interval", interval, "--keep-going"
     )
     lines: list[str] = []
     try:
@@ -287,8 +314,8 @@ async def test_a_stock_producer_sends_again_within_seconds_of_a_leader_failure(
         f"{bc.log_tail()}"
     )
     print(f"stock C++ producer: first acknowledged send {took:.2f} s after the SIG"
-          f"{fault.upper()}, {len(failed)} of 150 sends failed")  # fmt: skip
-    assert len(acked) + len(failed) == 150
+          f"{fault.upper()}, {len(failed)} of {CPP_SENDS} sends failed")  # fmt: skip
+    assert len(acked) + len(failed) == CPP_SENDS
     new = await bc.wait_leader("g1", not_replica=leader.replica, timeout=10)
     if fault == "stop":
         # The resumed old leader finds it was deposed and rejoins as a follower.
