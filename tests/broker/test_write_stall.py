@@ -94,7 +94,12 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_stall_timeout(
             await loop.sock_sendall(greedy, encode_frame(_heartbeat()))
             first = asyncio.ensure_future(loop.sock_recv(greedy, 4096))
             assert (await asyncio.wait({first}, timeout=10))[0], "no answer to the heartbeat"
-            await asyncio.sleep(STALL_MS / 1000)  # ageing the connection, not waiting for a result
+            answered = time.monotonic()
+            await wait_until(
+                lambda: time.monotonic() - answered >= STALL_MS / 1000,
+                30,
+                "the connection older than the stall timeout",
+            )
             await loop.sock_sendall(greedy, frames)
             await wait_until(
                 lambda: _paused(b, greedy), 30, "writing to the reader-of-nothing paused"
