@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tests.support.raw import RawClient
+from txmq.broker.config import BrokerConfig
 from txmq.broker.server import BrokerController
 from txmq.protocol.codes import RequestCode, ResponseCode
 from txmq.protocol.command import RemotingCommand
@@ -27,6 +28,8 @@ from txmq.protocol.message import (
 FAST_PATHS = ("plain", "halves")
 #: Fields that differ between two brokers (their ports and clocks) for the same requests.
 PER_BROKER = ("born_host", "store_host", "store_timestamp")
+#: The delay levels a broker ships with (level 18 is two hours).
+SHIPPED_DELAY_LEVELS = BrokerConfig().message_delay_level
 
 
 class BrokerPair:
@@ -57,7 +60,10 @@ class BrokerPair:
 @contextlib.asynccontextmanager
 async def broker_pair(make_broker_config: Any, **config: Any) -> AsyncIterator[BrokerPair]:
     """A started :class:`BrokerPair` with a raw client on each broker; both stopped at the
-    end."""
+    end.  The delay levels are the shipped ones (1 s to 2 h), not the tests' short ones: a
+    delayed message that fired during a comparison would be stored by one broker between two
+    sends and not yet by the other, and the two logs would differ for a reason of timing."""
+    config.setdefault("message_delay_level", SHIPPED_DELAY_LEVELS)
     brokers: list[BrokerController] = []
     clients: list[RawClient] = []
     try:
