@@ -448,12 +448,12 @@ class AsyncAdminClient:
         except SubscriptionGroupNotExistError:
             config = {**GROUP_CONFIG_DEFAULTS, "groupName": group}
         config.update(settings or {})
-        if orderly is not None:
-            config["consumeMessageOrderly"] = orderly
-        if consume_enable is not None:
-            config["consumeEnable"] = consume_enable
-        if retry_max_times is not None:
-            config["retryMaxTimes"] = retry_max_times
+        given = (
+            ("consumeMessageOrderly", orderly),
+            ("consumeEnable", consume_enable),
+            ("retryMaxTimes", retry_max_times),
+        )
+        config.update((key, value) for key, value in given if value is not None)
         config["groupName"] = group
         body = json.dumps(dict(sorted(config.items())), separators=(",", ":")).encode()
         await self._call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
