@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from txmq.client import LocalTransactionState, Message, TransactionListener
+from txmq.client import AsyncProducer, LocalTransactionState, Message, TransactionListener
 from txmq.client.lifecycle import AsyncClient
 
 
@@ -207,6 +207,17 @@ async def run_clients(
     finally:
         for c in clients:
             await c.shutdown()
+
+
+async def send_until_stored(producer: AsyncProducer, msg: Message, timeout: float) -> None:
+    """Send ``msg`` again and again (each try waiting ``timeout`` at most) until a send goes
+    through: how a failover bench sees the cluster serving again."""
+    while True:
+        try:
+            await producer.send(msg, timeout=timeout)
+            return
+        except Exception:
+            await asyncio.sleep(0.01)
 
 
 class CommitAll(TransactionListener):

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 # the repository root.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from _broker import CommitAll, quiet_logs, run_clients, spawn_broker  # noqa: E402
+from _broker import CommitAll, quiet_logs, run_clients, send_until_stored, spawn_broker  # noqa: E402
 from _scratch import scratch_dir  # noqa: E402
 
 from tests.support.cluster import BrokerCluster, Replica  # noqa: E402
@@ -174,12 +174,7 @@ async def failover(bc: BrokerCluster, kills: int) -> list[float]:
                 await p.send(Message("bench-failover", f"before-{i}".encode()))
             t0 = time.monotonic()
             bc.kill("g1", leader.replica)
-            while True:
-                try:
-                    await p.send(Message("bench-failover", b"after"), timeout=15.0)
-                    break
-                except Exception:
-                    await asyncio.sleep(0.01)
+            await send_until_stored(p, Message("bench-failover", b"after"), 15.0)
             times.append(time.monotonic() - t0)
             bc.start("g1", leader.replica)
     finally:
