@@ -11,10 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from txmq.client import LocalTransactionState, Message, TransactionListener
+from txmq.client import AsyncProducer, LocalTransactionState, Message, TransactionListener
+from txmq.client.lifecycle import AsyncClient
 
 
 def quiet_logs() -> None:
@@ -188,6 +189,35 @@ async def run_for(seconds: float, workers: int, one: Any) -> tuple[int, float]:
     t0 = time.monotonic()
     await asyncio.gather(*(loop() for _ in range(workers)))
     return done, time.monotonic() - t0
+
+
+async def run_clients(
+    clients: Sequence[AsyncClient],
+    seconds: float,
+    workers: int,
+    one: Callable[[], Awaitable[object]],
+) -> tuple[int, float]:
+    """Start ``clients``, call ``one()`` once (the route, the topic: not part of the measure),
+    then as :func:`run_for`; the clients are shut down after, whatever happened."""
+    for c in clients:
+        await c.start()
+    try:
+        await one()
+        return await run_for(seconds, workers, one)
+    finally:
+        for c in clients:
+            await c.shutdown()
+
+
+async def send_until_stored(producer: AsyncProducer, msg: Message, timeout: float) -> None:
+    """Send ``msg`` again and again (each try waiting ``timeout`` at most) until a send goes
+    through: how a failover bench sees the cluster serving again."""
+    while True:
+        try:
+            await producer.send(msg, timeout=timeout)
+            return
+        except Exception:
+            await asyncio.sleep(0.01)
 
 
 class CommitAll(TransactionListener):

@@ -32,18 +32,34 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 # The bench helpers beside this script, as the other benches import them, and tests.support from
 # the repository root.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from _broker import CommitAll, quiet_logs, run_for, spawn_broker  # noqa: E402
+from _broker import CommitAll, quiet_logs, run_clients, send_until_stored, spawn_broker  # noqa: E402
 from _scratch import scratch_dir  # noqa: E402
 
 from tests.support.cluster import BrokerCluster, Replica  # noqa: E402
 from tests.support.etcd import EtcdCluster  # noqa: E402
 from txmq.client import AsyncProducer, AsyncTransactionProducer, Message  # noqa: E402
+from txmq.client.lifecycle import AsyncClient  # noqa: E402
+
+C = TypeVar("C", bound=AsyncClient)
+
+
+async def rate(
+    args: argparse.Namespace, clients: list[C], call: Callable[[C], Awaitable[object]]
+) -> float:
+    """Calls a second: ``call`` on ``clients`` in turn, ``args.inflight`` in flight per client."""
+    n = iter(range(1 << 62))
+
+    async def one() -> None:
+        await call(clients[next(n) % len(clients)])
+
+    done, took = await run_clients(clients, args.seconds, args.producers * args.inflight, one)
+    return done / took
 
 
 async def sends(address: str, args: argparse.Namespace, tag: str) -> float:
@@ -52,20 +68,7 @@ async def sends(address: str, args: argparse.Namespace, tag: str) -> float:
         AsyncProducer(f"bench-{tag}-{i}", address, request_timeout=15.0)
         for i in range(args.producers)
     ]
-    for p in producers:
-        await p.start()
-    n = iter(range(1 << 62))
-
-    async def one() -> None:
-        await producers[next(n) % len(producers)].send(Message("bench-plain", body))
-
-    try:
-        await one()
-        done, took = await run_for(args.seconds, args.producers * args.inflight, one)
-    finally:
-        for p in producers:
-            await p.shutdown()
-    return done / took
+    return await rate(args, producers, lambda p: p.send(Message("bench-plain", body)))
 
 
 async def transactions(address: str, args: argparse.Namespace, tag: str) -> float:
@@ -74,20 +77,9 @@ async def transactions(address: str, args: argparse.Namespace, tag: str) -> floa
         AsyncTransactionProducer(f"bench-tx-{tag}", CommitAll(), address, request_timeout=15.0)
         for _ in range(args.producers)
     ]
-    for t in txps:
-        await t.start()
-    n = iter(range(1 << 62))
-
-    async def one() -> None:
-        await txps[next(n) % len(txps)].send_message_in_transaction(Message("bench-tx", body))
-
-    try:
-        await one()
-        done, took = await run_for(args.seconds, args.producers * args.inflight, one)
-    finally:
-        for t in txps:
-            await t.shutdown()
-    return done / took
+    return await rate(
+        args, txps, lambda t: t.send_message_in_transaction(Message("bench-tx", body))
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -182,12 +174,7 @@ async def failover(bc: BrokerCluster, kills: int) -> list[float]:
                 await p.send(Message("bench-failover", f"before-{i}".encode()))
             t0 = time.monotonic()
             bc.kill("g1", leader.replica)
-            while True:
-                try:
-                    await p.send(Message("bench-failover", b"after"), timeout=15.0)
-                    break
-                except Exception:
-                    await asyncio.sleep(0.01)
+            await send_until_stored(p, Message("bench-failover", b"after"), 15.0)
             times.append(time.monotonic() - t0)
             bc.start("g1", leader.replica)
     finally:

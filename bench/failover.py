@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from _broker import quiet_logs  # noqa: E402
+from _broker import quiet_logs, send_until_stored  # noqa: E402
 from _scratch import scratch_dir  # noqa: E402
 
 from tests.support.cluster import FAST_CLUSTER, BrokerCluster  # noqa: E402
@@ -112,12 +112,7 @@ async def sdk_run(
         etcd.kill(dead_etcd)
     t0 = time.monotonic()
     fail(bc, leader.replica, fault)
-    while True:
-        try:
-            await p.send(Message("bench-failover", b"after"), timeout=30.0)
-            break
-        except Exception:
-            await asyncio.sleep(0.01)
+    await send_until_stored(p, Message("bench-failover", b"after"), 30.0)
     took = time.monotonic() - t0
     if etcd is not None and dead_etcd is not None:
         await asyncio.to_thread(etcd.restart, dead_etcd)

@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
 from _scratch import scratch_dir
 
@@ -54,28 +53,23 @@ def broker(pure: str) -> Iterator[tuple[str, int]]:
 
 
 async def figures(address: str, pid: int, count: int) -> dict[str, tuple[float, float, float]]:
+    from _broker import CommitAll
+
     from txmq.client import (
         AsyncProducer,
         AsyncTransactionProducer,
         LocalTransactionState,
         Message,
         SendStatus,
-        TransactionListener,
     )
     from txmq.client.admin import AsyncAdminClient
-
-    class Listener(TransactionListener):  # only consulted by check-back (should not happen)
-        def execute_local_transaction(self, message: Message, arg: object) -> Any:
-            return LocalTransactionState.COMMIT_MESSAGE
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return LocalTransactionState.COMMIT_MESSAGE
 
     topic = "one-at-a-time"
     async with AsyncAdminClient(address, timeout=30.0) as admin:
         await admin.create_topic(topic, queues=4)
     producer = AsyncProducer("one-producer", address, request_timeout=30.0)
-    txp = AsyncTransactionProducer("one-tx", Listener(), address, request_timeout=30.0)
+    # The listener is only consulted by check-back (which should not happen).
+    txp = AsyncTransactionProducer("one-tx", CommitAll(), address, request_timeout=30.0)
     await producer.start()
     await txp.start()
 

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _broker import CommitAll, broker_process, emit, quiet_logs, run_for  # noqa: E402
+from _broker import CommitAll, broker_process, emit, quiet_logs, run_clients  # noqa: E402
 from throughput import self_signed  # noqa: E402
 
 from txmq.client import (  # noqa: E402
@@ -56,26 +56,17 @@ MODES = ("off", "tls", "acl", "tls+acl")
 async def measure(args: argparse.Namespace, address: str, config: ClientConfig) -> dict[str, Any]:
     body = b"x" * args.size
     producers = [AsyncProducer(f"sec-{i}", address, config=config) for i in range(args.producers)]
-    for p in producers:
-        await p.start()
     it = iter(range(1 << 62))
 
     async def send() -> None:
         await producers[next(it) % len(producers)].send(Message(PLAIN_TOPIC, body))
 
-    try:
-        await send()  # the route, the topic: not part of the measure
-        sent, send_s = await run_for(args.seconds, args.producers * args.inflight, send)
-    finally:
-        for p in producers:
-            await p.shutdown()
+    sent, send_s = await run_clients(producers, args.seconds, args.producers * args.inflight, send)
 
     txps = [
         AsyncTransactionProducer(TX_GROUP, CommitAll(), address, config=config)
         for _ in range(args.producers)
     ]
-    for t in txps:
-        await t.start()
 
     async def transact() -> None:
         t = txps[next(it) % len(txps)]
@@ -83,12 +74,7 @@ async def measure(args: argparse.Namespace, address: str, config: ClientConfig) 
         if r.local_transaction_state is not LocalTransactionState.COMMIT_MESSAGE:
             raise RuntimeError(f"transaction not committed: {r}")
 
-    try:
-        await transact()
-        txs, tx_s = await run_for(args.seconds, args.producers * args.inflight, transact)
-    finally:
-        for t in txps:
-            await t.shutdown()
+    txs, tx_s = await run_clients(txps, args.seconds, args.producers * args.inflight, transact)
     return {
         "send_msgs_per_s": round(sent / send_s, 1),
         "tx_per_s": round(txs / tx_s, 1),

@@ -130,6 +130,21 @@ async def _pages(
             return
 
 
+def _table_pages(
+    list_page: Callable[..., Awaitable[tuple[dict[str, dict[str, Any]], str | None]]],
+    page: int,
+    after: str | None,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """``(name, entry)`` of every entry of a listing by name, ``list_page(limit=, after=)``
+    answering a page of ``page`` at a time as a table by name and the next page's cursor."""
+
+    async def fetch(cursor: str | None) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        table, nxt = await list_page(limit=page, after=cursor)
+        return list(table.items()), nxt
+
+    return _pages(fetch, after)
+
+
 def _next_cursor(resp: RemotingCommand) -> str | None:
     cursor = resp.ext_fields.get("nextCursor")
     return str(cursor) if cursor else None
@@ -198,12 +213,15 @@ class AsyncAdminClient:
         ext: dict[str, Any] | None = None,
         body: bytes = b"",
         remark: str | None = None,
+        *,
+        also: int | None = None,
     ) -> RemotingCommand:
+        """The answer to one request; an error is raised unless it is SUCCESS (or ``also``)."""
         assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
         cmd = RemotingCommand.request(code, ext, body)
         cmd.remark = remark
         resp = await self._conn.request(cmd, self.timeout)
-        if resp.code != ResponseCode.SUCCESS:
+        if resp.code != ResponseCode.SUCCESS and resp.code != also:
             raise error_for_code(resp.code, resp.remark)
         return resp
 
@@ -299,11 +317,7 @@ class AsyncAdminClient:
         """``(name, config)`` of every topic by name (after cursor ``after``), a page of
         ``page`` asked for at a time."""
 
-        async def fetch(cursor: str | None) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-            table, nxt = await self.list_topics_page(limit=page, after=cursor)
-            return list(table.items()), nxt
-
-        async for entry in _pages(fetch, after):
+        async for entry in _table_pages(self.list_topics_page, page, after):
             yield entry
 
     async def topic_stats(self, topic: str) -> dict[str, Any]:
@@ -325,15 +339,13 @@ class AsyncAdminClient:
     async def route(self, topic: str) -> dict[str, Any] | None:
         """The broker's route answer for ``topic`` (RocketMQ's TopicRouteData: ``queueDatas``,
         ``brokerDatas``), or None when it knows no such topic."""
-        assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
-        cmd = RemotingCommand.request(
-            RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic).to_ext_fields()
+        resp = await self._call(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC,
+            GetRouteInfoRequestHeader(topic).to_ext_fields(),
+            also=ResponseCode.TOPIC_NOT_EXIST,
         )
-        resp = await self._conn.request(cmd, self.timeout)
         if resp.code == ResponseCode.TOPIC_NOT_EXIST:
             return None
-        if resp.code != ResponseCode.SUCCESS:
-            raise error_for_code(resp.code, resp.remark)
         return dict(json.loads(resp.body))
 
     # -- consumer groups and clients -----------------------------------------------------------
@@ -364,11 +376,7 @@ class AsyncAdminClient:
         """``(name, settings)`` of every consumer group by name (after cursor ``after``), a page
         of ``page`` asked for at a time."""
 
-        async def fetch(cursor: str | None) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-            table, nxt = await self.list_groups_page(limit=page, after=cursor)
-            return list(table.items()), nxt
-
-        async for entry in _pages(fetch, after):
+        async for entry in _table_pages(self.list_groups_page, page, after):
             yield entry
 
     async def consume_stats(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
@@ -448,12 +456,12 @@ class AsyncAdminClient:
         except SubscriptionGroupNotExistError:
             config = {**GROUP_CONFIG_DEFAULTS, "groupName": group}
         config.update(settings or {})
-        if orderly is not None:
-            config["consumeMessageOrderly"] = orderly
-        if consume_enable is not None:
-            config["consumeEnable"] = consume_enable
-        if retry_max_times is not None:
-            config["retryMaxTimes"] = retry_max_times
+        given = (
+            ("consumeMessageOrderly", orderly),
+            ("consumeEnable", consume_enable),
+            ("retryMaxTimes", retry_max_times),
+        )
+        config.update((key, value) for key, value in given if value is not None)
         config["groupName"] = group
         body = json.dumps(dict(sorted(config.items())), separators=(",", ":")).encode()
         await self._call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
@@ -564,8 +572,7 @@ class AsyncAdminClient:
         )
         resp = await self._call(RequestCode.TXMQ_LIST_TRANSACTIONS, h.to_ext_fields())
         page = list(json.loads(resp.body)) if resp.body else []
-        cursor = resp.ext_fields.get("nextCursor")
-        return page, str(cursor) if cursor else None
+        return page, _next_cursor(resp)
 
     async def iter_transactions(
         self,
@@ -767,12 +774,7 @@ class AsyncAdminClient:
         ext = h.to_ext_fields()
         if unique:
             ext[UNIQUE_MSG_QUERY_FLAG] = "true"
-        assert self._conn is not None, "use 'async with AsyncAdminClient(...)'"
-        resp = await self._conn.request(
-            RemotingCommand.request(RequestCode.QUERY_MESSAGE, ext), self.timeout
-        )
-        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND):
-            raise error_for_code(resp.code, resp.remark)
+        resp = await self._call(RequestCode.QUERY_MESSAGE, ext, also=ResponseCode.QUERY_NOT_FOUND)
         rh = QueryMessageResponseHeader.from_ext_fields(resp.ext_fields)
         msgs = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS else []
         if unique:

@@ -176,12 +176,8 @@ class BrokerSession:
         doc: dict[str, Any] = {} if query_only else {"commit": list(commit or [])}
         if pipeline is not None:
             doc["pipeline"] = pipeline
-            if start is not None:
-                doc["start"] = start
-            if end is not None:
-                doc["end"] = end
-            if run is not None:
-                doc["run"] = run
+            given = (("start", start), ("end", end), ("run", run))
+            doc.update((key, value) for key, value in given if value is not None)
         body = json.dumps(doc).encode() if doc else b""
         resp = await self.connection.invoke(RequestCode.TXMQ_DECIDE_BATCH, header, body)
         answer: dict[str, Any] = json.loads(resp.body.decode("utf-8"))
