@@ -201,17 +201,11 @@ class SubscriptionGroupManager(ConfigJsonTable[SubscriptionGroupConfig]):
 
     def put(self, config: SubscriptionGroupConfig) -> None:
         """Add or replace a group's config (written by the next :meth:`persist`)."""
-        with self._lock:
-            self._table[config.group_name] = config
-            self._changed()
+        self._put(config.group_name, config)
 
     def delete(self, group: str) -> bool:
         """Remove a group's config; True if there was one."""
-        with self._lock:
-            if self._table.pop(group, None) is None:
-                return False
-            self._changed()
-        return True
+        return self._remove(group)
 
     def all(self) -> dict[str, SubscriptionGroupConfig]:
         """A copy of the table."""
@@ -224,8 +218,7 @@ class SubscriptionGroupManager(ConfigJsonTable[SubscriptionGroupConfig]):
             return {"counter": self._counter, "stateVersion": 0, "timestamp": self.changed_ms}
 
     def _changed(self) -> None:
-        self._counter += 1
-        self._dirty = True
+        super()._changed()
         self.changed_ms = int(time.time() * 1000)
 
 

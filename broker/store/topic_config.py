@@ -111,18 +111,14 @@ class TopicConfigManager(ConfigJsonTable[TopicConfig]):
 
     def put(self, tc: TopicConfig) -> None:
         """Add or replace a topic config (and persist the table unless ``write_behind``)."""
-        with self._lock:
-            self._table[tc.topic_name] = tc
-            self._changed()
+        self._put(tc.topic_name, tc)
         if not self.write_behind:
             self.persist()
 
     def delete(self, name: str) -> bool:
         """Remove a topic config; True if there was one."""
-        with self._lock:
-            if self._table.pop(name, None) is None:
-                return False
-            self._changed()
+        if not self._remove(name):
+            return False
         if not self.write_behind:
             self.persist()
         return True
@@ -131,10 +127,6 @@ class TopicConfigManager(ConfigJsonTable[TopicConfig]):
     def dirty(self) -> bool:
         """A change is not written yet."""
         return self._dirty
-
-    def _changed(self) -> None:
-        self._counter += 1
-        self._dirty = True
 
     def all(self) -> dict[str, TopicConfig]:
         """A copy of the table."""

@@ -157,5 +157,24 @@ class ConfigJsonTable(VersionedJsonTable[E]):
     def _snapshot(self) -> tuple[Any, int]:
         return {name: c.to_json() for name, c in sorted(self._table.items())}, self._counter
 
+    def _put(self, name: str, config: E) -> None:
+        """Add or replace the config of ``name`` (a change)."""
+        with self._lock:
+            self._table[name] = config
+            self._changed()
+
+    def _remove(self, name: str) -> bool:
+        """Remove the config of ``name`` (a change); True if there was one."""
+        with self._lock:
+            if self._table.pop(name, None) is None:
+                return False
+            self._changed()
+        return True
+
+    def _changed(self) -> None:
+        """Called under ``_lock`` on each change: a new version, not written yet."""
+        self._counter += 1
+        self._dirty = True
+
 
 __all__ = ["ConfigJsonTable", "VersionedJsonTable"]
