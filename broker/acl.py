@@ -369,32 +369,22 @@ class Need:
         return f"{'group' if self.group else 'topic'} {self.resource!r}"
 
 
-#: Requests only an admin account may make: topic management, broker-wide views, message
-#: lookup by offset, and the operator's transaction commands (a listing of one producer
-#: group's two-phase transactions excepted: see :func:`requirements`).  Any code not listed in
-#: :func:`requirements` is treated as admin-only too.
-ADMIN_CODES = frozenset(
+#: The admin-only requests that only read: broker-wide views, message lookup by offset, the
+#: operator's transaction listings, and the name server's and the admin tools' views.
+ADMIN_READS = frozenset(
     {
-        RequestCode.UPDATE_AND_CREATE_TOPIC,
         RequestCode.GET_ALL_TOPIC_CONFIG,
         RequestCode.GET_BROKER_RUNTIME_INFO,
         RequestCode.TXMQ_GET_METRICS,
         RequestCode.VIEW_MESSAGE_BY_ID,
-        RequestCode.RESUME_CHECK_HALF_MESSAGE,
         RequestCode.TXMQ_LIST_TRANSACTIONS,
         RequestCode.TXMQ_GET_TRANSACTION,
-        RequestCode.TXMQ_FORCE_DECIDE,
         RequestCode.GET_BROKER_CONFIG,
-        RequestCode.UPDATE_BROKER_CONFIG,
-        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
         RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG,
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         RequestCode.GET_CONSUME_STATS,
         RequestCode.GET_CONSUMER_CONNECTION_LIST,
         RequestCode.GET_PRODUCER_CONNECTION_LIST,
-        RequestCode.DELETE_SUBSCRIPTIONGROUP,
-        RequestCode.DELETE_TOPIC_IN_BROKER,
-        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
         # the name server's and the admin tools' views (mqadmin, rocketmq-dashboard)
         RequestCode.GET_BROKER_CLUSTER_INFO,
         RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
@@ -405,6 +395,23 @@ ADMIN_CODES = frozenset(
         RequestCode.QUERY_TOPICS_BY_CONSUMER,
         RequestCode.VIEW_BROKER_STATS_DATA,
         RequestCode.GET_TOPIC_CONFIG,
+    }
+)
+
+#: Requests only an admin account may make: topic management, broker-wide views, message
+#: lookup by offset, and the operator's transaction commands (a listing of one producer
+#: group's two-phase transactions excepted: see :func:`requirements`).  Any code not listed in
+#: :func:`requirements` is treated as admin-only too.
+ADMIN_CODES = ADMIN_READS | frozenset(
+    {
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        RequestCode.RESUME_CHECK_HALF_MESSAGE,
+        RequestCode.TXMQ_FORCE_DECIDE,
+        RequestCode.UPDATE_BROKER_CONFIG,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        RequestCode.DELETE_SUBSCRIPTIONGROUP,
+        RequestCode.DELETE_TOPIC_IN_BROKER,
+        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
     }
 )
 
@@ -619,11 +626,17 @@ class AclManager:
     # -- the file -------------------------------------------------------------------------------
 
     def _file_stamp(self) -> tuple[float, int] | None:
+        """The file's modification time and :meth:`_stamp_id`, None when it is missing."""
         try:
             st = os.stat(self.path)
         except OSError:
             return None
-        return (st.st_mtime, st.st_size)
+        return (st.st_mtime, self._stamp_id(st))
+
+    @staticmethod
+    def _stamp_id(st: os.stat_result) -> int:
+        """What tells a changed file apart besides its modification time: its size."""
+        return st.st_size
 
     def load(self) -> None:
         """Read the file now (blocking).  Raises :class:`AclConfigError`."""

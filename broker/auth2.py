@@ -41,6 +41,7 @@ from txmq.protocol.command import RemotingCommand
 from txmq.protocol.errors import BrokerSystemError, InvalidParameterError, NoPermissionError
 
 from .acl import (
+    ADMIN_READS,
     ANY,
     CONTEXT_KEY,
     PUB,
@@ -390,34 +391,12 @@ class AuthStore:
 
 #: Operator requests that only read (``Get`` on the cluster); every other admin-only request
 #: needs ``Update`` on it.
-_CLUSTER_READS = frozenset(
+_CLUSTER_READS = ADMIN_READS | frozenset(
     {
-        RequestCode.GET_ALL_TOPIC_CONFIG,
-        RequestCode.GET_BROKER_RUNTIME_INFO,
-        RequestCode.TXMQ_GET_METRICS,
-        RequestCode.VIEW_MESSAGE_BY_ID,
-        RequestCode.TXMQ_LIST_TRANSACTIONS,
-        RequestCode.TXMQ_GET_TRANSACTION,
-        RequestCode.GET_BROKER_CONFIG,
-        RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG,
-        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
-        RequestCode.GET_CONSUME_STATS,
-        RequestCode.GET_CONSUMER_CONNECTION_LIST,
-        RequestCode.GET_PRODUCER_CONNECTION_LIST,
         RequestCode.AUTH_GET_USER,
         RequestCode.AUTH_LIST_USER,
         RequestCode.AUTH_GET_ACL,
         RequestCode.AUTH_LIST_ACL,
-        # the name server's and the admin tools' views (mqadmin, rocketmq-dashboard)
-        RequestCode.GET_BROKER_CLUSTER_INFO,
-        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-        RequestCode.GET_TOPICS_BY_CLUSTER,
-        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
-        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER,
-        RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
-        RequestCode.QUERY_TOPICS_BY_CONSUMER,
-        RequestCode.VIEW_BROKER_STATS_DATA,
-        RequestCode.GET_TOPIC_CONFIG,
     }
 )
 
@@ -461,13 +440,10 @@ class Auth2Manager(AclManager):
 
     # -- the state ----------------------------------------------------------------------------
 
-    def _file_stamp(self) -> tuple[float, int] | None:
+    @staticmethod
+    def _stamp_id(st: os.stat_result) -> int:
         # every write replaces the file (a new inode), here and on a follower
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime, st.st_ino)
+        return st.st_ino
 
     def load(self) -> None:
         """Read the stored users and policies (blocking).  Raises :class:`AclConfigError`."""

@@ -12,25 +12,8 @@ from txmq.protocol.aio import Connection
 from txmq.protocol.command import RemotingCommand
 
 
-class ClusterPort(Protocol):
-    """What a leading broker asks its cluster node."""
-
-    def route(self, topic: str) -> dict[str, Any] | None:
-        """The topic's route over every broker group (RocketMQ's TopicRouteData), or None."""
-
-    def broker_addrs(self) -> dict[str, dict[int, str]]:
-        """Every broker group: its broker ids (the leader 0, followers 1, 2, ...) and their
-        addresses, as routes give them."""
-
-    def topic_names(self, groups: list[str] | None = None) -> set[str]:
-        """The topics of ``groups`` (every group when None)."""
-
-    def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
-        """``(group, queue config, leader's gRPC host:port)`` of every group that has
-        ``topic`` and a leader serving gRPC."""
-
-    def status(self) -> dict[str, Any]:
-        """The cluster as this node sees it (``txmq cluster status``)."""
+class CommitPointPort(Protocol):
+    """The batch decisions and pipeline positions a broker group records for the cluster."""
 
     async def batch_decision(
         self, producer_group: str, batch_key: str, commit: list[str]
@@ -67,6 +50,31 @@ class ClusterPort(Protocol):
     ) -> dict[str, Any]:
         """Where a pipeline is (``end``, ``batchKey``, ``next`` after ``start``, ``position``
         of ``batch_key``)."""
+
+
+class ClusterPort(Protocol):
+    """What a leading broker asks its cluster node."""
+
+    def route(self, topic: str) -> dict[str, Any] | None:
+        """The topic's route over every broker group (RocketMQ's TopicRouteData), or None."""
+
+    def broker_addrs(self) -> dict[str, dict[int, str]]:
+        """Every broker group: its broker ids (the leader 0, followers 1, 2, ...) and their
+        addresses, as routes give them."""
+
+    def topic_names(self, groups: list[str] | None = None) -> set[str]:
+        """The topics of ``groups`` (every group when None)."""
+
+    def grpc_route(self, topic: str) -> list[tuple[str, dict[str, Any], str]]:
+        """``(group, queue config, leader's gRPC host:port)`` of every group that has
+        ``topic`` and a leader serving gRPC."""
+
+    def status(self) -> dict[str, Any]:
+        """The cluster as this node sees it (``txmq cluster status``)."""
+
+    @property
+    def decisions(self) -> CommitPointPort:
+        """The batch decisions and pipeline positions recorded across broker groups."""
 
 
 class ReplicationPort(Protocol):

@@ -18,6 +18,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -32,6 +33,7 @@ log = structlog.get_logger(__name__)
 Background = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
+@dataclass(eq=False)
 class CommitLogScrub:
     """Passes over the commit log at ``rate`` bytes a second, at most one started every
     ``interval`` seconds.
@@ -47,25 +49,16 @@ class CommitLogScrub:
         on_checked: called with the bytes each chunk checked.
     """
 
-    def __init__(
-        self,
-        store: MessageStore,
-        in_background: Background,
-        rate: int,
-        interval: float,
-        on_damaged: Callable[[int], None] = lambda n: None,
-        on_checked: Callable[[int], None] = lambda n: None,
-    ) -> None:
-        self.store = store
-        self.in_background = in_background
-        self.rate = rate
-        self.interval = interval
-        self.on_damaged = on_damaged
-        self.on_checked = on_checked
-        self.passes = 0
-        #: ``(segment path, commit-log offset, bytes)`` of the damaged records the last
-        #: complete pass found.
-        self.last_damaged: list[tuple[str, int, int]] = []
+    store: MessageStore
+    in_background: Background
+    rate: int
+    interval: float
+    on_damaged: Callable[[int], None] = lambda n: None
+    on_checked: Callable[[int], None] = lambda n: None
+    passes: int = field(default=0, init=False)
+    #: ``(segment path, commit-log offset, bytes)`` of the damaged records the last
+    #: complete pass found.
+    last_damaged: list[tuple[str, int, int]] = field(default_factory=list, init=False)
 
     async def run(self) -> None:
         while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -36,22 +37,15 @@ def _position(value: Any) -> tuple[str, str, str]:
     return (str(pipeline), str(start), str(end))
 
 
+@dataclass(eq=False)
 class CommitPoints:
     """The batch decisions and pipeline positions of one broker group, in etcd."""
 
-    def __init__(
-        self,
-        etcd: EtcdSession,
-        keys: Keys,
-        config: BrokerConfig,
-        group: str,
-        clock: Callable[[], float],
-    ) -> None:
-        self.etcd = etcd
-        self.keys = keys
-        self.config = config
-        self.group = group
-        self.clock = clock
+    etcd: EtcdSession
+    keys: Keys
+    config: BrokerConfig
+    group: str
+    clock: Callable[[], float]
 
     async def batch_decision(
         self, producer_group: str, batch_key: str, commit: list[str]

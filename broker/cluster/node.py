@@ -74,11 +74,13 @@ SILENCE_POLL_S = 0.1
 
 
 class ClusterHooks:
-    """What a leading BrokerController asks its node: routes, status, replication."""
+    """What a leading BrokerController asks its node: routes, status, replication, and the
+    group's cross-group decisions (:attr:`decisions`, the node's)."""
 
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
         self.replication: LeaderReplication | None = None
+        self.decisions = node.decisions
 
     def route(self, topic: str) -> dict[str, Any] | None:
         return self.node.view.route(topic)
@@ -103,41 +105,6 @@ class ClusterHooks:
 
     def status(self) -> dict[str, Any]:
         return self.node.status()
-
-    async def batch_decision(
-        self, producer_group: str, batch_key: str, commit: list[str]
-    ) -> list[str]:
-        return await self.node.decisions.batch_decision(producer_group, batch_key, commit)
-
-    async def offsets_decision(
-        self,
-        producer_group: str,
-        batch_key: str,
-        commit: list[str],
-        moves: list[tuple[str, str, str, int, int, int]],
-    ) -> tuple[list[str], str | None]:
-        return await self.node.decisions.offsets_decision(producer_group, batch_key, commit, moves)
-
-    async def pipeline_decision(
-        self,
-        producer_group: str,
-        batch_key: str,
-        commit: list[str],
-        position: tuple[str, str, str],
-    ) -> tuple[list[str], tuple[str, str, str] | None]:
-        return await self.node.decisions.pipeline_decision(
-            producer_group, batch_key, commit, position
-        )
-
-    async def recorded_batch(
-        self, producer_group: str, batch_key: str
-    ) -> tuple[list[str], tuple[str, str, str] | None] | None:
-        return await self.node.decisions.recorded_batch(producer_group, batch_key)
-
-    async def pipeline_where(
-        self, producer_group: str, pipeline: str, start: str | None, batch_key: str | None = None
-    ) -> dict[str, Any]:
-        return await self.node.decisions.pipeline_where(producer_group, pipeline, start, batch_key)
 
 
 class ClusterNode:

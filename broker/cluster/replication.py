@@ -434,7 +434,7 @@ class LeaderReplication:
                     s.conn.close()  # it reconnects and fetches the old way
                     continue
                 chunk = (s.sent, data, nxt)
-            fields = {"offset": s.sent, "next": chunk[2], "leaderEnd": end, "epoch": self.epoch}
+            fields = self._chunk_fields(s.sent, chunk[2], end)
             s.conn.send_oneway(RemotingCommand.request(RequestCode.TXMQ_HA_FETCH, fields, chunk[1]))
             s.sent = chunk[2]
             s.unacked += 1
@@ -452,15 +452,12 @@ class LeaderReplication:
             self._push_due = True
             asyncio.get_running_loop().call_soon(self._push)
         end = self.store.max_phy_offset
-        return cmd.response(
-            ext_fields={
-                "offset": pos,
-                "next": pos,
-                "leaderEnd": end,
-                "epoch": self.epoch,
-                "stream": 1,
-            }
-        )
+        return cmd.response(ext_fields={**self._chunk_fields(pos, pos, end), "stream": 1})
+
+    def _chunk_fields(self, pos: int, nxt: int, end: int) -> dict[str, Any]:
+        """The fields of a chunk sent to a follower: where it starts (``offset``), where the
+        next one starts, where the leader's log ends, and the leader's epoch."""
+        return {"offset": pos, "next": nxt, "leaderEnd": end, "epoch": self.epoch}
 
     def _acked(self, conn: Connection, replica: int, offset: int) -> None:
         s = self._streams.get(replica)
@@ -515,9 +512,7 @@ class LeaderReplication:
             self._progress(replica, pos)
             self.fetches_served += 1
             end = self.store.max_phy_offset
-            return cmd.response(
-                ext_fields={"offset": pos, "next": pos, "leaderEnd": end, "epoch": self.epoch}
-            )
+            return cmd.response(ext_fields=self._chunk_fields(pos, pos, end))
         wait = min(int(cmd.ext_fields.get("waitMs", FETCH_WAIT_MS)), 5000) / 1000.0
         self._progress(replica, pos)
         if pos >= self.store.max_phy_offset and wait > 0 and self._closed is None:
@@ -536,15 +531,7 @@ class LeaderReplication:
             except ValueError as exc:
                 return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot serve offset {pos}: {exc}")
             self._last_chunk = (pos, end, data, nxt)
-        return cmd.response(
-            ext_fields={
-                "offset": pos,
-                "next": nxt,
-                "leaderEnd": end,
-                "epoch": self.epoch,
-            },
-            body=data,
-        )
+        return cmd.response(ext_fields=self._chunk_fields(pos, nxt, end), body=data)
 
     async def meta(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         self._check_follower(cmd)

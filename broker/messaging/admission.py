@@ -20,6 +20,7 @@ NO_PERMISSION / SYSTEM_BUSY over remoting, FORBIDDEN / TOO_MANY_REQUESTS over gR
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..acl import PUB, Need, topic_or_group
@@ -29,31 +30,22 @@ if TYPE_CHECKING:
     from ..quota import QuotaManager
 
 
+@dataclass(slots=True, eq=False)
 class Caller:
     """Who sends, as its front end authenticated it."""
 
-    __slots__ = ("access_key", "admitted", "charge", "quota_key", "what", "where")
-
-    def __init__(
-        self,
-        access_key: str | None,
-        quota_key: str | None,
-        what: str,
-        where: dict[str, Any],
-        charge: int,
-    ) -> None:
-        #: the authenticated account's access key; "" for a peer the ACL trusts; None with
-        #: the ACL off
-        self.access_key = access_key
-        #: what the quotas count the request under (an account, ``address:<ip>``); None: none
-        self.quota_key = quota_key
-        #: the request as its protocol names it in a refusal, and the refusal's log fields
-        self.what = what
-        self.where = where
-        #: the bytes the produce quota charges
-        self.charge = charge
-        #: admitted already (a direct path that left the request to the generic one)
-        self.admitted = False
+    #: the authenticated account's access key; "" for a peer the ACL trusts; None with
+    #: the ACL off
+    access_key: str | None
+    #: what the quotas count the request under (an account, ``address:<ip>``); None: none
+    quota_key: str | None
+    #: the request as its protocol names it in a refusal, and the refusal's log fields
+    what: str
+    where: dict[str, Any]
+    #: the bytes the produce quota charges
+    charge: int
+    #: admitted already (a direct path that left the request to the generic one)
+    admitted: bool = field(default=False, init=False)
 
 
 class SendAdmission:

@@ -162,7 +162,7 @@ class TransactionProcessor:
             }
             if pipeline is not None and self.cluster is not None:
                 # A cluster keeps pipelines' positions in etcd: any group's leader answers.
-                where = await self.cluster.pipeline_where(
+                where = await self.cluster.decisions.pipeline_where(
                     h.producer_group, str(pipeline), doc.get("start"), h.batch_key
                 )
                 answer["position"] = _position(where.pop("position"))
@@ -195,7 +195,9 @@ class TransactionProcessor:
             if moves is None and with_offsets and commit:
                 # e.g. the half was acknowledged by a leader that died before a follower had
                 # it: committing the outputs without the offsets would process the input twice
-                decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, [])
+                decided_commit = await cluster.decisions.batch_decision(
+                    h.producer_group, h.batch_key, []
+                )
                 fenced = (
                     None
                     if decided_commit  # a commit recorded before stands in every group
@@ -208,24 +210,28 @@ class TransactionProcessor:
                 # compare-and-swap per queue, in the decision's transaction).
                 reason, queues = moves
                 if reason is None:
-                    decided_commit, fenced = await cluster.offsets_decision(
+                    decided_commit, fenced = await cluster.decisions.offsets_decision(
                         h.producer_group, h.batch_key, commit, queues
                     )
                 else:
-                    decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, [])
+                    decided_commit = await cluster.decisions.batch_decision(
+                        h.producer_group, h.batch_key, []
+                    )
                     fenced = reason
                 position = None
             elif position is not None:
-                decided_commit, recorded = await cluster.pipeline_decision(
+                decided_commit, recorded = await cluster.decisions.pipeline_decision(
                     h.producer_group, h.batch_key, commit, position
                 )
             else:
-                decided_commit = await cluster.batch_decision(h.producer_group, h.batch_key, commit)
+                decided_commit = await cluster.decisions.batch_decision(
+                    h.producer_group, h.batch_key, commit
+                )
             whole = decided_commit
             commit = self.tx.local_batch_part(h.producer_group, decided_commit)
             position = None
         elif cluster is not None:
-            before = await cluster.recorded_batch(h.producer_group, h.batch_key)
+            before = await cluster.decisions.recorded_batch(h.producer_group, h.batch_key)
             if before is not None:
                 whole, recorded = before
             position = None
@@ -363,7 +369,7 @@ class TransactionProcessor:
             # the transaction's decision in etcd first, so every group applies the same one
             # (a decision recorded before, by the producer or a check-back, wins).
             commit = decision == Decision.COMMIT
-            recorded = await self.cluster.batch_decision(
+            recorded = await self.cluster.decisions.batch_decision(
                 rec.producer_group, rec.batch_key, [rec.transaction_id] if commit else []
             )
             if (rec.transaction_id in recorded) != commit:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .versioned_table import VersionedJsonTable
+from .versioned_table import ConfigJsonTable
 
 #: RocketMQ's ``GroupRetryPolicy`` default: the customized (delay-level) policy.
 DEFAULT_RETRY_POLICY: dict[str, Any] = {"type": "CUSTOMIZED"}
@@ -163,7 +163,7 @@ def _as_int(key: str, value: Any) -> int:
         raise ValueError(f"{key} is not an integer: {value!r}") from None
 
 
-class SubscriptionGroupManager(VersionedJsonTable[SubscriptionGroupConfig]):
+class SubscriptionGroupManager(ConfigJsonTable[SubscriptionGroupConfig]):
     """The persisted table of consumer group settings.
 
     A change marks the table dirty; :meth:`persist` (on the broker's background thread)
@@ -181,17 +181,10 @@ class SubscriptionGroupManager(VersionedJsonTable[SubscriptionGroupConfig]):
     def __init__(
         self, path: str, *, default_retry_max_times: Callable[[], int] | None = None
     ) -> None:
-        super().__init__(path)
+        super().__init__(path, SubscriptionGroupConfig.from_json)
         self.default_retry_max_times = default_retry_max_times or (lambda: 16)
         #: When the table last changed (ms), RocketMQ's ``dataVersion.timestamp``.
         self.changed_ms = int(time.time() * 1000)
-
-    @staticmethod
-    def _from_json(doc: Any) -> dict[str, SubscriptionGroupConfig]:
-        return {name: SubscriptionGroupConfig.from_json(c) for name, c in doc.items()}
-
-    def _snapshot(self) -> tuple[Any, int]:
-        return {n: c.to_json() for n, c in sorted(self._table.items())}, self._counter
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         """The stored config of ``group``, None when it has none."""
@@ -208,17 +201,11 @@ class SubscriptionGroupManager(VersionedJsonTable[SubscriptionGroupConfig]):
 
     def put(self, config: SubscriptionGroupConfig) -> None:
         """Add or replace a group's config (written by the next :meth:`persist`)."""
-        with self._lock:
-            self._table[config.group_name] = config
-            self._changed()
+        self._put(config.group_name, config)
 
     def delete(self, group: str) -> bool:
         """Remove a group's config; True if there was one."""
-        with self._lock:
-            if self._table.pop(group, None) is None:
-                return False
-            self._changed()
-        return True
+        return self._remove(group)
 
     def all(self) -> dict[str, SubscriptionGroupConfig]:
         """A copy of the table."""
@@ -231,8 +218,7 @@ class SubscriptionGroupManager(VersionedJsonTable[SubscriptionGroupConfig]):
             return {"counter": self._counter, "stateVersion": 0, "timestamp": self.changed_ms}
 
     def _changed(self) -> None:
-        self._counter += 1
-        self._dirty = True
+        super()._changed()
         self.changed_ms = int(time.time() * 1000)
 
 

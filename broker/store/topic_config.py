@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .versioned_table import VersionedJsonTable
+from .versioned_table import ConfigJsonTable
 
 PERM_INHERIT = 1
 PERM_WRITE = 2
@@ -86,7 +86,7 @@ class TopicConfig:
         )
 
 
-class TopicConfigManager(VersionedJsonTable[TopicConfig]):
+class TopicConfigManager(ConfigJsonTable[TopicConfig]):
     """The persisted table of topic configs, written atomically.
 
     By default every change is written at once.  With ``write_behind`` a change only marks the
@@ -103,34 +103,22 @@ class TopicConfigManager(VersionedJsonTable[TopicConfig]):
     table_key = "topicConfigTable"
 
     def __init__(self, path: str, *, write_behind: bool = False) -> None:
-        super().__init__(path)
+        super().__init__(path, TopicConfig.from_json)
         self.write_behind = write_behind
-
-    @staticmethod
-    def _from_json(doc: Any) -> dict[str, TopicConfig]:
-        return {name: TopicConfig.from_json(tc) for name, tc in doc.items()}
-
-    def _snapshot(self) -> tuple[Any, int]:
-        # the version counts changes (:meth:`_changed`), not writes
-        return {name: tc.to_json() for name, tc in sorted(self._table.items())}, self._counter
 
     def get(self, name: str) -> TopicConfig | None:
         return self._table.get(name)
 
     def put(self, tc: TopicConfig) -> None:
         """Add or replace a topic config (and persist the table unless ``write_behind``)."""
-        with self._lock:
-            self._table[tc.topic_name] = tc
-            self._changed()
+        self._put(tc.topic_name, tc)
         if not self.write_behind:
             self.persist()
 
     def delete(self, name: str) -> bool:
         """Remove a topic config; True if there was one."""
-        with self._lock:
-            if self._table.pop(name, None) is None:
-                return False
-            self._changed()
+        if not self._remove(name):
+            return False
         if not self.write_behind:
             self.persist()
         return True
@@ -139,10 +127,6 @@ class TopicConfigManager(VersionedJsonTable[TopicConfig]):
     def dirty(self) -> bool:
         """A change is not written yet."""
         return self._dirty
-
-    def _changed(self) -> None:
-        self._counter += 1
-        self._dirty = True
 
     def all(self) -> dict[str, TopicConfig]:
         """A copy of the table."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -21,6 +22,15 @@ from .fileio import read_versioned_json, set_aside, write_versioned_json
 log = structlog.get_logger(__name__)
 
 V = TypeVar("V")
+
+
+class JsonEntry(Protocol):
+    """An entry of a :class:`ConfigJsonTable`: written as its JSON object."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+E = TypeVar("E", bound=JsonEntry)
 
 
 class VersionedJsonTable(Generic[V]):
@@ -49,8 +59,7 @@ class VersionedJsonTable(Generic[V]):
         #: :meth:`load` found the file damaged (the table came from the backup, or is empty).
         self.damaged = False
 
-    @staticmethod
-    def _from_json(doc: Any) -> dict[str, V]:
+    def _from_json(self, doc: Any) -> dict[str, V]:
         """The table read from the file's JSON."""
         raise NotImplementedError
 
@@ -129,4 +138,43 @@ class VersionedJsonTable(Generic[V]):
             return True
 
 
-__all__ = ["VersionedJsonTable"]
+class ConfigJsonTable(VersionedJsonTable[E]):
+    """A table of configs by name: each read from its JSON object with ``entry`` and written
+    with its own ``to_json``; the version counts changes, not writes.
+
+    Args:
+        path: the file (its folder is created on first write).
+        entry: a config from its JSON object.
+    """
+
+    def __init__(self, path: str, entry: Callable[[Any], E]) -> None:
+        super().__init__(path)
+        self._entry = entry
+
+    def _from_json(self, doc: Any) -> dict[str, E]:
+        return {name: self._entry(c) for name, c in doc.items()}
+
+    def _snapshot(self) -> tuple[Any, int]:
+        return {name: c.to_json() for name, c in sorted(self._table.items())}, self._counter
+
+    def _put(self, name: str, config: E) -> None:
+        """Add or replace the config of ``name`` (a change)."""
+        with self._lock:
+            self._table[name] = config
+            self._changed()
+
+    def _remove(self, name: str) -> bool:
+        """Remove the config of ``name`` (a change); True if there was one."""
+        with self._lock:
+            if self._table.pop(name, None) is None:
+                return False
+            self._changed()
+        return True
+
+    def _changed(self) -> None:
+        """Called under ``_lock`` on each change: a new version, not written yet."""
+        self._counter += 1
+        self._dirty = True
+
+
+__all__ = ["ConfigJsonTable", "VersionedJsonTable"]

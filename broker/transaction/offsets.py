@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import structlog
 
@@ -42,25 +44,19 @@ log = structlog.get_logger(__name__)
 DURABLE_RETRY_S = 1.0
 
 
+@dataclass(eq=False)
 class TxnOffsetsLedger:
-    topic = TXN_OFFSETS_TOPIC
+    topic: ClassVar[str] = TXN_OFFSETS_TOPIC
 
-    def __init__(
-        self,
-        store: MessageStore,
-        offsets: ConsumerOffsetManager,
-        clients: ClientManager,
-        wait_durable: Callable[[int], Awaitable[None]],
-    ) -> None:
-        self.store = store
-        self.offsets = offsets
-        self.clients = clients
-        self.wait_durable = wait_durable
-        #: Committed offsets records applied since start (live and replayed).
-        self.applied = 0
-        #: (group, topic, queue id) -> offset of commits appended but not yet durable.
-        self._pending: dict[tuple[str, str, int], int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+    store: MessageStore
+    offsets: ConsumerOffsetManager
+    clients: ClientManager
+    wait_durable: Callable[[int], Awaitable[None]]
+    #: Committed offsets records applied since start (live and replayed).
+    applied: int = field(default=0, init=False)
+    #: (group, topic, queue id) -> offset of commits appended but not yet durable.
+    _pending: dict[tuple[str, str, int], int] = field(default_factory=dict, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def has_offsets(self, rec: TxRecord) -> bool:
         topic = self.topic
