@@ -38,7 +38,6 @@ BROKER_LONG_FUNCTIONS = {
     "acl.py requirements",
     "config.py __post_init__",
     "metrics.py __init__",
-    "processors/transaction.py decide_batch",
     "transaction/machine.py plan_batch",
 }
 
