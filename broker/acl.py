@@ -482,6 +482,7 @@ def _batch_ack_needs(body: bytes) -> list[Need]:
     return needs
 
 
+# One table of the request codes' needs, first match wins: split, a code's rule is harder to find.
 def requirements(cmd: RemotingCommand, tx: TransactionalMessageService) -> tuple[bool, list[Need]]:
     """``(admin_only, resources)`` for one request.
 

@@ -250,6 +250,7 @@ class BrokerConfig:
     #: (stock producers retry on it while a dead leader is replaced; docs/cluster.md).
     route_write_replicas: bool = True
 
+    # The settings' checks in turn (the first failure is the error): split, one is harder to find.
     def __post_init__(self) -> None:
         if not (1 <= self.max_hash_slot_num < 2**31 and 1 <= self.max_index_num < 2**31):
             raise ConfigError("maxHashSlotNum and maxIndexNum must be between 1 and 2^31 - 1")

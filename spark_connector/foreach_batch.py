@@ -24,7 +24,7 @@ from typing import Any
 
 from txmq.client.logs import get_logger
 
-from .options import parse_sink_options, stream_producer_group
+from .options import SinkOptions, parse_sink_options, stream_producer_group
 from .session import BrokerSession, run, ssl_context
 from .sink import (
     PartitionResult,
@@ -75,24 +75,8 @@ def txmq_foreach_batch(
     columns = input_columns(sink)
 
     def write_batch(df: Any, batch_id: int) -> None:
-        spark = df.sparkSession
-        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        if query_id is None:
-            if sink.producer_group is None:
-                raise RuntimeError(
-                    "txmq_foreach_batch: no streaming query id is visible; pass producer_group="
-                )
-            query_id = sink.producer_group
-        group = sink.producer_group or stream_producer_group(query_id)
-        batch_key = stream_batch_key(query_id, batch_id)
-
-        async def ask() -> dict[str, Any]:
-            async with BrokerSession(
-                sink.broker, sink.request_timeout, sink.credentials, sink.tls
-            ) as s:
-                return await s.decide_batch(group, batch_key, query_only=True)
-
-        if run(ask).get("decided"):
+        group, batch_key = _batch_names(df, sink, batch_id)
+        if _already_decided(sink, group, batch_key):
             log.info("sink_batch_already_decided", group=group, batch_key=batch_key)
             return
 
@@ -131,3 +115,29 @@ def txmq_foreach_batch(
         )
 
     return write_batch
+
+
+def _batch_names(df: Any, sink: SinkOptions, batch_id: int) -> tuple[str, str]:
+    """The producer group and batch key of micro-batch ``batch_id`` of ``df``'s query."""
+    spark = df.sparkSession
+    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    if query_id is None:
+        if sink.producer_group is None:
+            raise RuntimeError(
+                "txmq_foreach_batch: no streaming query id is visible; pass producer_group="
+            )
+        query_id = sink.producer_group
+    group = sink.producer_group or stream_producer_group(query_id)
+    return group, stream_batch_key(query_id, batch_id)
+
+
+def _already_decided(sink: SinkOptions, group: str, batch_key: str) -> bool:
+    """Whether the broker has decided the batch already (a replay after the sink committed)."""
+
+    async def ask() -> dict[str, Any]:
+        async with BrokerSession(
+            sink.broker, sink.request_timeout, sink.credentials, sink.tls
+        ) as s:
+            return await s.decide_batch(group, batch_key, query_only=True)
+
+    return bool(run(ask).get("decided"))

@@ -412,6 +412,50 @@ def to_record_batch(messages: Sequence[MessageExt], topic: str, broker: str) -> 
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+def _pulled(
+    options: SourceOptions, part: TxmqInputPartition, result: PullResult, offset: int
+) -> tuple[list[MessageExt], int]:
+    """The messages of a pull at ``offset`` that are in ``part``'s range, and the offset the
+    next pull starts at.
+
+    Raises:
+        TxmqError: messages at ``offset`` were deleted (unless ``failOnDataLoss=false``), the
+            queue ends before the range does, or the broker did not move past ``offset``.
+    """
+    end = part.end
+    found: list[MessageExt] = []
+    if result.status is PullStatus.FOUND:
+        found = result.messages
+        if found and (found[0].queue_offset < offset or found[-1].queue_offset >= end):
+            found = [m for m in found if offset <= m.queue_offset < end]
+        next_offset = result.next_begin_offset
+    elif result.status is PullStatus.NO_MATCHED_MSG:
+        next_offset = result.next_begin_offset
+    elif result.status is PullStatus.OFFSET_ILLEGAL:
+        if options.fail_on_data_loss or result.next_begin_offset <= offset:
+            raise TxmqError(
+                f"{part.topic}/{part.queue}: offset {offset} is no longer stored "
+                f"(oldest {result.min_offset}); messages were deleted by retention. Set "
+                "failOnDataLoss=false to skip them"
+            )
+        log.warning(
+            "source_data_lost",
+            topic=part.topic,
+            queue_id=part.queue_id,
+            skipped_from=offset,
+            to=result.next_begin_offset,
+        )
+        next_offset = result.next_begin_offset
+    else:
+        raise TxmqError(
+            f"{part.topic}/{part.queue}: no message at offset {offset}, but the batch "
+            f"reads up to {part.end} (queue max {result.max_offset})"
+        )
+    if next_offset <= offset:
+        raise TxmqError(f"{part.topic}/{part.queue}: the broker did not move past offset {offset}")
+    return found, next_offset
+
+
 def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any]:
     """The rows of one queue's range, pulled ``pullBatchSize`` messages at a time, as Arrow
     record batches of :data:`SOURCE_SCHEMA` of up to :data:`BATCH_ROWS` rows (or about
@@ -448,39 +492,7 @@ def read_range(options: SourceOptions, part: TxmqInputPartition) -> Iterator[Any
         gathered_rows = gathered_bytes = 0
         while ahead is not None:
             result, ahead = ahead.result(), None
-            found: list[MessageExt] = []
-            if result.status is PullStatus.FOUND:
-                found = result.messages
-                if found and (found[0].queue_offset < offset or found[-1].queue_offset >= end):
-                    found = [m for m in found if offset <= m.queue_offset < end]
-                next_offset = result.next_begin_offset
-            elif result.status is PullStatus.NO_MATCHED_MSG:
-                next_offset = result.next_begin_offset
-            elif result.status is PullStatus.OFFSET_ILLEGAL:
-                if options.fail_on_data_loss or result.next_begin_offset <= offset:
-                    raise TxmqError(
-                        f"{part.topic}/{part.queue}: offset {offset} is no longer stored "
-                        f"(oldest {result.min_offset}); messages were deleted by retention. Set "
-                        "failOnDataLoss=false to skip them"
-                    )
-                log.warning(
-                    "source_data_lost",
-                    topic=part.topic,
-                    queue_id=part.queue_id,
-                    skipped_from=offset,
-                    to=result.next_begin_offset,
-                )
-                next_offset = result.next_begin_offset
-            else:
-                raise TxmqError(
-                    f"{part.topic}/{part.queue}: no message at offset {offset}, but the batch "
-                    f"reads up to {part.end} (queue max {result.max_offset})"
-                )
-            if next_offset <= offset:
-                raise TxmqError(
-                    f"{part.topic}/{part.queue}: the broker did not move past offset {offset}"
-                )
-            offset = next_offset
+            found, offset = _pulled(options, part, result, offset)
             if offset < end:
                 ahead = pull(offset)
             if found:

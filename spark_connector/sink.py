@@ -387,8 +387,6 @@ class HalfWriter:
         are made at once, and each request takes a slice of the joined entries.
         """
         import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
         topic = self.options.topic
         if topic is None:
@@ -397,36 +395,7 @@ class HalfWriter:
             )
         await self._queues(topic)
         n = len(bodies)
-        # The properties of every entry: its length, UNIQ_KEY=<id>, then the constant ones.
-        head = _UNIQ_PREFIX
-        tail = _SEP + self._const
-        plen = len(head) + ID_LENGTH + len(tail)
-        if plen > MAX_PROPERTIES_BYTES:
-            raise ValueError(
-                f"a row's properties take {plen} bytes, over the limit of {MAX_PROPERTIES_BYTES}"
-            )
-        ids = "".join(self._ids.next_ids(n)).encode("ascii")
-        if len(ids) != n * ID_LENGTH:  # pragma: no cover - the id format is fixed
-            raise AssertionError("message ids of unexpected length")
-        props = np.empty((n, 2 + plen), np.uint8)
-        props[:, :2] = np.frombuffer(plen.to_bytes(2, "big"), np.uint8)
-        props[:, 2 : 2 + len(head)] = np.frombuffer(head, np.uint8)
-        at = 2 + len(head)
-        props[:, at : at + ID_LENGTH] = np.frombuffer(ids, np.uint8).reshape(n, ID_LENGTH)
-        props[:, at + ID_LENGTH :] = np.frombuffer(tail, np.uint8)
-        # Each entry's head: total size, magic and CRC (0), flag (0), body length.
-        lengths = pc.binary_length(bodies).to_numpy().astype(np.int64)
-        sizes = BATCH_ENTRY_OVERHEAD + plen + lengths
-        heads = np.zeros((n, 5), ">i4")
-        heads[:, 0] = sizes
-        heads[:, 4] = lengths
-        fixed = pa.large_binary()
-        joined = pc.binary_join_element_wise(
-            _fixed_rows(heads.tobytes(), n, 20).cast(fixed),
-            bodies,
-            _fixed_rows(props.tobytes(), n, 2 + plen).cast(fixed),
-            pa.scalar(b"", fixed),
-        )
+        joined, sizes = self._plain_entries(bodies)
         offsets = np.frombuffer(joined.buffers()[1], np.int64, n + 1, joined.offset * 8)
         data = memoryview(joined.buffers()[2])
         ends = np.cumsum(sizes)
@@ -459,6 +428,46 @@ class HalfWriter:
                 del buffers[key]
         self.rows += n
         await self._send_ready()
+
+    def _plain_entries(self, bodies: Any) -> tuple[Any, Any]:
+        """The batch entries of ``bodies`` (see :meth:`write_plain`) joined by Arrow in one
+        ``large_binary`` array, and each entry's size (a numpy array)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(bodies)
+        # The properties of every entry: its length, UNIQ_KEY=<id>, then the constant ones.
+        head = _UNIQ_PREFIX
+        tail = _SEP + self._const
+        plen = len(head) + ID_LENGTH + len(tail)
+        if plen > MAX_PROPERTIES_BYTES:
+            raise ValueError(
+                f"a row's properties take {plen} bytes, over the limit of {MAX_PROPERTIES_BYTES}"
+            )
+        ids = "".join(self._ids.next_ids(n)).encode("ascii")
+        if len(ids) != n * ID_LENGTH:  # pragma: no cover - the id format is fixed
+            raise AssertionError("message ids of unexpected length")
+        props = np.empty((n, 2 + plen), np.uint8)
+        props[:, :2] = np.frombuffer(plen.to_bytes(2, "big"), np.uint8)
+        props[:, 2 : 2 + len(head)] = np.frombuffer(head, np.uint8)
+        at = 2 + len(head)
+        props[:, at : at + ID_LENGTH] = np.frombuffer(ids, np.uint8).reshape(n, ID_LENGTH)
+        props[:, at + ID_LENGTH :] = np.frombuffer(tail, np.uint8)
+        # Each entry's head: total size, magic and CRC (0), flag (0), body length.
+        lengths = pc.binary_length(bodies).to_numpy().astype(np.int64)
+        sizes = BATCH_ENTRY_OVERHEAD + plen + lengths
+        heads = np.zeros((n, 5), ">i4")
+        heads[:, 0] = sizes
+        heads[:, 4] = lengths
+        fixed = pa.large_binary()
+        joined = pc.binary_join_element_wise(
+            _fixed_rows(heads.tobytes(), n, 20).cast(fixed),
+            bodies,
+            _fixed_rows(props.tobytes(), n, 2 + plen).cast(fixed),
+            pa.scalar(b"", fixed),
+        )
+        return joined, sizes
 
     def _take(self, key: tuple[str, int], buf: BatchBody) -> None:
         topic, qid = key
@@ -552,6 +561,43 @@ def input_columns(options: SinkOptions) -> tuple[str, ...]:
     return tuple(cols)
 
 
+async def _batch_decided(
+    session: BrokerSession,
+    options: SinkOptions,
+    group: str,
+    batch_key: str,
+    run_id: str | None,
+) -> bool:
+    """Whether ``batch_key`` is decided already; with ``run_id``, the question announces that
+    run of ``options.pipeline`` (see :func:`write_partition`)."""
+    if run_id is None:
+        answer = await session.decide_batch(group, batch_key, query_only=True)
+    else:
+        answer = await session.decide_batch(
+            group, batch_key, query_only=True, pipeline=options.pipeline, run=run_id
+        )
+    return bool(answer.get("decided"))
+
+
+async def _write_halves(
+    writer: HalfWriter, batches: Iterable[Any], columns: tuple[str, ...]
+) -> None:
+    """Write every row of ``batches`` through ``writer`` and finish it; on any failure, first
+    stop waiting for its requests in flight (:meth:`HalfWriter.cancel`)."""
+    try:
+        for chunk in chunks(batches, columns):
+            if isinstance(chunk, PlainRows):
+                await writer.write_plain(chunk.body)
+                continue
+            if "body" not in chunk:
+                raise TxmqOptionError("the DataFrame written to txmq has no 'body' column")
+            await writer.write_chunk(chunk)
+        await writer.finish()
+    except BaseException:
+        await writer.cancel()
+        raise
+
+
 def write_partition(
     batches: Iterable[Any],
     options: SinkOptions,
@@ -584,37 +630,19 @@ def write_partition(
         async with BrokerSession(
             options.broker, options.request_timeout, options.credentials, options.tls
         ) as session:
-            if skip_if_decided:
-                if run_id is None:
-                    answer = await session.decide_batch(group, batch_key, query_only=True)
-                else:
-                    answer = await session.decide_batch(
-                        group, batch_key, query_only=True, pipeline=options.pipeline, run=run_id
-                    )
-                if answer.get("decided"):
-                    log.info(
-                        "sink_batch_already_decided",
-                        group=group,
-                        batch_key=batch_key,
-                        partition=partition_id,
-                        attempt=attempt,
-                    )
-                    drain(batches)
-                    return PartitionResult(group, batch_key, None, 0, True, partition_id, attempt)
+            if skip_if_decided and await _batch_decided(session, options, group, batch_key, run_id):
+                log.info(
+                    "sink_batch_already_decided",
+                    group=group,
+                    batch_key=batch_key,
+                    partition=partition_id,
+                    attempt=attempt,
+                )
+                drain(batches)
+                return PartitionResult(group, batch_key, None, 0, True, partition_id, attempt)
             writer = HalfWriter(session, options, group, transaction_id, batch_key, partition_id)
             started = time.monotonic()
-            try:
-                for chunk in chunks(batches, columns):
-                    if isinstance(chunk, PlainRows):
-                        await writer.write_plain(chunk.body)
-                        continue
-                    if "body" not in chunk:
-                        raise TxmqOptionError("the DataFrame written to txmq has no 'body' column")
-                    await writer.write_chunk(chunk)
-                await writer.finish()
-            except BaseException:
-                await writer.cancel()
-                raise
+            await _write_halves(writer, batches, columns)
             log.info(
                 "sink_partition_written",
                 group=group,

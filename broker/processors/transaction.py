@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -77,6 +78,59 @@ def end_transaction_header(ext: dict[str, Any]) -> EndTransactionRequestHeader:
     return EndTransactionRequestHeader.from_ext_fields(ext)
 
 
+@dataclass
+class _BatchBody:
+    """A decide-batch request's body, read and checked."""
+
+    doc: dict[str, Any]
+    commit: list[str]
+    #: A transaction across groups committing consumer offsets asks their group with this
+    #: flag: a commit without its offsets half here is refused.
+    with_offsets: bool
+    #: A pipeline's batch names the input range it consumed (start and end as the client's
+    #: canonical text); a query may ask where a pipeline is.
+    pipeline: Any
+    #: ``(pipeline, start, end)`` of a pipeline's decision that names its range, else None.
+    position: tuple[str, str, str] | None
+
+
+def _batch_body(raw: bytes, query_only: bool) -> _BatchBody:
+    """The body of a decide-batch request; InvalidParameterError when it is not one."""
+    try:
+        doc = json.loads(raw.decode("utf-8")) if raw else {}
+        commit = [str(x) for x in doc.get("commit", [])]
+        with_offsets = bool(doc.get("offsets"))
+        pipeline = doc.get("pipeline")
+        # A pipeline's decision without a range (a batch it runs again, or one that
+        # read nothing) names the pipeline only: its other runs' orphans are rolled back.
+        position = (
+            (str(pipeline), str(doc["start"]), str(doc["end"]))
+            if pipeline is not None and not query_only and ("start" in doc or "end" in doc)
+            else None
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
+        raise InvalidParameterError(
+            f"decide-batch body must be JSON {{'commit': [...]}}: {exc}"
+        ) from None
+    except KeyError as exc:
+        raise InvalidParameterError(f"decide-batch of a pipeline needs {exc}") from None
+    return _BatchBody(doc, commit, with_offsets, pipeline, position)
+
+
+@dataclass
+class _ClusterPart:
+    """A batch's decision as the cluster recorded it, for this broker group."""
+
+    #: The transactions of this group the batch commits.
+    commit: list[str]
+    #: The pipeline position the decision recorded.
+    recorded: tuple[str, str, str] | None = None
+    #: What the batch's decision commits in every group.
+    whole: list[str] | None = None
+    #: Why this call fenced the batch's consumer offsets (its rollback was recorded).
+    fenced: str | None = None
+
+
 #: About the most JSON one page of a transaction listing carries (a page ends after the
 #: transaction that passes it; frames may carry 16 MiB).
 LIST_PAGE_BYTES = 4 * 1024 * 1024
@@ -120,120 +174,69 @@ class TransactionProcessor:
 
     async def decide_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = DecideBatchRequestHeader.from_ext_fields(cmd.ext_fields)
-        try:
-            doc = json.loads(cmd.body.decode("utf-8")) if cmd.body else {}
-            commit = [str(x) for x in doc.get("commit", [])]
-            # A transaction across groups committing consumer offsets asks their group with
-            # this flag: a commit without its offsets half here is refused.
-            with_offsets = bool(doc.get("offsets"))
-            # A pipeline's batch names the input range it consumed (start and end as the
-            # client's canonical text); a query may ask where a pipeline is.
-            pipeline = doc.get("pipeline")
-            # A pipeline's decision without a range (a batch it runs again, or one that
-            # read nothing) names the pipeline only: its other runs' orphans are rolled back.
-            position = (
-                (str(pipeline), str(doc["start"]), str(doc["end"]))
-                if pipeline is not None and not h.query_only and ("start" in doc or "end" in doc)
-                else None
-            )
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as exc:
-            raise InvalidParameterError(
-                f"decide-batch body must be JSON {{'commit': [...]}}: {exc}"
-            ) from None
-        except KeyError as exc:
-            raise InvalidParameterError(f"decide-batch of a pipeline needs {exc}") from None
+        body = _batch_body(cmd.body, h.query_only)
+        if h.query_only:
+            return await self._query_batch(cmd, h, body)
+        return await self._decide_batch(cmd, h, body)
+
+    async def _query_batch(
+        self, cmd: RemotingCommand, h: DecideBatchRequestHeader, body: _BatchBody
+    ) -> RemotingCommand:
+        """A decide-batch query: whether (and how) the batch was decided and, for a pipeline,
+        where it is; a run announcing itself rolls back its pipeline's orphans first."""
+        doc, pipeline = body.doc, body.pipeline
         key = (h.producer_group, h.batch_key)
         machine = self.tx.machine
-        if h.query_only:
-            run = doc.get("run")
-            orphans_end = None
-            if pipeline is not None and run is not None:
-                # A run of the pipeline announces itself as it starts: the pending halves of
-                # the pipeline's other runs are orphans (their batches are all run again).
-                orphans_end = self.tx.roll_back_orphans(h.producer_group, str(pipeline), str(run))
-            decided = self.tx.batches.get(key)
-            answer: dict[str, Any] = {
-                "batchKey": h.batch_key,
-                "decided": decided is not None,
-                "committed": decided["committed"] if decided else [],
-                "rolledBack": decided["rolledBack"] if decided else [],
-                "pending": machine.pending_in_batch(*key),
-                "position": _position(machine.batch_positions.get(key)),
+        run = doc.get("run")
+        orphans_end = None
+        if pipeline is not None and run is not None:
+            # A run of the pipeline announces itself as it starts: the pending halves of
+            # the pipeline's other runs are orphans (their batches are all run again).
+            orphans_end = self.tx.roll_back_orphans(h.producer_group, str(pipeline), str(run))
+        decided = self.tx.batches.get(key)
+        answer: dict[str, Any] = {
+            "batchKey": h.batch_key,
+            "decided": decided is not None,
+            "committed": decided["committed"] if decided else [],
+            "rolledBack": decided["rolledBack"] if decided else [],
+            "pending": machine.pending_in_batch(*key),
+            "position": _position(machine.batch_positions.get(key)),
+        }
+        if pipeline is not None and self.cluster is not None:
+            # A cluster keeps pipelines' positions in etcd: any group's leader answers.
+            where = await self.cluster.decisions.pipeline_where(
+                h.producer_group, str(pipeline), doc.get("start"), h.batch_key
+            )
+            answer["position"] = _position(where.pop("position"))
+            answer["pipeline"] = where
+        elif pipeline is not None:
+            head = machine.pipelines.get((h.producer_group, str(pipeline)))
+            start = doc.get("start")
+            answer["pipeline"] = {
+                "end": head[0] if head else None,
+                "batchKey": head[1] if head else None,
+                "next": None
+                if start is None
+                else machine.pipeline_ranges.get((h.producer_group, str(pipeline), start)),
             }
-            if pipeline is not None and self.cluster is not None:
-                # A cluster keeps pipelines' positions in etcd: any group's leader answers.
-                where = await self.cluster.decisions.pipeline_where(
-                    h.producer_group, str(pipeline), doc.get("start"), h.batch_key
-                )
-                answer["position"] = _position(where.pop("position"))
-                answer["pipeline"] = where
-            elif pipeline is not None:
-                head = machine.pipelines.get((h.producer_group, str(pipeline)))
-                start = doc.get("start")
-                answer["pipeline"] = {
-                    "end": head[0] if head else None,
-                    "batchKey": head[1] if head else None,
-                    "next": None
-                    if start is None
-                    else machine.pipeline_ranges.get((h.producer_group, str(pipeline), start)),
-                }
-            if orphans_end is not None:
-                await self.flush.wait_durable(orphans_end)
-            return cmd.response(body=json.dumps(answer).encode())
+        if orphans_end is not None:
+            await self.flush.wait_durable(orphans_end)
+        return cmd.response(body=json.dumps(answer).encode())
+
+    async def _decide_batch(
+        self, cmd: RemotingCommand, h: DecideBatchRequestHeader, body: _BatchBody
+    ) -> RemotingCommand:
+        """A batch's decision: recorded in the cluster first when there is one, applied here,
+        and answered once it is durable."""
+        pipeline = body.pipeline
+        commit, position = body.commit, body.position
+        key = (h.producer_group, h.batch_key)
+        machine = self.tx.machine
         cluster = self.cluster
-        recorded: tuple[str, str, str] | None = None
-        #: Why this call fenced the batch's consumer offsets (its rollback was recorded).
-        fenced: str | None = None
-        #: In a cluster: what the batch's decision commits in every group.
-        whole: list[str] | None = None
-        if cluster is not None and key not in self.tx.batches:
-            # The batch may span broker groups: its decision is one create-if-absent record in
-            # etcd (the first decision wins everywhere); this group applies its part of it.
-            # A pipeline's position moves in the same etcd transaction (a compare-and-swap
-            # from the batch's start), which is where the cluster keeps it.
-            moves = self._offsets_moves(h.producer_group, commit)
-            if moves is None and with_offsets and commit:
-                # e.g. the half was acknowledged by a leader that died before a follower had
-                # it: committing the outputs without the offsets would process the input twice
-                decided_commit = await cluster.decisions.batch_decision(
-                    h.producer_group, h.batch_key, []
-                )
-                fenced = (
-                    None
-                    if decided_commit  # a commit recorded before stands in every group
-                    else f"the consumer offsets of batch {h.batch_key!r} are not in this broker "
-                    "group (lost with a leader, or sent elsewhere)"
-                )
-                position = None
-            elif moves is not None:
-                # Consumer offsets of this group move with the batch: fenced in etcd (a
-                # compare-and-swap per queue, in the decision's transaction).
-                reason, queues = moves
-                if reason is None:
-                    decided_commit, fenced = await cluster.decisions.offsets_decision(
-                        h.producer_group, h.batch_key, commit, queues
-                    )
-                else:
-                    decided_commit = await cluster.decisions.batch_decision(
-                        h.producer_group, h.batch_key, []
-                    )
-                    fenced = reason
-                position = None
-            elif position is not None:
-                decided_commit, recorded = await cluster.decisions.pipeline_decision(
-                    h.producer_group, h.batch_key, commit, position
-                )
-            else:
-                decided_commit = await cluster.decisions.batch_decision(
-                    h.producer_group, h.batch_key, commit
-                )
-            whole = decided_commit
-            commit = self.tx.local_batch_part(h.producer_group, decided_commit)
-            position = None
-        elif cluster is not None:
-            before = await cluster.decisions.recorded_batch(h.producer_group, h.batch_key)
-            if before is not None:
-                whole, recorded = before
+        part = _ClusterPart(commit)
+        if cluster is not None:
+            part = await self._cluster_decision(cluster, h, body)
+            commit = part.commit
             position = None
         end = self.tx.decide_batch(
             h.producer_group,
@@ -259,7 +262,8 @@ class TransactionProcessor:
             )
         if durable is not None:
             await self.flush.wait_durable(durable)
-        body = json.dumps(
+        whole, fenced = part.whole, part.fenced
+        response = json.dumps(
             {
                 "batchKey": h.batch_key,
                 "decided": True,
@@ -267,14 +271,67 @@ class TransactionProcessor:
                 "rolledBack": decided["rolledBack"],
                 "first": end is not None,
                 "position": _position(
-                    recorded if cluster is not None else machine.batch_positions.get(key)
+                    part.recorded if cluster is not None else machine.batch_positions.get(key)
                 ),
                 # A cluster's batch may span groups: "committed" is this group's part.
                 **({} if whole is None else {"batchCommitted": whole}),
                 **({} if fenced is None else {"fenced": fenced}),
             }
         ).encode()
-        return cmd.response(body=body)
+        return cmd.response(body=response)
+
+    async def _cluster_decision(
+        self, cluster: ClusterPort, h: DecideBatchRequestHeader, body: _BatchBody
+    ) -> _ClusterPart:
+        """A batch's decision as the cluster records it, and this group's part of it."""
+        commit, position = body.commit, body.position
+        part = _ClusterPart(commit)
+        if (h.producer_group, h.batch_key) not in self.tx.batches:
+            # The batch may span broker groups: its decision is one create-if-absent record in
+            # etcd (the first decision wins everywhere); this group applies its part of it.
+            # A pipeline's position moves in the same etcd transaction (a compare-and-swap
+            # from the batch's start), which is where the cluster keeps it.
+            moves = self._offsets_moves(h.producer_group, commit)
+            if moves is None and body.with_offsets and commit:
+                # e.g. the half was acknowledged by a leader that died before a follower had
+                # it: committing the outputs without the offsets would process the input twice
+                decided_commit = await cluster.decisions.batch_decision(
+                    h.producer_group, h.batch_key, []
+                )
+                part.fenced = (
+                    None
+                    if decided_commit  # a commit recorded before stands in every group
+                    else f"the consumer offsets of batch {h.batch_key!r} are not in this broker "
+                    "group (lost with a leader, or sent elsewhere)"
+                )
+            elif moves is not None:
+                # Consumer offsets of this group move with the batch: fenced in etcd (a
+                # compare-and-swap per queue, in the decision's transaction).
+                reason, queues = moves
+                if reason is None:
+                    decided_commit, part.fenced = await cluster.decisions.offsets_decision(
+                        h.producer_group, h.batch_key, commit, queues
+                    )
+                else:
+                    decided_commit = await cluster.decisions.batch_decision(
+                        h.producer_group, h.batch_key, []
+                    )
+                    part.fenced = reason
+            elif position is not None:
+                decided_commit, part.recorded = await cluster.decisions.pipeline_decision(
+                    h.producer_group, h.batch_key, commit, position
+                )
+            else:
+                decided_commit = await cluster.decisions.batch_decision(
+                    h.producer_group, h.batch_key, commit
+                )
+            part.whole = decided_commit
+            part.commit = self.tx.local_batch_part(h.producer_group, decided_commit)
+        else:
+            before = await cluster.decisions.recorded_batch(h.producer_group, h.batch_key)
+            if before is not None:
+                part.whole, part.recorded = before
+        return part
 
     def _offsets_moves(
         self, producer_group: str, commit: list[str]

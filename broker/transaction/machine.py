@@ -330,6 +330,7 @@ class TransactionStateMachine:
             ts=ts,
         )
 
+    # Over 80 lines for its docstring: the checks and the record they plan read best together.
     def plan_batch(
         self,
         group: str,

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from .common import BROKER_OPTION, OUTPUT_OPTION, _credentials, _echo_json, _tls
 
+if TYPE_CHECKING:
+    import ssl
 
-# Over 80 lines with its options: the command's checks (address, TLS pair, users file) read
-# best in the order they are given.
+    from txmq.client.console.users import Users
+
+
 @click.group(invoke_without_command=True)
 @BROKER_OPTION
 @click.option(
@@ -59,42 +63,19 @@ def console(
     if ctx.invoked_subcommand is not None:
         return
     import signal
-    import ssl
 
     from txmq.client.admin import split_address
     from txmq.client.console import Console
-    from txmq.client.console.users import Users, UsersFileError
 
+    # The checks in the order the options are given: address, TLS pair, users file.
     try:
         host, port = split_address(listen)
     except ValueError:
         raise click.BadParameter(
             f"must be host:port, got {listen!r}", param_hint="--listen"
         ) from None
-    if bool(tls_cert) != bool(tls_key):
-        raise click.UsageError("give both --tls-cert and --tls-key, or neither")
-    https = None
-    if tls_cert and tls_key:
-        https = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        https.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            https.load_cert_chain(tls_cert, tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise click.ClickException(f"cannot load the TLS certificate: {exc}") from None
-    users = None
-    if users_file:
-        import importlib.util
-
-        if importlib.util.find_spec("yaml") is None:
-            raise click.ClickException(
-                "--users needs the 'console' extra (PyYAML): pip install 'txmq[console]'"
-            )
-        try:
-            users = Users.load(users_file)
-        except UsersFileError as exc:
-            raise click.ClickException(str(exc)) from None
-        if not users.users:
-            raise click.ClickException(f"{users_file} holds no user")
+    https = _https_context(tls_cert, tls_key)
+    users = _console_users(users_file)
     access_key, secret_key = _credentials()
     try:
         server = Console(
@@ -127,6 +108,44 @@ def console(
         pass
     finally:
         server.close()
+
+
+def _https_context(tls_cert: str | None, tls_key: str | None) -> ssl.SSLContext | None:
+    """The console's HTTPS context from --tls-cert and --tls-key, or None to serve HTTP."""
+    import ssl
+
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("give both --tls-cert and --tls-key, or neither")
+    https = None
+    if tls_cert and tls_key:
+        https = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        https.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            https.load_cert_chain(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise click.ClickException(f"cannot load the TLS certificate: {exc}") from None
+    return https
+
+
+def _console_users(users_file: str | None) -> Users | None:
+    """The console's own users from --users, or None when it has none."""
+    if not users_file:
+        return None
+    import importlib.util
+
+    from txmq.client.console.users import Users, UsersFileError
+
+    if importlib.util.find_spec("yaml") is None:
+        raise click.ClickException(
+            "--users needs the 'console' extra (PyYAML): pip install 'txmq[console]'"
+        )
+    try:
+        users = Users.load(users_file)
+    except UsersFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not users.users:
+        raise click.ClickException(f"{users_file} holds no user")
+    return users
 
 
 @console.command("add-user")
