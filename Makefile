@@ -171,12 +171,13 @@ node5-client:
 
 ## pyspark 3.5 in a venv of its own, with the pandas and pyarrow it supports and txmq from this
 ## checkout (editable, without the spark extra, which wants pyspark >= 4), for
-## tests/spark/test_spark35.py (the foreachBatch helper).  Made once; when it cannot be
-## installed the step says so and the test reports the reason (fails under CI).
+## tests/spark/test_spark35.py (the foreachBatch helper).  Made once, and again when
+## pyproject.toml changes (txmq's own dependencies may have); when it cannot be installed the
+## step says so and the test reports the reason (fails under CI).
 SPARK35 := build/venvs/spark35
 SPARK35_PACKAGES := 'pyspark>=3.5,<3.6' 'pandas>=2.0,<2.3' 'pyarrow>=12,<16' 'numpy<2'
 spark35:
-	@[ -f $(SPARK35)/.installed ] || { $(PYTHON) -m venv --clear $(SPARK35) \
+	@[ $(SPARK35)/.installed -nt pyproject.toml ] || { $(PYTHON) -m venv --clear $(SPARK35) \
 		&& $(SPARK35)/bin/python -m pip install --quiet $(SPARK35_PACKAGES) \
 		&& TXMQ_COMPILE=0 $(SPARK35)/bin/python -m pip install --quiet -e . \
 		&& $(SPARK35)/bin/python -m pip check \
