@@ -233,11 +233,11 @@ class TransactionProcessor:
         key = (h.producer_group, h.batch_key)
         machine = self.tx.machine
         cluster = self.cluster
-        part = _ClusterPart(commit)
-        if cluster is not None:
+        if cluster is None:
+            part = _ClusterPart(commit)
+        else:
             part = await self._cluster_decision(cluster, h, body)
-            commit = part.commit
-            position = None
+            commit, position = part.commit, None
         end = self.tx.decide_batch(
             h.producer_group,
             h.batch_key,
